@@ -1,0 +1,37 @@
+"""ament_python package that also installs with plain `pip install -e .` (no colcon)."""
+from glob import glob
+
+from setuptools import find_packages, setup
+
+package_name = 'vla_spec_ros'
+
+setup(
+    name=package_name,
+    version='0.1.0',
+    # The top-level kernels/ folder is installed as vla_spec_ros.kernels.
+    packages=find_packages(exclude=['test', 'test.*', 'bench', 'kernels'])
+    + ['vla_spec_ros.kernels'],
+    package_dir={'vla_spec_ros.kernels': 'kernels'},
+    package_data={'vla_spec_ros': ['assets/**/*']},
+    include_package_data=True,
+    data_files=[
+        ('share/ament_index/resource_index/packages', ['resource/' + package_name]),
+        ('share/' + package_name, ['package.xml']),
+        ('share/' + package_name + '/launch', glob('launch/*.launch.py')),
+        ('share/' + package_name + '/config', glob('config/*.yaml')),
+    ],
+    python_requires='>=3.10',
+    install_requires=['numpy', 'safetensors', 'tokenizers', 'opencv-python-headless', 'tqdm'],
+    zip_safe=True,
+    maintainer='vla_spec_ros maintainers',
+    maintainer_email='maintainers@vla-spec-ros.invalid',
+    description='Pipelined + speculative OpenVLA inference for ROS 2',
+    license='Apache-2.0',
+    tests_require=['pytest'],
+    entry_points={
+        'console_scripts': [
+            'vla-spec = vla_spec_ros.cli:main',
+            'vla-spec-node = vla_spec_ros.ros.node:main',
+        ],
+    },
+)

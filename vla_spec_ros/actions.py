@@ -1,0 +1,105 @@
+"""Action tokens <-> normalised actions <-> robot actions (reference/openvla.md §5-6).
+
+OpenVLA discretises each normalised action dimension into 256 uniform bins over [-1, 1] and
+maps bin k (1..256 from ``digitize``) to token ``V - k`` where ``V = vocab_size -
+pad_to_multiple_of`` (32000 for OpenVLA-7B): larger values get smaller ids. Decoding reads
+``idx = V - t - 1`` and returns ``bin_centers[idx]`` (255 centres). A token outside the action
+range is never clamped into an action: the result is marked invalid instead.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Mapping, Sequence
+
+import numpy as np
+
+
+class UnnormKeyError(ValueError):
+    """unnorm_key missing/unknown for the checkpoint's norm_stats."""
+
+
+@dataclass(frozen=True)
+class DecodedActions:
+    normalized: np.ndarray      # float64 (action_dim,), NaN where the token is not an action
+    is_valid: bool
+    invalid_reason: str | None
+
+
+class ActionTokenizer:
+    def __init__(self, vocab_size: int, pad_to_multiple_of: int, n_bins: int = 256):
+        self.text_vocab_size = vocab_size - pad_to_multiple_of     # OpenVLA's V
+        if self.text_vocab_size < n_bins:
+            raise ValueError(f'vocab_size {vocab_size} - pad_to_multiple_of '
+                             f'{pad_to_multiple_of} < n_bins {n_bins}')
+        self.n_bins = n_bins
+        self.bins = np.linspace(-1.0, 1.0, n_bins)
+        self.bin_centers = (self.bins[:-1] + self.bins[1:]) / 2.0
+        self.first_action_id = self.text_vocab_size - n_bins       # bin 255 (value +1)
+        self.last_action_id = self.text_vocab_size - 1             # bin 0 (value -1)
+
+    def is_action_token(self, token: int) -> bool:
+        return self.first_action_id <= int(token) <= self.last_action_id
+
+    def token_to_bin(self, token: int) -> int:
+        """Bin index 0..n_bins-1; |bin(a) - bin(b)| == |a - b| for action tokens."""
+        if not self.is_action_token(token):
+            raise ValueError(f'token {token} is not an action token '
+                             f'[{self.first_action_id}, {self.last_action_id}]')
+        return self.last_action_id - int(token)
+
+    def encode(self, normalized: Sequence[float]) -> np.ndarray:
+        """Normalised actions in [-1, 1] -> token ids (OpenVLA's ``digitize`` convention)."""
+        a = np.clip(np.asarray(normalized, dtype=np.float64), -1.0, 1.0)
+        return self.text_vocab_size - np.digitize(a, self.bins)
+
+    def decode(self, tokens: Sequence[int]) -> DecodedActions:
+        t = np.asarray(tokens, dtype=np.int64)
+        is_action = (t >= self.first_action_id) & (t <= self.last_action_id)
+        idx = np.clip(self.text_vocab_size - t - 1, 0, self.n_bins - 2)
+        values = np.where(is_action, self.bin_centers[idx], np.nan)
+        if is_action.all():
+            return DecodedActions(values, True, None)
+        bad = [int(x) for x in t[~is_action]]
+        return DecodedActions(values, False, f'generated non-action token(s) {bad}')
+
+
+@dataclass(frozen=True)
+class ActionStats:
+    q01: np.ndarray
+    q99: np.ndarray
+    mask: np.ndarray            # bool: un-normalise this dimension
+
+    @classmethod
+    def from_norm_stats(cls, entry: Mapping, key: str) -> 'ActionStats':
+        try:
+            action = entry['action']
+            q01 = np.asarray(action['q01'], dtype=np.float64)
+            q99 = np.asarray(action['q99'], dtype=np.float64)
+            mask = np.asarray(action.get('mask', [True] * len(q01)), dtype=bool)
+        except (KeyError, TypeError) as exc:
+            raise ValueError(f'norm_stats[{key!r}]: malformed action statistics ({exc!r})') \
+                from exc
+        if not (q01.shape == q99.shape == mask.shape) or q01.ndim != 1:
+            raise ValueError(f'norm_stats[{key!r}]: q01/q99/mask shapes differ: '
+                             f'{q01.shape}, {q99.shape}, {mask.shape}')
+        return cls(q01, q99, mask)
+
+    def unnormalize(self, normalized: np.ndarray) -> np.ndarray:
+        """a = 0.5 (x + 1) (q99 - q01) + q01 where mask, else x (e.g. the gripper)."""
+        x = np.asarray(normalized, dtype=np.float64)
+        if x.shape != self.q01.shape:
+            raise ValueError(f'action has {x.shape[0]} dims, statistics have '
+                             f'{self.q01.shape[0]}')
+        return np.where(self.mask, 0.5 * (x + 1.0) * (self.q99 - self.q01) + self.q01, x)
+
+
+def resolve_unnorm_key(norm_stats: Mapping, unnorm_key: str | None) -> str:
+    keys = sorted(norm_stats)
+    if unnorm_key is None:
+        if len(keys) == 1:
+            return keys[0]
+        raise UnnormKeyError(f'this checkpoint has {len(keys)} datasets in norm_stats; pass '
+                             f'unnorm_key, one of {keys}')
+    if unnorm_key not in norm_stats:
+        raise UnnormKeyError(f'unknown unnorm_key {unnorm_key!r}; available: {keys}')
+    return unnorm_key

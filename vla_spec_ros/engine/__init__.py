@@ -1,0 +1,1 @@
+"""The inference engine: requests, scheduling, KV ring, speculation, model runner."""

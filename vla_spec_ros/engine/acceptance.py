@@ -1,0 +1,118 @@
+"""Verification outcome of one draft tree: exact (EAGLE) or relaxed (Spec-VLA) acceptance.
+
+Implements DESIGN.md S4, following EAGLE-2's greedy ``evaluate_posterior`` and Spec-VLA's
+relaxed rule (reference/eagle_specvla.md §3-4) with two deliberate differences from Spec-VLA:
+relaxation compares action-token bins and never applies to non-action tokens (Spec-VLA compared
+raw ids), and ties between equally long paths go to the smallest summed bin distance (Spec-VLA
+took the first leaf).
+
+The acceptance rule, for a draft node c with parent p, where v = verifier_argmax[p] is the
+verifier's greedy token for the position of c:
+    accepted  iff  tokens[c] == v
+              or  (r > 0 and tokens[c], v are both action tokens
+                   and |bin(tokens[c]) - bin(v)| <= r).
+A path is accepted up to its first rejected node. The draft token is kept (the verifier's later
+outputs on that path were computed from it); the bonus token after the path is the verifier's
+exact argmax at the last accepted node, never relaxed.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+from vla_spec_ros.engine.draft_tree import ROOT, DraftTree
+
+
+@dataclass(frozen=True)
+class Acceptance:
+    """The chosen path of one verified tree."""
+
+    accepted_nodes: tuple[int, ...]    # tree node indices along the path, root excluded
+    accepted_tokens: tuple[int, ...]   # the draft tokens at those nodes, as drafted
+    bonus_token: int                   # verifier argmax at the last accepted node (or root)
+    bin_distance_sum: int              # summed |bin distance| over accepted nodes (exact = 0)
+
+    @property
+    def num_accepted(self) -> int:
+        return len(self.accepted_nodes)
+
+    @property
+    def path_nodes(self) -> tuple[int, ...]:
+        """Root + accepted nodes: the tree nodes whose verifier KV is kept (compaction order)."""
+        return (ROOT, *self.accepted_nodes)
+
+    @property
+    def emitted_tokens(self) -> tuple[int, ...]:
+        """Accepted draft tokens followed by the bonus token."""
+        return (*self.accepted_tokens, self.bonus_token)
+
+
+def accept(tree: DraftTree, verifier_argmax: Sequence[int], *, relax_threshold: int,
+           is_action_token: Callable[[int], bool],
+           token_to_bin: Callable[[int], int]) -> Acceptance:
+    """Choose the accepted path of ``tree`` given the verifier's greedy tokens.
+
+    Args:
+        tree: the verified draft tree.
+        verifier_argmax: (num_nodes,) ``verifier_argmax[i]`` is the verifier's greedy token at
+            node i, i.e. its prediction for the position of node i's children.
+        relax_threshold: r >= 0 in bins; 0 means exact matching (greedy EAGLE, S3).
+        is_action_token: whether a token id is an action token.
+        token_to_bin: the action bin of an action token (called only on action tokens).
+
+    Path choice: the deepest accepted node wins; on equal depth the smallest summed bin
+    distance; then the path whose node-index sequence (root to end) is lexicographically
+    smallest, i.e. the lowest node indices.
+    """
+    if len(verifier_argmax) != tree.num_nodes:
+        raise ValueError(f'verifier_argmax: length {len(verifier_argmax)} != '
+                         f'{tree.num_nodes} tree nodes')
+    if int(relax_threshold) != relax_threshold or relax_threshold < 0:
+        raise ValueError(f'relax_threshold: must be an integer >= 0, got {relax_threshold}')
+    argmax = [int(t) for t in verifier_argmax]
+
+    # 1. Per node, in index order (parents first): is the path root..node accepted, and the
+    #    summed bin distance along it. None marks a node whose path was rejected.
+    path_distance: list[int | None] = [0] + [None] * (tree.num_nodes - 1)
+    for node in range(1, tree.num_nodes):
+        parent = tree.parents[node]
+        if path_distance[parent] is None:
+            continue
+        draft, target = tree.tokens[node], argmax[parent]
+        if draft == target:
+            distance = 0
+        elif relax_threshold > 0 and is_action_token(draft) and is_action_token(target):
+            distance = abs(int(token_to_bin(draft)) - int(token_to_bin(target)))
+            if distance > relax_threshold:
+                continue
+        else:
+            continue
+        path_distance[node] = path_distance[parent] + distance
+
+    # 2. The best accepted node by (deepest, smallest distance, lowest node indices).
+    best_key, best_node = None, ROOT
+    for node, distance in enumerate(path_distance):
+        if distance is None:
+            continue
+        key = (-tree.depths[node], distance, tree.path_to(node))
+        if best_key is None or key < best_key:
+            best_key, best_node = key, node
+
+    nodes = tuple(tree.path_to(best_node)[1:])
+    return Acceptance(accepted_nodes=nodes,
+                      accepted_tokens=tuple(tree.tokens[n] for n in nodes),
+                      bonus_token=argmax[best_node],
+                      bin_distance_sum=path_distance[best_node])
+
+
+def truncate(acc: Acceptance, max_new_tokens: int) -> tuple[int, ...]:
+    """The tokens a request emits this round when only ``max_new_tokens`` remain (>= 1).
+
+    Emitted = the accepted draft tokens in path order, then the bonus token, cut to the first
+    ``max_new_tokens``. If ``max_new_tokens <= acc.num_accepted`` the bonus token and any
+    accepted drafts beyond the limit are dropped; the request is then complete, so no KV needs
+    compacting for it.
+    """
+    if int(max_new_tokens) != max_new_tokens or max_new_tokens < 1:
+        raise ValueError(f'max_new_tokens: must be an integer >= 1, got {max_new_tokens}')
+    return acc.emitted_tokens[:int(max_new_tokens)]

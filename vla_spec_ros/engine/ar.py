@@ -1,0 +1,36 @@
+"""The autoregressive reference (S1): one prefill, then greedy single-token decodes.
+
+Every other decoding mode is tested against this function. It allocates a private KV cache per
+request with slot == logical position, so nothing here depends on the ring or the scheduler.
+"""
+from __future__ import annotations
+
+import torch
+
+from ..models.layers import StepBatch
+from .runner import ModelRunner
+
+
+def causal_batch(start: int, count: int, device) -> StepBatch:
+    """Tokens at positions start..start+count-1 of one request whose slots equal positions."""
+    pos = torch.arange(start, start + count, device=device)
+    total = start + count
+    mask = torch.arange(total, device=device)[None, :] <= pos[:, None]     # (count, total)
+    return StepBatch(positions=pos, slot_mapping=pos, attn_mask=mask, kv_limit=total)
+
+
+@torch.no_grad()
+def decode_ar(runner: ModelRunner, prefix_embeds: torch.Tensor, num_tokens: int,
+              restrict_to_action_tokens: bool = False) -> tuple[list[int], int]:
+    """prefix_embeds (L, H) -> (num_tokens greedy ids, number of forward passes)."""
+    length = prefix_embeds.shape[0]
+    cache = runner.new_cache(length + num_tokens)
+    hidden = runner.forward(prefix_embeds, causal_batch(0, length, runner.device), cache)
+    token = runner.greedy(hidden[-1:], restrict_to_action_tokens)
+    tokens = [int(token)]
+    for i in range(1, num_tokens):
+        embeds = runner.embed_tokens(token)
+        hidden = runner.forward(embeds, causal_batch(length + i - 1, 1, runner.device), cache)
+        token = runner.greedy(hidden, restrict_to_action_tokens)
+        tokens.append(int(token))
+    return tokens, num_tokens

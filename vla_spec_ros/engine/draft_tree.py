@@ -1,0 +1,251 @@
+"""EAGLE-2 dynamic draft trees as plain data (no torch).
+
+Follows EAGLE-2 (Li et al., 2024; reference/eagle_specvla.md §3): expand the draft model's top-k
+candidates level by level, keep the top-k of each level (by cumulative log-probability) as the
+next frontier, then rerank every candidate and keep the best ``max_nodes - 1``.
+
+A ``DraftTree`` is what one verification forward consumes:
+- node 0 is the root: the last token already decided, whose KV is not yet in the verifier cache;
+- nodes are ordered so that a parent always has a smaller index than its children;
+- ``tree_mask()`` is the attention pattern among the nodes (ancestor-or-self);
+- ``position_offsets()`` are the node depths. The verifier position of node i is
+  ``history_len + depth(i)`` where ``history_len`` counts the request's FULL prefix (BOS, image
+  patch tokens, text and tokens decided so far). Spec-VLA computed the offset from text tokens
+  only, leaving the image out; that bug is deliberately not reproduced.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from functools import cached_property
+from typing import Callable, Sequence
+
+ROOT = 0            # index of the root node in every tree
+NO_PARENT = -1      # parent index stored for the root
+
+# expand(partial, frontier) -> per frontier node, (token, logprob) candidates, best first.
+ExpandFn = Callable[['PartialTree', Sequence[int]], Sequence[Sequence[tuple[int, float]]]]
+
+
+@dataclass(frozen=True)
+class DraftTree:
+    """An immutable draft tree; field i describes node i (root = node 0)."""
+
+    tokens: tuple[int, ...]
+    parents: tuple[int, ...]    # parents[0] == NO_PARENT, 0 <= parents[i] < i otherwise
+    depths: tuple[int, ...]     # depths[0] == 0, depths[i] == depths[parents[i]] + 1
+    scores: tuple[float, ...]   # cumulative draft log-probability, scores[0] == 0.0
+
+    def __post_init__(self):
+        for name in ('tokens', 'parents', 'depths'):
+            object.__setattr__(self, name, tuple(int(x) for x in getattr(self, name)))
+        object.__setattr__(self, 'scores', tuple(float(x) for x in self.scores))
+        num_nodes = len(self.tokens)
+        if num_nodes == 0:
+            raise ValueError('tokens: a draft tree needs at least the root node')
+        for name in ('parents', 'depths', 'scores'):
+            if len(getattr(self, name)) != num_nodes:
+                raise ValueError(f'{name}: length {len(getattr(self, name))} != '
+                                 f'{num_nodes} nodes')
+        if self.parents[ROOT] != NO_PARENT:
+            raise ValueError(f'parents: the root must have parent {NO_PARENT}')
+        if self.depths[ROOT] != 0:
+            raise ValueError('depths: the root must have depth 0')
+        if self.scores[ROOT] != 0.0:
+            raise ValueError('scores: the root must have score 0.0')
+        for i in range(1, num_nodes):
+            parent = self.parents[i]
+            if not 0 <= parent < i:
+                raise ValueError(f'parents: node {i} has parent {parent}; '
+                                 'parents must precede their children')
+            if self.depths[i] != self.depths[parent] + 1:
+                raise ValueError(f'depths: node {i} has depth {self.depths[i]}, '
+                                 f'its parent {parent} has {self.depths[parent]}')
+
+    @property
+    def num_nodes(self) -> int:
+        return len(self.tokens)
+
+    @property
+    def max_depth(self) -> int:
+        """Number of draft levels actually present (0 for a root-only tree)."""
+        return max(self.depths)
+
+    @cached_property
+    def _children(self) -> tuple[tuple[int, ...], ...]:
+        children: list[list[int]] = [[] for _ in range(self.num_nodes)]
+        for i in range(1, self.num_nodes):
+            children[self.parents[i]].append(i)
+        return tuple(tuple(c) for c in children)
+
+    def children(self, node: int) -> tuple[int, ...]:
+        """Children of ``node`` in increasing index order."""
+        return self._children[node]
+
+    def is_leaf(self, node: int) -> bool:
+        return not self._children[node]
+
+    def path_to(self, node: int) -> list[int]:
+        """Node indices from the root down to ``node`` (both included)."""
+        path = []
+        while node != NO_PARENT:
+            path.append(node)
+            node = self.parents[node]
+        return path[::-1]
+
+    def tree_mask(self) -> list[list[bool]]:
+        """(num_nodes, num_nodes): mask[i][j] is True iff node j is an ancestor-or-self of i."""
+        mask: list[list[bool]] = []
+        for i in range(self.num_nodes):
+            # Parents precede children, so the parent's row is complete when row i is built.
+            row = list(mask[self.parents[i]]) if i != ROOT else [False] * self.num_nodes
+            row[i] = True
+            mask.append(row)
+        return mask
+
+    def position_offsets(self) -> tuple[int, ...]:
+        """(num_nodes,): add the request's full history length to get verifier positions."""
+        return self.depths
+
+    def root_to_leaf_paths(self) -> list[list[int]]:
+        """One root-to-leaf node-index path per leaf, leaves in increasing index order."""
+        return [self.path_to(i) for i in range(self.num_nodes) if self.is_leaf(i)]
+
+
+def chain_tree(root_token: int, tokens: Sequence[int],
+               logprobs: Sequence[float] | None = None) -> DraftTree:
+    """A single-path tree: root -> tokens[0] -> tokens[1] -> ... (oracle drafts, tests).
+
+    ``logprobs`` (one per drafted token) default to 0.0, i.e. a draft certain of every token.
+    """
+    if logprobs is None:
+        logprobs = [0.0] * len(tokens)
+    if len(logprobs) != len(tokens):
+        raise ValueError(f'logprobs: length {len(logprobs)} != {len(tokens)} tokens')
+    scores = [0.0]
+    for logprob in logprobs:
+        scores.append(scores[-1] + float(logprob))
+    num_nodes = len(tokens) + 1
+    return DraftTree(tokens=(root_token, *tokens), parents=(NO_PARENT, *range(num_nodes - 1)),
+                     depths=tuple(range(num_nodes)), scores=tuple(scores))
+
+
+class PartialTree:
+    """Every candidate proposed so far while a tree is built, indexed by candidate id.
+
+    Candidate 0 is the root; later ids are assigned in creation order (level by level, frontier
+    order, then the draft's rank), so a parent's id is always smaller than its children's. The
+    lists are read-only for ``expand``; ``path_to`` gives the candidate ids an expanded node may
+    attend to among the candidates (its ancestors and itself).
+    """
+
+    def __init__(self, root_token: int):
+        self.tokens: list[int] = [int(root_token)]
+        self.parents: list[int] = [NO_PARENT]
+        self.depths: list[int] = [0]
+        self.scores: list[float] = [0.0]
+
+    @property
+    def num_candidates(self) -> int:
+        return len(self.tokens)
+
+    def path_to(self, node: int) -> list[int]:
+        path = []
+        while node != NO_PARENT:
+            path.append(node)
+            node = self.parents[node]
+        return path[::-1]
+
+    def _add(self, parent: int, token: int, logprob: float) -> int:
+        self.tokens.append(int(token))
+        self.parents.append(parent)
+        self.depths.append(self.depths[parent] + 1)
+        self.scores.append(self.scores[parent] + logprob)
+        return len(self.tokens) - 1
+
+
+def _top_candidates(proposals, node: int, top_k: int) -> list[tuple[int, float]]:
+    """Validate one frontier node's proposals and return its first ``top_k`` as (int, float)."""
+    if len(proposals) < top_k:
+        raise ValueError(f'expand: node {node} got {len(proposals)} candidates, '
+                         f'top_k={top_k} needed')
+    best = []
+    for token, logprob in list(proposals)[:top_k]:
+        logprob = float(logprob)
+        # Scores must never increase along a path: that makes every kept node's parent kept.
+        if math.isnan(logprob) or logprob > 0.0:
+            raise ValueError(f'expand: node {node} got log-probability {logprob}; '
+                             'log-probabilities must be <= 0 and not NaN')
+        if best and logprob > best[-1][1]:
+            raise ValueError(f'expand: candidates of node {node} are not sorted best first')
+        best.append((int(token), logprob))
+    return best
+
+
+def build_dynamic_tree(root_token: int, expand: ExpandFn, depth: int, top_k: int,
+                       max_nodes: int) -> DraftTree:
+    """Build an EAGLE-2 dynamic draft tree.
+
+    Args:
+        root_token: the last decided token (node 0).
+        expand: ``expand(partial, frontier) -> proposals``. ``partial`` is the ``PartialTree``
+            of all candidates so far; ``frontier`` lists candidate ids to expand (the first call
+            is ``[0]``, the root; later calls hold at most ``top_k`` ids of the newest level, in
+            frontier order). ``proposals[j]`` is the draft model's distribution for the token
+            after frontier node j (i.e. from the draft's output at that node, whose input is
+            the node's token and its parent's draft feature), given as ``(token, logprob)``
+            pairs sorted by logprob descending, at least ``top_k`` of them (only the first
+            ``top_k`` are read), log-probabilities <= 0 (normalised, e.g. log_softmax). The
+            engine runs the whole frontier in one batched draft forward. It is called exactly
+            ``depth`` times.
+        depth: number of draft levels (maximum draft length), >= 1.
+        top_k: children proposed per expanded node and frontier size per level, >= 1.
+        max_nodes: tree size including the root, >= 2.
+
+    Ties: candidates are ranked by the key ``(-score, candidate id)``: on equal cumulative
+    score the earlier-created candidate wins. This applies to the next frontier and to the final
+    rerank. Since a child's score never exceeds its parent's and a parent is created first, a
+    parent always ranks ahead of its children, so the kept set is closed under ancestors.
+    The kept candidates are re-indexed in increasing candidate id (root first, parents before
+    children).
+    """
+    if int(depth) < 1:
+        raise ValueError(f'depth: must be >= 1, got {depth}')
+    if int(top_k) < 1:
+        raise ValueError(f'top_k: must be >= 1, got {top_k}')
+    if int(max_nodes) < 2:
+        raise ValueError(f'max_nodes: must be >= 2 (root included), got {max_nodes}')
+    partial = PartialTree(root_token)
+
+    def rank_key(node: int) -> tuple[float, int]:
+        return (-partial.scores[node], node)
+
+    # 1. Level by level: expand the frontier, record every proposed child as a candidate.
+    frontier = [ROOT]
+    for _ in range(depth):
+        proposals = expand(partial, list(frontier))
+        if len(proposals) != len(frontier):
+            raise ValueError(f'expand: returned {len(proposals)} rows for '
+                             f'{len(frontier)} frontier nodes')
+        level = []
+        for node, node_proposals in zip(frontier, proposals):
+            for token, logprob in _top_candidates(node_proposals, node, top_k):
+                level.append(partial._add(node, token, logprob))
+        # 2. The best top_k of the new level become the next frontier.
+        frontier = sorted(level, key=rank_key)[:top_k]
+
+    # 3. Rerank every candidate; the prefix of this order is ancestor-closed (see docstring).
+    kept = sorted(sorted(range(1, partial.num_candidates), key=rank_key)[:max_nodes - 1])
+    new_index = {ROOT: ROOT}
+    for i, node in enumerate(kept, start=1):
+        new_index[node] = i
+    nodes = [ROOT, *kept]
+    for node in kept:   # verified, not assumed: a kept node's parent must be kept
+        if partial.parents[node] not in new_index:
+            raise RuntimeError(f'draft tree rerank kept candidate {node} without its parent')
+    return DraftTree(
+        tokens=tuple(partial.tokens[n] for n in nodes),
+        parents=tuple(NO_PARENT if n == ROOT else new_index[partial.parents[n]] for n in nodes),
+        depths=tuple(partial.depths[n] for n in nodes),
+        scores=tuple(partial.scores[n] for n in nodes),
+    )

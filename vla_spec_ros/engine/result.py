@@ -1,0 +1,47 @@
+"""What the engine returns for one frame: tokens, normalised and robot actions, stats."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class ActionResult:
+    """One decided action.
+
+    tokens:     the ``action_dim`` generated token ids
+    normalized: float64 (action_dim,) in [-1, 1]; NaN where a token is not an action token
+    action:     float64 (action_dim,) un-normalised with the dataset's q01/q99 (EEF_POS:
+                dx, dy, dz in m, droll, dpitch, dyaw in rad, gripper 1 = open, 0 = closed)
+    is_valid:   False when a token is not an action token or a value is not finite; such a
+                result must never be executed (the ROS node publishes zero motion instead)
+    stats:      forward_passes, accepted_lengths, latency_s, unnorm_key, mode, ...
+    """
+
+    tokens: tuple
+    normalized: np.ndarray
+    action: np.ndarray
+    is_valid: bool
+    invalid_reason: str | None = None
+    stats: dict = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Frame:
+    """One observation submitted to the streaming engine."""
+
+    image: np.ndarray           # (H, W, 3) uint8 RGB
+    instruction: str
+    unnorm_key: str | None = None
+    stream_id: str = 'default'
+    user_data: Any = None       # returned untouched with the result (e.g. the image stamp)
+
+
+@dataclass(frozen=True)
+class FinishedAction:
+    request_id: int
+    frame: Frame
+    result: ActionResult | None     # None when ``error`` is set
+    error: str | None = None

@@ -1,0 +1,1 @@
+"""Plain-torch OpenVLA-compatible models and checkpoint I/O."""

@@ -1,0 +1,35 @@
+"""The OpenVLA assembly: fused vision backbone -> projector -> Llama.
+
+Sequence layout (reference/openvla.md §1.4): ``[BOS] + projected patches + text tokens after
+BOS``, logical positions 0..L-1. Attribute names match the checkpoint prefixes
+(``vision_backbone.*``, ``projector.*``, ``language_model.*``).
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from ..config import VLAConfig
+from .llama import LlamaForCausalLM
+from .vision import FusedGeluMLPProjector, FusedVisionBackbone
+
+
+class OpenVLA(nn.Module):
+    def __init__(self, cfg: VLAConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.vision_backbone = FusedVisionBackbone(cfg)
+        self.projector = FusedGeluMLPProjector(cfg.vision_dim, cfg.llm.hidden_size)
+        self.language_model = LlamaForCausalLM(cfg.llm)
+
+    def image_embeddings(self, pixel_values: torch.Tensor) -> torch.Tensor:
+        """(B, 6, S, S) normalised pixels -> (B, num_patches, hidden) projected patches."""
+        return self.projector(self.vision_backbone(pixel_values))
+
+    def prompt_embeddings(self, patches: torch.Tensor, input_ids: torch.Tensor) -> torch.Tensor:
+        """patches (P, H), input_ids (T,) starting with BOS -> (1 + P + T - 1, H)."""
+        text = self.language_model.model.embed_tokens(input_ids)
+        return torch.cat([text[:1], patches, text[1:]], dim=0)
+
+    def token_embeddings(self, token_ids: torch.Tensor) -> torch.Tensor:
+        return self.language_model.model.embed_tokens(token_ids)

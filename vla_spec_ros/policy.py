@@ -1,0 +1,103 @@
+"""``VLAPolicy``: the public entry point (DESIGN §6).
+
+``VLAPolicy.from_pretrained(path_or_preset, **engine_options)`` loads a checkpoint folder in
+OpenVLA's Hugging Face layout, or a preset name (a random-weight checkpoint of that preset is
+written once to a cache folder and loaded through the same loader). ``predict`` runs one frame
+to completion; ``engine`` is the streaming interface over the same model.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from .config import PRESETS, EngineConfig
+from .engine.engine import Engine
+from .engine.result import ActionResult, Frame
+from .engine.runner import TORCH_DTYPES, ModelRunner
+from .models.checkpoint import CheckpointError, load_model
+from .prompt import PromptTokenizer
+
+PREDICT_STREAM = '__predict__'
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get('VLA_SPEC_CACHE', Path.home() / '.cache' / 'vla_spec_ros'))
+
+
+def resolve_checkpoint(path_or_preset: str) -> Path:
+    """A folder path, or a preset name -> a checkpoint folder (presets are made on first use)."""
+    path = Path(path_or_preset).expanduser()
+    if path.is_dir():
+        return path
+    from . import assets
+    embedded = assets.embedded_checkpoint(path_or_preset)
+    if embedded is not None:
+        return embedded
+    if path_or_preset in PRESETS:
+        folder = cache_dir() / 'presets' / f'{path_or_preset}-seed0'
+        if not (folder / 'config.json').is_file():
+            from .models.random_checkpoint import make_checkpoint
+            tmp = folder.with_name(folder.name + f'.tmp{os.getpid()}')
+            make_checkpoint(path_or_preset, tmp, seed=0)
+            tmp.replace(folder) if not folder.exists() else None
+        return folder
+    raise CheckpointError(f'{path_or_preset!r} is neither a checkpoint folder nor a preset '
+                          f'({sorted(PRESETS) + assets.embedded_names()})')
+
+
+class VLAPolicy:
+    def __init__(self, engine: Engine, source: str):
+        self.engine = engine
+        self.source = source
+
+    @classmethod
+    def from_pretrained(cls, path_or_preset: str, **engine_options) -> 'VLAPolicy':
+        config = EngineConfig.from_dict(engine_options)
+        if config.device.startswith('cuda') and not torch.cuda.is_available():
+            raise ValueError(f'device: {config.device!r} requested but CUDA is not available')
+        folder = resolve_checkpoint(path_or_preset)
+        model, cfg, raw = load_model(folder, TORCH_DTYPES[config.dtype], config.device)
+        norm_stats = raw.get('norm_stats')
+        if not norm_stats:
+            stats_file = folder / 'dataset_statistics.json'
+            if not stats_file.is_file():
+                raise CheckpointError(f'{folder}: no norm_stats in config.json and no '
+                                      'dataset_statistics.json')
+            import json
+            norm_stats = json.loads(stats_file.read_text())
+        tokenizer = PromptTokenizer.from_folder(folder, config.max_instruction_tokens)
+        runner = ModelRunner(model, cfg, tokenizer, config)
+        draft = None
+        if config.is_speculative:
+            from .models.draft import load_draft_for
+            draft = load_draft_for(runner, config, folder)
+        return cls(Engine(runner, norm_stats, config, draft=draft), str(folder))
+
+    @property
+    def config(self) -> EngineConfig:
+        return self.engine.config
+
+    @property
+    def unnorm_keys(self) -> tuple[str, ...]:
+        return tuple(sorted(self.engine.norm_stats))
+
+    @property
+    def model_config(self):
+        return self.engine.runner.cfg
+
+    def predict(self, image: np.ndarray, instruction: str,
+                unnorm_key: str | None = None) -> ActionResult:
+        """One frame -> its action (blocking). Bad input raises ValueError."""
+        if self.engine.has_work():
+            raise RuntimeError('predict() needs an idle engine; the streaming interface has '
+                               'frames in flight')
+        request_id = self.engine.submit(Frame(image, instruction, unnorm_key, PREDICT_STREAM))
+        for finished in self.engine.run_until_idle():
+            if finished.request_id == request_id:
+                if finished.error is not None:
+                    raise RuntimeError(f'inference failed: {finished.error}')
+                return finished.result
+        raise RuntimeError('engine finished without producing the requested action')
