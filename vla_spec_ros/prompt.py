@@ -36,7 +36,7 @@ class PromptTokenizer:
         self.space_id = tokenizer.token_to_id(SPACE_PIECE)
         if self.bos_id is None or self.space_id is None:
             raise ValueError(f'{source}: tokenizer lacks "<s>" or "{SPACE_PIECE}"')
-        self._prompt_overhead = len(self._encode_raw(format_prompt('')))
+        self.prompt_overhead = len(self._encode_raw(format_prompt('')))
 
     @classmethod
     def from_folder(cls, folder: str | Path, max_instruction_tokens: int = 128):
@@ -66,7 +66,7 @@ class PromptTokenizer:
             raise PromptError(f'instruction has {len(text)} characters; the limit is '
                               f'{MAX_INSTRUCTION_CHARS}')
         ids = self._encode_raw(format_prompt(text))
-        num_instruction_tokens = len(ids) - self._prompt_overhead
+        num_instruction_tokens = len(ids) - self.prompt_overhead
         if num_instruction_tokens > self.max_instruction_tokens:
             raise PromptError(f'instruction has {num_instruction_tokens} tokens; the limit '
                               f'(max_instruction_tokens) is {self.max_instruction_tokens}')

@@ -50,6 +50,7 @@ class Engine:
                        for key, entry in norm_stats.items()}
         self._ids = itertools.count()
         self._waiting: collections.deque[Request] = collections.deque()
+        self.num_verifier_forwards = 0   # packed verifier forwards run so far (stats)
         self._strategy = self._make_strategy(config)
 
     # ---- configuration ----------------------------------------------------------------------
@@ -81,6 +82,11 @@ class Engine:
         check_image(frame.image)
         input_ids = self.runner.validate_instruction(frame.instruction)
         key = resolve_unnorm_key(self.norm_stats, frame.unnorm_key)
+        longest = (self.runner.prefix_len(input_ids) + self.runner.action_dim
+                   + self._config.tree_depth)
+        if longest > self.runner.cfg.llm.max_position_embeddings:
+            raise ValueError(f'prompt needs {longest} positions; the model has '
+                             f'{self.runner.cfg.llm.max_position_embeddings}')
         request = Request(next(self._ids), frame, input_ids, key, time.perf_counter())
         if self._strategy is not None:
             self._strategy.submit(request)
@@ -91,6 +97,12 @@ class Engine:
     def has_work(self) -> bool:
         if self._strategy is not None:
             return self._strategy.has_work()
+        return bool(self._waiting)
+
+    def has_waiting(self) -> bool:
+        """True while a submitted frame has not started (its prefill is not done)."""
+        if self._strategy is not None:
+            return self._strategy.has_waiting()
         return bool(self._waiting)
 
     def drop_waiting(self, stream_id: str) -> list[int]:
@@ -132,6 +144,7 @@ class Engine:
                                          self._config.restrict_to_action_tokens)
             request.tokens = tokens
             request.forward_passes = forwards
+            self.num_verifier_forwards += forwards
             request.accepted_lengths = [1] * len(tokens)
             return [self.finish(request)]
         except Exception as exc:

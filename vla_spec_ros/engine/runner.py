@@ -55,6 +55,11 @@ class ModelRunner:
     def prefix_len(self, input_ids: list[int]) -> int:
         return len(input_ids) + self.cfg.num_patches
 
+    def max_prefix_len(self, max_instruction_tokens: int) -> int:
+        """Longest prefill an accepted instruction can produce (BOS, template, "▁" included)."""
+        # +8: tokenisation of the template around an instruction may merge differently.
+        return self.cfg.num_patches + self.tokenizer.prompt_overhead + max_instruction_tokens + 8
+
     @torch.no_grad()
     def prepare_prompt(self, frame: Frame, engine_cfg: EngineConfig,
                        input_ids: list[int] | None = None) -> PreparedPrompt:

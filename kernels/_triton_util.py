@@ -1,0 +1,99 @@
+"""Plumbing shared by the kernels in this folder: optional Triton, launch and argument checks.
+
+Triton is an optional dependency: every kernel module imports cleanly without it and keeps its
+plain-torch reference usable. Kernel bodies are jitted lazily (``LazyJit``) so that the
+``TRITON_INTERPRET`` mode in force at *launch* time decides between the compiled GPU kernel and
+Triton's CPU interpreter, independent of import order (a test can switch the interpreter on
+for its own duration without re-importing anything).
+"""
+import os
+
+import torch
+
+try:
+    import triton
+    import triton.language as tl
+    HAS_TRITON = True
+except ImportError:  # the reference path must keep working without Triton
+    triton = None
+    tl = None
+    HAS_TRITON = False
+
+INDEX_DTYPES = (torch.int64, torch.int32)
+
+
+def is_interpret_mode() -> bool:
+    """True when Triton kernels would run in the CPU interpreter (``TRITON_INTERPRET=1``)."""
+    if HAS_TRITON:
+        # The knob reads the environment on every access; it is what triton.jit consults.
+        return bool(triton.knobs.runtime.interpret)
+    return os.environ.get('TRITON_INTERPRET', '0').strip().lower() in ('1', 'true', 'on', 'yes')
+
+
+def is_triton_available() -> bool:
+    """True when the Triton path can run here: Triton imports and there is a GPU or interpreter."""
+    return HAS_TRITON and (torch.cuda.is_available() or is_interpret_mode())
+
+
+def check_can_launch(device: torch.device) -> None:
+    """Raise ValueError (field ``use_triton``) when a Triton launch cannot run on ``device``."""
+    if not HAS_TRITON:
+        raise ValueError('use_triton=True but triton is not importable')
+    if device.type != 'cuda' and not is_interpret_mode():
+        raise ValueError(
+            f'use_triton=True needs CUDA tensors or TRITON_INTERPRET=1 (tensors are on {device})')
+
+
+def next_power_of_2(n: int) -> int:
+    """Smallest power of two >= n (n >= 1); tl.arange extents must be powers of two."""
+    return 1 << max(0, int(n) - 1).bit_length()
+
+
+def compute_dtype(dtype: torch.dtype):
+    """Triton dtype used for arithmetic: float64 stays float64, everything else runs in float32."""
+    return tl.float64 if dtype == torch.float64 else tl.float32
+
+
+class LazyJit:
+    """A kernel body that is ``triton.jit``-ed on first launch, once per interpreter mode.
+
+    ``kernel[grid](...)`` behaves like an ordinary jitted kernel. Holding two jitted versions
+    (compiled and interpreted) lets one process run both without re-importing the module.
+    """
+
+    def __init__(self, fn):
+        self.fn = fn
+        self._by_mode = {}
+
+    def __getitem__(self, grid):
+        is_interpret = is_interpret_mode()
+        kernel = self._by_mode.get(is_interpret)
+        if kernel is None:
+            kernel = triton.jit(self.fn)
+            self._by_mode[is_interpret] = kernel
+        return kernel[grid]
+
+
+# ---- argument checks shared by the validating wrappers (ValueError naming the argument) ----
+
+def check_tensor(name: str, x, ndim: int) -> None:
+    """``x`` must be a tensor with ``ndim`` dims."""
+    if not isinstance(x, torch.Tensor):
+        raise ValueError(f'{name} must be a torch.Tensor, got {type(x).__name__}')
+    if x.dim() != ndim:
+        raise ValueError(f'{name} must have {ndim} dims, got shape {tuple(x.shape)}')
+
+
+def check_index_values(name: str, index: torch.Tensor, upper: int, is_unique: bool) -> None:
+    """Values of ``index`` must lie in [0, upper) and, if ``is_unique``, be pairwise distinct.
+
+    Reading the values back costs one device->host sync; the wrappers let a caller that builds
+    indices from already-checked host bookkeeping skip this (``check_indices=False``).
+    """
+    if index.numel() == 0:
+        return
+    low, high = int(index.min()), int(index.max())
+    if low < 0 or high >= upper:
+        raise ValueError(f'{name} values must lie in [0, {upper}), got range [{low}, {high}]')
+    if is_unique and torch.unique(index).numel() != index.numel():
+        raise ValueError(f'{name} values must be unique (two rows would write the same slot)')

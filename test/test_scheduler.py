@@ -1,0 +1,430 @@
+"""Cross-request pipelining scheduler (pure Python, no torch): S2 timing and order, S6.
+
+Expected timelines are derived by hand (closed forms) or by a small independent simulation
+that only knows the contracts: FIFO admission, at most one prefill per step, max_inflight, one
+token per step with plain decoding, per-stream emission order.
+"""
+import ast
+import pathlib
+import random
+
+import pytest
+
+from vla_spec_ros.engine.kv_ring import KVRing
+from vla_spec_ros.engine.scheduler import RequestInfo, ScheduledStep, Scheduler
+
+ACTION_DIM = 7
+
+
+def make_request(request_id, stream_id='cam0', prefix_len=20, scratch=0):
+    return RequestInfo(request_id=request_id, stream_id=stream_id, prefix_len=prefix_len,
+                       num_tokens_needed=ACTION_DIM,
+                       num_slots=prefix_len + ACTION_DIM + scratch)
+
+
+def prefix_len_of(i):
+    """Varying instruction lengths (different prompts per frame)."""
+    return 15 + (i * 7) % 13
+
+
+class Driver:
+    """Runs the engine loop (submit arrivals, schedule, report tokens, pop) and records it."""
+
+    def __init__(self, scheduler, gain=None):
+        self.scheduler = scheduler
+        self.gain = gain or (lambda request_id, remaining: 1)   # plain decoding: 1 per step
+        self.step = 0
+        self.prefill_step = {}
+        self.emit_step = {}
+        self.emitted = []                                       # in emission order
+        self.steps = []
+
+    def run_step(self, arrivals=()):
+        for request in arrivals:
+            self.scheduler.submit(request)
+        scheduled = self.scheduler.schedule()
+        self.steps.append(scheduled)
+        assert len(scheduled.decode_ids) + (scheduled.prefill is not None) \
+            <= self.scheduler.max_inflight
+        assert scheduled.decode_ids == sorted(scheduled.decode_ids)      # oldest first
+        advancing = list(scheduled.decode_ids)
+        if scheduled.prefill is not None:
+            self.prefill_step[scheduled.prefill.request_id] = self.step
+            advancing.append(scheduled.prefill.request_id)
+        for request_id in advancing:
+            remaining = self.scheduler.num_remaining(request_id)
+            self.scheduler.on_tokens(request_id, self.gain(request_id, remaining))
+        for request_id in self.scheduler.pop_finished():
+            self.emit_step[request_id] = self.step
+            self.emitted.append(request_id)
+        self.step += 1
+        return scheduled
+
+    def run(self, arrivals_by_step, max_steps=10_000):
+        last_arrival = max(arrivals_by_step, default=-1)
+        while self.step <= last_arrival or self.scheduler.has_work():
+            assert self.step < max_steps, 'the scheduler stopped making progress'
+            self.run_step(arrivals_by_step.get(self.step, ()))
+        assert self.scheduler.pop_finished() == []
+
+
+def expected_plain_timeline(arrival_steps, max_inflight, action_dim=ACTION_DIM):
+    """Independent closed-form simulation for plain decoding with a ring that never fills.
+
+    Frame i (FIFO) is prefilled at the first step t >= its arrival, after the previous
+    prefill, at which fewer than max_inflight earlier frames are still running (a frame
+    prefilled at p runs in steps p .. p + action_dim - 1); it is emitted in step
+    p + action_dim - 1.
+    """
+    prefill = []
+    for i, arrival in enumerate(arrival_steps):
+        t = max(arrival, prefill[-1] + 1 if prefill else 0)
+        while sum(1 for p in prefill if t - action_dim + 1 <= p <= t - 1) >= max_inflight:
+            t += 1
+        prefill.append(t)
+    return prefill, [p + action_dim - 1 for p in prefill]
+
+
+def big_ring():
+    return KVRing(64 * (max(prefix_len_of(i) for i in range(13)) + ACTION_DIM))
+
+
+# ---------------------------------------------------------------- S2 timeline
+
+@pytest.mark.parametrize('max_inflight', [7, 1, 3])
+def test_s2_timeline_one_frame_per_step(max_inflight):
+    num_frames = 24
+    requests = [make_request(i, prefix_len=prefix_len_of(i)) for i in range(num_frames)]
+    driver = Driver(Scheduler(max_inflight, ACTION_DIM, big_ring()))
+    driver.run({i: [requests[i]] for i in range(num_frames)})
+
+    if max_inflight == 7:                        # full pipeline: one prefill every step
+        expected_prefill = list(range(num_frames))
+    elif max_inflight == 1:                      # plain AR: prefill, 6 decode-only steps, ...
+        expected_prefill = [ACTION_DIM * i for i in range(num_frames)]
+    else:                                        # 3 in flight, then 4 steps until one frees
+        expected_prefill = [ACTION_DIM * (i // 3) + i % 3 for i in range(num_frames)]
+    assert [driver.prefill_step[i] for i in range(num_frames)] == expected_prefill
+    for i in range(num_frames):                  # each frame occupies exactly action_dim steps
+        assert driver.emit_step[i] - driver.prefill_step[i] + 1 == ACTION_DIM
+    assert driver.emitted == list(range(num_frames))
+    if max_inflight == 7:                        # steady state: prefill + 6 decodes per step
+        assert all(len(s.decode_ids) == 6 and s.prefill is not None
+                   for s in driver.steps[6:num_frames])
+    if max_inflight == 1:
+        for step, scheduled in enumerate(driver.steps):
+            is_prefill_step = step % ACTION_DIM == 0
+            assert (scheduled.prefill is not None) == is_prefill_step
+            assert len(scheduled.decode_ids) == (0 if is_prefill_step else 1)
+
+
+def test_irregular_arrivals_force_decode_only_steps():
+    arrivals = [0, 1, 2, 3, 4, 5, 12, 13, 30, 31, 31, 31, 32, 45, 46, 47, 48, 49, 50, 51, 70]
+    for max_inflight in (1, 2, 3, 7):
+        requests = [make_request(i, prefix_len=prefix_len_of(i)) for i in range(len(arrivals))]
+        by_step = {}
+        for request, step in zip(requests, arrivals):
+            by_step.setdefault(step, []).append(request)
+        driver = Driver(Scheduler(max_inflight, ACTION_DIM, big_ring()))
+        driver.run(by_step)
+        prefill, emit = expected_plain_timeline(arrivals, max_inflight)
+        assert [driver.prefill_step[i] for i in range(len(arrivals))] == prefill
+        assert [driver.emit_step[i] for i in range(len(arrivals))] == emit
+        assert driver.emitted == list(range(len(arrivals)))
+        # Gaps: steps with nothing to prefill still advance every in-flight frame (S6).
+        num_decode_only = sum(1 for s in driver.steps if s.prefill is None and s.decode_ids)
+        assert num_decode_only > 0
+        # After the last arrival the pipeline drains within action_dim steps of the last prefill.
+        assert driver.step == prefill[-1] + ACTION_DIM
+
+
+def test_nothing_scheduled_when_idle():
+    scheduler = Scheduler(4, ACTION_DIM, KVRing(100))
+    assert not scheduler.has_work()
+    step = scheduler.schedule()
+    assert step == ScheduledStep(prefill=None, decode_ids=[]) and step.is_empty
+
+
+# ---------------------------------------------------------------- ring-limited admission
+
+def test_prefill_waits_for_ring_room_in_fifo_order():
+    # 13 slots per request, capacity 30: only two requests fit at a time.
+    ring = KVRing(30)
+    driver = Driver(Scheduler(7, ACTION_DIM, ring))
+    requests = [make_request(i, prefix_len=6) for i in range(8)]
+    driver.run({i: [requests[i]] for i in range(8)})
+    # Frame i waits for frame i - 2 to finish (released after its step p + 6).
+    assert [driver.prefill_step[i] for i in range(8)] == \
+        [ACTION_DIM * (i // 2) + i % 2 for i in range(8)]
+    assert driver.emitted == list(range(8))
+    assert ring.num_free == 30 and ring.num_live == 0
+
+
+def test_large_prompt_is_not_bypassed_by_smaller_ones():
+    ring = KVRing(40)
+    scheduler = Scheduler(7, ACTION_DIM, ring)
+    scheduler.submit(make_request(0, prefix_len=20))            # 27 slots
+    scheduler.submit(make_request(1, prefix_len=30))            # 37 slots: must wait
+    scheduler.submit(make_request(2, prefix_len=3))             # 10 slots: would fit
+    driver = Driver(scheduler)
+    driver.run({})
+    assert driver.prefill_step == {0: 0, 1: 7, 2: 14}
+    assert driver.emitted == [0, 1, 2]
+
+
+# ---------------------------------------------------------------- streams and speculation
+
+def test_two_interleaved_streams_plain():
+    arrivals = {}
+    streams = {}
+    for i in range(22):
+        stream_id = 'left' if i % 2 == 0 else 'right'
+        streams[i] = stream_id
+        arrivals[i // 2 * 3 + i % 2] = [make_request(i, stream_id, prefix_len_of(i))]
+    driver = Driver(Scheduler(4, ACTION_DIM, big_ring()))
+    driver.run(arrivals)
+    prefill, emit = expected_plain_timeline(sorted(arrivals), 4)
+    assert [driver.prefill_step[i] for i in range(22)] == prefill
+    assert [driver.emit_step[i] for i in range(22)] == emit
+    for stream_id in ('left', 'right'):
+        order = [i for i in driver.emitted if streams[i] == stream_id]
+        assert order == sorted(order) and len(order) == 11
+
+
+def test_speculative_out_of_order_finish_is_held_per_stream():
+    scheduler = Scheduler(7, ACTION_DIM, big_ring())
+    scheduler.submit(make_request(0, 'a', scratch=10))
+    scheduler.submit(make_request(1, 'a', scratch=10))
+    scheduler.submit(make_request(2, 'b', scratch=10))
+    # step 0: prefill 0
+    assert scheduler.schedule().prefill.request_id == 0
+    scheduler.on_tokens(0, 1)
+    assert scheduler.pop_finished() == []
+    # step 1: prefill 1, frame 0 accepts a short path
+    step = scheduler.schedule()
+    assert step.prefill.request_id == 1 and step.decode_ids == [0]
+    scheduler.on_tokens(0, 2)
+    scheduler.on_tokens(1, 1)
+    # step 2: prefill 2; frame 1 accepts everything and finishes before frame 0
+    step = scheduler.schedule()
+    assert step.prefill.request_id == 2 and step.decode_ids == [0, 1]
+    scheduler.on_tokens(0, 1)
+    assert scheduler.on_tokens(1, 6) is True
+    scheduler.on_tokens(2, 1)
+    assert scheduler.pop_finished() == []                        # held behind frame 0
+    assert scheduler.num_finished == 1 and scheduler.num_inflight == 2
+    # step 3: stream b finishes; it is independent of stream a
+    step = scheduler.schedule()
+    assert step.prefill is None and step.decode_ids == [0, 2]
+    scheduler.on_tokens(0, 2)                                     # frame 0 at 6 of 7
+    scheduler.on_tokens(2, 6)
+    assert scheduler.pop_finished() == [2]
+    # step 4: frame 0 finishes and releases frame 1 right behind it
+    step = scheduler.schedule()
+    assert step.decode_ids == [0]
+    scheduler.on_tokens(0, 1)
+    assert scheduler.pop_finished() == [0, 1]
+    assert not scheduler.has_work() and scheduler.num_finished == 0
+    assert scheduler.ring.num_live == 0
+
+
+@pytest.mark.parametrize('seed', range(10))
+def test_random_streams_and_gains_keep_order_and_liveness(seed):
+    rng = random.Random(seed)
+    max_inflight = rng.randint(1, 6)
+    stream_ids = ['s%d' % k for k in range(rng.randint(1, 3))]
+    requests, arrivals = [], {}
+    step = 0
+    for i in range(rng.randint(10, 40)):
+        step += rng.choice([0, 0, 1, 1, 1, 2, 5, 9])
+        request = make_request(i, rng.choice(stream_ids), rng.randint(3, 40),
+                               scratch=rng.randint(0, 12))
+        requests.append(request)
+        arrivals.setdefault(step, []).append(request)
+    capacity = rng.randint(max(r.num_slots for r in requests), 200)
+    ring = KVRing(capacity)
+    scheduler = Scheduler(max_inflight, ACTION_DIM, ring)
+
+    # The reference only sees token counts and finish events; it derives emission by itself.
+    tokens = {}
+    submitted_by_stream = {s: [] for s in stream_ids}
+    finished, emitted_ref, waiting, prefill_step = set(), [], [], {}
+
+    driver_step = 0
+    last_arrival = max(arrivals)
+    while driver_step <= last_arrival or scheduler.has_work():
+        assert driver_step < 5000
+        for request in arrivals.get(driver_step, ()):
+            scheduler.submit(request)
+            submitted_by_stream[request.stream_id].append(request.request_id)
+            waiting.append(request.request_id)
+        scheduled = scheduler.schedule()
+        inflight_before = sorted(tokens)
+        assert scheduled.decode_ids == inflight_before                # everyone advances (S6)
+        if scheduled.prefill is not None:
+            assert scheduled.prefill.request_id == waiting.pop(0)     # FIFO admission
+            prefill_step[scheduled.prefill.request_id] = driver_step
+            tokens[scheduled.prefill.request_id] = 0
+        elif waiting:
+            # Not admitted only when the pipeline is full or the ring lacks room.
+            head = requests[waiting[0]]
+            assert len(inflight_before) == max_inflight or not ring.can_allocate(head.num_slots)
+        assert len(tokens) <= max_inflight
+        # No two in-flight requests share a slot; exactly the in-flight requests own spans.
+        assert sorted(ring.live_spans()) == sorted(tokens)
+        used = [s for span in ring.live_spans().values() for s in span.slots()]
+        assert len(used) == len(set(used))
+
+        finish_events = []
+        for request_id in sorted(tokens):
+            gain = rng.randint(1, ACTION_DIM - tokens[request_id])
+            tokens[request_id] += gain
+            is_done = scheduler.on_tokens(request_id, gain)
+            assert is_done == (tokens[request_id] == ACTION_DIM)
+            if is_done:
+                finish_events.append(request_id)
+        expected = []
+        for request_id in finish_events:                 # emission rule, applied per event:
+            finished.add(request_id)                     # a finish can only unblock its stream
+            del tokens[request_id]
+            queue = submitted_by_stream[requests[request_id].stream_id]
+            while queue and queue[0] in finished:
+                expected.append(queue.pop(0))
+        emitted_ref += expected
+        assert scheduler.pop_finished() == expected
+        for request_id in expected:                      # S2 depth bound holds when held
+            assert driver_step - prefill_step[request_id] + 1 <= ACTION_DIM
+        driver_step += 1
+
+    assert sorted(emitted_ref) == list(range(len(requests)))
+    assert ring.num_free == capacity
+    for stream_id in stream_ids:
+        order = [i for i in emitted_ref if requests[i].stream_id == stream_id]
+        assert order == sorted(order)
+
+
+# ---------------------------------------------------------------- reset and drop_waiting
+
+def test_reset_one_stream_frees_its_slots_and_keeps_the_other():
+    ring = KVRing(500)
+    scheduler = Scheduler(4, ACTION_DIM, ring)
+    for i, stream_id in enumerate(['a', 'b', 'a', 'b', 'a', 'a']):
+        scheduler.submit(make_request(i, stream_id, prefix_len=10 + i))
+    for _ in range(3):                                   # admit 0, 1, 2 with a few tokens
+        step = scheduler.schedule()
+        for request_id in step.decode_ids + [step.prefill.request_id]:
+            scheduler.on_tokens(request_id, 1)
+    assert scheduler.inflight_ids() == [0, 1, 2] and scheduler.num_waiting == 3
+    freed = sum(make_request(i, prefix_len=10 + i).num_slots for i in (0, 2))
+    num_free_before = ring.num_free
+
+    assert scheduler.reset('a') == [0, 2, 4, 5]
+    assert ring.num_free == num_free_before + freed
+    assert scheduler.inflight_ids() == [1] and scheduler.num_waiting == 1
+    emitted = []
+    while scheduler.has_work():
+        step = scheduler.schedule()
+        for request_id in step.decode_ids + ([step.prefill.request_id] if step.prefill else []):
+            scheduler.on_tokens(request_id, 1)
+        emitted += scheduler.pop_finished()
+    assert emitted == [1, 3]
+    assert ring.num_free == 500
+
+
+def test_reset_all_drops_held_finished_requests_too():
+    ring = KVRing(500)
+    scheduler = Scheduler(4, ACTION_DIM, ring)
+    scheduler.submit(make_request(0, 'a'))
+    scheduler.submit(make_request(1, 'a'))
+    scheduler.submit(make_request(2, 'b'))
+    scheduler.schedule()
+    scheduler.on_tokens(0, 1)
+    scheduler.schedule()
+    scheduler.on_tokens(0, 1)
+    scheduler.on_tokens(1, ACTION_DIM)                   # finished, held behind 0
+    assert scheduler.pop_finished() == [] and scheduler.num_finished == 1
+    assert scheduler.reset() == [0, 1, 2]
+    assert not scheduler.has_work() and scheduler.num_finished == 0
+    assert scheduler.pop_finished() == [] and ring.num_free == 500
+    scheduler.submit(make_request(3, 'a'))               # the stream starts afresh
+    assert scheduler.schedule().prefill.request_id == 3
+
+
+def test_drop_waiting_replaces_queued_frames_of_one_stream():
+    scheduler = Scheduler(1, ACTION_DIM, KVRing(500))
+    scheduler.submit(make_request(0, 'a'))
+    assert scheduler.schedule().prefill.request_id == 0
+    scheduler.on_tokens(0, 1)
+    scheduler.submit(make_request(1, 'a'))
+    scheduler.submit(make_request(2, 'b'))
+    scheduler.submit(make_request(3, 'a'))
+    assert scheduler.drop_waiting('a') == [1, 3]
+    assert scheduler.drop_waiting('c') == []
+    scheduler.submit(make_request(4, 'a'))               # the newer frame replaces them
+    driver = Driver(scheduler)
+    driver.run({})
+    assert driver.emitted == [0, 2, 4]
+
+
+# ---------------------------------------------------------------- progress queries and errors
+
+def test_history_len_follows_decided_tokens():
+    scheduler = Scheduler(2, ACTION_DIM, KVRing(100))
+    scheduler.submit(make_request(0, prefix_len=12))
+    scheduler.schedule()
+    with pytest.raises(ValueError, match='no token yet'):
+        scheduler.history_len(0)
+    scheduler.on_tokens(0, 1)
+    assert scheduler.history_len(0) == 12                # next input: token 1 at position 12
+    scheduler.on_tokens(0, 3)
+    assert scheduler.history_len(0) == 15
+    assert scheduler.num_tokens(0) == 4 and scheduler.num_remaining(0) == 3
+    assert scheduler.request(0).prefix_len == 12
+
+
+def test_submit_rejects_a_prefill_larger_than_the_ring():
+    scheduler = Scheduler(2, ACTION_DIM, KVRing(50))
+    with pytest.raises(ValueError, match=r'needs 57 slots \(prefix_len 50\).* only 50'):
+        scheduler.submit(make_request(0, prefix_len=50))
+    scheduler.submit(make_request(1, prefix_len=43))      # exactly the ring: accepted
+    assert scheduler.schedule().prefill.request_id == 1
+
+
+def test_bad_input_is_rejected_with_the_field_name():
+    with pytest.raises(ValueError, match='max_inflight'):
+        Scheduler(0, ACTION_DIM, KVRing(10))
+    with pytest.raises(ValueError, match='action_dim'):
+        Scheduler(1, 0, KVRing(10))
+    with pytest.raises(ValueError, match='num_slots'):
+        RequestInfo(0, 'a', prefix_len=10, num_tokens_needed=7, num_slots=15)
+    with pytest.raises(ValueError, match='prefix_len'):
+        RequestInfo(0, 'a', prefix_len=0, num_tokens_needed=7, num_slots=15)
+    scheduler = Scheduler(2, ACTION_DIM, KVRing(100))
+    with pytest.raises(ValueError, match='num_tokens_needed'):
+        scheduler.submit(RequestInfo(0, 'a', prefix_len=5, num_tokens_needed=3, num_slots=8))
+    scheduler.submit(make_request(5))
+    with pytest.raises(ValueError, match='request_id: 5 must exceed'):
+        scheduler.submit(make_request(5))
+    with pytest.raises(ValueError, match='not in flight'):
+        scheduler.on_tokens(5, 1)                         # still waiting
+    scheduler.schedule()
+    with pytest.raises(ValueError, match='num_new'):
+        scheduler.on_tokens(5, ACTION_DIM + 1)
+    with pytest.raises(ValueError, match='num_new'):
+        scheduler.on_tokens(5, -1)
+    with pytest.raises(ValueError, match='request_id'):
+        scheduler.request(99)
+
+
+def test_bookkeeping_modules_import_no_torch():
+    engine_dir = pathlib.Path(__file__).resolve().parents[1] / 'vla_spec_ros' / 'engine'
+    for name in ('kv_ring.py', 'step_plan.py', 'scheduler.py'):
+        tree = ast.parse((engine_dir / name).read_text())
+        imported = set()
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                imported.update(alias.name.split('.')[0] for alias in node.names)
+            elif isinstance(node, ast.ImportFrom) and node.level == 0:
+                imported.add(node.module.split('.')[0])
+        assert imported <= {'__future__', 'bisect', 'collections', 'dataclasses', 'typing'}, \
+            (name, imported)

@@ -1,0 +1,77 @@
+"""The Hugging Face transformers AR baseline: the anchor every speed ratio is measured against.
+
+The same weights run in ``transformers.LlamaForCausalLM``; our vision towers + projector build
+``inputs_embeds`` (transformers has no OpenVLA class without remote code, and remote code is never
+run here). Decoding is ``generate(max_new_tokens=action_dim, do_sample=False)`` as OpenVLA's
+``predict_action`` does, with EOS disabled so exactly ``action_dim`` tokens come out (the AR
+reference never stops early either).
+"""
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import torch
+
+from .config import VLAConfig
+from .engine.result import Frame
+from .engine.runner import ModelRunner
+
+
+def hf_llama_config(cfg: VLAConfig):
+    from transformers import LlamaConfig
+    llm = cfg.llm
+    return LlamaConfig(
+        vocab_size=llm.vocab_size, hidden_size=llm.hidden_size,
+        intermediate_size=llm.intermediate_size, num_hidden_layers=llm.num_layers,
+        num_attention_heads=llm.num_heads, num_key_value_heads=llm.num_kv_heads,
+        rms_norm_eps=llm.rms_norm_eps, max_position_embeddings=llm.max_position_embeddings,
+        rope_parameters={'rope_type': 'default', 'rope_theta': llm.rope_theta},
+        tie_word_embeddings=False, attention_bias=False, mlp_bias=False,
+        pad_token_id=cfg.pad_token_id, bos_token_id=1, eos_token_id=None)
+
+
+def build_hf_llama(runner: ModelRunner, attn_implementation: str = 'sdpa'):
+    """A transformers LlamaForCausalLM holding a copy of the runner's language-model weights."""
+    from transformers import LlamaForCausalLM
+    hf_cfg = hf_llama_config(runner.cfg)
+    hf_cfg._attn_implementation = attn_implementation
+    with torch.device(runner.device):
+        hf = LlamaForCausalLM(hf_cfg).to(dtype=runner.dtype)
+    missing, unexpected = hf.load_state_dict(runner.lm.state_dict(), strict=False)
+    real_missing = [k for k in missing if 'rotary_emb' not in k]
+    if real_missing or unexpected:
+        raise RuntimeError(f'HF Llama key mismatch: missing {real_missing}, '
+                           f'unexpected {unexpected}')
+    return hf.to(device=runner.device, dtype=runner.dtype).eval()
+
+
+class HFBaseline:
+    """Greedy ``generate`` on transformers' Llama, fed our multimodal prompt embeddings."""
+
+    def __init__(self, runner: ModelRunner, engine_config, attn_implementation: str = 'sdpa'):
+        self.runner = runner
+        self.engine_config = engine_config
+        self.model = build_hf_llama(runner, attn_implementation)
+
+    @torch.no_grad()
+    def generate_tokens(self, image: np.ndarray, instruction: str) -> list[int]:
+        prompt = self.runner.prepare_prompt(Frame(image, instruction), self.engine_config)
+        embeds = prompt.embeds[None]
+        mask = torch.ones(embeds.shape[:2], dtype=torch.long, device=embeds.device)
+        out = self.model.generate(inputs_embeds=embeds, attention_mask=mask,
+                                  max_new_tokens=self.runner.action_dim,
+                                  do_sample=False,
+                                  num_beams=1, eos_token_id=None,
+                                  pad_token_id=self.runner.cfg.pad_token_id)
+        return [int(t) for t in out[0, -self.runner.action_dim:]]
+
+    def timed(self, image: np.ndarray, instruction: str) -> tuple[list[int], float]:
+        start = time.perf_counter()
+        tokens = self.generate_tokens(image, instruction)
+        return tokens, time.perf_counter() - start
+
+    @torch.no_grad()
+    def logits(self, embeds: torch.Tensor) -> torch.Tensor:
+        """(L, H) -> (L, vocab) full-sequence logits of the HF model (for parity tests)."""
+        return self.model(inputs_embeds=embeds[None]).logits[0]

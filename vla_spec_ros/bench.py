@@ -1,0 +1,155 @@
+"""``vla-spec bench``: actions/s, latency p50/p99 and forward passes per action per mode, with
+ratios against the Hugging Face AR baseline measured in the same run on the same weights.
+
+Workload: a camera that is always faster than inference (a fresh frame is ready whenever the
+engine can take one), ``num_frames`` frames with varying instructions, after ``warmup`` frames.
+Latency is submit-to-action per frame. All modes share one loaded model.
+"""
+from __future__ import annotations
+
+import json
+import platform
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from .config import EngineConfig
+from .engine.engine import Engine
+from .engine.result import Frame
+
+INSTRUCTIONS = ('pick up the red cup', 'open the top drawer', 'push the blue block left',
+                'close the window', 'press the button', 'put the bowl on the plate')
+
+
+@dataclass
+class BenchRow:
+    mode: str
+    num_actions: int
+    actions_per_s: float
+    latency_p50_ms: float
+    latency_p99_ms: float
+    forwards_per_action: float
+    acceptance_length: float
+    ratio_vs_hf: float = float('nan')
+    latency_ratio_vs_hf: float = float('nan')
+
+
+def make_frames(num: int, image_size: int, seed: int, num_streams: int = 1) -> list[Frame]:
+    rng = np.random.default_rng(seed)
+    return [Frame(rng.integers(0, 256, (image_size, image_size, 3), dtype=np.uint8),
+                  INSTRUCTIONS[i % len(INSTRUCTIONS)], None, f'stream{i % num_streams}')
+            for i in range(num)]
+
+
+def bench_engine(engine: Engine, frames: list[Frame], warmup: int) -> BenchRow:
+    for f in frames[:warmup]:
+        engine.submit(f)
+        engine.run_until_idle()
+    pending = list(frames[warmup:])
+    submit_at: dict[int, float] = {}
+    latencies, accepted = [], []
+    forwards_before = engine.num_verifier_forwards
+    start = time.perf_counter()
+    while pending or engine.has_work():
+        # Saturating camera: a new frame is offered whenever none is waiting.
+        if pending and not engine.has_waiting():
+            rid = engine.submit(pending.pop(0))
+            submit_at[rid] = time.perf_counter()
+        for fin in engine.step():
+            if fin.error is not None:
+                raise RuntimeError(f'bench frame failed: {fin.error}')
+            latencies.append(time.perf_counter() - submit_at[fin.request_id])
+            accepted.extend(fin.result.stats['accepted_lengths'])
+    elapsed = time.perf_counter() - start
+    n = len(latencies)
+    total_forwards = engine.num_verifier_forwards - forwards_before
+    lat = np.array(latencies) * 1e3
+    return BenchRow(engine.config.mode, n, n / elapsed, float(np.percentile(lat, 50)),
+                    float(np.percentile(lat, 99)), total_forwards / max(n, 1),
+                    float(np.mean(accepted)) if accepted else float('nan'))
+
+
+def bench_hf(baseline, frames: list[Frame], warmup: int) -> BenchRow:
+    for f in frames[:warmup]:
+        baseline.generate_tokens(f.image, f.instruction)
+    latencies = []
+    start = time.perf_counter()
+    for f in frames[warmup:]:
+        _, dt = baseline.timed(f.image, f.instruction)
+        latencies.append(dt)
+    elapsed = time.perf_counter() - start
+    lat = np.array(latencies) * 1e3
+    n = len(latencies)
+    return BenchRow('hf', n, n / elapsed, float(np.percentile(lat, 50)),
+                    float(np.percentile(lat, 99)), float('nan'), 1.0)
+
+
+def environment() -> dict:
+    import transformers
+    return {'python': platform.python_version(), 'torch': torch.__version__,
+            'transformers': transformers.__version__, 'machine': platform.machine(),
+            'processor': platform.processor() or platform.machine(),
+            'cpu_count': torch.get_num_threads(),
+            'cuda': torch.cuda.get_device_name(0) if torch.cuda.is_available() else None}
+
+
+def run_bench(model: str, modes: list[str], num_frames: int, warmup: int, device: str,
+              dtype: str, seed: int, draft_path: str | None, num_streams: int = 1,
+              out_dir: str | None = None, command: str = '') -> list[BenchRow]:
+    from .baseline import HFBaseline
+    from .policy import VLAPolicy
+    base_cfg = dict(device=device, dtype=dtype, restrict_to_action_tokens=False)
+    policy = VLAPolicy.from_pretrained(model, **base_cfg)
+    runner = policy.engine.runner
+    frames = make_frames(warmup + num_frames, runner.cfg.image_size, seed, num_streams)
+    rows: list[BenchRow] = []
+    for mode in modes:
+        if mode == 'hf':
+            rows.append(bench_hf(HFBaseline(runner, policy.config), frames, warmup))
+            continue
+        cfg = EngineConfig(mode=mode, draft_path=draft_path, **base_cfg)
+        draft = None
+        if cfg.is_speculative:
+            from .models.draft import load_draft_for
+            draft = load_draft_for(runner, cfg, Path(policy.source))
+        engine = Engine(runner, policy.engine.norm_stats, cfg, draft=draft)
+        rows.append(bench_engine(engine, frames, warmup))
+    hf = next((r for r in rows if r.mode == 'hf'), None)
+    if hf is not None:
+        for r in rows:
+            r.ratio_vs_hf = r.actions_per_s / hf.actions_per_s
+            r.latency_ratio_vs_hf = r.latency_p50_ms / hf.latency_p50_ms
+    if out_dir:
+        path = Path(out_dir)
+        path.mkdir(parents=True, exist_ok=True)
+        stamp = time.strftime('%Y%m%d-%H%M%S')
+        record = {'command': command, 'model': model, 'device': device, 'dtype': dtype,
+                  'num_frames': num_frames, 'warmup': warmup, 'num_streams': num_streams,
+                  'environment': environment(), 'rows': [asdict(r) for r in rows]}
+        (path / f'bench-{stamp}.json').write_text(json.dumps(record, indent=2))
+        (path / f'bench-{stamp}.md').write_text(format_table(rows, record))
+    return rows
+
+
+def format_table(rows: list[BenchRow], record: dict | None = None) -> str:
+    lines = []
+    if record:
+        env = record['environment']
+        lines += [f"command: `{record['command']}`",
+                  f"model {record['model']}, device {record['device']} "
+                  f"({env['cuda'] or env['processor']}, {env['cpu_count']} threads), "
+                  f"dtype {record['dtype']}, torch {env['torch']}, transformers "
+                  f"{env['transformers']}, {record['num_frames']} frames, "
+                  f"{record['num_streams']} stream(s)", '']
+    lines.append('| mode | actions/s | ×HF | latency p50 ms | p99 ms | p50 ×HF | '
+                 'forwards/action | acceptance length |')
+    lines.append('|---|---|---|---|---|---|---|---|')
+    for r in rows:
+        lines.append(f'| {r.mode} | {r.actions_per_s:.2f} | {r.ratio_vs_hf:.2f} | '
+                     f'{r.latency_p50_ms:.1f} | {r.latency_p99_ms:.1f} | '
+                     f'{r.latency_ratio_vs_hf:.2f} | {r.forwards_per_action:.2f} | '
+                     f'{r.acceptance_length:.2f} |')
+    return '\n'.join(lines) + '\n'

@@ -1,0 +1,138 @@
+"""The ``vla-spec`` command: make-checkpoint, predict, bench, train-draft (and the simulator
+commands once their dependencies are installed)."""
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+
+import numpy as np
+
+from .config import MODES, PRESETS
+
+
+def _add_engine_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument('--device', default='cpu', help='cpu or cuda[:N]')
+    p.add_argument('--dtype', default='float32',
+                   choices=['float32', 'float64', 'bfloat16', 'float16'])
+    p.add_argument('--draft-path', default=None,
+                   help='EAGLE draft head folder (speculative modes), or "random"')
+
+
+def cmd_make_checkpoint(args) -> int:
+    from .models.random_checkpoint import make_checkpoint
+    shard = int(args.max_shard_mb * 2 ** 20) if args.max_shard_mb else None
+    out = make_checkpoint(args.preset, args.out, seed=args.seed, dtype=args.dtype,
+                          max_shard_bytes=shard)
+    print(f'wrote random-weight {args.preset} checkpoint (seed {args.seed}) to {out}')
+    return 0
+
+
+def _load_image(path: str | None, size: int, seed: int) -> np.ndarray:
+    if path is None:
+        return np.random.default_rng(seed).integers(0, 256, (size, size, 3), dtype=np.uint8)
+    import cv2
+    bgr = cv2.imread(path, cv2.IMREAD_COLOR)
+    if bgr is None:
+        raise ValueError(f'--image: cannot read {path}')
+    return cv2.cvtColor(bgr, cv2.COLOR_BGR2RGB)
+
+
+def cmd_predict(args) -> int:
+    from .policy import VLAPolicy
+    policy = VLAPolicy.from_pretrained(args.model, mode=args.mode, device=args.device,
+                                       dtype=args.dtype, draft_path=args.draft_path,
+                                       relax_threshold=args.relax_threshold,
+                                       restrict_to_action_tokens=args.restrict_to_action_tokens)
+    image = _load_image(args.image, policy.model_config.image_size, args.seed)
+    for i in range(args.repeat):
+        result = policy.predict(image, args.instruction, args.unnorm_key)
+        s = result.stats
+        print(f'[{i}] tokens {list(result.tokens)}')
+        print(f'    normalized {np.round(result.normalized, 4).tolist()}')
+        print(f'    action     {np.round(result.action, 5).tolist()} '
+              f'(unnorm_key {s["unnorm_key"]})')
+        print(f'    valid {result.is_valid}' + ('' if result.is_valid
+                                                 else f' ({result.invalid_reason})'))
+        print(f'    mode {s["mode"]}, {s["forward_passes"]} verifier forwards, '
+              f'latency {s["latency_s"] * 1e3:.1f} ms')
+    return 0
+
+
+def cmd_bench(args) -> int:
+    from .bench import format_table, run_bench
+    modes = [m.strip() for m in args.modes.split(',') if m.strip()]
+    bad = [m for m in modes if m not in MODES + ('hf',)]
+    if bad:
+        raise ValueError(f'--modes: unknown {bad}; choose from {list(MODES) + ["hf"]}')
+    command = 'vla-spec ' + ' '.join(shlex.quote(a) for a in sys.argv[1:])
+    rows = run_bench(args.model or args.preset, modes, args.frames, args.warmup, args.device,
+                     args.dtype, args.seed, args.draft_path, args.streams, args.out, command)
+    print(format_table(rows))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog='vla-spec', description=__doc__)
+    sub = parser.add_subparsers(dest='command', required=True)
+
+    p = sub.add_parser('make-checkpoint', help='write a random-weight checkpoint in '
+                       "OpenVLA's Hugging Face layout")
+    p.add_argument('--preset', required=True, choices=sorted(PRESETS))
+    p.add_argument('--out', required=True)
+    p.add_argument('--seed', type=int, default=0)
+    p.add_argument('--dtype', default='float32',
+                   choices=['float32', 'float64', 'bfloat16', 'float16'])
+    p.add_argument('--max-shard-mb', type=float, default=None,
+                   help='shard the weights (model.safetensors.index.json) at this size')
+    p.set_defaults(func=cmd_make_checkpoint)
+
+    p = sub.add_parser('predict', help='predict one action for an image + instruction')
+    p.add_argument('--model', default='tiny', help='checkpoint folder or preset name')
+    p.add_argument('--image', default=None, help='image file (default: a seeded random image)')
+    p.add_argument('--instruction', default='pick up the red cup')
+    p.add_argument('--unnorm-key', default=None)
+    p.add_argument('--mode', default='ar', choices=MODES)
+    p.add_argument('--relax-threshold', type=int, default=0)
+    p.add_argument('--restrict-to-action-tokens', action='store_true')
+    p.add_argument('--repeat', type=int, default=1)
+    p.add_argument('--seed', type=int, default=0)
+    _add_engine_args(p)
+    p.set_defaults(func=cmd_predict)
+
+    p = sub.add_parser('bench', help='speed per mode vs the Hugging Face AR baseline')
+    p.add_argument('--preset', default='tiny')
+    p.add_argument('--model', default=None, help='checkpoint folder (overrides --preset)')
+    p.add_argument('--modes', default='hf,ar,pipeline')
+    p.add_argument('--frames', type=int, default=30)
+    p.add_argument('--warmup', type=int, default=3)
+    p.add_argument('--streams', type=int, default=1)
+    p.add_argument('--seed', type=int, default=0)
+    p.add_argument('--out', default=None, help='write JSON + markdown results here')
+    _add_engine_args(p)
+    p.set_defaults(func=cmd_bench)
+
+    try:
+        from .train import train_draft
+    except ImportError:
+        train_draft = None
+    if train_draft is not None and hasattr(train_draft, 'add_arguments'):
+        p = sub.add_parser('train-draft', help='train an EAGLE draft head on the verifier\'s '
+                           'own greedy outputs')
+        train_draft.add_arguments(p)
+        p.set_defaults(func=train_draft.run)
+    return parser
+
+
+def main(argv=None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except (ValueError, FileNotFoundError) as exc:
+        print(f'vla-spec {args.command}: error: {exc}', file=sys.stderr)
+        return 2
+
+
+if __name__ == '__main__':
+    sys.exit(main())

@@ -1,0 +1,256 @@
+"""What each packed step contains: cross-request pipelining (plain Python, no torch).
+
+Follows ActionFlow's cross-request pipelining: one forward pass carries the prefill of the
+next waiting frame together with one decode work item of every frame already in flight, so the
+memory-bound single-token decodes ride along with the prefill's large matrix product. With
+speculation a decode work item is one draft tree instead of one token; the scheduler does not
+care which, it only counts the tokens each request gains (DESIGN.md §5 S2, S5, S6).
+
+Life of a request (one camera frame of one stream):
+  waiting --(admitted: a prefill slot in a step, span reserved in the KV ring)--> in flight
+  in flight --(num_tokens_needed tokens decided; ring span released)--> finished
+  finished --(every earlier frame of its stream emitted)--> emitted by ``pop_finished``
+
+Contracts:
+- Admission is strictly FIFO over all streams: only the oldest waiting request is considered,
+  and when it cannot be admitted (``max_inflight`` reached or no room in the ring) the step is
+  decode-only. A smaller later request never bypasses it, so a large prompt cannot starve.
+  Liveness: in-flight requests always advance, so the ring eventually empties, and every
+  request fits in an empty ring (checked at ``submit``).
+- A request admitted at step s gains its first token in step s; with plain decoding it gains
+  one token per step and finishes in step s + action_dim - 1 (depth D = action_dim steps).
+  Speculation gains >= 1 token per step, so it finishes no later; since frames of a stream are
+  admitted in order, holding a frame behind its predecessor never delays it past that bound.
+- Finished requests are emitted in submission order per stream (S2); across streams in the
+  order they became emittable (finishing order, a held frame right after its predecessor).
+"""
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+
+from .kv_ring import KVRing
+
+
+@dataclass(frozen=True)
+class RequestInfo:
+    """Scheduling view of one frame; ``num_slots`` = prefix_len + action_dim + tree scratch."""
+
+    request_id: int         # increases with submission order, over all streams
+    stream_id: str
+    prefix_len: int         # prefill tokens (BOS + image patches + instruction text)
+    num_tokens_needed: int  # tokens to decide (action_dim)
+    num_slots: int          # ring slots reserved from admission until the request finishes
+
+    def __post_init__(self):
+        for name in ('request_id', 'prefix_len', 'num_tokens_needed', 'num_slots'):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool):
+                raise ValueError(f'{name}: must be an int, got {value!r}')
+        if self.request_id < 0:
+            raise ValueError(f'request_id: must be >= 0, got {self.request_id}')
+        if self.prefix_len < 1:
+            raise ValueError(f'prefix_len: must be >= 1, got {self.prefix_len}')
+        if self.num_tokens_needed < 1:
+            raise ValueError(f'num_tokens_needed: must be >= 1, got {self.num_tokens_needed}')
+        # Every decided token except the last one is fed back and needs a KV slot.
+        num_min = self.prefix_len + self.num_tokens_needed - 1
+        if self.num_slots < num_min:
+            raise ValueError(f'num_slots: {self.num_slots} < prefix_len + num_tokens_needed '
+                             f'- 1 = {num_min}')
+
+
+@dataclass(frozen=True)
+class ScheduledStep:
+    """One packed step: at most one prefill plus the in-flight requests that advance."""
+
+    prefill: RequestInfo | None
+    decode_ids: list[int]   # in-flight request ids admitted in earlier steps, oldest first
+
+    @property
+    def is_empty(self) -> bool:
+        return self.prefill is None and not self.decode_ids
+
+
+class Scheduler:
+    """Admission, progress and in-order emission of requests over one shared ``KVRing``.
+
+    The scheduler is the ring's only allocator. Per step the engine calls ``schedule``, runs
+    the forward pass, reports ``on_tokens`` for every request of the step, then ``pop_finished``.
+    """
+
+    def __init__(self, max_inflight: int, action_dim: int, ring: KVRing):
+        if not isinstance(max_inflight, int) or max_inflight < 1:
+            raise ValueError(f'max_inflight: must be an int >= 1, got {max_inflight!r}')
+        if not isinstance(action_dim, int) or action_dim < 1:
+            raise ValueError(f'action_dim: must be an int >= 1, got {action_dim!r}')
+        self.max_inflight = max_inflight
+        self.action_dim = action_dim
+        self.ring = ring
+        self._requests: dict[int, RequestInfo] = {}    # every request not yet emitted/dropped
+        self._waiting: deque[RequestInfo] = deque()
+        self._num_tokens: dict[int, int] = {}          # in flight, in admission order
+        self._finish_order: list[int] = []             # finished, not yet emitted
+        self._pending: dict[str, deque[int]] = {}      # per stream: not yet emitted, in order
+        self._last_request_id: int | None = None
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self._waiting)
+
+    @property
+    def num_inflight(self) -> int:
+        return len(self._num_tokens)
+
+    @property
+    def num_finished(self) -> int:
+        """Finished requests not yet returned by ``pop_finished`` (held for ordering)."""
+        return len(self._finish_order)
+
+    def has_work(self) -> bool:
+        """True while a request waits or is in flight (a step would make progress)."""
+        return bool(self._waiting or self._num_tokens)
+
+    def inflight_ids(self) -> list[int]:
+        return list(self._num_tokens)
+
+    def request(self, request_id: int) -> RequestInfo:
+        try:
+            return self._requests[request_id]
+        except KeyError:
+            raise ValueError(f'request_id: {request_id} is not known (never submitted, '
+                             'emitted or dropped)') from None
+
+    def num_tokens(self, request_id: int) -> int:
+        """Tokens decided so far for an in-flight request."""
+        return self._num_tokens[self._check_inflight(request_id)]
+
+    def num_remaining(self, request_id: int) -> int:
+        """Tokens an in-flight request still needs (the most ``on_tokens`` may add)."""
+        request_id = self._check_inflight(request_id)
+        return self._requests[request_id].num_tokens_needed - self._num_tokens[request_id]
+
+    def history_len(self, request_id: int) -> int:
+        """KV entries of an in-flight request with >= 1 token: prefix_len + num_tokens - 1.
+
+        The next work item feeds the last decided token (a decode input or a tree root) at
+        this logical position; its own KV is not in the ring yet.
+        """
+        num_tokens = self.num_tokens(request_id)
+        if num_tokens < 1:
+            raise ValueError(f'request_id: {request_id} has no token yet (prefill pending)')
+        return self._requests[request_id].prefix_len + num_tokens - 1
+
+    def submit(self, request: RequestInfo) -> None:
+        if not isinstance(request, RequestInfo):
+            raise ValueError(f'request: must be a RequestInfo, got {type(request).__name__}')
+        if self._last_request_id is not None and request.request_id <= self._last_request_id:
+            raise ValueError(f'request_id: {request.request_id} must exceed the last submitted '
+                             f'id {self._last_request_id}')
+        if request.num_tokens_needed != self.action_dim:
+            raise ValueError(f'num_tokens_needed: {request.num_tokens_needed} != action_dim '
+                             f'{self.action_dim}')
+        if request.num_slots > self.ring.capacity:
+            raise ValueError(f'num_slots: request {request.request_id} needs {request.num_slots} '
+                             f'slots (prefix_len {request.prefix_len}) but the KV ring holds '
+                             f'only {self.ring.capacity}')
+        self._last_request_id = request.request_id
+        self._requests[request.request_id] = request
+        self._waiting.append(request)
+        self._pending.setdefault(request.stream_id, deque()).append(request.request_id)
+
+    def schedule(self) -> ScheduledStep:
+        """Decide the next packed step (empty when there is no work)."""
+        # 1. Every request already in flight advances (S6: also when nothing waits).
+        decode_ids = list(self._num_tokens)
+        # 2. The oldest waiting request is prefilled if the pipeline and the ring have room.
+        prefill = None
+        if self._waiting and len(self._num_tokens) < self.max_inflight:
+            head = self._waiting[0]
+            if self.ring.allocate(head.request_id, head.num_slots) is not None:
+                prefill = self._waiting.popleft()
+                self._num_tokens[prefill.request_id] = 0
+            elif not decode_ids:
+                raise RuntimeError(f'request {head.request_id} needs {head.num_slots} slots but '
+                                   f'the ring has {self.ring.num_free} free with nothing in '
+                                   'flight: the ring is allocated outside the scheduler')
+        return ScheduledStep(prefill=prefill, decode_ids=decode_ids)
+
+    def on_tokens(self, request_id: int, num_new: int) -> bool:
+        """Record ``num_new`` decided tokens; True when the request just finished.
+
+        A finished request's ring span is released at once; its KV is no longer read.
+        """
+        request_id = self._check_inflight(request_id)
+        if not isinstance(num_new, int) or isinstance(num_new, bool) or num_new < 0:
+            raise ValueError(f'num_new: must be an int >= 0, got {num_new!r}')
+        num_needed = self._requests[request_id].num_tokens_needed
+        num_tokens = self._num_tokens[request_id] + num_new
+        if num_tokens > num_needed:
+            raise ValueError(f'num_new: {num_new} tokens for request {request_id} would give '
+                             f'{num_tokens} of {num_needed} (truncate to num_remaining)')
+        self._num_tokens[request_id] = num_tokens
+        if num_tokens < num_needed:
+            return False
+        del self._num_tokens[request_id]
+        self.ring.release(request_id)
+        self._finish_order.append(request_id)
+        return True
+
+    def pop_finished(self) -> list[int]:
+        """Ids ready to emit: per stream in submission order, across streams as they finish.
+
+        A frame becomes emittable when it and every earlier frame of its stream have finished;
+        frames are returned in the order they became emittable (replaying finish events), so a
+        held frame comes right after the predecessor that releases it.
+        """
+        replayed: set[int] = set()
+        emitted: list[int] = []
+        for request_id in self._finish_order:
+            replayed.add(request_id)
+            stream_id = self._requests[request_id].stream_id
+            pending = self._pending[stream_id]
+            while pending and pending[0] in replayed:
+                ready = pending.popleft()
+                emitted.append(ready)
+                del self._requests[ready]
+            if not pending:
+                del self._pending[stream_id]
+        self._finish_order = [i for i in self._finish_order if i in self._requests]
+        return emitted
+
+    def drop_waiting(self, stream_id: str) -> list[int]:
+        """Drop the stream's requests not yet prefilled (latest-wins replacement); their ids."""
+        dropped = [r.request_id for r in self._waiting if r.stream_id == stream_id]
+        self._waiting = deque(r for r in self._waiting if r.stream_id != stream_id)
+        self._forget(dropped)
+        return dropped
+
+    def reset(self, stream_id: str | None = None) -> list[int]:
+        """Drop every unemitted request (waiting, in flight, finished but held) of one stream,
+        or of all streams when ``stream_id`` is None; frees their ring slots; returns their ids
+        in submission order."""
+        dropped = sorted(i for i, r in self._requests.items()
+                         if stream_id is None or r.stream_id == stream_id)
+        dropped_set = set(dropped)
+        self._waiting = deque(r for r in self._waiting if r.request_id not in dropped_set)
+        for request_id in dropped:
+            if request_id in self._num_tokens:
+                del self._num_tokens[request_id]
+                self.ring.release(request_id)
+        self._finish_order = [i for i in self._finish_order if i not in dropped_set]
+        self._forget(dropped)
+        return dropped
+
+    def _forget(self, request_ids: list[int]) -> None:
+        for request_id in request_ids:
+            stream_id = self._requests.pop(request_id).stream_id
+            pending = self._pending[stream_id]
+            pending.remove(request_id)
+            if not pending:
+                del self._pending[stream_id]
+
+    def _check_inflight(self, request_id: int) -> int:
+        if request_id not in self._num_tokens:
+            raise ValueError(f'request_id: {request_id} is not in flight')
+        return request_id
