@@ -21,7 +21,18 @@ setup(
         ('share/' + package_name + '/config', glob('config/*.yaml')),
     ],
     python_requires='>=3.10',
-    install_requires=['numpy', 'safetensors', 'tokenizers', 'opencv-python-headless', 'tqdm'],
+    # torch: install the build for your machine first (CPU: `pip install torch==2.13.0`).
+    install_requires=['torch>=2.4', 'numpy', 'safetensors', 'tokenizers', 'transformers>=4.40',
+                      'opencv-python-headless', 'tqdm'],
+    extras_require={
+        # ROS 2 from PyPI wheels, for machines without a ROS distro install.
+        'ros': ['ros-kilted-rclpy[fastrtps]', 'ros-kilted-sensor-msgs',
+                'ros-kilted-geometry-msgs', 'ros-kilted-std-msgs', 'ros-kilted-std-srvs',
+                'ros-kilted-diagnostic-msgs'],
+        'sim': ['metaworld==3.1.1'],
+        'kernels': ['triton'],
+        'test': ['pytest', 'flake8'],
+    },
     zip_safe=True,
     maintainer='vla_spec_ros maintainers',
     maintainer_email='maintainers@vla-spec-ros.invalid',

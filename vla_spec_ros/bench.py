@@ -37,10 +37,11 @@ class BenchRow:
     latency_ratio_vs_hf: float = float('nan')
 
 
-def make_frames(num: int, image_size: int, seed: int, num_streams: int = 1) -> list[Frame]:
+def make_frames(num: int, image_size: int, seed: int, unnorm_key: str,
+                num_streams: int = 1) -> list[Frame]:
     rng = np.random.default_rng(seed)
     return [Frame(rng.integers(0, 256, (image_size, image_size, 3), dtype=np.uint8),
-                  INSTRUCTIONS[i % len(INSTRUCTIONS)], None, f'stream{i % num_streams}')
+                  INSTRUCTIONS[i % len(INSTRUCTIONS)], unnorm_key, f'stream{i % num_streams}')
             for i in range(num)]
 
 
@@ -104,7 +105,8 @@ def run_bench(model: str, modes: list[str], num_frames: int, warmup: int, device
     base_cfg = dict(device=device, dtype=dtype, restrict_to_action_tokens=False)
     policy = VLAPolicy.from_pretrained(model, **base_cfg)
     runner = policy.engine.runner
-    frames = make_frames(warmup + num_frames, runner.cfg.image_size, seed, num_streams)
+    frames = make_frames(warmup + num_frames, runner.cfg.image_size, seed,
+                         policy.unnorm_keys[0], num_streams)
     rows: list[BenchRow] = []
     for mode in modes:
         if mode == 'hf':

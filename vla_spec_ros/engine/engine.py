@@ -51,6 +51,7 @@ class Engine:
         self._ids = itertools.count()
         self._waiting: collections.deque[Request] = collections.deque()
         self.num_verifier_forwards = 0   # packed verifier forwards run so far (stats)
+        runner.kernel = select_rope_kernel(config, runner.device)
         self._strategy = self._make_strategy(config)
 
     # ---- configuration ----------------------------------------------------------------------
@@ -178,6 +179,29 @@ class Engine:
                    'compute_s': now - (request.start_time or request.submit_time),
                    'unnorm_key': request.unnorm_key})
         return FinishedAction(request.request_id, request.frame, result, None)
+
+
+def select_rope_kernel(config: EngineConfig, device):
+    """The fused RoPE + KV-write kernel when enabled, else None (plain torch).
+
+    "auto" uses Triton on CUDA only; "on" forces it (on CPU that needs TRITON_INTERPRET=1, which
+    the tests use to run the kernel path against the reference); "off" never uses it.
+    """
+    if config.use_kernels == 'off':
+        return None
+    from ..kernels import is_triton_available, rope_kv_write
+    on_cuda = getattr(device, 'type', str(device)) == 'cuda'
+    if config.use_kernels == 'auto' and not (on_cuda and is_triton_available()):
+        return None
+    if not is_triton_available():
+        raise ValueError('use_kernels: "on" needs triton on CUDA (or TRITON_INTERPRET=1)')
+
+    def kernel(q, k, v, positions, cos, sin, k_cache, v_cache, slot_mapping):
+        # Index checks would read indices back to the host (a sync) on every layer; the
+        # engine's planner already guarantees in-range, unique slots.
+        return rope_kv_write(q, k, v, positions, cos, sin, k_cache, v_cache, slot_mapping,
+                             use_triton=True, check_indices=False)
+    return kernel
 
 
 def _describe(exc: BaseException) -> str:
