@@ -31,7 +31,7 @@ setup(
                 'ros-kilted-diagnostic-msgs'],
         'sim': ['metaworld==3.1.1'],
         'kernels': ['triton'],
-        'test': ['pytest', 'flake8'],
+        'test': ['pytest', 'flake8', 'pyyaml'],
     },
     zip_safe=True,
     maintainer='vla_spec_ros maintainers',

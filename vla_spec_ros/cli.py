@@ -65,7 +65,7 @@ def cmd_bench(args) -> int:
     bad = [m for m in modes if m not in MODES + ('hf',)]
     if bad:
         raise ValueError(f'--modes: unknown {bad}; choose from {list(MODES) + ["hf"]}')
-    command = 'vla-spec ' + ' '.join(shlex.quote(a) for a in sys.argv[1:])
+    command = 'vla-spec ' + ' '.join(shlex.quote(a) for a in args.argv)
     rows = run_bench(args.model or args.preset, modes, args.frames, args.warmup, args.device,
                      args.dtype, args.seed, args.draft_path, args.streams, args.out, command)
     print(format_table(rows))
@@ -126,7 +126,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv=None) -> int:
     parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
     args = parser.parse_args(argv)
+    args.argv = argv
     try:
         return int(args.func(args) or 0)
     except (ValueError, FileNotFoundError) as exc:

@@ -101,7 +101,10 @@ class PackedStrategy:
         return self._forget(self.scheduler.reset(stream_id))
 
     def abort_all(self) -> list:
-        victims = [self.requests[i] for i in self.reset() if i in self.requests]
+        """Drop everything after a failed step; returns the requests to report as failed."""
+        ids = self.scheduler.reset(None)
+        victims = [self.requests[i] for i in ids if i in self.requests]
+        self._forget(ids)
         return victims
 
     def _forget(self, ids: list[int]) -> list[int]:

@@ -1,0 +1,78 @@
+"""Launch the vla_spec node for a real robot (MoveIt Servo + a ros2_control gripper).
+
+    ros2 launch vla_spec_ros robot.launch.py model_path:=/models/openvla-7b-libero-goal \\
+        draft_path:=/models/draft unnorm_key:=libero_goal mode:=pipeline_spec
+
+Defaults plug into MoveIt Servo (`/servo_node/delta_twist_cmds`, TwistStamped) and a
+forward command controller for the gripper (`/gripper_controller/commands`,
+Float64MultiArray); see reference/ros2.md §3. Empty model / draft / unnorm_key / mode arguments
+keep the values of `params_file` (config/robot.yaml by default).
+
+`launch` and `launch_ros` are imported inside `generate_launch_description` only, so this
+file also imports where only rclpy is installed; `node_options` is what the launch action is
+built from, and the tests turn the same options into
+`vla-spec-node --ros-args --params-file ... -r ...` there.
+"""
+import os
+
+# Installed: share/vla_spec_ros/{launch,config}/; in the source tree: launch/ and config/.
+DEFAULT_PARAMS_FILE = os.path.normpath(
+    os.path.join(os.path.dirname(os.path.abspath(__file__)), '..', 'config', 'robot.yaml'))
+
+# (name, default, description). Empty strings mean "not overridden".
+ARGUMENTS = (
+    ('model_path', '', 'Checkpoint folder or preset name; empty = the params_file value'),
+    ('draft_path', '', 'EAGLE draft-head folder; empty = the params_file value'),
+    ('unnorm_key', '', 'Dataset statistics key; empty = the params_file value'),
+    ('mode', '', 'ar, pipeline, spec or pipeline_spec; empty = the params_file value'),
+    ('params_file', DEFAULT_PARAMS_FILE, 'YAML parameter file of the node'),
+    ('namespace', '', 'Namespace of the node (one per robot)'),
+    ('node_name', 'vla_spec', 'Name of the node'),
+    ('camera_topic', '/camera/image_raw', 'sensor_msgs/Image input (image_transport: raw)'),
+    ('camera_compressed_topic', '/camera/image_raw/compressed',
+     'sensor_msgs/CompressedImage input (image_transport: compressed)'),
+    ('instruction_topic', '', 'std_msgs/String instruction input; empty = ~/instruction'),
+    ('twist_topic', '/servo_node/delta_twist_cmds', 'TwistStamped output (MoveIt Servo)'),
+    ('gripper_topic', '/gripper_controller/commands',
+     'Float64MultiArray gripper output (forward command controller)'),
+)
+
+# launch argument -> the node's own topic name it remaps.
+REMAPPINGS = (
+    ('camera_topic', '~/image'),
+    ('camera_compressed_topic', '~/image/compressed'),
+    ('instruction_topic', '~/instruction'),
+    ('twist_topic', '~/twist'),
+    ('gripper_topic', '~/gripper'),
+)
+
+# Launch arguments that override a node parameter when non-empty.
+PARAMETER_ARGUMENTS = ('model_path', 'draft_path', 'unnorm_key', 'mode')
+
+
+def node_options(values: dict) -> dict:
+    """Argument values (strings) -> name, namespace, parameters and remappings of the node."""
+    overrides = {name: values[name] for name in PARAMETER_ARGUMENTS if values.get(name)}
+    parameters = [values['params_file']] + ([overrides] if overrides else [])
+    remappings = [(own, values[arg]) for arg, own in REMAPPINGS if values.get(arg)]
+    return {'name': values['node_name'], 'namespace': values['namespace'],
+            'parameters': parameters, 'remappings': remappings}
+
+
+def _launch_node(context, *args, **kwargs):
+    from launch.substitutions import LaunchConfiguration
+    from launch_ros.actions import Node
+
+    values = {name: LaunchConfiguration(name).perform(context) for name, _, _ in ARGUMENTS}
+    options = node_options(values)
+    return [Node(package='vla_spec_ros', executable='vla-spec-node', output='screen',
+                 emulate_tty=True, **options)]
+
+
+def generate_launch_description():
+    from launch import LaunchDescription
+    from launch.actions import DeclareLaunchArgument, OpaqueFunction
+
+    declared = [DeclareLaunchArgument(name, default_value=default, description=description)
+                for name, default, description in ARGUMENTS]
+    return LaunchDescription(declared + [OpaqueFunction(function=_launch_node)])

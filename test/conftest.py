@@ -1,0 +1,21 @@
+"""Test-session settings: one torch thread (the CI machine has 2 shared cores; two threads on
+tiny matrices spend their time synchronising) and a private preset cache."""
+import os
+import tempfile
+
+import pytest
+
+os.environ.setdefault('VLA_SPEC_CACHE', tempfile.mkdtemp(prefix='vla-spec-test-cache-'))
+
+
+@pytest.fixture(scope='session', autouse=True)
+def one_torch_thread():
+    try:
+        import torch
+    except ImportError:
+        yield
+        return
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(previous)

@@ -1,0 +1,171 @@
+"""The ``vla-spec`` command through ``vla_spec_ros.cli.main``: make-checkpoint, predict (also on
+an image file and on a preset name), bench with JSON + markdown output and ratios against the
+Hugging Face baseline, and exit code 2 with the error on stderr for bad input (DESIGN §6, §10).
+"""
+import contextlib
+import io
+import json
+import re
+
+import numpy as np
+import pytest
+import torch
+
+from vla_spec_ros import cli
+from vla_spec_ros.policy import VLAPolicy
+
+
+@pytest.fixture(scope='module', autouse=True)
+def one_torch_thread():
+    # Tiny matrices: on a shared 2-core machine, intra-op threads only add spin-wait.
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(previous)
+
+
+@pytest.fixture(scope='module')
+def checkpoint(tmp_path_factory):
+    out = tmp_path_factory.mktemp('cli') / 'tiny'
+    assert cli.main(['make-checkpoint', '--preset', 'tiny', '--out', str(out),
+                     '--seed', '4']) == 0
+    return out
+
+
+def _tokens(stdout: str) -> list[list[int]]:
+    return [json.loads(m) for m in re.findall(r'tokens (\[[0-9, ]*\])', stdout)]
+
+
+def test_make_checkpoint(checkpoint, capsys):
+    for name in ('config.json', 'model.safetensors', 'tokenizer.json',
+                 'dataset_statistics.json'):
+        assert (checkpoint / name).is_file(), name
+    out = checkpoint.parent / 'sharded'
+    assert cli.main(['make-checkpoint', '--preset', 'tiny', '--out', str(out), '--seed', '4',
+                     '--max-shard-mb', '0.5']) == 0
+    assert str(out) in capsys.readouterr().out
+    assert (out / 'model.safetensors.index.json').is_file()
+    assert len(list(out.glob('model-*.safetensors'))) >= 2
+
+
+def test_make_checkpoint_rejects_unknown_preset(tmp_path, capsys):
+    with pytest.raises(SystemExit) as info:
+        cli.main(['make-checkpoint', '--preset', 'huge', '--out', str(tmp_path / 'x')])
+    assert info.value.code == 2
+    assert 'huge' in capsys.readouterr().err
+
+
+def test_predict_with_unnorm_key(checkpoint, capsys):
+    code = cli.main(['predict', '--model', str(checkpoint), '--unnorm-key', 'libero_goal',
+                     '--restrict-to-action-tokens', '--repeat', '2', '--instruction',
+                     'open the drawer'])
+    assert code == 0
+    out = capsys.readouterr().out
+    tokens = _tokens(out)
+    assert len(tokens) == 2 and tokens[0] == tokens[1] and len(tokens[0]) == 7
+    assert 'libero_goal' in out and 'valid True' in out
+
+
+def test_predict_reads_an_rgb_image_file(checkpoint, tmp_path, capsys):
+    cv2 = pytest.importorskip('cv2')
+    rgb = np.random.default_rng(9).integers(0, 256, (60, 80, 3), dtype=np.uint8)
+    rgb[:, :40] = (255, 0, 0)                 # a red half: a channel swap would change it
+    path = tmp_path / 'frame.png'
+    assert cv2.imwrite(str(path), cv2.cvtColor(rgb, cv2.COLOR_RGB2BGR))
+    assert cli.main(['predict', '--model', str(checkpoint), '--image', str(path),
+                     '--unnorm-key', 'bridge_orig', '--dtype', 'float64']) == 0
+    printed = _tokens(capsys.readouterr().out)[0]
+    policy = VLAPolicy.from_pretrained(str(checkpoint), dtype='float64')
+    assert printed == list(policy.predict(rgb, 'pick up the red cup', 'bridge_orig').tokens)
+
+
+def test_predict_on_a_preset_builds_it_once_in_the_cache(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv('VLA_SPEC_CACHE', str(tmp_path / 'cache'))
+    args = ['predict', '--model', 'tiny', '--unnorm-key', 'bridge_orig']
+    assert cli.main(args) == 0
+    folder = tmp_path / 'cache' / 'presets' / 'tiny-seed0'
+    assert (folder / 'config.json').is_file()
+    stamp = (folder / 'model.safetensors').stat().st_mtime_ns
+    first = _tokens(capsys.readouterr().out)
+    assert cli.main(args) == 0
+    assert _tokens(capsys.readouterr().out) == first
+    assert (folder / 'model.safetensors').stat().st_mtime_ns == stamp      # not rebuilt
+
+
+def test_bad_unnorm_key_exits_2(checkpoint, capsys):
+    code = cli.main(['predict', '--model', str(checkpoint), '--unnorm-key', 'libero_10'])
+    assert code == 2
+    captured = capsys.readouterr()
+    assert 'libero_10' in captured.err and 'bridge_orig' in captured.err
+    assert 'libero_goal' in captured.err and 'tokens' not in captured.out
+
+
+def test_missing_unnorm_key_with_two_datasets_exits_2(checkpoint, capsys):
+    assert cli.main(['predict', '--model', str(checkpoint)]) == 2
+    assert 'unnorm_key' in capsys.readouterr().err
+
+
+def test_missing_model_folder_exits_2(tmp_path, capsys):
+    absent = tmp_path / 'no-such-checkpoint'
+    assert cli.main(['predict', '--model', str(absent)]) == 2
+    assert 'no-such-checkpoint' in capsys.readouterr().err
+
+
+BENCH_ARGS = ['--modes', 'hf,ar,pipeline', '--frames', '4', '--warmup', '1']
+
+
+@pytest.fixture(scope='module')
+def bench_run(checkpoint, tmp_path_factory):
+    """One bench run shared by the bench tests: (exit code, stdout, argv, output folder)."""
+    out_dir = tmp_path_factory.mktemp('bench') / 'results'
+    argv = ['bench', '--model', str(checkpoint)] + BENCH_ARGS + ['--out', str(out_dir)]
+    stdout = io.StringIO()
+    with contextlib.redirect_stdout(stdout):
+        code = cli.main(argv)
+    return code, stdout.getvalue(), argv, out_dir
+
+
+def _bench_record(out_dir):
+    json_files = list(out_dir.glob('*.json'))
+    assert len(json_files) == 1
+    return json.loads(json_files[0].read_text())
+
+
+def test_bench_writes_json_and_markdown(bench_run):
+    code, table, _, out_dir = bench_run
+    assert code == 0
+    md_files = list(out_dir.glob('*.md'))
+    assert len(md_files) == 1
+    record = _bench_record(out_dir)
+    rows = {row['mode']: row for row in record['rows']}
+    assert [row['mode'] for row in record['rows']] == ['hf', 'ar', 'pipeline']
+    assert record['num_frames'] == 4 and record['warmup'] == 1
+    assert record['environment']['torch'] == torch.__version__
+    assert rows['hf']['ratio_vs_hf'] == pytest.approx(1.0)
+    for mode in ('ar', 'pipeline'):
+        row = rows[mode]
+        assert row['num_actions'] == 4
+        assert row['actions_per_s'] > 0 and row['latency_p50_ms'] > 0
+        assert row['latency_p99_ms'] >= row['latency_p50_ms']
+        assert row['ratio_vs_hf'] == pytest.approx(row['actions_per_s']
+                                                   / rows['hf']['actions_per_s'])
+    assert rows['ar']['forwards_per_action'] == pytest.approx(7.0)
+    # 4 frames after warmup through a 7-token pipeline: (4 + 6) forwards / 4 actions at most.
+    assert rows['pipeline']['forwards_per_action'] <= (4 + 6) / 4 + 1e-9
+    markdown = md_files[0].read_text()
+    for mode in ('hf', 'ar', 'pipeline'):
+        assert re.search(rf'^\| {mode} \|', markdown, re.M), mode
+        assert re.search(rf'^\| {mode} \|', table, re.M), mode
+
+
+def test_bench_records_the_command_it_ran(bench_run):
+    # The results file must name the command that produced it, also when main() is called
+    # with an explicit argv (as here) rather than from the console script.
+    _, _, argv, out_dir = bench_run
+    record = _bench_record(out_dir)
+    assert record['command'] == 'vla-spec ' + ' '.join(argv)
+
+
+def test_bench_rejects_unknown_mode(checkpoint, capsys):
+    assert cli.main(['bench', '--model', str(checkpoint), '--modes', 'hf,turbo']) == 2
+    assert 'turbo' in capsys.readouterr().err

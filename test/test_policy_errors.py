@@ -1,0 +1,205 @@
+"""Bad input through the public API (``VLAPolicy.predict``, ``Engine.submit``,
+``EngineConfig``): each raises a ``ValueError`` with a clear message and queues nothing
+(DESIGN §6, S1). Also: ``restrict_to_action_tokens`` yields valid actions, and an unrestricted
+non-action token is flagged, never executed.
+"""
+import numpy as np
+import pytest
+import torch
+
+from vla_spec_ros.config import EngineConfig
+from vla_spec_ros.engine.ar import causal_batch
+from vla_spec_ros.engine.engine import Engine
+from vla_spec_ros.engine.result import Frame
+from vla_spec_ros.models.random_checkpoint import make_checkpoint
+from vla_spec_ros.policy import VLAPolicy
+
+GOOD_IMAGE = np.random.default_rng(0).integers(0, 256, (48, 64, 3), dtype=np.uint8)
+INSTRUCTION = 'pick up the red cup'
+
+
+@pytest.fixture(scope='module', autouse=True)
+def one_torch_thread():
+    # Tiny matrices: on a shared 2-core machine, intra-op threads only add spin-wait.
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(previous)
+
+
+@pytest.fixture(scope='module')
+def folder(tmp_path_factory):
+    return make_checkpoint('tiny', tmp_path_factory.mktemp('policy') / 'tiny', seed=1)
+
+
+@pytest.fixture(scope='module')
+def policy(folder):
+    return VLAPolicy.from_pretrained(str(folder))
+
+
+@pytest.fixture(scope='module')
+def pipeline_engine(policy):
+    return Engine(policy.engine.runner, policy.engine.norm_stats,
+                  EngineConfig(mode='pipeline'))
+
+
+def _engines(policy, pipeline_engine):
+    return [policy.engine, pipeline_engine]
+
+
+BAD_INPUTS = [
+    (GOOD_IMAGE.astype(np.float32) / 255.0, INSTRUCTION, 'bridge_orig', 'uint8'),
+    (GOOD_IMAGE.astype(np.uint16), INSTRUCTION, 'bridge_orig', 'uint8'),
+    (GOOD_IMAGE[:, :, 0], INSTRUCTION, 'bridge_orig', 'shape'),
+    (np.zeros((48, 64, 4), dtype=np.uint8), INSTRUCTION, 'bridge_orig', 'shape'),
+    (GOOD_IMAGE.transpose(2, 0, 1).copy(), INSTRUCTION, 'bridge_orig', 'shape'),
+    (GOOD_IMAGE, '', 'bridge_orig', 'empty'),
+    (GOOD_IMAGE, '   ', 'bridge_orig', 'empty'),
+    (GOOD_IMAGE, INSTRUCTION, 'libero_10', 'libero_10'),
+    (GOOD_IMAGE, INSTRUCTION, None, 'unnorm_key'),
+]
+
+
+@pytest.mark.parametrize('image, instruction, key, match', BAD_INPUTS)
+def test_predict_rejects_bad_input(policy, image, instruction, key, match):
+    with pytest.raises(ValueError, match=match):
+        policy.predict(image, instruction, key)
+    assert not policy.engine.has_work()
+
+
+@pytest.mark.parametrize('image, instruction, key, match', BAD_INPUTS)
+def test_submit_rejects_bad_input_and_queues_nothing(policy, pipeline_engine, image,
+                                                     instruction, key, match):
+    for engine in _engines(policy, pipeline_engine):
+        with pytest.raises(ValueError, match=match):
+            engine.submit(Frame(image, instruction, key))
+        assert not engine.has_work() and not engine.has_waiting()
+        assert engine.step() == []
+
+
+def test_unnorm_key_errors_list_the_available_keys(policy):
+    for key in ('libero_10', None):
+        with pytest.raises(ValueError) as info:
+            policy.predict(GOOD_IMAGE, INSTRUCTION, key)
+        assert 'bridge_orig' in str(info.value) and 'libero_goal' in str(info.value)
+
+
+def test_good_input_after_bad_input_still_works(policy):
+    with pytest.raises(ValueError):
+        policy.predict(GOOD_IMAGE, '', 'bridge_orig')
+    result = policy.predict(GOOD_IMAGE, INSTRUCTION, 'bridge_orig')
+    # DESIGN §6: tokens (tuple of ints), float64 normalized/action, stats.
+    assert isinstance(result.tokens, tuple) and len(result.tokens) == 7
+    assert all(type(t) is int for t in result.tokens)
+    assert result.normalized.dtype == result.action.dtype == np.float64
+    assert result.normalized.shape == result.action.shape == (7,)
+    assert result.stats['unnorm_key'] == 'bridge_orig'
+    assert result.stats['forward_passes'] == 7
+    assert result.stats['accepted_lengths'] == [1] * 7
+    assert result.stats['latency_s'] > 0
+
+
+def test_predict_refuses_a_busy_engine(policy):
+    request_id = policy.engine.submit(Frame(GOOD_IMAGE, INSTRUCTION, 'bridge_orig'))
+    try:
+        with pytest.raises(RuntimeError, match='idle'):
+            policy.predict(GOOD_IMAGE, INSTRUCTION, 'bridge_orig')
+    finally:
+        assert policy.engine.reset() == [request_id]
+    assert not policy.engine.has_work()
+
+
+# ---- EngineConfig validation -----------------------------------------------------------------
+
+@pytest.mark.parametrize('options, field', [
+    ({'modee': 'ar'}, 'modee'),
+    ({'relax_threshold': -1}, 'relax_threshold'),
+    ({'relax_threshold': 256}, 'relax_threshold'),
+    ({'relax_threshold': 1.5}, 'relax_threshold'),
+    ({'mode': 'beam'}, 'mode'),
+    ({'dtype': 'int8'}, 'dtype'),
+    ({'device': 'tpu'}, 'device'),
+    ({'max_inflight': 0}, 'max_inflight'),
+    ({'tree_depth': 0}, 'tree_depth'),
+    ({'use_kernels': 'maybe'}, 'use_kernels'),
+])
+def test_engine_config_validation_names_the_field(options, field):
+    with pytest.raises(ValueError, match=field):
+        EngineConfig.from_dict(options)
+
+
+def test_from_pretrained_validates_options_before_loading(tmp_path):
+    # The folder does not exist: the option error must come first, naming the option.
+    with pytest.raises(ValueError, match='max_inflght'):
+        VLAPolicy.from_pretrained(str(tmp_path / 'absent'), max_inflght=2)
+    with pytest.raises(ValueError, match='relax_threshold'):
+        VLAPolicy.from_pretrained(str(tmp_path / 'absent'), relax_threshold=999)
+
+
+def test_engine_config_replace_rejects_unknown_keys():
+    with pytest.raises(ValueError, match='relax'):
+        EngineConfig().replace(relax=3)
+
+
+def test_set_tunables_rejects_load_time_fields(policy):
+    with pytest.raises(ValueError, match='dtype'):
+        policy.engine.set_tunables(dtype='float64')
+
+
+def test_engine_config_defaults_are_the_reference():
+    cfg = EngineConfig()
+    assert cfg.mode == 'ar' and cfg.restrict_to_action_tokens is False
+    assert cfg.relax_threshold == 0
+
+
+# ---- validity of actions ---------------------------------------------------------------------
+
+@pytest.fixture(scope='module')
+def restricted(folder):
+    return VLAPolicy.from_pretrained(str(folder), restrict_to_action_tokens=True)
+
+
+def test_restrict_to_action_tokens_gives_valid_actions(restricted):
+    at = restricted.engine.runner.action_tokenizer
+    rng = np.random.default_rng(5)
+    for i in range(3):
+        image = rng.integers(0, 256, (50 + i, 70, 3), dtype=np.uint8)
+        result = restricted.predict(image, INSTRUCTION, 'libero_goal')
+        assert result.is_valid and result.invalid_reason is None
+        assert all(at.is_action_token(t) for t in result.tokens)
+        assert np.all(np.abs(result.normalized) <= 1.0)
+        stats = restricted.engine.norm_stats['libero_goal']['action']
+        q01, q99 = np.array(stats['q01']), np.array(stats['q99'])
+        x = result.normalized
+        expected = np.where(stats['mask'], 0.5 * (x + 1.0) * (q99 - q01) + q01, x)
+        np.testing.assert_allclose(result.action, expected, atol=1e-12)
+
+
+def test_restricted_first_token_is_argmax_over_action_ids(restricted):
+    runner = restricted.engine.runner
+    at = runner.action_tokenizer
+    prompt = runner.prepare_prompt(Frame(GOOD_IMAGE, INSTRUCTION), restricted.config)
+    length = prompt.embeds.shape[0]
+    hidden = runner.forward(prompt.embeds, causal_batch(0, length, runner.device),
+                            runner.new_cache(length))
+    logits = runner.lm.logits(hidden[-1])
+    expected = at.first_action_id + int(logits[at.first_action_id:at.last_action_id + 1]
+                                        .argmax())
+    assert restricted.predict(GOOD_IMAGE, INSTRUCTION, 'bridge_orig').tokens[0] == expected
+
+
+def test_unrestricted_non_action_tokens_are_flagged(policy):
+    at = policy.engine.runner.action_tokenizer
+    rng = np.random.default_rng(6)
+    seen_invalid = False
+    for _ in range(4):
+        image = rng.integers(0, 256, (56, 56, 3), dtype=np.uint8)
+        result = policy.predict(image, INSTRUCTION, 'bridge_orig')
+        all_actions = all(at.is_action_token(t) for t in result.tokens)
+        assert result.is_valid == all_actions
+        if not all_actions:
+            seen_invalid = True
+            assert np.all(np.isnan(result.action))          # never executable
+            assert result.invalid_reason and 'non-action' in result.invalid_reason
+    # Random weights put most mass outside the 256 action ids of a 1088-id vocabulary.
+    assert seen_invalid

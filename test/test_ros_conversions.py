@@ -1,0 +1,204 @@
+"""Image / CompressedImage -> RGB conversions against arrays built by hand.
+
+Expected arrays are derived independently of vla_spec_ros.ros.conversions: messages are
+assembled byte by byte (struct / per-pixel loops) where the writer helper would otherwise be
+testing itself.
+"""
+import importlib.util
+import struct
+
+import numpy as np
+import pytest
+
+HAS_MSGS = importlib.util.find_spec('sensor_msgs') is not None
+HAS_CV2 = importlib.util.find_spec('cv2') is not None
+HAS_CV_BRIDGE = importlib.util.find_spec('cv_bridge') is not None
+pytestmark = pytest.mark.skipif(not HAS_MSGS, reason='sensor_msgs (ROS 2 message wheels) '
+                                'not installed')
+
+if HAS_MSGS:
+    from sensor_msgs.msg import CompressedImage, Image
+
+    from vla_spec_ros.ros import conversions
+    from vla_spec_ros.ros.conversions import array_to_image, compressed_to_rgb, image_to_rgb
+
+H, W = 5, 7
+
+
+def _rgb():
+    rng = np.random.default_rng(3)
+    return rng.integers(0, 256, (H, W, 3), dtype=np.uint8)
+
+
+def _manual_message(encoding, height, width, pixel_bytes, padding, is_bigendian=0):
+    """Assemble Image bytes row by row: pixel_bytes(r, c) -> bytes of one pixel."""
+    rows = []
+    for r in range(height):
+        row = b''.join(pixel_bytes(r, c) for c in range(width))
+        rows.append(row + b'\xcd' * padding)
+    msg = Image()
+    msg.height, msg.width, msg.encoding = height, width, encoding
+    msg.is_bigendian = is_bigendian
+    msg.step = len(rows[0])
+    msg.data = b''.join(rows)
+    return msg
+
+
+@pytest.mark.parametrize('padding', [0, 3])
+def test_bgr8_padded_built_by_hand(padding):
+    rgb = _rgb()
+    msg = _manual_message('bgr8', H, W, lambda r, c: bytes([rgb[r, c, 2], rgb[r, c, 1],
+                                                           rgb[r, c, 0]]), padding)
+    out = image_to_rgb(msg, use_cv_bridge=False)
+    assert out.dtype == np.uint8 and out.shape == (H, W, 3)
+    np.testing.assert_array_equal(out, rgb)
+
+
+def test_rgba8_and_bgra8_drop_alpha_built_by_hand():
+    rgb = _rgb()
+    alpha = 77
+    rgba = _manual_message('rgba8', H, W, lambda r, c: bytes(list(rgb[r, c]) + [alpha]), 1)
+    bgra = _manual_message('bgra8', H, W, lambda r, c: bytes(list(rgb[r, c, ::-1]) + [alpha]),
+                           5)
+    np.testing.assert_array_equal(image_to_rgb(rgba, use_cv_bridge=False), rgb)
+    np.testing.assert_array_equal(image_to_rgb(bgra, use_cv_bridge=False), rgb)
+
+
+def test_mono8_replicates_gray_built_by_hand():
+    gray = _rgb()[:, :, 0]
+    msg = _manual_message('mono8', H, W, lambda r, c: bytes([gray[r, c]]), 2)
+    out = image_to_rgb(msg, use_cv_bridge=False)
+    for ch in range(3):
+        np.testing.assert_array_equal(out[:, :, ch], gray)
+
+
+@pytest.mark.parametrize('is_bigendian', [0, 1])
+def test_mono16_respects_byte_order(is_bigendian):
+    values = np.array([[0, 257, 65535], [128, 129 * 257, 40000]], dtype=np.int64)
+    fmt = '>H' if is_bigendian else '<H'
+    msg = _manual_message('mono16', 2, 3, lambda r, c: struct.pack(fmt, int(values[r, c])), 4,
+                          is_bigendian)
+    out = image_to_rgb(msg, use_cv_bridge=False)
+    # 16 -> 8 bits: round(v / 257), computed here with integer arithmetic.
+    expected = (values * 2 + 257) // (2 * 257)
+    np.testing.assert_array_equal(out[:, :, 0], expected)
+    np.testing.assert_array_equal(out[:, :, 2], expected)
+    assert expected[0].tolist() == [0, 1, 255]
+
+
+def test_rgb16_big_endian_channel_order():
+    msg = _manual_message('rgb16', 1, 2, lambda r, c: struct.pack('>HHH', 257 * 10, 257 * 20,
+                                                                  257 * (30 + c)), 0, 1)
+    out = image_to_rgb(msg, use_cv_bridge=False)
+    assert out.tolist() == [[[10, 20, 30], [10, 20, 31]]]
+
+
+@pytest.mark.parametrize('encoding', ['rgb8', 'bgr8', 'rgba8', 'bgra8', 'mono8'])
+@pytest.mark.parametrize('padding', [0, 9])
+def test_writer_round_trip_every_encoding(encoding, padding):
+    rgb = _rgb()
+    layouts = {'rgb8': rgb, 'bgr8': rgb[:, :, ::-1],
+               'rgba8': np.dstack([rgb, np.full((H, W), 200, np.uint8)]),
+               'bgra8': np.dstack([rgb[:, :, ::-1], np.full((H, W), 9, np.uint8)]),
+               'mono8': rgb[:, :, 1]}
+    msg = array_to_image(layouts[encoding], encoding, row_padding=padding)
+    channels = 1 if encoding == 'mono8' else len(encoding) - 1
+    assert msg.step == W * channels + padding
+    assert len(msg.data) == msg.step * H
+    expected = np.dstack([rgb[:, :, 1]] * 3) if encoding == 'mono8' else rgb
+    np.testing.assert_array_equal(image_to_rgb(msg, use_cv_bridge=False), expected)
+
+
+@pytest.mark.parametrize('is_bigendian', [False, True])
+def test_writer_16_bit_byte_order(is_bigendian):
+    values = np.array([[[0, 257, 65535], [514, 1000, 60000]]], dtype=np.uint16)   # (1, 2, 3)
+    msg = array_to_image(values[:, :, ::-1], 'bgr16', is_bigendian=is_bigendian, row_padding=2)
+    assert msg.is_bigendian == int(is_bigendian) and msg.step == 2 * 3 * 2 + 2
+    first = bytes(msg.data[:2])          # B of pixel 0 is 65535 -> 0xFFFF either way
+    assert first == b'\xff\xff'
+    second = bytes(msg.data[6:8])        # B of pixel 1 is 60000 = 0xEA60
+    assert second == (b'\xea\x60' if is_bigendian else b'\x60\xea')
+    out = image_to_rgb(msg, use_cv_bridge=False)
+    assert out.tolist() == [[[0, 1, 255], [2, 4, 233]]]     # round(v / 257)
+
+
+def test_output_does_not_alias_the_message_buffer():
+    rgb = _rgb()
+    msg = array_to_image(rgb, 'rgb8')
+    out = image_to_rgb(msg, use_cv_bridge=False)
+    out[:] = 0
+    np.testing.assert_array_equal(image_to_rgb(msg, use_cv_bridge=False), rgb)
+
+
+def test_bad_messages_name_the_field():
+    msg = array_to_image(_rgb(), 'rgb8')
+    msg.encoding = 'yuv422'
+    with pytest.raises(ValueError, match='encoding'):
+        image_to_rgb(msg, use_cv_bridge=False)
+    msg = array_to_image(_rgb(), 'rgb8')
+    msg.step = W * 3 - 1
+    with pytest.raises(ValueError, match='step'):
+        image_to_rgb(msg, use_cv_bridge=False)
+    msg = array_to_image(_rgb(), 'rgb8')
+    msg.data = bytes(W * 3 * H - 1)
+    with pytest.raises(ValueError, match='data'):
+        image_to_rgb(msg, use_cv_bridge=False)
+    with pytest.raises(ValueError, match='array'):
+        array_to_image(_rgb(), 'mono8')
+
+
+@pytest.mark.skipif(not HAS_CV_BRIDGE,
+                    reason='cv_bridge not importable (not on PyPI); the numpy path is tested')
+def test_cv_bridge_agrees_with_fallback():
+    rgb = _rgb()
+    for encoding, array in (('bgr8', rgb[:, :, ::-1]), ('rgb8', rgb)):
+        msg = array_to_image(array, encoding, row_padding=4)
+        np.testing.assert_array_equal(image_to_rgb(msg, use_cv_bridge=True),
+                                      image_to_rgb(msg, use_cv_bridge=False))
+
+
+# ---- compressed -----------------------------------------------------------------------------
+
+@pytest.mark.skipif(not HAS_CV2, reason='opencv-python-headless not installed')
+class TestCompressed:
+    def _gradient(self):
+        # Smooth content so that JPEG's error stays small.
+        y, x = np.mgrid[0:32, 0:48]
+        return np.dstack([x * 5, y * 7, (x + y) * 3]).astype(np.uint8)
+
+    def test_png_is_exact(self):
+        rgb = _rgb()
+        msg = conversions.rgb_to_compressed(rgb, 'png')
+        assert bytes(msg.data[1:4]) == b'PNG'
+        np.testing.assert_array_equal(compressed_to_rgb(msg), rgb)
+
+    def test_jpeg_is_close(self):
+        rgb = self._gradient()
+        msg = conversions.rgb_to_compressed(rgb, 'jpeg', quality=95)
+        assert bytes(msg.data[:2]) == b'\xff\xd8'     # JPEG SOI marker
+        out = compressed_to_rgb(msg)
+        assert out.shape == rgb.shape and out.dtype == np.uint8
+        assert np.abs(out.astype(int) - rgb.astype(int)).mean() < 2.0
+        # Channel order kept: red grows along x, green along y.
+        assert out[0, -1, 0] > out[0, 0, 0] + 100 and out[-1, 0, 1] > out[0, 0, 1] + 100
+
+    def test_gray_and_bgra_png(self):
+        import cv2
+
+        rgb = _rgb()
+        gray = rgb[:, :, 0].copy()
+        msg = CompressedImage(format='mono8; png compressed')
+        msg.data = cv2.imencode('.png', gray)[1].tobytes()
+        np.testing.assert_array_equal(compressed_to_rgb(msg), np.dstack([gray] * 3))
+        bgra = np.dstack([rgb[:, :, ::-1], np.full((H, W), 128, np.uint8)])
+        msg.data = cv2.imencode('.png', bgra)[1].tobytes()
+        np.testing.assert_array_equal(compressed_to_rgb(msg), rgb)
+
+    def test_corrupt_data_raises(self):
+        msg = CompressedImage(format='jpeg')
+        msg.data = b'\x00\x01not an image'
+        with pytest.raises(ValueError, match='data'):
+            compressed_to_rgb(msg)
+        msg.data = b''
+        with pytest.raises(ValueError, match='data'):
+            compressed_to_rgb(msg)

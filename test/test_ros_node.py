@@ -1,0 +1,604 @@
+"""Integration: the real `vla_spec` node over DDS (rclpy + Fast DDS), no mocks of rclpy.
+
+A probe node publishes images + an instruction and records ~/twist, ~/gripper, ~/action and
+/diagnostics; parameters and services are driven through their ROS interfaces (the
+equivalents of `ros2 param set` / `ros2 service call`). The graph is isolated: its own
+ROS_DOMAIN_ID, discovery limited to localhost, a private rclpy Context.
+
+Expected actions come from `VLAPolicy.predict` on the same inputs (tiny preset, greedy over
+action tokens so that the random-weight model yields valid actions); the scaling applied to
+them here is the documented one, written out in this file.
+"""
+import dataclasses
+import importlib.util
+import os
+import threading
+import time
+
+import numpy as np
+import pytest
+
+HAS_ROS = all(importlib.util.find_spec(m) is not None
+              for m in ('rclpy', 'sensor_msgs', 'geometry_msgs', 'std_srvs', 'diagnostic_msgs'))
+HAS_TORCH = importlib.util.find_spec('torch') is not None
+pytestmark = pytest.mark.skipif(not (HAS_ROS and HAS_TORCH),
+                                reason='needs rclpy + ROS message wheels and torch')
+
+if HAS_ROS and HAS_TORCH:
+    import rclpy
+    from diagnostic_msgs.msg import DiagnosticArray
+    from geometry_msgs.msg import TwistStamped
+    from rclpy.executors import SingleThreadedExecutor
+    from rclpy.node import Node
+    from rclpy.parameter import Parameter, parameter_value_to_python
+    from rclpy.parameter_client import AsyncParameterClient
+    from rclpy.qos import DurabilityPolicy, QoSProfile, ReliabilityPolicy
+    from sensor_msgs.msg import CompressedImage, Image
+    from std_msgs.msg import Float64MultiArray, String
+    from std_srvs.srv import SetBool, Trigger
+
+    from vla_spec_ros.ros.conversions import array_to_image, rgb_to_compressed
+    from vla_spec_ros.ros.node import LatestFrameSlot, VLASpecNode
+
+# Unique per module and per run: other test processes on this host use other domains.
+DOMAIN_ID = 11 + (os.getpid() % 40)
+INSTRUCTION = 'put the red block in the drawer'
+UNNORM_KEY = 'bridge_orig'
+CONTROL_PERIOD = 0.2
+OPEN, CLOSED = 0.04, 0.0
+TIMEOUT = 20.0
+
+
+# ---- helpers ----------------------------------------------------------------------------------
+
+def wait_until(predicate, timeout=TIMEOUT, what='condition'):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.005)
+    raise AssertionError(f'timed out after {timeout} s waiting for {what}')
+
+
+class Recorder:
+    """Subscription callback keeping (probe clock seconds, message) pairs."""
+
+    def __init__(self, clock):
+        self._clock = clock
+        self._lock = threading.Lock()
+        self.items = []
+
+    def __call__(self, msg):
+        with self._lock:
+            self.items.append((self._clock.now().nanoseconds * 1e-9, msg))
+
+    def snapshot(self):
+        with self._lock:
+            return list(self.items)
+
+    def find(self, predicate, start=0):
+        """The first (time, message) after index `start` that satisfies `predicate`, or None."""
+        for t, msg in self.snapshot()[start:]:
+            if predicate(msg):
+                return t, msg
+        return None
+
+    def wait_for(self, predicate, start=0, timeout=TIMEOUT, what='message'):
+        return wait_until(lambda: self.find(predicate, start), timeout, what)
+
+
+def stamp_s(stamp):
+    return stamp.sec + 1e-9 * stamp.nanosec
+
+
+def is_zero(twist_msg):
+    t = twist_msg.twist
+    return all(v == 0.0 for v in (t.linear.x, t.linear.y, t.linear.z,
+                                  t.angular.x, t.angular.y, t.angular.z))
+
+
+def twist_values(twist_msg):
+    t = twist_msg.twist
+    return np.array([t.linear.x, t.linear.y, t.linear.z, t.angular.x, t.angular.y, t.angular.z])
+
+
+def expected_twist(action, linear_scale=1.0, angular_scale=1.0):
+    # Documented scaling: velocity = delta / control_period * scale (limits set high here).
+    return np.concatenate([action[:3] / CONTROL_PERIOD * linear_scale,
+                           action[3:6] / CONTROL_PERIOD * angular_scale])
+
+
+def expected_gripper(action):
+    return OPEN if action[6] >= 0.5 else CLOSED
+
+
+def images():
+    rng = np.random.default_rng(7)
+    return [rng.integers(0, 256, (48, 64, 3), dtype=np.uint8) for _ in range(4)]
+
+
+class Probe:
+    """The test's own node: publishers, recorders and ROS clients for one node under test."""
+
+    def __init__(self, node, target, transport='raw'):
+        self.node = node
+        qos = QoSProfile(depth=10, reliability=ReliabilityPolicy.RELIABLE)
+        latched = QoSProfile(depth=1, reliability=ReliabilityPolicy.RELIABLE,
+                             durability=DurabilityPolicy.TRANSIENT_LOCAL)
+        msg_type = CompressedImage if transport == 'compressed' else Image
+        topic = f'/{target}/image' + ('/compressed' if transport == 'compressed' else '')
+        self.image_pub = node.create_publisher(msg_type, topic, qos)
+        self.instruction_pub = node.create_publisher(String, f'/{target}/instruction', latched)
+        self.twists = Recorder(node.get_clock())
+        self.grippers = Recorder(node.get_clock())
+        self.actions = Recorder(node.get_clock())
+        node.create_subscription(TwistStamped, f'/{target}/twist', self.twists, qos)
+        node.create_subscription(Float64MultiArray, f'/{target}/gripper', self.grippers, qos)
+        node.create_subscription(Float64MultiArray, f'/{target}/action', self.actions, qos)
+        self.enable_client = node.create_client(SetBool, f'/{target}/enable')
+        self.reset_client = node.create_client(Trigger, f'/{target}/reset')
+        self.params = AsyncParameterClient(node, f'/{target}')
+
+    def now(self):
+        return self.node.get_clock().now()
+
+    def call(self, client, request):
+        assert client.wait_for_service(timeout_sec=TIMEOUT)
+        future = client.call_async(request)
+        wait_until(future.done, what=f'{client.srv_name} response')
+        return future.result()
+
+    def set_param(self, name, value):
+        assert self.params.wait_for_services(timeout_sec=TIMEOUT)
+        future = self.params.set_parameters([Parameter(name, value=value)])
+        wait_until(future.done, what=f'set {name}')
+        return future.result().results[0]
+
+    def get_param(self, name):
+        future = self.params.get_parameters([name])
+        wait_until(future.done, what=f'get {name}')
+        return parameter_value_to_python(future.result().values[0])
+
+    def send(self, msg, until, timeout=TIMEOUT):
+        """Publish `msg` (re-publishing every second: best effort may drop) until `until()`."""
+        wait_until(lambda: self.image_pub.get_subscription_count() > 0, what='image subscriber')
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            self.image_pub.publish(msg)
+            try:
+                return wait_until(until, timeout=1.0)
+            except AssertionError:
+                continue
+        raise AssertionError('no reaction to the published image')
+
+    def raw_image(self, array, encoding='rgb8', padding=0):
+        return array_to_image(array, encoding, stamp=self.now().to_msg(), frame_id='camera',
+                              row_padding=padding)
+
+
+# ---- fixtures ---------------------------------------------------------------------------------
+
+@pytest.fixture(scope='module')
+def ros():
+    os.environ['ROS_DOMAIN_ID'] = str(DOMAIN_ID)
+    os.environ['ROS_AUTOMATIC_DISCOVERY_RANGE'] = 'LOCALHOST'
+    context = rclpy.Context()
+    rclpy.init(context=context, domain_id=DOMAIN_ID)
+    executor = SingleThreadedExecutor(context=context)
+    thread = threading.Thread(target=executor.spin, daemon=True)
+    probe_node = Node('probe', context=context)
+    executor.add_node(probe_node)
+    thread.start()
+    yield context, executor, probe_node
+    executor.shutdown()
+    probe_node.destroy_node()
+    rclpy.shutdown(context=context)
+    thread.join(timeout=5.0)
+
+
+@pytest.fixture(scope='module')
+def reference():
+    """A separately loaded policy and the actions it predicts for the test images."""
+    from vla_spec_ros import VLAPolicy
+
+    import cv2
+
+    policy = VLAPolicy.from_pretrained('tiny', restrict_to_action_tokens=True)
+    frames = images()
+    expected = {'rgb': [policy.predict(im, INSTRUCTION, UNNORM_KEY).action for im in frames]}
+    gray = frames[2][:, :, 1]
+    expected['mono'] = policy.predict(np.dstack([gray] * 3), INSTRUCTION, UNNORM_KEY).action
+    jpeg = rgb_to_compressed(frames[3], 'jpeg', quality=90)
+    decoded = cv2.cvtColor(cv2.imdecode(np.frombuffer(jpeg.data, np.uint8), cv2.IMREAD_COLOR),
+                           cv2.COLOR_BGR2RGB)
+    expected['jpeg'] = policy.predict(decoded, INSTRUCTION, UNNORM_KEY).action
+    for action in expected['rgb']:
+        assert np.all(np.isfinite(action))
+    return policy, frames, expected, jpeg
+
+
+@pytest.fixture(scope='module')
+def main_node(ros):
+    """The node loading its own model through `VLAPolicy.from_pretrained` (no policy given)."""
+    context, executor, probe_node = ros
+    overrides = {'model_path': 'tiny', 'restrict_to_action_tokens': True,
+                 'unnorm_key': UNNORM_KEY, 'frame_id': 'tool0',
+                 'control_period': CONTROL_PERIOD, 'max_linear_speed': 10.0,
+                 'max_angular_speed': 20.0, 'gripper_open_position': OPEN,
+                 'gripper_closed_position': CLOSED, 'max_action_age': 5.0,
+                 'diagnostics_period': 0.2}
+    node = VLASpecNode(context=context, parameter_overrides=[
+        Parameter(k, value=v) for k, v in overrides.items()])
+    executor.add_node(node)
+    probe = Probe(probe_node, 'vla_spec')
+    diagnostics = Recorder(probe_node.get_clock())
+    probe_node.create_subscription(DiagnosticArray, '/diagnostics', diagnostics, 10)
+    yield node, probe, diagnostics
+    executor.remove_node(node)
+    node.destroy_node()
+
+
+# ---- main node: end to end, parameters, services, safety -------------------------------------
+
+def test_starts_disabled_and_enable_needs_an_instruction(main_node):
+    node, probe, _ = main_node
+    assert probe.get_param('enabled') is False
+    probe.instruction_pub.publish(String(data=INSTRUCTION))   # latched: arrives once matched
+    wait_until(lambda: probe.get_param('instruction') == INSTRUCTION, what='instruction')
+    response = probe.call(probe.enable_client, SetBool.Request(data=True))
+    assert response.success, response.message
+    assert probe.get_param('enabled') is True
+
+
+def test_end_to_end_values_stamps_and_frame_id(main_node, reference):
+    node, probe, _ = main_node
+    _, frames, expected, _ = reference
+    cases = [(probe.raw_image(frames[0], 'rgb8'), expected['rgb'][0]),
+             (probe.raw_image(frames[1][:, :, ::-1], 'bgr8', padding=6), expected['rgb'][1]),
+             (probe.raw_image(frames[2][:, :, 1], 'mono8', padding=3), expected['mono'])]
+    for image, action in cases:
+        start = len(probe.twists.snapshot())
+        image_stamp = stamp_s(image.header.stamp)
+
+        def answered():
+            return [m for _, m in probe.twists.snapshot()[start:]
+                    if stamp_s(m.header.stamp) == image_stamp]
+        twist = probe.send(image, answered)[0]
+        assert twist.header.frame_id == 'tool0'
+        assert twist.header.stamp == image.header.stamp
+        np.testing.assert_allclose(twist_values(twist), expected_twist(action), rtol=1e-12,
+                                   atol=1e-15)
+        # ~/action carries the raw 7-vector; ~/gripper the mapped position.
+        probe.actions.wait_for(lambda m: np.allclose(m.data, action, rtol=0, atol=1e-12),
+                               what='raw action')
+        gripper = probe.grippers.wait_for(
+            lambda m: m.data[0] == expected_gripper(action), what='gripper')[1]
+        assert len(gripper.data) == 1
+
+
+def test_tunable_parameter_changes_the_next_output(main_node, reference):
+    node, probe, _ = main_node
+    _, frames, expected, _ = reference
+    result = probe.set_param('linear_scale', 2.0)
+    assert result.successful, result.reason
+    result = probe.set_param('relax_threshold', 3)          # engine tunable
+    assert result.successful, result.reason
+    image = probe.raw_image(frames[0])
+    start = len(probe.twists.snapshot())
+    twist = probe.send(image, lambda: probe.twists.find(
+        lambda m: m.header.stamp == image.header.stamp, start))[1]
+    np.testing.assert_allclose(twist_values(twist),
+                               expected_twist(expected['rgb'][0], linear_scale=2.0), rtol=1e-12)
+    assert node._engine.config.relax_threshold == 3          # applied before that frame
+    assert probe.set_param('linear_scale', 1.0).successful
+
+
+@pytest.mark.parametrize('name, value, words', [
+    ('control_period', 0.0, 'out of range'),
+    ('max_action_age', 100.0, 'out of range'),
+    ('relax_threshold', 300, 'out of range'),
+    ('model_path', '/models/other', 'load-time'),
+    ('device', 'cuda', 'load-time'),
+    ('dtype', 'bfloat16', 'load-time'),
+    ('draft_path', '/models/draft', 'load-time'),
+    ('frame_id', '', 'frame_id'),
+    ('mode', 'spec', 'load-time'),
+    ('unnorm_key', 'no_such_dataset', 'unnorm_key'),
+])
+def test_refused_parameters_give_a_reason(main_node, name, value, words):
+    node, probe, _ = main_node
+    before = probe.get_param(name)
+    result = probe.set_param(name, value)
+    assert not result.successful
+    assert words in result.reason, result.reason
+    assert probe.get_param(name) == before
+
+
+def test_latest_frame_wins_and_drops_are_counted(main_node, reference):
+    node, probe, _ = main_node
+    _, frames, _, _ = reference
+    wait_until(lambda: probe.image_pub.get_subscription_count() > 0)
+    before = node.stats_snapshot()
+    start = len(probe.twists.snapshot())
+    burst = []
+    # Hold the engine so that the worker cannot take frames while the burst arrives.
+    with node._engine_lock:
+        for i in range(5):
+            image = probe.raw_image(frames[i % 4])
+            burst.append(image)
+            received = node.stats_snapshot()['frames_received']
+            probe.image_pub.publish(image)
+            wait_until(lambda: node.stats_snapshot()['frames_received'] > received,
+                       what='frame received')
+    last = burst[-1]
+    probe.twists.wait_for(lambda m: m.header.stamp == last.header.stamp, start=start,
+                          what='action for the newest frame')
+    after = node.stats_snapshot()
+    # The worker may have taken the first frame before the lock (then 3 drops), else 4.
+    assert after['frames_dropped'] - before['frames_dropped'] in (3, 4)
+    answered = {stamp_s(m.header.stamp) for _, m in probe.twists.snapshot()[start:]}
+    for image in burst[1:-1]:
+        assert stamp_s(image.header.stamp) not in answered
+
+
+def test_diagnostics_report_rate_latency_and_mode(main_node):
+    node, probe, diagnostics = main_node
+
+    def ours(msg):
+        return [s for s in msg.status if s.name.startswith('/vla_spec:')]
+
+    def has_actions(msg):
+        values = {kv.key: kv.value for s in ours(msg) for kv in s.values}
+        # after the burst test: several actions and the dropped frames
+        return (values and int(values['actions_published']) >= 3
+                and int(values['frames_dropped']) >= 3)
+    _, msg = diagnostics.wait_for(has_actions, what='diagnostics with actions and drops')
+    status = ours(msg)[0]
+    values = {kv.key: kv.value for kv in status.values}
+    for key in ('action_rate_hz', 'latency_p50_ms', 'latency_p99_ms', 'acceptance_length',
+                'frames_dropped', 'frames_stale', 'last_error'):
+        assert key in values, key
+    assert values['mode'] == 'ar'
+    assert float(values['latency_p99_ms']) >= float(values['latency_p50_ms']) > 0.0
+    assert float(values['acceptance_length']) == 1.0        # AR: one token per forward
+    assert int(values['frames_dropped']) >= 3
+    assert status.hardware_id == 'tiny'
+
+
+def test_camera_stop_publishes_zero_within_max_action_age(main_node, reference):
+    node, probe, _ = main_node
+    _, frames, _, _ = reference
+    max_age = 0.5
+    assert probe.set_param('max_action_age', max_age).successful
+    image = probe.raw_image(frames[0])
+    start = len(probe.twists.snapshot())
+    probe.send(image, lambda: probe.twists.find(
+        lambda m: m.header.stamp == image.header.stamp, start))
+    # Zeros from before this frame (the age limit was just lowered) do not count: look only
+    # after the action for this frame.
+    answered = next(i for i, (_, m) in enumerate(probe.twists.snapshot())
+                    if i >= start and m.header.stamp == image.header.stamp)
+    # The camera stops now. A zero twist must follow once the image is max_age old.
+    received, zero = probe.twists.wait_for(is_zero, start=answered + 1, timeout=5.0,
+                                           what='zero twist after the camera stopped')
+    delay = received - stamp_s(image.header.stamp)
+    # Lower bound: not before the image went stale. Upper bound: the watchdog period
+    # (0.02 s) plus scheduling and DDS slack on a loaded two-core machine.
+    assert max_age - 0.05 <= delay <= max_age + 0.4, delay
+    assert zero.header.frame_id == 'tool0'
+    later = [m for _, m in probe.twists.snapshot()[start:] if not is_zero(m)
+             and m.header.stamp != image.header.stamp]
+    assert later == []
+    assert node.stats_snapshot()['hold_reason'].startswith('stale observation')
+    assert probe.set_param('max_action_age', 5.0).successful
+
+
+def test_disable_publishes_zero_and_stops_actions(main_node, reference):
+    node, probe, _ = main_node
+    _, frames, _, _ = reference
+    start = len(probe.twists.snapshot())
+    called = probe.now().nanoseconds * 1e-9
+    assert probe.call(probe.enable_client, SetBool.Request(data=False)).success
+    probe.twists.wait_for(lambda m: is_zero(m) and stamp_s(m.header.stamp) >= called,
+                          start=start, timeout=5.0, what='zero twist on disable')
+    assert node.stats_snapshot()['hold_reason'] == 'disabled'
+    actions_before = len(probe.actions.snapshot())
+    image = probe.raw_image(frames[1])
+    received = node.stats_snapshot()['frames_received']
+    probe.image_pub.publish(image)
+    wait_until(lambda: node.stats_snapshot()['frames_received'] > received, what='frame')
+    time.sleep(0.3)    # absence check: a disabled node must not answer this frame
+    assert len(probe.actions.snapshot()) == actions_before
+    assert not [m for _, m in probe.twists.snapshot()[start:] if not is_zero(m)]
+    assert probe.call(probe.enable_client, SetBool.Request(data=True)).success
+
+
+def test_reset_service(main_node):
+    node, probe, _ = main_node
+    response = probe.call(probe.reset_client, Trigger.Request())
+    assert response.success and 'dropped' in response.message
+
+
+# ---- failure injection: a policy wrapper around the real engine ------------------------------
+
+class FaultEngine:
+    """Delegates to a real Engine; `fault` turns its step() output into a failure."""
+
+    def __init__(self, engine):
+        self._engine = engine
+        self.fault = None
+
+    def __getattr__(self, name):
+        return getattr(self._engine, name)
+
+    def step(self):
+        finished = self._engine.step()
+        if self.fault == 'raise':
+            raise RuntimeError('injected failure')
+        if self.fault == 'error':
+            return [dataclasses.replace(f, result=None, error='injected error') for f in finished]
+        if self.fault in ('nan', 'invalid'):
+            out = []
+            for f in finished:
+                action = f.result.action.copy()
+                action[1] = np.nan
+                result = dataclasses.replace(
+                    f.result, action=action, is_valid=self.fault == 'nan',
+                    invalid_reason=None if self.fault == 'nan' else 'injected non-action token')
+                out.append(dataclasses.replace(f, result=result))
+            return out
+        return finished
+
+
+class FaultPolicy:
+    def __init__(self, policy):
+        self.engine = FaultEngine(policy.engine)
+        self.unnorm_keys = policy.unnorm_keys
+
+
+@pytest.fixture(scope='module')
+def fault_node(ros, reference, main_node):
+    context, executor, probe_node = ros
+    policy = FaultPolicy(reference[0])
+    overrides = {'image_transport': 'compressed', 'enabled': True, 'instruction': INSTRUCTION,
+                 'unnorm_key': UNNORM_KEY, 'control_period': CONTROL_PERIOD,
+                 'max_linear_speed': 10.0, 'max_angular_speed': 20.0, 'max_action_age': 5.0,
+                 'frame_id': 'ee_link', 'diagnostics_period': 0.2}
+    node = VLASpecNode(policy, node_name='vla_spec_faults', context=context,
+                       parameter_overrides=[Parameter(k, value=v) for k, v in overrides.items()])
+    executor.add_node(node)
+    probe = Probe(probe_node, 'vla_spec_faults', transport='compressed')
+    diagnostics = Recorder(probe_node.get_clock())
+    probe_node.create_subscription(DiagnosticArray, '/diagnostics', diagnostics, 10)
+    yield node, policy, probe, diagnostics
+    executor.remove_node(node)
+    node.destroy_node()
+
+
+def _compressed(probe, array, fmt, quality=90):
+    return rgb_to_compressed(array, fmt, quality=quality, stamp=probe.now().to_msg())
+
+
+def _send_and_get_twist(probe, msg):
+    start = len(probe.twists.snapshot())
+    return probe.send(msg, lambda: probe.twists.find(
+        lambda m: m.header.stamp == msg.header.stamp, start))[1]
+
+
+def test_compressed_png_and_jpeg_end_to_end(fault_node, reference):
+    node, policy, probe, _ = fault_node
+    _, frames, expected, jpeg = reference
+    twist = _send_and_get_twist(probe, _compressed(probe, frames[0], 'png'))
+    assert twist.header.frame_id == 'ee_link'
+    np.testing.assert_allclose(twist_values(twist), expected_twist(expected['rgb'][0]),
+                               rtol=1e-12)
+    jpeg.header.stamp = probe.now().to_msg()
+    twist = _send_and_get_twist(probe, jpeg)
+    np.testing.assert_allclose(twist_values(twist), expected_twist(expected['jpeg']),
+                               rtol=1e-12)
+
+
+@pytest.mark.parametrize('fault, reason', [
+    ('raise', 'engine error: RuntimeError: injected failure'),
+    ('error', 'engine error: injected error'),
+    ('nan', 'non-finite action'),
+    ('invalid', 'invalid action: injected non-action token'),
+])
+def test_failures_publish_zero_and_report(fault_node, reference, fault, reason):
+    node, policy, probe, diagnostics = fault_node
+    _, frames, _, _ = reference
+    msg = _compressed(probe, frames[1], 'png')
+    # Every gripper command published so far has arrived (reliable QoS).
+    wait_until(lambda: len(probe.grippers.snapshot()) == node.stats_snapshot()[
+        'actions_published'], what='earlier gripper commands')
+    num_grippers = len(probe.grippers.snapshot())
+    start = len(probe.twists.snapshot())
+    num_holds = node.stats_snapshot()['holds']
+    policy.engine.fault = fault
+    try:
+        probe.send(msg, lambda: node.stats_snapshot()['holds'] > num_holds)
+        _, zero = probe.twists.wait_for(
+            lambda m: is_zero(m) and stamp_s(m.header.stamp) >= stamp_s(msg.header.stamp),
+            start=start, what='zero twist after the failure')
+    finally:
+        policy.engine.fault = None
+    assert zero.header.frame_id == 'ee_link'
+    snapshot = node.stats_snapshot()
+    assert snapshot['hold_reason'].startswith(reason), snapshot['hold_reason']
+    assert not [m for _, m in probe.twists.snapshot()[start:] if not is_zero(m)]
+    assert len(probe.grippers.snapshot()) == num_grippers      # gripper held: nothing sent
+    # /diagnostics reports the failure as an error with its reason.
+    diag_start = len(diagnostics.snapshot())
+
+    def error_status(m):
+        return any(s.name.startswith('/vla_spec_faults:') and s.level == b'\x02'
+                   and any(kv.key == 'last_error' and kv.value.startswith(reason)
+                           for kv in s.values) for s in m.status)
+    diagnostics.wait_for(error_status, start=diag_start, what='diagnostics error')
+    # The node recovers: the next frame gets a real action again.
+    twist = _send_and_get_twist(probe, _compressed(probe, frames[0], 'png'))
+    assert not is_zero(twist)
+
+
+# ---- a pipelined engine behind the node --------------------------------------------------
+
+@pytest.fixture(scope='module')
+def pipeline_node(ros, fault_node):
+    context, executor, probe_node = ros
+    overrides = {'model_path': 'tiny', 'mode': 'pipeline', 'restrict_to_action_tokens': True,
+                 'enabled': True, 'instruction': INSTRUCTION, 'unnorm_key': UNNORM_KEY,
+                 'control_period': CONTROL_PERIOD, 'max_linear_speed': 10.0,
+                 'max_angular_speed': 20.0, 'max_action_age': 10.0}
+    node = VLASpecNode(node_name='vla_spec_pipeline', context=context, parameter_overrides=[
+        Parameter(k, value=v) for k, v in overrides.items()])
+    executor.add_node(node)
+    yield node, Probe(probe_node, 'vla_spec_pipeline')
+    executor.remove_node(node)
+    node.destroy_node()
+
+
+def test_pipeline_mode_finishes_without_new_frames_and_matches_ar(pipeline_node, reference):
+    node, probe = pipeline_node
+    _, frames, expected, _ = reference
+    assert node._engine.config.mode == 'pipeline'
+    # One frame and then silence: its in-flight request must still finish (S6).
+    twist = _send_and_get_twist(probe, probe.raw_image(frames[0]))
+    np.testing.assert_allclose(twist_values(twist), expected_twist(expected['rgb'][0]),
+                               rtol=1e-12)
+    # A quick stream: every answered frame carries its own AR action (S2), the newest is
+    # answered.
+    stream = []
+    start = len(probe.twists.snapshot())
+    for i in (1, 2, 0):
+        stream.append((probe.raw_image(frames[i]), expected['rgb'][i]))
+        probe.image_pub.publish(stream[-1][0])
+        time.sleep(0.03)
+    last = stream[-1][0]
+    probe.send(last, lambda: probe.twists.find(lambda m: m.header.stamp == last.header.stamp,
+                                               start))
+    by_stamp = {stamp_s(image.header.stamp): action for image, action in stream}
+    answered = [m for _, m in probe.twists.snapshot()[start:]
+                if stamp_s(m.header.stamp) in by_stamp]
+    for m in answered:
+        np.testing.assert_allclose(twist_values(m), expected_twist(by_stamp[stamp_s(
+            m.header.stamp)]), rtol=1e-12)
+
+
+# ---- pure pieces of node.py -----------------------------------------------------------------
+
+def test_latest_frame_slot():
+    slot = LatestFrameSlot()
+    assert slot.take(0.0) is None
+    assert slot.put('a') is False
+    assert slot.put('b') is True           # 'a' dropped
+    assert slot.take(0.0) == 'b'
+    assert slot.take(0.01) is None
+    slot.put('c')
+    assert slot.clear() == 1 and slot.take(0.0) is None
+    got = []
+    thread = threading.Thread(target=lambda: got.append(slot.take(5.0)))
+    thread.start()
+    slot.put('d')
+    thread.join(5.0)
+    assert got == ['d']

@@ -1,0 +1,149 @@
+"""S3 / S4 / S5 through the engine (float64, CPU): speculative modes against the AR reference.
+
+Strict speculation (relax_threshold = 0) must reproduce the AR tokens for any tree shape, with a
+deliberately bad (random) draft head and with a perfect (oracle) one; the oracle must decide all
+action_dim tokens in one prefill + one verify. Relaxed acceptance keeps the drafted tokens.
+"""
+import numpy as np
+import pytest
+
+from vla_spec_ros.config import EngineConfig
+from vla_spec_ros.engine.drafter import OracleDrafter
+from vla_spec_ros.engine.engine import Engine
+from vla_spec_ros.engine.result import Frame
+from vla_spec_ros.models.draft import load_draft_for
+from vla_spec_ros.models.random_checkpoint import make_checkpoint
+
+INSTRUCTIONS = ('pick up the red cup', 'open the drawer', 'close it',
+                'push the blue block to the left of the table')
+
+
+@pytest.fixture(scope='module')
+def policy(tmp_path_factory):
+    from vla_spec_ros import VLAPolicy
+    folder = make_checkpoint('tiny', tmp_path_factory.mktemp('spec') / 'tiny', seed=1)
+    return VLAPolicy.from_pretrained(str(folder), dtype='float64')
+
+
+@pytest.fixture(scope='module')
+def frames_and_reference(policy):
+    rng = np.random.default_rng(11)
+    frames = [Frame(rng.integers(0, 256, (48, 64, 3), dtype=np.uint8),
+                    INSTRUCTIONS[i % len(INSTRUCTIONS)], 'bridge_orig', f'cam{i % 2}')
+              for i in range(50)]
+    reference = [policy.predict(f.image, f.instruction, f.unnorm_key).tokens for f in frames]
+    return frames, reference
+
+
+def run_stream(engine, frames):
+    """Saturating camera: offer a frame whenever none waits; collect results in emit order."""
+    pending, out = list(frames), []
+    while pending or engine.has_work():
+        if pending and not engine.has_waiting():
+            engine.submit(pending.pop(0))
+        for fin in engine.step():
+            assert fin.error is None, fin.error
+            out.append(fin)
+    return out
+
+
+def tokens_by_request(out):
+    """Tokens in request-id order, after checking each stream was emitted in submission
+    order (frames of different streams may finish in any order)."""
+    streams = {}
+    for fin in out:
+        streams.setdefault(fin.frame.stream_id, []).append(fin.request_id)
+    for ids in streams.values():
+        assert ids == sorted(ids)
+    return [fin.result.tokens for fin in sorted(out, key=lambda f: f.request_id)]
+
+
+def make_engine(policy, draft, **options):
+    cfg = EngineConfig(dtype='float64', **options)
+    runner = policy.engine.runner
+    if draft == 'random':
+        draft = load_draft_for(runner, cfg.replace(draft_path='random'), None)
+    return Engine(runner, policy.engine.norm_stats, cfg, draft=draft)
+
+
+@pytest.mark.parametrize('mode', ['spec', 'pipeline_spec'])
+@pytest.mark.parametrize('depth,top_k,max_nodes', [(1, 1, 2), (2, 8, 20), (5, 3, 12),
+                                                   (4, 8, 50)])
+def test_strict_speculation_with_random_draft_equals_ar(policy, frames_and_reference, mode,
+                                                        depth, top_k, max_nodes):
+    frames, reference = frames_and_reference
+    count = 50 if (depth, top_k) == (4, 8) else 16
+    engine = make_engine(policy, 'random', mode=mode, tree_depth=depth, tree_top_k=top_k,
+                         tree_max_nodes=max_nodes)
+    out = run_stream(engine, frames[:count])
+    assert tokens_by_request(out) == reference[:count]      # S3 tokens, S5 per-stream order
+
+
+@pytest.mark.parametrize('mode', ['spec', 'pipeline_spec'])
+def test_oracle_draft_decides_whole_action_in_prefill_plus_one_verify(policy,
+                                                                      frames_and_reference,
+                                                                      mode):
+    frames, reference = frames_and_reference
+    action_dim = policy.model_config.action_dim
+    oracle = OracleDrafter(lambda rid: reference[rid], action_dim)
+    engine = make_engine(policy, oracle, mode=mode, tree_depth=action_dim - 1, tree_top_k=1,
+                         tree_max_nodes=action_dim)
+    out = run_stream(engine, frames)
+    assert tokens_by_request(out) == reference
+    for fin in out:
+        assert fin.result.stats['forward_passes'] == 2
+        assert fin.result.stats['accepted_lengths'] == [1, action_dim - 1]
+
+
+def test_partially_wrong_oracle_still_gives_ar_tokens(policy, frames_and_reference):
+    frames, reference = frames_and_reference
+    oracle = OracleDrafter(lambda rid: reference[rid], 7, error_rate=0.5, seed=3)
+    engine = make_engine(policy, oracle, mode='pipeline_spec', tree_depth=5, tree_top_k=1,
+                         tree_max_nodes=6)
+    out = run_stream(engine, frames[:20])
+    assert tokens_by_request(out) == reference[:20]
+    lengths = [n for f in out for n in f.result.stats['accepted_lengths'][1:]]
+    assert 1 < np.mean(lengths) < 6     # some drafts rejected, some accepted
+
+
+def test_relaxed_acceptance_keeps_drafted_tokens(policy):
+    """With action-only argmax and r = 255 (every action bin is "close"), drafts one bin off
+    the reference are all accepted and kept as drafted; at r = 0 the same drafts are rejected
+    and the AR tokens come out."""
+    rng = np.random.default_rng(2)
+    frames = [Frame(rng.integers(0, 256, (48, 48, 3), dtype=np.uint8), 'open the drawer',
+                    'libero_goal') for _ in range(6)]
+    ar = make_engine(policy, None, mode='ar', restrict_to_action_tokens=True)
+    reference = [f.result.tokens for f in run_stream(ar, frames)]
+    at = policy.engine.runner.action_tokenizer
+    for r, expect_relaxed in ((0, False), (255, True)):
+        oracle = OracleDrafter(lambda rid: reference[rid], 7, error_rate=1.0)
+        engine = make_engine(policy, oracle, mode='spec', relax_threshold=r, tree_depth=6,
+                             tree_top_k=1, tree_max_nodes=7, restrict_to_action_tokens=True)
+        out = run_stream(engine, frames)
+        for fin, ref in zip(out, reference):
+            tokens = fin.result.tokens
+            assert tokens[0] == ref[0]          # the prefill token is the verifier's own
+            if expect_relaxed:
+                assert fin.result.stats['forward_passes'] == 2
+                # drafted tokens are the reference's neighbours (one bin off) and are kept
+                assert all(abs(at.token_to_bin(t) - at.token_to_bin(u)) == 1
+                           for t, u in zip(tokens[1:6], ref[1:6]))
+                assert tokens[1:6] != ref[1:6]
+            else:
+                assert tokens == ref
+
+
+def test_tunables_change_between_frames(policy, frames_and_reference):
+    frames, reference = frames_and_reference
+    engine = make_engine(policy, 'random', mode='pipeline_spec', tree_max_nodes=20)
+    first = run_stream(engine, frames[:3])
+    engine.set_tunables(tree_depth=2, tree_top_k=2, tree_max_nodes=5, relax_threshold=0)
+    second = run_stream(engine, frames[3:6])
+    assert tokens_by_request(first) + tokens_by_request(second) == reference[:6]
+    with pytest.raises(ValueError, match='tree_max_nodes'):
+        engine.set_tunables(tree_max_nodes=40)      # more than the scratch reserved at load
+    with pytest.raises(ValueError, match='relax_threshold'):
+        engine.set_tunables(relax_threshold=-1)
+    with pytest.raises(ValueError, match='cannot change at run time'):
+        engine.set_tunables(device='cuda')

@@ -1,0 +1,180 @@
+"""From an ActionResult to what the node publishes, and the safety decisions (DESIGN.md S7).
+
+Pure Python + numpy, no rclpy: every rule here is unit-tested on its own.
+
+Action convention (OpenVLA, reference/openvla.md): a 7-vector of end-effector deltas over one
+control step, dx, dy, dz (m), droll, dpitch, dyaw (rad), then the gripper (1 open, 0 closed).
+Twist (REP-103, SI units): velocity = delta / control_period * scale; then each of the linear
+and angular parts is clamped by its norm to the configured limit, which keeps the direction of
+motion (MoveIt Servo caps speed_units commands the same way).
+
+Safety: disabled, an engine error, an invalid action (non-action token, NaN / Inf), a stale
+observation, or a stamp from the future give a zero twist and *hold* the gripper (no gripper
+command is sent, so a forward command controller keeps its last position); the reason string
+goes to the log and /diagnostics.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from vla_spec_ros.ros.params import NodeSettings
+
+ACTION_DIM = 7
+
+# Reason prefixes; diagnostics and the halt logic group holds by these.
+REASON_DISABLED = 'disabled'
+REASON_NO_IMAGE = 'no image received'
+REASON_NO_INSTRUCTION = 'no instruction'
+REASON_STALE = 'stale observation'
+REASON_FUTURE = 'observation from the future'
+REASON_ENGINE_ERROR = 'engine error'
+REASON_INVALID = 'invalid action'
+REASON_NON_FINITE = 'non-finite action'
+REASON_BAD_INPUT = 'bad input'
+
+# Holds caused by a failure (diagnostics level ERROR) rather than by a state (WARN).
+FAILURE_REASONS = (REASON_ENGINE_ERROR, REASON_INVALID, REASON_NON_FINITE, REASON_BAD_INPUT)
+
+ZERO3 = (0.0, 0.0, 0.0)
+
+
+@dataclass(frozen=True)
+class Command:
+    """One output of the node: a twist, a gripper command, the raw action, or a hold."""
+
+    linear: tuple           # (3,) m/s
+    angular: tuple          # (3,) rad/s
+    gripper: float | None   # controller position; None = hold (send nothing)
+    action: tuple | None    # (7,) the un-normalized action it came from; None on hold
+    hold_reason: str | None = None
+
+    @property
+    def is_hold(self) -> bool:
+        return self.hold_reason is not None
+
+
+def zero_command(reason: str) -> Command:
+    """Zero twist, gripper held, with the reason."""
+    if not reason:
+        raise ValueError('reason: a hold needs a reason')
+    return Command(ZERO3, ZERO3, None, None, reason)
+
+
+def reason_kind(reason: str | None) -> str | None:
+    """'stale observation: age 0.7 s > ...' -> 'stale observation'."""
+    return None if reason is None else reason.split(':', 1)[0]
+
+
+def clamp_norm(vector: np.ndarray, max_norm: float) -> np.ndarray:
+    """(3,) -> (3,) scaled down so that its Euclidean norm is <= max_norm."""
+    norm = float(np.linalg.norm(vector))
+    if norm <= max_norm or norm == 0.0:
+        return vector
+    return vector * (max_norm / norm)
+
+
+def velocities_from_action(action: np.ndarray, settings: NodeSettings) -> tuple[tuple, tuple]:
+    """(7,) delta action -> (linear (3,), angular (3,)) velocities, scaled and clamped."""
+    action = np.asarray(action, dtype=np.float64)
+    linear = action[0:3] / settings.control_period * settings.linear_scale
+    angular = action[3:6] / settings.control_period * settings.angular_scale
+    linear = clamp_norm(linear, settings.max_linear_speed)
+    angular = clamp_norm(angular, settings.max_angular_speed)
+    return tuple(float(v) for v in linear), tuple(float(v) for v in angular)
+
+
+def gripper_position(value: float, settings: NodeSettings) -> float:
+    """Model gripper value (1 open, 0 closed) -> controller position.
+
+    Order: invert (1 - value), then either binarize at the threshold (value >= threshold is
+    open) or clip to [0, 1], then interpolate closed -> open position.
+    """
+    value = float(value)
+    if settings.gripper_invert:
+        value = 1.0 - value
+    if settings.gripper_binarize:
+        openness = 1.0 if value >= settings.gripper_threshold else 0.0
+    else:
+        openness = min(max(value, 0.0), 1.0)
+    closed, opened = settings.gripper_closed_position, settings.gripper_open_position
+    return closed + openness * (opened - closed)
+
+
+def command_from_action(action: np.ndarray, settings: NodeSettings) -> Command:
+    """A finite (7,) action -> the command to publish (no safety checks; see decide_command)."""
+    action = np.asarray(action, dtype=np.float64)
+    if action.shape != (ACTION_DIM,):
+        raise ValueError(f'action: expected shape ({ACTION_DIM},), got {action.shape}')
+    linear, angular = velocities_from_action(action, settings)
+    return Command(linear, angular, gripper_position(action[6], settings),
+                   tuple(float(v) for v in action))
+
+
+def observation_age(now_s: float, stamp_s: float, receipt_s: float,
+                    settings: NodeSettings) -> float:
+    """Seconds since the observation, from its header stamp or its receipt (stamp_source).
+
+    A zero header stamp (driver that does not stamp) falls back to the receipt time.
+    """
+    if settings.stamp_source == 'header' and stamp_s > 0.0:
+        return now_s - stamp_s
+    return now_s - receipt_s
+
+
+def freshness_reason(age_s: float | None, settings: NodeSettings) -> str | None:
+    """None when an observation of this age may be acted on, else why not."""
+    if age_s is None:
+        return REASON_NO_IMAGE
+    if age_s > settings.max_action_age:
+        return (f'{REASON_STALE}: age {age_s:.3f} s > max_action_age '
+                f'{settings.max_action_age:.3f} s')
+    # A stamp far in the future means the camera's clock is not the node's (sim time vs wall
+    # time); acting on such frames would defeat the age check, so they are held too.
+    if age_s < -settings.max_action_age:
+        return (f'{REASON_FUTURE}: stamp {-age_s:.3f} s ahead of the node clock '
+                '(clock mismatch? check use_sim_time)')
+    return None
+
+
+def hold_reason_now(is_enabled: bool, age_s: float | None, settings: NodeSettings) -> str | None:
+    """What the watchdog holds for when no action is due: disabled or no fresh image."""
+    if not is_enabled:
+        return REASON_DISABLED
+    return freshness_reason(age_s, settings)
+
+
+def decide_command(result, *, error: str | None, is_enabled: bool, age_s: float | None,
+                   settings: NodeSettings) -> Command:
+    """The safety decision for one finished frame (S7), in order of precedence.
+
+    `result`: an ActionResult (or None when `error` is set); `age_s`: its observation's age
+    at publish time.
+    """
+    if not is_enabled:
+        return zero_command(REASON_DISABLED)
+    if error is not None or result is None:
+        return zero_command(f'{REASON_ENGINE_ERROR}: {error or "no result"}')
+    if not result.is_valid:
+        return zero_command(f'{REASON_INVALID}: {result.invalid_reason or "unspecified"}')
+    action = np.asarray(result.action, dtype=np.float64)
+    if action.shape != (ACTION_DIM,):
+        return zero_command(f'{REASON_INVALID}: action has shape {action.shape}, '
+                            f'expected ({ACTION_DIM},)')
+    if not np.all(np.isfinite(action)):
+        return zero_command(f'{REASON_NON_FINITE}: {np.array2string(action, precision=4)}')
+    stale = freshness_reason(age_s, settings)
+    if stale is not None:
+        return zero_command(stale)
+    command = command_from_action(action, settings)
+    values = command.linear + command.angular + (command.gripper,)
+    if not all(math.isfinite(v) for v in values):
+        return zero_command(f'{REASON_NON_FINITE}: command overflowed')
+    return command
+
+
+__all__ = ['Command', 'zero_command', 'reason_kind', 'clamp_norm', 'velocities_from_action',
+           'gripper_position', 'command_from_action', 'observation_age', 'freshness_reason',
+           'hold_reason_now', 'decide_command', 'FAILURE_REASONS', 'ACTION_DIM']

@@ -1,0 +1,199 @@
+"""sensor_msgs Image / CompressedImage <-> numpy RGB arrays.
+
+The model takes an (H, W, 3) uint8 RGB image (DESIGN.md §4). Camera drivers publish many
+layouts; this file turns the common ones into that array and back (the back direction serves
+tests and the simulator bridge).
+
+Conventions followed (reference/ros2.md §4, sensor_msgs/msg/Image.msg):
+- `step` is the row length in bytes and may exceed `width * channels * bytes_per_channel`
+  (drivers pad rows for alignment); `data` holds `step * height` bytes. Padding is skipped.
+- `is_bigendian` gives the byte order of multi-byte channels (the 16-bit encodings here); it
+  has no meaning for 8-bit encodings.
+- CompressedImage is decoded with OpenCV (`cv2.imdecode`, BGR/BGRA/gray out), as cv_bridge's
+  `compressed_imgmsg_to_cv2` does; the `format` string is informational only.
+- 16-bit images are scaled to 8 bits by round(v / 257), which maps 0..65535 onto 0..255 as
+  OpenCV's `convertTo(CV_8U, 255 / 65535)` does.
+
+cv_bridge (vision_opencv) is used for the 8-bit encodings when it is importable; the numpy path
+below is the fallback and is what the tests pin down against hand-built arrays.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+try:  # cv2 ships with opencv-python-headless (a declared dependency) but keep imports cheap
+    import cv2
+except ImportError:  # pragma: no cover - install_requires has it
+    cv2 = None
+
+try:
+    from cv_bridge import CvBridge
+except ImportError:  # not installable from PyPI; the numpy path below is the fallback
+    CvBridge = None
+
+# encoding -> (channels, bytes per channel, channel order as indices that give R, G, B)
+_LAYOUTS = {
+    'rgb8': (3, 1, (0, 1, 2)),
+    'bgr8': (3, 1, (2, 1, 0)),
+    'rgba8': (4, 1, (0, 1, 2)),
+    'bgra8': (4, 1, (2, 1, 0)),
+    'mono8': (1, 1, (0, 0, 0)),
+    'rgb16': (3, 2, (0, 1, 2)),
+    'bgr16': (3, 2, (2, 1, 0)),
+    'rgba16': (4, 2, (0, 1, 2)),
+    'bgra16': (4, 2, (2, 1, 0)),
+    'mono16': (1, 2, (0, 0, 0)),
+}
+SUPPORTED_ENCODINGS = tuple(_LAYOUTS)
+_CV_BRIDGE_ENCODINGS = ('rgb8', 'bgr8', 'rgba8', 'bgra8', 'mono8')
+
+_bridge = None
+
+
+def _to_uint8(values: np.ndarray) -> np.ndarray:
+    if values.dtype == np.uint8:
+        return values
+    return np.rint(values.astype(np.float64) / 257.0).astype(np.uint8)
+
+
+def image_to_rgb(msg, use_cv_bridge: bool | None = None) -> np.ndarray:
+    """sensor_msgs/Image -> (H, W, 3) uint8 RGB, a fresh C-contiguous array.
+
+    `use_cv_bridge`: None uses cv_bridge when importable (8-bit encodings only), False forces
+    the numpy path. Raises ValueError naming the field on an unsupported encoding or a buffer
+    that does not match height / width / step.
+    """
+    encoding = str(msg.encoding).lower()
+    if encoding not in _LAYOUTS:
+        raise ValueError(f'encoding: {msg.encoding!r} is not supported; '
+                         f'supported: {", ".join(SUPPORTED_ENCODINGS)}')
+    if use_cv_bridge is None:
+        use_cv_bridge = CvBridge is not None
+    if use_cv_bridge and CvBridge is not None and encoding in _CV_BRIDGE_ENCODINGS:
+        global _bridge
+        if _bridge is None:
+            _bridge = CvBridge()
+        return np.ascontiguousarray(_bridge.imgmsg_to_cv2(msg, desired_encoding='rgb8'))
+    return _image_to_rgb_numpy(msg, encoding)
+
+
+def _image_to_rgb_numpy(msg, encoding: str) -> np.ndarray:
+    channels, depth, order = _LAYOUTS[encoding]
+    height, width, step = int(msg.height), int(msg.width), int(msg.step)
+    if height <= 0 or width <= 0:
+        raise ValueError(f'height/width: image is {height}x{width}')
+    row_bytes = width * channels * depth
+    if step < row_bytes:
+        raise ValueError(f'step: {step} bytes per row is less than width * channels * '
+                         f'bytes = {row_bytes} for {encoding}')
+    data = np.frombuffer(msg.data, dtype=np.uint8)
+    if data.size < step * height:
+        raise ValueError(f'data: {data.size} bytes, expected step * height = {step * height}')
+    # (H, step) bytes -> drop row padding -> (H, W * C * depth)
+    rows = data[:step * height].reshape(height, step)[:, :row_bytes]
+    if depth == 2:
+        dtype = np.dtype('>u2') if msg.is_bigendian else np.dtype('<u2')
+        pixels = np.ascontiguousarray(rows).view(dtype).reshape(height, width, channels)
+    else:
+        pixels = rows.reshape(height, width, channels)
+    rgb = pixels[:, :, list(order)]                      # (H, W, 3), fancy index copies
+    return np.ascontiguousarray(_to_uint8(rgb))
+
+
+def compressed_to_rgb(msg) -> np.ndarray:
+    """sensor_msgs/CompressedImage (JPEG, PNG, anything cv2.imdecode reads) -> (H, W, 3) RGB."""
+    if cv2 is None:  # pragma: no cover
+        raise RuntimeError('decoding CompressedImage needs opencv-python-headless')
+    buffer = np.frombuffer(msg.data, dtype=np.uint8)
+    if buffer.size == 0:
+        raise ValueError('data: empty CompressedImage')
+    decoded = cv2.imdecode(buffer, cv2.IMREAD_UNCHANGED)
+    if decoded is None:
+        raise ValueError(f'data: OpenCV could not decode the image (format {msg.format!r})')
+    decoded = _to_uint8(decoded)
+    if decoded.ndim == 2:
+        rgb = cv2.cvtColor(decoded, cv2.COLOR_GRAY2RGB)
+    elif decoded.shape[2] == 4:
+        rgb = cv2.cvtColor(decoded, cv2.COLOR_BGRA2RGB)
+    elif decoded.shape[2] == 3:
+        rgb = cv2.cvtColor(decoded, cv2.COLOR_BGR2RGB)
+    else:
+        raise ValueError(f'data: decoded image has {decoded.shape[2]} channels')
+    return np.ascontiguousarray(rgb)
+
+
+def array_to_image(array: np.ndarray, encoding: str = 'rgb8', *, stamp=None,
+                   frame_id: str = '', row_padding: int = 0, is_bigendian: bool = False):
+    """Array already in `encoding`'s channel layout -> sensor_msgs/Image.
+
+    `array`: (H, W, C) or (H, W) for mono, uint8 for *8 and uint16 for *16 encodings.
+    `row_padding` extra bytes are appended to every row (they are set to 0xAB so a reader
+    that ignores `step` visibly reads garbage).
+    """
+    from sensor_msgs.msg import Image
+
+    encoding = encoding.lower()
+    if encoding not in _LAYOUTS:
+        raise ValueError(f'encoding: {encoding!r} is not supported')
+    channels, depth, _ = _LAYOUTS[encoding]
+    array = np.asarray(array)
+    if array.ndim == 2:
+        array = array[:, :, None]
+    if array.ndim != 3 or array.shape[2] != channels:
+        raise ValueError(f'array: shape {array.shape} does not fit {encoding} '
+                         f'({channels} channels)')
+    expected = np.uint8 if depth == 1 else np.uint16
+    if array.dtype != expected:
+        raise ValueError(f'array: dtype {array.dtype}, {encoding} needs {np.dtype(expected)}')
+    if row_padding < 0:
+        raise ValueError('row_padding: must be >= 0')
+    height, width = array.shape[:2]
+    if depth == 2:
+        array = array.astype('>u2' if is_bigendian else '<u2')
+    row = np.ascontiguousarray(array).view(np.uint8).reshape(height, width * channels * depth)
+    if row_padding:
+        pad = np.full((height, row_padding), 0xAB, dtype=np.uint8)
+        row = np.concatenate([row, pad], axis=1)
+    msg = Image()
+    if stamp is not None:
+        msg.header.stamp = stamp
+    msg.header.frame_id = frame_id
+    msg.height, msg.width = int(height), int(width)
+    msg.encoding = encoding
+    msg.is_bigendian = int(bool(is_bigendian) and depth == 2)
+    msg.step = int(row.shape[1])
+    msg.data = np.ascontiguousarray(row).tobytes()
+    return msg
+
+
+def rgb_to_image(rgb: np.ndarray, *, stamp=None, frame_id: str = ''):
+    """(H, W, 3) uint8 RGB -> sensor_msgs/Image rgb8 (no padding)."""
+    return array_to_image(rgb, 'rgb8', stamp=stamp, frame_id=frame_id)
+
+
+def rgb_to_compressed(rgb: np.ndarray, image_format: str = 'png', *, quality: int = 95,
+                      stamp=None, frame_id: str = ''):
+    """(H, W, 3) uint8 RGB -> sensor_msgs/CompressedImage ('png' lossless or 'jpeg')."""
+    from sensor_msgs.msg import CompressedImage
+
+    if image_format not in ('png', 'jpeg'):
+        raise ValueError(f'image_format: {image_format!r} not in png/jpeg')
+    rgb = np.asarray(rgb)
+    if rgb.ndim != 3 or rgb.shape[2] != 3 or rgb.dtype != np.uint8:
+        raise ValueError(f'rgb: expected (H, W, 3) uint8, got {rgb.shape} {rgb.dtype}')
+    params = [int(cv2.IMWRITE_JPEG_QUALITY), int(quality)] if image_format == 'jpeg' else []
+    is_ok, encoded = cv2.imencode('.' + ('jpg' if image_format == 'jpeg' else 'png'),
+                                  cv2.cvtColor(rgb, cv2.COLOR_RGB2BGR), params)
+    if not is_ok:  # pragma: no cover
+        raise ValueError('rgb: OpenCV could not encode the image')
+    msg = CompressedImage()
+    if stamp is not None:
+        msg.header.stamp = stamp
+    msg.header.frame_id = frame_id
+    msg.format = f'rgb8; {image_format} compressed bgr8'
+    msg.data = encoded.tobytes()
+    return msg
+
+
+__all__ = ['SUPPORTED_ENCODINGS', 'image_to_rgb', 'compressed_to_rgb', 'array_to_image',
+           'rgb_to_image', 'rgb_to_compressed']

@@ -1,0 +1,142 @@
+"""Runtime counters of the node and their /diagnostics message.
+
+`InferenceStats` is thread-safe plain Python (the worker thread and the executor both write
+it) and is unit-tested without rclpy. `diagnostic_status` turns a snapshot into a
+diagnostic_msgs/DiagnosticStatus (the layout diagnostic_updater would publish: name, level,
+message, hardware_id, key/value pairs), imported lazily.
+"""
+from __future__ import annotations
+
+import math
+import threading
+from collections import deque
+
+from vla_spec_ros.ros.command import FAILURE_REASONS, reason_kind
+
+OK, WARN, ERROR = 0, 1, 2          # diagnostic_msgs/DiagnosticStatus levels
+
+
+def percentile(values, q: float) -> float:
+    """Nearest-rank percentile (q in [0, 100]) of a non-empty sequence."""
+    if not values:
+        raise ValueError('values: empty')
+    if not 0.0 <= q <= 100.0:
+        raise ValueError('q: must be in [0, 100]')
+    ordered = sorted(values)
+    rank = max(1, math.ceil(q / 100.0 * len(ordered)))
+    return ordered[rank - 1]
+
+
+class InferenceStats:
+    """Counts frames, drops, stale results and holds; windows latency / rate / acceptance."""
+
+    def __init__(self, window_s: float = 10.0, max_samples: int = 1000):
+        if window_s <= 0:
+            raise ValueError('window_s: must be > 0')
+        self._lock = threading.Lock()
+        self._window_s = window_s
+        self._publish_times: deque = deque(maxlen=max_samples)   # monotonic seconds
+        self._latencies: deque = deque(maxlen=max_samples)       # seconds
+        self._accepted: deque = deque(maxlen=max_samples)        # tokens per verify step
+        self.num_frames_received = 0
+        self.num_frames_dropped = 0
+        self.num_frames_stale = 0
+        self.num_frames_submitted = 0
+        self.num_actions_published = 0
+        self.num_holds = 0
+        self.num_errors = 0
+        self.hold_reason: str | None = None
+        self.last_error = ''
+
+    def record_received(self) -> None:
+        with self._lock:
+            self.num_frames_received += 1
+
+    def record_dropped(self, count: int = 1) -> None:
+        with self._lock:
+            self.num_frames_dropped += count
+
+    def record_submitted(self) -> None:
+        with self._lock:
+            self.num_frames_submitted += 1
+
+    def record_action(self, now_s: float, latency_s: float, accepted_lengths=()) -> None:
+        with self._lock:
+            self.num_actions_published += 1
+            self._publish_times.append(now_s)
+            self._latencies.append(latency_s)
+            self._accepted.extend(float(a) for a in accepted_lengths)
+            self.hold_reason = None
+
+    def record_hold(self, reason: str, *, is_stale_result: bool = False) -> None:
+        with self._lock:
+            self.num_holds += 1
+            self.hold_reason = reason
+            if is_stale_result:
+                self.num_frames_stale += 1
+            if reason_kind(reason) in FAILURE_REASONS:
+                self.num_errors += 1
+                self.last_error = reason
+
+    def set_hold_reason(self, reason: str | None) -> None:
+        with self._lock:
+            self.hold_reason = reason
+
+    def snapshot(self, now_s: float) -> dict:
+        """Counters plus windowed rates; latencies in ms. Window = the last `window_s`."""
+        with self._lock:
+            recent = [t for t in self._publish_times if now_s - t <= self._window_s]
+            latencies = list(self._latencies)
+            accepted = list(self._accepted)
+            snap = {
+                'frames_received': self.num_frames_received,
+                'frames_submitted': self.num_frames_submitted,
+                'frames_dropped': self.num_frames_dropped,
+                'frames_stale': self.num_frames_stale,
+                'actions_published': self.num_actions_published,
+                'holds': self.num_holds,
+                'errors': self.num_errors,
+                'hold_reason': self.hold_reason or '',
+                'last_error': self.last_error,
+            }
+        # Rate over the span the window's publications cover (count - 1 intervals).
+        if len(recent) >= 2 and recent[-1] > recent[0]:
+            snap['action_rate_hz'] = (len(recent) - 1) / (recent[-1] - recent[0])
+        else:
+            snap['action_rate_hz'] = 0.0
+        snap['latency_p50_ms'] = 1e3 * percentile(latencies, 50) if latencies else float('nan')
+        snap['latency_p99_ms'] = 1e3 * percentile(latencies, 99) if latencies else float('nan')
+        snap['acceptance_length'] = sum(accepted) / len(accepted) if accepted else float('nan')
+        return snap
+
+
+def level_for(snapshot: dict) -> int:
+    kind = reason_kind(snapshot['hold_reason'] or None)
+    if kind is None:
+        return OK
+    return ERROR if kind in FAILURE_REASONS else WARN
+
+
+def diagnostic_status(snapshot: dict, *, name: str, hardware_id: str, mode: str,
+                      is_enabled: bool):
+    """Snapshot -> diagnostic_msgs/DiagnosticStatus."""
+    from diagnostic_msgs.msg import DiagnosticStatus, KeyValue
+
+    status = DiagnosticStatus()
+    status.level = bytes([level_for(snapshot)])
+    status.name = name
+    status.hardware_id = hardware_id
+    status.message = snapshot['hold_reason'] or 'publishing actions'
+    values = dict(snapshot, mode=mode, enabled=is_enabled)
+    status.values = [KeyValue(key=k, value=_format(v)) for k, v in values.items()]
+    return status
+
+
+def _format(value) -> str:
+    if isinstance(value, float):
+        return 'nan' if math.isnan(value) else f'{value:.3f}'
+    return str(value).lower() if isinstance(value, bool) else str(value)
+
+
+__all__ = ['InferenceStats', 'percentile', 'level_for', 'diagnostic_status', 'OK', 'WARN',
+           'ERROR']
