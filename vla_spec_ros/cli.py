@@ -3,6 +3,7 @@ commands once their dependencies are installed)."""
 from __future__ import annotations
 
 import argparse
+import json
 import shlex
 import sys
 
@@ -52,8 +53,8 @@ def cmd_predict(args) -> int:
         print(f'    normalized {np.round(result.normalized, 4).tolist()}')
         print(f'    action     {np.round(result.action, 5).tolist()} '
               f'(unnorm_key {s["unnorm_key"]})')
-        print(f'    valid {result.is_valid}' + ('' if result.is_valid
-                                                 else f' ({result.invalid_reason})'))
+        reason = '' if result.is_valid else f' ({result.invalid_reason})'
+        print(f'    valid {result.is_valid}{reason}')
         print(f'    mode {s["mode"]}, {s["forward_passes"]} verifier forwards, '
               f'latency {s["latency_s"] * 1e3:.1f} ms')
     return 0
@@ -69,6 +70,19 @@ def cmd_bench(args) -> int:
     rows = run_bench(args.model or args.preset, modes, args.frames, args.warmup, args.device,
                      args.dtype, args.seed, args.draft_path, args.streams, args.out, command)
     print(format_table(rows))
+    return 0
+
+
+def cmd_collect_demos(args) -> int:
+    from .sim.demos import collect_demos
+    from .sim.metaworld_env import sim_unavailable_reason
+    reason = sim_unavailable_reason()
+    if reason is not None:
+        raise ValueError(f'the simulator is unavailable: {reason}')
+    tasks = [t.strip() for t in args.tasks.split(',') if t.strip()]
+    manifest = collect_demos(args.out, tasks, args.episodes_per_task, args.image_size,
+                             args.seed, args.max_steps, True, args.camera)
+    print(json.dumps(manifest, indent=2))
     return 0
 
 
@@ -111,6 +125,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument('--out', default=None, help='write JSON + markdown results here')
     _add_engine_args(p)
     p.set_defaults(func=cmd_bench)
+
+    p = sub.add_parser('collect-demos', help='scripted Meta-World demonstrations with images, '
+                       'instructions, 7-dim actions and norm_stats')
+    p.add_argument('--out', required=True)
+    p.add_argument('--tasks', default='button-press-topdown,drawer-open,drawer-close,'
+                   'window-open,window-close,handle-press')
+    p.add_argument('--episodes-per-task', type=int, default=100)
+    p.add_argument('--image-size', type=int, default=64)
+    p.add_argument('--max-steps', type=int, default=150)
+    p.add_argument('--camera', default='corner4')
+    p.add_argument('--seed', type=int, default=0)
+    p.set_defaults(func=cmd_collect_demos)
 
     try:
         from .train import train_draft

@@ -285,8 +285,9 @@ def save_model(model: OpenVLA, cfg: VLAConfig, folder: str | os.PathLike, norm_s
     for key, shape in unused_vision_keys(cfg).items():
         state[key] = (torch.randn(shape, generator=gen) * 0.02).to(dtype)
     dtype_name = str(dtype).replace('torch.', '')
-    for stale in list(folder.glob('model*.safetensors')) + [folder / 'model.safetensors.index'
-                                                             '.json']:
+    stale_files = list(folder.glob('model*.safetensors'))
+    stale_files.append(folder / 'model.safetensors.index.json')
+    for stale in stale_files:
         if stale.exists():
             stale.unlink()
     if max_shard_bytes is None:

@@ -219,7 +219,7 @@ def save_draft(head: EagleDraftHead, folder: str | os.PathLike) -> Path:
     return folder
 
 
-def _check_embed_key(folder: Path, mapping: dict[str, Path], verifier_cfg: LlamaConfig) -> None:
+def _check_embed_key(mapping: dict[str, Path], verifier_cfg: LlamaConfig) -> None:
     """A checkpoint's own embedding is unused, but must fit the verifier it is loaded onto.
 
     Its row count may be below the verifier's vocab (Spec-VLA ships a 32000-row embedding for
@@ -267,7 +267,7 @@ def load_draft(folder: str | os.PathLike, verifier_model, dtype: torch.dtype | N
     mapping = weight_files(folder)
     allowed_unused = {k for k in mapping if k == EMBED_KEY or k.endswith(_ROTARY_SUFFIX)}
     if EMBED_KEY in mapping:
-        _check_embed_key(folder, mapping, lm.cfg)
+        _check_embed_key(mapping, lm.cfg)
     state = load_state_dict(folder, expected, allowed_unused, dtype, device)
     head.load_state_dict(state, strict=True, assign=True)
     return head.eval()

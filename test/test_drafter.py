@@ -1,0 +1,235 @@
+"""Drafters: the EAGLE tree against a brute-force recomputation, stable-KV consistency across
+rounds, and the oracle.
+
+Brute force: every tree candidate's draft output is recomputed by a plain sequential draft
+forward along its root path (one token per forward, slot == position, causal masks only), so
+the drafter's tree mask, positions and scratch slots are checked independently.
+"""
+import numpy as np
+import pytest
+import torch
+
+from vla_spec_ros import VLAPolicy
+from vla_spec_ros.config import EngineConfig
+from vla_spec_ros.engine.ar import causal_batch, decode_ar
+from vla_spec_ros.engine.draft_tree import build_dynamic_tree
+from vla_spec_ros.engine.drafter import EagleDrafter, OracleDrafter
+from vla_spec_ros.engine.result import Frame
+from vla_spec_ros.models.draft import new_draft_head
+from vla_spec_ros.models.random_checkpoint import make_checkpoint
+
+
+@pytest.fixture(scope='module', autouse=True)
+def one_thread():
+    """Tiny matrices: one thread avoids OpenMP contention on shared CPUs (several x faster)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope='module')
+def runner(tmp_path_factory):
+    folder = make_checkpoint('tiny', tmp_path_factory.mktemp('ckpt') / 'tiny', seed=0)
+    return VLAPolicy.from_pretrained(str(folder), dtype='float64').engine.runner
+
+
+@pytest.fixture(scope='module')
+def head(runner):
+    return new_draft_head(runner.model, seed=5)
+
+
+@pytest.fixture(scope='module')
+def context(runner):
+    """A real prompt: prefix embeddings, AR tokens and the verifier features along them."""
+    image = np.random.default_rng(1).integers(0, 256, (60, 80, 3), dtype=np.uint8)
+    prompt = runner.prepare_prompt(Frame(image, 'open the top drawer'),
+                                   EngineConfig(dtype='float64'))
+    embeds = prompt.embeds
+    tokens, _ = decode_ar(runner, embeds, runner.action_dim)
+    # One causal forward over prefix + a1..a6: rows are f_0..f_{L+5}.
+    full = torch.cat([embeds, runner.embed_tokens(torch.tensor(tokens[:-1]))])
+    features = runner.forward(full, causal_batch(0, full.shape[0], runner.device),
+                              runner.new_cache(full.shape[0]))
+    return embeds, features, tokens
+
+
+@torch.no_grad()
+def sequential_outputs(head, embeds, features, root, path_tokens):
+    """Draft outputs at the root and along ``path_tokens`` (tokens below the root)."""
+    length = embeds.shape[0]
+    cache = head.new_kv_cache(length + len(path_tokens) + 1)
+    root_embed = head.embed(torch.tensor([root]))
+    h = head(torch.cat([embeds[1:], root_embed]), features, causal_batch(0, length, 'cpu'),
+             cache)[-1:]
+    outputs = [h[0]]
+    for j, token in enumerate(path_tokens, start=1):
+        h = head(head.embed(torch.tensor([token])), h, causal_batch(length - 1 + j, 1, 'cpu'),
+                 cache)
+        outputs.append(h[0])
+    return outputs
+
+
+@torch.no_grad()
+def brute_force_tree(head, embeds, features, root, depth, top_k, max_nodes):
+    def expand(partial, frontier):
+        rows = []
+        for node in frontier:
+            path = [partial.tokens[n] for n in partial.path_to(node)[1:]]
+            h = sequential_outputs(head, embeds, features, root, path)[-1]
+            logp = torch.log_softmax(head.logits(h), -1)
+            values, ids = logp.topk(top_k)
+            rows.append([(int(i), min(float(v), 0.0)) for i, v in zip(ids, values)])
+        return rows
+    return build_dynamic_tree(root, expand, depth, top_k, max_nodes)
+
+
+def assert_same_tree(a, b):
+    assert a.tokens == b.tokens
+    assert a.parents == b.parents
+    assert a.depths == b.depths
+    assert a.scores == pytest.approx(b.scores, rel=1e-9, abs=1e-9)
+
+
+@pytest.mark.parametrize('depth, top_k, max_nodes', [(3, 2, 15), (4, 3, 12), (1, 4, 5),
+                                                     (5, 1, 6), (2, 8, 50)])
+def test_tree_matches_brute_force(runner, head, context, depth, top_k, max_nodes):
+    embeds, features, tokens = context
+    length = embeds.shape[0]
+    drafter = EagleDrafter(runner, head)
+    drafter.begin(0, embeds, features[:length], tokens[0])
+    tree = drafter.propose(0, depth, top_k, max_nodes)
+    expected = brute_force_tree(head, embeds, features[:length], tokens[0], depth, top_k,
+                                max_nodes)
+    assert_same_tree(tree, expected)
+    assert tree.num_nodes == min(max_nodes, 1 + top_k + (depth - 1) * top_k * top_k)
+    # One draft forward for the prefix, then one per expanded level after the first.
+    assert drafter.num_forward_passes == 1 + (depth - 1)
+    assert_same_tree(drafter.propose(0, depth, top_k, max_nodes), tree)   # scratch is scratch
+
+
+def test_advance_equals_fresh_begin(runner, head, context):
+    """Stable KV survives tree scratch: advancing equals beginning on the longer context."""
+    embeds, features, tokens = context
+    length = embeds.shape[0]
+    shape = (3, 3, 10)
+    incremental = EagleDrafter(runner, head)
+    incremental.begin(7, embeds, features[:length], tokens[0])
+    incremental.propose(7, *shape)
+    decided = 1
+    for accepted in (2, 0, 1):
+        path = tokens[decided - 1:decided + accepted]           # root + accepted drafts
+        bonus = tokens[decided + accepted]
+        path_features = features[length + decided - 1:length + decided + accepted]
+        incremental.advance(7, path, path_features, bonus)
+        decided += accepted + 1
+        tree = incremental.propose(7, *shape)
+
+        fresh = EagleDrafter(runner, head)
+        longer = torch.cat([embeds, runner.embed_tokens(torch.tensor(tokens[:decided - 1]))])
+        fresh.begin(0, longer, features[:length + decided - 1], tokens[decided - 1])
+        assert_same_tree(tree, fresh.propose(0, *shape))
+        assert_same_tree(tree, brute_force_tree(head, longer, features[:length + decided - 1],
+                                                tokens[decided - 1], *shape))
+
+
+def test_cache_grows_for_trees_larger_than_planned(runner, head, context):
+    embeds, features, tokens = context
+    length = embeds.shape[0]
+    small = EagleDrafter(runner, head, max_tree_nodes=1, slot_margin=0)
+    small.begin(0, embeds, features[:length], tokens[0])
+    planned = EagleDrafter(runner, head)
+    planned.begin(0, embeds, features[:length], tokens[0])
+    assert_same_tree(small.propose(0, 6, 8, 60), planned.propose(0, 6, 8, 60))
+    small.advance(0, tokens[:1], features[length:length + 1], tokens[1])
+    planned.advance(0, tokens[:1], features[length:length + 1], tokens[1])
+    assert_same_tree(small.propose(0, 4, 4, 20), planned.propose(0, 4, 4, 20))
+
+
+def test_released_caches_are_reused_without_leaking_state(runner, head, context):
+    embeds, features, tokens = context
+    length = embeds.shape[0]
+    drafter = EagleDrafter(runner, head)
+    drafter.begin(0, embeds, features[:length], tokens[0])
+    first = drafter.propose(0, 3, 3, 12)
+    drafter.advance(0, tokens[:2], features[length:length + 2], tokens[2])
+    drafter.release(0)
+    drafter.begin(1, embeds, features[:length], tokens[0])
+    assert_same_tree(drafter.propose(1, 3, 3, 12), first)
+
+
+def test_errors(runner, head, context):
+    embeds, features, tokens = context
+    length = embeds.shape[0]
+    drafter = EagleDrafter(runner, head)
+    with pytest.raises(ValueError, match='request_id'):
+        drafter.propose(0, 2, 2, 4)
+    with pytest.raises(ValueError, match='prefix_features'):
+        drafter.begin(0, embeds, features[:length - 1], tokens[0])
+    drafter.begin(0, embeds, features[:length], tokens[0])
+    with pytest.raises(ValueError, match='request_id'):
+        drafter.begin(0, embeds, features[:length], tokens[0])
+    with pytest.raises(ValueError, match='path_tokens'):
+        drafter.advance(0, [tokens[0] + 1], features[length:length + 1], tokens[1])
+    with pytest.raises(ValueError, match='path_features'):
+        drafter.advance(0, tokens[:2], features[length:length + 1], tokens[2])
+    with pytest.raises(ValueError, match='depth'):
+        drafter.propose(0, 0, 2, 4)
+    with pytest.raises(ValueError, match='top_k'):
+        drafter.propose(0, 2, 5000, 4)
+    with pytest.raises(ValueError, match='max_position_embeddings'):
+        drafter.propose(0, 600, 1, 4)
+    drafter.release(0)
+    drafter.release(0)                                      # idempotent
+    with pytest.raises(ValueError, match='request_id'):
+        drafter.propose(0, 2, 2, 4)
+
+
+# ---- oracle ---------------------------------------------------------------------------------
+
+REFERENCE = {3: [900, 901, 902, 903, 904, 905, 906], 4: [10, 20, 30, 40, 50, 60, 70]}
+
+
+def test_oracle_proposes_the_reference_after_the_root():
+    oracle = OracleDrafter(REFERENCE.__getitem__, action_dim=7)
+    oracle.begin(3, None, None, 900)
+    tree = oracle.propose(3, 6, 8, 50)
+    assert tree.tokens == (900, 901, 902, 903, 904, 905, 906)
+    assert tree.parents == (-1, 0, 1, 2, 3, 4, 5)
+    assert oracle.propose(3, 2, 8, 50).tokens == (900, 901, 902)       # depth caps
+    assert oracle.propose(3, 6, 8, 3).tokens == (900, 901, 902)        # max_nodes caps
+    oracle.advance(3, [900, 901], None, 902)                           # 1 accepted + bonus
+    assert oracle.num_decided(3) == 3
+    assert oracle.propose(3, 6, 1, 50).tokens == (902, 903, 904, 905, 906)
+    oracle.advance(3, [902, 903, 904, 905], None, 906)
+    assert oracle.propose(3, 6, 1, 50).tokens == (906,)                # nothing left to draft
+    assert oracle.num_forward_passes == 0
+    oracle.release(3)
+    with pytest.raises(ValueError, match='request_id'):
+        oracle.propose(3, 1, 1, 2)
+
+
+def test_oracle_error_rate():
+    always = OracleDrafter(REFERENCE.__getitem__, action_dim=7, error_rate=1.0)
+    always.begin(4, None, None, 10)
+    wrong = always.propose(4, 6, 1, 50).tokens[1:]
+    assert all(w != r for w, r in zip(wrong, REFERENCE[4][1:]))
+    pool = list(range(768, 1024))
+    pooled = OracleDrafter(REFERENCE.__getitem__, 7, error_rate=1.0, wrong_tokens=pool)
+    pooled.begin(4, None, None, 10)
+    assert all(t in pool for t in pooled.propose(4, 6, 1, 50).tokens[1:])
+    # Many requests: the fraction of corrupted positions follows error_rate.
+    reference = {i: list(range(100, 107)) for i in range(300)}
+    half = OracleDrafter(reference.__getitem__, 7, error_rate=0.3, seed=1)
+    num_wrong = 0
+    for i in range(300):
+        half.begin(i, None, None, 100)
+        num_wrong += sum(t != r for t, r in zip(half.propose(i, 6, 1, 50).tokens[1:],
+                                                range(101, 107)))
+    assert 0.25 < num_wrong / 1800 < 0.35
+    # The coin depends on (seed, request, position) only, not on the order of calls.
+    again = OracleDrafter(reference.__getitem__, 7, error_rate=0.3, seed=1)
+    again.begin(299, None, None, 100)
+    assert again.propose(299, 6, 1, 50).tokens == half.propose(299, 6, 1, 50).tokens
+    with pytest.raises(ValueError, match='error_rate'):
+        OracleDrafter(reference.__getitem__, 7, error_rate=1.5)

@@ -1,0 +1,194 @@
+"""Tests of the Meta-World wrapper, the action mapping and demonstration collection.
+
+The action mapping, norm_stats and seeding tests are pure numpy; the simulator tests are skipped
+when metaworld/mujoco or off-screen rendering (libosmesa6) is unavailable.
+"""
+
+import json
+import math
+import os
+
+import numpy as np
+import pytest
+
+from vla_spec_ros.sim.demos import (
+    ACTION_MASK, action_norm_stats, choose_instruction, collect_demos, episode_seed,
+    evaluate_scripted, load_demos)
+from vla_spec_ros.sim.metaworld_env import (
+    TASKS, get_task, make_env, sim_unavailable_reason, to_metaworld_action, to_vla_action)
+
+SIM_REASON = sim_unavailable_reason()
+needs_sim = pytest.mark.skipif(SIM_REASON is not None, reason=f"simulator: {SIM_REASON}")
+# The quickest expert in TASKS (about 30-40 steps to success).
+FAST_TASK = "handle-press"
+
+
+# ------------------------------------------------------------------------- pure numpy
+
+
+def test_to_vla_action_hand_computed():
+    # 1 cm per unit of Meta-World action; effort -1 (open) -> gripper 1, +1 (close) -> 0.
+    a7 = to_vla_action([1.0, -0.5, 0.0, -1.0])
+    np.testing.assert_allclose(a7, [0.01, -0.005, 0.0, 0.0, 0.0, 0.0, 1.0], atol=1e-7)
+    assert a7.dtype == np.float32
+    a7 = to_vla_action([0.0, 0.0, 0.25, 1.0])
+    np.testing.assert_allclose(a7, [0.0, 0.0, 0.0025, 0.0, 0.0, 0.0, 0.0], atol=1e-7)
+    # Experts may exceed the box; the environment clips, so the recorded action is clipped.
+    a7 = to_vla_action([3.0, -2.0, 0.0, 0.0])
+    np.testing.assert_allclose(a7, [0.01, -0.01, 0.0, 0.0, 0.0, 0.0, 0.5], atol=1e-7)
+
+
+def test_action_mapping_round_trips():
+    rng = np.random.default_rng(0)
+    for a4 in rng.uniform(-1.0, 1.0, size=(200, 4)):
+        back = to_metaworld_action(to_vla_action(a4))
+        np.testing.assert_allclose(back, a4, atol=1e-6)
+    for a4 in ([1, 1, 1, 1], [-1, -1, -1, -1], [0, 0, 0, 0]):
+        np.testing.assert_allclose(to_metaworld_action(to_vla_action(a4)), a4, atol=1e-6)
+
+
+def test_to_metaworld_action_ignores_rotation_and_clips():
+    a4 = to_metaworld_action([0.005, 0.0, -0.02, 0.3, -0.2, 0.1, 0.25])
+    np.testing.assert_allclose(a4, [0.5, 0.0, -1.0, 0.5], atol=1e-6)
+    assert a4.dtype == np.float32
+    np.testing.assert_allclose(to_metaworld_action([0, 0, 0, 0, 0, 0, 2.0])[3], -1.0)
+
+
+@pytest.mark.parametrize("bad", [[0.0] * 6, [0.0] * 8, [0.0] * 6 + [float("nan")]])
+def test_to_metaworld_action_rejects_bad_input(bad):
+    with pytest.raises(ValueError, match="action7"):
+        to_metaworld_action(bad)
+
+
+def test_to_vla_action_rejects_bad_shape():
+    with pytest.raises(ValueError, match="action4"):
+        to_vla_action([0.0, 0.0, 0.0])
+
+
+def test_action_norm_stats_hand_computed():
+    # Column d holds 0..100 scaled by (d + 1): q01 = 1 * (d + 1), q99 = 99 * (d + 1)
+    # (linear interpolation at positions 1 and 99 of 101 sorted values).
+    column = np.arange(101, dtype=np.float64)
+    actions = np.stack([column * (d + 1) for d in range(7)], axis=1)
+    entry = action_norm_stats(actions, num_trajectories=3)
+    action = entry["action"]
+    assert set(action) == {"mean", "std", "max", "min", "q01", "q99", "mask"}
+    for d in range(7):
+        scale = d + 1
+        assert action["q01"][d] == pytest.approx(1.0 * scale)
+        assert action["q99"][d] == pytest.approx(99.0 * scale)
+        assert action["mean"][d] == pytest.approx(50.0 * scale)
+        assert action["min"][d] == 0.0 and action["max"][d] == pytest.approx(100.0 * scale)
+        # population std of 0..n-1 is sqrt((n^2 - 1) / 12)
+        assert action["std"][d] == pytest.approx(math.sqrt((101 ** 2 - 1) / 12) * scale)
+    assert action["mask"] == [True] * 6 + [False]
+    assert entry["num_transitions"] == 101 and entry["num_trajectories"] == 3
+    json.dumps(entry)  # plain JSON types only
+
+
+def test_action_norm_stats_rejects_bad_shape():
+    with pytest.raises(ValueError, match="actions"):
+        action_norm_stats(np.zeros((5, 4)), 1)
+
+
+def test_episode_seeds_are_stable_and_distinct():
+    seeds = {episode_seed(7, task.name, ep) for task in TASKS for ep in range(20)}
+    assert len(seeds) == len(TASKS) * 20
+    assert episode_seed(7, "drawer-open", 3) == episode_seed(7, "drawer-open-v3", 3)
+    assert episode_seed(7, "drawer-open", 3) != episode_seed(8, "drawer-open", 3)
+    task = get_task("drawer-open")
+    assert choose_instruction(task, 123) == choose_instruction(task, 123)
+    assert {choose_instruction(task, s) for s in range(200)} == set(task.instructions)
+
+
+def test_tasks_are_well_formed():
+    assert len(TASKS) >= 5
+    for task in TASKS:
+        assert task.env_name == f"{task.name}-v3"
+        assert 3 <= len(task.instructions) <= 4
+        assert len(set(task.instructions)) == len(task.instructions)
+    with pytest.raises(ValueError, match="task_name"):
+        get_task("no-such-task")
+
+
+# ------------------------------------------------------------------------- simulator
+
+
+@needs_sim
+def test_seeded_reset_is_deterministic():
+    with make_env("drawer-open", seed=3, image_size=48) as env:
+        first = env.reset()            # the first reset uses the construction seed
+        again = env.reset(seed=3)
+        other = env.reset(seed=4)
+    assert first.shape == (48, 48, 3) and first.dtype == np.uint8
+    np.testing.assert_array_equal(first, again)
+    assert not np.array_equal(first, other)  # the drawer is placed from the seed
+
+
+@needs_sim
+def test_scripted_steps_give_images_and_finite_actions():
+    with make_env(FAST_TASK, seed=0, image_size=40, max_steps=6) as env:
+        image = env.reset(seed=11)
+        images, is_done, num_steps = [image], False, 0
+        while not is_done:
+            action = env.expert_action()
+            assert action.shape == (7,) and action.dtype == np.float32
+            assert np.all(np.isfinite(action))
+            assert np.all(action[3:6] == 0.0)            # no rotation in Meta-World
+            assert np.all(np.abs(action[:3]) <= 0.01 + 1e-7)
+            assert 0.0 <= action[6] <= 1.0
+            image, is_success, is_done, info = env.step(action)
+            images.append(image)
+            num_steps += 1
+            np.testing.assert_allclose(info["metaworld_action"], to_metaworld_action(action))
+        with pytest.raises(ValueError, match="reset"):
+            env.step(action)
+    assert num_steps == 6 or is_success
+    assert all(im.shape == (40, 40, 3) and im.dtype == np.uint8 for im in images)
+    assert not np.array_equal(images[0], images[-1])  # the arm moved
+
+
+@needs_sim
+def test_collect_demos_writes_dataset(tmp_path):
+    out = str(tmp_path / "demos")
+    manifest = collect_demos(out, [FAST_TASK], episodes_per_task=1, image_size=32, seed=5,
+                             max_steps=150, progress=False)
+    entry = manifest["tasks"][FAST_TASK]
+    assert entry["num_attempted"] == 1 and entry["num_kept"] == 1
+    with np.load(os.path.join(out, entry["file"]), allow_pickle=False) as data:
+        num_steps = len(data["actions"])
+        assert data["images"].shape == (num_steps, 32, 32, 3)
+        assert data["images"].dtype == np.uint8
+        assert data["actions"].shape == (num_steps, 7) and data["actions"].dtype == np.float32
+        assert np.all(np.isfinite(data["actions"]))
+        assert data["instructions"].shape == (num_steps,)
+        assert str(data["instructions"][0]) in get_task(FAST_TASK).instructions
+        np.testing.assert_array_equal(data["step_index"], np.arange(num_steps))
+        np.testing.assert_array_equal(data["episode_index"], np.zeros(num_steps))
+        assert data["episode_lengths"].tolist() == [num_steps]
+        assert data["episode_seeds"].tolist() == [episode_seed(5, FAST_TASK, 0)]
+        actions = data["actions"].astype(np.float64)
+    assert 0 < num_steps < 150  # kept episodes are successes, ended before the limit
+    with open(os.path.join(out, "dataset_statistics.json")) as f:
+        stats = json.load(f)
+    (name,) = stats
+    assert stats[name]["num_transitions"] == num_steps
+    assert stats[name]["num_trajectories"] == 1
+    action = stats[name]["action"]
+    assert set(action) == {"mean", "std", "max", "min", "q01", "q99", "mask"}
+    assert action["mask"] == list(ACTION_MASK)
+    np.testing.assert_allclose(action["q01"], np.percentile(actions, 1, axis=0), atol=1e-9)
+    np.testing.assert_allclose(action["q99"], np.percentile(actions, 99, axis=0), atol=1e-9)
+    np.testing.assert_allclose(action["min"], actions.min(axis=0), atol=1e-9)
+    with open(os.path.join(out, "manifest.json")) as f:
+        assert json.load(f) == manifest
+    assert manifest["versions"]["metaworld"] is not None
+    demos = load_demos(out)
+    assert demos.images.shape == (num_steps, 32, 32, 3)
+    assert demos.task_names == (FAST_TASK,)
+
+
+@needs_sim
+def test_evaluate_scripted_succeeds_on_an_easy_task():
+    rate = evaluate_scripted(FAST_TASK, episodes=2, seed=1, image_size=16)
+    assert rate == 1.0

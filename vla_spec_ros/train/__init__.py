@@ -1,0 +1,1 @@
+"""Training: draft-head data generation and training (``vla-spec train-draft``)."""
