@@ -241,6 +241,9 @@ class EngineConfig:
                  'max_inflight', 'must be an integer in [1, 64]')
         _require(isinstance(self.max_streams, int) and 1 <= self.max_streams <= 64,
                  'max_streams', 'must be an integer in [1, 64]')
+        _require(not self.use_cuda_graphs, 'use_cuda_graphs',
+                 'CUDA graph capture of the packed step is not implemented yet; the eager path '
+                 'is the only one')
         _require(self.use_kernels in ('auto', 'on', 'off'), 'use_kernels',
                  'must be "auto", "on" or "off"')
         _require(isinstance(self.max_instruction_tokens, int)

@@ -66,7 +66,8 @@ PARAMETERS: tuple[ParameterSpec, ...] = (
        target='engine', lo=1, hi=64),
     _p('use_kernels', 'auto', 'Fused Triton kernels: auto (CUDA only), on or off',
        tunable=False, target='engine', choices=('auto', 'on', 'off')),
-    _p('use_cuda_graphs', False, 'Replay the steady-state step as CUDA graphs', tunable=False,
+    _p('use_cuda_graphs', False, 'CUDA graphs for the packed step (not implemented yet: must '
+       'stay false)', tunable=False,
        target='engine'),
     _p('max_instruction_tokens', 128, 'Longest accepted instruction, in tokens',
        tunable=False, target='engine', lo=1, hi=1024),
