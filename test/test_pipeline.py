@@ -294,3 +294,33 @@ def test_error_inside_step_is_reported_not_raised(policy, frames, reference, mon
     finished = engine.run_until_idle()
     assert [fin.request_id for fin in finished] == [new]
     assert_matches_reference(finished, reference)
+
+
+@pytest.mark.parametrize('mode', ['pipeline', 'pipeline_spec'])
+def test_flex_attention_backend_matches_sdpa_tokens(mode, tmp_path_factory):
+    """The FlexAttention path (the GPU backend; eager on CPU) gives the AR tokens too."""
+    import warnings
+    pytest.importorskip('torch.nn.attention.flex_attention',
+                        reason='this torch has no FlexAttention')
+    from vla_spec_ros import VLAPolicy
+    from vla_spec_ros.models.draft import load_draft_for
+    folder = make_checkpoint('tiny', tmp_path_factory.mktemp('flex') / 'tiny', seed=4)
+    policy = VLAPolicy.from_pretrained(str(folder), dtype='float64')
+    rng = np.random.default_rng(8)
+    frames = [Frame(rng.integers(0, 256, (40, 40, 3), dtype=np.uint8), text, 'bridge_orig')
+              for text in ('open the drawer', 'push the red block to the left', 'close it',
+                           'press the button')]
+    expected = [policy.predict(f.image, f.instruction, f.unnorm_key).tokens for f in frames]
+    cfg = EngineConfig(mode=mode, dtype='float64', attention_backend='flex',
+                       draft_path='random' if mode == 'pipeline_spec' else None,
+                       tree_depth=3, tree_top_k=2, tree_max_nodes=6)
+    runner = policy.engine.runner
+    draft = load_draft_for(runner, cfg, None) if cfg.is_speculative else None
+    engine = Engine(runner, policy.engine.norm_stats, cfg, draft=draft)
+    assert engine._strategy.flex is not None
+    with warnings.catch_warnings():
+        warnings.simplefilter('ignore')     # eager (unfused) FlexAttention warns on CPU
+        for f in frames:
+            engine.submit(f)
+        got = {fin.request_id: fin.result.tokens for fin in engine.run_until_idle()}
+    assert [got[i] for i in sorted(got)] == expected

@@ -219,6 +219,9 @@ class EngineConfig:
     max_streams: int = 4
     # Fused Triton kernels: "auto" uses them on CUDA when triton imports, never on CPU.
     use_kernels: str = 'auto'
+    # Attention over the packed ring: "sdpa" (portable, explicit mask), "flex" (FlexAttention
+    # block masks; compiled on CUDA), "auto" = flex on CUDA, sdpa on CPU.
+    attention_backend: str = 'auto'
     use_cuda_graphs: bool = False
     max_instruction_tokens: int = 128
     seed: int = 0
@@ -244,6 +247,8 @@ class EngineConfig:
         _require(not self.use_cuda_graphs, 'use_cuda_graphs',
                  'CUDA graph capture of the packed step is not implemented yet; the eager path '
                  'is the only one')
+        _require(self.attention_backend in ('auto', 'sdpa', 'flex'), 'attention_backend',
+                 'must be "auto", "sdpa" or "flex"')
         _require(self.use_kernels in ('auto', 'on', 'off'), 'use_kernels',
                  'must be "auto", "on" or "off"')
         _require(isinstance(self.max_instruction_tokens, int)

@@ -52,6 +52,34 @@ def prepare_attention_mask(plan: StepPlan, num_slots: int, device) -> torch.Tens
     return mask
 
 
+class FlexAttentionBackend:
+    """FlexAttention over the packed ring: a BlockMask built from the step's dense mask lets
+    the kernel skip every fully masked block (other requests' slots, free ring space). On CUDA
+    ``flex_attention`` is compiled once and kept on this object; on CPU it runs eagerly (used
+    by the tests to check it against SDPA)."""
+
+    def __init__(self, device):
+        from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+        self._create_block_mask = create_block_mask
+        on_cuda = getattr(device, 'type', str(device)) == 'cuda'
+        self.attention = torch.compile(flex_attention) if on_cuda else flex_attention
+        self.device = device
+
+    @classmethod
+    def for_config(cls, config: EngineConfig, device):
+        backend = config.attention_backend
+        if backend == 'auto':
+            backend = 'flex' if getattr(device, 'type', str(device)) == 'cuda' else 'sdpa'
+        return cls(device) if backend == 'flex' else None
+
+    def block_mask(self, dense: torch.Tensor):
+        """dense (T, S) bool -> BlockMask with the same allowed (query, slot) pairs."""
+        def mask_mod(b, h, q_idx, kv_idx):
+            return dense[q_idx, kv_idx]
+        return self._create_block_mask(mask_mod, None, None, dense.shape[0], dense.shape[1],
+                                       device=self.device)
+
+
 class PackedStrategy:
     def __init__(self, engine, config: EngineConfig):
         self.engine = engine
@@ -71,6 +99,7 @@ class PackedStrategy:
         self.scheduler = Scheduler(max_inflight, action_dim, self.ring)
         self.requests = {}
         self.roots: dict[int, int] = {}      # request id -> last decided token (not yet in KV)
+        self.flex = FlexAttentionBackend.for_config(config, self.runner.device)
 
     # ---- bookkeeping passthroughs ------------------------------------------------------------
 
@@ -154,11 +183,14 @@ class PackedStrategy:
         # 3-4. ring indices and mask
         plan = plan_step(self.ring, segments)
         device = runner.device
+        mask = prepare_attention_mask(plan, self.ring.capacity, device)
         batch = StepBatch(
             positions=torch.tensor(plan.positions, dtype=torch.long, device=device),
             slot_mapping=torch.tensor(plan.slot_mapping, dtype=torch.long, device=device),
-            attn_mask=prepare_attention_mask(plan, self.ring.capacity, device),
-            kv_limit=self.ring.capacity)
+            attn_mask=mask, kv_limit=self.ring.capacity)
+        if self.flex is not None:
+            batch.block_mask = self.flex.block_mask(mask)
+            batch.flex_fn = self.flex.attention
         # 5. one verifier forward for everything in flight
         hidden = runner.forward(torch.cat(embeds, dim=0), batch, self.cache)
         self.engine.num_verifier_forwards += 1

@@ -11,6 +11,7 @@ wrap-around) and tree verification (tree mask). Conventions follow Hugging Face 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any, Callable
 
 import torch
 import torch.nn.functional as F
@@ -62,12 +63,17 @@ class StepBatch:
     slot_mapping: (T,) int64   KV slot each token's K/V is written to
     attn_mask:    (T, S) bool  query t may attend slot s (S = slots in the KV buffer view)
     kv_limit:     attention reads slots [0, kv_limit) only; all allowed slots must lie there
+    block_mask:   optional FlexAttention BlockMask of ``attn_mask`` (the GPU path: fully masked
+                  blocks of the ring are skipped); with ``flex_fn`` (eager or compiled
+                  ``flex_attention``, owned by the runner) it replaces SDPA
     """
 
     positions: torch.Tensor
     slot_mapping: torch.Tensor
     attn_mask: torch.Tensor
     kv_limit: int
+    block_mask: Any = None
+    flex_fn: Callable | None = None
 
 
 class KVCache:
@@ -114,6 +120,11 @@ def attend_packed(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     n = batch.kv_limit
     keys = k_cache[:n].transpose(0, 1)      # (Hkv, S, D)
     values = v_cache[:n].transpose(0, 1)
+    if batch.block_mask is not None:
+        out = batch.flex_fn(q.transpose(0, 1)[None], keys[None], values[None],
+                            block_mask=batch.block_mask,
+                            enable_gqa=keys.shape[0] != q.shape[1])
+        return out[0].transpose(0, 1)       # (T, Hq, D)
     rep = q.shape[1] // keys.shape[0]
     if rep > 1:  # grouped-query attention
         keys = keys.repeat_interleave(rep, dim=0)
