@@ -64,6 +64,8 @@ PARAMETERS: tuple[ParameterSpec, ...] = (
        'OpenVLA parity)', tunable=False, target='engine'),
     _p('max_inflight', 7, 'Requests in flight at once in the pipeline modes', tunable=False,
        target='engine', lo=1, hi=64),
+    _p('attention_backend', 'auto', 'Packed attention: auto (flex on CUDA, sdpa on CPU), sdpa '
+       'or flex', tunable=False, target='engine', choices=('auto', 'sdpa', 'flex')),
     _p('use_kernels', 'auto', 'Fused Triton kernels: auto (CUDA only), on or off',
        tunable=False, target='engine', choices=('auto', 'on', 'off')),
     _p('use_cuda_graphs', False, 'CUDA graphs for the packed step (not implemented yet: must '
