@@ -26,14 +26,15 @@ def test_kernel_path_matches_reference_tokens(policy, monkeypatch):
     expected = [policy.predict(f.image, f.instruction, f.unnorm_key).tokens for f in frames]
     engine = Engine(policy.engine.runner, policy.engine.norm_stats,
                     EngineConfig(mode='pipeline', dtype='float64', use_kernels='on'))
-    assert engine.runner.kernel is not None
-    try:
-        for f in frames:
-            engine.submit(f)
-        got = {fin.request_id: fin.result.tokens for fin in engine.run_until_idle()}
-    finally:
-        engine.runner.kernel = None     # the runner is shared with the module fixture
+    assert engine._kernel is not None
+    for f in frames:
+        engine.submit(f)
+    got = {fin.request_id: fin.result.tokens for fin in engine.run_until_idle()}
+    assert engine.runner.kernel is engine._kernel
     assert [got[i] for i in sorted(got)] == expected
+    # The shared runner goes back to plain torch as soon as a kernel-less engine steps.
+    policy.predict(frames[0].image, frames[0].instruction, frames[0].unnorm_key)
+    assert policy.engine.runner.kernel is None
 
 
 def test_kernels_on_without_triton_backend_is_refused(policy, monkeypatch):

@@ -8,6 +8,7 @@ to completion; ``engine`` is the streaming interface over the same model.
 from __future__ import annotations
 
 import os
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -40,9 +41,13 @@ def resolve_checkpoint(path_or_preset: str) -> Path:
         folder = cache_dir() / 'presets' / f'{path_or_preset}-seed0'
         if not (folder / 'config.json').is_file():
             from .models.random_checkpoint import make_checkpoint
+            # Written aside, then renamed: a concurrent first use never sees half a checkpoint.
             tmp = folder.with_name(folder.name + f'.tmp{os.getpid()}')
             make_checkpoint(path_or_preset, tmp, seed=0)
-            tmp.replace(folder) if not folder.exists() else None
+            if folder.exists():
+                shutil.rmtree(tmp)      # another process finished first; same seed, same files
+            else:
+                tmp.replace(folder)
         return folder
     raise CheckpointError(f'{path_or_preset!r} is neither a checkpoint folder nor a preset '
                           f'({sorted(PRESETS) + assets.embedded_names()})')

@@ -51,7 +51,9 @@ class Engine:
         self._ids = itertools.count()
         self._waiting: collections.deque[Request] = collections.deque()
         self.num_verifier_forwards = 0   # packed verifier forwards run so far (stats)
-        runner.kernel = select_rope_kernel(config, runner.device)
+        # The runner may be shared by several engines (bench, tests): each engine installs its
+        # own kernel choice at the start of every step.
+        self._kernel = select_rope_kernel(config, runner.device)
         self._strategy = self._make_strategy(config)
 
     # ---- configuration ----------------------------------------------------------------------
@@ -128,6 +130,7 @@ class Engine:
     # ---- stepping -----------------------------------------------------------------------------
 
     def step(self) -> list[FinishedAction]:
+        self.runner.kernel = self._kernel
         if self._strategy is not None:
             try:
                 return self._strategy.step()
