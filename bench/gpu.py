@@ -135,6 +135,7 @@ def main(argv=None) -> int:
         frames = make_frames(args.frames + args.warmup, runner.cfg.image_size, args.seed, key,
                              streams)
         ar = Engine(runner, norm_stats, EngineConfig(mode='ar', **base))
+        # bench_engine submits the warmup frames first, so request ids index ``ref`` directly.
         ref = [tuple(r.result.tokens) for r in _run_all(ar, frames)]
         from vla_spec_ros.baseline import HFBaseline
         rows.append(('hf', streams, bench_hf(HFBaseline(runner, EngineConfig(**base)), frames,
@@ -146,7 +147,7 @@ def main(argv=None) -> int:
         depth = runner.action_dim - 2
         for target in TARGET_ACCEPTANCE:
             for mode in ('spec', 'pipeline_spec'):
-                draft = OracleDrafter(_ref_after_warmup(ref), runner.action_dim,
+                draft = OracleDrafter(ref.__getitem__, runner.action_dim,
                                       acceptance_error_rate(target, depth), seed=args.seed)
                 cfg = EngineConfig(mode=mode, tree_depth=depth, tree_top_k=1,
                                    tree_max_nodes=depth + 1, **base)
@@ -193,11 +194,6 @@ def _run_all(engine, frames):
         engine.submit(f)
     out = engine.run_until_idle()
     return sorted(out, key=lambda fin: fin.request_id)
-
-
-def _ref_after_warmup(ref):
-    """bench_engine submits the warmup frames first, so request ids index ``ref`` directly."""
-    return lambda rid: ref[rid]
 
 
 if __name__ == '__main__':

@@ -76,15 +76,6 @@ def _header_keys(path: Path) -> set:
         return set(f.keys())
 
 
-@pytest.fixture(scope='module', autouse=True)
-def one_torch_thread():
-    # Tiny matrices: on a shared 2-core machine, intra-op threads only add spin-wait.
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
-
-
 @pytest.fixture(scope='module')
 def made(tmp_path_factory):
     """A tiny checkpoint written through the CLI (single file)."""

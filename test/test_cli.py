@@ -15,15 +15,6 @@ from vla_spec_ros import cli
 from vla_spec_ros.policy import VLAPolicy
 
 
-@pytest.fixture(scope='module', autouse=True)
-def one_torch_thread():
-    # Tiny matrices: on a shared 2-core machine, intra-op threads only add spin-wait.
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
-
-
 @pytest.fixture(scope='module')
 def checkpoint(tmp_path_factory):
     out = tmp_path_factory.mktemp('cli') / 'tiny'

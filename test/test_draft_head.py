@@ -29,15 +29,6 @@ EAGLE_KEYS = {'fc.weight', 'fc.bias', 'layers.0.post_attention_layernorm.weight'
               *(f'layers.0.mlp.{p}_proj.weight' for p in ('gate', 'up', 'down'))}
 
 
-@pytest.fixture(scope='module', autouse=True)
-def one_thread():
-    """Tiny matrices: one thread avoids OpenMP contention on shared CPUs (several x faster)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 @pytest.fixture(scope='module')
 def checkpoint(tmp_path_factory):
     return make_checkpoint('tiny', tmp_path_factory.mktemp('ckpt') / 'tiny', seed=0)

@@ -19,15 +19,6 @@ from vla_spec_ros.models.draft import new_draft_head
 from vla_spec_ros.models.random_checkpoint import make_checkpoint
 
 
-@pytest.fixture(scope='module', autouse=True)
-def one_thread():
-    """Tiny matrices: one thread avoids OpenMP contention on shared CPUs (several x faster)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 @pytest.fixture(scope='module')
 def runner(tmp_path_factory):
     folder = make_checkpoint('tiny', tmp_path_factory.mktemp('ckpt') / 'tiny', seed=0)

@@ -29,15 +29,6 @@ UNNORM_KEY = 'bridge_orig'
 LN_EPS = 1e-6            # timm ViT LayerNorm eps, both towers
 
 
-@pytest.fixture(scope='module', autouse=True)
-def one_torch_thread():
-    # Tiny matrices: on a shared 2-core machine, intra-op threads only add spin-wait.
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
-
-
 @pytest.fixture(scope='module')
 def folder(tmp_path_factory):
     return make_checkpoint('tiny', tmp_path_factory.mktemp('parity') / 'tiny', seed=3)

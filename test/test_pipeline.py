@@ -9,7 +9,6 @@ prefill per packed step), modelled independently here.
 """
 import numpy as np
 import pytest
-import torch
 
 from vla_spec_ros.config import EngineConfig
 from vla_spec_ros.engine.engine import Engine
@@ -22,15 +21,6 @@ INSTRUCTIONS = ('push', 'pick up the red cup', 'open the top drawer of the cabin
                 'it gently', 'lift the bowl', 'put the small yellow block on the large green '
                 'plate quickly and carefully', 'press the button', 'slide the lid to the left')
 NUM_FRAMES = 24
-
-
-@pytest.fixture(scope='module', autouse=True)
-def one_torch_thread():
-    # Tiny matrices: on a shared 2-core machine, intra-op threads only add spin-wait.
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
 
 
 @pytest.fixture(scope='module')

@@ -5,7 +5,6 @@ non-action token is flagged, never executed.
 """
 import numpy as np
 import pytest
-import torch
 
 from vla_spec_ros.config import EngineConfig
 from vla_spec_ros.engine.ar import causal_batch
@@ -16,15 +15,6 @@ from vla_spec_ros.policy import VLAPolicy
 
 GOOD_IMAGE = np.random.default_rng(0).integers(0, 256, (48, 64, 3), dtype=np.uint8)
 INSTRUCTION = 'pick up the red cup'
-
-
-@pytest.fixture(scope='module', autouse=True)
-def one_torch_thread():
-    # Tiny matrices: on a shared 2-core machine, intra-op threads only add spin-wait.
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
 
 
 @pytest.fixture(scope='module')

@@ -24,15 +24,6 @@ SIGLIP_MEAN = np.array([0.5, 0.5, 0.5])
 SIGLIP_STD = np.array([0.5, 0.5, 0.5])
 
 
-@pytest.fixture(scope='module', autouse=True)
-def one_torch_thread():
-    # Tiny matrices: on a shared 2-core machine, intra-op threads only add spin-wait.
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
-
-
 @pytest.fixture(scope='module')
 def tokenizer():
     return build_tokenizer(1024, seed=0)

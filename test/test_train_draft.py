@@ -35,15 +35,6 @@ FAST = ['--batch-size', '8', '--lr', '5e-3', '--warmup-steps', '10', '--noise', 
         '--no-progress', '--log-every', '10']
 
 
-@pytest.fixture(scope='module', autouse=True)
-def one_thread():
-    """Tiny matrices: one thread avoids OpenMP contention on shared CPUs (several x faster)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 @pytest.fixture(scope='module')
 def checkpoint(tmp_path_factory):
     return make_checkpoint('tiny', tmp_path_factory.mktemp('ckpt') / 'tiny', seed=0)

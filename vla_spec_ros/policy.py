@@ -7,6 +7,7 @@ to completion; ``engine`` is the streaming interface over the same model.
 """
 from __future__ import annotations
 
+import json
 import os
 import shutil
 from pathlib import Path
@@ -71,7 +72,6 @@ class VLAPolicy:
             if not stats_file.is_file():
                 raise CheckpointError(f'{folder}: no norm_stats in config.json and no '
                                       'dataset_statistics.json')
-            import json
             norm_stats = json.loads(stats_file.read_text())
         tokenizer = PromptTokenizer.from_folder(folder, config.max_instruction_tokens)
         runner = ModelRunner(model, cfg, tokenizer, config)

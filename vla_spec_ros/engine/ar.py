@@ -20,17 +20,30 @@ def causal_batch(start: int, count: int, device) -> StepBatch:
 
 
 @torch.no_grad()
-def decode_ar(runner: ModelRunner, prefix_embeds: torch.Tensor, num_tokens: int,
-              restrict_to_action_tokens: bool = False) -> tuple[list[int], int]:
-    """prefix_embeds (L, H) -> (num_tokens greedy ids, number of forward passes)."""
+def run_ar(runner: ModelRunner, prefix_embeds: torch.Tensor, num_tokens: int,
+           restrict_to_action_tokens: bool = False) -> tuple[list[int], torch.Tensor]:
+    """prefix_embeds (L, H) -> (num_tokens greedy ids, features (L + num_tokens - 1, H)).
+
+    ``features`` are the final-normed hidden states at every position the verifier consumed
+    (what an EAGLE draft head is trained on).
+    """
     length = prefix_embeds.shape[0]
     cache = runner.new_cache(length + num_tokens)
     hidden = runner.forward(prefix_embeds, causal_batch(0, length, runner.device), cache)
+    features = [hidden]
     token = runner.greedy(hidden[-1:], restrict_to_action_tokens)
     tokens = [int(token)]
     for i in range(1, num_tokens):
         embeds = runner.embed_tokens(token)
         hidden = runner.forward(embeds, causal_batch(length + i - 1, 1, runner.device), cache)
+        features.append(hidden)
         token = runner.greedy(hidden, restrict_to_action_tokens)
         tokens.append(int(token))
+    return tokens, torch.cat(features, dim=0)
+
+
+def decode_ar(runner: ModelRunner, prefix_embeds: torch.Tensor, num_tokens: int,
+              restrict_to_action_tokens: bool = False) -> tuple[list[int], int]:
+    """prefix_embeds (L, H) -> (num_tokens greedy ids, number of forward passes)."""
+    tokens, _ = run_ar(runner, prefix_embeds, num_tokens, restrict_to_action_tokens)
     return tokens, num_tokens

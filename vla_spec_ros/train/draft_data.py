@@ -35,7 +35,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from ..engine.ar import causal_batch
+from ..engine.ar import run_ar
 from ..engine.result import Frame
 from ..models.layers import StepBatch
 
@@ -163,21 +163,9 @@ class DraftSample:
 def verifier_sample(runner, engine_config, image: np.ndarray, instruction: str) -> DraftSample:
     """Run the AR reference on one observation, keeping its inputs and features."""
     prompt = runner.prepare_prompt(Frame(image, instruction), engine_config)
-    embeds = prompt.embeds                                                  # (L, H)
-    length, num_tokens = embeds.shape[0], runner.action_dim
-    restrict = engine_config.restrict_to_action_tokens
-    cache = runner.new_cache(length + num_tokens)
-    hidden = runner.forward(embeds, causal_batch(0, length, runner.device), cache)
-    features = [hidden]
-    token = runner.greedy(hidden[-1:], restrict)
-    tokens = [int(token)]
-    for i in range(1, num_tokens):
-        hidden = runner.forward(runner.embed_tokens(token),
-                                causal_batch(length + i - 1, 1, runner.device), cache)
-        features.append(hidden)
-        token = runner.greedy(hidden, restrict)
-        tokens.append(int(token))
-    return DraftSample(embeds, torch.cat(features, dim=0), torch.tensor(tokens))
+    tokens, features = run_ar(runner, prompt.embeds, runner.action_dim,
+                              engine_config.restrict_to_action_tokens)
+    return DraftSample(prompt.embeds, features, torch.tensor(tokens))
 
 
 def _store_dtype(dtype: torch.dtype) -> torch.dtype:
