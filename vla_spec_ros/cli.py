@@ -147,6 +147,11 @@ def build_parser() -> argparse.ArgumentParser:
                            'own greedy outputs')
         train_draft.add_arguments(p)
         p.set_defaults(func=train_draft.run)
+    p = sub.add_parser('train-demo-vla', help='train the embedded Meta-World model (and its '
+                       'draft head) from scripted demonstrations')
+    from .train import train_demo_vla
+    train_demo_vla.add_arguments(p)
+    p.set_defaults(func=train_demo_vla.run)
     return parser
 
 

@@ -130,3 +130,42 @@ def save_tokenizer(tok: Tokenizer, folder: str | Path) -> None:
     (folder / 'special_tokens_map.json').write_text(json.dumps({
         'bos_token': '<s>', 'eos_token': '</s>', 'unk_token': '<unk>', 'pad_token': '<PAD>'},
         indent=2))
+
+
+RESERVED_TOKEN = '<unused_{}>'
+
+
+def build_instruction_tokenizer(instructions: list[str], vocab_size: int,
+                                num_reserved: int) -> Tokenizer:
+    """A BPE tokenizer learned from the prompts of ``instructions`` only, then padded with
+    ``<unused_k>`` placeholder ids to exactly ``vocab_size`` ids, then ``<PAD>`` at
+    ``vocab_size``.
+
+    The last ``num_reserved`` ids must be placeholders: an OpenVLA-layout model reads them as
+    its action bins (OpenVLA overwrites Llama's least-used ids the same way), so no learned
+    text piece may live there. Raises ValueError when the learned vocabulary is too large.
+    """
+    if not instructions:
+        raise ValueError('instructions: expected at least one instruction')
+    prompts = [format_prompt(text.strip()) for text in instructions]
+    alphabet = sorted(set(''.join(prompts).replace(' ', SPACE_PIECE)) | {SPACE_PIECE})
+    max_learned = vocab_size - num_reserved
+    tok = Tokenizer(models.BPE(unk_token='<unk>', fuse_unk=True, byte_fallback=False))
+    tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement=SPACE_PIECE,
+                                                 prepend_scheme='first')
+    tok.decoder = decoders.Metaspace(replacement=SPACE_PIECE, prepend_scheme='first')
+    trainer = trainers.BpeTrainer(vocab_size=max_learned, min_frequency=1,
+                                  special_tokens=['<unk>', '<s>', '</s>'],
+                                  initial_alphabet=alphabet, show_progress=False)
+    tok.train_from_iterator(prompts, trainer=trainer)
+    num_learned = tok.get_vocab_size()
+    if num_learned > max_learned:
+        raise ValueError(f'tokenizer learned {num_learned} ids; at most {max_learned} fit '
+                         f'below the {num_reserved} reserved ids')
+    tok.add_tokens([RESERVED_TOKEN.format(i) for i in range(vocab_size - num_learned)])
+    if tok.get_vocab_size() != vocab_size:
+        raise ValueError(f'tokenizer has {tok.get_vocab_size()} ids, wanted {vocab_size}')
+    tok.post_processor = processors.TemplateProcessing(
+        single='<s> $A', pair='<s> $A <s> $B', special_tokens=[('<s>', 1)])
+    tok.add_special_tokens(['<PAD>'])
+    return tok
