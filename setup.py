@@ -29,7 +29,7 @@ setup(
         'ros': ['ros-kilted-rclpy[fastrtps]', 'ros-kilted-sensor-msgs',
                 'ros-kilted-geometry-msgs', 'ros-kilted-std-msgs', 'ros-kilted-std-srvs',
                 'ros-kilted-diagnostic-msgs'],
-        'sim': ['metaworld==3.1.1'],
+        'sim': ['metaworld==3.1.1', 'matplotlib'],
         'kernels': ['triton'],
         'test': ['pytest', 'flake8', 'pyyaml'],
     },
@@ -43,6 +43,7 @@ setup(
         'console_scripts': [
             'vla-spec = vla_spec_ros.cli:main',
             'vla-spec-node = vla_spec_ros.ros.node:main',
+            'vla-spec-sim-bridge = vla_spec_ros.ros.sim_bridge:main',
         ],
     },
 )

@@ -147,6 +147,12 @@ def build_parser() -> argparse.ArgumentParser:
                            'own greedy outputs')
         train_draft.add_arguments(p)
         p.set_defaults(func=train_draft.run)
+    p = sub.add_parser('demo', help='the embedded Meta-World model closed-loop through the ROS 2 '
+                       'node and the simulator bridge: success rate and speed per mode')
+    from .sim import demo as demo_job
+    demo_job.add_arguments(p)
+    p.set_defaults(func=demo_job.run)
+
     p = sub.add_parser('train-demo-vla', help='train the embedded Meta-World model (and its '
                        'draft head) from scripted demonstrations')
     from .train import train_demo_vla

@@ -177,7 +177,16 @@ def to_metaworld_action(action7) -> np.ndarray:
 # ---------------------------------------------------------------------------------------------
 
 def _import_backend():
-    """Import mujoco and metaworld with a CPU off-screen GL backend unless one is chosen."""
+    """Import mujoco and metaworld with a CPU off-screen GL backend unless one is chosen.
+
+    Triton (the engine's kernels) is imported first when installed: once OSMesa has loaded
+    Mesa's llvmpipe (the system libLLVM), importing Triton's bundled LLVM segfaults the process
+    (observed with Debian's libosmesa6 and triton 3.x); in the other order both work.
+    """
+    try:
+        import triton  # noqa: F401  (load order only; see above)
+    except ImportError:
+        pass
     os.environ.setdefault("MUJOCO_GL", "osmesa")
     import metaworld
     import metaworld.policies

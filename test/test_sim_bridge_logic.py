@@ -1,0 +1,179 @@
+"""Pure-Python tests of the simulator bridge's command logic (no rclpy, torch or Meta-World).
+
+The round trip goes through the VLA node's own conversion (ros/command.py) so that the bridge
+is tested against what the node really publishes, not against a copy of its formula.
+"""
+import dataclasses
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from vla_spec_ros.ros import command as cmd
+from vla_spec_ros.ros.params import settings_from_parameters
+from vla_spec_ros.sim.bridge_logic import (
+    DESCRIPTIONS, BridgeSettings, FrameRegistry, LockstepMatcher, RealtimeCommand,
+    action_from_twist, gripper_openness, next_stamp_ns)
+
+SHARED = dict(control_period=0.1, linear_scale=2.0, angular_scale=0.5, max_linear_speed=1.0,
+              max_angular_speed=2.0, gripper_open_position=0.04, gripper_closed_position=0.0)
+
+
+def node_settings(**overrides):
+    values = dict(SHARED, gripper_binarize=False)
+    values.update(overrides)
+    return settings_from_parameters(values)[1]
+
+
+def test_module_imports_without_rclpy_torch_or_metaworld():
+    code = ('import sys, vla_spec_ros.sim.bridge_logic; '
+            'print(sorted(m for m in ("rclpy", "torch", "metaworld", "mujoco") '
+            'if m in sys.modules))')
+    out = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True,
+                         check=True, timeout=60)
+    assert out.stdout.strip() == '[]'
+
+
+def test_twist_inverts_the_node_command_exactly():
+    bridge, node = BridgeSettings(**SHARED), node_settings()
+    rng = np.random.default_rng(0)
+    for _ in range(50):
+        action = np.concatenate([rng.uniform(-0.02, 0.02, 6), rng.uniform(0.0, 1.0, 1)])
+        command = cmd.command_from_action(action, node)
+        recovered = action_from_twist(command.linear, command.angular, command.gripper, bridge)
+        np.testing.assert_allclose(recovered, action, rtol=1e-12, atol=1e-15)
+
+
+def test_binarized_gripper_comes_back_as_open_or_closed():
+    bridge, node = BridgeSettings(**SHARED), node_settings(gripper_binarize=True)
+    for value, expected in ((0.7, 1.0), (0.2, 0.0), (0.5, 1.0)):
+        command = cmd.command_from_action(np.r_[np.zeros(6), value], node)
+        assert action_from_twist(command.linear, command.angular, command.gripper,
+                                 bridge)[6] == expected
+
+
+def test_gripper_openness_clips_and_inverts_the_interpolation():
+    s = BridgeSettings(gripper_open_position=-1.0, gripper_closed_position=1.0)
+    assert gripper_openness(-1.0, s) == 1.0
+    assert gripper_openness(1.0, s) == 0.0
+    assert gripper_openness(0.0, s) == 0.5
+    assert gripper_openness(5.0, s) == 0.0
+
+
+def test_servo_limit_clamps_the_norm_and_keeps_the_direction():
+    s = BridgeSettings(**SHARED)
+    action = action_from_twist((3.0, 4.0, 0.0), (0.0, 0.0, -4.0), 0.04, s)
+    # |v| = 5 m/s clamped to 1 m/s: (0.6, 0.8, 0) m/s * 0.1 s / scale 2
+    np.testing.assert_allclose(action[:3], [0.03, 0.04, 0.0], rtol=1e-12)
+    np.testing.assert_allclose(action[3:6], [0.0, 0.0, -2.0 * 0.1 / 0.5], rtol=1e-12)
+    assert action[6] == 1.0
+
+
+def test_non_finite_commands_are_refused():
+    with pytest.raises(ValueError, match='non-finite'):
+        action_from_twist((np.nan, 0, 0), (0, 0, 0), 0.0, BridgeSettings())
+    with pytest.raises(ValueError, match='linear/angular'):
+        action_from_twist((0, 0), (0, 0, 0), 0.0, BridgeSettings())
+
+
+@pytest.mark.parametrize('changes, field', [
+    ({'sim_mode': 'fast'}, 'sim_mode'),
+    ({'linear_scale': 0.0}, 'linear_scale'),
+    ({'control_period': -1.0}, 'control_period'),
+    ({'gripper_open_position': 0.0}, 'gripper_open_position'),
+    ({'max_steps': 0}, 'max_steps'),
+    ({'image_size': 64.0}, 'image_size'),
+    ({'command_timeout_s': float('inf')}, 'command_timeout_s'),
+    ({'frame_id': ' '}, 'frame_id'),
+])
+def test_bad_settings_name_the_field(changes, field):
+    with pytest.raises(ValueError, match=field):
+        BridgeSettings(**changes)
+
+
+def test_every_setting_has_a_parameter_description():
+    assert set(DESCRIPTIONS) == {f.name for f in dataclasses.fields(BridgeSettings)}
+
+
+def test_stamps_are_strictly_increasing():
+    assert next_stamp_ns(100, None) == 100
+    assert next_stamp_ns(100, 99) == 100
+    assert next_stamp_ns(100, 100) == 101
+    assert next_stamp_ns(50, 100) == 101        # clock stepped back
+
+
+def test_registry_measures_the_first_answer_only_and_forgets_old_frames():
+    registry = FrameRegistry(max_frames=2)
+    registry.add(10, 1.0)
+    with pytest.raises(ValueError, match='stamp_ns'):
+        registry.add(10, 2.0)
+    registry.add(20, 2.0)
+    assert registry.first_answer_latency(10, 1.25) == 0.25
+    assert registry.first_answer_latency(10, 1.5) is None       # a second answer
+    assert registry.first_answer_latency(99, 1.5) is None       # not a published frame
+    registry.add(30, 3.0)
+    assert 10 not in registry and 20 in registry and 30 in registry
+
+
+def matcher_with(*stamps):
+    registry = FrameRegistry()
+    for i, stamp in enumerate(stamps):
+        registry.add(stamp, float(i))
+    return LockstepMatcher(registry)
+
+
+def test_lockstep_needs_the_twist_of_this_frame_and_its_gripper():
+    matcher = matcher_with(1, 2)
+    matcher.begin_frame(2)
+    matcher.on_gripper(0.04)
+    assert matcher.take() is None                     # gripper alone is not a command
+    assert matcher.on_twist(2, (1, 0, 0), (0, 0, 0))
+    command = matcher.take()
+    assert command.stamp_ns == 2 and command.linear == (1, 0, 0)
+    assert command.gripper_position == 0.04
+    assert matcher.take() is None                     # one command per frame
+
+
+def test_lockstep_ignores_holds_and_pairs_grippers_in_publish_order():
+    matcher = matcher_with(1, 2)
+    matcher.begin_frame(2)
+    # A zero-twist hold (node-clock stamp) carries no gripper message.
+    assert not matcher.on_twist(12345, (0, 0, 0), (0, 0, 0))
+    # A late duplicate answer to frame 1 (twist + gripper), then frame 2's answer.
+    assert matcher.on_twist(1, (9, 9, 9), (0, 0, 0))
+    assert matcher.on_twist(2, (1, 2, 3), (0, 0, 0))
+    matcher.on_gripper(0.0)                            # frame 1's gripper
+    assert matcher.take() is None                      # frame 2's gripper not here yet
+    matcher.on_gripper(0.04)
+    command = matcher.take()
+    assert command.linear == (1, 2, 3) and command.gripper_position == 0.04
+    assert matcher.num_other_answers == 1
+
+
+def test_lockstep_window_survives_republication_and_resets_on_a_new_frame():
+    matcher = matcher_with(1, 2)
+    matcher.begin_frame(1)
+    matcher.on_twist(1, (1, 0, 0), (0, 0, 0))          # republication: no begin_frame
+    matcher.on_gripper(1.0)
+    assert matcher.take().linear == (1, 0, 0)
+    matcher.begin_frame(2)
+    matcher.on_gripper(0.5)                            # no twist for frame 2 yet
+    assert matcher.take() is None
+    matcher.end()
+    matcher.on_twist(2, (0, 1, 0), (0, 0, 0))
+    assert matcher.take() is None                      # episode over: nothing to step
+    with pytest.raises(ValueError, match='stamp_ns'):
+        matcher.begin_frame(3)
+
+
+def test_realtime_uses_fresh_commands_and_holds_the_gripper_when_stale():
+    state = RealtimeCommand(command_timeout_s=0.5, initial_gripper_position=0.04)
+    linear, angular, gripper, is_fresh = state.command_at(0.0)
+    assert (linear, angular, gripper, is_fresh) == ((0.0,) * 3, (0.0,) * 3, 0.04, False)
+    state.on_twist((1, 2, 3), (4, 5, 6), receipt_s=10.0)
+    state.on_gripper(0.0)
+    assert state.command_at(10.5) == ((1, 2, 3), (4, 5, 6), 0.0, True)
+    assert state.command_at(10.6) == ((0.0,) * 3, (0.0,) * 3, 0.0, False)
+    with pytest.raises(ValueError, match='command_timeout_s'):
+        RealtimeCommand(0.0, 0.0)

@@ -1,0 +1,319 @@
+"""The `sim_bridge` node: a Meta-World task as a camera + arm on ROS 2 (DESIGN.md §9).
+
+  ~/image (sensor_msgs/Image rgb8, stamped with the node clock, strictly increasing per frame)
+  ~/instruction (std_msgs/String, reliable + transient local like the VLA node's subscription)
+  ~/twist (geometry_msgs/TwistStamped) + ~/gripper (std_msgs/Float64MultiArray, data[0])
+      -> bridge_logic.action_from_twist -> MetaWorldTask.step
+
+Connect it to a `vla_spec` node by remapping, e.g. `~/image:=/vla_spec/image`,
+`~/instruction:=/vla_spec/instruction`, `~/twist:=/vla_spec/twist`, `~/gripper:=/vla_spec/gripper`.
+control_period, linear/angular_scale, max_*_speed and gripper_*_position must equal the VLA
+node's. Simplest gripper convention on the VLA node: gripper_binarize false, open 1.0, closed
+0.0 (the message then carries the model's gripper value clipped to [0, 1]).
+
+sim_mode "lockstep": frame k is stepped only with the twist stamped with frame k's stamp and its
+gripper message (bridge_logic.LockstepMatcher); without them for `lockstep_timeout_s` the same
+frame is published again with the same stamp (counted) and nothing is stepped. "realtime": a
+timer steps at `control_rate_hz` with the newest command younger than `command_timeout_s`, else
+zero motion with the gripper held (bridge_logic.RealtimeCommand). The last frame of an episode
+(success or max_steps) is not published.
+
+Simulator work runs in this node's callbacks (one mutually exclusive group) and in the caller of
+`start_episode` / `run_episode`, serialised by one lock. Call `run_episode` from a thread other
+than the executor's (it blocks until the episode ends).
+"""
+from __future__ import annotations
+
+import dataclasses
+import sys
+import threading
+import time
+
+import numpy as np
+import rclpy
+from geometry_msgs.msg import TwistStamped
+from rcl_interfaces.msg import ParameterDescriptor
+from rclpy.executors import ExternalShutdownException, MultiThreadedExecutor
+from rclpy.node import Node
+from rclpy.qos import DurabilityPolicy, HistoryPolicy, QoSProfile, ReliabilityPolicy
+from sensor_msgs.msg import Image
+from std_msgs.msg import Float64MultiArray, String
+
+from vla_spec_ros.ros.conversions import rgb_to_image
+from vla_spec_ros.ros.node import COMMAND_QOS, INSTRUCTION_QOS
+from vla_spec_ros.sim import bridge_logic as logic
+from vla_spec_ros.sim.demos import EpisodeResult, choose_instruction, episode_seed
+from vla_spec_ros.sim.metaworld_env import get_task, make_env
+
+# Reliable publisher, depth 1: matches best-effort (the VLA node) and reliable subscribers.
+IMAGE_QOS = QoSProfile(history=HistoryPolicy.KEEP_LAST, depth=1,
+                       reliability=ReliabilityPolicy.RELIABLE,
+                       durability=DurabilityPolicy.VOLATILE)
+MAX_TIMER_PERIOD_S = 0.05
+
+
+class SimBridgeNode(Node):
+    """One Meta-World task at a time behind camera / instruction / twist / gripper topics."""
+
+    def __init__(self, *, node_name: str = 'sim_bridge', **node_kwargs):
+        super().__init__(node_name, **node_kwargs)
+        defaults = logic.BridgeSettings()
+        declared = self.declare_parameters('', [
+            (f.name, getattr(defaults, f.name), ParameterDescriptor(
+                description=logic.DESCRIPTIONS[f.name])) for f in dataclasses.fields(defaults)])
+        self.settings = logic.BridgeSettings(**{p.name: p.value for p in declared})
+        s = self.settings
+        self._lock = threading.RLock()
+        self._done = threading.Event()
+        self._env, self._env_key = None, None
+        self._registry = logic.FrameRegistry()
+        self._matcher = logic.LockstepMatcher(self._registry)
+        self._realtime = self._new_realtime_command()
+        self._log = logic.EpisodeLog()
+        self._episode: tuple | None = None     # (task_name, seed, instruction) while running
+        self._frame_msg, self._frame_sent_s, self._last_stamp_ns = None, 0.0, None
+        self._started_s, self._last_instruction = 0.0, None
+
+        self._image_pub = self.create_publisher(Image, '~/image', IMAGE_QOS)
+        self._instruction_pub = self.create_publisher(String, '~/instruction', INSTRUCTION_QOS)
+        self._twist_sub = self.create_subscription(TwistStamped, '~/twist', self._on_twist,
+                                                   COMMAND_QOS)
+        self._gripper_sub = self.create_subscription(Float64MultiArray, '~/gripper',
+                                                     self._on_gripper, COMMAND_QOS)
+        if s.sim_mode == 'realtime':
+            self.create_timer(1.0 / s.control_rate_hz, self._on_control_tick)
+        else:
+            self.create_timer(min(MAX_TIMER_PERIOD_S, s.lockstep_timeout_s / 4),
+                              self._on_lockstep_tick)
+
+    # ---- episode API (caller thread) ------------------------------------------------------
+
+    def wait_for_peers(self, timeout_s: float) -> bool:
+        """True once ~/image has a subscriber and ~/twist and ~/gripper have publishers."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if (self._image_pub.get_subscription_count() > 0
+                    and self._twist_sub.get_publisher_count() > 0
+                    and self._gripper_sub.get_publisher_count() > 0):
+                return True
+            time.sleep(0.01)
+        return False
+
+    def start_episode(self, task_name: str, seed: int, instruction: str) -> None:
+        """Reset the task with `seed`, publish the instruction, then the first frame."""
+        if not instruction:
+            raise ValueError('instruction: must not be empty')
+        self.stop_episode()
+        if instruction != self._last_instruction:
+            self._instruction_pub.publish(String(data=instruction))
+            self._last_instruction = instruction
+            time.sleep(self.settings.instruction_settle_s)   # let subscribers take it first
+        with self._lock:
+            env = self._ensure_env(task_name)
+            image = env.reset(int(seed))
+            self._log = logic.EpisodeLog()
+            self._matcher = logic.LockstepMatcher(self._registry)   # fresh counts and window
+            self._realtime = self._new_realtime_command()             # no command carried over
+            self._done.clear()
+            self._episode = (env.task.name, int(seed), instruction)
+            self._started_s = time.monotonic()
+            self._publish_frame(image)
+
+    def run_episode(self, task_name: str, seed: int, instruction: str,
+                    timeout_s: float) -> EpisodeResult:
+        """Run one episode to success, max_steps or `timeout_s` (then `is_timed_out`)."""
+        self.start_episode(task_name, seed, instruction)
+        if not self._done.wait(timeout_s):
+            with self._lock:
+                if self._episode is not None:
+                    self._log.counters.is_timed_out = True
+                    self._finish(is_success=False)
+        return self._log.result
+
+    def stop_episode(self) -> None:
+        """End a running episode now (not successful)."""
+        with self._lock:
+            if self._episode is not None:
+                self._finish(is_success=False)
+
+    def episode_log(self) -> logic.EpisodeLog:
+        """A copy of the current (or last) episode's counters, actions and latencies."""
+        with self._lock:
+            log = self._log
+            return logic.EpisodeLog(dataclasses.replace(log.counters),
+                                    list(log.applied_actions), list(log.latencies_s),
+                                    log.wall_s, log.result)
+
+    @property
+    def env(self):
+        return self._env
+
+    def destroy_node(self):
+        with self._lock:
+            self._episode = None
+            if self._env is not None:
+                self._env.close()
+                self._env = None
+        return super().destroy_node()
+
+    # ---- simulator (lock held) ------------------------------------------------------------
+
+    def _new_realtime_command(self) -> logic.RealtimeCommand:
+        s = self.settings
+        return logic.RealtimeCommand(s.command_timeout_s, s.gripper_open_position)
+
+    def _ensure_env(self, task_name: str):
+        s = self.settings
+        key = (get_task(task_name).name, s.image_size, s.camera, s.max_steps)
+        if self._env_key != key:
+            if self._env is not None:
+                self._env.close()
+            self._env = make_env(key[0], image_size=s.image_size, camera=s.camera,
+                                 max_steps=s.max_steps)
+            self._env_key = key
+        return self._env
+
+    def _publish_frame(self, image: np.ndarray) -> None:
+        now = self.get_clock().now().nanoseconds
+        stamp_ns = logic.next_stamp_ns(now, self._last_stamp_ns)
+        self._last_stamp_ns = stamp_ns
+        self._frame_sent_s = time.monotonic()
+        self._registry.add(stamp_ns, self._frame_sent_s)
+        self._matcher.begin_frame(stamp_ns)
+        msg = rgb_to_image(image, frame_id=self.settings.frame_id)
+        msg.header.stamp.sec, msg.header.stamp.nanosec = divmod(stamp_ns, 1_000_000_000)
+        self._frame_msg = msg
+        self._image_pub.publish(msg)
+        self._log.counters.num_frames_published += 1
+
+    def _apply(self, action: np.ndarray, is_command: bool) -> None:
+        counters = self._log.counters
+        image, is_success, is_done, _ = self._env.step(action)
+        counters.num_steps += 1
+        counters.num_commands_applied += int(is_command)
+        counters.num_stale_commands += int(not is_command)
+        self._log.applied_actions.append(np.array(action, dtype=np.float64))
+        if is_done:
+            self._finish(is_success)
+        else:
+            self._publish_frame(image)
+
+    def _finish(self, is_success: bool) -> None:
+        task_name, seed, instruction = self._episode
+        self._episode = None
+        self._matcher.end()
+        self._log.counters.num_other_answers = self._matcher.num_other_answers
+        self._log.wall_s = time.monotonic() - self._started_s
+        num_steps = self._env.num_steps if self._env is not None else 0
+        self._log.result = EpisodeResult(task_name, seed, instruction, bool(is_success),
+                                         num_steps)
+        self._done.set()
+
+    # ---- callbacks (executor) -------------------------------------------------------------
+
+    def _on_twist(self, msg: TwistStamped) -> None:
+        received_s = time.monotonic()
+        t = msg.twist
+        linear = (t.linear.x, t.linear.y, t.linear.z)
+        angular = (t.angular.x, t.angular.y, t.angular.z)
+        if not np.all(np.isfinite(linear + angular)):      # never reaches the simulator
+            self.get_logger().warning(f'ignoring non-finite twist {linear} {angular}',
+                                      throttle_duration_sec=2.0)
+            return
+        stamp_ns = msg.header.stamp.sec * 1_000_000_000 + msg.header.stamp.nanosec
+        with self._lock:
+            latency = self._registry.first_answer_latency(stamp_ns, received_s)
+            if latency is not None and self._episode is not None:
+                self._log.latencies_s.append(latency)
+            if self.settings.sim_mode == 'realtime':
+                self._realtime.on_twist(linear, angular, received_s)
+            else:
+                self._matcher.on_twist(stamp_ns, linear, angular)
+                self._step_lockstep()
+
+    def _on_gripper(self, msg: Float64MultiArray) -> None:
+        if len(msg.data) < 1 or not np.isfinite(msg.data[0]):
+            self.get_logger().warning(f'ignoring gripper command {list(msg.data)}',
+                                      throttle_duration_sec=2.0)
+            return
+        with self._lock:
+            if self.settings.sim_mode == 'realtime':
+                self._realtime.on_gripper(msg.data[0])
+            else:
+                self._matcher.on_gripper(msg.data[0])
+                self._step_lockstep()
+
+    def _step_lockstep(self) -> None:
+        if self._episode is None:
+            return
+        command = self._matcher.take()
+        if command is not None:
+            self._apply(self._action(command.linear, command.angular, command.gripper_position),
+                        is_command=True)
+
+    def _action(self, linear, angular, gripper_position) -> np.ndarray:
+        return logic.action_from_twist(linear, angular, gripper_position, self.settings)
+
+    def _on_lockstep_tick(self) -> None:
+        with self._lock:
+            if (self._episode is None or time.monotonic() - self._frame_sent_s
+                    < self.settings.lockstep_timeout_s):
+                return
+            self._frame_sent_s = time.monotonic()    # same message, same stamp
+            self._image_pub.publish(self._frame_msg)
+            self._log.counters.num_frames_published += 1
+            self._log.counters.num_republished_frames += 1
+        self.get_logger().warning('no command for the current frame within '
+                                  f'{self.settings.lockstep_timeout_s} s; republished it',
+                                  throttle_duration_sec=2.0)
+
+    def _on_control_tick(self) -> None:
+        with self._lock:
+            if self._episode is None:
+                return
+            linear, angular, gripper, is_fresh = self._realtime.command_at(time.monotonic())
+            self._apply(self._action(linear, angular, gripper), is_command=is_fresh)
+
+
+def main(args=None) -> int:
+    """`ros2 run vla_spec_ros sim-bridge --ros-args -p task_name:=drawer-open -p episodes:=5
+    -r ~/image:=/vla_spec/image ...`: runs the episodes and logs each result."""
+    rclpy.init(args=args)
+    node, executor, thread = None, None, None
+    try:
+        node = SimBridgeNode()
+        executor = MultiThreadedExecutor()
+        executor.add_node(node)
+        thread = threading.Thread(target=executor.spin, daemon=True)
+        thread.start()
+        s, log = node.settings, node.get_logger()
+        task = get_task(s.task_name)
+        if not node.wait_for_peers(30.0):
+            log.warning('no VLA node connected yet (check the remappings); starting anyway')
+        num_success = 0
+        for episode in range(s.episodes):
+            seed = episode_seed(s.seed, task.name, episode)
+            instruction = s.instruction or choose_instruction(task, seed)
+            result = node.run_episode(task.name, seed, instruction, s.episode_timeout_s)
+            counters = node.episode_log().counters
+            num_success += int(result.is_success)
+            log.info(f'episode {episode}: {result} {counters}')
+        log.info(f'{task.name}: success {num_success}/{s.episodes}')
+    except (KeyboardInterrupt, ExternalShutdownException):
+        pass
+    except ValueError as exc:
+        print(f'sim_bridge: {exc}', file=sys.stderr)
+        return 1
+    finally:
+        if executor is not None:
+            executor.shutdown()
+        if node is not None:
+            node.destroy_node()
+        rclpy.try_shutdown()
+        if thread is not None:
+            thread.join(timeout=5.0)
+    return 0
+
+
+if __name__ == '__main__':
+    sys.exit(main())

@@ -1,0 +1,291 @@
+"""Simulator side of the command path: twist + gripper in, a 7-dim action out (no rclpy, no torch).
+
+The `vla_spec` node turns an action into commands (vla_spec_ros/ros/command.py):
+
+    linear  = clamp_norm(d[0:3] / control_period * linear_scale,  max_linear_speed)
+    angular = clamp_norm(d[3:6] / control_period * angular_scale, max_angular_speed)
+    gripper = closed + openness * (open - closed)        (openness in [0, 1], 1 = open)
+
+`action_from_twist` inverts it: the bridge clamps the velocity norms like a servo controller,
+then d = velocity * control_period / scale and openness = (gripper - closed) / (open - closed)
+clipped to [0, 1]. The inversion is exact (up to float rounding) when the bridge's
+control_period, scales, speed limits and gripper positions equal the VLA node's and the node did
+not clamp; a clamped velocity stays clamped (the direction is kept, the length is not).
+
+Two ways to turn a stream of commands into simulator steps:
+- lock-step (`LockstepMatcher`): frame k is stepped with the twist stamped with frame k's stamp
+  and the gripper message published right after that twist. The node publishes twist then
+  gripper from one thread (node.py `_publish_command`) over reliable topics, so within the
+  messages received since frame k was first published, the n-th twist that answers some
+  published frame pairs with the n-th gripper message. Twists with other stamps (zero-twist
+  holds are stamped with the node clock) carry no gripper and are not paired.
+- real time (`RealtimeCommand`): every control period the newest twist is used when it was
+  received less than `command_timeout_s` ago, else zero motion; the gripper holds its last
+  value (a servo controller's incoming-command timeout).
+"""
+from __future__ import annotations
+
+import math
+from collections import OrderedDict
+from dataclasses import dataclass, field, fields
+
+import numpy as np
+
+from vla_spec_ros.ros.command import clamp_norm
+
+SIM_MODES = ('lockstep', 'realtime')
+ACTION_DIM = 7
+
+
+@dataclass(frozen=True)
+class BridgeSettings:
+    """Parameters of the simulator bridge node; validated at construction.
+
+    control_period, the scales, the speed limits and the gripper positions must equal the VLA
+    node's parameters of the same names, else actions are not recovered exactly.
+    """
+
+    task_name: str = 'button-press-topdown'
+    seed: int = 0
+    episodes: int = 1
+    instruction: str = ''
+    image_size: int = 64
+    camera: str = 'corner4'
+    max_steps: int = 150
+    frame_id: str = 'camera'
+    sim_mode: str = 'lockstep'
+    control_rate_hz: float = 5.0
+    control_period: float = 0.2
+    linear_scale: float = 1.0
+    angular_scale: float = 1.0
+    max_linear_speed: float = 0.25
+    max_angular_speed: float = 1.0
+    gripper_open_position: float = 1.0
+    gripper_closed_position: float = 0.0
+    lockstep_timeout_s: float = 5.0
+    command_timeout_s: float = 0.5
+    instruction_settle_s: float = 0.5
+    episode_timeout_s: float = 600.0
+
+    def __post_init__(self):
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if isinstance(f.default, float):
+                if isinstance(value, bool) or not isinstance(value, (int, float)):
+                    raise ValueError(f'{f.name}: expected a number, got {value!r}')
+                if not math.isfinite(value):
+                    raise ValueError(f'{f.name}: must be finite')
+                object.__setattr__(self, f.name, float(value))
+            elif type(value) is not type(f.default):
+                raise ValueError(f'{f.name}: expected {type(f.default).__name__}, got '
+                                 f'{value!r}')
+        if self.sim_mode not in SIM_MODES:
+            raise ValueError(f'sim_mode: {self.sim_mode!r} not in {list(SIM_MODES)}')
+        for name in ('control_rate_hz', 'control_period', 'linear_scale', 'angular_scale',
+                     'lockstep_timeout_s', 'command_timeout_s', 'episode_timeout_s'):
+            if getattr(self, name) <= 0:
+                raise ValueError(f'{name}: must be > 0 (a zero scale cannot be inverted)')
+        for name in ('max_linear_speed', 'max_angular_speed', 'instruction_settle_s'):
+            if getattr(self, name) < 0:
+                raise ValueError(f'{name}: must be >= 0')
+        for name in ('seed', 'episodes', 'max_steps', 'image_size'):
+            if getattr(self, name) < (0 if name == 'seed' else 1):
+                raise ValueError(f'{name}: out of range ({getattr(self, name)})')
+        if self.gripper_open_position == self.gripper_closed_position:
+            raise ValueError('gripper_open_position: must differ from gripper_closed_position')
+        if not self.frame_id.strip():
+            raise ValueError('frame_id: must not be empty')
+
+
+# ROS parameter descriptions of the fields above (the bridge declares one parameter each).
+DESCRIPTIONS = {
+    'task_name': 'Meta-World task run by main()', 'seed': 'Base seed of main()\'s episodes',
+    'episodes': 'Episodes run by main()', 'instruction': 'Instruction for main()\'s episodes; '
+    'empty = the task phrasing chosen from the episode seed',
+    'image_size': 'Camera image side in pixels', 'camera': 'Meta-World camera name',
+    'max_steps': 'Steps before an episode ends unsuccessfully',
+    'frame_id': 'frame_id of ~/image', 'sim_mode': 'lockstep or realtime',
+    'control_rate_hz': 'Real-time step rate', 'control_period': 'Seconds one action delta '
+    'spans (must match the VLA node)', 'linear_scale': 'Must match the VLA node',
+    'angular_scale': 'Must match the VLA node', 'max_linear_speed': 'Servo limit on the linear '
+    'velocity norm (m/s)', 'max_angular_speed': 'Servo limit on the angular velocity norm',
+    'gripper_open_position': 'Gripper command meaning open (must match the VLA node)',
+    'gripper_closed_position': 'Gripper command meaning closed (must match the VLA node)',
+    'lockstep_timeout_s': 'Republish the frame after this long without its command',
+    'command_timeout_s': 'Real time: older commands give zero motion',
+    'instruction_settle_s': 'Pause after publishing a new instruction before the first frame',
+    'episode_timeout_s': 'main(): give up on an episode after this long',
+}
+
+
+def gripper_openness(position: float, settings: BridgeSettings) -> float:
+    """Controller position -> absolute gripper in [0, 1] (1 = open), the inverse of the
+    node's interpolation closed -> open."""
+    closed, opened = settings.gripper_closed_position, settings.gripper_open_position
+    openness = (float(position) - closed) / (opened - closed)
+    return min(max(openness, 0.0), 1.0)
+
+
+def action_from_twist(linear, angular, gripper_position: float,
+                      settings: BridgeSettings) -> np.ndarray:
+    """(3,) m/s, (3,) rad/s, controller position -> (7,) float64 action (deltas per step)."""
+    linear = np.asarray(linear, dtype=np.float64)
+    angular = np.asarray(angular, dtype=np.float64)
+    if linear.shape != (3,) or angular.shape != (3,):
+        raise ValueError(f'linear/angular: expected (3,) each, got {linear.shape}, '
+                         f'{angular.shape}')
+    if not (np.all(np.isfinite(linear)) and np.all(np.isfinite(angular))
+            and math.isfinite(gripper_position)):
+        raise ValueError('linear/angular/gripper_position: non-finite command')
+    linear = clamp_norm(linear, settings.max_linear_speed)
+    angular = clamp_norm(angular, settings.max_angular_speed)
+    action = np.empty(ACTION_DIM, dtype=np.float64)
+    action[0:3] = linear * settings.control_period / settings.linear_scale
+    action[3:6] = angular * settings.control_period / settings.angular_scale
+    action[6] = gripper_openness(gripper_position, settings)
+    return action
+
+
+def next_stamp_ns(now_ns: int, last_ns: int | None) -> int:
+    """A frame stamp from the clock, forced strictly above the previous one."""
+    return int(now_ns) if last_ns is None or now_ns > last_ns else int(last_ns) + 1
+
+
+class FrameRegistry:
+    """Stamps of recently published frames and when each was first published.
+
+    Tells answers to published frames (action twists) from other twists, and measures
+    observation-to-command latency once per frame (the first answer).
+    """
+
+    def __init__(self, max_frames: int = 512):
+        if max_frames < 1:
+            raise ValueError('max_frames: must be >= 1')
+        self._max_frames = max_frames
+        self._published: OrderedDict[int, float] = OrderedDict()   # stamp_ns -> publish time
+        self._answered: set[int] = set()
+
+    def add(self, stamp_ns: int, published_s: float) -> None:
+        if self._published and stamp_ns <= next(reversed(self._published)):
+            raise ValueError(f'stamp_ns: {stamp_ns} is not above the previous frame stamp')
+        self._published[stamp_ns] = published_s
+        while len(self._published) > self._max_frames:
+            old, _ = self._published.popitem(last=False)
+            self._answered.discard(old)
+
+    def __contains__(self, stamp_ns: int) -> bool:
+        return stamp_ns in self._published
+
+    def first_answer_latency(self, stamp_ns: int, received_s: float) -> float | None:
+        """Seconds from the frame's first publication to this answer; None when the stamp is
+        unknown or the frame was answered before."""
+        if stamp_ns not in self._published or stamp_ns in self._answered:
+            return None
+        self._answered.add(stamp_ns)
+        return received_s - self._published[stamp_ns]
+
+
+@dataclass(frozen=True)
+class MatchedCommand:
+    stamp_ns: int
+    linear: tuple
+    angular: tuple
+    gripper_position: float
+
+
+class LockstepMatcher:
+    """Pairs the twist answering the current frame with its gripper message (module doc)."""
+
+    def __init__(self, registry: FrameRegistry):
+        self._registry = registry
+        self._current: int | None = None
+        self._twists: list[tuple[int, tuple, tuple]] = []   # answers since the frame began
+        self._grippers: list[float] = []
+        self.num_other_answers = 0     # answers to earlier frames (late or duplicate)
+
+    def begin_frame(self, stamp_ns: int) -> None:
+        """A new frame (not a republication): open a fresh window. Call before publishing."""
+        if stamp_ns not in self._registry:
+            raise ValueError(f'stamp_ns: {stamp_ns} was not added to the registry')
+        self._current = stamp_ns
+        self._twists, self._grippers = [], []
+
+    def end(self) -> None:
+        """No frame waits for a command (episode over)."""
+        self._current = None
+
+    def on_twist(self, stamp_ns: int, linear, angular) -> bool:
+        """Record a twist; True when it answers a published frame (and so has a gripper)."""
+        if stamp_ns not in self._registry:
+            return False
+        if stamp_ns != self._current:
+            self.num_other_answers += 1
+        self._twists.append((stamp_ns, tuple(linear), tuple(angular)))
+        return True
+
+    def on_gripper(self, position: float) -> None:
+        self._grippers.append(float(position))
+
+    def take(self) -> MatchedCommand | None:
+        """The current frame's command once its twist and gripper have both arrived."""
+        if self._current is None:
+            return None
+        for index, (stamp_ns, linear, angular) in enumerate(self._twists):
+            if stamp_ns == self._current:
+                if index >= len(self._grippers):
+                    return None
+                self._current = None          # one command per frame
+                return MatchedCommand(stamp_ns, linear, angular, self._grippers[index])
+        return None
+
+
+class RealtimeCommand:
+    """Newest command and its age, for a controller stepping at a fixed rate."""
+
+    def __init__(self, command_timeout_s: float, initial_gripper_position: float):
+        if command_timeout_s <= 0:
+            raise ValueError('command_timeout_s: must be > 0')
+        self._timeout_s = command_timeout_s
+        self._twist: tuple | None = None       # (linear, angular, receipt_s)
+        self._gripper = float(initial_gripper_position)
+
+    def on_twist(self, linear, angular, receipt_s: float) -> None:
+        self._twist = (tuple(linear), tuple(angular), float(receipt_s))
+
+    def on_gripper(self, position: float) -> None:
+        self._gripper = float(position)
+
+    def command_at(self, now_s: float) -> tuple[tuple, tuple, float, bool]:
+        """(linear, angular, gripper position, is_fresh); a stale or missing twist gives zero
+        motion, the gripper keeps its newest value."""
+        twist = self._twist
+        if twist is None or now_s - twist[2] > self._timeout_s:
+            return (0.0, 0.0, 0.0), (0.0, 0.0, 0.0), self._gripper, False
+        return twist[0], twist[1], self._gripper, True
+
+
+@dataclass
+class EpisodeCounters:
+    num_steps: int = 0
+    num_frames_published: int = 0       # republications included
+    num_commands_applied: int = 0       # steps taken with a received command
+    num_stale_commands: int = 0         # real time: steps with zero motion (stale / missing)
+    num_republished_frames: int = 0     # lock-step: frames sent again after a timeout
+    num_other_answers: int = 0          # lock-step: answers to earlier frames, not applied
+    is_timed_out: bool = False
+
+
+@dataclass
+class EpisodeLog:
+    """Everything recorded about one episode; `result` is None while it runs."""
+
+    counters: EpisodeCounters = field(default_factory=EpisodeCounters)
+    applied_actions: list = field(default_factory=list)    # (7,) float64 per step
+    latencies_s: list = field(default_factory=list)        # frame published -> first answer
+    wall_s: float = 0.0
+    result: object = None                                  # sim.demos.EpisodeResult
+
+
+__all__ = ['SIM_MODES', 'BridgeSettings', 'DESCRIPTIONS', 'gripper_openness', 'action_from_twist',
+           'next_stamp_ns', 'FrameRegistry', 'MatchedCommand', 'LockstepMatcher',
+           'RealtimeCommand', 'EpisodeCounters', 'EpisodeLog']

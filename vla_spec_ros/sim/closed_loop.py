@@ -1,0 +1,275 @@
+"""Closed-loop evaluation through ROS 2: a `vla_spec` node and a `sim_bridge` node in one process.
+
+    SimBridgeNode ~/image, ~/instruction --DDS--> VLASpecNode (worker thread: the engine)
+    SimBridgeNode ~/twist, ~/gripper   <--DDS--  VLASpecNode
+
+Both nodes live in a private rclpy Context (its domain from ROS_DOMAIN_ID) under a namespace of
+their own, spun by one MultiThreadedExecutor on a background thread, so several harnesses (or
+other ROS graphs on the same domain) do not cross-talk. Episodes use the seeds and phrasings of
+`demos.evaluate_policy` (episode_seed, choose_instruction), so success rates compare with the
+scripted expert's from `demos.evaluate_scripted`. Between episodes the VLA node's ~/reset
+service drops anything in flight and its `instruction` parameter is set directly (synchronous:
+the first frame of an episode can never be answered with the previous instruction).
+
+rclpy and the node modules are imported when `run_closed_loop` runs; `ClosedLoopReport` imports
+without them.
+"""
+from __future__ import annotations
+
+import itertools
+import math
+import os
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+
+from vla_spec_ros.sim.bridge_logic import SIM_MODES
+from vla_spec_ros.sim.demos import EpisodeResult, choose_instruction, episode_seed, success_rate
+from vla_spec_ros.sim.metaworld_env import DEFAULT_CAMERA, get_task
+
+# VLA node limits far above Meta-World's 1 cm steps: the velocity clamps never act, so the
+# bridge recovers each action exactly (both nodes get the same values).
+MAX_LINEAR_SPEED, MAX_ANGULAR_SPEED = 10.0, 20.0
+# Lock-step waits for each action before the next frame exists, and a republished frame keeps
+# its stamp, so the observation age grows with the inference time (seconds for a large model on
+# a CPU). The node's max_action_age (its watchdog's limit as well) is therefore set to its
+# maximum, so waiting never turns into a stale hold; in real time the node's limit applies.
+LOCKSTEP_MAX_ACTION_AGE_S = 60.0
+REALTIME_MAX_ACTION_AGE_S = 1.0
+PEER_TIMEOUT_S = 30.0
+SERVICE_TIMEOUT_S = 10.0
+_harness_ids = itertools.count()
+
+
+@dataclass
+class ClosedLoopReport:
+    """One (mode, relax_threshold) run; latencies in ms, NaN where nothing was measured."""
+
+    mode: str
+    relax_threshold: int
+    sim_mode: str
+    control_rate_hz: float
+    episodes: list = field(default_factory=list)        # EpisodeResult, in run order
+    success_rate: float = math.nan
+    success_rate_per_task: dict = field(default_factory=dict)
+    num_actions: int = 0             # actions the VLA node published
+    num_steps: int = 0               # simulator steps taken
+    wall_s: float = 0.0              # time spent inside episodes
+    actions_per_s: float = math.nan
+    latency_p50_ms: float = math.nan   # frame published -> its twist received by the bridge
+    latency_p99_ms: float = math.nan
+    acceptance_length: float = math.nan   # speculative modes only (tokens per verify step)
+    forwards_per_action: float = math.nan  # verifier forwards per published action
+    num_stale_commands: int = 0
+    num_republished_frames: int = 0
+    num_timeouts: int = 0
+
+    def to_dict(self) -> dict:
+        out = asdict(self)
+        out['episodes'] = [asdict(e) for e in self.episodes]
+        return out
+
+
+def _percentile_ms(values, q: float) -> float:
+    from vla_spec_ros.ros.diagnostics import percentile
+    return 1e3 * percentile(values, q) if values else math.nan
+
+
+def _resolve_unnorm_key(policy, unnorm_key: str | None) -> str:
+    keys = tuple(policy.unnorm_keys)
+    if unnorm_key is None:
+        for preferred in ('metaworld_scripted',):
+            if preferred in keys:
+                return preferred
+        if len(keys) != 1:
+            raise ValueError(f'unnorm_key: the checkpoint has {list(keys)}; choose one')
+        return keys[0]
+    if unnorm_key not in keys:
+        raise ValueError(f'unnorm_key: {unnorm_key!r} not in {list(keys)}')
+    return unnorm_key
+
+
+def vla_parameters(policy, unnorm_key: str, sim_mode: str, control_rate_hz: float) -> dict:
+    """The VLA node's parameter overrides for a closed loop with `policy`."""
+    from vla_spec_ros.ros import params
+    values = {spec.name: getattr(policy.config, spec.name) for spec in params.PARAMETERS
+              if spec.target == 'engine'}     # tunables must not reset the policy's values
+    values['draft_path'] = values['draft_path'] or ''
+    values.update(
+        model_path=str(policy.source), unnorm_key=unnorm_key, enabled=True,
+        control_period=1.0 / control_rate_hz, linear_scale=1.0, angular_scale=1.0,
+        max_linear_speed=MAX_LINEAR_SPEED, max_angular_speed=MAX_ANGULAR_SPEED,
+        # Simplest gripper convention: the message is the model's value clipped to [0, 1].
+        gripper_binarize=False, gripper_invert=False, gripper_open_position=1.0,
+        gripper_closed_position=0.0,
+        max_action_age=(LOCKSTEP_MAX_ACTION_AGE_S if sim_mode == 'lockstep'
+                        else REALTIME_MAX_ACTION_AGE_S))
+    return values
+
+
+def bridge_parameters(image_size: int, sim_mode: str, control_rate_hz: float, max_steps: int,
+                      camera: str, lockstep_timeout_s: float) -> dict:
+    """The bridge's overrides, matching `vla_parameters` (period, scales, limits, gripper)."""
+    period = 1.0 / control_rate_hz
+    return dict(image_size=int(image_size), sim_mode=sim_mode,
+                control_rate_hz=float(control_rate_hz), control_period=period,
+                linear_scale=1.0, angular_scale=1.0, max_linear_speed=MAX_LINEAR_SPEED,
+                max_angular_speed=MAX_ANGULAR_SPEED, gripper_open_position=1.0,
+                gripper_closed_position=0.0, max_steps=int(max_steps), camera=camera,
+                lockstep_timeout_s=float(lockstep_timeout_s),
+                command_timeout_s=max(0.5, 3.0 * period), instruction_settle_s=0.0)
+
+
+def _check_args(tasks, episodes_per_task, sim_mode, control_rate_hz, max_steps) -> list[str]:
+    if isinstance(tasks, str) or not tasks:
+        raise ValueError(f'tasks: expected a non-empty list of task names, got {tasks!r}')
+    names = [get_task(t).name for t in tasks]
+    if not isinstance(episodes_per_task, int) or episodes_per_task < 1:
+        raise ValueError(f'episodes_per_task: expected a positive int, got '
+                         f'{episodes_per_task!r}')
+    if sim_mode not in SIM_MODES:
+        raise ValueError(f'sim_mode: {sim_mode!r} not in {list(SIM_MODES)}')
+    if not control_rate_hz > 0:
+        raise ValueError(f'control_rate_hz: must be > 0, got {control_rate_hz}')
+    if not isinstance(max_steps, int) or max_steps < 1:
+        raise ValueError(f'max_steps: expected a positive int, got {max_steps!r}')
+    return names
+
+
+def run_closed_loop(policy, tasks, episodes_per_task: int, seed: int = 0,
+                    sim_mode: str = 'lockstep', control_rate_hz: float = 10.0,
+                    max_steps: int = 150, unnorm_key: str | None = None, progress: bool = False,
+                    *, camera: str = DEFAULT_CAMERA, lockstep_timeout_s: float = 5.0,
+                    episode_timeout_s: float | None = None, namespace: str | None = None,
+                    num_warmup_frames: int = 2, on_episode=None) -> ClosedLoopReport:
+    """Run `episodes_per_task` episodes of each task with `policy` behind a real VLA node.
+
+    `episode_timeout_s` (default 30 s + 5 s per step) ends an episode whose actions stop
+    coming; it counts in `num_timeouts`. `on_episode(result, episode_log)` is called after each
+    episode (tests read the applied actions from it). `namespace` (default: unique per call)
+    holds both nodes, e.g. the VLA node's topics are `<namespace>/vla_spec/action`.
+    `num_warmup_frames` blank frames go through `policy.predict` first (one-time costs), outside
+    every statistic.
+    """
+    import rclpy
+    from rclpy.executors import MultiThreadedExecutor
+    from rclpy.node import Node
+    from rclpy.parameter import Parameter
+    from std_srvs.srv import Trigger
+
+    from vla_spec_ros.ros.node import VLASpecNode
+    from vla_spec_ros.ros.sim_bridge import SimBridgeNode
+
+    names = _check_args(tasks, episodes_per_task, sim_mode, control_rate_hz, max_steps)
+    key = _resolve_unnorm_key(policy, unnorm_key)
+    size = policy.model_config.image_size
+    for _ in range(num_warmup_frames):
+        policy.predict(np.zeros((size, size, 3), np.uint8), get_task(names[0]).instructions[0],
+                       key)
+    timeout_s = episode_timeout_s or 30.0 + 5.0 * max_steps
+    namespace = namespace or f'/closed_loop_{os.getpid()}_{next(_harness_ids)}'
+    vla_ns = f'{namespace}/vla_spec'
+    remaps = ['--ros-args'] + [arg for topic in ('image', 'instruction', 'twist', 'gripper')
+                               for arg in ('-r', f'~/{topic}:={vla_ns}/{topic}')]
+    report = ClosedLoopReport(policy.config.mode, policy.config.relax_threshold, sim_mode,
+                              float(control_rate_hz))
+    context = rclpy.Context()
+    rclpy.init(context=context)
+    nodes, executor, thread = [], None, None
+    try:
+        vla = VLASpecNode(policy=policy, context=context, namespace=namespace,
+                          parameter_overrides=[Parameter(k, value=v) for k, v in vla_parameters(
+                              policy, key, sim_mode, control_rate_hz).items()])
+        nodes.append(vla)
+        bridge_values = bridge_parameters(size, sim_mode, control_rate_hz, max_steps, camera,
+                                          lockstep_timeout_s)
+        bridge = SimBridgeNode(context=context, namespace=namespace, cli_args=remaps,
+                               parameter_overrides=[Parameter(k, value=v)
+                                                    for k, v in bridge_values.items()])
+        nodes.append(bridge)
+        client_node = Node('closed_loop_client', context=context, namespace=namespace)
+        nodes.append(client_node)
+        reset_client = client_node.create_client(Trigger, f'{vla_ns}/reset')
+        executor = MultiThreadedExecutor(num_threads=4, context=context)
+        for node in nodes:
+            executor.add_node(node)
+        thread = threading.Thread(target=executor.spin, name='closed_loop_executor',
+                                  daemon=True)
+        thread.start()
+        if not (bridge.wait_for_peers(PEER_TIMEOUT_S)
+                and reset_client.wait_for_service(timeout_sec=PEER_TIMEOUT_S)):
+            raise RuntimeError('the VLA node and the simulator bridge did not connect')
+        forwards_before = policy.engine.num_verifier_forwards
+        latencies = []
+        for task_name in names:
+            task = get_task(task_name)
+            for episode in range(episodes_per_task):
+                ep_seed = episode_seed(seed, task.name, episode)
+                instruction = choose_instruction(task, ep_seed)
+                _reset(reset_client, instruction, vla)
+                result = bridge.run_episode(task.name, ep_seed, instruction, timeout_s)
+                log = bridge.episode_log()
+                _accumulate(report, result, log)
+                latencies.extend(log.latencies_s)
+                if on_episode is not None:
+                    on_episode(result, log)
+                if progress:
+                    print(f'[{report.mode} r={report.relax_threshold}] {task.name} '
+                          f'#{episode}: {"success" if result.is_success else "failure"} in '
+                          f'{result.num_steps} steps ({log.wall_s:.1f} s)', flush=True)
+        snapshot = vla.stats_snapshot()
+        report.num_actions = int(snapshot['actions_published'])
+        if report.num_actions:
+            report.forwards_per_action = ((policy.engine.num_verifier_forwards
+                                           - forwards_before) / report.num_actions)
+        if policy.config.is_speculative:
+            # Mean tokens per verifier step over the node's window (its last 1000 steps).
+            report.acceptance_length = float(snapshot['acceptance_length'])
+        report.latency_p50_ms = _percentile_ms(latencies, 50)
+        report.latency_p99_ms = _percentile_ms(latencies, 99)
+    finally:
+        if executor is not None:
+            executor.shutdown()
+        for node in reversed(nodes):
+            node.destroy_node()
+        rclpy.try_shutdown(context=context)
+        if thread is not None:
+            thread.join(timeout=10.0)
+    report.success_rate = success_rate(report.episodes)
+    report.success_rate_per_task = {
+        name: success_rate([e for e in report.episodes if e.task_name == name])
+        for name in names}
+    if report.wall_s > 0:
+        report.actions_per_s = report.num_actions / report.wall_s
+    return report
+
+
+def _reset(reset_client, instruction: str, vla) -> None:
+    """Drop the VLA node's in-flight work, then give it the next instruction."""
+    from rclpy.parameter import Parameter
+    from std_srvs.srv import Trigger
+
+    future = reset_client.call_async(Trigger.Request())
+    deadline = time.monotonic() + SERVICE_TIMEOUT_S
+    while not future.done():
+        if time.monotonic() > deadline:
+            raise RuntimeError('the VLA node did not answer ~/reset')
+        time.sleep(0.002)
+    result = vla.set_parameters([Parameter('instruction', value=instruction)])[0]
+    if not result.successful:
+        raise ValueError(f'instruction: refused by the VLA node: {result.reason}')
+
+
+def _accumulate(report: ClosedLoopReport, result: EpisodeResult, log) -> None:
+    counters = log.counters
+    report.episodes.append(result)
+    report.num_steps += counters.num_steps
+    report.wall_s += log.wall_s
+    report.num_stale_commands += counters.num_stale_commands
+    report.num_republished_frames += counters.num_republished_frames
+    report.num_timeouts += int(counters.is_timed_out)
+
+
+__all__ = ['ClosedLoopReport', 'run_closed_loop', 'vla_parameters', 'bridge_parameters']
