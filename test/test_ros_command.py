@@ -291,6 +291,15 @@ def test_percentile_nearest_rank_brute_force():
         percentile([], 50)
 
 
+def test_stats_lifetime_acceptance_counters_outlive_the_window():
+    stats = InferenceStats(window_s=10.0, max_samples=4)
+    for i in range(10):
+        stats.record_action(float(i), latency_s=0.01, accepted_lengths=[1, 6] if i < 5 else [7])
+    snap = stats.snapshot(10.0)
+    assert snap['acceptance_length'] == pytest.approx(7.0)      # window: the last 4 steps
+    assert snap['verify_steps'] == 15 and snap['accepted_tokens'] == 70
+
+
 def test_stats_rate_latency_and_levels():
     stats = InferenceStats(window_s=10.0)
     for i in range(5):                   # actions at t = 0, 0.5, ..., 2.0 -> 2 Hz
@@ -302,6 +311,7 @@ def test_stats_rate_latency_and_levels():
     assert snap['latency_p99_ms'] == pytest.approx(50.0)
     assert snap['acceptance_length'] == pytest.approx(3.0)
     assert snap['frames_dropped'] == 3 and snap['actions_published'] == 5
+    assert snap['verify_steps'] == 10 and snap['accepted_tokens'] == 30
     assert level_for(snap) == OK
     stats.record_hold('stale observation: age 1 s', is_stale_result=True)
     snap = stats.snapshot(102.0)

@@ -45,6 +45,8 @@ class InferenceStats:
         self.num_actions_published = 0
         self.num_holds = 0
         self.num_errors = 0
+        self.num_verify_steps = 0          # over the node's lifetime (the window forgets)
+        self.num_accepted_tokens = 0
         self.hold_reason: str | None = None
         self.last_error = ''
 
@@ -66,6 +68,8 @@ class InferenceStats:
             self._publish_times.append(now_s)
             self._latencies.append(latency_s)
             self._accepted.extend(float(a) for a in accepted_lengths)
+            self.num_verify_steps += len(accepted_lengths)
+            self.num_accepted_tokens += int(sum(accepted_lengths))
             self.hold_reason = None
 
     def record_hold(self, reason: str, *, is_stale_result: bool = False) -> None:
@@ -96,6 +100,8 @@ class InferenceStats:
                 'actions_published': self.num_actions_published,
                 'holds': self.num_holds,
                 'errors': self.num_errors,
+                'verify_steps': self.num_verify_steps,
+                'accepted_tokens': self.num_accepted_tokens,
                 'hold_reason': self.hold_reason or '',
                 'last_error': self.last_error,
             }

@@ -224,9 +224,9 @@ def run_closed_loop(policy, tasks, episodes_per_task: int, seed: int = 0,
         if report.num_actions:
             report.forwards_per_action = ((policy.engine.num_verifier_forwards
                                            - forwards_before) / report.num_actions)
-        if policy.config.is_speculative:
-            # Mean tokens per verifier step over the node's window (its last 1000 steps).
-            report.acceptance_length = float(snapshot['acceptance_length'])
+        if policy.config.is_speculative and snapshot['verify_steps']:
+            # Mean tokens decided per verifier step over the whole run (the node is new).
+            report.acceptance_length = snapshot['accepted_tokens'] / snapshot['verify_steps']
         report.latency_p50_ms = _percentile_ms(latencies, 50)
         report.latency_p99_ms = _percentile_ms(latencies, 99)
     finally:
