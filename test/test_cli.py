@@ -67,7 +67,7 @@ def test_predict_reads_an_rgb_image_file(checkpoint, tmp_path, capsys):
                      '--unnorm-key', 'bridge_orig', '--dtype', 'float64']) == 0
     printed = _tokens(capsys.readouterr().out)[0]
     policy = VLAPolicy.from_pretrained(str(checkpoint), dtype='float64')
-    assert printed == list(policy.predict(rgb, 'pick up the red cup', 'bridge_orig').tokens)
+    assert printed == list(policy.predict(rgb, 'open the drawer', 'bridge_orig').tokens)
 
 
 def test_predict_on_a_preset_builds_it_once_in_the_cache(tmp_path, monkeypatch, capsys):

@@ -102,9 +102,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_make_checkpoint)
 
     p = sub.add_parser('predict', help='predict one action for an image + instruction')
-    p.add_argument('--model', default='tiny', help='checkpoint folder or preset name')
+    p.add_argument('--model', default='metaworld-demo',
+                   help='checkpoint folder, embedded model or preset name')
     p.add_argument('--image', default=None, help='image file (default: a seeded random image)')
-    p.add_argument('--instruction', default='pick up the red cup')
+    p.add_argument('--instruction', default='open the drawer')
     p.add_argument('--unnorm-key', default=None)
     p.add_argument('--mode', default='ar', choices=MODES)
     p.add_argument('--relax-threshold', type=int, default=0)

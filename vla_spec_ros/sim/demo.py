@@ -34,14 +34,17 @@ def add_arguments(parser) -> None:
                         help='checkpoint folder, embedded model or preset name')
     parser.add_argument('--tasks', default=','.join(DEFAULT_TASK_NAMES),
                         help='comma-separated Meta-World task names')
-    parser.add_argument('--episodes', type=int, default=20, help='episodes per task')
+    parser.add_argument('--episodes', type=int, default=5,
+                        help='episodes per task (the recorded results use 20)')
     parser.add_argument('--modes', default='ar,pipeline,spec,pipeline_spec')
-    parser.add_argument('--relax-thresholds', default='0,1,2,4,8',
+    parser.add_argument('--relax-thresholds', default='0,2,8',
                         help='relaxation thresholds (bins) for the speculative modes')
     parser.add_argument('--sim-mode', default='lockstep', choices=['lockstep', 'realtime'])
     parser.add_argument('--control-rate-hz', type=float, default=10.0)
     parser.add_argument('--max-steps', type=int, default=150)
-    parser.add_argument('--seed', type=int, default=0)
+    parser.add_argument('--seed', type=int, default=1000,
+                        help='base seed of the episodes; the shipped model\'s demonstrations '
+                        'used seed 0, so the default evaluates on unseen placements')
     parser.add_argument('--dtype', default='float32', choices=list(DTYPES))
     parser.add_argument('--device', default='cpu', help='cpu or cuda[:N]')
     parser.add_argument('--draft-path', default=None,
@@ -50,8 +53,9 @@ def add_arguments(parser) -> None:
                         help='default: metaworld_scripted, or the checkpoint\'s only key')
     parser.add_argument('--restrict-to-action-tokens', action='store_true',
                         help='greedy over action tokens only (needed by random-weight models)')
-    parser.add_argument('--threads', type=int, default=None,
-                        help='torch CPU threads (default: torch\'s choice; 1 on a busy machine)')
+    parser.add_argument('--threads', type=int, default=1,
+                        help='torch CPU threads (1: the simulator and DDS need the other '
+                        'cores, and a small model gains nothing from more)')
     parser.add_argument('--out', default='results/demo', help='results folder')
     parser.add_argument('--expert', action='store_true',
                         help='also measure the scripted expert on the same seeds')
