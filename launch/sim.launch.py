@@ -9,6 +9,10 @@ bridge runs `episodes` seeded episodes of `task_name` and logs each result. `sim
 waits for the action of every frame (deterministic); `realtime` steps at `control_rate_hz`
 whether or not an action arrived. `vla-spec demo` runs the same pair in one process.
 
+`image_size` is the side of the bridge's camera images and must be the input size of the
+checkpoint in `model_path` (64 for the embedded metaworld-demo model): the VLA node would
+otherwise resize every frame, and the model would see images unlike those it was trained on.
+
 Like robot.launch.py, `launch` / `launch_ros` are imported inside `generate_launch_description`
 only; `node_options` is what the launch actions are built from, and the tests start the same
 options as processes where `launch` is not installed.
@@ -29,6 +33,8 @@ ARGUMENTS = (
     ('sim_mode', 'lockstep', 'lockstep (deterministic) or realtime'),
     ('control_rate_hz', '10.0', 'Control rate: the action period of both nodes'),
     ('max_steps', '150', 'Steps before an episode ends unsuccessfully'),
+    ('image_size', '64', 'Camera image side in pixels: must be the checkpoint\'s input size '
+     '(64 for metaworld-demo), else the VLA node resizes every frame'),
     ('params_file', DEFAULT_PARAMS_FILE, 'YAML parameter file of the VLA node'),
     ('vla_node_name', 'vla_spec', 'Name of the VLA node'),
 )
@@ -54,6 +60,9 @@ def node_options(values: dict) -> tuple[dict, dict]:
     if sim_mode not in MAX_ACTION_AGE_S:
         raise ValueError(f'sim_mode: expected one of {sorted(MAX_ACTION_AGE_S)}, got '
                          f'{sim_mode!r}')
+    image_size = int(values['image_size'])
+    if image_size < 1:
+        raise ValueError(f'image_size: must be >= 1, got {image_size}')
     period = 1.0 / rate
     vla_name = values['vla_node_name']
     vla_parameters = dict(SHARED_COMMAND_PARAMETERS, **VLA_ONLY_PARAMETERS,
@@ -64,6 +73,7 @@ def node_options(values: dict) -> tuple[dict, dict]:
                              control_rate_hz=rate, sim_mode=sim_mode,
                              task_name=values['task_name'], episodes=int(values['episodes']),
                              seed=int(values['seed']), max_steps=int(values['max_steps']),
+                             image_size=image_size,
                              command_timeout_s=max(0.5, 3.0 * period))
     vla = {'name': vla_name, 'namespace': '',
            'parameters': [values['params_file'], vla_parameters], 'remappings': []}

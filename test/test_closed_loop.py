@@ -137,7 +137,9 @@ def test_lockstep_actions_reach_the_simulator_and_runs_are_deterministic(ros_dom
     assert counters.num_commands_applied == counters.num_steps
     assert counters.num_stale_commands == 0 and not counters.is_timed_out
     assert result.is_success or result.num_steps == MAX_STEPS
-    assert report.num_actions >= counters.num_steps
+    assert report.num_actions >= report.num_episode_actions >= counters.num_steps
+    assert report.actions_per_s == pytest.approx(report.num_episode_actions / report.wall_s)
+    assert log.end_reason in ('success', 'max_steps') and not counters.is_unanswered
     assert len(log.latencies_s) == counters.num_steps
     # What was applied is what the VLA published on ~/action (gripper: clipped to [0, 1]).
     assert published, 'the probe received no ~/action message'
@@ -159,7 +161,7 @@ def test_lockstep_actions_reach_the_simulator_and_runs_are_deterministic(ros_dom
 
 
 @needs_sim
-def test_lockstep_without_commands_republishes_the_same_frame_and_never_steps(ros_domain):
+def test_lockstep_without_commands_republishes_the_same_frame_then_fails(ros_domain):
     import rclpy
     from rclpy.executors import MultiThreadedExecutor
     from rclpy.parameter import Parameter
@@ -171,8 +173,8 @@ def test_lockstep_without_commands_republishes_the_same_frame_and_never_steps(ro
     executor = MultiThreadedExecutor(context=context)
     namespace = f'/test_bridge_alone_{os.getpid()}'
     bridge = SimBridgeNode(context=context, namespace=namespace, parameter_overrides=[
-        Parameter('lockstep_timeout_s', value=0.2), Parameter('image_size', value=32),
-        Parameter('instruction_settle_s', value=0.0)])
+        Parameter('lockstep_timeout_s', value=0.2), Parameter('max_republish', value=3),
+        Parameter('image_size', value=32), Parameter('instruction_settle_s', value=0.0)])
     stamps = []
     bridge.create_subscription(Image, f'{namespace}/sim_bridge/image',
                                lambda msg: stamps.append((msg.header.stamp.sec,
@@ -181,7 +183,7 @@ def test_lockstep_without_commands_republishes_the_same_frame_and_never_steps(ro
     thread = threading.Thread(target=executor.spin, daemon=True)
     thread.start()
     try:
-        result = bridge.run_episode(TASK, 5, 'press the button', timeout_s=1.5)
+        result = bridge.run_episode(TASK, 5, 'press the button', timeout_s=30.0)
         log = bridge.episode_log()
     finally:
         executor.shutdown()
@@ -189,11 +191,96 @@ def test_lockstep_without_commands_republishes_the_same_frame_and_never_steps(ro
         rclpy.try_shutdown(context=context)
         thread.join(timeout=5.0)
     assert not result.is_success and result.num_steps == 0
-    assert log.counters.is_timed_out and log.counters.num_steps == 0
-    assert log.applied_actions == [] and log.counters.num_commands_applied == 0
-    assert log.counters.num_republished_frames >= 3
-    assert log.counters.num_frames_published == 1 + log.counters.num_republished_frames
+    # Three republications, then the episode fails long before its timeout.
+    assert log.counters.is_unanswered and not log.counters.is_timed_out
+    assert log.end_reason == 'unanswered' and log.wall_s < 20.0
+    assert log.counters.num_steps == 0 and log.applied_actions == []
+    assert log.counters.num_commands_applied == 0
+    assert log.counters.num_republished_frames == 3
+    assert log.counters.num_frames_published == 4
     assert len(stamps) >= 2 and len(set(stamps)) == 1      # one frame, one stamp
+
+
+def _twist_msg(stamp_ns, linear):
+    from geometry_msgs.msg import TwistStamped
+    msg = TwistStamped()
+    msg.header.stamp.sec, msg.header.stamp.nanosec = divmod(stamp_ns, 1_000_000_000)
+    msg.twist.linear.x, msg.twist.linear.y, msg.twist.linear.z = linear
+    return msg
+
+
+def _gripper_msg(position):
+    from std_msgs.msg import Float64MultiArray
+    return Float64MultiArray(data=[position])
+
+
+def _frame_stamp_ns(bridge):
+    """Stamp of the frame the bridge published last (its own message object)."""
+    stamp = bridge._frame_msg.header.stamp
+    return stamp.sec * 1_000_000_000 + stamp.nanosec
+
+
+@needs_sim
+def test_realtime_bridge_ignores_a_previous_episode_and_destroy_releases_a_waiter(ros_domain):
+    # The bridge's callbacks are called directly (no executor): the order of events is exact.
+    import rclpy
+    from rclpy.parameter import Parameter
+
+    from vla_spec_ros.ros.sim_bridge import SimBridgeNode
+    context = rclpy.Context()
+    rclpy.init(context=context)
+    bridge = SimBridgeNode(context=context, namespace=f'/test_bridge_rt_{os.getpid()}',
+                           parameter_overrides=[
+                               Parameter('sim_mode', value='realtime'),
+                               Parameter('control_rate_hz', value=0.1),
+                               Parameter('command_timeout_s', value=60.0),
+                               Parameter('image_size', value=32),
+                               Parameter('instruction_settle_s', value=0.0)])
+    is_destroyed, outcome = False, {}
+    try:
+        bridge.start_episode(TASK, 5, 'press the button')          # episode A
+        bridge._on_control_tick()                                  # A's second frame
+        old_stamp = _frame_stamp_ns(bridge)
+        bridge.start_episode(TASK, 6, 'press the button')          # episode B
+        first_stamp = _frame_stamp_ns(bridge)
+        # A late answer to episode A: neither its twist nor its gripper moves the arm.
+        bridge._on_twist(_twist_msg(old_stamp, (0.05, 0.0, 0.0)))
+        bridge._on_gripper(_gripper_msg(0.0))
+        bridge._on_control_tick()
+        log = bridge.episode_log()
+        np.testing.assert_array_equal(log.applied_actions[-1], np.r_[np.zeros(6), 1.0])
+        assert log.counters.num_stale_commands == 1 and log.latencies_s == []
+        # The answer to B's first frame is applied, and its latency recorded.
+        bridge._on_twist(_twist_msg(first_stamp, (0.05, 0.0, 0.0)))
+        bridge._on_gripper(_gripper_msg(0.25))
+        bridge._on_control_tick()
+        log = bridge.episode_log()
+        np.testing.assert_allclose(log.applied_actions[-1],
+                                   np.r_[0.05 * 0.2, np.zeros(5), 0.25], rtol=1e-12)
+        assert log.counters.num_commands_applied == 1 and len(log.latencies_s) == 1
+        bridge.stop_episode()
+        assert bridge.episode_log().counters.num_other_answers == 1
+        assert bridge.episode_log().end_reason == 'stopped'
+
+        def wait_for_episode():
+            outcome['result'] = bridge.run_episode(TASK, 7, 'press the button', 600.0)
+        waiter = threading.Thread(target=wait_for_episode, daemon=True)
+        waiter.start()
+        deadline = time.monotonic() + 60.0
+        while time.monotonic() < deadline:          # until episode C has published a frame
+            log = bridge.episode_log()
+            if log.result is None and log.counters.num_frames_published >= 1:
+                break
+            time.sleep(0.01)
+        bridge.destroy_node()
+        is_destroyed = True
+        waiter.join(timeout=10.0)
+        assert not waiter.is_alive(), 'destroy_node did not release run_episode'
+    finally:
+        if not is_destroyed:
+            bridge.destroy_node()
+        rclpy.try_shutdown(context=context)
+    assert outcome['result'].seed == 7 and not outcome['result'].is_success
 
 
 @needs_sim
@@ -241,8 +328,11 @@ def test_demo_table_and_result_files(tmp_path, monkeypatch, capsys):
     paths = demo.write_results(tmp_path, record, reports, [TASK, 'drawer-open'], expert)
     assert paths['png'] is None
     assert 'matplotlib is not installed' in capsys.readouterr().out
-    data = json.loads(paths['json'].read_text())
+    text = paths['json'].read_text()
+    assert 'NaN' not in text                 # strict JSON: nothing measured is null
+    data = json.loads(text)
     assert data['command'] == record['command'] and data['expert'] == expert
+    assert data['rows'][0]['acceptance_length'] is None
     assert [(row['mode'], row['relax_threshold']) for row in data['rows']] == [
         ('ar', 0), ('spec', 0), ('spec', 4)]
     assert data['rows'][2]['episodes'][1]['task_name'] == 'drawer-open'
@@ -255,6 +345,47 @@ def test_demo_configurations_expand_thresholds_for_speculative_modes_only():
         ('ar', 0), ('spec', 0), ('spec', 2), ('pipeline_spec', 0), ('pipeline_spec', 2)]
     with pytest.raises(ValueError, match='--modes'):
         demo.configurations(['fast'], [0])
+    with pytest.raises(ValueError, match='--modes'):
+        demo.configurations(['ar', 'spec', 'ar'], [0])
+    with pytest.raises(ValueError, match='--relax-thresholds'):
+        demo.configurations(['spec'], [2, 0, 2])
+
+
+def test_closed_loop_rate_and_step_limits():
+    from vla_spec_ros.sim.closed_loop import (
+        MAX_EPISODE_STEPS, check_control_rate, check_max_steps, control_rate_range)
+    assert control_rate_range() == (0.1, 1000.0)     # the node's control_period: [1 ms, 10 s]
+    assert check_control_rate(0.1) == 0.1 and check_control_rate(1000) == 1000.0
+    for bad in (0.05, 1001.0, math.nan, math.inf, True, '10'):
+        with pytest.raises(ValueError, match='rate_hz'):
+            check_control_rate(bad, 'rate_hz')
+    assert check_max_steps(MAX_EPISODE_STEPS) == MAX_EPISODE_STEPS == 500
+    for bad in (0, MAX_EPISODE_STEPS + 1, 10.0, True):
+        with pytest.raises(ValueError, match='steps'):
+            check_max_steps(bad, 'steps')
+
+
+@pytest.mark.skipif(not HAS_TORCH, reason='demo.run imports torch')
+@pytest.mark.parametrize('argv, option', [
+    (['--tasks', 'drawer-open,drawer-open-v3'], '--tasks'),
+    (['--modes', 'ar,ar'], '--modes'),
+    (['--relax-thresholds', '2,2'], '--relax-thresholds'),
+    (['--control-rate-hz', '0.01'], '--control-rate-hz'),
+    (['--control-rate-hz', '2000'], '--control-rate-hz'),
+    (['--max-steps', '501'], '--max-steps'),
+])
+def test_demo_rejects_bad_options_before_loading_anything(argv, option, monkeypatch):
+    from vla_spec_ros.policy import VLAPolicy
+
+    def refuse(*args, **kwargs):
+        raise AssertionError('a policy was loaded before the options were checked')
+    monkeypatch.setattr(VLAPolicy, 'from_pretrained', refuse)
+    monkeypatch.setattr(demo, '_expert_rates', refuse)
+    parser = argparse.ArgumentParser()
+    demo.add_arguments(parser)
+    args = parser.parse_args(argv + ['--expert'])
+    with pytest.raises(ValueError, match=option):
+        demo.run(args)
 
 
 @needs_sim
@@ -276,8 +407,8 @@ def test_demo_run_end_to_end(ros_domain, tmp_path):
         ('ar', 0), ('spec', 0), ('spec', 2)]
     for row in data['rows']:
         assert len(row['episodes']) == 1 and row['num_steps'] >= 1
-        assert row['num_timeouts'] == 0
-    assert math.isnan(data['rows'][0]['acceptance_length'])
+        assert row['num_timeouts'] == 0 and row['num_unanswered'] == 0
+    assert data['rows'][0]['acceptance_length'] is None        # not measured: null
     for row in data['rows'][1:]:
         assert row['acceptance_length'] >= 1.0
         if row['num_republished_frames'] == 0:

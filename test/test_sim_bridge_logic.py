@@ -13,7 +13,7 @@ import pytest
 from vla_spec_ros.ros import command as cmd
 from vla_spec_ros.ros.params import settings_from_parameters
 from vla_spec_ros.sim.bridge_logic import (
-    DESCRIPTIONS, BridgeSettings, FrameRegistry, LockstepMatcher, RealtimeCommand,
+    DESCRIPTIONS, AnswerPairs, BridgeSettings, FrameRegistry, LockstepMatcher, RealtimeCommand,
     action_from_twist, gripper_openness, next_stamp_ns)
 
 SHARED = dict(control_period=0.1, linear_scale=2.0, angular_scale=0.5, max_linear_speed=1.0,
@@ -86,6 +86,7 @@ def test_non_finite_commands_are_refused():
     ({'image_size': 64.0}, 'image_size'),
     ({'command_timeout_s': float('inf')}, 'command_timeout_s'),
     ({'frame_id': ' '}, 'frame_id'),
+    ({'max_republish': 1.5}, 'max_republish'),
 ])
 def test_bad_settings_name_the_field(changes, field):
     with pytest.raises(ValueError, match=field):
@@ -116,11 +117,15 @@ def test_registry_measures_the_first_answer_only_and_forgets_old_frames():
     assert 10 not in registry and 20 in registry and 30 in registry
 
 
-def matcher_with(*stamps):
+def registry_with(*stamps):
     registry = FrameRegistry()
     for i, stamp in enumerate(stamps):
         registry.add(stamp, float(i))
-    return LockstepMatcher(registry)
+    return registry
+
+
+def matcher_with(*stamps, max_republish=3):
+    return LockstepMatcher(AnswerPairs(registry_with(*stamps)), max_republish)
 
 
 def test_lockstep_needs_the_twist_of_this_frame_and_its_gripper():
@@ -151,29 +156,127 @@ def test_lockstep_ignores_holds_and_pairs_grippers_in_publish_order():
     assert matcher.num_other_answers == 1
 
 
-def test_lockstep_window_survives_republication_and_resets_on_a_new_frame():
-    matcher = matcher_with(1, 2)
+def test_lockstep_gripper_arriving_after_the_next_frame_began_keeps_the_pairing():
+    # Frame 1 was republished, so the node answered it twice. The duplicate twist arrives
+    # before frame 1's gripper, its gripper only after frame 2 was published. Pairing inside a
+    # per-frame window gave frame 2 the duplicate's gripper (0.9) and shifted every later pair.
+    matcher = matcher_with(1, 2, 3)
+    matcher.begin_frame(1)
+    matcher.on_twist(1, (1, 0, 0), (0, 0, 0))
+    matcher.on_twist(1, (1, 0, 0), (0, 0, 0))          # duplicate answer (republication)
+    matcher.on_gripper(0.5)
+    assert matcher.take().gripper_position == 0.5
+    matcher.begin_frame(2)
+    matcher.on_gripper(0.9)                            # the duplicate's gripper, late
+    assert matcher.take() is None                      # frame 2's twist is not here yet
+    matcher.on_twist(2, (0, 2, 0), (0, 0, 0))
+    assert matcher.take() is None                      # ... nor its gripper
+    matcher.on_gripper(0.2)
+    command = matcher.take()
+    assert (command.stamp_ns, command.linear, command.gripper_position) == (2, (0, 2, 0), 0.2)
+    matcher.begin_frame(3)
+    matcher.on_twist(3, (0, 0, 3), (0, 0, 0))
+    matcher.on_gripper(0.7)
+    assert matcher.take().gripper_position == 0.7      # later pairs stay aligned
+    assert matcher.num_other_answers == 1
+
+
+def test_lockstep_queues_survive_republication_frames_and_episodes():
+    matcher = matcher_with(1, 2, 3)
+    matcher.begin_episode()
     matcher.begin_frame(1)
     matcher.on_twist(1, (1, 0, 0), (0, 0, 0))          # republication: no begin_frame
     matcher.on_gripper(1.0)
     assert matcher.take().linear == (1, 0, 0)
     matcher.begin_frame(2)
-    matcher.on_gripper(0.5)                            # no twist for frame 2 yet
+    matcher.on_twist(2, (0, 1, 0), (0, 0, 0))          # frame 2's twist, gripper not yet here
+    matcher.end()                                      # episode over (e.g. its timeout)
     assert matcher.take() is None
-    matcher.end()
-    matcher.on_twist(2, (0, 1, 0), (0, 0, 0))
-    assert matcher.take() is None                      # episode over: nothing to step
+    matcher.begin_episode()                            # counts restart, the FIFOs do not
+    assert matcher.num_other_answers == 0
+    matcher.begin_frame(3)
+    matcher.on_gripper(0.3)                            # frame 2's gripper: pairs with its twist
+    matcher.on_twist(3, (0, 0, 1), (0, 0, 0))
+    matcher.on_gripper(0.6)
+    command = matcher.take()
+    assert command.stamp_ns == 3 and command.gripper_position == 0.6
+    assert matcher.num_other_answers == 1
     with pytest.raises(ValueError, match='stamp_ns'):
-        matcher.begin_frame(3)
+        matcher.begin_frame(4)
+
+
+def test_lockstep_never_applies_a_non_finite_answer():
+    matcher = matcher_with(1)
+    matcher.begin_frame(1)
+    matcher.on_twist(1, (float('nan'), 0, 0), (0, 0, 0))
+    matcher.on_gripper(0.5)
+    assert matcher.take() is None and matcher.num_other_answers == 1
+    matcher.on_twist(1, (1, 0, 0), (0, 0, 0))
+    matcher.on_gripper(float('nan'))                   # an unreadable gripper message
+    assert matcher.take() is None and matcher.num_other_answers == 2
+    matcher.on_twist(1, (1, 0, 0), (0, 0, 0))
+    matcher.on_gripper(0.5)
+    assert matcher.take().linear == (1.0, 0.0, 0.0)
+
+
+def test_lockstep_republishes_a_frame_at_most_max_republish_times():
+    matcher = matcher_with(1, 2, max_republish=2)
+    matcher.begin_frame(1)
+    assert [matcher.should_republish() for _ in range(4)] == [True, True, False, False]
+    assert matcher.num_republished == 2
+    matcher.begin_frame(2)                             # a new frame gets a new budget
+    assert matcher.num_republished == 0 and matcher.should_republish()
+    never = matcher_with(1, max_republish=0)
+    never.begin_frame(1)
+    assert not never.should_republish()
+    with pytest.raises(ValueError, match='max_republish'):
+        matcher_with(1, max_republish=-1)
+    with pytest.raises(ValueError, match='max_republish'):
+        BridgeSettings(max_republish=-1)
+    assert BridgeSettings().max_republish == 3
+
+
+def test_answer_pairs_are_bounded_and_pop_in_order():
+    pairs = AnswerPairs(registry_with(1, 2), max_pending=2)
+    for position in (0.1, 0.2, 0.3):                  # one gripper too many: oldest dropped
+        pairs.on_gripper(position)
+    pairs.on_twist(1, (1, 0, 0), (0, 0, 0))
+    pairs.on_twist(2, (2, 0, 0), (0, 0, 0))
+    assert [(p.stamp_ns, p.gripper_position) for p in pairs.pop()] == [(1, 0.2), (2, 0.3)]
+    assert pairs.pop() == []
+    with pytest.raises(ValueError, match='max_pending'):
+        AnswerPairs(FrameRegistry(), max_pending=0)
 
 
 def test_realtime_uses_fresh_commands_and_holds_the_gripper_when_stale():
-    state = RealtimeCommand(command_timeout_s=0.5, initial_gripper_position=0.04)
+    state = RealtimeCommand(AnswerPairs(registry_with(10, 20)), command_timeout_s=0.5,
+                            initial_gripper_position=0.04)
+    state.begin_episode(10, initial_gripper_position=0.04)
     linear, angular, gripper, is_fresh = state.command_at(0.0)
     assert (linear, angular, gripper, is_fresh) == ((0.0,) * 3, (0.0,) * 3, 0.04, False)
-    state.on_twist((1, 2, 3), (4, 5, 6), receipt_s=10.0)
+    state.on_twist(10, (1, 2, 3), (4, 5, 6), receipt_s=10.0)
     state.on_gripper(0.0)
     assert state.command_at(10.5) == ((1, 2, 3), (4, 5, 6), 0.0, True)
     assert state.command_at(10.6) == ((0.0,) * 3, (0.0,) * 3, 0.0, False)
+    state.on_twist(999, (0, 0, 0), (0, 0, 0), receipt_s=11.0)   # a hold: taken, no gripper
+    assert state.command_at(11.0) == ((0, 0, 0), (0, 0, 0), 0.0, True)
     with pytest.raises(ValueError, match='command_timeout_s'):
-        RealtimeCommand(0.0, 0.0)
+        RealtimeCommand(AnswerPairs(FrameRegistry()), 0.0, 0.0)
+
+
+def test_realtime_ignores_answers_to_a_previous_episode_and_their_grippers():
+    # Frames 10 and 20 belong to episode A, 30 and 40 to episode B (first frame 30).
+    state = RealtimeCommand(AnswerPairs(registry_with(10, 20, 30, 40)), 0.5, 1.0)
+    state.on_twist(10, (9, 9, 9), (0, 0, 0), receipt_s=0.0)     # before any episode: ignored
+    state.on_gripper(0.1)
+    assert state.command_at(0.0)[2:] == (1.0, False)
+    state.begin_episode(30, initial_gripper_position=1.0)
+    assert state.num_ignored_answers == 0
+    state.on_twist(20, (5, 5, 5), (0, 0, 0), receipt_s=1.0)     # late answer to episode A
+    assert state.command_at(1.0) == ((0.0,) * 3, (0.0,) * 3, 1.0, False)
+    state.on_twist(30, (1, 0, 0), (0, 0, 0), receipt_s=1.1)     # episode B's first frame
+    state.on_gripper(0.2)                                       # frame 20's gripper: ignored
+    assert state.command_at(1.1) == ((1, 0, 0), (0, 0, 0), 1.0, True)
+    state.on_gripper(0.3)                                       # frame 30's gripper
+    assert state.command_at(1.2) == ((1, 0, 0), (0, 0, 0), 0.3, True)
+    assert state.num_ignored_answers == 1

@@ -58,6 +58,22 @@ def test_both_nodes_share_the_command_conventions():
         module.node_options(default_values(module, sim_mode='fast'))
 
 
+def test_bridge_image_size_defaults_to_the_embedded_model_input_size():
+    from vla_spec_ros.config import preset
+    from vla_spec_ros.sim.bridge_logic import BridgeSettings
+
+    module = load_launch_module()
+    values = default_values(module)
+    assert values['model_path'] == 'metaworld-demo'
+    _, bridge = module.node_options(values)
+    # The default model's input size: the VLA node does not resize the bridge's frames.
+    assert bridge['parameters'][0]['image_size'] == preset('metaworld-demo').image_size == 64
+    _, bridge = module.node_options(default_values(module, image_size='224'))
+    assert BridgeSettings(**bridge['parameters'][0]).image_size == 224
+    with pytest.raises(ValueError, match='image_size'):
+        module.node_options(default_values(module, image_size='0'))
+
+
 def _command(module_name, options):
     argv = [sys.executable, '-m', module_name, '--ros-args']
     for item in options['parameters']:

@@ -11,12 +11,16 @@ control_period, linear/angular_scale, max_*_speed and gripper_*_position must eq
 node's. Simplest gripper convention on the VLA node: gripper_binarize false, open 1.0, closed
 0.0 (the message then carries the model's gripper value clipped to [0, 1]).
 
-sim_mode "lockstep": frame k is stepped only with the twist stamped with frame k's stamp and its
-gripper message (bridge_logic.LockstepMatcher); without them for `lockstep_timeout_s` the same
-frame is published again with the same stamp (counted) and nothing is stepped. "realtime": a
-timer steps at `control_rate_hz` with the newest command younger than `command_timeout_s`, else
-zero motion with the gripper held (bridge_logic.RealtimeCommand). The last frame of an episode
-(success or max_steps) is not published.
+Twists answering published frames are paired with gripper messages in arrival order over the
+node's whole life (bridge_logic.AnswerPairs). sim_mode "lockstep": frame k is stepped only with
+the pair whose twist carries frame k's stamp (bridge_logic.LockstepMatcher); without it for
+`lockstep_timeout_s` the same frame is published again with the same stamp (counted) and nothing
+is stepped, and after `max_republish` republications the episode ends unsuccessfully
+(`is_unanswered`, end reason "unanswered"). "realtime": a timer steps at `control_rate_hz` with
+the newest command younger than `command_timeout_s`, else zero motion with the gripper held
+(bridge_logic.RealtimeCommand); answers to a previous episode's frames are ignored. Latencies
+are recorded for this episode's frames only. The last frame of an episode (success or
+max_steps) is not published.
 
 Simulator work runs in this node's callbacks (one mutually exclusive group) and in the caller of
 `start_episode` / `run_episode`, serialised by one lock. Call `run_episode` from a thread other
@@ -66,11 +70,15 @@ class SimBridgeNode(Node):
         self._lock = threading.RLock()
         self._done = threading.Event()
         self._env, self._env_key = None, None
+        # One registry and one answer FIFO pair for the node's life (bridge_logic module doc).
         self._registry = logic.FrameRegistry()
-        self._matcher = logic.LockstepMatcher(self._registry)
-        self._realtime = self._new_realtime_command()
+        self._answers = logic.AnswerPairs(self._registry)
+        self._matcher = logic.LockstepMatcher(self._answers, s.max_republish)
+        self._realtime = logic.RealtimeCommand(self._answers, s.command_timeout_s,
+                                               s.gripper_open_position)
         self._log = logic.EpisodeLog()
         self._episode: tuple | None = None     # (task_name, seed, instruction) while running
+        self._first_stamp_ns: int | None = None   # the running (or last) episode's first frame
         self._frame_msg, self._frame_sent_s, self._last_stamp_ns = None, 0.0, None
         self._started_s, self._last_instruction = 0.0, None
 
@@ -112,12 +120,14 @@ class SimBridgeNode(Node):
             env = self._ensure_env(task_name)
             image = env.reset(int(seed))
             self._log = logic.EpisodeLog()
-            self._matcher = logic.LockstepMatcher(self._registry)   # fresh counts and window
-            self._realtime = self._new_realtime_command()             # no command carried over
+            self._matcher.begin_episode()     # fresh counts; the answer FIFOs carry over
             self._done.clear()
             self._episode = (env.task.name, int(seed), instruction)
             self._started_s = time.monotonic()
-            self._publish_frame(image)
+            self._first_stamp_ns = self._publish_frame(image)
+            # No command carried over; a previous episode's answers are ignored from now on.
+            self._realtime.begin_episode(self._first_stamp_ns,
+                                         self.settings.gripper_open_position)
 
     def run_episode(self, task_name: str, seed: int, instruction: str,
                     timeout_s: float) -> EpisodeResult:
@@ -127,14 +137,14 @@ class SimBridgeNode(Node):
             with self._lock:
                 if self._episode is not None:
                     self._log.counters.is_timed_out = True
-                    self._finish(is_success=False)
+                    self._finish(is_success=False, reason=logic.END_TIMEOUT)
         return self._log.result
 
     def stop_episode(self) -> None:
         """End a running episode now (not successful)."""
         with self._lock:
             if self._episode is not None:
-                self._finish(is_success=False)
+                self._finish(is_success=False, reason=logic.END_STOPPED)
 
     def episode_log(self) -> logic.EpisodeLog:
         """A copy of the current (or last) episode's counters, actions and latencies."""
@@ -142,25 +152,24 @@ class SimBridgeNode(Node):
             log = self._log
             return logic.EpisodeLog(dataclasses.replace(log.counters),
                                     list(log.applied_actions), list(log.latencies_s),
-                                    log.wall_s, log.result)
+                                    log.wall_s, log.result, log.end_reason)
 
     @property
     def env(self):
         return self._env
 
     def destroy_node(self):
+        """End a running episode (a waiting `run_episode` returns), then close the simulator."""
         with self._lock:
-            self._episode = None
+            if self._episode is not None:
+                self._finish(is_success=False, reason=logic.END_STOPPED)
+            self._done.set()
             if self._env is not None:
                 self._env.close()
                 self._env = None
         return super().destroy_node()
 
     # ---- simulator (lock held) ------------------------------------------------------------
-
-    def _new_realtime_command(self) -> logic.RealtimeCommand:
-        s = self.settings
-        return logic.RealtimeCommand(s.command_timeout_s, s.gripper_open_position)
 
     def _ensure_env(self, task_name: str):
         s = self.settings
@@ -173,18 +182,21 @@ class SimBridgeNode(Node):
             self._env_key = key
         return self._env
 
-    def _publish_frame(self, image: np.ndarray) -> None:
+    def _publish_frame(self, image: np.ndarray) -> int:
+        """Publish a new frame (registered, stamped above every earlier one); its stamp."""
         now = self.get_clock().now().nanoseconds
         stamp_ns = logic.next_stamp_ns(now, self._last_stamp_ns)
         self._last_stamp_ns = stamp_ns
         self._frame_sent_s = time.monotonic()
         self._registry.add(stamp_ns, self._frame_sent_s)
-        self._matcher.begin_frame(stamp_ns)
+        if self.settings.sim_mode == 'lockstep':
+            self._matcher.begin_frame(stamp_ns)
         msg = rgb_to_image(image, frame_id=self.settings.frame_id)
         msg.header.stamp.sec, msg.header.stamp.nanosec = divmod(stamp_ns, 1_000_000_000)
         self._frame_msg = msg
         self._image_pub.publish(msg)
         self._log.counters.num_frames_published += 1
+        return stamp_ns
 
     def _apply(self, action: np.ndarray, is_command: bool) -> None:
         counters = self._log.counters
@@ -194,15 +206,19 @@ class SimBridgeNode(Node):
         counters.num_stale_commands += int(not is_command)
         self._log.applied_actions.append(np.array(action, dtype=np.float64))
         if is_done:
-            self._finish(is_success)
+            self._finish(is_success, reason=logic.END_SUCCESS if is_success
+                         else logic.END_MAX_STEPS)
         else:
             self._publish_frame(image)
 
-    def _finish(self, is_success: bool) -> None:
+    def _finish(self, is_success: bool, reason: str) -> None:
         task_name, seed, instruction = self._episode
         self._episode = None
         self._matcher.end()
-        self._log.counters.num_other_answers = self._matcher.num_other_answers
+        self._log.counters.num_other_answers = (
+            self._matcher.num_other_answers if self.settings.sim_mode == 'lockstep'
+            else self._realtime.num_ignored_answers)
+        self._log.end_reason = reason
         self._log.wall_s = time.monotonic() - self._started_s
         num_steps = self._env.num_steps if self._env is not None else 0
         self._log.result = EpisodeResult(task_name, seed, instruction, bool(is_success),
@@ -216,38 +232,38 @@ class SimBridgeNode(Node):
         t = msg.twist
         linear = (t.linear.x, t.linear.y, t.linear.z)
         angular = (t.angular.x, t.angular.y, t.angular.z)
-        if not np.all(np.isfinite(linear + angular)):      # never reaches the simulator
+        if not np.all(np.isfinite(linear + angular)):
+            # Paired all the same (its gripper follows), but never applied (bridge_logic).
             self.get_logger().warning(f'ignoring non-finite twist {linear} {angular}',
                                       throttle_duration_sec=2.0)
-            return
         stamp_ns = msg.header.stamp.sec * 1_000_000_000 + msg.header.stamp.nanosec
         with self._lock:
             latency = self._registry.first_answer_latency(stamp_ns, received_s)
-            if latency is not None and self._episode is not None:
+            if (latency is not None and self._episode is not None
+                    and stamp_ns >= self._first_stamp_ns):   # not a previous episode's frame
                 self._log.latencies_s.append(latency)
             if self.settings.sim_mode == 'realtime':
-                self._realtime.on_twist(linear, angular, received_s)
+                self._realtime.on_twist(stamp_ns, linear, angular, received_s)
             else:
                 self._matcher.on_twist(stamp_ns, linear, angular)
                 self._step_lockstep()
 
     def _on_gripper(self, msg: Float64MultiArray) -> None:
-        if len(msg.data) < 1 or not np.isfinite(msg.data[0]):
+        position = float(msg.data[0]) if len(msg.data) >= 1 else float('nan')
+        if not np.isfinite(position):
+            # Paired with its twist all the same (NaN is never applied), keeping the order.
             self.get_logger().warning(f'ignoring gripper command {list(msg.data)}',
                                       throttle_duration_sec=2.0)
-            return
         with self._lock:
             if self.settings.sim_mode == 'realtime':
-                self._realtime.on_gripper(msg.data[0])
+                self._realtime.on_gripper(position)
             else:
-                self._matcher.on_gripper(msg.data[0])
+                self._matcher.on_gripper(position)
                 self._step_lockstep()
 
     def _step_lockstep(self) -> None:
-        if self._episode is None:
-            return
-        command = self._matcher.take()
-        if command is not None:
+        command = self._matcher.take()      # pops every complete pair, episode or not
+        if command is not None and self._episode is not None:
             self._apply(self._action(command.linear, command.angular, command.gripper_position),
                         is_command=True)
 
@@ -259,13 +275,23 @@ class SimBridgeNode(Node):
             if (self._episode is None or time.monotonic() - self._frame_sent_s
                     < self.settings.lockstep_timeout_s):
                 return
-            self._frame_sent_s = time.monotonic()    # same message, same stamp
-            self._image_pub.publish(self._frame_msg)
-            self._log.counters.num_frames_published += 1
-            self._log.counters.num_republished_frames += 1
-        self.get_logger().warning('no command for the current frame within '
-                                  f'{self.settings.lockstep_timeout_s} s; republished it',
-                                  throttle_duration_sec=2.0)
+            is_republished = self._matcher.should_republish()
+            if is_republished:
+                self._frame_sent_s = time.monotonic()    # same message, same stamp
+                self._image_pub.publish(self._frame_msg)
+                self._log.counters.num_frames_published += 1
+                self._log.counters.num_republished_frames += 1
+            else:          # the answer is held every time (e.g. an invalid action): give up
+                self._log.counters.is_unanswered = True
+                self._finish(is_success=False, reason=logic.END_UNANSWERED)
+        s = self.settings
+        if is_republished:
+            self.get_logger().warning(f'no command for the current frame within '
+                                      f'{s.lockstep_timeout_s} s; republished it',
+                                      throttle_duration_sec=2.0)
+        else:
+            self.get_logger().error(f'no command for the current frame after {s.max_republish} '
+                                    'republications; episode failed (see the VLA node\'s log)')
 
     def _on_control_tick(self) -> None:
         with self._lock:
@@ -295,9 +321,10 @@ def main(args=None) -> int:
             seed = episode_seed(s.seed, task.name, episode)
             instruction = s.instruction or choose_instruction(task, seed)
             result = node.run_episode(task.name, seed, instruction, s.episode_timeout_s)
-            counters = node.episode_log().counters
+            episode_log = node.episode_log()
             num_success += int(result.is_success)
-            log.info(f'episode {episode}: {result} {counters}')
+            log.info(f'episode {episode}: {result} ended by {episode_log.end_reason}: '
+                     f'{episode_log.counters}')
         log.info(f'{task.name}: success {num_success}/{s.episodes}')
     except (KeyboardInterrupt, ExternalShutdownException):
         pass

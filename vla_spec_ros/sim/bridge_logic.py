@@ -12,21 +12,28 @@ clipped to [0, 1]. The inversion is exact (up to float rounding) when the bridge
 control_period, scales, speed limits and gripper positions equal the VLA node's and the node did
 not clamp; a clamped velocity stays clamped (the direction is kept, the length is not).
 
+Pairing answers. The node publishes, for every action, the twist stamped with the frame's stamp
+and then its gripper message, from one thread (node.py `_publish_command`) over reliable topics;
+zero-twist holds are stamped with the node clock and carry no gripper. So, over the node's
+whole life (not per frame, not per episode), the n-th twist whose stamp is a published frame's
+pairs with the n-th gripper message: `AnswerPairs` keeps one FIFO of each and pops pairs in
+order. Pairing by position inside a per-frame window would go wrong as soon as a gripper
+arrived after the next frame began (a late duplicate answer shifts every later pair by one).
+
 Two ways to turn a stream of commands into simulator steps:
-- lock-step (`LockstepMatcher`): frame k is stepped with the twist stamped with frame k's stamp
-  and the gripper message published right after that twist. The node publishes twist then
-  gripper from one thread (node.py `_publish_command`) over reliable topics, so within the
-  messages received since frame k was first published, the n-th twist that answers some
-  published frame pairs with the n-th gripper message. Twists with other stamps (zero-twist
-  holds are stamped with the node clock) carry no gripper and are not paired.
+- lock-step (`LockstepMatcher`): frame k is stepped with the pair whose twist carries frame k's
+  stamp; pairs answering other frames (late or duplicate answers) are counted, never applied.
+  A frame may be published again `max_republish` times, then the episode fails
+  (`should_republish`): a held answer (e.g. an invalid token) repeats for the same frame.
 - real time (`RealtimeCommand`): every control period the newest twist is used when it was
   received less than `command_timeout_s` ago, else zero motion; the gripper holds its last
-  value (a servo controller's incoming-command timeout).
+  value (a servo controller's incoming-command timeout). Answers to frames published before the
+  episode's first frame (a previous episode's) are ignored, twist and gripper alike.
 """
 from __future__ import annotations
 
 import math
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from dataclasses import dataclass, field, fields
 
 import numpy as np
@@ -63,6 +70,7 @@ class BridgeSettings:
     gripper_open_position: float = 1.0
     gripper_closed_position: float = 0.0
     lockstep_timeout_s: float = 5.0
+    max_republish: int = 3
     command_timeout_s: float = 0.5
     instruction_settle_s: float = 0.5
     episode_timeout_s: float = 600.0
@@ -88,8 +96,8 @@ class BridgeSettings:
         for name in ('max_linear_speed', 'max_angular_speed', 'instruction_settle_s'):
             if getattr(self, name) < 0:
                 raise ValueError(f'{name}: must be >= 0')
-        for name in ('seed', 'episodes', 'max_steps', 'image_size'):
-            if getattr(self, name) < (0 if name == 'seed' else 1):
+        for name in ('seed', 'episodes', 'max_steps', 'image_size', 'max_republish'):
+            if getattr(self, name) < (0 if name in ('seed', 'max_republish') else 1):
                 raise ValueError(f'{name}: out of range ({getattr(self, name)})')
         if self.gripper_open_position == self.gripper_closed_position:
             raise ValueError('gripper_open_position: must differ from gripper_closed_position')
@@ -102,7 +110,8 @@ DESCRIPTIONS = {
     'task_name': 'Meta-World task run by main()', 'seed': 'Base seed of main()\'s episodes',
     'episodes': 'Episodes run by main()', 'instruction': 'Instruction for main()\'s episodes; '
     'empty = the task phrasing chosen from the episode seed',
-    'image_size': 'Camera image side in pixels', 'camera': 'Meta-World camera name',
+    'image_size': 'Camera image side in pixels (the model\'s input size, else the VLA node '
+    'resizes)', 'camera': 'Meta-World camera name',
     'max_steps': 'Steps before an episode ends unsuccessfully',
     'frame_id': 'frame_id of ~/image', 'sim_mode': 'lockstep or realtime',
     'control_rate_hz': 'Real-time step rate', 'control_period': 'Seconds one action delta '
@@ -112,6 +121,7 @@ DESCRIPTIONS = {
     'gripper_open_position': 'Gripper command meaning open (must match the VLA node)',
     'gripper_closed_position': 'Gripper command meaning closed (must match the VLA node)',
     'lockstep_timeout_s': 'Republish the frame after this long without its command',
+    'max_republish': 'Lock-step: republications of one frame before the episode fails',
     'command_timeout_s': 'Real time: older commands give zero motion',
     'instruction_settle_s': 'Pause after publishing a new instruction before the first frame',
     'episode_timeout_s': 'main(): give up on an episode after this long',
@@ -155,10 +165,13 @@ class FrameRegistry:
     """Stamps of recently published frames and when each was first published.
 
     Tells answers to published frames (action twists) from other twists, and measures
-    observation-to-command latency once per frame (the first answer).
+    observation-to-command latency once per frame (the first answer). Only the newest
+    `max_frames` stamps are kept: an answer to an older frame would look like a hold and shift
+    the pairing in `AnswerPairs`, so the default covers far more frames than any answer can lag
+    (the VLA node refuses observations older than its max_action_age).
     """
 
-    def __init__(self, max_frames: int = 512):
+    def __init__(self, max_frames: int = 16384):
         if max_frames < 1:
             raise ValueError('max_frames: must be >= 1')
         self._max_frames = max_frames
@@ -187,73 +200,158 @@ class FrameRegistry:
 
 @dataclass(frozen=True)
 class MatchedCommand:
+    """One answer: the twist stamped with a published frame's stamp and its gripper message."""
+
     stamp_ns: int
     linear: tuple
     angular: tuple
     gripper_position: float
 
+    @property
+    def is_finite(self) -> bool:
+        return all(math.isfinite(v) for v in self.linear + self.angular
+                   + (self.gripper_position,))
 
-class LockstepMatcher:
-    """Pairs the twist answering the current frame with its gripper message (module doc)."""
 
-    def __init__(self, registry: FrameRegistry):
-        self._registry = registry
-        self._current: int | None = None
-        self._twists: list[tuple[int, tuple, tuple]] = []   # answers since the frame began
-        self._grippers: list[float] = []
-        self.num_other_answers = 0     # answers to earlier frames (late or duplicate)
+class AnswerPairs:
+    """FIFOs of answering twists and of gripper messages for the node's whole life (module doc).
 
-    def begin_frame(self, stamp_ns: int) -> None:
-        """A new frame (not a republication): open a fresh window. Call before publishing."""
-        if stamp_ns not in self._registry:
-            raise ValueError(f'stamp_ns: {stamp_ns} was not added to the registry')
-        self._current = stamp_ns
-        self._twists, self._grippers = [], []
+    Every twist whose stamp is a registered frame's goes in, finite or not, and so does every
+    gripper message (a NaN position for an unreadable one): dropping one side only would shift
+    every later pair. `max_pending` bounds each FIFO (the oldest entries go first) in case one
+    topic loses messages.
+    """
 
-    def end(self) -> None:
-        """No frame waits for a command (episode over)."""
-        self._current = None
+    def __init__(self, registry: FrameRegistry, max_pending: int = 1024):
+        if max_pending < 1:
+            raise ValueError('max_pending: must be >= 1')
+        self.registry = registry
+        self._twists: deque = deque(maxlen=max_pending)     # (stamp_ns, linear, angular)
+        self._grippers: deque = deque(maxlen=max_pending)   # positions
 
     def on_twist(self, stamp_ns: int, linear, angular) -> bool:
-        """Record a twist; True when it answers a published frame (and so has a gripper)."""
-        if stamp_ns not in self._registry:
-            return False
-        if stamp_ns != self._current:
-            self.num_other_answers += 1
-        self._twists.append((stamp_ns, tuple(linear), tuple(angular)))
+        """Queue a twist; True when it answers a registered frame (so a gripper follows it)."""
+        if stamp_ns not in self.registry:
+            return False                 # a hold: node-clock stamp, no gripper message
+        self._twists.append((int(stamp_ns), tuple(float(v) for v in linear),
+                             tuple(float(v) for v in angular)))
         return True
 
     def on_gripper(self, position: float) -> None:
         self._grippers.append(float(position))
 
+    def pop(self) -> list[MatchedCommand]:
+        """Every complete pair received so far, oldest first."""
+        pairs = []
+        while self._twists and self._grippers:
+            stamp_ns, linear, angular = self._twists.popleft()
+            pairs.append(MatchedCommand(stamp_ns, linear, angular, self._grippers.popleft()))
+        return pairs
+
+
+class LockstepMatcher:
+    """The current frame's command out of the node's answers, plus the republication budget.
+
+    One matcher serves the node's whole life (its `AnswerPairs` must not be emptied); the
+    counters restart with `begin_episode`.
+    """
+
+    def __init__(self, answers: AnswerPairs, max_republish: int = 3):
+        if max_republish < 0:
+            raise ValueError('max_republish: must be >= 0')
+        self._answers = answers
+        self._max_republish = int(max_republish)
+        self._current: int | None = None
+        self.num_republished = 0       # republications of the current frame
+        # This episode's answers not applied: to other frames (late, duplicate) or non-finite.
+        self.num_other_answers = 0
+
+    def begin_episode(self) -> None:
+        self.num_other_answers = 0
+
+    def begin_frame(self, stamp_ns: int) -> None:
+        """A new frame (not a republication) waits for its command. Call before publishing."""
+        if stamp_ns not in self._answers.registry:
+            raise ValueError(f'stamp_ns: {stamp_ns} was not added to the registry')
+        self._current = stamp_ns
+        self.num_republished = 0
+
+    def end(self) -> None:
+        """No frame waits for a command (episode over)."""
+        self._current = None
+
+    def should_republish(self) -> bool:
+        """The current frame's command is overdue: True = publish the frame again (counted),
+        False = `max_republish` republications did not help; the episode should fail."""
+        if self.num_republished >= self._max_republish:
+            return False
+        self.num_republished += 1
+        return True
+
+    def on_twist(self, stamp_ns: int, linear, angular) -> bool:
+        """Record a twist; True when it answers a published frame (and so has a gripper)."""
+        return self._answers.on_twist(stamp_ns, linear, angular)
+
+    def on_gripper(self, position: float) -> None:
+        self._answers.on_gripper(position)
+
     def take(self) -> MatchedCommand | None:
-        """The current frame's command once its twist and gripper have both arrived."""
-        if self._current is None:
-            return None
-        for index, (stamp_ns, linear, angular) in enumerate(self._twists):
-            if stamp_ns == self._current:
-                if index >= len(self._grippers):
-                    return None
-                self._current = None          # one command per frame
-                return MatchedCommand(stamp_ns, linear, angular, self._grippers[index])
-        return None
+        """The current frame's command once its twist and gripper have both arrived (at most
+        once per frame); every other complete pair is counted in `num_other_answers`."""
+        command = None
+        for pair in self._answers.pop():
+            if self._current is not None and pair.stamp_ns == self._current and pair.is_finite:
+                command, self._current = pair, None
+            else:
+                self.num_other_answers += 1
+        return command
 
 
 class RealtimeCommand:
-    """Newest command and its age, for a controller stepping at a fixed rate."""
+    """Newest command and its age, for a controller stepping at a fixed rate.
 
-    def __init__(self, command_timeout_s: float, initial_gripper_position: float):
+    Only answers to frames of the running episode count: a twist stamped before the episode's
+    first frame, and the gripper paired with it, are ignored (`num_ignored_answers`). Holds
+    (zero twists with unregistered stamps) are always taken: they stop the arm.
+    """
+
+    def __init__(self, answers: AnswerPairs, command_timeout_s: float,
+                 initial_gripper_position: float):
         if command_timeout_s <= 0:
             raise ValueError('command_timeout_s: must be > 0')
+        self._answers = answers
         self._timeout_s = command_timeout_s
-        self._twist: tuple | None = None       # (linear, angular, receipt_s)
+        self._first_stamp_ns: int | None = None     # None: no episode, every answer ignored
+        self._twist: tuple | None = None            # (linear, angular, receipt_s)
         self._gripper = float(initial_gripper_position)
+        self.num_ignored_answers = 0
 
-    def on_twist(self, linear, angular, receipt_s: float) -> None:
-        self._twist = (tuple(linear), tuple(angular), float(receipt_s))
+    def begin_episode(self, first_stamp_ns: int, initial_gripper_position: float) -> None:
+        """Forget the previous command; from now on answers to frames >= first_stamp_ns."""
+        self._first_stamp_ns = int(first_stamp_ns)
+        self._twist = None
+        self._gripper = float(initial_gripper_position)
+        self.num_ignored_answers = 0
+
+    def _is_current(self, stamp_ns: int) -> bool:
+        return self._first_stamp_ns is not None and stamp_ns >= self._first_stamp_ns
+
+    def on_twist(self, stamp_ns: int, linear, angular, receipt_s: float) -> None:
+        is_answer = self._answers.on_twist(stamp_ns, linear, angular)
+        if is_answer and not self._is_current(stamp_ns):
+            self.num_ignored_answers += 1
+        elif all(math.isfinite(v) for v in tuple(linear) + tuple(angular)):
+            self._twist = (tuple(linear), tuple(angular), float(receipt_s))
+        self._apply_grippers()
 
     def on_gripper(self, position: float) -> None:
-        self._gripper = float(position)
+        self._answers.on_gripper(position)
+        self._apply_grippers()
+
+    def _apply_grippers(self) -> None:
+        for pair in self._answers.pop():
+            if self._is_current(pair.stamp_ns) and math.isfinite(pair.gripper_position):
+                self._gripper = pair.gripper_position
 
     def command_at(self, now_s: float) -> tuple[tuple, tuple, float, bool]:
         """(linear, angular, gripper position, is_fresh); a stale or missing twist gives zero
@@ -264,6 +362,11 @@ class RealtimeCommand:
         return twist[0], twist[1], self._gripper, True
 
 
+# Why an episode ended (EpisodeLog.end_reason).
+END_SUCCESS, END_MAX_STEPS, END_TIMEOUT = 'success', 'max_steps', 'timeout'
+END_UNANSWERED, END_STOPPED = 'unanswered', 'stopped'
+
+
 @dataclass
 class EpisodeCounters:
     num_steps: int = 0
@@ -271,8 +374,10 @@ class EpisodeCounters:
     num_commands_applied: int = 0       # steps taken with a received command
     num_stale_commands: int = 0         # real time: steps with zero motion (stale / missing)
     num_republished_frames: int = 0     # lock-step: frames sent again after a timeout
-    num_other_answers: int = 0          # lock-step: answers to earlier frames, not applied
-    is_timed_out: bool = False
+    num_other_answers: int = 0          # answers not applied: lock-step, to other frames;
+    #                                     real time, to an earlier episode's frames
+    is_timed_out: bool = False          # episode_timeout_s / run_episode's timeout
+    is_unanswered: bool = False         # lock-step: a frame unanswered after max_republish
 
 
 @dataclass
@@ -284,8 +389,10 @@ class EpisodeLog:
     latencies_s: list = field(default_factory=list)        # frame published -> first answer
     wall_s: float = 0.0
     result: object = None                                  # sim.demos.EpisodeResult
+    end_reason: str = ''                                   # END_*; '' while it runs
 
 
 __all__ = ['SIM_MODES', 'BridgeSettings', 'DESCRIPTIONS', 'gripper_openness', 'action_from_twist',
-           'next_stamp_ns', 'FrameRegistry', 'MatchedCommand', 'LockstepMatcher',
-           'RealtimeCommand', 'EpisodeCounters', 'EpisodeLog']
+           'next_stamp_ns', 'FrameRegistry', 'MatchedCommand', 'AnswerPairs', 'LockstepMatcher',
+           'RealtimeCommand', 'EpisodeCounters', 'EpisodeLog', 'END_SUCCESS', 'END_MAX_STEPS',
+           'END_TIMEOUT', 'END_UNANSWERED', 'END_STOPPED']

@@ -40,6 +40,10 @@ LOCKSTEP_MAX_ACTION_AGE_S = 60.0
 REALTIME_MAX_ACTION_AGE_S = 1.0
 PEER_TIMEOUT_S = 30.0
 SERVICE_TIMEOUT_S = 10.0
+ACTION_COUNT_TIMEOUT_S = 2.0
+# Meta-World refuses steps past an env's max_path_length, 500 for every v3 task
+# (metaworld.sawyer_xyz_env.SawyerXYZEnv); metaworld_env.MetaWorldTask checks the real value.
+MAX_EPISODE_STEPS = 500
 _harness_ids = itertools.count()
 
 
@@ -54,10 +58,11 @@ class ClosedLoopReport:
     episodes: list = field(default_factory=list)        # EpisodeResult, in run order
     success_rate: float = math.nan
     success_rate_per_task: dict = field(default_factory=dict)
-    num_actions: int = 0             # actions the VLA node published
+    num_actions: int = 0             # actions the VLA node published (whole run)
+    num_episode_actions: int = 0     # of those, published while an episode ran
     num_steps: int = 0               # simulator steps taken
     wall_s: float = 0.0              # time spent inside episodes
-    actions_per_s: float = math.nan
+    actions_per_s: float = math.nan  # num_episode_actions / wall_s
     latency_p50_ms: float = math.nan   # frame published -> its twist received by the bridge
     latency_p99_ms: float = math.nan
     acceptance_length: float = math.nan   # speculative modes only (tokens per verify step)
@@ -65,6 +70,7 @@ class ClosedLoopReport:
     num_stale_commands: int = 0
     num_republished_frames: int = 0
     num_timeouts: int = 0
+    num_unanswered: int = 0          # lock-step episodes ended by an unanswered frame
 
     def to_dict(self) -> dict:
         out = asdict(self)
@@ -122,6 +128,32 @@ def bridge_parameters(image_size: int, sim_mode: str, control_rate_hz: float, ma
                 command_timeout_s=max(0.5, 3.0 * period), instruction_settle_s=0.0)
 
 
+def control_rate_range() -> tuple[float, float]:
+    """Rates (Hz) whose period the VLA node's `control_period` parameter accepts."""
+    from vla_spec_ros.ros.params import PARAMETERS_BY_NAME
+    spec = PARAMETERS_BY_NAME['control_period']
+    return 1.0 / spec.max_value, 1.0 / spec.min_value
+
+
+def check_control_rate(control_rate_hz, name: str = 'control_rate_hz') -> float:
+    """`control_rate_hz` as a float inside `control_rate_range()`, else ValueError(name)."""
+    low, high = control_rate_range()
+    if (isinstance(control_rate_hz, bool) or not isinstance(control_rate_hz, (int, float))
+            or not low <= control_rate_hz <= high):
+        raise ValueError(f'{name}: expected a rate in [{low:g}, {high:g}] Hz (the VLA node\'s '
+                         f'control_period range), got {control_rate_hz!r}')
+    return float(control_rate_hz)
+
+
+def check_max_steps(max_steps, name: str = 'max_steps') -> int:
+    """`max_steps` as an int in [1, MAX_EPISODE_STEPS], else ValueError(name)."""
+    if (isinstance(max_steps, bool) or not isinstance(max_steps, int)
+            or not 1 <= max_steps <= MAX_EPISODE_STEPS):
+        raise ValueError(f'{name}: expected an int in [1, {MAX_EPISODE_STEPS}] (Meta-World\'s '
+                         f'episode limit), got {max_steps!r}')
+    return max_steps
+
+
 def _check_args(tasks, episodes_per_task, sim_mode, control_rate_hz, max_steps) -> list[str]:
     if isinstance(tasks, str) or not tasks:
         raise ValueError(f'tasks: expected a non-empty list of task names, got {tasks!r}')
@@ -131,10 +163,8 @@ def _check_args(tasks, episodes_per_task, sim_mode, control_rate_hz, max_steps) 
                          f'{episodes_per_task!r}')
     if sim_mode not in SIM_MODES:
         raise ValueError(f'sim_mode: {sim_mode!r} not in {list(SIM_MODES)}')
-    if not control_rate_hz > 0:
-        raise ValueError(f'control_rate_hz: must be > 0, got {control_rate_hz}')
-    if not isinstance(max_steps, int) or max_steps < 1:
-        raise ValueError(f'max_steps: expected a positive int, got {max_steps!r}')
+    check_control_rate(control_rate_hz)
+    check_max_steps(max_steps)
     return names
 
 
@@ -209,8 +239,11 @@ def run_closed_loop(policy, tasks, episodes_per_task: int, seed: int = 0,
                 ep_seed = episode_seed(seed, task.name, episode)
                 instruction = choose_instruction(task, ep_seed)
                 _reset(reset_client, instruction, vla)
+                actions_before = _actions_published(vla)
                 result = bridge.run_episode(task.name, ep_seed, instruction, timeout_s)
                 log = bridge.episode_log()
+                report.num_episode_actions += _episode_actions(vla, actions_before, log,
+                                                               sim_mode)
                 _accumulate(report, result, log)
                 latencies.extend(log.latencies_s)
                 if on_episode is not None:
@@ -220,7 +253,7 @@ def run_closed_loop(policy, tasks, episodes_per_task: int, seed: int = 0,
                           f'#{episode}: {"success" if result.is_success else "failure"} in '
                           f'{result.num_steps} steps ({log.wall_s:.1f} s)', flush=True)
         snapshot = vla.stats_snapshot()
-        report.num_actions = int(snapshot['actions_published'])
+        report.num_actions = int(snapshot['actions_published'])     # the node is new
         if report.num_actions:
             report.forwards_per_action = ((policy.engine.num_verifier_forwards
                                            - forwards_before) / report.num_actions)
@@ -242,8 +275,32 @@ def run_closed_loop(policy, tasks, episodes_per_task: int, seed: int = 0,
         name: success_rate([e for e in report.episodes if e.task_name == name])
         for name in names}
     if report.wall_s > 0:
-        report.actions_per_s = report.num_actions / report.wall_s
+        # Only what was published while episodes ran, over the time they ran: resets,
+        # warm-up and answers arriving between episodes stay out of the rate.
+        report.actions_per_s = report.num_episode_actions / report.wall_s
     return report
+
+
+def _actions_published(vla) -> int:
+    return int(vla.stats_snapshot()['actions_published'])
+
+
+def _episode_actions(vla, before: int, log, sim_mode: str) -> int:
+    """Actions the VLA node published since `before` (sampled right before the episode).
+
+    The node counts an action just after publishing it, so the bridge may end a lock-step
+    episode on the last command before that count moves. Every command applied in lock-step is
+    a distinct published action, a lower bound the count reaches within moments; wait for it
+    (bounded). Real time has no such bound: the count is taken as it is.
+    """
+    num_actions = _actions_published(vla) - before
+    if sim_mode == 'lockstep':
+        deadline = time.monotonic() + ACTION_COUNT_TIMEOUT_S
+        while (num_actions < log.counters.num_commands_applied
+               and time.monotonic() < deadline):
+            time.sleep(0.002)
+            num_actions = _actions_published(vla) - before
+    return num_actions
 
 
 def _reset(reset_client, instruction: str, vla) -> None:
@@ -270,6 +327,8 @@ def _accumulate(report: ClosedLoopReport, result: EpisodeResult, log) -> None:
     report.num_stale_commands += counters.num_stale_commands
     report.num_republished_frames += counters.num_republished_frames
     report.num_timeouts += int(counters.is_timed_out)
+    report.num_unanswered += int(counters.is_unanswered)
 
 
-__all__ = ['ClosedLoopReport', 'run_closed_loop', 'vla_parameters', 'bridge_parameters']
+__all__ = ['ClosedLoopReport', 'run_closed_loop', 'vla_parameters', 'bridge_parameters',
+           'control_rate_range', 'check_control_rate', 'check_max_steps', 'MAX_EPISODE_STEPS']

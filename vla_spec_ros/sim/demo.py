@@ -68,13 +68,23 @@ def _split(text: str, name: str) -> list[str]:
     return items
 
 
+def _check_unique(items: list, name: str) -> list:
+    """`items` unchanged; a repeated entry would run (and report) the same rows twice."""
+    repeated = sorted({str(x) for x in items if items.count(x) > 1})
+    if repeated:
+        raise ValueError(f'{name}: repeated {repeated}')
+    return items
+
+
 def configurations(modes: list[str], thresholds: list[int]) -> list[tuple[str, int]]:
     """(mode, r) pairs: every threshold for the speculative modes, r = 0 for the others."""
     unknown = [m for m in modes if m not in MODES]
     if unknown:
         raise ValueError(f'--modes: unknown {unknown}; choose from {list(MODES)}')
+    _check_unique(modes, '--modes')
     if any(r < 0 or r > 255 for r in thresholds):
         raise ValueError(f'--relax-thresholds: expected bins in [0, 255], got {thresholds}')
+    _check_unique(thresholds, '--relax-thresholds')
     return [(m, r) for m in modes for r in (thresholds if m in SPECULATIVE_MODES else [0])]
 
 
@@ -159,15 +169,29 @@ def plot_results(path: Path, reports, expert: dict | None = None) -> bool:
     return True
 
 
+def _nan_to_none(value):
+    """NaN (nothing measured) -> None, recursively: strict JSON has no NaN."""
+    if isinstance(value, float) and math.isnan(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _nan_to_none(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_nan_to_none(v) for v in value]
+    return value
+
+
 def write_results(out_dir, record: dict, reports, task_names, expert=None) -> dict:
-    """Write demo-<timestamp>.json / .md / .png into `out_dir`; returns {kind: path or None}."""
+    """Write demo-<timestamp>.json / .md / .png into `out_dir`; returns {kind: path or None}.
+
+    The JSON is strict (no bare NaN): values that were not measured are null."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     stem = out / f'demo-{time.strftime("%Y%m%d-%H%M%S")}'
     record = dict(record, expert=expert, rows=[r.to_dict() for r in reports])
     paths = {'json': stem.with_suffix('.json'), 'md': stem.with_suffix('.md'),
              'png': stem.with_suffix('.png')}
-    paths['json'].write_text(json.dumps(record, indent=2, default=str))
+    paths['json'].write_text(json.dumps(_nan_to_none(record), indent=2, default=str,
+                                        allow_nan=False))
     machine = record['machine']
     has_plot = plot_results(paths['png'], reports, expert)
     md = [f'# vla-spec demo ({record["created"]})', '', f'command: `{record["command"]}`', '',
@@ -195,21 +219,25 @@ def _expert_rates(task_names, episodes: int, seed: int, max_steps: int) -> dict:
 def run(args) -> int:
     torch = importlib.import_module('torch')
     from vla_spec_ros.policy import VLAPolicy
-    from vla_spec_ros.sim.closed_loop import run_closed_loop
+    from vla_spec_ros.sim.closed_loop import check_control_rate, check_max_steps, run_closed_loop
     from vla_spec_ros.sim.metaworld_env import sim_unavailable_reason
 
-    reason = sim_unavailable_reason()
-    if reason is not None:
-        raise ValueError(f'the simulator is unavailable: {reason}')
-    task_names = [get_task(t).name for t in _split(args.tasks, '--tasks')]
+    # Every option is checked before the simulator starts or any policy loads.
+    task_names = _check_unique([get_task(t).name for t in _split(args.tasks, '--tasks')],
+                               '--tasks')
     try:
         thresholds = [int(r) for r in _split(args.relax_thresholds, '--relax-thresholds')]
     except ValueError:
         raise ValueError(f'--relax-thresholds: expected integers, got '
                          f'{args.relax_thresholds!r}') from None
     configs = configurations(_split(args.modes, '--modes'), thresholds)
-    if args.episodes < 1 or args.max_steps < 1:
-        raise ValueError('--episodes/--max-steps: must be >= 1')
+    if args.episodes < 1:
+        raise ValueError(f'--episodes: must be >= 1, got {args.episodes}')
+    check_control_rate(args.control_rate_hz, '--control-rate-hz')
+    check_max_steps(args.max_steps, '--max-steps')
+    reason = sim_unavailable_reason()
+    if reason is not None:
+        raise ValueError(f'the simulator is unavailable: {reason}')
     if args.threads is not None:
         if args.threads < 1:
             raise ValueError(f'--threads: must be >= 1, got {args.threads}')
@@ -235,8 +263,9 @@ def run(args) -> int:
                                  max_steps=args.max_steps, unnorm_key=args.unnorm_key,
                                  progress=True)
         reports.append(report)
-        if report.num_timeouts or report.num_republished_frames:
+        if report.num_timeouts or report.num_republished_frames or report.num_unanswered:
             print(f'[{mode} r={r}] {report.num_timeouts} episodes timed out, '
+                  f'{report.num_unanswered} ended by an unanswered frame, '
                   f'{report.num_republished_frames} frames republished: the VLA node held '
                   'some frames (invalid actions? see its log)')
     table = format_table(reports, task_names, expert)
