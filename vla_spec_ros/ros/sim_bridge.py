@@ -69,7 +69,8 @@ class SimBridgeNode(Node):
         s = self.settings
         self._lock = threading.RLock()
         self._done = threading.Event()
-        self._env, self._env_key = None, None
+        self._env = None
+        self._envs: dict = {}      # (task, image_size, camera, max_steps) -> MetaWorldTask
         # One registry and one answer FIFO pair for the node's life (bridge_logic module doc).
         self._registry = logic.FrameRegistry()
         self._answers = logic.AnswerPairs(self._registry)
@@ -164,22 +165,24 @@ class SimBridgeNode(Node):
             if self._episode is not None:
                 self._finish(is_success=False, reason=logic.END_STOPPED)
             self._done.set()
-            if self._env is not None:
-                self._env.close()
-                self._env = None
+            for env in self._envs.values():
+                env.close()
+            self._envs.clear()
+            self._env = None
         return super().destroy_node()
 
     # ---- simulator (lock held) ------------------------------------------------------------
 
     def _ensure_env(self, task_name: str):
+        # One environment per task, kept until destroy_node: an OSMesa context freed while it
+        # is still current on an executor thread crashes the next MakeCurrent on that thread
+        # (observed as a segfault in libOSMesa when switching tasks mid-run).
         s = self.settings
         key = (get_task(task_name).name, s.image_size, s.camera, s.max_steps)
-        if self._env_key != key:
-            if self._env is not None:
-                self._env.close()
-            self._env = make_env(key[0], image_size=s.image_size, camera=s.camera,
-                                 max_steps=s.max_steps)
-            self._env_key = key
+        if key not in self._envs:
+            self._envs[key] = make_env(key[0], image_size=s.image_size, camera=s.camera,
+                                       max_steps=s.max_steps)
+        self._env = self._envs[key]
         return self._env
 
     def _publish_frame(self, image: np.ndarray) -> int:
