@@ -39,42 +39,28 @@ ARGUMENTS = (
     ('vla_node_name', 'vla_spec', 'Name of the VLA node'),
 )
 
-# Shared by both nodes so that twist/gripper -> action is the exact inverse of the VLA node's
-# action -> twist/gripper: unit scales, limits far above any action (clamping would change the
-# action), gripper message = the model's gripper value in [0, 1] (1 = open).
-SHARED_COMMAND_PARAMETERS = {
-    'linear_scale': 1.0, 'angular_scale': 1.0, 'max_linear_speed': 10.0,
-    'max_angular_speed': 20.0, 'gripper_open_position': 1.0, 'gripper_closed_position': 0.0,
-}
-VLA_ONLY_PARAMETERS = {'gripper_binarize': False, 'gripper_invert': False, 'enabled': True}
-# Lock-step frames wait for their action; the VLA node must not call them stale meanwhile.
-MAX_ACTION_AGE_S = {'lockstep': 60.0, 'realtime': 1.0}
+# The conventions both nodes share live in the package (one source for this file and the
+# in-process harness); see bridge_logic.matched_command_parameters.
+from vla_spec_ros.sim.bridge_logic import (  # noqa: E402
+    SHARED_COMMAND_PARAMETERS, matched_command_parameters)
+
+__all__ = ['ARGUMENTS', 'SHARED_COMMAND_PARAMETERS', 'node_options',
+           'generate_launch_description']
 
 
 def node_options(values: dict) -> tuple[dict, dict]:
     """Argument values (strings) -> (VLA node options, bridge node options)."""
-    rate = float(values['control_rate_hz'])
-    if not rate > 0:
-        raise ValueError(f'control_rate_hz: must be > 0, got {rate}')
-    sim_mode = values['sim_mode']
-    if sim_mode not in MAX_ACTION_AGE_S:
-        raise ValueError(f'sim_mode: expected one of {sorted(MAX_ACTION_AGE_S)}, got '
-                         f'{sim_mode!r}')
+    vla_shared, bridge_shared = matched_command_parameters(float(values['control_rate_hz']),
+                                                           values['sim_mode'])
     image_size = int(values['image_size'])
     if image_size < 1:
         raise ValueError(f'image_size: must be >= 1, got {image_size}')
-    period = 1.0 / rate
     vla_name = values['vla_node_name']
-    vla_parameters = dict(SHARED_COMMAND_PARAMETERS, **VLA_ONLY_PARAMETERS,
-                          model_path=values['model_path'], mode=values['mode'],
-                          relax_threshold=int(values['relax_threshold']),
-                          control_period=period, max_action_age=MAX_ACTION_AGE_S[sim_mode])
-    bridge_parameters = dict(SHARED_COMMAND_PARAMETERS, control_period=period,
-                             control_rate_hz=rate, sim_mode=sim_mode,
-                             task_name=values['task_name'], episodes=int(values['episodes']),
-                             seed=int(values['seed']), max_steps=int(values['max_steps']),
-                             image_size=image_size,
-                             command_timeout_s=max(0.5, 3.0 * period))
+    vla_parameters = dict(vla_shared, model_path=values['model_path'], mode=values['mode'],
+                          relax_threshold=int(values['relax_threshold']))
+    bridge_parameters = dict(bridge_shared, task_name=values['task_name'],
+                             episodes=int(values['episodes']), seed=int(values['seed']),
+                             max_steps=int(values['max_steps']), image_size=image_size)
     vla = {'name': vla_name, 'namespace': '',
            'parameters': [values['params_file'], vla_parameters], 'remappings': []}
     bridge = {'name': 'sim_bridge', 'namespace': '', 'parameters': [bridge_parameters],

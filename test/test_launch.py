@@ -15,6 +15,9 @@ import time
 
 import pytest
 
+import launch_util
+from launch_util import default_values
+
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 LAUNCH_FILE = ROOT / 'launch' / 'robot.launch.py'
 HAS_RCLPY = all(importlib.util.find_spec(m) is not None
@@ -42,41 +45,16 @@ def _is_package_installed():
 
 
 def load_launch_module():
-    spec = importlib.util.spec_from_file_location('robot_launch', LAUNCH_FILE)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-def default_values(module, **changes):
-    values = {name: default for name, default, _ in module.ARGUMENTS}
-    values.update(changes)
-    return values
+    return launch_util.load_launch_module(LAUNCH_FILE.name)
 
 
 def node_command(options, extra=()):
     """What launch_ros runs for these options, with this tree's node module."""
-    argv = [sys.executable, '-m', 'vla_spec_ros.ros.node', '--ros-args']
-    for item in options['parameters']:
-        if isinstance(item, dict):
-            for key, value in item.items():
-                argv += ['-p', f'{key}:={value}']
-        else:
-            argv += ['--params-file', str(item)]
-    for own, topic in options['remappings']:
-        argv += ['-r', f'{own}:={topic}']
-    argv += ['-r', f'__node:={options["name"]}']
-    if options['namespace']:
-        argv += ['-r', f'__ns:={options["namespace"]}']
-    return argv + list(extra)
+    return launch_util.ros_args_command('vla_spec_ros.ros.node', options, extra)
 
 
 def child_env():
-    env = dict(os.environ, ROS_DOMAIN_ID=str(DOMAIN_ID),
-               ROS_AUTOMATIC_DISCOVERY_RANGE='LOCALHOST', PYTHONUNBUFFERED='1')
-    env['PYTHONPATH'] = os.pathsep.join([str(ROOT)] + [p for p in
-                                                       [env.get('PYTHONPATH', '')] if p])
-    return env
+    return launch_util.child_env(DOMAIN_ID)
 
 
 def wait_until(predicate, timeout=TIMEOUT, what='condition'):

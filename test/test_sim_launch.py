@@ -9,9 +9,11 @@ import importlib.util
 import os
 import pathlib
 import subprocess
-import sys
 
 import pytest
+
+import launch_util
+from launch_util import default_values
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 LAUNCH_FILE = ROOT / 'launch' / 'sim.launch.py'
@@ -22,16 +24,7 @@ TIMEOUT = 120.0
 
 
 def load_launch_module():
-    spec = importlib.util.spec_from_file_location('sim_launch', LAUNCH_FILE)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-def default_values(module, **changes):
-    values = {name: default for name, default, _ in module.ARGUMENTS}
-    values.update(changes)
-    return values
+    return launch_util.load_launch_module(LAUNCH_FILE.name)
 
 
 def test_both_nodes_share_the_command_conventions():
@@ -75,26 +68,11 @@ def test_bridge_image_size_defaults_to_the_embedded_model_input_size():
 
 
 def _command(module_name, options):
-    argv = [sys.executable, '-m', module_name, '--ros-args']
-    for item in options['parameters']:
-        if isinstance(item, dict):
-            for key, value in item.items():
-                value = str(value).lower() if isinstance(value, bool) else value
-                argv += ['-p', f'{key}:={value}']
-        else:
-            argv += ['--params-file', str(item)]
-    for own, topic in options['remappings']:
-        argv += ['-r', f'{own}:={topic}']
-    return argv + ['-r', f'__node:={options["name"]}']
+    return launch_util.ros_args_command(module_name, options)
 
 
 def _child_env():
-    env = dict(os.environ, ROS_DOMAIN_ID=str(DOMAIN_ID), MUJOCO_GL='osmesa',
-               ROS_AUTOMATIC_DISCOVERY_RANGE='LOCALHOST', PYTHONUNBUFFERED='1',
-               OMP_NUM_THREADS='1')
-    env['PYTHONPATH'] = os.pathsep.join([str(ROOT)] + [p for p in
-                                                       [env.get('PYTHONPATH', '')] if p])
-    return env
+    return launch_util.child_env(DOMAIN_ID, MUJOCO_GL='osmesa', OMP_NUM_THREADS='1')
 
 
 def _skip_reason():

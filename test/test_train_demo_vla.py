@@ -93,7 +93,7 @@ def test_normalize_actions_inverts_unnormalize_and_handles_zero_span_dims():
                         mask=np.array([True, True, True, False]))
     actions = np.array([[0.005, -0.02, 0.0, 1.0], [-0.01, 0.01, 0.0, 0.0],
                         [0.5, -0.5, 0.0, 0.0]])
-    normalized = tdv.normalize_actions(actions, stats)
+    normalized = stats.normalize(actions)
     np.testing.assert_allclose(normalized, [[0.5, -1.0, 0.0, 1.0], [-1.0, 0.5, 0.0, 0.0],
                                             [1.0, -1.0, 0.0, 0.0]])
     np.testing.assert_allclose(stats.unnormalize(normalized[0]), actions[0], atol=1e-12)

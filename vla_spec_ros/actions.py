@@ -84,6 +84,16 @@ class ActionStats:
                              f'{q01.shape}, {q99.shape}, {mask.shape}')
         return cls(q01, q99, mask)
 
+    def normalize(self, actions: np.ndarray) -> np.ndarray:
+        """Inverse of ``unnormalize`` for actions (..., D), clipped to [-1, 1]. A dimension
+        whose q01 == q99 (e.g. Meta-World's rotation deltas, always 0) maps to 0, which
+        ``unnormalize`` turns back into q01."""
+        a = np.asarray(actions, dtype=np.float64)
+        span = self.q99 - self.q01
+        safe_span = np.where(span > 0, span, 1.0)
+        scaled = np.where(span > 0, 2.0 * (a - self.q01) / safe_span - 1.0, 0.0)
+        return np.clip(np.where(self.mask, scaled, a), -1.0, 1.0)
+
     def unnormalize(self, normalized: np.ndarray) -> np.ndarray:
         """a = 0.5 (x + 1) (q99 - q01) + q01 where mask, else x (e.g. the gripper)."""
         x = np.asarray(normalized, dtype=np.float64)

@@ -25,6 +25,15 @@ def _require(condition: bool, name: str, message: str) -> None:
         raise ValueError(f'{name}: {message}')
 
 
+def require_int_fields(obj, names, minimum: int) -> None:
+    """ValueError naming the first field of ``obj`` in ``names`` that is not an int >= minimum
+    (bools refused)."""
+    for name in names:
+        value = getattr(obj, name)
+        if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+            raise ValueError(f'{name}: must be an integer >= {minimum}, got {value!r}')
+
+
 def _check_fields(cls, data: Mapping[str, Any]) -> None:
     known = {f.name for f in dataclasses.fields(cls)}
     unknown = sorted(set(data) - known)

@@ -61,9 +61,15 @@ def preprocess_image(image: np.ndarray, cfg: VLAConfig, *, center_crop: bool = F
         top, left = (h - ch) // 2, (w - cw) // 2
         x = _resize_uint8(x[:, top:top + ch, left:left + cw], size, 'bilinear')
     x = _resize_uint8(x, size, 'bicubic') / 255.0
+    return normalize_per_tower(x, cfg).to(device=device, dtype=dtype)
+
+
+def normalize_per_tower(x: torch.Tensor, cfg: VLAConfig) -> torch.Tensor:
+    """x (..., 3, S, S) float64 in [0, 1] -> (..., 6, S, S): DINOv2's mean/std on channels
+    0-2, SigLIP's on 3-5 (the fused backbone's input layout)."""
     towers = []
     for tower in (cfg.featurizer, cfg.fused_featurizer):
-        mean = torch.tensor(tower.mean, dtype=torch.float64)[:, None, None]
-        std = torch.tensor(tower.std, dtype=torch.float64)[:, None, None]
+        mean = torch.tensor(tower.mean, dtype=x.dtype, device=x.device)[:, None, None]
+        std = torch.tensor(tower.std, dtype=x.dtype, device=x.device)[:, None, None]
         towers.append((x - mean) / std)
-    return torch.cat(towers, dim=0).to(device=device, dtype=dtype)
+    return torch.cat(towers, dim=-3)

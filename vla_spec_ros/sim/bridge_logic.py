@@ -43,6 +43,34 @@ from vla_spec_ros.ros.command import clamp_norm
 SIM_MODES = ('lockstep', 'realtime')
 ACTION_DIM = 7
 
+# Command conventions a VLA node and a bridge must share for the bridge to recover each action
+# exactly: unit scales, speed limits far above Meta-World's 1 cm steps (a clamp would change the
+# action), gripper message = the model's gripper value in [0, 1] (1 = open).
+SHARED_COMMAND_PARAMETERS = {
+    'linear_scale': 1.0, 'angular_scale': 1.0, 'max_linear_speed': 10.0,
+    'max_angular_speed': 20.0, 'gripper_open_position': 1.0, 'gripper_closed_position': 0.0,
+}
+# Lock-step waits for each action before the next frame exists (a republished frame keeps its
+# stamp), so the observation age grows with the inference time; the VLA node's max_action_age
+# (also its watchdog's limit) is set to its maximum there so waiting never turns into a stale
+# hold. In real time the node's own limit applies.
+MAX_ACTION_AGE_S = {'lockstep': 60.0, 'realtime': 1.0}
+
+
+def matched_command_parameters(control_rate_hz: float, sim_mode: str) -> tuple[dict, dict]:
+    """(VLA node overrides, bridge overrides) with the same control period and conventions."""
+    if sim_mode not in SIM_MODES:
+        raise ValueError(f'sim_mode: {sim_mode!r} not in {list(SIM_MODES)}')
+    if isinstance(control_rate_hz, bool) or not control_rate_hz > 0:
+        raise ValueError(f'control_rate_hz: must be > 0, got {control_rate_hz!r}')
+    period = 1.0 / control_rate_hz
+    shared = dict(SHARED_COMMAND_PARAMETERS, control_period=period)
+    vla = dict(shared, gripper_binarize=False, gripper_invert=False, enabled=True,
+               max_action_age=MAX_ACTION_AGE_S[sim_mode])
+    bridge = dict(shared, control_rate_hz=float(control_rate_hz), sim_mode=sim_mode,
+                  command_timeout_s=max(0.5, 3.0 * period))
+    return vla, bridge
+
 
 @dataclass(frozen=True)
 class BridgeSettings:

@@ -25,19 +25,10 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from vla_spec_ros.sim.bridge_logic import SIM_MODES
+from vla_spec_ros.sim.bridge_logic import SIM_MODES, matched_command_parameters
 from vla_spec_ros.sim.demos import EpisodeResult, choose_instruction, episode_seed, success_rate
 from vla_spec_ros.sim.metaworld_env import DEFAULT_CAMERA, get_task
 
-# VLA node limits far above Meta-World's 1 cm steps: the velocity clamps never act, so the
-# bridge recovers each action exactly (both nodes get the same values).
-MAX_LINEAR_SPEED, MAX_ANGULAR_SPEED = 10.0, 20.0
-# Lock-step waits for each action before the next frame exists, and a republished frame keeps
-# its stamp, so the observation age grows with the inference time (seconds for a large model on
-# a CPU). The node's max_action_age (its watchdog's limit as well) is therefore set to its
-# maximum, so waiting never turns into a stale hold; in real time the node's limit applies.
-LOCKSTEP_MAX_ACTION_AGE_S = 60.0
-REALTIME_MAX_ACTION_AGE_S = 1.0
 PEER_TIMEOUT_S = 30.0
 SERVICE_TIMEOUT_S = 10.0
 ACTION_COUNT_TIMEOUT_S = 2.0
@@ -103,29 +94,18 @@ def vla_parameters(policy, unnorm_key: str, sim_mode: str, control_rate_hz: floa
     values = {spec.name: getattr(policy.config, spec.name) for spec in params.PARAMETERS
               if spec.target == 'engine'}     # tunables must not reset the policy's values
     values['draft_path'] = values['draft_path'] or ''
-    values.update(
-        model_path=str(policy.source), unnorm_key=unnorm_key, enabled=True,
-        control_period=1.0 / control_rate_hz, linear_scale=1.0, angular_scale=1.0,
-        max_linear_speed=MAX_LINEAR_SPEED, max_angular_speed=MAX_ANGULAR_SPEED,
-        # Simplest gripper convention: the message is the model's value clipped to [0, 1].
-        gripper_binarize=False, gripper_invert=False, gripper_open_position=1.0,
-        gripper_closed_position=0.0,
-        max_action_age=(LOCKSTEP_MAX_ACTION_AGE_S if sim_mode == 'lockstep'
-                        else REALTIME_MAX_ACTION_AGE_S))
+    values.update(matched_command_parameters(control_rate_hz, sim_mode)[0],
+                  model_path=str(policy.source), unnorm_key=unnorm_key)
     return values
 
 
 def bridge_parameters(image_size: int, sim_mode: str, control_rate_hz: float, max_steps: int,
                       camera: str, lockstep_timeout_s: float) -> dict:
     """The bridge's overrides, matching `vla_parameters` (period, scales, limits, gripper)."""
-    period = 1.0 / control_rate_hz
-    return dict(image_size=int(image_size), sim_mode=sim_mode,
-                control_rate_hz=float(control_rate_hz), control_period=period,
-                linear_scale=1.0, angular_scale=1.0, max_linear_speed=MAX_LINEAR_SPEED,
-                max_angular_speed=MAX_ANGULAR_SPEED, gripper_open_position=1.0,
-                gripper_closed_position=0.0, max_steps=int(max_steps), camera=camera,
-                lockstep_timeout_s=float(lockstep_timeout_s),
-                command_timeout_s=max(0.5, 3.0 * period), instruction_settle_s=0.0)
+    # instruction_settle_s 0: the harness sets the VLA node's instruction synchronously.
+    return dict(matched_command_parameters(control_rate_hz, sim_mode)[1],
+                image_size=int(image_size), max_steps=int(max_steps), camera=camera,
+                lockstep_timeout_s=float(lockstep_timeout_s), instruction_settle_s=0.0)
 
 
 def control_rate_range() -> tuple[float, float]:

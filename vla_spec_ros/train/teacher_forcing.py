@@ -20,6 +20,7 @@ import torch.nn.functional as F
 from ..config import VLAConfig
 from ..models.layers import apply_rope
 from ..models.vla import OpenVLA
+from ..preprocess import normalize_per_tower
 
 
 def pixel_values_batch(images: torch.Tensor, cfg: VLAConfig, dtype=torch.float32
@@ -37,12 +38,7 @@ def pixel_values_batch(images: torch.Tensor, cfg: VLAConfig, dtype=torch.float32
         raise ValueError(f'images: expected {cfg.image_size} x {cfg.image_size} pixels, got '
                          f'{tuple(images.shape[1:3])}')
     x = images.permute(0, 3, 1, 2).to(torch.float64) / 255.0
-    towers = []
-    for tower in (cfg.featurizer, cfg.fused_featurizer):
-        mean = torch.tensor(tower.mean, dtype=torch.float64)[None, :, None, None]
-        std = torch.tensor(tower.std, dtype=torch.float64)[None, :, None, None]
-        towers.append((x - mean) / std)
-    return torch.cat(towers, dim=1).to(dtype)
+    return normalize_per_tower(x, cfg).to(dtype)
 
 
 def random_shift(images: torch.Tensor, max_shift: int, generator: torch.Generator

@@ -32,7 +32,7 @@ import torch
 import torch.nn.functional as F
 
 from ..actions import ActionStats, ActionTokenizer
-from ..config import config_to_dict, preset
+from ..config import config_to_dict, preset, require_int_fields
 from ..models.checkpoint import build_model, save_model
 from ..prompt import PromptTokenizer, build_instruction_tokenizer, save_tokenizer
 from .teacher_forcing import action_logits, build_sequences, pixel_values_batch, random_shift
@@ -60,19 +60,16 @@ class DemoTrainConfig:
     seed: int = 0
 
     def __post_init__(self):
-        for name in ('steps', 'batch_size', 'log_every', 'save_every', 'val_every_nth_episode',
-                     'draft_samples'):
-            value = getattr(self, name)
-            if not isinstance(value, int) or value < 1:
-                raise ValueError(f'{name}: must be an integer >= 1, got {value!r}')
-        for name in ('warmup_steps', 'max_shift', 'draft_steps'):
-            value = getattr(self, name)
-            if not isinstance(value, int) or value < 0:
-                raise ValueError(f'{name}: must be an integer >= 0, got {value!r}')
-        if not self.lr > 0 or not self.grad_clip > 0:
-            raise ValueError('lr and grad_clip must be > 0')
-        if not 0 <= self.min_lr_ratio <= 1 or not self.weight_decay >= 0:
-            raise ValueError('min_lr_ratio must lie in [0, 1] and weight_decay be >= 0')
+        require_int_fields(self, ('steps', 'batch_size', 'log_every', 'save_every',
+                                  'val_every_nth_episode', 'draft_samples'), 1)
+        require_int_fields(self, ('warmup_steps', 'max_shift', 'draft_steps'), 0)
+        for name in ('lr', 'grad_clip'):
+            if not getattr(self, name) > 0:
+                raise ValueError(f'{name}: must be > 0, got {getattr(self, name)}')
+        if not 0 <= self.min_lr_ratio <= 1:
+            raise ValueError(f'min_lr_ratio: must lie in [0, 1], got {self.min_lr_ratio}')
+        if not self.weight_decay >= 0:
+            raise ValueError(f'weight_decay: must be >= 0, got {self.weight_decay}')
 
 
 def lr_at(step: int, cfg: DemoTrainConfig) -> float:
@@ -82,16 +79,6 @@ def lr_at(step: int, cfg: DemoTrainConfig) -> float:
     progress = (step - cfg.warmup_steps) / max(1, cfg.steps - cfg.warmup_steps)
     cosine = 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
     return cfg.lr * (cfg.min_lr_ratio + (1.0 - cfg.min_lr_ratio) * cosine)
-
-
-def normalize_actions(actions: np.ndarray, stats: ActionStats) -> np.ndarray:
-    """Inverse of ``ActionStats.unnormalize``, clipped to [-1, 1]. A dimension whose q01 == q99
-    (Meta-World's rotation deltas are always 0) maps to 0; un-normalising gives q01 back."""
-    a = np.asarray(actions, dtype=np.float64)
-    span = stats.q99 - stats.q01
-    safe_span = np.where(span > 0, span, 1.0)
-    scaled = np.where(span > 0, 2.0 * (a - stats.q01) / safe_span - 1.0, 0.0)
-    return np.clip(np.where(stats.mask, scaled, a), -1.0, 1.0)
 
 
 @dataclass
@@ -114,7 +101,7 @@ def prepare_tensors(demos, tokenizer: PromptTokenizer, action_tokenizer: ActionT
                          f'--image-size {image_size})')
     by_text = {text: tokenizer.encode(text) for text in np.unique(demos.instructions)}
     prompt_ids = [by_text[text] for text in demos.instructions]
-    tokens = action_tokenizer.encode(normalize_actions(demos.actions, stats))
+    tokens = action_tokenizer.encode(stats.normalize(demos.actions))
     is_val = demos.episode_index % val_every_nth_episode == 0
     return DemoTensors(torch.from_numpy(demos.images), tokens.astype(np.int64), prompt_ids,
                        np.flatnonzero(~is_val), np.flatnonzero(is_val))

@@ -31,6 +31,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..config import require_int_fields
 from ..models.draft import DraftConfig, EagleDraftHead, load_draft, new_draft_head, save_draft
 from .draft_data import (DraftDataset, generate_shards, load_observations, pack_samples,
                          read_manifest, write_manifest)
@@ -59,12 +60,9 @@ class TrainDraftConfig:
     seed: int = 0
 
     def __post_init__(self):
-        for name in ('steps', 'batch_size', 'save_every', 'keep_checkpoints', 'log_every'):
-            value = getattr(self, name)
-            if not isinstance(value, int) or value < 1:
-                raise ValueError(f'{name}: must be an integer >= 1, got {value!r}')
-        if not isinstance(self.warmup_steps, int) or self.warmup_steps < 0:
-            raise ValueError(f'warmup_steps: must be an integer >= 0, got {self.warmup_steps}')
+        require_int_fields(self, ('steps', 'batch_size', 'save_every', 'keep_checkpoints',
+                                  'log_every'), 1)
+        require_int_fields(self, ('warmup_steps',), 0)
         for name in ('lr', 'grad_clip'):
             if not getattr(self, name) > 0:
                 raise ValueError(f'{name}: must be > 0, got {getattr(self, name)}')

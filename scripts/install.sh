@@ -1,0 +1,10 @@
+# Sourced by scripts/test.sh and scripts/demo.sh (from the repository root): installs Debian's
+# libosmesa6 for off-screen MuJoCo rendering on CPU when it is missing and apt can run, CPU
+# torch, and this package with the extras named in $1; selects OSMesa unless MUJOCO_GL is set.
+if command -v apt-get >/dev/null 2>&1 && ! ldconfig -p 2>/dev/null | grep -q libOSMesa; then
+  (apt-get update -qq && apt-get install -y -qq libosmesa6 >/dev/null) \
+    || echo "warning: libosmesa6 not installed; simulator tests and the demo need an off-screen GL"
+fi
+python3 -m pip install -q torch==2.13.0
+python3 -m pip install -q -e ".[$1]"
+export MUJOCO_GL="${MUJOCO_GL:-osmesa}"
