@@ -124,17 +124,42 @@ def test_advance_equals_fresh_begin(runner, head, context):
                                                 tokens[decided - 1], *shape))
 
 
-def test_cache_grows_for_trees_larger_than_planned(runner, head, context):
+def test_batched_drafting_equals_one_request_at_a_time(runner, head, context):
+    """Several requests at different stages share one forward per tree level (and one update
+    forward for a prefix plus every accepted path), with the trees of one-at-a-time drafting."""
     embeds, features, tokens = context
     length = embeds.shape[0]
-    small = EagleDrafter(runner, head, max_tree_nodes=1, slot_margin=0)
-    small.begin(0, embeds, features[:length], tokens[0])
-    planned = EagleDrafter(runner, head)
-    planned.begin(0, embeds, features[:length], tokens[0])
-    assert_same_tree(small.propose(0, 6, 8, 60), planned.propose(0, 6, 8, 60))
-    small.advance(0, tokens[:1], features[length:length + 1], tokens[1])
-    planned.advance(0, tokens[:1], features[length:length + 1], tokens[1])
-    assert_same_tree(small.propose(0, 4, 4, 20), planned.propose(0, 4, 4, 20))
+    shape = (3, 3, 10)
+    batched = EagleDrafter(runner, head, num_lanes=3)
+    singles = [EagleDrafter(runner, head) for _ in range(3)]
+    # Request 0 begins on the full prompt; 1 and 2 on shorter prefixes (other instructions).
+    prefixes = [length, length - 3, length - 5]
+    for rid, (n, single) in enumerate(zip(prefixes, singles)):
+        single.begin(rid, embeds[:n], features[:n], tokens[rid])
+        batched.begin(rid, embeds[:n], features[:n], tokens[rid])
+    depths = [3, 2, 1]
+    before = batched.num_forward_passes
+    trees = batched.propose_batch([0, 1, 2], depths, 3, 10)
+    assert batched.num_forward_passes - before == max(depths) - 1
+    for rid, (tree, single) in enumerate(zip(trees, singles)):
+        assert_same_tree(tree, single.propose(rid, depths[rid], 3, 10))
+    # One update forward: request 0 accepts two drafts, request 2 none; a new prefix begins.
+    from vla_spec_ros.engine.drafter import DraftAdvance, DraftBegin
+    source = torch.cat([features[:length], features[length:length + 3]])
+    before = batched.num_forward_passes
+    batched.release(1)
+    batched.update([DraftBegin(5, embeds, range(length), tokens[0])],
+                   [DraftAdvance(0, tokens[:3], [length, length + 1, length + 2], tokens[3]),
+                    DraftAdvance(2, tokens[2:3], [length], tokens[3])], source)
+    assert batched.num_forward_passes - before == 1
+    singles[0].advance(0, tokens[:3], features[length:length + 3], tokens[3])
+    singles[2].advance(2, tokens[2:3], features[length:length + 1], tokens[3])
+    fresh = EagleDrafter(runner, head)
+    fresh.begin(5, embeds, features[:length], tokens[0])
+    got = batched.propose_batch([0, 2, 5], [3, 3, 3], *shape[1:])
+    assert_same_tree(got[0], singles[0].propose(0, *shape))
+    assert_same_tree(got[1], singles[2].propose(2, *shape))
+    assert_same_tree(got[2], fresh.propose(5, *shape))
 
 
 def test_released_caches_are_reused_without_leaking_state(runner, head, context):

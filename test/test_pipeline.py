@@ -16,6 +16,8 @@ from vla_spec_ros.engine.result import Frame
 from vla_spec_ros.models.random_checkpoint import make_checkpoint
 from vla_spec_ros.policy import VLAPolicy
 
+from reference import ar_reference_tokens
+
 ACTION_DIM = 7
 INSTRUCTIONS = ('push', 'pick up the red cup', 'open the top drawer of the cabinet then close '
                 'it gently', 'lift the bowl', 'put the small yellow block on the large green '
@@ -42,8 +44,22 @@ def frames():
 
 @pytest.fixture(scope='module')
 def reference(policy, frames):
-    """AR reference tokens per frame index (S1)."""
-    return [policy.predict(f.image, f.instruction, f.unnorm_key).tokens for f in frames]
+    """AR reference tokens per frame index (S1: the plain path of engine/ar.py)."""
+    return ar_reference_tokens(policy, frames)
+
+
+def test_engine_ar_mode_is_the_reference(policy, frames, reference):
+    """Mode "ar" runs through the packed engine (ring, segments, static buffers): same tokens
+    as the plain reference, one verifier forward per token."""
+    engine = Engine(policy.engine.runner, policy.engine.norm_stats,
+                    EngineConfig(mode='ar', dtype='float64'))
+    for f in frames[:8]:
+        engine.submit(f)
+    finished = engine.run_until_idle()
+    assert [fin.result.tokens for fin in finished] == reference[:8]
+    assert engine.num_verifier_forwards == 8 * ACTION_DIM
+    assert [policy.predict(f.image, f.instruction, f.unnorm_key).tokens
+            for f in frames[8:11]] == reference[8:11]
 
 
 def make_engine(policy, **options) -> Engine:
@@ -255,7 +271,8 @@ def test_error_inside_step_is_reported_not_raised(policy, frames, reference, mon
         engine = Engine(runner, policy.engine.norm_stats, EngineConfig(dtype='float64'))
     else:
         engine = make_engine(policy)
-    real_forward = runner.forward
+    verifier = engine.strategy.verifier
+    real_forward = verifier.run
     state = {'calls': 0, 'fail_at': 2}
 
     def flaky_forward(*args, **kwargs):
@@ -264,7 +281,7 @@ def test_error_inside_step_is_reported_not_raised(policy, frames, reference, mon
             raise RuntimeError('simulated device fault')
         return real_forward(*args, **kwargs)
 
-    monkeypatch.setattr(runner, 'forward', flaky_forward)
+    monkeypatch.setattr(verifier, 'run', flaky_forward)
     ids = [engine.submit(restream(frames[i], 'a')) for i in (16, 17, 18)]
     reported, steps = [], 0
     while engine.has_work():
@@ -286,31 +303,27 @@ def test_error_inside_step_is_reported_not_raised(policy, frames, reference, mon
     assert_matches_reference(finished, reference)
 
 
-@pytest.mark.parametrize('mode', ['pipeline', 'pipeline_spec'])
-def test_flex_attention_backend_matches_sdpa_tokens(mode, tmp_path_factory):
-    """The FlexAttention path (the GPU backend; eager on CPU) gives the AR tokens too."""
-    import warnings
-    pytest.importorskip('torch.nn.attention.flex_attention',
-                        reason='this torch has no FlexAttention')
+@pytest.mark.parametrize('mode', ['ar', 'pipeline', 'spec', 'pipeline_spec'])
+def test_dense_reference_attention_gives_the_same_tokens(mode, tmp_path_factory):
+    """attention_backend "dense" (one T x ring mask: the reference) equals the segment path and
+    the plain AR reference, on random frames, in every mode."""
     from vla_spec_ros import VLAPolicy
     from vla_spec_ros.models.draft import load_draft_for
-    folder = make_checkpoint('tiny', tmp_path_factory.mktemp('flex') / 'tiny', seed=4)
+    folder = make_checkpoint('tiny', tmp_path_factory.mktemp('dense') / 'tiny', seed=4)
     policy = VLAPolicy.from_pretrained(str(folder), dtype='float64')
     rng = np.random.default_rng(8)
     frames = [Frame(rng.integers(0, 256, (40, 40, 3), dtype=np.uint8), text, 'bridge_orig')
               for text in ('open the drawer', 'push the red block to the left', 'close it',
-                           'press the button')]
-    expected = [policy.predict(f.image, f.instruction, f.unnorm_key).tokens for f in frames]
-    cfg = EngineConfig(mode=mode, dtype='float64', attention_backend='flex',
-                       draft_path='random' if mode == 'pipeline_spec' else None,
-                       tree_depth=3, tree_top_k=2, tree_max_nodes=6)
+                           'press the button', 'lift the bowl')]
+    expected = ar_reference_tokens(policy, frames)
     runner = policy.engine.runner
-    draft = load_draft_for(runner, cfg, None) if cfg.is_speculative else None
-    engine = Engine(runner, policy.engine.norm_stats, cfg, draft=draft)
-    assert engine._strategy.flex is not None
-    with warnings.catch_warnings():
-        warnings.simplefilter('ignore')     # eager (unfused) FlexAttention warns on CPU
+    for backend in ('dense', 'segments'):
+        cfg = EngineConfig(mode=mode, dtype='float64', attention_backend=backend,
+                           draft_path='random', tree_depth=3, tree_top_k=2, tree_max_nodes=6)
+        draft = load_draft_for(runner, cfg, None) if cfg.is_speculative else None
+        engine = Engine(runner, policy.engine.norm_stats, cfg, draft=draft)
+        assert engine.strategy.verifier.is_dense == (backend == 'dense')
         for f in frames:
             engine.submit(f)
         got = {fin.request_id: fin.result.tokens for fin in engine.run_until_idle()}
-    assert [got[i] for i in sorted(got)] == expected
+        assert [got[i] for i in sorted(got)] == expected, backend

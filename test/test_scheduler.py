@@ -11,15 +11,19 @@ import random
 import pytest
 
 from vla_spec_ros.engine.kv_ring import KVRing
-from vla_spec_ros.engine.scheduler import RequestInfo, ScheduledStep, Scheduler
+from vla_spec_ros.engine.request import Request
+from vla_spec_ros.engine.scheduler import ScheduledStep, Scheduler
 
 ACTION_DIM = 7
 
 
+def ids(requests):
+    return [r.request_id for r in requests]
+
+
 def make_request(request_id, stream_id='cam0', prefix_len=20, scratch=0):
-    return RequestInfo(request_id=request_id, stream_id=stream_id, prefix_len=prefix_len,
-                       num_tokens_needed=ACTION_DIM,
-                       num_slots=prefix_len + ACTION_DIM + scratch)
+    return Request(request_id=request_id, stream_id=stream_id, prefix_len=prefix_len,
+                   num_tokens_needed=ACTION_DIM, num_slots=prefix_len + ACTION_DIM + scratch)
 
 
 def prefix_len_of(i):
@@ -53,8 +57,8 @@ class Driver:
             advancing.append(scheduled.prefill.request_id)
         for request_id in advancing:
             remaining = self.scheduler.num_remaining(request_id)
-            self.scheduler.on_tokens(request_id, self.gain(request_id, remaining))
-        for request_id in self.scheduler.pop_finished():
+            self.scheduler.on_tokens(request_id, [0] * self.gain(request_id, remaining))
+        for request_id in ids(self.scheduler.pop_finished()):
             self.emit_step[request_id] = self.step
             self.emitted.append(request_id)
         self.step += 1
@@ -65,7 +69,7 @@ class Driver:
         while self.step <= last_arrival or self.scheduler.has_work():
             assert self.step < max_steps, 'the scheduler stopped making progress'
             self.run_step(arrivals_by_step.get(self.step, ()))
-        assert self.scheduler.pop_finished() == []
+        assert ids(self.scheduler.pop_finished()) == []
 
 
 def expected_plain_timeline(arrival_steps, max_inflight, action_dim=ACTION_DIM):
@@ -142,7 +146,7 @@ def test_nothing_scheduled_when_idle():
     scheduler = Scheduler(4, ACTION_DIM, KVRing(100))
     assert not scheduler.has_work()
     step = scheduler.schedule()
-    assert step == ScheduledStep(prefill=None, decode_ids=[]) and step.is_empty
+    assert step == ScheduledStep(prefill=None, decode=[]) and step.is_empty
 
 
 # ---------------------------------------------------------------- ring-limited admission
@@ -198,32 +202,32 @@ def test_speculative_out_of_order_finish_is_held_per_stream():
     scheduler.submit(make_request(2, 'b', scratch=10))
     # step 0: prefill 0
     assert scheduler.schedule().prefill.request_id == 0
-    scheduler.on_tokens(0, 1)
-    assert scheduler.pop_finished() == []
+    scheduler.on_tokens(0, [0] * 1)
+    assert ids(scheduler.pop_finished()) == []
     # step 1: prefill 1, frame 0 accepts a short path
     step = scheduler.schedule()
     assert step.prefill.request_id == 1 and step.decode_ids == [0]
-    scheduler.on_tokens(0, 2)
-    scheduler.on_tokens(1, 1)
+    scheduler.on_tokens(0, [0] * 2)
+    scheduler.on_tokens(1, [0] * 1)
     # step 2: prefill 2; frame 1 accepts everything and finishes before frame 0
     step = scheduler.schedule()
     assert step.prefill.request_id == 2 and step.decode_ids == [0, 1]
-    scheduler.on_tokens(0, 1)
-    assert scheduler.on_tokens(1, 6) is True
-    scheduler.on_tokens(2, 1)
-    assert scheduler.pop_finished() == []                        # held behind frame 0
+    scheduler.on_tokens(0, [0] * 1)
+    assert scheduler.on_tokens(1, [0] * 6) is True
+    scheduler.on_tokens(2, [0] * 1)
+    assert ids(scheduler.pop_finished()) == []                        # held behind frame 0
     assert scheduler.num_finished == 1 and scheduler.num_inflight == 2
     # step 3: stream b finishes; it is independent of stream a
     step = scheduler.schedule()
     assert step.prefill is None and step.decode_ids == [0, 2]
-    scheduler.on_tokens(0, 2)                                     # frame 0 at 6 of 7
-    scheduler.on_tokens(2, 6)
-    assert scheduler.pop_finished() == [2]
+    scheduler.on_tokens(0, [0] * 2)                                     # frame 0 at 6 of 7
+    scheduler.on_tokens(2, [0] * 6)
+    assert ids(scheduler.pop_finished()) == [2]
     # step 4: frame 0 finishes and releases frame 1 right behind it
     step = scheduler.schedule()
     assert step.decode_ids == [0]
-    scheduler.on_tokens(0, 1)
-    assert scheduler.pop_finished() == [0, 1]
+    scheduler.on_tokens(0, [0] * 1)
+    assert ids(scheduler.pop_finished()) == [0, 1]
     assert not scheduler.has_work() and scheduler.num_finished == 0
     assert scheduler.ring.num_live == 0
 
@@ -279,7 +283,7 @@ def test_random_streams_and_gains_keep_order_and_liveness(seed):
         for request_id in sorted(tokens):
             gain = rng.randint(1, ACTION_DIM - tokens[request_id])
             tokens[request_id] += gain
-            is_done = scheduler.on_tokens(request_id, gain)
+            is_done = scheduler.on_tokens(request_id, [0] * gain)
             assert is_done == (tokens[request_id] == ACTION_DIM)
             if is_done:
                 finish_events.append(request_id)
@@ -291,7 +295,7 @@ def test_random_streams_and_gains_keep_order_and_liveness(seed):
             while queue and queue[0] in finished:
                 expected.append(queue.pop(0))
         emitted_ref += expected
-        assert scheduler.pop_finished() == expected
+        assert ids(scheduler.pop_finished()) == expected
         for request_id in expected:                      # S2 depth bound holds when held
             assert driver_step - prefill_step[request_id] + 1 <= ACTION_DIM
         driver_step += 1
@@ -313,20 +317,20 @@ def test_reset_one_stream_frees_its_slots_and_keeps_the_other():
     for _ in range(3):                                   # admit 0, 1, 2 with a few tokens
         step = scheduler.schedule()
         for request_id in step.decode_ids + [step.prefill.request_id]:
-            scheduler.on_tokens(request_id, 1)
+            scheduler.on_tokens(request_id, [0] * 1)
     assert scheduler.inflight_ids() == [0, 1, 2] and scheduler.num_waiting == 3
     freed = sum(make_request(i, prefix_len=10 + i).num_slots for i in (0, 2))
     num_free_before = ring.num_free
 
-    assert scheduler.reset('a') == [0, 2, 4, 5]
+    assert ids(scheduler.reset('a')) == [0, 2, 4, 5]
     assert ring.num_free == num_free_before + freed
     assert scheduler.inflight_ids() == [1] and scheduler.num_waiting == 1
     emitted = []
     while scheduler.has_work():
         step = scheduler.schedule()
         for request_id in step.decode_ids + ([step.prefill.request_id] if step.prefill else []):
-            scheduler.on_tokens(request_id, 1)
-        emitted += scheduler.pop_finished()
+            scheduler.on_tokens(request_id, [0] * 1)
+        emitted += ids(scheduler.pop_finished())
     assert emitted == [1, 3]
     assert ring.num_free == 500
 
@@ -338,14 +342,14 @@ def test_reset_all_drops_held_finished_requests_too():
     scheduler.submit(make_request(1, 'a'))
     scheduler.submit(make_request(2, 'b'))
     scheduler.schedule()
-    scheduler.on_tokens(0, 1)
+    scheduler.on_tokens(0, [0] * 1)
     scheduler.schedule()
-    scheduler.on_tokens(0, 1)
-    scheduler.on_tokens(1, ACTION_DIM)                   # finished, held behind 0
-    assert scheduler.pop_finished() == [] and scheduler.num_finished == 1
-    assert scheduler.reset() == [0, 1, 2]
+    scheduler.on_tokens(0, [0] * 1)
+    scheduler.on_tokens(1, [0] * ACTION_DIM)                   # finished, held behind 0
+    assert ids(scheduler.pop_finished()) == [] and scheduler.num_finished == 1
+    assert ids(scheduler.reset()) == [0, 1, 2]
     assert not scheduler.has_work() and scheduler.num_finished == 0
-    assert scheduler.pop_finished() == [] and ring.num_free == 500
+    assert ids(scheduler.pop_finished()) == [] and ring.num_free == 500
     scheduler.submit(make_request(3, 'a'))               # the stream starts afresh
     assert scheduler.schedule().prefill.request_id == 3
 
@@ -354,12 +358,12 @@ def test_drop_waiting_replaces_queued_frames_of_one_stream():
     scheduler = Scheduler(1, ACTION_DIM, KVRing(500))
     scheduler.submit(make_request(0, 'a'))
     assert scheduler.schedule().prefill.request_id == 0
-    scheduler.on_tokens(0, 1)
+    scheduler.on_tokens(0, [0] * 1)
     scheduler.submit(make_request(1, 'a'))
     scheduler.submit(make_request(2, 'b'))
     scheduler.submit(make_request(3, 'a'))
-    assert scheduler.drop_waiting('a') == [1, 3]
-    assert scheduler.drop_waiting('c') == []
+    assert ids(scheduler.drop_waiting('a')) == [1, 3]
+    assert ids(scheduler.drop_waiting('c')) == []
     scheduler.submit(make_request(4, 'a'))               # the newer frame replaces them
     driver = Driver(scheduler)
     driver.run({})
@@ -374,12 +378,12 @@ def test_history_len_follows_decided_tokens():
     scheduler.schedule()
     with pytest.raises(ValueError, match='no token yet'):
         scheduler.history_len(0)
-    scheduler.on_tokens(0, 1)
+    scheduler.on_tokens(0, [0] * 1)
     assert scheduler.history_len(0) == 12                # next input: token 1 at position 12
-    scheduler.on_tokens(0, 3)
+    scheduler.on_tokens(0, [0] * 3)
     assert scheduler.history_len(0) == 15
     assert scheduler.num_tokens(0) == 4 and scheduler.num_remaining(0) == 3
-    assert scheduler.request(0).prefix_len == 12
+    assert scheduler.get(0).prefix_len == 12
 
 
 def test_submit_rejects_a_prefill_larger_than_the_ring():
@@ -396,24 +400,24 @@ def test_bad_input_is_rejected_with_the_field_name():
     with pytest.raises(ValueError, match='action_dim'):
         Scheduler(1, 0, KVRing(10))
     with pytest.raises(ValueError, match='num_slots'):
-        RequestInfo(0, 'a', prefix_len=10, num_tokens_needed=7, num_slots=15)
+        Request(0, 'a', prefix_len=10, num_tokens_needed=7, num_slots=15)
     with pytest.raises(ValueError, match='prefix_len'):
-        RequestInfo(0, 'a', prefix_len=0, num_tokens_needed=7, num_slots=15)
+        Request(0, 'a', prefix_len=0, num_tokens_needed=7, num_slots=15)
     scheduler = Scheduler(2, ACTION_DIM, KVRing(100))
     with pytest.raises(ValueError, match='num_tokens_needed'):
-        scheduler.submit(RequestInfo(0, 'a', prefix_len=5, num_tokens_needed=3, num_slots=8))
+        scheduler.submit(Request(0, 'a', prefix_len=5, num_tokens_needed=3, num_slots=8))
     scheduler.submit(make_request(5))
     with pytest.raises(ValueError, match='request_id: 5 must exceed'):
         scheduler.submit(make_request(5))
     with pytest.raises(ValueError, match='not in flight'):
-        scheduler.on_tokens(5, 1)                         # still waiting
+        scheduler.on_tokens(5, [0] * 1)                         # still waiting
     scheduler.schedule()
-    with pytest.raises(ValueError, match='num_new'):
-        scheduler.on_tokens(5, ACTION_DIM + 1)
-    with pytest.raises(ValueError, match='num_new'):
-        scheduler.on_tokens(5, -1)
+    with pytest.raises(ValueError, match='tokens'):
+        scheduler.on_tokens(5, [0] * (ACTION_DIM + 1))
+    with pytest.raises(ValueError, match='tokens'):
+        scheduler.on_tokens(5, [-1.5])
     with pytest.raises(ValueError, match='request_id'):
-        scheduler.request(99)
+        scheduler.get(99)
 
 
 def test_bookkeeping_modules_import_no_torch():

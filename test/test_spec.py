@@ -14,6 +14,8 @@ from vla_spec_ros.engine.result import Frame
 from vla_spec_ros.models.draft import load_draft_for
 from vla_spec_ros.models.random_checkpoint import make_checkpoint
 
+from reference import ar_reference_tokens
+
 INSTRUCTIONS = ('pick up the red cup', 'open the drawer', 'close it',
                 'push the blue block to the left of the table')
 
@@ -31,7 +33,7 @@ def frames_and_reference(policy):
     frames = [Frame(rng.integers(0, 256, (48, 64, 3), dtype=np.uint8),
                     INSTRUCTIONS[i % len(INSTRUCTIONS)], 'bridge_orig', f'cam{i % 2}')
               for i in range(50)]
-    reference = [policy.predict(f.image, f.instruction, f.unnorm_key).tokens for f in frames]
+    reference = ar_reference_tokens(policy, frames)
     return frames, reference
 
 

@@ -215,6 +215,7 @@ def preset(name: str) -> VLAConfig:
 
 MODES = ('ar', 'pipeline', 'spec', 'pipeline_spec')
 DTYPES = ('float32', 'float64', 'bfloat16', 'float16')
+ATTENTION_BACKENDS = ('auto', 'segments', 'dense')
 
 # Options that may change between frames without reloading (ROS `param set` tunables).
 TUNABLE_ENGINE_FIELDS = ('relax_threshold', 'tree_depth', 'tree_top_k', 'tree_max_nodes')
@@ -246,9 +247,12 @@ class EngineConfig:
     max_streams: int = 4
     # Fused Triton kernels: "auto" uses them on CUDA when triton imports, never on CPU.
     use_kernels: str = 'auto'
-    # Attention over the packed ring: "sdpa" (portable, explicit mask), "flex" (FlexAttention
-    # block masks; compiled on CUDA), "auto" = flex on CUDA, sdpa on CPU.
+    # Attention over the packed ring: "segments" (each request attends to its own KV span and
+    # tree only: cost proportional to the work in flight), "dense" (the reference: one
+    # T x ring mask, cost grows with the whole ring), "auto" = segments.
     attention_backend: str = 'auto'
+    # CUDA graphs of the packed verifier step, the draft forwards and the vision towers
+    # (captured per shape bucket on first use, replayed after). CUDA only.
     use_cuda_graphs: bool = False
     max_instruction_tokens: int = 128
     seed: int = 0
@@ -271,11 +275,16 @@ class EngineConfig:
                  'max_inflight', 'must be an integer in [1, 64]')
         _require(isinstance(self.max_streams, int) and 1 <= self.max_streams <= 64,
                  'max_streams', 'must be an integer in [1, 64]')
-        _require(not self.use_cuda_graphs, 'use_cuda_graphs',
-                 'CUDA graph capture of the packed step is not implemented yet; the eager path '
-                 'is the only one')
-        _require(self.attention_backend in ('auto', 'sdpa', 'flex'), 'attention_backend',
-                 'must be "auto", "sdpa" or "flex"')
+        _require(self.attention_backend in ATTENTION_BACKENDS, 'attention_backend',
+                 f'{self.attention_backend!r} not in {ATTENTION_BACKENDS} ("sdpa" and "flex" '
+                 'were replaced by "segments", the work-proportional path, and "dense", the '
+                 'reference)')
+        _require(isinstance(self.use_cuda_graphs, bool), 'use_cuda_graphs', 'must be a bool')
+        _require(not self.use_cuda_graphs or self.device.startswith('cuda'), 'use_cuda_graphs',
+                 f'CUDA graphs need device "cuda", got {self.device!r}')
+        _require(not (self.use_cuda_graphs and self.attention_backend == 'dense'),
+                 'use_cuda_graphs', 'the dense reference attention is never graphed; use '
+                 'attention_backend "segments" or "auto"')
         _require(self.use_kernels in ('auto', 'on', 'off'), 'use_kernels',
                  'must be "auto", "on" or "off"')
         _require(isinstance(self.max_instruction_tokens, int)

@@ -18,7 +18,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from functools import cached_property
-from typing import Callable, Sequence
+from typing import Callable, Generator, Sequence
 
 ROOT = 0            # index of the root node in every tree
 NO_PARENT = -1      # parent index stored for the root
@@ -182,6 +182,58 @@ def _top_candidates(proposals, node: int, top_k: int) -> list[tuple[int, float]]
     return best
 
 
+def grow_dynamic_tree(root_token: int, depth: int, top_k: int,
+                      max_nodes: int) -> Generator[tuple['PartialTree', list[int]], Sequence,
+                                                   DraftTree]:
+    """``build_dynamic_tree`` as a generator, so that many trees grow in lock-step.
+
+    Yields ``(partial, frontier)`` exactly ``depth`` times and expects the proposals for that
+    frontier to be sent back (the ``expand`` contract of ``build_dynamic_tree``); returns the
+    ``DraftTree`` (``StopIteration.value``). The engine drives the trees of every in-flight
+    request together and answers each level with ONE batched draft forward.
+    """
+    if int(depth) < 1:
+        raise ValueError(f'depth: must be >= 1, got {depth}')
+    if int(top_k) < 1:
+        raise ValueError(f'top_k: must be >= 1, got {top_k}')
+    if int(max_nodes) < 2:
+        raise ValueError(f'max_nodes: must be >= 2 (root included), got {max_nodes}')
+    partial = PartialTree(root_token)
+
+    def rank_key(node: int) -> tuple[float, int]:
+        return (-partial.scores[node], node)
+
+    # 1. Level by level: expand the frontier, record every proposed child as a candidate.
+    frontier = [ROOT]
+    for _ in range(depth):
+        proposals = yield partial, list(frontier)
+        if len(proposals) != len(frontier):
+            raise ValueError(f'expand: returned {len(proposals)} rows for '
+                             f'{len(frontier)} frontier nodes')
+        level = []
+        for node, node_proposals in zip(frontier, proposals):
+            for token, logprob in _top_candidates(node_proposals, node, top_k):
+                level.append(partial._add(node, token, logprob))
+        # 2. The best top_k of the new level become the next frontier.
+        frontier = sorted(level, key=rank_key)[:top_k]
+
+    # 3. Rerank every candidate; the prefix of this order is ancestor-closed (see docstring).
+    kept = sorted(sorted(range(1, partial.num_candidates), key=rank_key)[:max_nodes - 1])
+    new_index = {ROOT: ROOT}
+    for i, node in enumerate(kept, start=1):
+        new_index[node] = i
+    nodes = [ROOT, *kept]
+    for node in kept:   # verified, not assumed: a kept node's parent must be kept
+        if partial.parents[node] not in new_index:
+            raise RuntimeError(f'draft tree rerank kept candidate {node} without its parent')
+    return DraftTree(
+        tokens=tuple(partial.tokens[n] for n in nodes),
+        parents=tuple(NO_PARENT if n == ROOT else new_index[partial.parents[n]] for n in nodes),
+        depths=tuple(partial.depths[n] for n in nodes),
+        scores=tuple(partial.scores[n] for n in nodes),
+    )
+
+
 def build_dynamic_tree(root_token: int, expand: ExpandFn, depth: int, top_k: int,
                        max_nodes: int) -> DraftTree:
     """Build an EAGLE-2 dynamic draft tree.
@@ -209,43 +261,10 @@ def build_dynamic_tree(root_token: int, expand: ExpandFn, depth: int, top_k: int
     The kept candidates are re-indexed in increasing candidate id (root first, parents before
     children).
     """
-    if int(depth) < 1:
-        raise ValueError(f'depth: must be >= 1, got {depth}')
-    if int(top_k) < 1:
-        raise ValueError(f'top_k: must be >= 1, got {top_k}')
-    if int(max_nodes) < 2:
-        raise ValueError(f'max_nodes: must be >= 2 (root included), got {max_nodes}')
-    partial = PartialTree(root_token)
-
-    def rank_key(node: int) -> tuple[float, int]:
-        return (-partial.scores[node], node)
-
-    # 1. Level by level: expand the frontier, record every proposed child as a candidate.
-    frontier = [ROOT]
-    for _ in range(depth):
-        proposals = expand(partial, list(frontier))
-        if len(proposals) != len(frontier):
-            raise ValueError(f'expand: returned {len(proposals)} rows for '
-                             f'{len(frontier)} frontier nodes')
-        level = []
-        for node, node_proposals in zip(frontier, proposals):
-            for token, logprob in _top_candidates(node_proposals, node, top_k):
-                level.append(partial._add(node, token, logprob))
-        # 2. The best top_k of the new level become the next frontier.
-        frontier = sorted(level, key=rank_key)[:top_k]
-
-    # 3. Rerank every candidate; the prefix of this order is ancestor-closed (see docstring).
-    kept = sorted(sorted(range(1, partial.num_candidates), key=rank_key)[:max_nodes - 1])
-    new_index = {ROOT: ROOT}
-    for i, node in enumerate(kept, start=1):
-        new_index[node] = i
-    nodes = [ROOT, *kept]
-    for node in kept:   # verified, not assumed: a kept node's parent must be kept
-        if partial.parents[node] not in new_index:
-            raise RuntimeError(f'draft tree rerank kept candidate {node} without its parent')
-    return DraftTree(
-        tokens=tuple(partial.tokens[n] for n in nodes),
-        parents=tuple(NO_PARENT if n == ROOT else new_index[partial.parents[n]] for n in nodes),
-        depths=tuple(partial.depths[n] for n in nodes),
-        scores=tuple(partial.scores[n] for n in nodes),
-    )
+    trees = grow_dynamic_tree(root_token, depth, top_k, max_nodes)
+    request = next(trees)
+    while True:
+        try:
+            request = trees.send(expand(*request))
+        except StopIteration as done:
+            return done.value

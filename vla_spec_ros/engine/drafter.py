@@ -1,9 +1,10 @@
 """Drafters: who proposes the draft tree of each speculative round.
 
-``EagleDrafter`` runs the EAGLE draft head (models/draft.py) over a private per-request KV cache
-and grows an EAGLE-2 dynamic tree (engine/draft_tree.py) with one batched draft forward per
-level (reference/eagle_specvla.md §3). ``OracleDrafter`` proposes the AR reference tokens,
-optionally corrupted at a controlled rate (tests and benchmarks of the verifier side).
+``EagleDrafter`` runs the EAGLE draft head (models/draft.py) over one shared draft KV cache
+(a lane per in-flight request) and grows the EAGLE-2 dynamic trees (engine/draft_tree.py) of
+every in-flight request together: one batched draft forward per tree level for all of them.
+``OracleDrafter`` proposes the AR reference tokens, optionally corrupted at a controlled rate
+(tests and benchmarks of the verifier side).
 
 Draft positions (Spec-VLA layout, the full multimodal prefix included; Spec-VLA's text-only
 position offset is deliberately not reproduced):
@@ -23,45 +24,89 @@ from typing import Callable, Sequence
 
 import torch
 
-from ..models.layers import KVCache, StepBatch
-from .ar import causal_batch
-from .draft_tree import ROOT, DraftTree, PartialTree, build_dynamic_tree, chain_tree
+from ..config import EngineConfig
+from .draft_tree import ROOT, DraftTree, chain_tree, grow_dynamic_tree
+from .packed_forward import PackedForward
+from .step_inputs import PrefillRows, SegmentRows, chain_rows, pack_step
 
-MAX_FREE_CACHES = 8         # released draft caches kept for reuse (no allocation per request)
+# Proposals kept per request after each update: any tree_top_k (a run-time tunable, at most
+# 32) reads a prefix of them, so changing it never needs a recomputation.
+MAX_TOP_K = 32
+# Draft scratch per request: (tree_depth - 1) frontier levels of at most tree_top_k nodes.
+MAX_SCRATCH = (16 - 1) * MAX_TOP_K
+
+
+@dataclass(frozen=True)
+class DraftBegin:
+    """After a prefill: the prompt's embeddings (L, H), the rows of the features tensor that
+    hold the verifier's f_0..f_{L-1}, and a1 (the verifier's argmax at L-1)."""
+
+    request_id: int
+    prefix_embeds: torch.Tensor
+    feature_rows: Sequence[int]
+    root_token: int
+
+
+@dataclass(frozen=True)
+class DraftAdvance:
+    """After a verification: path_tokens = [root, n1..nk] (the accepted path), the features
+    rows holding the verifier outputs at those nodes, bonus = the new root."""
+
+    request_id: int
+    path_tokens: Sequence[int]
+    feature_rows: Sequence[int]
+    bonus: int
 
 
 class Drafter:
-    """Interface the speculative engine calls, once per request and round."""
+    """What the speculative engine calls; batched over every in-flight request.
+
+    Per engine step: ``propose_batch`` (the trees verified in this step), then ``update`` with
+    the step's prefill (``begins``, at most one) and accepted paths (``advances``), reading the
+    verifier's features from one tensor. The one-request methods (``begin``, ``advance``,
+    ``propose``) are conveniences over the batched ones.
+    """
 
     num_forward_passes: int = 0     # draft forwards so far (stats)
 
-    def begin(self, request_id: int, prefix_embeds: torch.Tensor,
-              prefix_features: torch.Tensor, root_token: int) -> None:
-        """After the prefill: prefix_embeds / prefix_features (L, H) = e_0..e_{L-1} and the
-        verifier's final-normed f_0..f_{L-1}; root_token = a1, the verifier's argmax at L-1."""
+    def update(self, begins: Sequence[DraftBegin], advances: Sequence[DraftAdvance],
+               features: torch.Tensor) -> None:
         raise NotImplementedError
 
-    def propose(self, request_id: int, depth: int, top_k: int, max_nodes: int) -> DraftTree:
-        """A tree rooted at the current root (node 0), at most ``depth`` draft levels and
-        ``max_nodes`` nodes including the root."""
-        raise NotImplementedError
-
-    def advance(self, request_id: int, path_tokens: Sequence[int], path_features: torch.Tensor,
-                bonus: int) -> None:
-        """After verification: path_tokens = [root, n1..nk] (accepted path), path_features
-        (k+1, H) the verifier outputs at those nodes, bonus = the new root."""
+    def propose_batch(self, request_ids: Sequence[int], depths: Sequence[int], top_k: int,
+                      max_nodes: int) -> list[DraftTree]:
+        """One tree per request, rooted at its current root (node 0), at most depths[i] draft
+        levels and ``max_nodes`` nodes including the root."""
         raise NotImplementedError
 
     def release(self, request_id: int) -> None:
         raise NotImplementedError
 
+    def begin(self, request_id: int, prefix_embeds: torch.Tensor,
+              prefix_features: torch.Tensor, root_token: int) -> None:
+        self.update([DraftBegin(request_id, prefix_embeds, _row_range(prefix_features),
+                                root_token)], [], prefix_features)
+
+    def advance(self, request_id: int, path_tokens: Sequence[int], path_features: torch.Tensor,
+                bonus: int) -> None:
+        self.update([], [DraftAdvance(request_id, path_tokens, _row_range(path_features),
+                                      bonus)], path_features)
+
+    def propose(self, request_id: int, depth: int, top_k: int, max_nodes: int) -> DraftTree:
+        return self.propose_batch([request_id], [depth], top_k, max_nodes)[0]
+
+
+def _row_range(features) -> range:
+    """Rows 0..n-1 of a features tensor (none for drafters that ignore features)."""
+    return range(0 if features is None else features.shape[0])
+
 
 @dataclass
 class _DraftState:
-    cache: KVCache
+    lane: int                   # the request's region of the shared draft KV cache
     stable_len: int             # draft positions 0..stable_len-1 are stable (slot == position)
     root_token: int
-    root_hidden: torch.Tensor   # (H,) draft output at position stable_len - 1
+    root_proposals: list        # top MAX_TOP_K (token, logprob) after the root, best first
 
 
 def _check_count(name: str, value: int, minimum: int) -> int:
@@ -71,139 +116,238 @@ def _check_count(name: str, value: int, minimum: int) -> int:
 
 
 class EagleDrafter(Drafter):
-    """EAGLE-2 drafting with an ``EagleDraftHead`` (one private KV cache per request)."""
+    """EAGLE-2 drafting with an ``EagleDraftHead``, batched across in-flight requests.
 
-    def __init__(self, runner, head, max_tree_nodes: int = 64, slot_margin: int = 16):
+    One draft KV cache holds ``num_lanes`` lanes (one per request in flight) of ``lane_len``
+    slots plus a scratch slot; lane-relative slot p holds stable draft position p, tree nodes
+    use the slots after the stable ones. Each draft forward goes through a ``PackedForward``
+    (one upload, static buffers, CUDA graphs when enabled) with the verifier's segment layout:
+    ``update`` is one forward for the step's prefix (``begin``) and every accepted path; each
+    tree level after the first is one forward for every request's frontier. Draft outputs at
+    the roots stay on the device (``_root_hidden``, one row per lane).
+    """
+
+    def __init__(self, runner, head, num_lanes: int = 1, max_instruction_tokens: int = 128,
+                 use_cuda_graphs: bool = False):
         self.head = head
         self.action_dim = int(runner.action_dim)
-        self.max_tree_nodes = _check_count('max_tree_nodes', max_tree_nodes, 1)
-        self.slot_margin = _check_count('slot_margin', slot_margin, 0)
+        self.num_lanes = _check_count('num_lanes', num_lanes, 1)
         self.hidden_size = head.cfg.hidden_size
         self.max_positions = head.cfg.max_position_embeddings
+        self.lane_len = (runner.max_prefix_len(max_instruction_tokens) + self.action_dim + 1
+                         + MAX_SCRATCH)
+        self.scratch_slot = self.num_lanes * self.lane_len
+        self.cache = head.new_kv_cache(self.scratch_slot + 1)
+        weight = head.fc.weight
+        self._root_hidden = torch.zeros(self.num_lanes + 1, self.hidden_size,
+                                        dtype=weight.dtype, device=weight.device)
+        self.max_top_k = min(MAX_TOP_K, head.lm_head.weight.shape[0])
+        self.forward = PackedForward(self._step, weight.device, use_cuda_graphs)
         self._states: dict[int, _DraftState] = {}
-        self._free_caches: list[KVCache] = []
+        self._free_lanes = list(range(self.num_lanes))
         self.num_forward_passes = 0
+
+    @classmethod
+    def for_engine(cls, runner, head, config: EngineConfig) -> 'EagleDrafter':
+        return cls(runner, head, num_lanes=config.max_inflight if config.is_pipelined else 1,
+                   max_instruction_tokens=config.max_instruction_tokens,
+                   use_cuda_graphs=config.use_cuda_graphs)
+
+    # ---- the packed draft forward ------------------------------------------------------------
+
+    def _step(self, batch, ints: dict, dense: dict, top_k: int) -> dict:
+        """One draft forward: rows -> draft features; top-k log-probabilities of ``out_rows``.
+
+        Inputs per packed row: the token embedding (the prefill's rows 0..L-2 are the prompt's
+        embeddings e_1..e_{L-1}, its last row the root's) and a feature row
+        (``features[feature_rows]``). ``out_lanes`` (update only) stores the output rows as the
+        lanes' root features.
+        """
+        head = self.head
+        x = head.embed(ints['token_ids'])
+        if batch.num_prefill:
+            x = torch.cat([dense['prefix_embeds'][1:], head.embed(ints['prefill_token']), x])
+        features = dense['features'].index_select(0, ints['feature_rows'])
+        hidden = head(x, features, batch, self.cache)
+        out = hidden.index_select(0, ints['out_rows'])
+        if 'out_lanes' in ints:
+            self._root_hidden.index_copy_(0, ints['out_lanes'], out)
+        logits = head.logits(out)
+        if logits.dtype in (torch.float16, torch.bfloat16):
+            logits = logits.float()     # log_softmax over 32k entries needs > 8 mantissa bits
+        values, indices = torch.log_softmax(logits, dim=-1).topk(top_k, dim=-1)
+        # log_softmax is <= 0 mathematically; the clamp guards the last rounding bit. Indices
+        # (< 2^24) are exact in float32: one tensor, one host read.
+        return {'hidden': hidden,
+                'topk': torch.stack([values.clamp(max=0.0), indices.to(values.dtype)])}
+
+    def _run(self, step, dense: dict, top_k: int):
+        self.num_forward_passes += 1
+        out = self.forward(step, dense, {'top_k': top_k})
+        values, indices = out['topk'].tolist()          # the forward's one device -> host read
+        proposals = [list(zip((int(i) for i in ids), vals)) for ids, vals in zip(indices, values)]
+        return proposals, out['hidden']
 
     # ---- lifecycle ----------------------------------------------------------------------------
 
     @torch.no_grad()
-    def begin(self, request_id, prefix_embeds, prefix_features, root_token) -> None:
-        if request_id in self._states:
-            raise ValueError(f'request_id: {request_id} already has a draft state; release it '
-                             'first')
-        length = self._check_rows('prefix_embeds', prefix_embeds, None)
-        self._check_rows('prefix_features', prefix_features, length)
-        self._check_position(length - 1)
-        device = self.head.fc.weight.device
-        cache = self._take_cache(length + self.action_dim + self.max_tree_nodes
-                                 + self.slot_margin)
-        # Draft input at p pairs f_p with e_{p+1}: the prefix embeddings shifted by one, then
-        # the root's embedding at p = L-1.
-        root = self._embed([root_token])
-        inputs = torch.cat([prefix_embeds[1:], root], dim=0)                     # (L, H)
-        hidden = self._forward(inputs, prefix_features, causal_batch(0, length, device), cache)
-        self._states[request_id] = _DraftState(cache, length, int(root_token), hidden[-1])
-
-    @torch.no_grad()
-    def advance(self, request_id, path_tokens, path_features, bonus) -> None:
-        state = self._state(request_id)
-        path = [int(t) for t in path_tokens]
-        if not path or path[0] != state.root_token:
-            raise ValueError(f'path_tokens: must start with the current root '
-                             f'{state.root_token}, got {path[:1]}')
-        count = self._check_rows('path_features', path_features, len(path))
-        self._check_position(state.stable_len + count - 1)
-        self._ensure_slots(state, state.stable_len + count)
-        # New stable positions: f(path[i]) with the embedding of the token decided after it.
-        inputs = self._embed(path[1:] + [int(bonus)])                            # (k+1, H)
-        batch = causal_batch(state.stable_len, count, inputs.device)
-        hidden = self._forward(inputs, path_features, batch, state.cache)
-        state.stable_len += count
-        state.root_token = int(bonus)
-        state.root_hidden = hidden[-1]
+    def update(self, begins, advances, features) -> None:
+        begins, advances = list(begins), list(advances)
+        if len(begins) > 1:
+            raise ValueError(f'begins: at most one prefix per update, got {len(begins)}')
+        if not begins and not advances:
+            return
+        self._check_features(features)
+        prefill, segments, feature_rows, out_rows, out_lanes = None, [], [], [], []
+        new_states = []
+        for begin in begins:
+            if begin.request_id in self._states:
+                raise ValueError(f'request_id: {begin.request_id} already has a draft state; '
+                                 'release it first')
+            length = self._check_rows('prefix_embeds', begin.prefix_embeds, None)
+            if len(begin.feature_rows) != length:
+                raise ValueError(f'prefix_features: expected {length} rows, got '
+                                 f'{len(begin.feature_rows)}')
+            self._check_position(length - 1)
+            if length > self.lane_len - self.action_dim - 1 - MAX_SCRATCH:
+                raise ValueError(f'prefix_embeds: {length} rows exceed the draft lane')
+            if not self._free_lanes:
+                raise RuntimeError(f'all {self.num_lanes} draft lanes are in use')
+            lane = self._free_lanes.pop(0)
+            state = _DraftState(lane, length, int(begin.root_token), [])
+            new_states.append((begin.request_id, state))
+            prefill = PrefillRows(lane * self.lane_len, self.scratch_slot, length)
+            feature_rows += list(begin.feature_rows)
+            out_rows.append(length - 1)
+            out_lanes.append(lane)
+        num_rows = max((len(a.path_tokens) for a in advances), default=1)
+        lp = prefill.length if prefill is not None else 0
+        advanced = []
+        for s, adv in enumerate(advances):
+            state = self._state(adv.request_id)
+            path = [int(t) for t in adv.path_tokens]
+            if not path or path[0] != state.root_token:
+                raise ValueError(f'path_tokens: must start with the current root '
+                                 f'{state.root_token}, got {path[:1]}')
+            if len(adv.feature_rows) != len(path):
+                raise ValueError(f'path_features: expected {len(path)} rows, got '
+                                 f'{len(adv.feature_rows)}')
+            self._check_position(state.stable_len + len(path) - 1)
+            # New stable positions: f(path[i]) with the embedding of the token decided after it.
+            segments.append(chain_rows(state.lane * self.lane_len, self.scratch_slot,
+                                       state.stable_len, path[1:] + [int(adv.bonus)]))
+            rows = list(adv.feature_rows) + [0] * (num_rows - len(path))
+            feature_rows += rows
+            out_rows.append(lp + s * num_rows + len(path) - 1)
+            out_lanes.append(state.lane)
+            advanced.append((state, len(path), int(adv.bonus)))
+        extras = {'feature_rows': feature_rows, 'out_rows': out_rows, 'out_lanes': out_lanes}
+        if prefill is not None:
+            extras['prefill_token'] = [new_states[0][1].root_token]
+        step = pack_step(prefill, segments, self.scratch_slot, num_rows=num_rows,
+                         extras=extras)
+        dense = {'features': features}
+        if prefill is not None:
+            dense['prefix_embeds'] = begins[0].prefix_embeds
+        proposals, _ = self._run(step, dense, self.max_top_k)
+        for request_id, state in new_states:
+            self._states[request_id] = state
+        for (state, count, bonus) in advanced:
+            state.stable_len += count
+            state.root_token = bonus
+        for state, props in zip([st for _, st in new_states] + [a[0] for a in advanced],
+                                proposals):
+            state.root_proposals = props
 
     def release(self, request_id) -> None:
         state = self._states.pop(request_id, None)
-        if state is not None and len(self._free_caches) < MAX_FREE_CACHES:
-            self._free_caches.append(state.cache)
+        if state is not None:
+            self._free_lanes.append(state.lane)
 
     # ---- drafting -----------------------------------------------------------------------------
 
     @torch.no_grad()
-    def propose(self, request_id, depth, top_k, max_nodes) -> DraftTree:
-        state = self._state(request_id)
-        depth = _check_count('depth', depth, 1)
+    def propose_batch(self, request_ids, depths, top_k, max_nodes) -> list[DraftTree]:
         top_k = _check_count('top_k', top_k, 1)
         max_nodes = _check_count('max_nodes', max_nodes, 2)
-        vocab = self.head.lm_head.weight.shape[0]
-        if top_k > vocab:
-            raise ValueError(f'top_k: {top_k} exceeds the vocabulary size {vocab}')
-        self._check_position(state.stable_len - 1 + depth)
-        # Every level after the first forwards at most top_k frontier nodes, one slot each.
-        self._ensure_slots(state, state.stable_len + (depth - 1) * top_k)
-        device = state.root_hidden.device
-        hidden_of = {ROOT: state.root_hidden}           # candidate id -> (H,) draft output
-        slot_of: dict[int, int] = {}                    # candidate id -> scratch slot
-        next_slot = state.stable_len
+        if top_k > self.max_top_k:
+            raise ValueError(f'top_k: {top_k} exceeds {self.max_top_k} (the vocabulary size '
+                             f'or {MAX_TOP_K})')
+        states = [self._state(r) for r in request_ids]
+        trees: list[DraftTree | None] = [None] * len(states)
+        growing = {}
+        for i, (state, depth) in enumerate(zip(states, depths)):
+            depth = _check_count('depth', depth, 1)
+            self._check_position(state.stable_len - 1 + depth)
+            if (depth - 1) * top_k > MAX_SCRATCH:
+                raise ValueError(f'depth, top_k: {depth} x {top_k} exceed the draft scratch')
+            trees_i = grow_dynamic_tree(state.root_token, depth, top_k, max_nodes)
+            growing[i] = (trees_i, next(trees_i))
+        # Per request: candidate id -> lane-relative scratch slot, -> row of the last forward.
+        slot_of = [dict() for _ in states]
+        row_of = [dict() for _ in states]
+        next_slot = [state.stable_len for state in states]
+        previous_hidden = None
+        while growing:
+            answers, segments, feature_rows, members = {}, [], [], []
+            num_rows = max(len(frontier) for _, (_, frontier) in growing.values())
+            num_roots = self.num_lanes + 1
+            for i, (_, (partial, frontier)) in growing.items():
+                state = states[i]
+                if frontier == [ROOT]:
+                    # Depth-1 candidates come from the root's draft output: no forward needed.
+                    answers[i] = [state.root_proposals[:top_k]]
+                    continue
+                slots = list(range(next_slot[i], next_slot[i] + len(frontier)))
+                next_slot[i] += len(frontier)
+                slot_of[i].update(zip(frontier, slots))
+                # Tree attention: the stable prefix, the node's ancestors below the root (whose
+                # draft state is the last stable position) and the node itself.
+                extra = tuple(tuple(slot_of[i][a] for a in partial.path_to(n)[1:])
+                              for n in frontier)
+                segments.append(SegmentRows(
+                    state.lane * self.lane_len, self.scratch_slot, state.stable_len,
+                    tuple(slots), tuple(state.stable_len - 1 + partial.depths[n]
+                                        for n in frontier), extra,
+                    tuple(partial.tokens[n] for n in frontier)))
+                for n in frontier:
+                    parent = partial.parents[n]
+                    feature_rows.append(state.lane if parent == ROOT
+                                        else num_roots + row_of[i][parent])
+                feature_rows += [0] * (num_rows - len(frontier))
+                members.append((i, frontier))
+            if segments:
+                out_rows = list(range(len(segments) * num_rows))
+                step = pack_step(None, segments, self.scratch_slot, num_rows=num_rows,
+                                 extras={'feature_rows': feature_rows, 'out_rows': out_rows})
+                source = self._root_hidden if previous_hidden is None else \
+                    torch.cat([self._root_hidden, previous_hidden])
+                proposals, hidden = self._run(step, {'features': source}, top_k)
+                previous_hidden = hidden    # read (into the next source) before the next run
+                for s, (i, frontier) in enumerate(members):
+                    rows = range(s * num_rows, s * num_rows + len(frontier))
+                    answers[i] = [proposals[r] for r in rows]
+                    row_of[i] = {n: r for n, r in zip(frontier, rows)}
+            for i, rows in answers.items():
+                trees_i, _ = growing[i]
+                try:
+                    growing[i] = (trees_i, trees_i.send(rows))
+                except StopIteration as done:
+                    trees[i] = done.value
+                    del growing[i]
+        return trees
 
-        def expand(partial: PartialTree, frontier: Sequence[int]):
-            nonlocal next_slot
-            if list(frontier) == [ROOT]:
-                # Depth-1 candidates come from the last stable output: no forward needed.
-                return self._proposals(state.root_hidden[None], top_k)
-            num = len(frontier)
-            slots = list(range(next_slot, next_slot + num))
-            next_slot += num
-            slot_of.update(zip(frontier, slots))
-            kv_limit = next_slot
-            # Tree attention: the stable prefix, the node's ancestors (below the root, whose
-            # draft state is the last stable position) and the node itself.
-            rows, cols = [], []
-            for row, node in enumerate(frontier):
-                for ancestor in partial.path_to(node)[1:]:
-                    rows.append(row)
-                    cols.append(slot_of[ancestor])
-            mask = torch.zeros(num, kv_limit, dtype=torch.bool, device=device)
-            mask[:, :state.stable_len] = True
-            mask[torch.tensor(rows, device=device), torch.tensor(cols, device=device)] = True
-            batch = StepBatch(
-                positions=torch.tensor([state.stable_len - 1 + partial.depths[n]
-                                        for n in frontier], device=device),
-                slot_mapping=torch.tensor(slots, device=device),
-                attn_mask=mask, kv_limit=kv_limit)
-            inputs = self._embed([partial.tokens[n] for n in frontier])           # (F, H)
-            parents = torch.stack([hidden_of[partial.parents[n]] for n in frontier])
-            hidden = self._forward(inputs, parents, batch, state.cache)             # (F, H)
-            hidden_of.update(zip(frontier, hidden))
-            return self._proposals(hidden, top_k)
-
-        return build_dynamic_tree(state.root_token, expand, depth, top_k, max_nodes)
-
-    # ---- helpers ------------------------------------------------------------------------------
-
-    def _forward(self, inputs, features, batch: StepBatch, cache: KVCache) -> torch.Tensor:
-        self.num_forward_passes += 1
-        return self.head(inputs, features, batch, cache)
-
-    def _embed(self, tokens: list[int]) -> torch.Tensor:
-        device = self.head.fc.weight.device
-        return self.head.embed(torch.tensor(tokens, dtype=torch.long, device=device))
-
-    def _proposals(self, hidden: torch.Tensor, top_k: int) -> list[list[tuple[int, float]]]:
-        """(F, H) draft outputs -> per row the top_k (token, log-probability), best first."""
-        logits = self.head.logits(hidden)
-        if logits.dtype in (torch.float16, torch.bfloat16):
-            logits = logits.float()     # log_softmax over 32k entries needs > 8 mantissa bits
-        values, indices = torch.log_softmax(logits, dim=-1).topk(top_k, dim=-1)
-        # One host transfer per level (the tree builder is plain Python). log_softmax is <= 0
-        # mathematically; the clamp guards the last rounding bit.
-        values = values.clamp(max=0.0).tolist()
-        return [list(zip(i, v)) for i, v in zip(indices.tolist(), values)]
+    # ---- checks -------------------------------------------------------------------------------
 
     def _state(self, request_id) -> _DraftState:
         if request_id not in self._states:
             raise ValueError(f'request_id: {request_id} has no draft state (begin() first)')
         return self._states[request_id]
+
+    def _check_features(self, x) -> None:
+        if not isinstance(x, torch.Tensor) or x.dim() != 2 or x.shape[1] != self.hidden_size:
+            raise ValueError(f'features: expected a (rows, {self.hidden_size}) tensor, got '
+                             f'{tuple(getattr(x, "shape", ()))}')
 
     def _check_rows(self, name: str, x, rows: int | None) -> int:
         if not isinstance(x, torch.Tensor) or x.dim() != 2 or x.shape[1] != self.hidden_size:
@@ -219,22 +363,6 @@ class EagleDrafter(Drafter):
         if position >= self.max_positions:
             raise ValueError(f'draft position {position} exceeds the draft head\'s '
                              f'max_position_embeddings {self.max_positions}')
-
-    def _take_cache(self, num_slots: int) -> KVCache:
-        for i, cache in enumerate(self._free_caches):
-            if cache.num_slots >= num_slots:
-                return self._free_caches.pop(i)
-        return self.head.new_kv_cache(num_slots)
-
-    def _ensure_slots(self, state: _DraftState, num_slots: int) -> None:
-        """Grow a request's cache (rare: larger trees than planned); stable slots are kept."""
-        if num_slots <= state.cache.num_slots:
-            return
-        bigger = self.head.new_kv_cache(num_slots + self.slot_margin)
-        n = state.stable_len
-        for old, new in zip(state.cache.k + state.cache.v, bigger.k + bigger.v):
-            new[:n] = old[:n]
-        state.cache = bigger
 
 
 class OracleDrafter(Drafter):
@@ -263,14 +391,25 @@ class OracleDrafter(Drafter):
         self._roots: dict[int, int] = {}
         self.num_forward_passes = 0
 
-    def begin(self, request_id, prefix_embeds, prefix_features, root_token) -> None:
-        self._num_decided[request_id] = 1       # the prefill decided the first token
-        self._roots[request_id] = int(root_token)
+    def update(self, begins, advances, features) -> None:
+        for begin in begins:
+            self._num_decided[begin.request_id] = 1     # the prefill decided the first token
+            self._roots[begin.request_id] = int(begin.root_token)
+        for adv in advances:
+            if adv.request_id not in self._num_decided:
+                raise ValueError(f'request_id: {adv.request_id} has no draft state (begin() '
+                                 'first)')
+            # Accepted drafts (len(path) - 1) plus the bonus token were decided.
+            self._num_decided[adv.request_id] += len(adv.path_tokens)
+            self._roots[adv.request_id] = int(adv.bonus)
+
+    def propose_batch(self, request_ids, depths, top_k, max_nodes) -> list[DraftTree]:
+        return [self._propose_one(r, d, max_nodes) for r, d in zip(request_ids, depths)]
 
     def num_decided(self, request_id: int) -> int:
         return self._num_decided[request_id]
 
-    def propose(self, request_id, depth, top_k, max_nodes) -> DraftTree:
+    def _propose_one(self, request_id, depth, max_nodes) -> DraftTree:
         depth = _check_count('depth', depth, 1)
         max_nodes = _check_count('max_nodes', max_nodes, 2)
         if request_id not in self._num_decided:
@@ -281,13 +420,6 @@ class OracleDrafter(Drafter):
         tokens = [self._maybe_wrong(request_id, start + i, reference[start + i])
                   for i in range(count)]
         return chain_tree(self._roots[request_id], tokens)
-
-    def advance(self, request_id, path_tokens, path_features, bonus) -> None:
-        if request_id not in self._num_decided:
-            raise ValueError(f'request_id: {request_id} has no draft state (begin() first)')
-        # Accepted drafts (len(path) - 1) plus the bonus token were decided.
-        self._num_decided[request_id] += len(path_tokens)
-        self._roots[request_id] = int(bonus)
 
     def release(self, request_id) -> None:
         self._num_decided.pop(request_id, None)

@@ -1,107 +1,88 @@
-"""Packed steps over the unified KV ring: cross-request pipelining (ActionFlow) and speculative
-verification (EAGLE-2 trees + Spec-VLA relaxed acceptance) in one strategy.
+"""The decoding strategy of every mode: one packed verifier forward per step over the unified
+KV ring. AR, cross-request pipelining (ActionFlow) and speculative verification (EAGLE-2 trees
++ Spec-VLA relaxed acceptance) are configurations of this one class:
 
-Each step is ONE verifier forward over: the prefill of the oldest waiting frame (if it can be
-admitted) + one work item per in-flight request. A work item is a draft tree rooted at the
-request's last decided token; plain pipelining is the degenerate tree of only the root (one
-decode token), so the same code serves every mode:
-
-    mode           max in flight          work item
+    mode           max in flight          work item of an in-flight request
+    ar             1                      root only (1 decode token)
     pipeline       config.max_inflight    root only (1 decode token)
     spec           1                      EAGLE-2 draft tree
     pipeline_spec  config.max_inflight    EAGLE-2 draft tree
 
-Step (numbered as in ``step``): 1 schedule, 2 build segments (prefill embeddings, draft trees),
-3 plan ring indices, 4 build the attention mask, 5 one verifier forward, 6 greedy rows,
-7 prefill bookkeeping, 8 acceptance + KV compaction of the accepted path + draft update,
-9 emit finished requests in per-stream order.
+A step (numbered as in ``step``): 1 schedule, 2 draft trees for every in-flight request (one
+batched draft forward per tree level), 3 host plan (engine/step_inputs.py: positions, slots,
+per-segment KV spans and masks, last step's KV compaction), 4 prompt embeddings of the admitted
+frame, 5 ONE verifier forward (one upload, one read of the greedy tokens), 6 prefill
+bookkeeping, 7 acceptance of every tree and the compaction it implies, 8 one batched draft
+update for the new prefix and every accepted path, 9 finished requests in per-stream order.
+
+The strategy returns finished requests; the engine turns them into actions. It never reaches
+back into the engine.
 """
 from __future__ import annotations
 
 import time
-
-import torch
+from dataclasses import dataclass
 
 from ..config import EngineConfig
-from ..models.layers import StepBatch
 from .acceptance import accept, truncate
 from .draft_tree import DraftTree, chain_tree
+from .drafter import DraftAdvance, DraftBegin
 from .kv_ring import KVRing
-from .scheduler import RequestInfo, Scheduler
-from .step_plan import SegmentSpec, StepPlan, plan_step
+from .request import Request
+from .scheduler import Scheduler
+from .step_inputs import PrefillRows, pack_step, round_up, tree_rows
 
 
-def prepare_attention_mask(plan: StepPlan, num_slots: int, device) -> torch.Tensor:
-    """(T, num_slots) bool mask implementing StepPlan's attention rule."""
-    mask = torch.zeros(plan.num_tokens, num_slots, dtype=torch.bool, device=device)
-    for s in range(plan.num_segments):
-        r0, r1 = plan.cu_seqlens_q[s], plan.cu_seqlens_q[s + 1]
-        n, h = r1 - r0, plan.history_lens[s]
-        slots = torch.tensor(plan.kv_slots[s], dtype=torch.long, device=device)
-        if h:
-            mask[r0:r1, slots[:h]] = True
-        parents = plan.tree_parents[s]
-        if parents is None:
-            local = torch.ones(n, n, dtype=torch.bool, device=device).tril()
-        else:
-            local = torch.eye(n, dtype=torch.bool, device=device)
-            for i in range(1, n):   # parents precede children: row i = own bit | parent's row
-                local[i] |= local[parents[i]]
-        rows = torch.arange(r0, r1, device=device)
-        mask[rows[:, None], slots[h:][None, :]] = local
-    return mask
+@dataclass
+class StepStats:
+    """Where a strategy's steps spent their time (seconds, summed since creation)."""
+
+    num_steps: int = 0
+    total_s: float = 0.0        # wall time inside ``step``
+    vision_s: float = 0.0       # preprocessing + vision towers + projector (prefills only)
+    verifier_s: float = 0.0     # the packed verifier forward, its upload and token read
+    draft_s: float = 0.0        # draft trees and draft updates (their forwards included)
+
+    @property
+    def host_s(self) -> float:
+        """Bookkeeping outside the model calls: scheduling, planning, acceptance."""
+        return self.total_s - self.vision_s - self.verifier_s - self.draft_s
+
+    def per_step_ms(self) -> dict:
+        n = max(self.num_steps, 1)
+        return {'step_ms': self.total_s / n * 1e3, 'host_ms': self.host_s / n * 1e3,
+                'vision_ms': self.vision_s / n * 1e3, 'verifier_ms': self.verifier_s / n * 1e3,
+                'draft_ms': self.draft_s / n * 1e3}
+
+    def since(self, earlier: 'StepStats') -> 'StepStats':
+        return StepStats(*(getattr(self, f) - getattr(earlier, f) for f in
+                           ('num_steps', 'total_s', 'vision_s', 'verifier_s', 'draft_s')))
 
 
-class FlexAttentionBackend:
-    """FlexAttention over the packed ring: a BlockMask built from the step's dense mask lets
-    the kernel skip every fully masked block (other requests' slots, free ring space). On CUDA
-    ``flex_attention`` is compiled once and kept on this object; on CPU it runs eagerly (used
-    by the tests to check it against SDPA)."""
-
-    def __init__(self, device):
-        from torch.nn.attention.flex_attention import create_block_mask, flex_attention
-        self._create_block_mask = create_block_mask
-        on_cuda = getattr(device, 'type', str(device)) == 'cuda'
-        self.attention = torch.compile(flex_attention) if on_cuda else flex_attention
-        self.device = device
-
-    @classmethod
-    def for_config(cls, config: EngineConfig, device):
-        backend = config.attention_backend
-        if backend == 'auto':
-            backend = 'flex' if getattr(device, 'type', str(device)) == 'cuda' else 'sdpa'
-        return cls(device) if backend == 'flex' else None
-
-    def block_mask(self, dense: torch.Tensor):
-        """dense (T, S) bool -> BlockMask with the same allowed (query, slot) pairs."""
-        def mask_mod(b, h, q_idx, kv_idx):
-            return dense[q_idx, kv_idx]
-        return self._create_block_mask(mask_mod, None, None, dense.shape[0], dense.shape[1],
-                                       device=self.device)
+def _next_power_of_two(n: int) -> int:
+    return 1 << max(0, n - 1).bit_length()
 
 
 class PackedStrategy:
-    def __init__(self, engine, config: EngineConfig):
-        self.engine = engine
-        self.runner = engine.runner
+    def __init__(self, runner, config: EngineConfig, drafter=None):
+        self.runner = runner
         self.config = config
         self.is_speculative = config.is_speculative
-        self.drafter = engine._draft
-        if self.is_speculative and self.drafter is None:
+        self.drafter = drafter
+        if self.is_speculative and drafter is None:
             raise ValueError(f'mode {config.mode!r} needs a draft head (draft_path)')
-        max_inflight = config.max_inflight if config.is_pipelined else 1
-        action_dim = self.runner.action_dim
+        self.max_inflight = config.max_inflight if config.is_pipelined else 1
+        # Ring scratch per request: a verified tree writes all its nodes before compaction.
         self.scratch = config.tree_max_nodes if self.is_speculative else 1
-        max_prefix = self.runner.max_prefix_len(config.max_instruction_tokens)
-        capacity = max_inflight * (max_prefix + action_dim + self.scratch)
+        max_prefix = runner.max_prefix_len(config.max_instruction_tokens)
+        capacity = self.max_inflight * (max_prefix + runner.action_dim + self.scratch)
         self.ring = KVRing(capacity)
-        self.cache = self.runner.new_cache(capacity)
-        self.scheduler = Scheduler(max_inflight, action_dim, self.ring)
-        self.requests = {}
-        self.roots: dict[int, int] = {}      # request id -> last decided token (not yet in KV)
-        self.flex = FlexAttentionBackend.for_config(config, self.runner.device)
+        self.verifier = runner.new_ring(capacity, config)
+        self.scheduler = Scheduler(self.max_inflight, runner.action_dim, self.ring)
+        self.num_verifier_forwards = 0
+        self.stats = StepStats()
 
-    # ---- bookkeeping passthroughs ------------------------------------------------------------
+    # ---- requests ----------------------------------------------------------------------------
 
     def config_changed(self, config: EngineConfig) -> None:
         if self.is_speculative and config.tree_max_nodes > self.scratch:
@@ -109,13 +90,8 @@ class PackedStrategy:
                              f'of {self.scratch} slots per request reserved at load time')
         self.config = config
 
-    def submit(self, request) -> None:
-        prefix_len = self.runner.prefix_len(request.input_ids)
-        action_dim = self.runner.action_dim
-        self.scheduler.submit(RequestInfo(request.request_id, request.frame.stream_id,
-                                          prefix_len, action_dim,
-                                          prefix_len + action_dim + self.scratch))
-        self.requests[request.request_id] = request
+    def submit(self, request: Request) -> None:
+        self.scheduler.submit(request)
 
     def has_work(self) -> bool:
         return self.scheduler.has_work()
@@ -123,133 +99,148 @@ class PackedStrategy:
     def has_waiting(self) -> bool:
         return self.scheduler.num_waiting > 0
 
-    def drop_waiting(self, stream_id: str) -> list[int]:
-        return self._forget(self.scheduler.drop_waiting(stream_id))
+    def drop_waiting(self, stream_id: str) -> list[Request]:
+        return self._released(self.scheduler.drop_waiting(stream_id))
 
-    def reset(self, stream_id: str | None = None) -> list[int]:
-        return self._forget(self.scheduler.reset(stream_id))
+    def reset(self, stream_id: str | None = None) -> list[Request]:
+        return self._released(self.scheduler.reset(stream_id))
 
-    def abort_all(self) -> list:
+    def abort_all(self) -> list[Request]:
         """Drop everything after a failed step; returns the requests to report as failed."""
-        ids = self.scheduler.reset(None)
-        victims = [self.requests[i] for i in ids if i in self.requests]
-        self._forget(ids)
-        return victims
+        return self.reset(None)
 
-    def _forget(self, ids: list[int]) -> list[int]:
-        for i in ids:
-            self.requests.pop(i, None)
-            self.roots.pop(i, None)
+    def _released(self, requests: list[Request]) -> list[Request]:
+        for request in requests:
+            request.pending_moves = []
             if self.drafter is not None:
-                self.drafter.release(i)
-        return ids
+                self.drafter.release(request.request_id)
+        return requests
 
     # ---- one packed step ---------------------------------------------------------------------
 
-    def _work_item(self, request_id: int) -> DraftTree:
-        """Draft tree for an in-flight request (just the root when not speculating)."""
-        root = self.roots[request_id]
-        remaining = self.scheduler.num_remaining(request_id)
-        depth = min(self.config.tree_depth, remaining - 1)
-        if not self.is_speculative or depth < 1:
-            return chain_tree(root, [])
-        return self.drafter.propose(request_id, depth, self.config.tree_top_k,
-                                    self.config.tree_max_nodes)
-
-    @torch.no_grad()
-    def step(self) -> list:
-        runner, sched, cfg = self.runner, self.scheduler, self.config
+    def step(self) -> list[Request]:
+        start = time.perf_counter()
+        stats = self.stats
+        sched, cfg, runner = self.scheduler, self.config, self.runner
         # 1. schedule
         work = sched.schedule()
         if work.is_empty:
             return []
-        # 2. segments: the prefill first, then one tree per in-flight request
-        segments, embeds, trees = [], [], {}
-        prefill = work.prefill
-        if prefill is not None:
-            request = self.requests[prefill.request_id]
+        # 2. draft trees (just the root when not speculating or one token remains)
+        t0 = time.perf_counter()
+        trees = self._draft_trees(work.decode)
+        stats.draft_s += time.perf_counter() - t0
+        # 3. host plan: one segment per in-flight request + last step's KV compaction
+        capacity = self.ring.capacity
+        segments, moves = [], []
+        for request in work.decode:
+            tree = trees[request.request_id]
+            span = self.ring.span(request.request_id)
+            segments.append(tree_rows(span.start, capacity, request.history_len, tree.parents,
+                                      tree.tokens))
+            moves += request.pending_moves
+            request.pending_moves = []
+        prefill, prefill_embeds = None, None
+        if work.prefill is not None:
+            # 4. the admitted frame's prompt (vision towers + projector)
+            request = work.prefill
             request.start_time = time.perf_counter()
             prompt = runner.prepare_prompt(request.frame, cfg, request.input_ids)
-            segments.append(SegmentSpec(prefill.request_id, 0, prompt.embeds.shape[0],
-                                        'prefill'))
-            embeds.append(prompt.embeds)
-        for rid in work.decode_ids:
-            tree = self._work_item(rid)
-            trees[rid] = tree
-            segments.append(SegmentSpec(rid, sched.history_len(rid), tree.num_nodes, 'tree',
-                                        tree.parents))
-            ids = torch.tensor(tree.tokens, dtype=torch.long, device=runner.device)
-            embeds.append(runner.embed_tokens(ids))
-        # 3-4. ring indices and mask
-        plan = plan_step(self.ring, segments)
-        device = runner.device
-        mask = prepare_attention_mask(plan, self.ring.capacity, device)
-        batch = StepBatch(
-            positions=torch.tensor(plan.positions, dtype=torch.long, device=device),
-            slot_mapping=torch.tensor(plan.slot_mapping, dtype=torch.long, device=device),
-            attn_mask=mask, kv_limit=self.ring.capacity)
-        if self.flex is not None:
-            batch.block_mask = self.flex.block_mask(mask)
-            batch.flex_fn = self.flex.attention
+            stats.vision_s += time.perf_counter() - request.start_time
+            prefill = PrefillRows(self.ring.span(request.request_id).start, capacity,
+                                  request.prefix_len)
+            prefill_embeds = prompt.embeds
+        host = pack_step(prefill, segments, self.verifier.scratch_slot,
+                         moves=moves, **self._padded_sizes(segments, len(moves)))
         # 5. one verifier forward for everything in flight
-        hidden = runner.forward(torch.cat(embeds, dim=0), batch, self.cache)
-        self.engine.num_verifier_forwards += 1
-        # 6. greedy tokens only where they are needed: prefill's last row + every tree node
-        seg_rows = []
-        for s in range(plan.num_segments):
-            r0, r1 = plan.cu_seqlens_q[s], plan.cu_seqlens_q[s + 1]
-            seg_rows.append(range(r1 - 1, r1) if plan.kinds[s] == 'prefill' else range(r0, r1))
-        flat = [r for rows in seg_rows for r in rows]
-        argmax = runner.greedy(hidden[flat], cfg.restrict_to_action_tokens).tolist()
+        t0 = time.perf_counter()
+        tokens, hidden = self.verifier.run(host, prefill_embeds)
+        stats.verifier_s += time.perf_counter() - t0
+        self.num_verifier_forwards += 1
+        begins, advances = [], []
         offset = 0
-        for s, rows in enumerate(seg_rows):
-            rid = plan.request_ids[s]
-            picks = argmax[offset:offset + len(rows)]
-            offset += len(rows)
-            request = self.requests[rid]
+        if prefill is not None:
+            # 6. the prefill decides the first action token
+            request, token = work.prefill, tokens[0]
+            offset = 1
             request.forward_passes += 1
-            if plan.kinds[s] == 'prefill':
-                # 7. the prefill decides the first action token
-                self._after_prefill(request, picks[0], embeds[0], hidden[:rows.stop])
-            else:
-                # 8. verify the tree, keep the accepted path, update the draft
-                self._after_verify(request, trees[rid], picks, hidden[rows.start:rows.stop],
-                                   plan.history_lens[s])
+            request.accepted_lengths.append(1)
+            is_done = sched.on_tokens(request.request_id, [token])
+            if self.is_speculative and not is_done:
+                begins.append(DraftBegin(request.request_id, prefill_embeds,
+                                         range(prefill.length), token))
+        # 7. verify every tree, keep its accepted path
+        num_rows = host.num_rows
+        for s, request in enumerate(work.decode):
+            tree = trees[request.request_id]
+            first = offset + s * num_rows
+            advance = self._after_verify(request, tree, tokens[first:first + tree.num_nodes],
+                                         hidden_row=host.num_prefill + s * num_rows)
+            if advance is not None:
+                advances.append(advance)
+        # 8. one batched draft update: the new prefix and every accepted path
+        if begins or advances:
+            t0 = time.perf_counter()
+            self.drafter.update(begins, advances, hidden)
+            stats.draft_s += time.perf_counter() - t0
         # 9. emit in per-stream submission order
-        return [self.engine.finish(self.requests.pop(i)) for i in sched.pop_finished()]
+        finished = sched.pop_finished()
+        stats.num_steps += 1
+        stats.total_s += time.perf_counter() - start
+        return finished
 
-    def _after_prefill(self, request, token: int, prefix_embeds, prefix_hidden) -> None:
-        rid = request.request_id
-        request.tokens.append(token)
-        request.accepted_lengths.append(1)
-        self.roots[rid] = token
-        finished = self.scheduler.on_tokens(rid, 1)
-        if self.is_speculative and not finished:
-            self.drafter.begin(rid, prefix_embeds, prefix_hidden, token)
+    def _draft_trees(self, decode: list[Request]) -> dict[int, DraftTree]:
+        cfg = self.config
+        trees, drafted, depths = {}, [], []
+        for request in decode:
+            depth = min(cfg.tree_depth, request.num_remaining - 1)
+            if self.is_speculative and depth >= 1:
+                drafted.append(request.request_id)
+                depths.append(depth)
+            else:
+                trees[request.request_id] = chain_tree(request.tokens[-1], [])
+        if drafted:
+            proposed = self.drafter.propose_batch(drafted, depths, cfg.tree_top_k,
+                                                  cfg.tree_max_nodes)
+            trees.update(zip(drafted, proposed))
+        return trees
 
-    def _after_verify(self, request, tree: DraftTree, picks: list[int], tree_hidden,
-                      history_len: int) -> None:
-        rid = request.request_id
+    def _padded_sizes(self, segments, num_moves: int) -> dict:
+        """Padded shapes of the step: tight in eager mode; with CUDA graphs, few buckets (the
+        number of captured graphs stays small and every bucket is reused)."""
+        num_rows = max((s.num_rows for s in segments), default=1)
+        num_cols = max((s.num_cols for s in segments), default=1)
+        if not self.runner.use_cuda_graphs:
+            return dict(num_segments=len(segments), num_rows=num_rows,
+                        num_cols=round_up(num_cols, 16), num_moves=num_moves)
+        num_segments = _next_power_of_two(len(segments)) if segments else 0
+        max_moves = num_segments * self.config.tree_depth if self.is_speculative else 0
+        return dict(num_segments=num_segments, num_rows=_next_power_of_two(num_rows),
+                    num_cols=round_up(num_cols, 128), num_moves=max(max_moves, num_moves))
+
+    def _after_verify(self, request: Request, tree: DraftTree, picks: list[int],
+                      hidden_row: int) -> DraftAdvance | None:
+        """Acceptance (S3/S4) of one tree; records tokens; returns the draft update, if any."""
         at = self.runner.action_tokenizer
         acc = accept(tree, picks, relax_threshold=self.config.relax_threshold,
                      is_action_token=at.is_action_token, token_to_bin=at.token_to_bin)
-        emitted = truncate(acc, self.scheduler.num_remaining(rid))
-        request.tokens.extend(emitted)
+        emitted = truncate(acc, request.num_remaining)
+        request.forward_passes += 1
         request.accepted_lengths.append(len(emitted))
-        if self.scheduler.num_remaining(rid) - len(emitted) > 0:
+        advance = None
+        if request.num_remaining - len(emitted) > 0:
             # Compact the accepted path's KV: node i sits at logical history_len + i; the path
-            # must occupy history_len, history_len + 1, ... (gather first: overlap-safe).
-            path = list(acc.path_nodes)
-            moves = [(n, j) for j, n in enumerate(path) if n != j]
-            if moves:
-                src = self.ring.slots(rid, history_len, tree.num_nodes)
-                src_t = torch.tensor([src[n] for n, _ in moves], device=self.runner.device)
-                dst_t = torch.tensor([src[j] for _, j in moves], device=self.runner.device)
-                self.cache.copy_slots(src_t, dst_t)
-            self.roots[rid] = acc.bonus_token
+            # must occupy history_len, history_len + 1, ... The copy runs at the start of every
+            # layer of the next verifier forward (gathered first: overlap-safe).
+            path = acc.path_nodes
+            span = self.ring.span(request.request_id)
+            h = request.history_len
+            request.pending_moves = [(span.slot(h + n), span.slot(h + j))
+                                     for j, n in enumerate(path) if n != j]
             if self.is_speculative:
-                self.drafter.advance(rid, [tree.tokens[n] for n in path], tree_hidden[path],
-                                     acc.bonus_token)
+                advance = DraftAdvance(request.request_id, [tree.tokens[n] for n in path],
+                                       [hidden_row + n for n in path], acc.bonus_token)
         elif self.drafter is not None:
-            self.drafter.release(rid)
-        self.scheduler.on_tokens(rid, len(emitted))
+            self.drafter.release(request.request_id)
+        self.scheduler.on_tokens(request.request_id, [int(t) for t in emitted])
+        return advance

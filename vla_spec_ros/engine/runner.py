@@ -1,8 +1,14 @@
-"""Model runner: turns frames into prompt embeddings and runs packed verifier forwards.
+"""Model runner: the device side of the verifier.
 
-It owns the loaded model, the prompt tokenizer and the dtype/device, and knows nothing about
-scheduling. Every decoding strategy (AR reference, pipeline, speculation) calls ``forward`` with
-an explicit ``StepBatch``.
+``ModelRunner`` owns the loaded model, the prompt tokenizer, dtype/device, the fused-kernel
+choice and the (optionally graphed) vision towers; it knows nothing about scheduling.
+``RingRunner`` (one per engine, made by ``ModelRunner.new_ring``) owns what a decoding strategy
+drives step after step: the unified KV ring (allocated once, plus one scratch slot that padding
+rows write to), the static input buffers and CUDA graphs of the packed verifier step
+(``PackedForward``). A strategy hands it a host-side ``HostStep`` and gets back the greedy
+tokens (the step's one device -> host read) and the hidden states (left on the device).
+
+``ModelRunner.forward`` (dense ``StepBatch``, any cache) serves the plain AR reference.
 """
 from __future__ import annotations
 
@@ -16,7 +22,9 @@ from ..models.layers import KVCache, StepBatch
 from ..models.vla import OpenVLA
 from ..preprocess import preprocess_image
 from ..prompt import PromptTokenizer
+from .packed_forward import GraphedFunction, PackedForward
 from .result import Frame
+from .step_inputs import HostStep
 
 TORCH_DTYPES = {'float32': torch.float32, 'float64': torch.float64,
                 'bfloat16': torch.bfloat16, 'float16': torch.float16}
@@ -38,8 +46,17 @@ class ModelRunner:
         self.device = torch.device(engine_cfg.device)
         self.action_tokenizer = ActionTokenizer(cfg.llm.vocab_size, cfg.pad_to_multiple_of,
                                                 cfg.n_action_bins)
-        self.kernel = None          # fused RoPE + KV write (kernels/), set by the engine
-        self._action_mask = None
+        self.kernel = select_rope_kernel(engine_cfg, self.device)   # fused RoPE + KV write
+        self.use_cuda_graphs = engine_cfg.use_cuda_graphs
+        if self.use_cuda_graphs and self.device.type != 'cuda':
+            raise ValueError(f'use_cuda_graphs: CUDA graphs need a CUDA device, got '
+                             f'{self.device}')
+        at = self.action_tokenizer
+        self._action_mask = torch.full((cfg.llm.vocab_size,), float('-inf'), dtype=self.dtype,
+                                       device=self.device)
+        self._action_mask[at.first_action_id:at.last_action_id + 1] = 0
+        self._vision_graph = GraphedFunction(self._vision, self.device) \
+            if self.use_cuda_graphs else None
 
     @property
     def action_dim(self) -> int:
@@ -67,12 +84,22 @@ class ModelRunner:
         pixels = preprocess_image(frame.image, self.cfg, center_crop=engine_cfg.center_crop,
                                   rotate_180=engine_cfg.rotate_180, dtype=self.dtype,
                                   device=self.device)
-        patches = self.model.image_embeddings(pixels[None])[0]          # (P, H)
+        if self._vision_graph is not None:
+            patches = self._vision_graph({'pixels': pixels[None]})['patches'].clone()
+        else:
+            patches = self.model.image_embeddings(pixels[None])[0]      # (P, H)
         ids_t = torch.tensor(ids, dtype=torch.long, device=self.device)
         return PreparedPrompt(ids, self.model.prompt_embeddings(patches, ids_t))
 
+    def _vision(self, inputs: dict) -> dict:
+        return {'patches': self.model.image_embeddings(inputs['pixels'])[0]}
+
     def new_cache(self, num_slots: int) -> KVCache:
         return self.lm.new_kv_cache(num_slots)
+
+    def new_ring(self, capacity: int, config: EngineConfig) -> 'RingRunner':
+        return RingRunner(self, capacity, config.restrict_to_action_tokens,
+                          is_dense=config.attention_backend == 'dense')
 
     @torch.no_grad()
     def forward(self, embeds: torch.Tensor, batch: StepBatch, cache: KVCache) -> torch.Tensor:
@@ -84,14 +111,94 @@ class ModelRunner:
         """(T, H) hidden -> (T,) argmax token ids (S1: over the full vocabulary by default)."""
         logits = self.lm.logits(hidden)
         if restrict_to_action_tokens:
-            if self._action_mask is None:
-                at = self.action_tokenizer
-                mask = torch.full((logits.shape[-1],), float('-inf'), dtype=logits.dtype,
-                                  device=logits.device)
-                mask[at.first_action_id:at.last_action_id + 1] = 0
-                self._action_mask = mask
-            logits = logits + self._action_mask
+            logits = logits + self._action_mask.to(logits.dtype)
         return logits.argmax(dim=-1)
 
     def embed_tokens(self, token_ids: torch.Tensor) -> torch.Tensor:
         return self.model.token_embeddings(token_ids)
+
+
+class RingRunner:
+    """The verifier's packed step over one unified KV ring (one per engine).
+
+    Ring slots 0 .. capacity-1 belong to requests (engine/kv_ring.py); slot ``capacity`` is
+    the scratch slot that padding rows write to and no request ever reads.
+    """
+
+    def __init__(self, runner: ModelRunner, capacity: int, restrict_to_action_tokens: bool,
+                 is_dense: bool = False):
+        self.runner = runner
+        self.is_dense = is_dense     # the reference: one (T x ring) mask instead of segments
+        self.capacity = capacity
+        self.scratch_slot = capacity
+        self.cache = runner.new_cache(capacity + 1)
+        self.restrict_to_action_tokens = restrict_to_action_tokens
+        self.forward = PackedForward(self._step, runner.device, runner.use_cuda_graphs)
+
+    def _step(self, batch: StepBatch, ints: dict, dense: dict) -> dict:
+        """Embeddings -> verifier -> greedy tokens; what a CUDA graph of this bucket holds."""
+        runner = self.runner
+        x = runner.embed_tokens(ints['token_ids'])
+        lp = batch.num_prefill
+        if lp:
+            x = torch.cat([dense['prefill_embeds'], x], dim=0)
+        if self.is_dense:
+            batch = dense_batch(batch, self.cache.num_slots)
+        hidden = runner.lm.forward_hidden(x, batch, self.cache, runner.kernel)
+        # Greedy rows: the prefill's last row, then every segment row (padding included).
+        rows = hidden[lp - 1:] if lp else hidden
+        return {'hidden': hidden, 'tokens': runner.greedy(rows, self.restrict_to_action_tokens)}
+
+    def run(self, step: HostStep, prefill_embeds: torch.Tensor | None = None):
+        """-> (greedy tokens as a list: [prefill's next token] + one per segment row, hidden
+        states (T, H) on the device, valid until the next ``run``)."""
+        dense = {'prefill_embeds': prefill_embeds} if step.num_prefill else {}
+        out = self.forward(step, dense)
+        return out['tokens'].tolist(), out['hidden']      # the step's one device -> host read
+
+
+def dense_batch(batch: StepBatch, num_slots: int) -> StepBatch:
+    """The same step with one dense (T, num_slots) mask (the reference attention path).
+
+    Row i of the prefill reads the prefill's slots 0..i; row j of segment s reads
+    ``kv_index[s, k]`` wherever ``seg_mask[s, j, k]``. Reads the mask back to the host
+    (``nonzero``): never used in a graph.
+    """
+    lp = batch.num_prefill
+    num_rows_total = batch.positions.shape[0]
+    mask = torch.zeros(num_rows_total, num_slots, dtype=torch.bool,
+                       device=batch.positions.device)
+    if lp:
+        rows, cols = torch.tril_indices(lp, lp, device=mask.device)
+        mask[rows, batch.slot_mapping[:lp][cols]] = True
+    if batch.kv_index is not None:
+        num_rows = batch.seg_mask.shape[1]
+        seg, row, col = batch.seg_mask.nonzero(as_tuple=True)
+        mask[lp + seg * num_rows + row, batch.kv_index[seg, col]] = True
+    return StepBatch(positions=batch.positions, slot_mapping=batch.slot_mapping,
+                     attn_mask=mask, kv_limit=num_slots, copy_src=batch.copy_src,
+                     copy_dst=batch.copy_dst)
+
+
+def select_rope_kernel(config: EngineConfig, device):
+    """The fused RoPE + KV-write kernel when enabled, else None (plain torch).
+
+    "auto" uses Triton on CUDA only; "on" forces it (on CPU that needs TRITON_INTERPRET=1, which
+    the tests use to run the kernel path against the reference); "off" never uses it.
+    """
+    if config.use_kernels == 'off':
+        return None
+    from ..kernels import is_triton_available, rope_kv_write
+    on_cuda = getattr(device, 'type', str(device)) == 'cuda'
+    if config.use_kernels == 'auto' and not (on_cuda and is_triton_available()):
+        return None
+    if not is_triton_available():
+        raise ValueError('use_kernels: "on" needs triton on CUDA (or TRITON_INTERPRET=1)')
+
+    def kernel(q, k, v, positions, cos, sin, k_cache, v_cache, slot_mapping):
+        # Index checks would read indices back to the host (a sync) on every layer; the
+        # engine's planner already guarantees in-range slots, unique except the scratch slot
+        # that padding rows share (its content is never read by a real row).
+        return rope_kv_write(q, k, v, positions, cos, sin, k_cache, v_cache, slot_mapping,
+                             use_triton=True, check_indices=False)
+    return kernel

@@ -28,54 +28,32 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass
+from typing import Sequence
 
 from .kv_ring import KVRing
-
-
-@dataclass(frozen=True)
-class RequestInfo:
-    """Scheduling view of one frame; ``num_slots`` = prefix_len + action_dim + tree scratch."""
-
-    request_id: int         # increases with submission order, over all streams
-    stream_id: str
-    prefix_len: int         # prefill tokens (BOS + image patches + instruction text)
-    num_tokens_needed: int  # tokens to decide (action_dim)
-    num_slots: int          # ring slots reserved from admission until the request finishes
-
-    def __post_init__(self):
-        for name in ('request_id', 'prefix_len', 'num_tokens_needed', 'num_slots'):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool):
-                raise ValueError(f'{name}: must be an int, got {value!r}')
-        if self.request_id < 0:
-            raise ValueError(f'request_id: must be >= 0, got {self.request_id}')
-        if self.prefix_len < 1:
-            raise ValueError(f'prefix_len: must be >= 1, got {self.prefix_len}')
-        if self.num_tokens_needed < 1:
-            raise ValueError(f'num_tokens_needed: must be >= 1, got {self.num_tokens_needed}')
-        # Every decided token except the last one is fed back and needs a KV slot.
-        num_min = self.prefix_len + self.num_tokens_needed - 1
-        if self.num_slots < num_min:
-            raise ValueError(f'num_slots: {self.num_slots} < prefix_len + num_tokens_needed '
-                             f'- 1 = {num_min}')
+from .request import Request
 
 
 @dataclass(frozen=True)
 class ScheduledStep:
     """One packed step: at most one prefill plus the in-flight requests that advance."""
 
-    prefill: RequestInfo | None
-    decode_ids: list[int]   # in-flight request ids admitted in earlier steps, oldest first
+    prefill: Request | None
+    decode: list[Request]   # in-flight requests admitted in earlier steps, oldest first
+
+    @property
+    def decode_ids(self) -> list[int]:
+        return [r.request_id for r in self.decode]
 
     @property
     def is_empty(self) -> bool:
-        return self.prefill is None and not self.decode_ids
+        return self.prefill is None and not self.decode
 
 
 class Scheduler:
     """Admission, progress and in-order emission of requests over one shared ``KVRing``.
 
-    The scheduler is the ring's only allocator. Per step the engine calls ``schedule``, runs
+    The scheduler is the ring's only allocator. Per step the strategy calls ``schedule``, runs
     the forward pass, reports ``on_tokens`` for every request of the step, then ``pop_finished``.
     """
 
@@ -87,9 +65,9 @@ class Scheduler:
         self.max_inflight = max_inflight
         self.action_dim = action_dim
         self.ring = ring
-        self._requests: dict[int, RequestInfo] = {}    # every request not yet emitted/dropped
-        self._waiting: deque[RequestInfo] = deque()
-        self._num_tokens: dict[int, int] = {}          # in flight, in admission order
+        self._requests: dict[int, Request] = {}        # every request not yet emitted/dropped
+        self._waiting: deque[Request] = deque()
+        self._inflight: dict[int, Request] = {}        # in flight, in admission order
         self._finish_order: list[int] = []             # finished, not yet emitted
         self._pending: dict[str, deque[int]] = {}      # per stream: not yet emitted, in order
         self._last_request_id: int | None = None
@@ -100,21 +78,22 @@ class Scheduler:
 
     @property
     def num_inflight(self) -> int:
-        return len(self._num_tokens)
+        return len(self._inflight)
 
     @property
     def num_finished(self) -> int:
         """Finished requests not yet returned by ``pop_finished`` (held for ordering)."""
         return len(self._finish_order)
 
+    def inflight_ids(self) -> list[int]:
+        return list(self._inflight)
+
     def has_work(self) -> bool:
         """True while a request waits or is in flight (a step would make progress)."""
-        return bool(self._waiting or self._num_tokens)
+        return bool(self._waiting or self._inflight)
 
-    def inflight_ids(self) -> list[int]:
-        return list(self._num_tokens)
-
-    def request(self, request_id: int) -> RequestInfo:
+    def get(self, request_id: int) -> Request:
+        """The request with this id (waiting, in flight, or finished and held)."""
         try:
             return self._requests[request_id]
         except KeyError:
@@ -123,27 +102,21 @@ class Scheduler:
 
     def num_tokens(self, request_id: int) -> int:
         """Tokens decided so far for an in-flight request."""
-        return self._num_tokens[self._check_inflight(request_id)]
+        return self._check_inflight(request_id).num_tokens
 
     def num_remaining(self, request_id: int) -> int:
         """Tokens an in-flight request still needs (the most ``on_tokens`` may add)."""
-        request_id = self._check_inflight(request_id)
-        return self._requests[request_id].num_tokens_needed - self._num_tokens[request_id]
+        return self._check_inflight(request_id).num_remaining
 
     def history_len(self, request_id: int) -> int:
-        """KV entries of an in-flight request with >= 1 token: prefix_len + num_tokens - 1.
+        """See ``Request.history_len``."""
+        return self._check_inflight(request_id).history_len
 
-        The next work item feeds the last decided token (a decode input or a tree root) at
-        this logical position; its own KV is not in the ring yet.
-        """
-        num_tokens = self.num_tokens(request_id)
-        if num_tokens < 1:
-            raise ValueError(f'request_id: {request_id} has no token yet (prefill pending)')
-        return self._requests[request_id].prefix_len + num_tokens - 1
-
-    def submit(self, request: RequestInfo) -> None:
-        if not isinstance(request, RequestInfo):
-            raise ValueError(f'request: must be a RequestInfo, got {type(request).__name__}')
+    def submit(self, request: Request) -> None:
+        if not isinstance(request, Request):
+            raise ValueError(f'request: must be a Request, got {type(request).__name__}')
+        if request.tokens:
+            raise ValueError(f'request: {request.request_id} already has tokens')
         if self._last_request_id is not None and request.request_id <= self._last_request_id:
             raise ValueError(f'request_id: {request.request_id} must exceed the last submitted '
                              f'id {self._last_request_id}')
@@ -162,42 +135,43 @@ class Scheduler:
     def schedule(self) -> ScheduledStep:
         """Decide the next packed step (empty when there is no work)."""
         # 1. Every request already in flight advances (S6: also when nothing waits).
-        decode_ids = list(self._num_tokens)
+        decode = list(self._inflight.values())
         # 2. The oldest waiting request is prefilled if the pipeline and the ring have room.
         prefill = None
-        if self._waiting and len(self._num_tokens) < self.max_inflight:
+        if self._waiting and len(self._inflight) < self.max_inflight:
             head = self._waiting[0]
             if self.ring.allocate(head.request_id, head.num_slots) is not None:
                 prefill = self._waiting.popleft()
-                self._num_tokens[prefill.request_id] = 0
-            elif not decode_ids:
+                self._inflight[prefill.request_id] = prefill
+            elif not decode:
                 raise RuntimeError(f'request {head.request_id} needs {head.num_slots} slots but '
                                    f'the ring has {self.ring.num_free} free with nothing in '
                                    'flight: the ring is allocated outside the scheduler')
-        return ScheduledStep(prefill=prefill, decode_ids=decode_ids)
+        return ScheduledStep(prefill=prefill, decode=decode)
 
-    def on_tokens(self, request_id: int, num_new: int) -> bool:
-        """Record ``num_new`` decided tokens; True when the request just finished.
+    def on_tokens(self, request_id: int, tokens: Sequence[int]) -> bool:
+        """Append newly decided ``tokens`` to the request; True when it just finished.
 
         A finished request's ring span is released at once; its KV is no longer read.
         """
-        request_id = self._check_inflight(request_id)
-        if not isinstance(num_new, int) or isinstance(num_new, bool) or num_new < 0:
-            raise ValueError(f'num_new: must be an int >= 0, got {num_new!r}')
-        num_needed = self._requests[request_id].num_tokens_needed
-        num_tokens = self._num_tokens[request_id] + num_new
-        if num_tokens > num_needed:
-            raise ValueError(f'num_new: {num_new} tokens for request {request_id} would give '
-                             f'{num_tokens} of {num_needed} (truncate to num_remaining)')
-        self._num_tokens[request_id] = num_tokens
-        if num_tokens < num_needed:
+        request = self._check_inflight(request_id)
+        if isinstance(tokens, (str, bytes)) or not all(
+                isinstance(t, int) and not isinstance(t, bool) for t in tokens):
+            raise ValueError(f'tokens: must be a sequence of ints, got {tokens!r}')
+        num_tokens = request.num_tokens + len(tokens)
+        if num_tokens > request.num_tokens_needed:
+            raise ValueError(f'tokens: {len(tokens)} tokens for request {request_id} would give '
+                             f'{num_tokens} of {request.num_tokens_needed} (truncate to '
+                             'num_remaining)')
+        request.tokens.extend(tokens)
+        if num_tokens < request.num_tokens_needed:
             return False
-        del self._num_tokens[request_id]
+        del self._inflight[request_id]
         self.ring.release(request_id)
         self._finish_order.append(request_id)
         return True
 
-    def pop_finished(self) -> list[int]:
+    def pop_finished(self) -> list[Request]:
         """Ids ready to emit: per stream in submission order, across streams as they finish.
 
         A frame becomes emittable when it and every earlier frame of its stream have finished;
@@ -205,52 +179,53 @@ class Scheduler:
         held frame comes right after the predecessor that releases it.
         """
         replayed: set[int] = set()
-        emitted: list[int] = []
+        emitted: list[Request] = []
         for request_id in self._finish_order:
             replayed.add(request_id)
             stream_id = self._requests[request_id].stream_id
             pending = self._pending[stream_id]
             while pending and pending[0] in replayed:
                 ready = pending.popleft()
-                emitted.append(ready)
-                del self._requests[ready]
+                emitted.append(self._requests.pop(ready))
             if not pending:
                 del self._pending[stream_id]
         self._finish_order = [i for i in self._finish_order if i in self._requests]
         return emitted
 
-    def drop_waiting(self, stream_id: str) -> list[int]:
-        """Drop the stream's requests not yet prefilled (latest-wins replacement); their ids."""
+    def drop_waiting(self, stream_id: str) -> list[Request]:
+        """Drop the stream's requests not yet prefilled (latest-wins replacement)."""
         dropped = [r.request_id for r in self._waiting if r.stream_id == stream_id]
         self._waiting = deque(r for r in self._waiting if r.stream_id != stream_id)
-        self._forget(dropped)
-        return dropped
+        return self._forget(dropped)
 
-    def reset(self, stream_id: str | None = None) -> list[int]:
+    def reset(self, stream_id: str | None = None) -> list[Request]:
         """Drop every unemitted request (waiting, in flight, finished but held) of one stream,
-        or of all streams when ``stream_id`` is None; frees their ring slots; returns their ids
-        in submission order."""
+        or of all streams when ``stream_id`` is None; frees their ring slots; returns them in
+        submission order."""
         dropped = sorted(i for i, r in self._requests.items()
                          if stream_id is None or r.stream_id == stream_id)
         dropped_set = set(dropped)
         self._waiting = deque(r for r in self._waiting if r.request_id not in dropped_set)
         for request_id in dropped:
-            if request_id in self._num_tokens:
-                del self._num_tokens[request_id]
+            if request_id in self._inflight:
+                del self._inflight[request_id]
                 self.ring.release(request_id)
         self._finish_order = [i for i in self._finish_order if i not in dropped_set]
-        self._forget(dropped)
-        return dropped
+        return self._forget(dropped)
 
-    def _forget(self, request_ids: list[int]) -> None:
+    def _forget(self, request_ids: list[int]) -> list[Request]:
+        forgotten = []
         for request_id in request_ids:
-            stream_id = self._requests.pop(request_id).stream_id
-            pending = self._pending[stream_id]
+            request = self._requests.pop(request_id)
+            forgotten.append(request)
+            pending = self._pending[request.stream_id]
             pending.remove(request_id)
             if not pending:
-                del self._pending[stream_id]
+                del self._pending[request.stream_id]
+        return forgotten
 
-    def _check_inflight(self, request_id: int) -> int:
-        if request_id not in self._num_tokens:
-            raise ValueError(f'request_id: {request_id} is not in flight')
-        return request_id
+    def _check_inflight(self, request_id: int) -> Request:
+        try:
+            return self._inflight[request_id]
+        except KeyError:
+            raise ValueError(f'request_id: {request_id} is not in flight') from None

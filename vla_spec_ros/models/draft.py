@@ -24,7 +24,7 @@ from torch import nn
 
 from ..config import LlamaConfig
 from .checkpoint import CheckpointError, _check_safetensors_file, load_state_dict, weight_files
-from .layers import KVCache, LlamaDecoderLayer, StepBatch, rope_tables
+from .layers import KVCache, LlamaDecoderLayer, RopeRows, StepBatch, rope_tables
 
 RANDOM_DRAFT = 'random'         # draft_path value for a seeded random (deliberately poor) head
 DEFAULT_DRAFT_SUBFOLDER = 'draft'
@@ -169,7 +169,7 @@ class EagleDraftHead(nn.Module):
         ``batch.slot_mapping`` in ``cache``; attention follows ``batch.attn_mask``.
         """
         x = self.fc(torch.cat([inputs_embeds, features], dim=-1))
-        rope = self.rope(x.dtype, x.device)
+        rope = RopeRows.gather(self.rope(x.dtype, x.device), batch.positions)
         for i, layer in enumerate(self.layers):
             x = layer(x, batch, rope, cache.k[i], cache.v[i])
         return x            # no final norm (EAGLE): features are already normalised
@@ -295,7 +295,7 @@ def load_draft_for(runner, engine_config, checkpoint_folder: str | os.PathLike |
                               device=runner.device)
     else:
         head = load_draft(Path(path).expanduser(), runner.model, runner.dtype, runner.device)
-    return EagleDrafter(runner, head, max_tree_nodes=engine_config.tree_max_nodes)
+    return EagleDrafter.for_engine(runner, head, engine_config)
 
 
 __all__ = ['DraftConfig', 'EagleDraftHead', 'new_draft_head', 'save_draft', 'load_draft',

@@ -1,18 +1,17 @@
 """Llama building blocks shared by the verifier and the EAGLE draft head.
 
-Every attention call goes through one primitive, ``attend_packed``: the new tokens of a packed
-step (one or many requests, prefill / decode / draft tree) are written into a slot-addressed KV
-buffer, then each query attends to the slots its boolean mask row allows. The same code therefore
-serves AR decoding (slots = positions), the unified KV ring (slots anywhere in the ring, with
-wrap-around) and tree verification (tree mask). Conventions follow Hugging Face Llama
-(rotate-half RoPE with cos/sin tables computed in float32) so logits match
+The new tokens of a packed step (one or many requests, prefill / decode / draft tree) are
+written into a slot-addressed KV buffer, then each query attends to the slots its mask allows:
+either through a dense (T x slots) mask (``attend_packed``, the reference) or per segment over
+only its own request's slots (``attend_segments``, the engine's work-proportional path). The
+same code therefore serves AR decoding (slots = positions), the unified KV ring (slots anywhere
+in the ring, with wrap-around) and tree verification (tree mask). Conventions follow Hugging
+Face Llama (rotate-half RoPE with cos/sin tables computed in float32) so logits match
 ``transformers.LlamaForCausalLM`` on the same weights.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable
-
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -61,19 +60,42 @@ class StepBatch:
 
     positions:    (T,) int64   logical position of each token inside its own request
     slot_mapping: (T,) int64   KV slot each token's K/V is written to
-    attn_mask:    (T, S) bool  query t may attend slot s (S = slots in the KV buffer view)
-    kv_limit:     attention reads slots [0, kv_limit) only; all allowed slots must lie there
-    block_mask:   optional FlexAttention BlockMask of ``attn_mask`` (the GPU path: fully masked
-                  blocks of the ring are skipped); with ``flex_fn`` (eager or compiled
-                  ``flex_attention``, owned by the runner) it replaces SDPA
+
+    Attention comes in one of two layouts:
+    - dense (the reference): ``attn_mask`` (T, S) bool, query t may read slot s of the first
+      ``kv_limit`` slots. Cost grows with every slot of the buffer.
+    - segments (the engine's path, engine/step_inputs.py): rows 0 .. num_prefill-1 are one
+      fresh request's causal prompt; the remaining rows form ``kv_index.shape[0]`` segments of
+      ``seg_mask.shape[1]`` rows each; segment s reads only the slots ``kv_index[s]`` (S, K)
+      under ``seg_mask`` (S, Q, K) bool. Cost grows with the work in flight.
+    copy_src/copy_dst: optional (M,) KV compaction applied at the start of every layer
+      (``cache[dst] = cache[src]``, gathered first), before the step's own writes.
     """
 
     positions: torch.Tensor
     slot_mapping: torch.Tensor
-    attn_mask: torch.Tensor
-    kv_limit: int
-    block_mask: Any = None
-    flex_fn: Callable | None = None
+    attn_mask: torch.Tensor | None = None
+    kv_limit: int = 0
+    num_prefill: int = 0
+    kv_index: torch.Tensor | None = None
+    seg_mask: torch.Tensor | None = None
+    copy_src: torch.Tensor | None = None
+    copy_dst: torch.Tensor | None = None
+
+
+@dataclass
+class RopeRows:
+    """cos/sin tables (max_positions, D) and their rows at the step's positions (T, D),
+    gathered once per forward instead of once per layer."""
+
+    cos_table: torch.Tensor
+    sin_table: torch.Tensor
+    cos: torch.Tensor
+    sin: torch.Tensor
+
+    @classmethod
+    def gather(cls, tables: tuple[torch.Tensor, torch.Tensor], positions: torch.Tensor):
+        return cls(tables[0], tables[1], tables[0][positions], tables[1][positions])
 
 
 class KVCache:
@@ -86,52 +108,80 @@ class KVCache:
         self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
         self.num_slots = num_slots
 
-    def copy_slots(self, src: torch.Tensor, dst: torch.Tensor) -> None:
-        """cache[dst[i]] = old cache[src[i]] for every layer (gather first: overlap-safe)."""
-        for k, v in zip(self.k, self.v):
-            k[dst] = k[src].clone()
-            v[dst] = v[src].clone()
 
-
-def write_kv_and_rope(q, k, v, batch: StepBatch, cos_table, sin_table, k_cache, v_cache,
+def write_kv_and_rope(q, k, v, batch: StepBatch, rope: RopeRows, k_cache, v_cache,
                       kernel=None):
     """RoPE q/k at each token's logical position and write K/V to its slot.
 
-    q: (T, Hq, D), k/v: (T, Hkv, D). Returns rotated q. ``kernel`` is an optional fused
-    implementation with the same contract (kernels/rope_kv_write.py); None = plain torch.
+    q: (T, Hq, D), k/v: (T, Hkv, D). Returns (rotated q, rotated k or None): the fused
+    ``kernel`` (kernels/rope_kv_write.py; None = plain torch) returns only q, its k lives in
+    the cache.
     """
+    if batch.copy_src is not None:
+        k_cache[batch.copy_dst] = k_cache[batch.copy_src]
+        v_cache[batch.copy_dst] = v_cache[batch.copy_src]
     if kernel is not None:
-        return kernel(q, k, v, batch.positions, cos_table, sin_table, k_cache, v_cache,
-                      batch.slot_mapping)
-    cos = cos_table[batch.positions]
-    sin = sin_table[batch.positions]
-    q = apply_rope(q, cos, sin)
-    k_cache[batch.slot_mapping] = apply_rope(k, cos, sin)
+        return kernel(q, k, v, batch.positions, rope.cos_table, rope.sin_table, k_cache,
+                      v_cache, batch.slot_mapping), None
+    q = apply_rope(q, rope.cos, rope.sin)
+    k = apply_rope(k, rope.cos, rope.sin)
+    k_cache[batch.slot_mapping] = k
     v_cache[batch.slot_mapping] = v
-    return q
+    return q, k
 
 
 def attend_packed(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                   batch: StepBatch) -> torch.Tensor:
-    """Masked attention of packed queries over the slot buffer (portable SDPA path).
+    """Masked attention of packed queries over the slot buffer (dense reference path).
 
     q: (T, Hq, D) already rotated; caches (S_total, Hkv, D). Returns (T, Hq, D).
     """
     n = batch.kv_limit
-    keys = k_cache[:n].transpose(0, 1)      # (Hkv, S, D)
-    values = v_cache[:n].transpose(0, 1)
-    if batch.block_mask is not None:
-        out = batch.flex_fn(q.transpose(0, 1)[None], keys[None], values[None],
-                            block_mask=batch.block_mask,
-                            enable_gqa=keys.shape[0] != q.shape[1])
-        return out[0].transpose(0, 1)       # (T, Hq, D)
-    rep = q.shape[1] // keys.shape[0]
-    if rep > 1:  # grouped-query attention
-        keys = keys.repeat_interleave(rep, dim=0)
-        values = values.repeat_interleave(rep, dim=0)
-    out = F.scaled_dot_product_attention(q.transpose(0, 1), keys, values,
-                                         attn_mask=batch.attn_mask[:, :n])
-    return out.transpose(0, 1)              # (T, Hq, D)
+    keys = k_cache[:n].transpose(0, 1)[None]        # (1, Hkv, S, D)
+    values = v_cache[:n].transpose(0, 1)[None]
+    out = F.scaled_dot_product_attention(q.transpose(0, 1)[None], keys, values,
+                                         attn_mask=batch.attn_mask[:, :n],
+                                         enable_gqa=keys.shape[1] != q.shape[1])
+    return out[0].transpose(0, 1)                   # (T, Hq, D)
+
+
+def attend_segments(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                    batch: StepBatch, k: torch.Tensor | None = None,
+                    v: torch.Tensor | None = None) -> torch.Tensor:
+    """Work-proportional attention (segments layout of ``StepBatch``).
+
+    The prefill attends causally to its own rows only (no history; its rotated ``k`` / ``v``
+    when given, else read back from the cache); each segment gathers its own request's K
+    slots and attends under its small mask, all segments in one batched call.
+    q: (T, Hq, D) already rotated; caches (slots, Hkv, D). Returns (T, Hq, D).
+    Every SDPA call is 4-D: on CPU the 3-D form takes a much slower kernel.
+    """
+    lp = batch.num_prefill
+    num_heads, head_dim = q.shape[1], q.shape[2]
+    gqa = k_cache.shape[1] != num_heads
+    parts = []
+    if lp:
+        if k is None:
+            slots = batch.slot_mapping[:lp]
+            k, v = k_cache.index_select(0, slots), v_cache.index_select(0, slots)
+        out = F.scaled_dot_product_attention(
+            q[:lp].transpose(0, 1)[None], k[:lp].transpose(0, 1)[None],
+            v[:lp].transpose(0, 1)[None], is_causal=True, enable_gqa=gqa)   # (1, Hq, Lp, D)
+        parts.append(out[0].transpose(0, 1))                                  # (Lp, Hq, D)
+    if batch.kv_index is not None and batch.kv_index.shape[0]:
+        num_segments, num_rows = batch.seg_mask.shape[:2]
+        num_cols = batch.kv_index.shape[1]
+        queries = q[lp:].view(num_segments, num_rows, num_heads, head_dim).transpose(1, 2)
+        flat = batch.kv_index.view(-1)
+        kv_shape = (num_segments, num_cols, k_cache.shape[1], head_dim)
+        keys = k_cache.index_select(0, flat).view(kv_shape).transpose(1, 2)  # (S, Hkv, K, D)
+        values = v_cache.index_select(0, flat).view(kv_shape).transpose(1, 2)
+        out = F.scaled_dot_product_attention(queries, keys, values,
+                                             attn_mask=batch.seg_mask[:, None],
+                                             enable_gqa=gqa)                # (S, Hq, Q, D)
+        parts.append(out.transpose(1, 2).reshape(num_segments * num_rows, num_heads,
+                                                 head_dim))
+    return torch.cat(parts) if len(parts) > 1 else parts[0]
 
 
 class LlamaAttention(nn.Module):
@@ -149,8 +199,11 @@ class LlamaAttention(nn.Module):
         q = self.q_proj(x).view(t, self.num_heads, self.head_dim)
         k = self.k_proj(x).view(t, self.num_kv_heads, self.head_dim)
         v = self.v_proj(x).view(t, self.num_kv_heads, self.head_dim)
-        q = write_kv_and_rope(q, k, v, batch, rope[0], rope[1], k_cache, v_cache, kernel)
-        out = attend_packed(q, k_cache, v_cache, batch)
+        q, k = write_kv_and_rope(q, k, v, batch, rope, k_cache, v_cache, kernel)
+        if batch.attn_mask is not None:
+            out = attend_packed(q, k_cache, v_cache, batch)
+        else:
+            out = attend_segments(q, k_cache, v_cache, batch, k, v if k is not None else None)
         return self.o_proj(out.reshape(t, -1))
 
 

@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from ..config import LlamaConfig
-from .layers import KVCache, LlamaDecoderLayer, RMSNorm, StepBatch, rope_tables
+from .layers import KVCache, LlamaDecoderLayer, RMSNorm, RopeRows, StepBatch, rope_tables
 
 
 class LlamaBackbone(nn.Module):
@@ -44,7 +44,8 @@ class LlamaForCausalLM(nn.Module):
     def forward_hidden(self, inputs_embeds: torch.Tensor, batch: StepBatch, cache: KVCache,
                        kernel=None) -> torch.Tensor:
         """inputs_embeds: (T, H) packed tokens -> final-normed hidden states (T, H)."""
-        rope = self.rope(inputs_embeds.dtype, inputs_embeds.device)
+        rope = RopeRows.gather(self.rope(inputs_embeds.dtype, inputs_embeds.device),
+                               batch.positions)
         x = inputs_embeds
         for i, layer in enumerate(self.model.layers):
             x = layer(x, batch, rope, cache.k[i], cache.v[i], kernel)

@@ -64,13 +64,13 @@ PARAMETERS: tuple[ParameterSpec, ...] = (
        'OpenVLA parity)', tunable=False, target='engine'),
     _p('max_inflight', 7, 'Requests in flight at once in the pipeline modes', tunable=False,
        target='engine', lo=1, hi=64),
-    _p('attention_backend', 'auto', 'Packed attention: auto (flex on CUDA, sdpa on CPU), sdpa '
-       'or flex', tunable=False, target='engine', choices=('auto', 'sdpa', 'flex')),
+    _p('attention_backend', 'auto', 'Packed attention: auto (= segments: each request attends '
+       'to its own KV only) or dense (the reference)', tunable=False, target='engine',
+       choices=('auto', 'segments', 'dense')),
     _p('use_kernels', 'auto', 'Fused Triton kernels: auto (CUDA only), on or off',
        tunable=False, target='engine', choices=('auto', 'on', 'off')),
-    _p('use_cuda_graphs', False, 'CUDA graphs for the packed step (not implemented yet: must '
-       'stay false)', tunable=False,
-       target='engine'),
+    _p('use_cuda_graphs', False, 'CUDA graphs of the packed step, draft forwards and vision '
+       'towers (device cuda only)', tunable=False, target='engine'),
     _p('max_instruction_tokens', 128, 'Longest accepted instruction, in tokens',
        tunable=False, target='engine', lo=1, hi=1024),
     _p('seed', 0, 'Seed for anything random in the engine', tunable=False, target='engine',

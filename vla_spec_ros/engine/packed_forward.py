@@ -1,0 +1,181 @@
+"""Device side of a packed forward: one upload per step, static buffers, CUDA graphs.
+
+``PackedForward`` turns a ``HostStep`` (engine/step_inputs.py) into device tensors and runs a
+model function on them. Per shape bucket (``HostStep.key`` plus the shapes of the dense
+inputs) it keeps:
+- one pinned host byte buffer and one device byte buffer holding every index array and the
+  mask: filling the host buffer is numpy work, and the whole step's metadata reaches the
+  device in ONE non-blocking copy; the ``StepBatch`` views into the device buffer are built
+  once per bucket and reused (their addresses never change, which is what a graph needs);
+- with ``use_cuda_graphs`` on a CUDA device, a CUDA graph of the model function captured on
+  the bucket's first use (that first call runs eagerly, which is also the warm-up) and
+  replayed afterwards; dense inputs (embeddings, features) are copied into static tensors.
+
+On CPU the host buffer is the device buffer (no copy) and the function always runs eagerly,
+through exactly the same views: the static-buffer path that graphs replay is the path every
+CPU test exercises. Nothing here knows which model runs; the verifier runner and the drafter
+each own one ``PackedForward``.
+"""
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+import torch
+
+from ..models.layers import StepBatch
+from .step_inputs import HostStep
+
+MAX_BUCKETS = 64        # eager buckets kept (graph buckets are kept for the engine's life)
+
+StepFn = Callable[..., dict]    # fn(batch, ints, dense, **params) -> outputs
+
+
+@dataclass
+class _Bucket:
+    host: torch.Tensor                    # uint8, pinned on CUDA; the device buffer on CPU
+    device: torch.Tensor
+    batch: StepBatch
+    ints: dict                            # name -> int64 view into ``device``
+    offsets: list                         # (name, start, count) of each int array
+    mask_start: int
+    graph: 'GraphedFunction | None' = None
+    num_uses: int = 0
+
+
+class PackedForward:
+    def __init__(self, fn: StepFn, device, use_cuda_graphs: bool = False):
+        self.fn = fn
+        self.device = torch.device(device)
+        self.is_cuda = self.device.type == 'cuda'
+        if use_cuda_graphs and not self.is_cuda:
+            raise ValueError(f'use_cuda_graphs: CUDA graphs need a CUDA device, got '
+                             f'{self.device}')
+        self.use_cuda_graphs = bool(use_cuda_graphs)
+        self._buckets: OrderedDict[tuple, _Bucket] = OrderedDict()
+        self._pool = None
+        self.num_uploads = 0            # host -> device copies of step metadata (stats)
+
+    @torch.no_grad()
+    def __call__(self, step: HostStep, dense: dict | None = None,
+                 params: dict | None = None) -> dict:
+        """Upload ``step``, run ``fn(batch, ints, dense, **params)``; returns its outputs
+        (static in graph mode: read or copy them before the next call of the same bucket).
+        ``params`` are plain values the function's shapes depend on (part of the bucket)."""
+        dense, params = dense or {}, params or {}
+        key = (step.key + tuple((name, tuple(t.shape), t.dtype) for name, t in dense.items())
+               + tuple(sorted(params.items())))
+        bucket = self._buckets.get(key)
+        if bucket is None:
+            bucket = self._new_bucket(step)
+            self._buckets[key] = bucket
+            if not self.use_cuda_graphs and len(self._buckets) > MAX_BUCKETS:
+                self._buckets.popitem(last=False)
+        else:
+            self._buckets.move_to_end(key)
+        self._upload(bucket, step)
+        bucket.num_uses += 1
+        if not self.use_cuda_graphs:
+            return self.fn(bucket.batch, bucket.ints, dense, **params)
+        if bucket.graph is None:
+            if self._pool is None:
+                self._pool = torch.cuda.graph_pool_handle()
+            bucket.graph = GraphedFunction(
+                lambda inputs, b=bucket: self.fn(b.batch, b.ints, inputs, **params),
+                self.device, self._pool)
+        return bucket.graph(dense)
+
+    @property
+    def num_graph_replays(self) -> int:
+        return sum(b.graph.num_replays for b in self._buckets.values() if b.graph)
+
+    @property
+    def num_graph_captures(self) -> int:
+        return sum(1 for b in self._buckets.values() if b.graph and b.graph.is_captured)
+
+    # ---- buffers ------------------------------------------------------------------------------
+
+    def _new_bucket(self, step: HostStep) -> _Bucket:
+        offsets, start = [], 0
+        for name, array in step.int_arrays():
+            offsets.append((name, start, array.size))
+            start += array.size
+        mask_start = start * 8
+        nbytes = mask_start + step.mask.size
+        host = torch.empty(nbytes, dtype=torch.uint8, pin_memory=self.is_cuda)
+        device = torch.empty(nbytes, dtype=torch.uint8, device=self.device) \
+            if self.is_cuda else host
+        ints64 = device[:mask_start].view(torch.int64)
+        ints = {name: ints64[a:a + n] for name, a, n in offsets}
+        mask = device[mask_start:].view(torch.bool).view(step.mask.shape)
+        num_s = step.num_segments
+        batch = StepBatch(positions=ints['positions'], slot_mapping=ints['slot_mapping'],
+                          num_prefill=step.num_prefill,
+                          kv_index=ints['kv_index'].view(num_s, -1) if num_s else None,
+                          seg_mask=mask if num_s else None,
+                          copy_src=ints['copy_src'] if step.copy_src.size else None,
+                          copy_dst=ints['copy_dst'] if step.copy_src.size else None)
+        return _Bucket(host, device, batch, ints, offsets, mask_start)
+
+    def _upload(self, bucket: _Bucket, step: HostStep) -> None:
+        host = bucket.host.numpy()
+        ints64 = host[:bucket.mask_start].view(np.int64)
+        for (name, start, count), (_, array) in zip(bucket.offsets, step.int_arrays()):
+            ints64[start:start + count] = array.ravel()
+        host[bucket.mask_start:] = step.mask.ravel().view(np.uint8)
+        if self.is_cuda:
+            # One copy per step; non-blocking from pinned memory (the stream orders it before
+            # the forward that reads it). The host buffer is rewritten only on the next call of
+            # this bucket, after the greedy tokens of this call were read (a sync point).
+            bucket.device.copy_(bucket.host, non_blocking=True)
+            self.num_uploads += 1
+
+    @property
+    def num_buckets(self) -> int:
+        return len(self._buckets)
+
+
+class GraphedFunction:
+    """``fn(inputs) -> dict of tensors`` as one CUDA graph over static input tensors.
+
+    The first call runs ``fn`` eagerly on a side stream (the real work and the warm-up), then
+    captures it; capturing records kernels without running them, so side effects (KV writes)
+    happen once. Later calls copy ``inputs`` into the static tensors and replay; their outputs
+    are the graph's static tensors, overwritten by the next replay.
+    """
+
+    def __init__(self, fn: Callable[[dict], dict], device, pool=None):
+        self.fn = fn
+        self.device = torch.device(device)
+        self.pool = pool
+        self.static_inputs: dict = {}
+        self.outputs: dict = {}
+        self.graph = None
+        self.num_replays = 0
+
+    @property
+    def is_captured(self) -> bool:
+        return self.graph is not None
+
+    def __call__(self, inputs: dict) -> dict:
+        if self.graph is not None:
+            for name, tensor in inputs.items():
+                self.static_inputs[name].copy_(tensor)
+            self.graph.replay()
+            self.num_replays += 1
+            return self.outputs
+        self.static_inputs = {name: t.clone() for name, t in inputs.items()}
+        current = torch.cuda.current_stream(self.device)
+        side = torch.cuda.Stream(self.device)
+        side.wait_stream(current)
+        with torch.cuda.stream(side):
+            eager = self.fn(self.static_inputs)
+            eager = {name: t.clone() for name, t in eager.items()}
+        current.wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self.pool):
+            self.outputs = self.fn(self.static_inputs)
+        self.graph = graph
+        return eager

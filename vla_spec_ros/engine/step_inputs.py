@@ -1,0 +1,203 @@
+"""Host side of one packed forward: requests' rows -> flat index arrays (numpy, no torch).
+
+A packed forward carries at most one prefill (a fresh request's causal prompt, no history)
+and any number of *segments*: one per in-flight request, each a few rows (a decode token, an
+EAGLE draft tree, a chain of accepted tokens, a draft level) that attend to their own
+request's KV only. That is what makes the step's attention proportional to the work in flight
+instead of to the whole ring: the device gathers, per segment, just the ``num_cols`` slots of
+its own request (``kv_index``) and attends with a small (rows x cols) mask built here.
+
+Layout of the packed token axis (T = num_prefill + num_segments * num_rows):
+
+    [prefill rows 0 .. Lp-1][segment 0: num_rows rows][segment 1] ... [segment S-1]
+
+Every segment is padded to ``num_rows`` rows and ``num_cols`` gathered slots, and the number
+of segments may be padded too (CUDA graphs replay fixed shapes). Padding rows write their K/V
+to ``scratch_slot`` (a slot no request owns) and attend to column 0 only, so they can neither
+produce NaN nor touch a request's KV. ``moves`` (KV compaction of accepted tree paths) are
+padded with scratch -> scratch copies.
+
+Terms. A request's logical index i lives in physical slot ``(base + i) % modulus`` (the ring
+wraps; drafter lanes never do). ``num_visible`` = logical slots 0 .. num_visible-1 every row of
+the segment may read (its history); ``extra[j]`` = the further logical slots row j may read:
+for a tree node its ancestors and itself (written this step), for a causal chain the rows up
+to itself. Positions are logical RoPE positions, never physical.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+
+NO_PARENT = -1      # parent of a tree's root (node 0); the convention of draft_tree.py
+
+
+@dataclass(frozen=True)
+class PrefillRows:
+    """A fresh request's prompt: causal rows at logical slots / positions 0 .. length-1."""
+
+    base: int
+    modulus: int
+    length: int
+
+
+@dataclass(frozen=True)
+class SegmentRows:
+    """One request's rows in a packed forward (see the module docstring for the terms)."""
+
+    base: int
+    modulus: int
+    num_visible: int
+    slots: tuple[int, ...]                  # logical slot each row writes its K/V to
+    positions: tuple[int, ...]              # logical RoPE position of each row
+    extra: tuple[tuple[int, ...], ...]      # further logical slots each row may read
+    tokens: tuple[int, ...]                 # input token id of each row
+
+    @property
+    def num_rows(self) -> int:
+        return len(self.slots)
+
+    @property
+    def num_cols(self) -> int:
+        """Logical slots 0 .. num_cols-1 cover everything any row reads or writes."""
+        return max([self.num_visible] + [s + 1 for s in self.slots])
+
+
+def tree_rows(base: int, modulus: int, history_len: int, parents: Sequence[int],
+              tokens: Sequence[int]) -> SegmentRows:
+    """A draft tree (or, with parents 0..n-2, a causal chain) fed after ``history_len`` KV
+    entries: node i writes logical slot history_len + i, sits at position history_len +
+    depth(i) and reads the history, its ancestors and itself (EAGLE tree attention)."""
+    if len(parents) != len(tokens) or not parents or parents[0] != NO_PARENT:
+        raise ValueError(f'parents: a tree needs parents[0] == {NO_PARENT} and one parent per '
+                         f'token, got {list(parents)} for {len(tokens)} tokens')
+    ancestry: list[tuple[int, ...]] = []
+    depths: list[int] = []
+    for node, parent in enumerate(parents):
+        if node == 0:
+            ancestry.append((history_len,))
+            depths.append(0)
+            continue
+        if not 0 <= parent < node:
+            raise ValueError(f'parents: node {node} has parent {parent}; parents must precede '
+                             'their children')
+        ancestry.append(ancestry[parent] + (history_len + node,))
+        depths.append(depths[parent] + 1)
+    return SegmentRows(base, modulus, history_len,
+                       tuple(history_len + i for i in range(len(tokens))),
+                       tuple(history_len + d for d in depths), tuple(ancestry),
+                       tuple(int(t) for t in tokens))
+
+
+def chain_rows(base: int, modulus: int, history_len: int, tokens: Sequence[int]) -> SegmentRows:
+    """Causal rows: ``tokens`` fed at logical slots / positions history_len, history_len+1..."""
+    return tree_rows(base, modulus, history_len, [NO_PARENT] + list(range(len(tokens) - 1)),
+                     tokens)
+
+
+@dataclass
+class HostStep:
+    """Flat index arrays of one packed forward (int64 unless noted); S, Q, K, M as padded.
+
+    token_ids (S*Q,)     input token of each segment row (the prefill brings embeddings)
+    positions (T,)       RoPE position of each packed row
+    slot_mapping (T,)    physical slot each row's K/V is written to
+    kv_index (S, K)      physical slots each segment gathers (logical 0 .. K-1, then scratch)
+    mask (S, Q, K) bool  row j of segment s may read gathered column k
+    copy_src/dst (M,)    KV compaction applied at the start of every layer, before any write
+    extras               further named int64 arrays of the caller (e.g. feature row indices)
+    """
+
+    num_prefill: int
+    token_ids: np.ndarray
+    positions: np.ndarray
+    slot_mapping: np.ndarray
+    kv_index: np.ndarray
+    mask: np.ndarray
+    copy_src: np.ndarray
+    copy_dst: np.ndarray
+    extras: dict
+
+    @property
+    def num_segments(self) -> int:
+        return self.kv_index.shape[0]
+
+    @property
+    def num_rows(self) -> int:
+        return self.mask.shape[1]
+
+    @property
+    def key(self) -> tuple:
+        """Everything the device-side shapes depend on (a CUDA graph bucket)."""
+        return (self.num_prefill, *self.mask.shape, self.copy_src.shape[0],
+                tuple((name, a.shape[0]) for name, a in self.extras.items()))
+
+    def int_arrays(self) -> list[tuple[str, np.ndarray]]:
+        """The int64 arrays in upload order (the mask travels after them as bytes)."""
+        return [('token_ids', self.token_ids), ('positions', self.positions),
+                ('slot_mapping', self.slot_mapping), ('kv_index', self.kv_index.ravel()),
+                ('copy_src', self.copy_src), ('copy_dst', self.copy_dst),
+                *[(name, a) for name, a in self.extras.items()]]
+
+
+def round_up(value: int, multiple: int) -> int:
+    return -(-value // multiple) * multiple
+
+
+def pack_step(prefill: PrefillRows | None, segments: Sequence[SegmentRows], scratch_slot: int,
+              num_segments: int | None = None, num_rows: int | None = None,
+              num_cols: int | None = None, moves: Sequence[tuple[int, int]] = (),
+              num_moves: int | None = None, extras: dict | None = None) -> HostStep:
+    """Lay ``prefill`` and ``segments`` end to end; pad to the given sizes (default: tight)."""
+    segments = list(segments)
+    q = max([s.num_rows for s in segments], default=1) if num_rows is None else num_rows
+    k = max([s.num_cols for s in segments], default=1) if num_cols is None else num_cols
+    num_s = len(segments) if num_segments is None else num_segments
+    num_m = len(moves) if num_moves is None else num_moves
+    if len(segments) > num_s or len(moves) > num_m or q < 1 or k < 1:
+        raise ValueError(f'pack_step: {len(segments)} segments / {len(moves)} moves do not fit '
+                         f'the padded sizes {num_s} / {num_m} (rows {q}, cols {k})')
+    lp = prefill.length if prefill is not None else 0
+    positions = np.zeros(lp + num_s * q, dtype=np.int64)
+    slot_mapping = np.full(lp + num_s * q, scratch_slot, dtype=np.int64)
+    if prefill is not None:
+        positions[:lp] = np.arange(lp)
+        slot_mapping[:lp] = (prefill.base + np.arange(lp)) % prefill.modulus
+    token_ids = np.zeros(num_s * q, dtype=np.int64)
+    kv_index = np.full((num_s, k), scratch_slot, dtype=np.int64)
+    mask = np.zeros((num_s, q, k), dtype=np.bool_)
+    mask[:, :, 0] = True                    # padding rows read column 0 only (never NaN)
+    for s, seg in enumerate(segments):
+        n, cols = seg.num_rows, seg.num_cols
+        if n > q or cols > k:
+            raise ValueError(f'pack_step: a segment of {n} rows x {cols} slots exceeds the '
+                             f'padded {q} x {k}')
+        kv_index[s, :cols] = (seg.base + np.arange(cols)) % seg.modulus
+        r0 = lp + s * q
+        positions[r0:r0 + n] = seg.positions
+        slot_mapping[r0:r0 + n] = (seg.base + np.asarray(seg.slots)) % seg.modulus
+        token_ids[s * q:s * q + n] = seg.tokens
+        mask[s, :n, :] = False
+        mask[s, :n, :seg.num_visible] = True
+        rows = np.repeat(np.arange(n), [len(e) for e in seg.extra])
+        cols_seen = np.fromiter((c for e in seg.extra for c in e), dtype=np.int64,
+                                count=len(rows))
+        mask[s, rows, cols_seen] = True
+    copy_src = np.full(num_m, scratch_slot, dtype=np.int64)
+    copy_dst = np.full(num_m, scratch_slot, dtype=np.int64)
+    if moves:
+        copy_src[:len(moves)], copy_dst[:len(moves)] = zip(*moves)
+    extras = {name: np.asarray(a, dtype=np.int64) for name, a in (extras or {}).items()}
+    return HostStep(lp, token_ids, positions, slot_mapping, kv_index, mask, copy_src, copy_dst,
+                    extras)
+
+
+def reference_allowed_slots(step: HostStep, row: int) -> list[int]:
+    """Physical slots packed row ``row`` may read (plain loops; the tests' reference)."""
+    lp = step.num_prefill
+    if row < lp:
+        return [int(s) for s in step.slot_mapping[:row + 1]]
+    s, j = divmod(row - lp, step.num_rows)
+    return [int(step.kv_index[s, c]) for c in range(step.kv_index.shape[1])
+            if step.mask[s, j, c]]
