@@ -1,12 +1,20 @@
 """``vla-spec bench``: actions/s, latency p50/p99 and forward passes per action per mode, with
-ratios against the Hugging Face AR baseline measured in the same run on the same weights.
+ratios against the Hugging Face AR baseline measured in the same run on the same weights, and
+the cost model of one packed step: ms per step and where it goes (host bookkeeping, vision,
+verifier forward, drafting).
 
 Workload: a camera that is always faster than inference (a fresh frame is ready whenever the
-engine can take one), ``num_frames`` frames with varying instructions, after ``warmup`` frames.
-Latency is submit-to-action per frame. All modes share one loaded model.
+engine can take one), ``num_frames`` frames with varying instructions, after ``warmup`` frames
+run the same way (so every shape bucket the timed frames need is already built). Latency is
+submit-to-action per frame. All modes share one loaded model.
+
+``--sweep-inflight 1,2,4,7,14`` times pipeline steps at each ``max_inflight`` (segment
+attention, then the dense reference attention for contrast): a step's cost must follow the
+work in flight, not the size of the ring.
 """
 from __future__ import annotations
 
+import copy
 import json
 import platform
 import time
@@ -19,6 +27,8 @@ import torch
 from .config import EngineConfig
 from .engine.engine import Engine
 from .engine.result import Frame
+
+NAN = float('nan')
 
 INSTRUCTIONS = ('pick up the red cup', 'open the top drawer', 'push the blue block left',
                 'close the window', 'press the button', 'put the bowl on the plate')
@@ -33,8 +43,15 @@ class BenchRow:
     latency_p99_ms: float
     forwards_per_action: float
     acceptance_length: float
-    ratio_vs_hf: float = float('nan')
-    latency_ratio_vs_hf: float = float('nan')
+    ratio_vs_hf: float = NAN
+    latency_ratio_vs_hf: float = NAN
+    step_ms: float = NAN            # wall time of one packed step (drafting included)
+    host_ms: float = NAN            # of which host bookkeeping outside model calls
+    vision_ms: float = NAN
+    verifier_ms: float = NAN
+    draft_ms: float = NAN
+    steps_per_action: float = NAN
+    inflight_per_step: float = NAN  # requests advanced per step (prefill included)
 
 
 def make_frames(num: int, image_size: int, seed: int, unnorm_key: str,
@@ -45,32 +62,47 @@ def make_frames(num: int, image_size: int, seed: int, unnorm_key: str,
             for i in range(num)]
 
 
-def bench_engine(engine: Engine, frames: list[Frame], warmup: int) -> BenchRow:
-    for f in frames[:warmup]:
-        engine.submit(f)
-        engine.run_until_idle()
-    pending = list(frames[warmup:])
+def _saturate(engine: Engine, frames: list[Frame]):
+    """Saturating camera: a new frame is offered whenever none is waiting. Returns per
+    finished frame (request id, latency s, accepted lengths) and the requests per step."""
+    pending = list(frames)
     submit_at: dict[int, float] = {}
-    latencies, accepted = [], []
-    forwards_before = engine.num_verifier_forwards
-    start = time.perf_counter()
+    finished, inflight = [], []
     while pending or engine.has_work():
-        # Saturating camera: a new frame is offered whenever none is waiting.
         if pending and not engine.has_waiting():
             rid = engine.submit(pending.pop(0))
             submit_at[rid] = time.perf_counter()
+        sched = engine.strategy.scheduler
+        inflight.append(sched.num_inflight + (1 if sched.num_waiting else 0))
         for fin in engine.step():
             if fin.error is not None:
                 raise RuntimeError(f'bench frame failed: {fin.error}')
-            latencies.append(time.perf_counter() - submit_at[fin.request_id])
-            accepted.extend(fin.result.stats['accepted_lengths'])
+            finished.append((fin.request_id, time.perf_counter() - submit_at[fin.request_id],
+                             fin.result.stats['accepted_lengths']))
+    return finished, inflight
+
+
+def bench_engine(engine: Engine, frames: list[Frame], warmup: int) -> BenchRow:
+    """Warm-up frames, then the timed frames, both through the saturating loop."""
+    _saturate(engine, frames[:warmup])
+    forwards_before = engine.num_verifier_forwards
+    stats_before = copy.copy(engine.strategy.stats)
+    start = time.perf_counter()
+    finished, inflight = _saturate(engine, frames[warmup:])
     elapsed = time.perf_counter() - start
-    n = len(latencies)
-    total_forwards = engine.num_verifier_forwards - forwards_before
-    lat = np.array(latencies) * 1e3
+    n = len(finished)
+    lat = np.array([latency for _, latency, _ in finished]) * 1e3
+    accepted = [a for _, _, lengths in finished for a in lengths]
+    stats = engine.strategy.stats.since(stats_before)
+    per_step = stats.per_step_ms()
     return BenchRow(engine.config.mode, n, n / elapsed, float(np.percentile(lat, 50)),
-                    float(np.percentile(lat, 99)), total_forwards / max(n, 1),
-                    float(np.mean(accepted)) if accepted else float('nan'))
+                    float(np.percentile(lat, 99)),
+                    (engine.num_verifier_forwards - forwards_before) / max(n, 1),
+                    float(np.mean(accepted)) if accepted else NAN,
+                    step_ms=per_step['step_ms'], host_ms=per_step['host_ms'],
+                    vision_ms=per_step['vision_ms'], verifier_ms=per_step['verifier_ms'],
+                    draft_ms=per_step['draft_ms'], steps_per_action=stats.num_steps / max(n, 1),
+                    inflight_per_step=float(np.mean(inflight)) if inflight else NAN)
 
 
 def bench_hf(baseline, frames: list[Frame], warmup: int) -> BenchRow:
@@ -99,7 +131,8 @@ def environment() -> dict:
 
 def run_bench(model: str, modes: list[str], num_frames: int, warmup: int, device: str,
               dtype: str, seed: int, draft_path: str | None, num_streams: int = 1,
-              out_dir: str | None = None, command: str = '') -> list[BenchRow]:
+              out_dir: str | None = None, command: str = '', tree: dict | None = None,
+              sweep_inflight: list[int] | None = None) -> list[BenchRow]:
     from .baseline import HFBaseline
     from .policy import VLAPolicy
     base_cfg = dict(device=device, dtype=dtype, restrict_to_action_tokens=False)
@@ -112,13 +145,20 @@ def run_bench(model: str, modes: list[str], num_frames: int, warmup: int, device
         if mode == 'hf':
             rows.append(bench_hf(HFBaseline(runner, policy.config), frames, warmup))
             continue
-        cfg = EngineConfig(mode=mode, draft_path=draft_path, **base_cfg)
+        cfg = EngineConfig(mode=mode, draft_path=draft_path, **base_cfg, **(tree or {}))
         draft = None
         if cfg.is_speculative:
             from .models.draft import load_draft_for
             draft = load_draft_for(runner, cfg, Path(policy.source))
         engine = Engine(runner, policy.engine.norm_stats, cfg, draft=draft)
         rows.append(bench_engine(engine, frames, warmup))
+    for backend in ('segments', 'dense') if sweep_inflight else ():
+        for max_inflight in sweep_inflight:
+            cfg = EngineConfig(mode='pipeline', max_inflight=max_inflight,
+                               attention_backend=backend, **base_cfg)
+            row = bench_engine(Engine(runner, policy.engine.norm_stats, cfg), frames, warmup)
+            row.mode = f'pipeline {backend} max_inflight={max_inflight}'
+            rows.append(row)
     hf = next((r for r in rows if r.mode == 'hf'), None)
     if hf is not None:
         for r in rows:
@@ -130,7 +170,8 @@ def run_bench(model: str, modes: list[str], num_frames: int, warmup: int, device
         stamp = time.strftime('%Y%m%d-%H%M%S')
         record = {'command': command, 'model': model, 'device': device, 'dtype': dtype,
                   'num_frames': num_frames, 'warmup': warmup, 'num_streams': num_streams,
-                  'environment': environment(), 'rows': [asdict(r) for r in rows]}
+                  'tree': tree or {}, 'environment': environment(),
+                  'rows': [asdict(r) for r in rows]}
         (path / f'bench-{stamp}.json').write_text(json.dumps(record, indent=2))
         (path / f'bench-{stamp}.md').write_text(format_table(rows, record))
     return rows
@@ -147,11 +188,14 @@ def format_table(rows: list[BenchRow], record: dict | None = None) -> str:
                   f"{env['transformers']}, {record['num_frames']} frames, "
                   f"{record['num_streams']} stream(s)", '']
     lines.append('| mode | actions/s | ×HF | latency p50 ms | p99 ms | p50 ×HF | '
-                 'forwards/action | acceptance length |')
-    lines.append('|---|---|---|---|---|---|---|---|')
+                 'forwards/action | acceptance length | ms/step | host ms/step | '
+                 'vision / verifier / draft ms/step | in flight/step |')
+    lines.append('|' + '---|' * 12)
     for r in rows:
         lines.append(f'| {r.mode} | {r.actions_per_s:.2f} | {r.ratio_vs_hf:.2f} | '
                      f'{r.latency_p50_ms:.1f} | {r.latency_p99_ms:.1f} | '
                      f'{r.latency_ratio_vs_hf:.2f} | {r.forwards_per_action:.2f} | '
-                     f'{r.acceptance_length:.2f} |')
+                     f'{r.acceptance_length:.2f} | {r.step_ms:.2f} | {r.host_ms:.2f} | '
+                     f'{r.vision_ms:.2f} / {r.verifier_ms:.2f} / {r.draft_ms:.2f} | '
+                     f'{r.inflight_per_step:.2f} |')
     return '\n'.join(lines) + '\n'

@@ -67,8 +67,12 @@ def cmd_bench(args) -> int:
     if bad:
         raise ValueError(f'--modes: unknown {bad}; choose from {list(MODES) + ["hf"]}')
     command = 'vla-spec ' + ' '.join(shlex.quote(a) for a in args.argv)
+    tree = {name: getattr(args, name) for name in ('tree_depth', 'tree_top_k', 'tree_max_nodes')
+            if getattr(args, name) is not None}
+    sweep = [int(v) for v in args.sweep_inflight.split(',')] if args.sweep_inflight else None
     rows = run_bench(args.model or args.preset, modes, args.frames, args.warmup, args.device,
-                     args.dtype, args.seed, args.draft_path, args.streams, args.out, command)
+                     args.dtype, args.seed, args.draft_path, args.streams, args.out, command,
+                     tree=tree, sweep_inflight=sweep)
     print(format_table(rows))
     return 0
 
@@ -124,6 +128,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument('--streams', type=int, default=1)
     p.add_argument('--seed', type=int, default=0)
     p.add_argument('--out', default=None, help='write JSON + markdown results here')
+    p.add_argument('--tree-depth', type=int, default=None,
+                   help='draft tree depth of the speculative modes (default: EngineConfig)')
+    p.add_argument('--tree-top-k', type=int, default=None)
+    p.add_argument('--tree-max-nodes', type=int, default=None)
+    p.add_argument('--sweep-inflight', default=None,
+                   help='comma-separated max_inflight values: time pipeline steps at each, '
+                   'with segment and dense attention')
     _add_engine_args(p)
     p.set_defaults(func=cmd_bench)
 

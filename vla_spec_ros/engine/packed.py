@@ -65,6 +65,9 @@ def _next_power_of_two(n: int) -> int:
 
 class PackedStrategy:
     def __init__(self, runner, config: EngineConfig, drafter=None):
+        if config.use_cuda_graphs != runner.use_cuda_graphs:
+            raise ValueError(f'use_cuda_graphs: the engine asks for {config.use_cuda_graphs} but '
+                             f'its model runner was loaded with {runner.use_cuda_graphs}')
         self.runner = runner
         self.config = config
         self.is_speculative = config.is_speculative
