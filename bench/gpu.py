@@ -114,7 +114,12 @@ def check_fast_paths(runner, norm_stats, frames, base: dict) -> dict:
         engine = Engine(runner, norm_stats, EngineConfig(mode=mode, tree_depth=5,
                                                          tree_top_k=1, tree_max_nodes=6,
                                                          **base), draft=draft)
-        got = [fin.result.tokens for fin in _run_all(engine, frames)]
+        finished = _run_all(engine, frames)
+        errors = sorted({fin.error for fin in finished if fin.error is not None})
+        if errors:
+            report[mode] = f'errors: {errors}'
+            continue
+        got = [fin.result.tokens for fin in finished]
         report[mode] = float(np.mean([a == b for a, b in zip(got, ref_list)]))
     hf = HFBaseline(runner, EngineConfig(**{**base, 'use_cuda_graphs': False}))
     hf_tokens = [tuple(hf.generate_tokens(f.image, f.instruction)) for f in frames]
@@ -198,6 +203,7 @@ def main(argv=None) -> int:
     stream_counts = [int(s) for s in args.streams.split(',')]
     checks, pieces = {}, {}
     rows: list[tuple[str, bool, int, BenchRow]] = []
+    failures = []
     for use_graphs in graph_settings:
         runner = build_runner(model, cfg, args.device, args.dtype, args.seed, use_graphs)
         base = dict(device=args.device, dtype=args.dtype, use_cuda_graphs=use_graphs)
@@ -213,15 +219,22 @@ def main(argv=None) -> int:
                                  streams)
             # Request ids of a fresh engine index ``ref`` (warm-up frames are submitted first).
             ref = reference_tokens(runner, frames, {**base, 'use_cuda_graphs': False})
-            if not use_graphs:
+            if use_graphs == graph_settings[0]:     # the baseline, once per run
                 from vla_spec_ros.baseline import HFBaseline
                 hf = HFBaseline(runner, EngineConfig(**{**base, 'use_cuda_graphs': False}))
                 rows.append(('hf', False, streams, bench_hf(hf, frames, args.warmup)))
                 del hf
             for mode in ('ar', 'pipeline'):
-                rows.append((mode, use_graphs, streams, bench_engine(
-                    Engine(runner, norm_stats, EngineConfig(mode=mode, **base)), frames,
-                    args.warmup)))
+                try:
+                    row = bench_engine(Engine(runner, norm_stats,
+                                              EngineConfig(mode=mode, **base)),
+                                       frames, args.warmup)
+                except RuntimeError as exc:
+                    failures.append(f'{mode} graphs={use_graphs}: {exc}')
+                    print(failures[-1], flush=True)
+                    continue
+                rows.append((mode, use_graphs, streams, row))
+                print(row, flush=True)
             depth = runner.action_dim - 2
             for target in TARGET_ACCEPTANCE:
                 for mode in ('spec', 'pipeline_spec'):
@@ -230,10 +243,16 @@ def main(argv=None) -> int:
                                           seed=args.seed)
                     ecfg = EngineConfig(mode=mode, tree_depth=depth, tree_top_k=1,
                                         tree_max_nodes=depth + 1, **base)
-                    row = bench_engine(Engine(runner, norm_stats, ecfg, draft=draft), frames,
-                                       args.warmup)
+                    try:
+                        row = bench_engine(Engine(runner, norm_stats, ecfg, draft=draft),
+                                           frames, args.warmup)
+                    except RuntimeError as exc:
+                        failures.append(f'{mode}@{target} graphs={use_graphs}: {exc}')
+                        print(failures[-1], flush=True)
+                        continue
                     row.mode = f'{mode}@{target}'
                     rows.append((row.mode, use_graphs, streams, row))
+                    print(row, flush=True)
             print(f'{label}, {streams} stream(s) done', flush=True)
     for streams in stream_counts:
         hf = next(r for m, g, s, r in rows if m == 'hf' and s == streams)
@@ -263,13 +282,15 @@ def main(argv=None) -> int:
     command = 'python bench/gpu.py ' + ' '.join(argv if argv is not None else sys.argv[1:])
     record = {'command': command, 'preset': args.preset, 'device': args.device,
               'dtype': args.dtype, 'environment': environment(), 'checks': checks,
-              'pieces_ms': pieces, 'floor_ms': FLOOR_MS, 'rows': records}
+              'pieces_ms': pieces, 'floor_ms': FLOOR_MS, 'failures': failures,
+              'rows': records}
     (out / f'gpu-{args.preset}-{args.device}-{stamp}.json').write_text(
         json.dumps(record, indent=2))
     (out / f'gpu-{args.preset}-{args.device}-{stamp}.md').write_text(
         f'command: `{command}`\n\n{json.dumps(record["environment"])}\n\n'
         f'token agreement with the plain AR reference: {checks}\n\n'
-        f'ms per piece (median): {json.dumps(pieces)}\n\n{table}\n')
+        f'ms per piece (median): {json.dumps(pieces)}\n\nfailures: {failures}\n\n'
+        f'{table}\n')
     return 0
 
 

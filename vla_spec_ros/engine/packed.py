@@ -153,8 +153,8 @@ class PackedStrategy:
             prefill = PrefillRows(self.ring.span(request.request_id).start, capacity,
                                   request.prefix_len)
             prefill_embeds = prompt.embeds
-        host = pack_step(prefill, segments, self.verifier.scratch_slot,
-                         moves=moves, **self._padded_sizes(segments, len(moves)))
+        host = pack_step(prefill, segments, self.verifier.scratch_slot, moves=moves,
+                         **self._padded_sizes(prefill, segments, len(moves)))
         # 5. one verifier forward for everything in flight
         t0 = time.perf_counter()
         tokens, hidden = self.verifier.run(host, prefill_embeds)
@@ -208,9 +208,11 @@ class PackedStrategy:
             trees.update(zip(drafted, proposed))
         return trees
 
-    def _padded_sizes(self, segments, num_moves: int) -> dict:
+    def _padded_sizes(self, prefill, segments, num_moves: int) -> dict:
         """Padded shapes of the step: tight in eager mode; with CUDA graphs, few buckets (the
-        number of captured graphs stays small and every bucket is reused)."""
+        number of captured graphs stays small and every bucket is reused): prompts padded to
+        a multiple of 64 rows, segment counts and rows to powers of two, gathered KV to a
+        multiple of 128 slots, compaction moves to their most for the segment count."""
         num_rows = max((s.num_rows for s in segments), default=1)
         num_cols = max((s.num_cols for s in segments), default=1)
         if not self.runner.use_cuda_graphs:
@@ -219,7 +221,8 @@ class PackedStrategy:
         num_segments = _next_power_of_two(len(segments)) if segments else 0
         max_moves = num_segments * self.config.tree_depth if self.is_speculative else 0
         return dict(num_segments=num_segments, num_rows=_next_power_of_two(num_rows),
-                    num_cols=round_up(num_cols, 128), num_moves=max(max_moves, num_moves))
+                    num_cols=round_up(num_cols, 128), num_moves=max(max_moves, num_moves),
+                    num_prefill=round_up(prefill.length, 64) if prefill is not None else None)
 
     def _after_verify(self, request: Request, tree: DraftTree, picks: list[int],
                       hidden_row: int) -> DraftAdvance | None:

@@ -140,10 +140,12 @@ class PackedForward:
 class GraphedFunction:
     """``fn(inputs) -> dict of tensors`` as one CUDA graph over static input tensors.
 
-    The first call runs ``fn`` eagerly on a side stream (the real work and the warm-up), then
-    captures it; capturing records kernels without running them, so side effects (KV writes)
-    happen once. Later calls copy ``inputs`` into the static tensors and replay; their outputs
-    are the graph's static tensors, overwritten by the next replay.
+    The first call runs ``fn`` eagerly (the real work and the warm-up: kernels compiled,
+    handles created), synchronises, then captures; capturing records kernels without running
+    them, so side effects (KV writes) happen once. The synchronisation leaves the caching
+    allocator no pending cross-stream events to query while the capture runs (a query during
+    capture is illegal). Later calls copy ``inputs`` into the static tensors and replay; their
+    outputs are the graph's static tensors, overwritten by the next replay.
     """
 
     def __init__(self, fn: Callable[[dict], dict], device, pool=None):
@@ -167,15 +169,10 @@ class GraphedFunction:
             self.num_replays += 1
             return self.outputs
         self.static_inputs = {name: t.clone() for name, t in inputs.items()}
-        current = torch.cuda.current_stream(self.device)
-        side = torch.cuda.Stream(self.device)
-        side.wait_stream(current)
-        with torch.cuda.stream(side):
-            eager = self.fn(self.static_inputs)
-            eager = {name: t.clone() for name, t in eager.items()}
-        current.wait_stream(side)
+        eager = {name: t.clone() for name, t in self.fn(self.static_inputs).items()}
+        torch.cuda.synchronize(self.device)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self.pool):
+        with torch.cuda.graph(graph, pool=self.pool, capture_error_mode='thread_local'):
             self.outputs = self.fn(self.static_inputs)
         self.graph = graph
         return eager

@@ -18,7 +18,7 @@ import torch
 
 from ..actions import ActionTokenizer
 from ..config import EngineConfig, VLAConfig
-from ..models.layers import KVCache, StepBatch
+from ..models.layers import KVCache, StepBatch, fuse_projections
 from ..models.vla import OpenVLA
 from ..preprocess import preprocess_image
 from ..prompt import PromptTokenizer
@@ -40,6 +40,8 @@ class ModelRunner:
     def __init__(self, model: OpenVLA, cfg: VLAConfig, tokenizer: PromptTokenizer,
                  engine_cfg: EngineConfig):
         self.model = model
+        if torch.device(engine_cfg.device).type == 'cuda':
+            fuse_projections(model.language_model)  # q/k/v and gate/up: one product each
         self.cfg = cfg
         self.tokenizer = tokenizer
         self.dtype = TORCH_DTYPES[engine_cfg.dtype]
@@ -145,14 +147,22 @@ class RingRunner:
         if self.is_dense:
             batch = dense_batch(batch, self.cache.num_slots)
         hidden = runner.lm.forward_hidden(x, batch, self.cache, runner.kernel)
-        # Greedy rows: the prefill's last row, then every segment row (padding included).
-        rows = hidden[lp - 1:] if lp else hidden
+        # Greedy rows: the prefill's last real row, then every segment row (padding included).
+        rows = torch.cat([hidden.index_select(0, ints['prefill_last']), hidden[lp:]]) \
+            if lp else hidden
         return {'hidden': hidden, 'tokens': runner.greedy(rows, self.restrict_to_action_tokens)}
 
     def run(self, step: HostStep, prefill_embeds: torch.Tensor | None = None):
         """-> (greedy tokens as a list: [prefill's next token] + one per segment row, hidden
-        states (T, H) on the device, valid until the next ``run``)."""
-        dense = {'prefill_embeds': prefill_embeds} if step.num_prefill else {}
+        states (T, H) on the device, valid until the next ``run``). ``prefill_embeds`` may be
+        shorter than the (padded) prefill block: zero rows fill the rest."""
+        dense = {}
+        if step.num_prefill:
+            missing = step.num_prefill - prefill_embeds.shape[0]
+            if missing:
+                prefill_embeds = torch.cat([prefill_embeds, prefill_embeds.new_zeros(
+                    missing, prefill_embeds.shape[1])])
+            dense['prefill_embeds'] = prefill_embeds
         out = self.forward(step, dense)
         return out['tokens'].tolist(), out['hidden']      # the step's one device -> host read
 

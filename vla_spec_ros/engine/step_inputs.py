@@ -148,8 +148,15 @@ def round_up(value: int, multiple: int) -> int:
 def pack_step(prefill: PrefillRows | None, segments: Sequence[SegmentRows], scratch_slot: int,
               num_segments: int | None = None, num_rows: int | None = None,
               num_cols: int | None = None, moves: Sequence[tuple[int, int]] = (),
-              num_moves: int | None = None, extras: dict | None = None) -> HostStep:
-    """Lay ``prefill`` and ``segments`` end to end; pad to the given sizes (default: tight)."""
+              num_moves: int | None = None, extras: dict | None = None,
+              num_prefill: int | None = None) -> HostStep:
+    """Lay ``prefill`` and ``segments`` end to end; pad to the given sizes (default: tight).
+
+    ``num_prefill`` >= prefill.length pads the prefill block at its end: causal attention keeps
+    the real rows blind to the padding rows, which write to the scratch slot. The extra
+    ``prefill_last`` (1,) holds the row of the prefill's last real token (its logits decide
+    the first action token).
+    """
     segments = list(segments)
     q = max([s.num_rows for s in segments], default=1) if num_rows is None else num_rows
     k = max([s.num_cols for s in segments], default=1) if num_cols is None else num_cols
@@ -158,12 +165,15 @@ def pack_step(prefill: PrefillRows | None, segments: Sequence[SegmentRows], scra
     if len(segments) > num_s or len(moves) > num_m or q < 1 or k < 1:
         raise ValueError(f'pack_step: {len(segments)} segments / {len(moves)} moves do not fit '
                          f'the padded sizes {num_s} / {num_m} (rows {q}, cols {k})')
-    lp = prefill.length if prefill is not None else 0
+    length = prefill.length if prefill is not None else 0
+    lp = length if num_prefill is None or prefill is None else num_prefill
+    if lp < length:
+        raise ValueError(f'pack_step: num_prefill {lp} < prefill length {length}')
     positions = np.zeros(lp + num_s * q, dtype=np.int64)
     slot_mapping = np.full(lp + num_s * q, scratch_slot, dtype=np.int64)
     if prefill is not None:
-        positions[:lp] = np.arange(lp)
-        slot_mapping[:lp] = (prefill.base + np.arange(lp)) % prefill.modulus
+        positions[:length] = np.arange(length)
+        slot_mapping[:length] = (prefill.base + np.arange(length)) % prefill.modulus
     token_ids = np.zeros(num_s * q, dtype=np.int64)
     kv_index = np.full((num_s, k), scratch_slot, dtype=np.int64)
     mask = np.zeros((num_s, q, k), dtype=np.bool_)
@@ -189,6 +199,8 @@ def pack_step(prefill: PrefillRows | None, segments: Sequence[SegmentRows], scra
     if moves:
         copy_src[:len(moves)], copy_dst[:len(moves)] = zip(*moves)
     extras = {name: np.asarray(a, dtype=np.int64) for name, a in (extras or {}).items()}
+    if prefill is not None:
+        extras['prefill_last'] = np.array([length - 1], dtype=np.int64)
     return HostStep(lp, token_ids, positions, slot_mapping, kv_index, mask, copy_src, copy_dst,
                     extras)
 

@@ -184,6 +184,48 @@ def attend_segments(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     return torch.cat(parts) if len(parts) > 1 else parts[0]
 
 
+class FusedLinears:
+    """Several bias-free ``nn.Linear`` of one input as one matrix product (inference only).
+
+    ``fuse`` copies the weights into one (sum of out, in) tensor and re-points each linear's
+    weight at its rows (views: parameter names, ``state_dict`` and in-place updates keep
+    working, and no memory is duplicated). ``__call__`` returns the per-linear outputs, or None
+    when the fusion no longer holds (gradients enabled, or a weight was replaced, e.g. moved
+    or re-assigned) so the caller runs the separate linears: a stale copy is never used.
+    Pays on a GPU (fewer launches, wider products); on a CPU the split outputs cost as much
+    as they save, so ``ModelRunner`` fuses on CUDA only.
+    """
+
+    def __init__(self, linears: list[nn.Linear]):
+        self.linears = linears
+        self.weight = torch.cat([lin.weight.detach() for lin in linears], dim=0)
+        self.sizes = [lin.weight.shape[0] for lin in linears]
+        start = 0
+        for lin, size in zip(linears, self.sizes):
+            lin.weight = nn.Parameter(self.weight[start:start + size],
+                                      requires_grad=lin.weight.requires_grad)
+            start += size
+
+    def __call__(self, x: torch.Tensor):
+        if torch.is_grad_enabled():
+            return None
+        start = 0
+        for lin, size in zip(self.linears, self.sizes):
+            if lin.weight.data_ptr() != self.weight[start:].data_ptr():
+                return None
+            start += size
+        return F.linear(x, self.weight).split(self.sizes, dim=-1)
+
+
+def fuse_projections(module: nn.Module) -> None:
+    """Fuse q/k/v and gate/up projections of every Llama layer in ``module`` (inference)."""
+    for sub in module.modules():
+        if isinstance(sub, LlamaAttention):
+            sub.fused = FusedLinears([sub.q_proj, sub.k_proj, sub.v_proj])
+        elif isinstance(sub, SwiGLU):
+            sub.fused = FusedLinears([sub.gate_proj, sub.up_proj])
+
+
 class LlamaAttention(nn.Module):
     def __init__(self, cfg: LlamaConfig):
         super().__init__()
@@ -193,12 +235,15 @@ class LlamaAttention(nn.Module):
         self.k_proj = nn.Linear(h, cfg.num_kv_heads * d, bias=False)
         self.v_proj = nn.Linear(h, cfg.num_kv_heads * d, bias=False)
         self.o_proj = nn.Linear(cfg.num_heads * d, h, bias=False)
+        self.fused: FusedLinears | None = None
 
     def forward(self, x, batch: StepBatch, rope, k_cache, v_cache, kernel=None):
         t = x.shape[0]                                            # x: (T, H)
-        q = self.q_proj(x).view(t, self.num_heads, self.head_dim)
-        k = self.k_proj(x).view(t, self.num_kv_heads, self.head_dim)
-        v = self.v_proj(x).view(t, self.num_kv_heads, self.head_dim)
+        qkv = self.fused(x) if self.fused is not None else None
+        q, k, v = qkv if qkv is not None else (self.q_proj(x), self.k_proj(x), self.v_proj(x))
+        q = q.reshape(t, self.num_heads, self.head_dim)
+        k = k.reshape(t, self.num_kv_heads, self.head_dim)
+        v = v.reshape(t, self.num_kv_heads, self.head_dim)
         q, k = write_kv_and_rope(q, k, v, batch, rope, k_cache, v_cache, kernel)
         if batch.attn_mask is not None:
             out = attend_packed(q, k_cache, v_cache, batch)
@@ -213,9 +258,12 @@ class SwiGLU(nn.Module):
         self.gate_proj = nn.Linear(hidden, intermediate, bias=False)
         self.up_proj = nn.Linear(hidden, intermediate, bias=False)
         self.down_proj = nn.Linear(intermediate, hidden, bias=False)
+        self.fused: FusedLinears | None = None
 
     def forward(self, x):
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        gate_up = self.fused(x) if self.fused is not None else None
+        gate, up = gate_up if gate_up is not None else (self.gate_proj(x), self.up_proj(x))
+        return self.down_proj(F.silu(gate) * up)
 
 
 class LlamaDecoderLayer(nn.Module):

@@ -1,0 +1,181 @@
+"""The packed step's pieces against plain references, on random inputs (CPU):
+- the host packer (engine/step_inputs.py) against the plain-Python attention rule of
+  engine/step_plan.py, over random ring layouts (wrap-around included) and random trees;
+- segment attention against the dense-mask reference (float64);
+- padding (the fixed shapes CUDA graphs replay) changes no real row;
+- fused q/k/v and gate/up projections against the separate ones, and their fallbacks.
+"""
+import random
+
+import numpy as np
+import pytest
+import torch
+
+from vla_spec_ros.config import EngineConfig
+from vla_spec_ros.engine.kv_ring import KVRing
+from vla_spec_ros.engine.runner import dense_batch
+from vla_spec_ros.engine.step_inputs import (NO_PARENT, PrefillRows, pack_step,
+                                             reference_allowed_slots, tree_rows)
+from vla_spec_ros.engine.step_plan import SegmentSpec, plan_step
+from vla_spec_ros.models.layers import (StepBatch, attend_packed, attend_segments,
+                                        fuse_projections)
+from vla_spec_ros.models.random_checkpoint import make_checkpoint
+
+
+def random_parents(rng, num_nodes):
+    return [NO_PARENT] + [rng.randrange(i) for i in range(1, num_nodes)]
+
+
+def random_layout(seed, capacity=97):
+    """A ring with a prefill and several in-flight requests at random places (some wrap)."""
+    rng = random.Random(seed)
+    ring = KVRing(capacity)
+    ring.allocate(99, rng.randint(1, 7))            # move the cursor: spans start anywhere
+    specs = []
+    for rid in range(rng.randint(1, 5)):
+        history = rng.randint(1, 9)
+        nodes = rng.randint(1, 6)
+        if ring.allocate(rid, history + nodes + rng.randint(0, 3)) is None:
+            break
+        parents = random_parents(rng, nodes) if rng.random() < 0.7 else \
+            [NO_PARENT] + list(range(nodes - 1))
+        specs.append((rid, history, parents))
+    ring.release(99)
+    prefill_len = rng.randint(1, 9)
+    has_prefill = ring.allocate(100, prefill_len + 2) is not None and rng.random() < 0.8
+    return rng, ring, specs, prefill_len if has_prefill else 0
+
+
+@pytest.mark.parametrize('seed', range(40))
+def test_pack_step_follows_the_plain_attention_rule(seed):
+    rng, ring, specs, prefill_len = random_layout(seed)
+    cap = ring.capacity
+    segments = [tree_rows(ring.span(rid).start, cap, h, parents,
+                          [rng.randrange(50) for _ in parents]) for rid, h, parents in specs]
+    prefill = PrefillRows(ring.span(100).start, cap, prefill_len) if prefill_len else None
+    step = pack_step(prefill, segments, scratch_slot=cap)
+    plan_segments = ([SegmentSpec(100, 0, prefill_len, 'prefill')] if prefill_len else []) + \
+        [SegmentSpec(rid, h, len(p), 'tree', p) for rid, h, p in specs]
+    plan = plan_step(ring, plan_segments)
+    rows = list(range(prefill_len)) + [prefill_len + s * step.num_rows + j
+                                       for s, (_, _, p) in enumerate(specs)
+                                       for j in range(len(p))]
+    assert len(rows) == plan.num_tokens
+    for packed_row, plan_row in zip(rows, range(plan.num_tokens)):
+        assert sorted(reference_allowed_slots(step, packed_row)) == \
+            sorted(plan.allowed_slots(plan_row))
+        assert step.positions[packed_row] == plan.positions[plan_row]
+        assert step.slot_mapping[packed_row] == plan.slot_mapping[plan_row]
+    # Every padding row writes to the scratch slot and reads exactly one column.
+    real = set(rows)
+    for row in range(step.positions.shape[0]):
+        if row not in real:
+            assert step.slot_mapping[row] == cap
+            s, j = divmod(row - prefill_len, step.num_rows)
+            assert step.mask[s, j].sum() == 1
+
+
+@pytest.mark.parametrize('seed', range(10))
+def test_segment_attention_equals_dense_reference(seed):
+    rng, ring, specs, prefill_len = random_layout(seed + 100)
+    cap = ring.capacity
+    segments = [tree_rows(ring.span(rid).start, cap, h, parents, [0] * len(parents))
+                for rid, h, parents in specs]
+    prefill = PrefillRows(ring.span(100).start, cap, prefill_len) if prefill_len else None
+    step = pack_step(prefill, segments, scratch_slot=cap, num_cols=max(
+        [s.num_cols for s in segments] + [1]) + 3)
+    gen = torch.Generator().manual_seed(seed)
+    heads, kv_heads, dim = 4, 2, 8
+    k_cache = torch.randn(cap + 1, kv_heads, dim, generator=gen, dtype=torch.float64)
+    v_cache = torch.randn(cap + 1, kv_heads, dim, generator=gen, dtype=torch.float64)
+    num_rows_total = step.positions.shape[0]
+    q = torch.randn(num_rows_total, heads, dim, generator=gen, dtype=torch.float64)
+    k_new = torch.randn(num_rows_total, kv_heads, dim, generator=gen, dtype=torch.float64)
+    v_new = torch.randn(num_rows_total, kv_heads, dim, generator=gen, dtype=torch.float64)
+    slots = torch.from_numpy(step.slot_mapping)
+    k_cache[slots], v_cache[slots] = k_new, v_new      # as the layer writes them
+    batch = StepBatch(positions=torch.from_numpy(step.positions), slot_mapping=slots,
+                      num_prefill=step.num_prefill,
+                      kv_index=torch.from_numpy(step.kv_index) if segments else None,
+                      seg_mask=torch.from_numpy(step.mask) if segments else None)
+    out = attend_segments(q, k_cache, v_cache, batch, k_new, v_new)
+    reference = attend_packed(q, k_cache, v_cache, dense_batch(batch, cap + 1))
+    real = list(range(prefill_len)) + [prefill_len + s * step.num_rows + j
+                                       for s, (_, _, p) in enumerate(specs)
+                                       for j in range(len(p))]
+    torch.testing.assert_close(out[real], reference[real], rtol=1e-12, atol=1e-12)
+
+
+@pytest.fixture(scope='module')
+def policy(tmp_path_factory):
+    from vla_spec_ros import VLAPolicy
+    folder = make_checkpoint('tiny', tmp_path_factory.mktemp('packed') / 'tiny', seed=9)
+    return VLAPolicy.from_pretrained(str(folder), dtype='float64')
+
+
+def test_padding_changes_no_real_row(policy):
+    """The padded shapes graphs replay (more segments, rows, slots, prompt rows, moves) give
+    the same tokens and hidden states on every real row as the tight shapes."""
+    runner = policy.engine.runner
+    ring = KVRing(300)
+    ring.allocate(0, 40)
+    ring.allocate(1, 40)
+    ring.allocate(2, 60)
+    rng = np.random.default_rng(0)
+    prompt = torch.from_numpy(rng.standard_normal((23, runner.cfg.llm.hidden_size)))
+    segments = [tree_rows(ring.span(0).start, 300, 20, [NO_PARENT, 0, 0, 1], [5, 6, 7, 8]),
+                tree_rows(ring.span(1).start, 300, 31, [NO_PARENT], [9])]
+    prefill = PrefillRows(ring.span(2).start, 300, 23)
+    results = []
+    for padded in (False, True):
+        verifier = runner.new_ring(300, EngineConfig(dtype='float64'))
+        # Identical history in both caches (random KV), then one step.
+        gen = torch.Generator().manual_seed(1)
+        for k, v in zip(verifier.cache.k, verifier.cache.v):
+            k.copy_(torch.randn(k.shape, generator=gen, dtype=k.dtype))
+            v.copy_(torch.randn(v.shape, generator=gen, dtype=v.dtype))
+        sizes = dict(num_segments=4, num_rows=8, num_cols=96, num_prefill=64,
+                     moves=[(5, 6)], num_moves=8) if padded else dict(moves=[(5, 6)])
+        step = pack_step(prefill, segments, verifier.scratch_slot, **sizes)
+        tokens, hidden = verifier.run(step, prompt)
+        q = step.num_rows
+        rows = list(range(23)) + [step.num_prefill + j for j in range(4)] + \
+            [step.num_prefill + q]
+        token_rows = [0] + [1 + j for j in range(4)] + [1 + q]
+        results.append(([tokens[i] for i in token_rows], hidden[rows]))
+    assert results[0][0] == results[1][0]
+    torch.testing.assert_close(results[0][1], results[1][1], rtol=1e-10, atol=1e-10)
+
+
+def test_fused_projections_equal_separate_and_fall_back(policy):
+    runner = policy.engine.runner
+    lm = runner.lm
+    x = torch.randn(5, lm.cfg.hidden_size, dtype=torch.float64)
+    layer = lm.model.layers[0]
+    with torch.no_grad():
+        separate = (layer.self_attn.q_proj(x), layer.mlp.gate_proj(x), layer.mlp(x))
+        fuse_projections(lm)
+        try:
+            fused_q = layer.self_attn.fused(x)[0]
+            torch.testing.assert_close(fused_q, separate[0], rtol=1e-12, atol=1e-12)
+            torch.testing.assert_close(layer.mlp(x), separate[2], rtol=1e-12, atol=1e-12)
+            # Weights are views of the fused matrix: in-place updates reach both.
+            layer.mlp.gate_proj.weight.mul_(2.0)
+            torch.testing.assert_close(layer.mlp.fused(x)[0], 2.0 * separate[1],
+                                       rtol=1e-12, atol=1e-12)
+            layer.mlp.gate_proj.weight.mul_(0.5)
+            # A replaced weight is detected: the separate linears run.
+            original = layer.mlp.gate_proj.weight
+            layer.mlp.gate_proj.weight = torch.nn.Parameter(original.detach().clone())
+            assert layer.mlp.fused(x) is None
+            layer.mlp.gate_proj.weight = original
+        finally:
+            for sub in lm.modules():
+                if hasattr(sub, 'fused'):
+                    sub.fused = None
+    with torch.enable_grad():
+        fuse_projections(lm)
+        assert layer.self_attn.fused(x) is None     # training: never the fused copy
+        for sub in lm.modules():
+            if hasattr(sub, 'fused'):
+                sub.fused = None
