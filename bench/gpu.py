@@ -103,9 +103,8 @@ def reference_tokens(runner, frames, base: dict) -> list[tuple]:
     return out
 
 
-def check_fast_paths(runner, norm_stats, frames, base: dict) -> dict:
+def check_fast_paths(runner, norm_stats, frames, base: dict, hf) -> dict:
     """Share of frames whose tokens equal the plain AR reference, per mode (and HF)."""
-    from vla_spec_ros.baseline import HFBaseline
     ref_list = reference_tokens(runner, frames, {**base, 'use_cuda_graphs': False})
     report = {}
     for mode in ('ar', 'pipeline', 'spec', 'pipeline_spec'):
@@ -121,7 +120,6 @@ def check_fast_paths(runner, norm_stats, frames, base: dict) -> dict:
             continue
         got = [fin.result.tokens for fin in finished]
         report[mode] = float(np.mean([a == b for a, b in zip(got, ref_list)]))
-    hf = HFBaseline(runner, EngineConfig(**{**base, 'use_cuda_graphs': False}))
     hf_tokens = [tuple(hf.generate_tokens(f.image, f.instruction)) for f in frames]
     report['hf'] = float(np.mean([a == b for a, b in zip(hf_tokens, ref_list)]))
     return report
@@ -204,12 +202,17 @@ def main(argv=None) -> int:
     checks, pieces = {}, {}
     rows: list[tuple[str, bool, int, BenchRow]] = []
     failures = []
+    # The HF baseline is built first, before any graph capture, on an eager runner of the same
+    # weights (its weights are copied into transformers' Llama).
+    from vla_spec_ros.baseline import HFBaseline
+    hf = HFBaseline(build_runner(model, cfg, args.device, args.dtype, args.seed, False),
+                    EngineConfig(device=args.device, dtype=args.dtype))
     for use_graphs in graph_settings:
         runner = build_runner(model, cfg, args.device, args.dtype, args.seed, use_graphs)
         base = dict(device=args.device, dtype=args.dtype, use_cuda_graphs=use_graphs)
         label = 'graphs' if use_graphs else 'eager'
         checks[label] = check_fast_paths(
-            runner, norm_stats, make_frames(4, cfg.image_size, args.seed + 7, key), base)
+            runner, norm_stats, make_frames(4, cfg.image_size, args.seed + 7, key), base, hf)
         print(f'token agreement with the plain AR reference ({label}):', checks[label],
               flush=True)
         pieces[label] = time_pieces(runner, make_frames(2, cfg.image_size, 3, key), base)
@@ -220,10 +223,7 @@ def main(argv=None) -> int:
             # Request ids of a fresh engine index ``ref`` (warm-up frames are submitted first).
             ref = reference_tokens(runner, frames, {**base, 'use_cuda_graphs': False})
             if use_graphs == graph_settings[0]:     # the baseline, once per run
-                from vla_spec_ros.baseline import HFBaseline
-                hf = HFBaseline(runner, EngineConfig(**{**base, 'use_cuda_graphs': False}))
                 rows.append(('hf', False, streams, bench_hf(hf, frames, args.warmup)))
-                del hf
             for mode in ('ar', 'pipeline'):
                 try:
                     row = bench_engine(Engine(runner, norm_stats,

@@ -18,6 +18,7 @@ each own one ``PackedForward``.
 """
 from __future__ import annotations
 
+import gc
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Callable
@@ -143,9 +144,11 @@ class GraphedFunction:
     The first call runs ``fn`` eagerly (the real work and the warm-up: kernels compiled,
     handles created), synchronises, then captures; capturing records kernels without running
     them, so side effects (KV writes) happen once. The synchronisation leaves the caching
-    allocator no pending cross-stream events to query while the capture runs (a query during
-    capture is illegal). Later calls copy ``inputs`` into the static tensors and replay; their
-    outputs are the graph's static tensors, overwritten by the next replay.
+    allocator no pending cross-stream events to query while the capture runs, and garbage
+    collection is done before and paused during the capture (a CUDA call from either
+    invalidates the capture; seen with several engines alive in one process). Later calls
+    copy ``inputs`` into the static tensors and replay; their outputs are the graph's static
+    tensors, overwritten by the next replay.
     """
 
     def __init__(self, fn: Callable[[dict], dict], device, pool=None):
@@ -170,9 +173,18 @@ class GraphedFunction:
             return self.outputs
         self.static_inputs = {name: t.clone() for name, t in inputs.items()}
         eager = {name: t.clone() for name, t in self.fn(self.static_inputs).items()}
+        # Python's collector must not run inside the capture: destroying an unreachable
+        # engine's graphs or event-guarded blocks there is a CUDA call that invalidates it.
+        gc.collect()
         torch.cuda.synchronize(self.device)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self.pool, capture_error_mode='thread_local'):
-            self.outputs = self.fn(self.static_inputs)
+        was_enabled = gc.isenabled()
+        gc.disable()
+        try:
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=self.pool):
+                self.outputs = self.fn(self.static_inputs)
+        finally:
+            if was_enabled:
+                gc.enable()
         self.graph = graph
         return eager
