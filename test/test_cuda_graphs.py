@@ -72,6 +72,26 @@ def test_graph_replay_equals_eager_and_reference(setup, mode):
     assert graphed.engine.runner._vision_graph.num_replays > 0
 
 
+@pytest.mark.parametrize('mode', ['pipeline', 'pipeline_spec'])
+def test_graphs_captured_before_serving(setup, mode):
+    """capture_graphs builds every step shape up front: serving then only replays, and the
+    padding-only capture steps leave the tokens exact."""
+    from vla_spec_ros.models.draft import load_draft_for
+    _, graphed, frames, expected = setup
+    cfg = EngineConfig(mode=mode, dtype='float64', device='cuda', use_cuda_graphs=True,
+                       draft_path='random', tree_depth=3, tree_top_k=2, tree_max_nodes=6)
+    runner = graphed.engine.runner
+    draft = load_draft_for(runner, cfg, None) if cfg.is_speculative else None
+    engine = Engine(runner, graphed.engine.norm_stats, cfg, draft=draft)
+    single = [f for f in frames if f.instruction == frames[0].instruction]
+    assert engine.capture_graphs(single[0]) > 0
+    forward = engine.strategy.verifier.forward
+    captured = forward.num_graph_captures
+    assert run_saturating(engine, single) == [expected[frames.index(f)] for f in single]
+    assert forward.num_graph_captures == captured
+    assert forward.num_graph_replays > 0
+
+
 def test_graphs_refused_off_cuda():
     with pytest.raises(ValueError, match='use_cuda_graphs'):
         EngineConfig(device='cpu', use_cuda_graphs=True)

@@ -14,7 +14,7 @@ import torch
 from vla_spec_ros.config import EngineConfig
 from vla_spec_ros.engine.kv_ring import KVRing
 from vla_spec_ros.engine.runner import dense_batch
-from vla_spec_ros.engine.step_inputs import (NO_PARENT, PrefillRows, pack_step,
+from vla_spec_ros.engine.step_inputs import (NO_PARENT, PrefillRows, pack_step, padding_step,
                                              reference_allowed_slots, tree_rows)
 from vla_spec_ros.engine.step_plan import SegmentSpec, plan_step
 from vla_spec_ros.models.layers import (StepBatch, attend_packed, attend_segments,
@@ -145,6 +145,22 @@ def test_padding_changes_no_real_row(policy):
         results.append(([tokens[i] for i in token_rows], hidden[rows]))
     assert results[0][0] == results[1][0]
     torch.testing.assert_close(results[0][1], results[1][1], rtol=1e-10, atol=1e-10)
+
+
+def test_padding_steps_touch_no_request_kv(policy):
+    """The padding-only steps that build graph buckets write the scratch slot only."""
+    runner = policy.engine.runner
+    verifier = runner.new_ring(200, EngineConfig(dtype='float64'))
+    gen = torch.Generator().manual_seed(2)
+    for k in verifier.cache.k + verifier.cache.v:
+        k.copy_(torch.randn(k.shape, generator=gen, dtype=k.dtype))
+    before = [k[:200].clone() for k in verifier.cache.k + verifier.cache.v]
+    for sizes in ((64, 0, 1, 128, 0), (0, 4, 8, 128, 12), (64, 2, 1, 256, 0)):
+        verifier.run(padding_step(*sizes, verifier.scratch_slot),
+                     torch.zeros(sizes[0], runner.cfg.llm.hidden_size, dtype=torch.float64)
+                     if sizes[0] else None)
+    for old, new in zip(before, verifier.cache.k + verifier.cache.v):
+        assert torch.equal(old, new[:200])
 
 
 def test_fused_projections_equal_separate_and_fall_back(policy):

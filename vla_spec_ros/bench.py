@@ -83,7 +83,9 @@ def _saturate(engine: Engine, frames: list[Frame]):
 
 
 def bench_engine(engine: Engine, frames: list[Frame], warmup: int) -> BenchRow:
-    """Warm-up frames, then the timed frames, both through the saturating loop."""
+    """Graph capture (with CUDA graphs), warm-up frames, then the timed frames, both through
+    the saturating loop."""
+    engine.capture_graphs(frames[0])
     _saturate(engine, frames[:warmup])
     forwards_before = engine.num_verifier_forwards
     stats_before = copy.copy(engine.strategy.stats)

@@ -89,6 +89,18 @@ class Engine:
         """Drop waiting and in-flight requests (of one stream, or all)."""
         return [r.request_id for r in self.strategy.reset(stream_id)]
 
+    def capture_graphs(self, frame: Frame) -> int:
+        """With ``use_cuda_graphs``: capture every verifier step shape that frames with this
+        frame's instruction can meet, before serving (capturing mid-stream costs a frame's
+        latency). The vision graph is captured from the frame itself. Returns the number of
+        step shapes built (0 without graphs)."""
+        if not self._config.use_cuda_graphs:
+            return 0
+        check_image(frame.image)
+        input_ids = self.runner.validate_instruction(frame.instruction)
+        self.runner.prepare_prompt(frame, self._config, input_ids)
+        return self.strategy.capture_graphs(self.runner.prefix_len(input_ids))
+
     # ---- stepping -----------------------------------------------------------------------------
 
     def step(self) -> list[FinishedAction]:

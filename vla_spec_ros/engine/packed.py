@@ -30,7 +30,7 @@ from .drafter import DraftAdvance, DraftBegin
 from .kv_ring import KVRing
 from .request import Request
 from .scheduler import Scheduler
-from .step_inputs import PrefillRows, pack_step, round_up, tree_rows
+from .step_inputs import PrefillRows, pack_step, padding_step, round_up, tree_rows
 
 
 @dataclass
@@ -192,6 +192,32 @@ class PackedStrategy:
         stats.total_s += time.perf_counter() - start
         return finished
 
+    def capture_graphs(self, prefix_len: int) -> int:
+        """Build every verifier shape bucket a request of ``prefix_len`` prompt tokens can
+        meet (CUDA graphs: captured now, not in the middle of serving). Runs padding-only
+        steps, which touch no request's KV. Returns the number of buckets built."""
+        if not self.runner.use_cuda_graphs:
+            return 0
+        largest = prefix_len + self.runner.action_dim + self.scratch
+        before = self.verifier.forward.num_buckets
+        segment_counts = [0] + [1 << i for i in range(
+            _next_power_of_two(max(self.max_inflight - 1, 1)).bit_length())]
+        for has_prefill in (False, True):
+            for num_segments in segment_counts:
+                if not has_prefill and not num_segments:
+                    continue
+                for num_cols in range(128, round_up(largest, 128) + 1, 128):
+                    sizes = self._graph_sizes(prefix_len if has_prefill else None,
+                                              num_segments, 1, num_cols, 0)
+                    step = padding_step(sizes['num_prefill'] or 0, sizes['num_segments'],
+                                        sizes['num_rows'], sizes['num_cols'],
+                                        sizes['num_moves'], self.verifier.scratch_slot)
+                    embeds = self.verifier.cache.k[0].new_zeros(
+                        step.num_prefill, self.runner.cfg.llm.hidden_size) \
+                        if step.num_prefill else None
+                    self.verifier.run(step, embeds)
+        return self.verifier.forward.num_buckets - before
+
     def _draft_trees(self, decode: list[Request]) -> dict[int, DraftTree]:
         cfg = self.config
         trees, drafted, depths = {}, [], []
@@ -209,20 +235,28 @@ class PackedStrategy:
         return trees
 
     def _padded_sizes(self, prefill, segments, num_moves: int) -> dict:
-        """Padded shapes of the step: tight in eager mode; with CUDA graphs, few buckets (the
-        number of captured graphs stays small and every bucket is reused): prompts padded to
-        a multiple of 64 rows, segment counts and rows to powers of two, gathered KV to a
-        multiple of 128 slots, compaction moves to their most for the segment count."""
+        """Padded shapes of the step: tight in eager mode, graph buckets with CUDA graphs."""
         num_rows = max((s.num_rows for s in segments), default=1)
         num_cols = max((s.num_cols for s in segments), default=1)
         if not self.runner.use_cuda_graphs:
             return dict(num_segments=len(segments), num_rows=num_rows,
                         num_cols=round_up(num_cols, 16), num_moves=num_moves)
-        num_segments = _next_power_of_two(len(segments)) if segments else 0
-        max_moves = num_segments * self.config.tree_depth if self.is_speculative else 0
+        return self._graph_sizes(prefill.length if prefill is not None else None,
+                                 len(segments), num_rows, num_cols, num_moves)
+
+    def _graph_sizes(self, prefix_len: int | None, num_segments: int, num_rows: int,
+                     num_cols: int, num_moves: int) -> dict:
+        """CUDA-graph buckets, few so that each is captured once and reused: prompts padded
+        to a multiple of 64 rows, segment counts to powers of two, rows to a power of two (in
+        the speculative modes every tree to the largest configured tree), gathered KV to a
+        multiple of 128 slots, compaction moves to their most for the segment count."""
+        num_segments = _next_power_of_two(num_segments) if num_segments else 0
+        if self.is_speculative:
+            num_rows = max(num_rows, self.config.tree_max_nodes)
+            num_moves = max(num_moves, num_segments * self.config.tree_depth)
         return dict(num_segments=num_segments, num_rows=_next_power_of_two(num_rows),
-                    num_cols=round_up(num_cols, 128), num_moves=max(max_moves, num_moves),
-                    num_prefill=round_up(prefill.length, 64) if prefill is not None else None)
+                    num_cols=round_up(num_cols, 128), num_moves=num_moves,
+                    num_prefill=round_up(prefix_len, 64) if prefix_len is not None else None)
 
     def _after_verify(self, request: Request, tree: DraftTree, picks: list[int],
                       hidden_row: int) -> DraftAdvance | None:

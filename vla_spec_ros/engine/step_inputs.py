@@ -205,6 +205,23 @@ def pack_step(prefill: PrefillRows | None, segments: Sequence[SegmentRows], scra
                     extras)
 
 
+def padding_step(num_prefill: int, num_segments: int, num_rows: int, num_cols: int,
+                 num_moves: int, scratch_slot: int) -> HostStep:
+    """A step of the given padded shape made only of padding rows: every row writes to and
+    reads from the scratch slot, moves copy scratch onto itself. Running it changes no
+    request's KV, so it can build (capture) a shape bucket before real work needs it."""
+    step = pack_step(None, [], scratch_slot, num_segments=num_segments, num_rows=num_rows,
+                     num_cols=num_cols, num_moves=num_moves)
+    if num_prefill:
+        step.positions = np.concatenate([np.zeros(num_prefill, dtype=np.int64),
+                                         step.positions])
+        step.slot_mapping = np.concatenate([np.full(num_prefill, scratch_slot, np.int64),
+                                            step.slot_mapping])
+        step.num_prefill = num_prefill
+        step.extras['prefill_last'] = np.zeros(1, dtype=np.int64)
+    return step
+
+
 def reference_allowed_slots(step: HostStep, row: int) -> list[int]:
     """Physical slots packed row ``row`` may read (plain loops; the tests' reference)."""
     lp = step.num_prefill
