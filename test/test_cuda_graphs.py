@@ -83,11 +83,11 @@ def test_graphs_captured_before_serving(setup, mode):
     runner = graphed.engine.runner
     draft = load_draft_for(runner, cfg, None) if cfg.is_speculative else None
     engine = Engine(runner, graphed.engine.norm_stats, cfg, draft=draft)
-    single = [f for f in frames if f.instruction == frames[0].instruction]
-    assert engine.capture_graphs(single[0]) > 0
+    same = [i for i, f in enumerate(frames) if f.instruction == frames[0].instruction]
+    assert engine.capture_graphs(frames[0]) > 0
     forward = engine.strategy.verifier.forward
     captured = forward.num_graph_captures
-    assert run_saturating(engine, single) == [expected[frames.index(f)] for f in single]
+    assert run_saturating(engine, [frames[i] for i in same]) == [expected[i] for i in same]
     assert forward.num_graph_captures == captured
     assert forward.num_graph_replays > 0
 

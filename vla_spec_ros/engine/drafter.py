@@ -190,7 +190,7 @@ class EagleDrafter(Drafter):
 
     # ---- lifecycle ----------------------------------------------------------------------------
 
-    @torch.no_grad()
+    @torch.inference_mode()
     def update(self, begins, advances, features) -> None:
         begins, advances = list(begins), list(advances)
         if len(begins) > 1:
@@ -266,7 +266,7 @@ class EagleDrafter(Drafter):
 
     # ---- drafting -----------------------------------------------------------------------------
 
-    @torch.no_grad()
+    @torch.inference_mode()
     def propose_batch(self, request_ids, depths, top_k, max_nodes) -> list[DraftTree]:
         top_k = _check_count('top_k', top_k, 1)
         max_nodes = _check_count('max_nodes', max_nodes, 2)

@@ -23,6 +23,8 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
+import torch
+
 from ..config import EngineConfig
 from .acceptance import accept, truncate
 from .draft_tree import DraftTree, chain_tree
@@ -121,6 +123,7 @@ class PackedStrategy:
 
     # ---- one packed step ---------------------------------------------------------------------
 
+    @torch.inference_mode()
     def step(self) -> list[Request]:
         start = time.perf_counter()
         stats = self.stats

@@ -59,7 +59,7 @@ class PackedForward:
         self._pool = None
         self.num_uploads = 0            # host -> device copies of step metadata (stats)
 
-    @torch.no_grad()
+    @torch.inference_mode()
     def __call__(self, step: HostStep, dense: dict | None = None,
                  params: dict | None = None) -> dict:
         """Upload ``step``, run ``fn(batch, ints, dense, **params)``; returns its outputs
