@@ -86,6 +86,7 @@ class PackedStrategy:
         self.scheduler = Scheduler(self.max_inflight, runner.action_dim, self.ring)
         self.num_verifier_forwards = 0
         self.stats = StepStats()
+        self._captured_prompt_buckets: set[int] = set()     # CUDA graphs: prompt rows built
 
     # ---- requests ----------------------------------------------------------------------------
 
@@ -128,10 +129,14 @@ class PackedStrategy:
         start = time.perf_counter()
         stats = self.stats
         sched, cfg, runner = self.scheduler, self.config, self.runner
-        # 1. schedule
+        # 1. schedule (with CUDA graphs, a prompt length never seen before first builds every
+        #    step shape it can meet, so no capture lands in the middle of serving it)
         work = sched.schedule()
         if work.is_empty:
             return []
+        if (self.runner.use_cuda_graphs and work.prefill is not None
+                and round_up(work.prefill.prefix_len, 64) not in self._captured_prompt_buckets):
+            self.capture_graphs(work.prefill.prefix_len)
         # 2. draft trees (just the root when not speculating or one token remains)
         t0 = time.perf_counter()
         trees = self._draft_trees(work.decode)
@@ -201,6 +206,7 @@ class PackedStrategy:
         steps, which touch no request's KV. Returns the number of buckets built."""
         if not self.runner.use_cuda_graphs:
             return 0
+        self._captured_prompt_buckets.add(round_up(prefix_len, 64))
         largest = prefix_len + self.runner.action_dim + self.scratch
         before = self.verifier.forward.num_buckets
         segment_counts = [0] + [1 << i for i in range(
