@@ -2,8 +2,9 @@
 
 Plain Python (no torch). The scheduler owns requests from ``submit`` until they are emitted or
 dropped; the decoding strategy appends decided tokens through ``Scheduler.on_tokens`` and keeps
-its per-request device-side notes here (KV compaction still to apply, the drafter's state),
-so nothing about a request is kept in step by hand in several dictionaries.
+its per-request notes here (the KV compaction still to apply), so nothing about a request is
+kept in step by hand in several dictionaries. The one exception is the drafter's own device
+state (its KV lane), which lives inside the drafter from ``begin`` to ``release``.
 """
 from __future__ import annotations
 
@@ -37,7 +38,6 @@ class Request:
     # KV compaction of the last accepted tree path, (src, dst) physical ring slots: applied at
     # the start of every layer of the request's next verifier forward (before any KV write).
     pending_moves: list[tuple[int, int]] = field(default_factory=list)
-    draft: Any = None                                       # the drafter's per-request state
 
     def __post_init__(self):
         for name in ('request_id', 'prefix_len', 'num_tokens_needed', 'num_slots'):
