@@ -30,7 +30,7 @@ from typing import Sequence
 
 import numpy as np
 
-NO_PARENT = -1      # parent of a tree's root (node 0); the convention of draft_tree.py
+from .draft_tree import NO_PARENT
 
 
 @dataclass(frozen=True)
