@@ -189,6 +189,10 @@ def main(argv=None) -> int:
     ap.add_argument('--graphs', default='off,on' if torch.cuda.is_available() else 'off',
                     help='CUDA graph settings to run: off, on or off,on')
     ap.add_argument('--streams', default='1,4')
+    ap.add_argument('--rows', default='ar,pipeline,oracle',
+                    help='row groups besides HF: ar, pipeline, oracle (spec modes with the '
+                    'oracle draft), eagle (spec modes with a random EAGLE head at the default '
+                    'tree: acceptance near 1, it measures what drafting costs)')
     ap.add_argument('--out', default=str(Path(__file__).parent / 'results'))
     args = ap.parse_args(argv)
     if args.device.startswith('cuda') and not torch.cuda.is_available():
@@ -224,7 +228,8 @@ def main(argv=None) -> int:
             ref = reference_tokens(runner, frames, {**base, 'use_cuda_graphs': False})
             if use_graphs == graph_settings[0]:     # the baseline, once per run
                 rows.append(('hf', False, streams, bench_hf(hf, frames, args.warmup)))
-            for mode in ('ar', 'pipeline'):
+            groups = set(args.rows.split(','))
+            for mode in [m for m in ('ar', 'pipeline') if m in groups]:
                 try:
                     row = bench_engine(Engine(runner, norm_stats,
                                               EngineConfig(mode=mode, **base)),
@@ -236,7 +241,7 @@ def main(argv=None) -> int:
                 rows.append((mode, use_graphs, streams, row))
                 print(row, flush=True)
             depth = runner.action_dim - 2
-            for target in TARGET_ACCEPTANCE:
+            for target in TARGET_ACCEPTANCE if 'oracle' in groups else ():
                 for mode in ('spec', 'pipeline_spec'):
                     rate = acceptance_error_rate(target, depth, runner.action_dim)
                     draft = OracleDrafter(ref.__getitem__, runner.action_dim, rate,
@@ -253,6 +258,14 @@ def main(argv=None) -> int:
                     row.mode = f'{mode}@{target}'
                     rows.append((row.mode, use_graphs, streams, row))
                     print(row, flush=True)
+            for mode in ('spec', 'pipeline_spec') if 'eagle' in groups else ():
+                from vla_spec_ros.models.draft import load_draft_for
+                ecfg = EngineConfig(mode=mode, draft_path='random', **base)
+                engine = Engine(runner, norm_stats, ecfg, draft=load_draft_for(runner, ecfg, None))
+                row = bench_engine(engine, frames, args.warmup)
+                row.mode = f'{mode}+eagle(random head)'
+                rows.append((row.mode, use_graphs, streams, row))
+                print(row, flush=True)
             print(f'{label}, {streams} stream(s) done', flush=True)
     for streams in stream_counts:
         hf = next(r for m, g, s, r in rows if m == 'hf' and s == streams)

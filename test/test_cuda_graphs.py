@@ -1,5 +1,6 @@
 """CUDA graphs (GPU only): graph replay gives exactly the eager tokens and the plain AR
-reference's, in float64, in every mode, with the EAGLE drafter graphed too.
+reference's, in float64, in every mode (the engine's EAGLE drafter runs eagerly; its own graph
+path is checked on its own).
 
 On CPU the engine runs the same static-buffer path that graphs replay (engine/packed_forward.py
 keeps one set of step buffers per shape bucket on every device); the CPU tests of every mode
@@ -66,7 +67,7 @@ def test_graph_replay_equals_eager_and_reference(setup, mode):
             assert forward.num_graph_captures >= 1
             assert forward.num_graph_replays > forward.num_graph_captures
             if draft is not None:
-                assert draft.forward.num_graph_replays > 0
+                assert draft.forward.num_graph_captures == 0      # drafts run eagerly
         else:
             assert forward.num_graph_captures == 0
     assert graphed.engine.runner._vision_graph.num_replays > 0
@@ -90,6 +91,25 @@ def test_graphs_captured_before_serving(setup, mode):
     assert run_saturating(engine, [frames[i] for i in same]) == [expected[i] for i in same]
     assert forward.num_graph_captures == captured
     assert forward.num_graph_replays > 0
+
+
+def test_graphed_draft_forwards_equal_eager(setup):
+    """The drafter's own graph path (used when shapes stay few): same trees as eager."""
+    from vla_spec_ros.engine.drafter import EagleDrafter
+    from vla_spec_ros.models.draft import new_draft_head
+    eager_policy, _, frames, _ = setup
+    runner = eager_policy.engine.runner
+    head = new_draft_head(runner.model, seed=5)
+    prompt = runner.prepare_prompt(frames[0], eager_policy.config)
+    features = torch.randn(prompt.embeds.shape, dtype=prompt.embeds.dtype, device='cuda')
+    trees = []
+    for use_graphs in (False, True):
+        drafter = EagleDrafter(runner, head, use_cuda_graphs=use_graphs)
+        drafter.begin(0, prompt.embeds, features, 7)
+        trees.append([drafter.propose(0, 3, 2, 6) for _ in range(3)])
+        if use_graphs:
+            assert drafter.forward.num_graph_replays > 0
+    assert trees[0] == trees[1]
 
 
 def test_graphs_refused_off_cuda():

@@ -149,9 +149,13 @@ class EagleDrafter(Drafter):
 
     @classmethod
     def for_engine(cls, runner, head, config: EngineConfig) -> 'EagleDrafter':
+        # Draft forwards run eagerly even with ``use_cuda_graphs`` (which graphs the verifier
+        # step and the vision towers): their shapes change with every prompt length, accepted
+        # path length and tree level, and capturing them lazily cost 125 ms per pipelined step
+        # on the 7B shape (bench/README.md). ``use_cuda_graphs=True`` here is for callers that
+        # keep the shapes few (tests of graph replay).
         return cls(runner, head, num_lanes=config.max_inflight if config.is_pipelined else 1,
-                   max_instruction_tokens=config.max_instruction_tokens,
-                   use_cuda_graphs=config.use_cuda_graphs)
+                   max_instruction_tokens=config.max_instruction_tokens)
 
     # ---- the packed draft forward ------------------------------------------------------------
 
