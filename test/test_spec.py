@@ -149,3 +149,33 @@ def test_tunables_change_between_frames(policy, frames_and_reference):
         engine.set_tunables(relax_threshold=-1)
     with pytest.raises(ValueError, match='cannot change at run time'):
         engine.set_tunables(device='cuda')
+
+
+def test_tunables_apply_from_the_next_admitted_frame(tmp_path_factory):
+    """A relax_threshold change reaches frames admitted after it, never one part-way through
+    its action: frames already in flight keep the threshold they were admitted under."""
+    from vla_spec_ros import VLAPolicy
+    folder = make_checkpoint('tiny', tmp_path_factory.mktemp('tunables') / 'tiny', seed=5)
+    policy = VLAPolicy.from_pretrained(str(folder), dtype='float64',
+                                       restrict_to_action_tokens=True)
+    rng = np.random.default_rng(4)
+    frames = [Frame(rng.integers(0, 256, (40, 40, 3), dtype=np.uint8), 'open the drawer',
+                    'bridge_orig') for _ in range(5)]
+    reference = ar_reference_tokens(policy, frames)
+    at = policy.engine.runner.action_tokenizer
+    # Every draft token is a wrong action token: strict decoding rejects them all, r = 255
+    # accepts them all, so the two thresholds give different tokens.
+    draft = OracleDrafter(reference.__getitem__, 7, error_rate=1.0,
+                          wrong_tokens=range(at.first_action_id, at.last_action_id + 1))
+    engine = Engine(policy.engine.runner, policy.engine.norm_stats,
+                    EngineConfig(mode='pipeline_spec', dtype='float64', tree_depth=3,
+                                 tree_top_k=1, tree_max_nodes=4,
+                                 restrict_to_action_tokens=True), draft=draft)
+    for f in frames:
+        engine.submit(f)
+    finished = engine.step() + engine.step()            # frames 0 and 1 admitted at r = 0
+    engine.set_tunables(relax_threshold=255)
+    finished += engine.run_until_idle()
+    got = {fin.request_id: fin.result.tokens for fin in finished}
+    assert [got[0], got[1]] == reference[:2]
+    assert [got[i] for i in range(2, 5)] != reference[2:]

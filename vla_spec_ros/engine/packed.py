@@ -153,8 +153,10 @@ class PackedStrategy:
             request.pending_moves = []
         prefill, prefill_embeds = None, None
         if work.prefill is not None:
-            # 4. the admitted frame's prompt (vision towers + projector)
+            # 4. the admitted frame's prompt (vision towers + projector); it keeps the
+            #    tunables in force now until its action is decided
             request = work.prefill
+            request.tunables = cfg
             request.start_time = time.perf_counter()
             prompt = runner.prepare_prompt(request.frame, cfg, request.input_ids)
             stats.vision_s += time.perf_counter() - request.start_time
@@ -228,19 +230,22 @@ class PackedStrategy:
         return self.verifier.forward.num_buckets - before
 
     def _draft_trees(self, decode: list[Request]) -> dict[int, DraftTree]:
-        cfg = self.config
-        trees, drafted, depths = {}, [], []
+        """One tree per in-flight request, with the tree sizes it was admitted under; requests
+        sharing (top_k, max_nodes) (all of them, unless a tunable just changed) are drafted
+        together."""
+        trees = {}
+        groups: dict[tuple[int, int], tuple[list[int], list[int]]] = {}
         for request in decode:
+            cfg = request.tunables
             depth = min(cfg.tree_depth, request.num_remaining - 1)
             if self.is_speculative and depth >= 1:
-                drafted.append(request.request_id)
+                ids, depths = groups.setdefault((cfg.tree_top_k, cfg.tree_max_nodes), ([], []))
+                ids.append(request.request_id)
                 depths.append(depth)
             else:
                 trees[request.request_id] = chain_tree(request.tokens[-1], [])
-        if drafted:
-            proposed = self.drafter.propose_batch(drafted, depths, cfg.tree_top_k,
-                                                  cfg.tree_max_nodes)
-            trees.update(zip(drafted, proposed))
+        for (top_k, max_nodes), (ids, depths) in groups.items():
+            trees.update(zip(ids, self.drafter.propose_batch(ids, depths, top_k, max_nodes)))
         return trees
 
     def _padded_sizes(self, prefill, segments, num_moves: int) -> dict:
@@ -271,7 +276,7 @@ class PackedStrategy:
                       hidden_row: int) -> DraftAdvance | None:
         """Acceptance (S3/S4) of one tree; records tokens; returns the draft update, if any."""
         at = self.runner.action_tokenizer
-        acc = accept(tree, picks, relax_threshold=self.config.relax_threshold,
+        acc = accept(tree, picks, relax_threshold=request.tunables.relax_threshold,
                      is_action_token=at.is_action_token, token_to_bin=at.token_to_bin)
         emitted = truncate(acc, request.num_remaining)
         request.forward_passes += 1

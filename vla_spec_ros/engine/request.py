@@ -38,6 +38,9 @@ class Request:
     # KV compaction of the last accepted tree path, (src, dst) physical ring slots: applied at
     # the start of every layer of the request's next verifier forward (before any KV write).
     pending_moves: list[tuple[int, int]] = field(default_factory=list)
+    # The run-time tunables in force when the request was admitted (relax_threshold and the
+    # tree sizes): a change applies from the next admitted frame, never part-way through one.
+    tunables: Any = None
 
     def __post_init__(self):
         for name in ('request_id', 'prefix_len', 'num_tokens_needed', 'num_slots'):
