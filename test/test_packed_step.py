@@ -195,3 +195,15 @@ def test_fused_projections_equal_separate_and_fall_back(policy):
         for sub in lm.modules():
             if hasattr(sub, 'fused'):
                 sub.fused = None
+
+
+def test_rope_rows_equal_apply_rope_bit_for_bit():
+    from vla_spec_ros.models.layers import RopeRows, apply_rope, rope_tables
+    gen = torch.Generator().manual_seed(3)
+    for dtype in (torch.float64, torch.float32, torch.bfloat16):
+        tables = rope_tables(16, 64, 10000.0, dtype)
+        positions = torch.randint(0, 64, (9,), generator=gen)
+        x = torch.randn(9, 3, 16, generator=gen).to(dtype)
+        rows = RopeRows.gather(tables, positions)
+        expected = apply_rope(x, tables[0][positions], tables[1][positions])
+        assert torch.equal(rows.apply(x), expected), dtype
