@@ -147,6 +147,9 @@ class PackedStrategy:
         for request in work.decode:
             tree = trees[request.request_id]
             span = self.ring.span(request.request_id)
+            if request.history_len + tree.num_nodes > span.length:     # never: scratch sizing
+                raise RuntimeError(f'request {request.request_id}: a tree of {tree.num_nodes} '
+                                   f'nodes overflows its {span.length} ring slots')
             segments.append(tree_rows(span.start, capacity, request.history_len, tree.parents,
                                       tree.tokens))
             moves += request.pending_moves
