@@ -72,8 +72,7 @@ def _saturate(engine: Engine, frames: list[Frame]):
         if pending and not engine.has_waiting():
             rid = engine.submit(pending.pop(0))
             submit_at[rid] = time.perf_counter()
-        sched = engine.strategy.scheduler
-        inflight.append(sched.num_inflight + (1 if sched.num_waiting else 0))
+        inflight.append(engine.num_inflight + (1 if engine.has_waiting() else 0))
         for fin in engine.step():
             if fin.error is not None:
                 raise RuntimeError(f'bench frame failed: {fin.error}')

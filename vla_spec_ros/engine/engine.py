@@ -77,6 +77,11 @@ class Engine:
     def has_work(self) -> bool:
         return self.strategy.has_work()
 
+    @property
+    def num_inflight(self) -> int:
+        """Requests admitted (prefill done) and not yet finished."""
+        return self.strategy.scheduler.num_inflight
+
     def has_waiting(self) -> bool:
         """True while a submitted frame has not started (its prefill is not done)."""
         return self.strategy.has_waiting()
