@@ -259,7 +259,7 @@ def main(argv=None) -> int:
                     rows.append((row.mode, use_graphs, streams, row))
                     print(row, flush=True)
             for mode in ('spec', 'pipeline_spec') if 'eagle' in groups else ():
-                from vla_spec_ros.models.draft import load_draft_for
+                from vla_spec_ros.engine.drafter import load_draft_for
                 ecfg = EngineConfig(mode=mode, draft_path='random', **base)
                 engine = Engine(runner, norm_stats, ecfg, draft=load_draft_for(runner, ecfg, None))
                 row = bench_engine(engine, frames, args.warmup)

@@ -51,7 +51,7 @@ def run_saturating(engine, frames):
 
 @pytest.mark.parametrize('mode', ['ar', 'pipeline', 'spec', 'pipeline_spec'])
 def test_graph_replay_equals_eager_and_reference(setup, mode):
-    from vla_spec_ros.models.draft import load_draft_for
+    from vla_spec_ros.engine.drafter import load_draft_for
     eager, graphed, frames, expected = setup
     for policy, use_graphs in ((eager, False), (graphed, True)):
         cfg = EngineConfig(mode=mode, dtype='float64', device='cuda',
@@ -77,7 +77,7 @@ def test_graph_replay_equals_eager_and_reference(setup, mode):
 def test_graphs_captured_before_serving(setup, mode):
     """capture_graphs builds every step shape up front: serving then only replays, and the
     padding-only capture steps leave the tokens exact."""
-    from vla_spec_ros.models.draft import load_draft_for
+    from vla_spec_ros.engine.drafter import load_draft_for
     _, graphed, frames, expected = setup
     cfg = EngineConfig(mode=mode, dtype='float64', device='cuda', use_cuda_graphs=True,
                        draft_path='random', tree_depth=3, tree_top_k=2, tree_max_nodes=6)

@@ -18,13 +18,16 @@ position offset is deliberately not reproduced):
 """
 from __future__ import annotations
 
+import os
 import random
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Callable, Sequence
 
 import torch
 
 from ..config import EngineConfig
+from ..models.draft import DEFAULT_DRAFT_SUBFOLDER, RANDOM_DRAFT, load_draft, new_draft_head
 from .draft_tree import ROOT, DraftTree, chain_tree, grow_dynamic_tree
 from .packed_forward import PackedForward
 from .step_inputs import PrefillRows, SegmentRows, chain_rows, pack_step
@@ -369,6 +372,31 @@ class EagleDrafter(Drafter):
                              f'max_position_embeddings {self.max_positions}')
 
 
+def load_draft_for(runner, engine_config: EngineConfig,
+                   checkpoint_folder: str | os.PathLike | None) -> EagleDrafter:
+    """``EngineConfig.draft_path`` -> an ``EagleDrafter`` over ``runner``'s verifier.
+
+    draft_path: a draft folder; ``"random"`` (a seeded random head from ``engine_config.seed``:
+    a deliberately poor draft for tests and demos); or None, meaning
+    ``<checkpoint_folder>/draft/`` when that folder exists.
+    """
+    path = engine_config.draft_path
+    if path is None:
+        default = Path(checkpoint_folder) / DEFAULT_DRAFT_SUBFOLDER \
+            if checkpoint_folder is not None else None
+        if default is None or not default.is_dir():
+            raise ValueError(f'draft_path: mode {engine_config.mode!r} needs a draft head; set '
+                             f'draft_path to a draft folder or "{RANDOM_DRAFT}" (no '
+                             f'{DEFAULT_DRAFT_SUBFOLDER}/ folder in {checkpoint_folder})')
+        path = str(default)
+    if path == RANDOM_DRAFT:
+        head = new_draft_head(runner.model, seed=engine_config.seed, dtype=runner.dtype,
+                              device=runner.device)
+    else:
+        head = load_draft(Path(path).expanduser(), runner.model, runner.dtype, runner.device)
+    return EagleDrafter.for_engine(runner, head, engine_config)
+
+
 class OracleDrafter(Drafter):
     """Proposes the AR reference tokens after the current root, as a chain.
 
@@ -440,4 +468,4 @@ class OracleDrafter(Drafter):
         return token - 1 if token > 0 else token + 1
 
 
-__all__ = ['Drafter', 'EagleDrafter', 'OracleDrafter']
+__all__ = ['Drafter', 'EagleDrafter', 'OracleDrafter', 'load_draft_for']

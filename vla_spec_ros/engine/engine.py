@@ -19,7 +19,7 @@ from ..config import TUNABLE_ENGINE_FIELDS, EngineConfig
 from ..preprocess import check_image
 from .packed import PackedStrategy
 from .request import Request
-from .result import ActionResult, FinishedAction, Frame
+from .result import ActionResult, FinishedAction, Frame, describe_error
 from .runner import ModelRunner
 
 
@@ -113,7 +113,7 @@ class Engine:
         try:
             finished = self.strategy.step()
         except Exception as exc:   # report to every affected request; keep serving
-            return [FinishedAction(r.request_id, r.frame, None, _describe(exc))
+            return [FinishedAction(r.request_id, r.frame, None, describe_error(exc))
                     for r in self.strategy.abort_all()]
         return [self.finish(r) for r in finished]
 
@@ -145,7 +145,3 @@ class Engine:
                    'compute_s': now - (request.start_time or request.submit_time),
                    'unnorm_key': request.unnorm_key})
         return FinishedAction(request.request_id, request.frame, result, None)
-
-
-def _describe(exc: BaseException) -> str:
-    return f'{type(exc).__name__}: {exc}'

@@ -39,6 +39,11 @@ class Frame:
     user_data: Any = None       # returned untouched with the result (e.g. the image stamp)
 
 
+def describe_error(exc: BaseException) -> str:
+    """How an error is reported in results, logs and diagnostics: ``Type: message``."""
+    return f'{type(exc).__name__}: {exc}'
+
+
 @dataclass(frozen=True)
 class FinishedAction:
     request_id: int

@@ -9,8 +9,8 @@ holds only ``fc.*`` and ``layers.*`` (the EAGLE / Spec-VLA key names).
 
 A draft folder holds ``config.json`` (Hugging Face Llama keys, as EAGLE's ``EConfig`` and
 Spec-VLA's ``llama_2_chat_7B_config.json`` use) and ``model.safetensors``. Pickle weights
-(``pytorch_model.bin``) are refused (DESIGN S8). ``load_draft_for`` turns an ``EngineConfig``'s
-``draft_path`` into a ready ``Drafter`` for the engine.
+(``pytorch_model.bin``) are refused (DESIGN S8). ``engine.drafter.load_draft_for`` turns an
+``EngineConfig``'s ``draft_path`` into a ready ``Drafter`` for the engine.
 """
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ from torch import nn
 
 from ..config import LlamaConfig
 from .checkpoint import CheckpointError, _check_safetensors_file, load_state_dict, weight_files
-from .layers import KVCache, LlamaDecoderLayer, RopeRows, StepBatch, rope_tables
+from .layers import KVCache, LlamaDecoderLayer, RopeRows, RopeTables, StepBatch
 
 RANDOM_DRAFT = 'random'         # draft_path value for a seeded random (deliberately poor) head
 DEFAULT_DRAFT_SUBFOLDER = 'draft'
@@ -133,7 +133,7 @@ class EagleDraftHead(nn.Module):
         self.layers = nn.ModuleList(LlamaDecoderLayer(llama_cfg, has_input_norm=i > 0)
                                     for i in range(cfg.num_layers))
         self._shared = (embed_tokens, lm_head)
-        self._rope = None
+        self._rope = RopeTables(llama_cfg)
 
     @property
     def embed_tokens(self) -> nn.Module:
@@ -145,17 +145,10 @@ class EagleDraftHead(nn.Module):
 
     def rope(self, dtype: torch.dtype, device) -> tuple[torch.Tensor, torch.Tensor]:
         """cos/sin tables (max_position_embeddings, head_dim), cached per (dtype, device)."""
-        if self._rope is None or self._rope[0].dtype != dtype or self._rope[0].device != device:
-            llama_cfg = self.cfg.to_llama_config()
-            self._rope = rope_tables(llama_cfg.head_dim, self.cfg.max_position_embeddings,
-                                     self.cfg.rope_theta, dtype, device)
-        return self._rope
+        return self._rope.get(dtype, device)
 
     def new_kv_cache(self, num_slots: int) -> KVCache:
-        p = self.fc.weight
-        llama_cfg = self.cfg.to_llama_config()
-        return KVCache(self.cfg.num_layers, num_slots, self.cfg.num_kv_heads,
-                       llama_cfg.head_dim, p.dtype, p.device)
+        return KVCache.for_config(self.cfg.to_llama_config(), num_slots, self.fc.weight)
 
     def embed(self, token_ids: torch.Tensor) -> torch.Tensor:
         """(T,) ids -> (T, H) verifier token embeddings."""
@@ -273,30 +266,5 @@ def load_draft(folder: str | os.PathLike, verifier_model, dtype: torch.dtype | N
     return head.eval()
 
 
-def load_draft_for(runner, engine_config, checkpoint_folder: str | os.PathLike | None):
-    """``EngineConfig.draft_path`` -> an ``EagleDrafter`` over ``runner``'s verifier.
-
-    draft_path: a draft folder; ``"random"`` (a seeded random head from ``engine_config.seed``:
-    a deliberately poor draft for tests and demos); or None, meaning
-    ``<checkpoint_folder>/draft/`` when that folder exists.
-    """
-    from ..engine.drafter import EagleDrafter
-    path = engine_config.draft_path
-    if path is None:
-        default = Path(checkpoint_folder) / DEFAULT_DRAFT_SUBFOLDER \
-            if checkpoint_folder is not None else None
-        if default is None or not default.is_dir():
-            raise ValueError(f'draft_path: mode {engine_config.mode!r} needs a draft head; set '
-                             f'draft_path to a draft folder or "{RANDOM_DRAFT}" (no '
-                             f'{DEFAULT_DRAFT_SUBFOLDER}/ folder in {checkpoint_folder})')
-        path = str(default)
-    if path == RANDOM_DRAFT:
-        head = new_draft_head(runner.model, seed=engine_config.seed, dtype=runner.dtype,
-                              device=runner.device)
-    else:
-        head = load_draft(Path(path).expanduser(), runner.model, runner.dtype, runner.device)
-    return EagleDrafter.for_engine(runner, head, engine_config)
-
-
 __all__ = ['DraftConfig', 'EagleDraftHead', 'new_draft_head', 'save_draft', 'load_draft',
-           'load_draft_for', 'RANDOM_DRAFT']
+           'RANDOM_DRAFT', 'DEFAULT_DRAFT_SUBFOLDER']

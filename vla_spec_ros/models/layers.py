@@ -83,6 +83,24 @@ class StepBatch:
     copy_dst: torch.Tensor | None = None
 
 
+class RopeTables:
+    """cos/sin tables of one Llama config, built once per (dtype, device) and kept (the
+    verifier and the draft head each own one)."""
+
+    def __init__(self, cfg: LlamaConfig):
+        self.head_dim, self.max_positions, self.theta = (cfg.head_dim,
+                                                         cfg.max_position_embeddings,
+                                                         cfg.rope_theta)
+        self._tables: tuple[torch.Tensor, torch.Tensor] | None = None
+
+    def get(self, dtype: torch.dtype, device) -> tuple[torch.Tensor, torch.Tensor]:
+        tables = self._tables
+        if tables is None or tables[0].dtype != dtype or tables[0].device != torch.device(device):
+            tables = rope_tables(self.head_dim, self.max_positions, self.theta, dtype, device)
+            self._tables = tables
+        return tables
+
+
 @dataclass
 class RopeRows:
     """cos/sin tables (max_positions, D) and their rows at the step's positions (T, D),
@@ -115,6 +133,12 @@ class KVCache:
         self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
         self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
         self.num_slots = num_slots
+
+    @classmethod
+    def for_config(cls, cfg: LlamaConfig, num_slots: int, like: torch.Tensor) -> 'KVCache':
+        """A cache for ``cfg``'s layers in the dtype and on the device of tensor ``like``."""
+        return cls(cfg.num_layers, num_slots, cfg.num_kv_heads, cfg.head_dim, like.dtype,
+                   like.device)
 
 
 def write_kv_and_rope(q, k, v, batch: StepBatch, rope: RopeRows, k_cache, v_cache,

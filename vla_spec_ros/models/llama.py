@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from ..config import LlamaConfig
-from .layers import KVCache, LlamaDecoderLayer, RMSNorm, RopeRows, StepBatch, rope_tables
+from .layers import KVCache, LlamaDecoderLayer, RMSNorm, RopeRows, RopeTables, StepBatch
 
 
 class LlamaBackbone(nn.Module):
@@ -27,19 +27,14 @@ class LlamaForCausalLM(nn.Module):
         self.cfg = cfg
         self.model = LlamaBackbone(cfg)
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
-        self._rope = None
+        self._rope = RopeTables(cfg)
 
     def rope(self, dtype: torch.dtype, device) -> tuple[torch.Tensor, torch.Tensor]:
         """cos/sin tables, built once per (dtype, device) and kept on this module."""
-        if self._rope is None or self._rope[0].dtype != dtype or self._rope[0].device != device:
-            self._rope = rope_tables(self.cfg.head_dim, self.cfg.max_position_embeddings,
-                                     self.cfg.rope_theta, dtype, device)
-        return self._rope
+        return self._rope.get(dtype, device)
 
     def new_kv_cache(self, num_slots: int) -> KVCache:
-        p = self.lm_head.weight
-        return KVCache(self.cfg.num_layers, num_slots, self.cfg.num_kv_heads, self.cfg.head_dim,
-                       p.dtype, p.device)
+        return KVCache.for_config(self.cfg, num_slots, self.lm_head.weight)
 
     def forward_hidden(self, inputs_embeds: torch.Tensor, batch: StepBatch, cache: KVCache,
                        kernel=None) -> torch.Tensor:

@@ -34,7 +34,7 @@ from sensor_msgs.msg import CompressedImage, Image
 from std_msgs.msg import Float64MultiArray, String
 from std_srvs.srv import SetBool, Trigger
 
-from vla_spec_ros.engine.result import Frame
+from vla_spec_ros.engine.result import Frame, describe_error
 from vla_spec_ros.ros import command as cmd
 from vla_spec_ros.ros import conversions, params
 from vla_spec_ros.ros.diagnostics import InferenceStats, diagnostic_status
@@ -107,10 +107,6 @@ class LatestFrameSlot:
             had = self._item is not None
             self._item = None
         return int(had)
-
-
-def _describe(exc: BaseException) -> str:
-    return f'{type(exc).__name__}: {exc}'
 
 
 def load_policy(settings: params.NodeSettings, engine_config):
@@ -312,13 +308,13 @@ class VLASpecNode(Node):
                 if self._engine_has_work():
                     self._step()
             except Exception as exc:   # the engine broke its contract; hold and start over
-                self._hold(f'{cmd.REASON_ENGINE_ERROR}: {_describe(exc)}', force=True)
+                self._hold(f'{cmd.REASON_ENGINE_ERROR}: {describe_error(exc)}', force=True)
                 try:
                     with self._engine_lock:
                         self._engine.reset()
                 except Exception as reset_exc:
                     self._hold(f'{cmd.REASON_ENGINE_ERROR}: reset failed: '
-                               f'{_describe(reset_exc)}', force=True)
+                               f'{describe_error(reset_exc)}', force=True)
                     self._stop.wait(1.0)
 
     def _submit(self, msg, info: FrameInfo) -> None:
