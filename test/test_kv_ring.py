@@ -225,12 +225,7 @@ def test_plan_hand_computed():
     assert plan.cu_seqlens_q == [0, 3, 4, 7]
     assert plan.history_lens == [0, 5, 0]
     assert plan.kv_slots == [[4, 5, 6], [12, 13, 14, 15, 0, 1], [9, 10, 11]]
-    assert plan.seqlens_k == [3, 6, 3]
-    assert plan.cu_seqlens_k == [0, 3, 9, 12]
-    assert plan.max_seqlen_q == 3 and plan.max_seqlen_k == 6
     assert plan.num_tokens == 7 and plan.num_segments == 3
-    assert plan.last_token_indices == [2, 3, 6]
-    assert plan.segment_ids == [0, 0, 0, 1, 2, 2, 2]
     assert plan.tree_parents == [None, None, (NO_PARENT, 0, 0)]
     rows = [plan.allowed_slots(t) for t in range(7)]
     assert rows == [[4], [4, 5], [4, 5, 6],                   # causal prefill
@@ -312,13 +307,14 @@ def test_random_plan_mask_matches_occupancy_model(seed):
         assert plan.kv_slots[s][segment.history_len:] == \
             plan.slot_mapping[plan.cu_seqlens_q[s]:plan.cu_seqlens_q[s + 1]]
         assert [owner[slot] for slot in plan.kv_slots[s]] == \
-            [(segment.request_id, i) for i in range(plan.seqlens_k[s])]
+            [(segment.request_id, i)
+             for i in range(segment.history_len + segment.num_tokens)]
     assert plan.num_tokens == token
 
 
 def test_empty_plan():
     plan = plan_step(KVRing(4), [])
-    assert plan.cu_seqlens_q == [0] and plan.num_tokens == 0 and plan.max_seqlen_q == 0
+    assert plan.cu_seqlens_q == [0] and plan.num_tokens == 0 and plan.num_segments == 0
 
 
 @pytest.mark.parametrize('kwargs, match', [

@@ -1,11 +1,11 @@
-"""Index plan of one packed step over the unified KV ring (plain Python, no torch).
+"""The plain-Python reference of a packed step's index plan and attention rule (no torch).
 
 ActionFlow packs one prefill and one decode token per in-flight request into a single forward
 pass; speculation replaces a decode token with a draft tree (EAGLE-2 tree attention). All
 segments are laid end to end along one token axis T (no batch dimension), each attending only
-to its own request's KV in the ring. This module turns the list of segments into the index
-data the model runner needs (positions, slot_mapping, cu_seqlens_q, per-segment KV slots and
-intra-segment structure); the model runner turns it into tensors (``prepare_*``).
+to its own request's KV in the ring. The engine builds its device inputs with the vectorised
+packer of step_inputs.py; this module states the same rule one token at a time
+(``StepPlan.allowed_slots``), written for reading, and the tests hold the packer to it.
 
 Terms. A segment's ``history_len`` is the number of KV entries its request already has in the
 ring, at logical indices 0 .. history_len - 1 of its span. Its ``num_tokens`` new tokens write
@@ -20,10 +20,10 @@ from bisect import bisect_right
 from dataclasses import dataclass
 from typing import Sequence
 
+from .draft_tree import NO_PARENT
 from .kv_ring import KVRing
 
 SEGMENT_KINDS = ('prefill', 'decode', 'tree')
-NO_PARENT = -1      # parent index of a tree's root (node 0); same convention as draft_tree.py
 
 
 @dataclass(frozen=True)
@@ -84,13 +84,11 @@ class StepPlan:
     - slot_mapping (T,): physical ring slot where each packed token's K/V is written.
     - cu_seqlens_q (S+1,): segment s owns packed tokens cu_seqlens_q[s] .. cu_seqlens_q[s+1]-1.
     - history_lens (S,): KV entries of the request already in the ring before this step.
-    - kv_slots (S, seqlens_k[s]): physical slots the segment's queries may read, history in
-      logical order (index 0 = BOS) followed by the segment's own new tokens in packing order;
+    - kv_slots (S, history_lens[s] + num_tokens): physical slots the segment's queries may
+      read, history in logical order (index 0 = BOS) followed by the segment's own new tokens
+      in packing order;
       kv_slots[s][history_lens[s]:] == slot_mapping[cu_seqlens_q[s]:cu_seqlens_q[s+1]].
-    - seqlens_k (S,) == history_lens + num_tokens per segment; cu_seqlens_k (S+1,) its prefix
-      sums: offsets into the concatenation of all kv_slots (a gathered, packed K/V layout).
     - tree_parents (S,): None for a causal segment, else the tree's parent list (node order).
-    - max_seqlen_q, max_seqlen_k: maxima over segments (varlen attention arguments).
 
     Attention rule (what the mask builder must produce): query token j of segment s may read
     every history slot of s, plus new token k of s when k <= j (causal) or k is j or an
@@ -104,11 +102,7 @@ class StepPlan:
     cu_seqlens_q: list[int]
     history_lens: list[int]
     kv_slots: list[list[int]]
-    seqlens_k: list[int]
-    cu_seqlens_k: list[int]
     tree_parents: list[tuple[int, ...] | None]
-    max_seqlen_q: int
-    max_seqlen_k: int
 
     @property
     def num_tokens(self) -> int:
@@ -117,19 +111,6 @@ class StepPlan:
     @property
     def num_segments(self) -> int:
         return len(self.request_ids)
-
-    @property
-    def last_token_indices(self) -> list[int]:
-        """(S,) packed index of each segment's last token (the prefill / decode logits row)."""
-        return [end - 1 for end in self.cu_seqlens_q[1:]]
-
-    @property
-    def segment_ids(self) -> list[int]:
-        """(T,) index of the segment each packed token belongs to."""
-        ids: list[int] = []
-        for s in range(self.num_segments):
-            ids.extend([s] * (self.cu_seqlens_q[s + 1] - self.cu_seqlens_q[s]))
-        return ids
 
     def allowed_slots(self, token_index: int) -> list[int]:
         """Physical slots packed token ``token_index`` may attend to (reference mask row)."""
@@ -164,8 +145,6 @@ def plan_step(ring: KVRing, segments: Sequence[SegmentSpec]) -> StepPlan:
     slot_mapping: list[int] = []
     cu_seqlens_q = [0]
     kv_slots: list[list[int]] = []
-    seqlens_k: list[int] = []
-    cu_seqlens_k = [0]
     for segment in segments:
         if segment.request_id in request_ids:
             raise ValueError(f'segments: request {segment.request_id} appears twice in one step')
@@ -180,9 +159,6 @@ def plan_step(ring: KVRing, segments: Sequence[SegmentSpec]) -> StepPlan:
         slot_mapping.extend(span.slots(segment.history_len, segment.num_tokens))
         cu_seqlens_q.append(cu_seqlens_q[-1] + segment.num_tokens)
         kv_slots.append(span.slots(0, num_used))
-        seqlens_k.append(num_used)
-        cu_seqlens_k.append(cu_seqlens_k[-1] + num_used)
-    num_q = [b - a for a, b in zip(cu_seqlens_q, cu_seqlens_q[1:])]
     return StepPlan(
         request_ids=request_ids,
         kinds=[segment.kind for segment in segments],
@@ -191,9 +167,5 @@ def plan_step(ring: KVRing, segments: Sequence[SegmentSpec]) -> StepPlan:
         cu_seqlens_q=cu_seqlens_q,
         history_lens=[segment.history_len for segment in segments],
         kv_slots=kv_slots,
-        seqlens_k=seqlens_k,
-        cu_seqlens_k=cu_seqlens_k,
         tree_parents=[segment.parents for segment in segments],
-        max_seqlen_q=max(num_q, default=0),
-        max_seqlen_k=max(seqlens_k, default=0),
     )
