@@ -28,7 +28,7 @@ import torch
 
 from vla_spec_ros.bench import BenchRow, bench_engine, bench_hf, environment, make_frames
 from vla_spec_ros.config import EngineConfig, preset
-from vla_spec_ros.engine.ar import decode_ar
+from vla_spec_ros.engine.ar import reference_tokens
 from vla_spec_ros.engine.drafter import OracleDrafter
 from vla_spec_ros.engine.engine import Engine
 from vla_spec_ros.engine.runner import TORCH_DTYPES, ModelRunner
@@ -94,18 +94,9 @@ def build_runner(model, cfg, device: str, dtype: str, seed: int,
     return ModelRunner(model, cfg, tokenizer, engine_cfg)
 
 
-def reference_tokens(runner, frames, base: dict) -> list[tuple]:
-    """The plain AR reference (private cache, dense attention) on this device."""
-    out = []
-    for f in frames:
-        prompt = runner.prepare_prompt(f, EngineConfig(**base))
-        out.append(tuple(decode_ar(runner, prompt.embeds, runner.action_dim)[0]))
-    return out
-
-
 def check_fast_paths(runner, norm_stats, frames, base: dict, hf) -> dict:
     """Share of frames whose tokens equal the plain AR reference, per mode (and HF)."""
-    ref_list = reference_tokens(runner, frames, {**base, 'use_cuda_graphs': False})
+    ref_list = reference_tokens(runner, frames, EngineConfig(**{**base, 'use_cuda_graphs': False}))
     report = {}
     for mode in ('ar', 'pipeline', 'spec', 'pipeline_spec'):
         draft = OracleDrafter(lambda rid: ref_list[rid], runner.action_dim, 0.3, seed=1) \
@@ -225,7 +216,8 @@ def main(argv=None) -> int:
             frames = make_frames(args.frames + args.warmup, cfg.image_size, args.seed, key,
                                  streams)
             # Request ids of a fresh engine index ``ref`` (warm-up frames are submitted first).
-            ref = reference_tokens(runner, frames, {**base, 'use_cuda_graphs': False})
+            ref = reference_tokens(runner, frames,
+                                   EngineConfig(**{**base, 'use_cuda_graphs': False}))
             if use_graphs == graph_settings[0]:     # the baseline, once per run
                 rows.append(('hf', False, streams, bench_hf(hf, frames, args.warmup)))
             groups = set(args.rows.split(','))

@@ -47,3 +47,16 @@ def decode_ar(runner: ModelRunner, prefix_embeds: torch.Tensor, num_tokens: int,
     """prefix_embeds (L, H) -> (num_tokens greedy ids, number of forward passes)."""
     tokens, _ = run_ar(runner, prefix_embeds, num_tokens, restrict_to_action_tokens)
     return tokens, num_tokens
+
+
+def reference_tokens(runner: ModelRunner, frames, engine_config) -> list[tuple[int, ...]]:
+    """The S1 tokens of each frame (image + instruction): its prompt, then ``decode_ar`` in a
+    private cache through dense attention — independent of the engine's ring, scheduler,
+    segment attention, static buffers and graphs. What tests and benchmarks compare to."""
+    out = []
+    for frame in frames:
+        prompt = runner.prepare_prompt(frame, engine_config)
+        tokens, _ = decode_ar(runner, prompt.embeds, runner.action_dim,
+                              engine_config.restrict_to_action_tokens)
+        out.append(tuple(tokens))
+    return out

@@ -204,7 +204,7 @@ class EagleDrafter(Drafter):
             raise ValueError(f'begins: at most one prefix per update, got {len(begins)}')
         if not begins and not advances:
             return
-        self._check_features(features)
+        self._check_rows('features', features, None)
         prefill, segments, feature_rows, out_rows, out_lanes = None, [], [], [], []
         new_states = []
         for begin in begins:
@@ -350,11 +350,6 @@ class EagleDrafter(Drafter):
         if request_id not in self._states:
             raise ValueError(f'request_id: {request_id} has no draft state (begin() first)')
         return self._states[request_id]
-
-    def _check_features(self, x) -> None:
-        if not isinstance(x, torch.Tensor) or x.dim() != 2 or x.shape[1] != self.hidden_size:
-            raise ValueError(f'features: expected a (rows, {self.hidden_size}) tensor, got '
-                             f'{tuple(getattr(x, "shape", ()))}')
 
     def _check_rows(self, name: str, x, rows: int | None) -> int:
         if not isinstance(x, torch.Tensor) or x.dim() != 2 or x.shape[1] != self.hidden_size:

@@ -21,7 +21,7 @@ back into the engine.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import torch
 
@@ -32,7 +32,8 @@ from .drafter import DraftAdvance, DraftBegin
 from .kv_ring import KVRing
 from .request import Request
 from .scheduler import Scheduler
-from .step_inputs import PrefillRows, pack_step, padding_step, round_up, tree_rows
+from .step_inputs import (PrefillRows, next_power_of_two, pack_step, padding_step, round_up,
+                          tree_rows)
 
 
 @dataclass
@@ -57,12 +58,8 @@ class StepStats:
                 'draft_ms': self.draft_s / n * 1e3}
 
     def since(self, earlier: 'StepStats') -> 'StepStats':
-        return StepStats(*(getattr(self, f) - getattr(earlier, f) for f in
-                           ('num_steps', 'total_s', 'vision_s', 'verifier_s', 'draft_s')))
-
-
-def _next_power_of_two(n: int) -> int:
-    return 1 << max(0, n - 1).bit_length()
+        return StepStats(*(getattr(self, f.name) - getattr(earlier, f.name)
+                           for f in fields(self)))
 
 
 class PackedStrategy:
@@ -215,7 +212,7 @@ class PackedStrategy:
         largest = prefix_len + self.runner.action_dim + self.scratch
         before = self.verifier.forward.num_buckets
         segment_counts = [0] + [1 << i for i in range(
-            _next_power_of_two(max(self.max_inflight - 1, 1)).bit_length())]
+            next_power_of_two(max(self.max_inflight - 1, 1)).bit_length())]
         for has_prefill in (False, True):
             for num_segments in segment_counts:
                 if not has_prefill and not num_segments:
@@ -267,11 +264,11 @@ class PackedStrategy:
         to a multiple of 64 rows, segment counts to powers of two, rows to a power of two (in
         the speculative modes every tree to the largest configured tree), gathered KV to a
         multiple of 128 slots, compaction moves to their most for the segment count."""
-        num_segments = _next_power_of_two(num_segments) if num_segments else 0
+        num_segments = next_power_of_two(num_segments) if num_segments else 0
         if self.is_speculative:
             num_rows = max(num_rows, self.config.tree_max_nodes)
             num_moves = max(num_moves, num_segments * self.config.tree_depth)
-        return dict(num_segments=num_segments, num_rows=_next_power_of_two(num_rows),
+        return dict(num_segments=num_segments, num_rows=next_power_of_two(num_rows),
                     num_cols=round_up(num_cols, 128), num_moves=num_moves,
                     num_prefill=round_up(prefix_len, 64) if prefix_len is not None else None)
 

@@ -43,7 +43,6 @@ class _Bucket:
     offsets: list                         # (name, start, count) of each int array
     mask_start: int
     graph: 'GraphedFunction | None' = None
-    num_uses: int = 0
 
 
 class PackedForward:
@@ -57,7 +56,6 @@ class PackedForward:
         self.use_cuda_graphs = bool(use_cuda_graphs)
         self._buckets: OrderedDict[tuple, _Bucket] = OrderedDict()
         self._pool = None
-        self.num_uploads = 0            # host -> device copies of step metadata (stats)
 
     @torch.inference_mode()
     def __call__(self, step: HostStep, dense: dict | None = None,
@@ -77,7 +75,6 @@ class PackedForward:
         else:
             self._buckets.move_to_end(key)
         self._upload(bucket, step)
-        bucket.num_uses += 1
         if not self.use_cuda_graphs:
             return self.fn(bucket.batch, bucket.ints, dense, **params)
         if bucket.graph is None:
@@ -131,7 +128,6 @@ class PackedForward:
             # the forward that reads it). The host buffer is rewritten only on the next call of
             # this bucket, after the greedy tokens of this call were read (a sync point).
             bucket.device.copy_(bucket.host, non_blocking=True)
-            self.num_uploads += 1
 
     @property
     def num_buckets(self) -> int:

@@ -49,10 +49,7 @@ class ModelRunner:
         self.action_tokenizer = ActionTokenizer(cfg.llm.vocab_size, cfg.pad_to_multiple_of,
                                                 cfg.n_action_bins)
         self.kernel = select_rope_kernel(engine_cfg, self.device)   # fused RoPE + KV write
-        self.use_cuda_graphs = engine_cfg.use_cuda_graphs
-        if self.use_cuda_graphs and self.device.type != 'cuda':
-            raise ValueError(f'use_cuda_graphs: CUDA graphs need a CUDA device, got '
-                             f'{self.device}')
+        self.use_cuda_graphs = engine_cfg.use_cuda_graphs   # EngineConfig: CUDA devices only
         at = self.action_tokenizer
         self._action_mask = torch.full((cfg.llm.vocab_size,), float('-inf'), dtype=self.dtype,
                                        device=self.device)
@@ -131,7 +128,6 @@ class RingRunner:
                  is_dense: bool = False):
         self.runner = runner
         self.is_dense = is_dense     # the reference: one (T x ring) mask instead of segments
-        self.capacity = capacity
         self.scratch_slot = capacity
         self.cache = runner.new_cache(capacity + 1)
         self.restrict_to_action_tokens = restrict_to_action_tokens

@@ -145,6 +145,11 @@ def round_up(value: int, multiple: int) -> int:
     return -(-value // multiple) * multiple
 
 
+def next_power_of_two(n: int) -> int:
+    """Smallest power of two >= n (1 for n <= 1): a shape bucket."""
+    return 1 << max(0, n - 1).bit_length()
+
+
 def pack_step(prefill: PrefillRows | None, segments: Sequence[SegmentRows], scratch_slot: int,
               num_segments: int | None = None, num_rows: int | None = None,
               num_cols: int | None = None, moves: Sequence[tuple[int, int]] = (),
