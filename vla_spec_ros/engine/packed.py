@@ -36,6 +36,11 @@ from .step_inputs import (PrefillRows, next_power_of_two, pack_step, padding_ste
                           tree_rows)
 
 
+# CUDA-graph shape buckets (see ``_graph_sizes``): prompt rows and gathered KV slots.
+PROMPT_ROWS_BUCKET = 64
+KV_COLS_BUCKET = 128
+
+
 @dataclass
 class StepStats:
     """Where a strategy's steps spent their time (seconds, summed since creation)."""
@@ -131,9 +136,10 @@ class PackedStrategy:
         work = sched.schedule()
         if work.is_empty:
             return []
-        if (self.runner.use_cuda_graphs and work.prefill is not None
-                and round_up(work.prefill.prefix_len, 64) not in self._captured_prompt_buckets):
-            self.capture_graphs(work.prefill.prefix_len)
+        if self.runner.use_cuda_graphs and work.prefill is not None:
+            prompt_rows = round_up(work.prefill.prefix_len, PROMPT_ROWS_BUCKET)
+            if prompt_rows not in self._captured_prompt_buckets:
+                self.capture_graphs(work.prefill.prefix_len)
         # 2. draft trees (just the root when not speculating or one token remains)
         t0 = time.perf_counter()
         trees = self._draft_trees(work.decode)
@@ -208,7 +214,7 @@ class PackedStrategy:
         steps, which touch no request's KV. Returns the number of buckets built."""
         if not self.runner.use_cuda_graphs:
             return 0
-        self._captured_prompt_buckets.add(round_up(prefix_len, 64))
+        self._captured_prompt_buckets.add(round_up(prefix_len, PROMPT_ROWS_BUCKET))
         largest = prefix_len + self.runner.action_dim + self.scratch
         before = self.verifier.forward.num_buckets
         segment_counts = [0] + [1 << i for i in range(
@@ -217,7 +223,8 @@ class PackedStrategy:
             for num_segments in segment_counts:
                 if not has_prefill and not num_segments:
                     continue
-                for num_cols in range(128, round_up(largest, 128) + 1, 128):
+                for num_cols in range(KV_COLS_BUCKET, round_up(largest, KV_COLS_BUCKET) + 1,
+                                      KV_COLS_BUCKET):
                     sizes = self._graph_sizes(prefix_len if has_prefill else None,
                                               num_segments, 1, num_cols, 0)
                     step = padding_step(sizes['num_prefill'] or 0, sizes['num_segments'],
@@ -269,8 +276,9 @@ class PackedStrategy:
             num_rows = max(num_rows, self.config.tree_max_nodes)
             num_moves = max(num_moves, num_segments * self.config.tree_depth)
         return dict(num_segments=num_segments, num_rows=next_power_of_two(num_rows),
-                    num_cols=round_up(num_cols, 128), num_moves=num_moves,
-                    num_prefill=round_up(prefix_len, 64) if prefix_len is not None else None)
+                    num_cols=round_up(num_cols, KV_COLS_BUCKET), num_moves=num_moves,
+                    num_prefill=round_up(prefix_len, PROMPT_ROWS_BUCKET)
+                    if prefix_len is not None else None)
 
     def _after_verify(self, request: Request, tree: DraftTree, picks: list[int],
                       hidden_row: int) -> DraftAdvance | None:
