@@ -43,7 +43,7 @@ setup(
         'console_scripts': [
             'vla-spec = vla_spec_ros.cli:main',
             'vla-spec-node = vla_spec_ros.ros.node:main',
-            'vla-spec-sim-bridge = vla_spec_ros.ros.sim_bridge:main',
+            'vla-spec-sim-bridge = vla_spec_ros.harness.sim_bridge:main',
         ],
     },
 )

@@ -21,8 +21,8 @@ HAS_ROS = all(importlib.util.find_spec(m) is not None
               for m in ('rclpy', 'sensor_msgs', 'geometry_msgs', 'std_srvs', 'diagnostic_msgs'))
 HAS_TORCH = importlib.util.find_spec('torch') is not None
 
-from vla_spec_ros.sim import demo  # noqa: E402  (pure Python at import)
-from vla_spec_ros.sim.closed_loop import ClosedLoopReport  # noqa: E402
+from vla_spec_ros.harness import demo  # noqa: E402  (pure Python at import)
+from vla_spec_ros.harness.closed_loop import ClosedLoopReport  # noqa: E402
 from vla_spec_ros.sim.demos import EpisodeResult  # noqa: E402
 
 # Unique per module and per run (test_ros_node uses 11..50, test_launch 51..90).
@@ -79,7 +79,7 @@ class ActionProbe:
         from rclpy.node import Node
         from std_msgs.msg import Float64MultiArray
 
-        from vla_spec_ros.ros.node import COMMAND_QOS
+        from vla_spec_ros.ros.qos import COMMAND_QOS
         self._rclpy = rclpy
         self.context = rclpy.Context()
         rclpy.init(context=self.context)
@@ -107,7 +107,7 @@ class ActionProbe:
 
 
 def run_once(policy_and_key, namespace, probe_topic=None):
-    from vla_spec_ros.sim.closed_loop import run_closed_loop
+    from vla_spec_ros.harness.closed_loop import run_closed_loop
     policy, key = policy_and_key
     probe = ActionProbe(probe_topic) if probe_topic else None
     logs = []
@@ -167,7 +167,7 @@ def test_lockstep_without_commands_republishes_the_same_frame_then_fails(ros_dom
     from rclpy.parameter import Parameter
     from sensor_msgs.msg import Image
 
-    from vla_spec_ros.ros.sim_bridge import SimBridgeNode
+    from vla_spec_ros.harness.sim_bridge import SimBridgeNode
     context = rclpy.Context()
     rclpy.init(context=context)
     executor = MultiThreadedExecutor(context=context)
@@ -226,7 +226,7 @@ def test_realtime_bridge_ignores_a_previous_episode_and_destroy_releases_a_waite
     import rclpy
     from rclpy.parameter import Parameter
 
-    from vla_spec_ros.ros.sim_bridge import SimBridgeNode
+    from vla_spec_ros.harness.sim_bridge import SimBridgeNode
     context = rclpy.Context()
     rclpy.init(context=context)
     bridge = SimBridgeNode(context=context, namespace=f'/test_bridge_rt_{os.getpid()}',
@@ -285,7 +285,7 @@ def test_realtime_bridge_ignores_a_previous_episode_and_destroy_releases_a_waite
 
 @needs_sim
 def test_realtime_steps_at_the_control_rate_with_fresh_or_zero_commands(ros_domain, policy):
-    from vla_spec_ros.sim.closed_loop import run_closed_loop
+    from vla_spec_ros.harness.closed_loop import run_closed_loop
     model_policy, key = policy
     logs = []
     report = run_closed_loop(model_policy, [TASK], 1, seed=4, sim_mode='realtime',
@@ -352,7 +352,7 @@ def test_demo_configurations_expand_thresholds_for_speculative_modes_only():
 
 
 def test_closed_loop_rate_and_step_limits():
-    from vla_spec_ros.sim.closed_loop import (
+    from vla_spec_ros.harness.closed_loop import (
         MAX_EPISODE_STEPS, check_control_rate, check_max_steps, control_rate_range)
     assert control_rate_range() == (0.1, 1000.0)     # the node's control_period: [1 ms, 10 s]
     assert check_control_rate(0.1) == 0.1 and check_control_rate(1000) == 1000.0

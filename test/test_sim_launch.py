@@ -100,7 +100,7 @@ def test_launch_options_run_an_episode_between_two_processes():
     node = subprocess.Popen(_command('vla_spec_ros.ros.node', vla), env=env, cwd=str(ROOT),
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
-        result = subprocess.run(_command('vla_spec_ros.ros.sim_bridge', bridge), env=env,
+        result = subprocess.run(_command('vla_spec_ros.harness.sim_bridge', bridge), env=env,
                                 cwd=str(ROOT), capture_output=True, text=True,
                                 timeout=TIMEOUT)
     finally:

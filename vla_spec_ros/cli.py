@@ -161,7 +161,7 @@ def build_parser() -> argparse.ArgumentParser:
         p.set_defaults(func=train_draft.run)
     p = sub.add_parser('demo', help='the embedded Meta-World model closed-loop through the ROS 2 '
                        'node and the simulator bridge: success rate and speed per mode')
-    from .sim import demo as demo_job
+    from .harness import demo as demo_job
     demo_job.add_arguments(p)
     p.set_defaults(func=demo_job.run)
 

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from vla_spec_ros.motion import clamp_norm
 from vla_spec_ros.ros.params import NodeSettings
 
 ACTION_DIM = 7
@@ -66,14 +67,6 @@ def zero_command(reason: str) -> Command:
 def reason_kind(reason: str | None) -> str | None:
     """'stale observation: age 0.7 s > ...' -> 'stale observation'."""
     return None if reason is None else reason.split(':', 1)[0]
-
-
-def clamp_norm(vector: np.ndarray, max_norm: float) -> np.ndarray:
-    """(3,) -> (3,) scaled down so that its Euclidean norm is <= max_norm."""
-    norm = float(np.linalg.norm(vector))
-    if norm <= max_norm or norm == 0.0:
-        return vector
-    return vector * (max_norm / norm)
 
 
 def velocities_from_action(action: np.ndarray, settings: NodeSettings) -> tuple[tuple, tuple]:
@@ -175,6 +168,6 @@ def decide_command(result, *, error: str | None, is_enabled: bool, age_s: float 
     return command
 
 
-__all__ = ['Command', 'zero_command', 'reason_kind', 'clamp_norm', 'velocities_from_action',
+__all__ = ['Command', 'zero_command', 'reason_kind', 'velocities_from_action',
            'gripper_position', 'command_from_action', 'observation_age', 'freshness_reason',
            'hold_reason_now', 'decide_command', 'FAILURE_REASONS', 'ACTION_DIM']

@@ -29,7 +29,6 @@ from rclpy.exceptions import ParameterException
 from rclpy.executors import ExternalShutdownException
 from rclpy.node import Node
 from rclpy.parameter import Parameter
-from rclpy.qos import DurabilityPolicy, HistoryPolicy, QoSProfile, ReliabilityPolicy
 from sensor_msgs.msg import CompressedImage, Image
 from std_msgs.msg import Float64MultiArray, String
 from std_srvs.srv import SetBool, Trigger
@@ -38,6 +37,8 @@ from vla_spec_ros.engine.result import Frame, describe_error
 from vla_spec_ros.ros import command as cmd
 from vla_spec_ros.ros import conversions, params
 from vla_spec_ros.ros.diagnostics import InferenceStats, diagnostic_status
+from vla_spec_ros.ros.qos import (COMMAND_QOS, IMAGE_QOS, INSTRUCTION_QOS,
+                                  INSTRUCTION_VOLATILE_QOS)
 
 try:  # not on PyPI; used where a ROS distribution provides it
     from control_msgs.action import GripperCommand
@@ -48,25 +49,6 @@ except ImportError:
 STREAM_ID = 'default'
 LOG_THROTTLE_S = 2.0
 WORKER_IDLE_WAIT_S = 0.05     # how long the idle worker blocks on the frame slot
-
-# Camera drivers publish best effort (sensor data) or reliable; a best-effort subscription
-# matches both. Depth 1: only the newest frame matters.
-IMAGE_QOS = QoSProfile(history=HistoryPolicy.KEEP_LAST, depth=1,
-                       reliability=ReliabilityPolicy.BEST_EFFORT,
-                       durability=DurabilityPolicy.VOLATILE)
-# Latched instruction: a late-joining node still gets the current one.
-INSTRUCTION_QOS = QoSProfile(history=HistoryPolicy.KEEP_LAST, depth=1,
-                             reliability=ReliabilityPolicy.RELIABLE,
-                             durability=DurabilityPolicy.TRANSIENT_LOCAL)
-# A volatile publisher (plain `ros2 topic pub`) does not match a transient-local subscription,
-# so a second, volatile subscription on the same topic takes those.
-INSTRUCTION_VOLATILE_QOS = QoSProfile(history=HistoryPolicy.KEEP_LAST, depth=1,
-                                      reliability=ReliabilityPolicy.RELIABLE,
-                                      durability=DurabilityPolicy.VOLATILE)
-# Reliable + volatile: matches MoveIt Servo's and forward_command_controller's SystemDefaults.
-COMMAND_QOS = QoSProfile(history=HistoryPolicy.KEEP_LAST, depth=10,
-                         reliability=ReliabilityPolicy.RELIABLE,
-                         durability=DurabilityPolicy.VOLATILE)
 
 
 @dataclass(frozen=True)

@@ -38,7 +38,7 @@ from dataclasses import dataclass, field, fields
 
 import numpy as np
 
-from vla_spec_ros.ros.command import clamp_norm
+from vla_spec_ros.motion import clamp_norm
 
 SIM_MODES = ('lockstep', 'realtime')
 ACTION_DIM = 7

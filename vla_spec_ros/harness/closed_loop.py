@@ -170,7 +170,7 @@ def run_closed_loop(policy, tasks, episodes_per_task: int, seed: int = 0,
     from std_srvs.srv import Trigger
 
     from vla_spec_ros.ros.node import VLASpecNode
-    from vla_spec_ros.ros.sim_bridge import SimBridgeNode
+    from vla_spec_ros.harness.sim_bridge import SimBridgeNode
 
     names = _check_args(tasks, episodes_per_task, sim_mode, control_rate_hz, max_steps)
     key = _resolve_unnorm_key(policy, unnorm_key)

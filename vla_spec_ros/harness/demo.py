@@ -218,8 +218,9 @@ def _expert_rates(task_names, episodes: int, seed: int, max_steps: int) -> dict:
 
 def run(args) -> int:
     torch = importlib.import_module('torch')
+    from vla_spec_ros.harness.closed_loop import (check_control_rate, check_max_steps,
+                                                  run_closed_loop)
     from vla_spec_ros.policy import VLAPolicy
-    from vla_spec_ros.sim.closed_loop import check_control_rate, check_max_steps, run_closed_loop
     from vla_spec_ros.sim.metaworld_env import sim_unavailable_reason
 
     # Every option is checked before the simulator starts or any policy loads.

@@ -39,20 +39,15 @@ from geometry_msgs.msg import TwistStamped
 from rcl_interfaces.msg import ParameterDescriptor
 from rclpy.executors import ExternalShutdownException, MultiThreadedExecutor
 from rclpy.node import Node
-from rclpy.qos import DurabilityPolicy, HistoryPolicy, QoSProfile, ReliabilityPolicy
 from sensor_msgs.msg import Image
 from std_msgs.msg import Float64MultiArray, String
 
 from vla_spec_ros.ros.conversions import rgb_to_image
-from vla_spec_ros.ros.node import COMMAND_QOS, INSTRUCTION_QOS
+from vla_spec_ros.ros.qos import COMMAND_QOS, IMAGE_PUBLISHER_QOS, INSTRUCTION_QOS
 from vla_spec_ros.sim import bridge_logic as logic
 from vla_spec_ros.sim.demos import EpisodeResult, choose_instruction, episode_seed
 from vla_spec_ros.sim.metaworld_env import get_task, make_env
 
-# Reliable publisher, depth 1: matches best-effort (the VLA node) and reliable subscribers.
-IMAGE_QOS = QoSProfile(history=HistoryPolicy.KEEP_LAST, depth=1,
-                       reliability=ReliabilityPolicy.RELIABLE,
-                       durability=DurabilityPolicy.VOLATILE)
 MAX_TIMER_PERIOD_S = 0.05
 
 
@@ -83,7 +78,7 @@ class SimBridgeNode(Node):
         self._frame_msg, self._frame_sent_s, self._last_stamp_ns = None, 0.0, None
         self._started_s, self._last_instruction = 0.0, None
 
-        self._image_pub = self.create_publisher(Image, '~/image', IMAGE_QOS)
+        self._image_pub = self.create_publisher(Image, '~/image', IMAGE_PUBLISHER_QOS)
         self._instruction_pub = self.create_publisher(String, '~/instruction', INSTRUCTION_QOS)
         self._twist_sub = self.create_subscription(TwistStamped, '~/twist', self._on_twist,
                                                    COMMAND_QOS)

@@ -1,0 +1,91 @@
+"""Imports flow one way: models <- engine <- policy <- ros <- harness, and sim beside ros.
+
+Reads every module's source (function-level imports included, relative imports resolved) and
+fails when a layer imports one above it. Pure Python: nothing is imported.
+"""
+import ast
+from pathlib import Path
+
+import pytest
+
+PACKAGE_ROOT = Path(__file__).resolve().parents[1] / 'vla_spec_ros'
+KERNELS_ROOT = Path(__file__).resolve().parents[1] / 'kernels'
+
+# layer -> the package layers it must never import (directly or inside a function).
+FORBIDDEN = {
+    'models': {'engine', 'policy', 'ros', 'sim', 'harness', 'train', 'cli', 'bench'},
+    'kernels': {'engine', 'policy', 'ros', 'sim', 'harness', 'train', 'cli', 'bench'},
+    'engine': {'policy', 'ros', 'sim', 'harness', 'train', 'cli', 'bench'},
+    'policy': {'ros', 'sim', 'harness', 'train', 'cli', 'bench'},
+    'ros': {'sim', 'harness', 'train', 'cli', 'bench'},
+    'sim': {'ros', 'harness', 'cli', 'bench'},
+    'train': {'ros', 'harness', 'cli', 'bench'},
+    'motion': {'engine', 'policy', 'ros', 'sim', 'harness', 'models'},
+    'config': {'engine', 'policy', 'ros', 'sim', 'harness', 'models', 'train'},
+    'actions': {'engine', 'policy', 'ros', 'sim', 'harness', 'train'},
+}
+# Libraries a layer must not import: the engine never touches ROS (it runs without rclpy).
+FORBIDDEN_LIBRARIES = {
+    'engine': {'rclpy'}, 'models': {'rclpy'}, 'policy': {'rclpy'}, 'sim': {'rclpy'},
+    'train': {'rclpy'}, 'kernels': {'rclpy'},
+}
+
+
+def _module_name(path: Path) -> str:
+    if path.is_relative_to(KERNELS_ROOT):
+        parts = ('vla_spec_ros', 'kernels') + path.relative_to(KERNELS_ROOT).with_suffix('').parts
+    else:
+        parts = ('vla_spec_ros',) + path.relative_to(PACKAGE_ROOT).with_suffix('').parts
+    if parts[-1] == '__init__':
+        parts = parts[:-1]
+    return '.'.join(parts)
+
+
+def _imports(path: Path) -> set[str]:
+    """Absolute names of every module `path` imports, anywhere in the file."""
+    module = _module_name(path)
+    package = module if path.name == '__init__.py' else module.rsplit('.', 1)[0]
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split('.')
+                base = base[:len(base) - (node.level - 1)]
+                prefix = '.'.join(base + ([node.module] if node.module else []))
+            else:
+                prefix = node.module
+            names.add(prefix)
+            names.update(f'{prefix}.{alias.name}' for alias in node.names)
+    return names
+
+
+def _layer(module: str) -> str | None:
+    parts = module.split('.')
+    return parts[1] if parts[0] == 'vla_spec_ros' and len(parts) > 1 else None
+
+
+def _sources():
+    return sorted(PACKAGE_ROOT.rglob('*.py')) + sorted(KERNELS_ROOT.rglob('*.py'))
+
+
+def test_the_scanner_sees_relative_and_function_level_imports(tmp_path):
+    # The harness imports the node inside a function and the cli imports relative to itself:
+    # both must be seen, or the rules below would pass vacuously.
+    closed_loop = _imports(PACKAGE_ROOT / 'harness' / 'closed_loop.py')
+    assert 'vla_spec_ros.ros.node' in closed_loop
+    cli = _imports(PACKAGE_ROOT / 'cli.py')
+    assert 'vla_spec_ros.policy' in cli
+    assert len(_sources()) > 40
+
+
+@pytest.mark.parametrize('path', _sources(), ids=lambda p: str(p.relative_to(p.parents[1])))
+def test_imports_flow_one_way(path):
+    module = _module_name(path)
+    layer = _layer(module)
+    forbidden = FORBIDDEN.get(layer, set())
+    libraries = FORBIDDEN_LIBRARIES.get(layer, set())
+    bad = sorted(name for name in _imports(path)
+                 if _layer(name) in forbidden or name.split('.')[0] in libraries)
+    assert not bad, f'{module} (layer {layer!r}) imports {bad} against the layering'
