@@ -1,4 +1,4 @@
-"""Block-size / num_warps sweep of the engine's Triton kernels against their torch references.
+"""Block-size / num_warps sweep of the engine's Triton kernel against its torch reference.
 
 llm.c ``dev/cuda`` style: every configuration is first validated against the reference, then
 timed; the table prints the time per call and the speed-up over the reference. Shapes default to
@@ -96,32 +96,6 @@ def sweep_rope(kernels, shape, block_hs, num_warps_list, time_fn):
                   f"x{ref_ms / ms:5.2f} vs ref  {'ok' if is_ok else 'MISMATCH'}")
 
 
-def sweep_kv_copy(kernels, num_rows, num_kv_heads, head_dim, num_slots, dtype, device, blocks,
-                  num_warps_list, time_fn):
-    gen = torch.Generator(device='cpu').manual_seed(0)
-    k_cache = torch.randn(num_slots, num_kv_heads, head_dim, generator=gen).to(device, dtype)
-    v_cache = torch.randn(num_slots, num_kv_heads, head_dim, generator=gen).to(device, dtype)
-    src, dst = kernels.ring_shift_slots(num_slots - num_rows // 2, num_rows, 3, num_slots)
-    src = torch.tensor(src, device=device)
-    dst = torch.tensor(dst, device=device)
-    ref_k, ref_v = k_cache.clone(), v_cache.clone()
-    kernels.kv_copy_ref(ref_k, ref_v, src, dst)
-    # Repeating a shift in place moves different data each call but the same amount of it.
-    bench_k, bench_v = k_cache.clone(), v_cache.clone()
-    ref_ms = time_fn(lambda: kernels.kv_copy_ref(bench_k, bench_v, src, dst))
-    print(f'kv_copy n={num_rows} Hkv={num_kv_heads} D={head_dim} {dtype}: '
-          f'reference {ref_ms * 1e3:.1f} us')
-    for block in blocks:
-        for num_warps in num_warps_list:
-            work_k, work_v = k_cache.clone(), v_cache.clone()
-            kernels.kv_copy_triton(work_k, work_v, src, dst, block=block, num_warps=num_warps)
-            is_ok = torch.equal(work_k, ref_k) and torch.equal(work_v, ref_v)
-            ms = time_fn(lambda: kernels.kv_copy_triton(work_k, work_v, src, dst, block=block,
-                                                        num_warps=num_warps))
-            print(f"  block={block:5d} num_warps={num_warps}: {ms * 1e3:8.1f} us  "
-                  f"x{ref_ms / ms:5.2f} vs ref  {'ok' if is_ok else 'MISMATCH'}")
-
-
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument('--interpret-smoke', action='store_true',
@@ -138,7 +112,6 @@ def main(argv=None):
         shape = dict(num_tokens=4, num_q_heads=4, num_kv_heads=2, head_dim=16, num_slots=32,
                      dtype=torch.float32, device='cpu')
         sweep_rope(kernels, shape, [1, 2], [4], wall_time_ms)
-        sweep_kv_copy(kernels, 6, 2, 16, 32, torch.float32, 'cpu', [16, 32], [4], wall_time_ms)
         return 0
     if not torch.cuda.is_available():
         print('kernels_sweep: CUDA is required for timings; nothing to do on CPU '
@@ -153,8 +126,6 @@ def main(argv=None):
         shape = dict(num_tokens=num_tokens, num_q_heads=32, num_kv_heads=32, head_dim=128,
                      num_slots=4096, dtype=torch.bfloat16, device='cuda')
         sweep_rope(kernels, shape, [1, 2, 4, 8, 16], [1, 2, 4, 8], cuda_time_ms)
-        sweep_kv_copy(kernels, num_tokens, 32, 128, 4096, torch.bfloat16, 'cuda',
-                      [512, 1024, 2048, 4096], [2, 4, 8], cuda_time_ms)
     return 0
 
 

@@ -1,10 +1,9 @@
 """Kernels vs their references, the references vs independent oracles, and wrapper validation.
 
-Layers: (1) ``ring_shift_slots`` against a plain-list ring simulation (no torch); (2) each torch
-reference against an independent computation (RoPE as a complex-number rotation, kv_copy as a
-Python loop over an untouched copy); (3) each Triton kernel against its reference on random
-shapes under ``TRITON_INTERPRET=1`` (CPU) and, when present, on CUDA with bf16 tolerance;
-(4) the wrappers' ValueErrors. Kernels are jitted at launch time, so the ``interpret`` fixture
+Layers: (1) the torch reference against an independent computation (RoPE as a complex-number
+rotation); (2) the Triton kernel against its reference on random shapes under
+``TRITON_INTERPRET=1`` (CPU) and, when present, on CUDA with bf16 tolerance; (3) the wrapper's
+ValueErrors. Kernels are jitted at launch time, so the ``interpret`` fixture
 turns the interpreter on for one test only (monkeypatch.setenv) regardless of import order.
 """
 import random
@@ -14,12 +13,9 @@ import torch
 
 try:
     from kernels import _triton_util
-    from kernels.kv_copy import kv_copy, kv_copy_ref, kv_copy_triton, ring_shift_slots
     from kernels.rope_kv_write import rope_kv_write, rope_kv_write_ref, rope_kv_write_triton
 except ImportError:  # installed layout: the folder ships as vla_spec_ros.kernels
     from vla_spec_ros.kernels import _triton_util
-    from vla_spec_ros.kernels.kv_copy import (kv_copy, kv_copy_ref, kv_copy_triton,
-                                              ring_shift_slots)
     from vla_spec_ros.kernels.rope_kv_write import (rope_kv_write, rope_kv_write_ref,
                                                     rope_kv_write_triton)
 
@@ -100,54 +96,7 @@ def fresh_caches(case):
     return out
 
 
-# ---------------------------------------------------------------- (1) pure-Python index planner
-
-@pytest.mark.parametrize('seed', range(40))
-def test_ring_shift_slots_moves_span_in_list_ring(seed):
-    rng = random.Random(seed)
-    capacity = rng.randint(1, 12)
-    start, length = rng.randrange(capacity), rng.randint(0, capacity)
-    shift = rng.randrange(capacity)
-    ring = [('old', slot) for slot in range(capacity)]
-    for i in range(length):
-        ring[(start + i) % capacity] = ('token', i)
-    src, dst = ring_shift_slots(start, length, shift, capacity)
-    before = list(ring)
-    for s, d in zip(src, dst):  # gather-then-write: read from the untouched copy
-        ring[d] = before[s]
-    # Walking the ring from the new start yields the tokens in order ...
-    new_start = (start - shift) % capacity
-    assert [ring[(new_start + i) % capacity] for i in range(length)] == \
-        [('token', i) for i in range(length)]
-    # ... and every slot outside the old and the new span keeps its content.
-    touched = {(start + i) % capacity for i in range(length)}
-    touched |= {(new_start + i) % capacity for i in range(length)}
-    for slot in set(range(capacity)) - touched:
-        assert ring[slot] == before[slot]
-    assert len(set(dst)) == len(dst)
-
-
-def test_ring_shift_slots_hand_example_and_noops():
-    # ring of 8, span of 4 at slots 6,7,0,1 moved left by 3 -> slots 3,4,5,6
-    assert ring_shift_slots(6, 4, 3, 8) == ([6, 7, 0, 1], [3, 4, 5, 6])
-    assert ring_shift_slots(2, 0, 1, 8) == ([], [])
-    assert ring_shift_slots(2, 5, 0, 8) == ([], [])
-
-
-@pytest.mark.parametrize('kwargs, field', [
-    (dict(start=0, length=1, shift=1, capacity=0), 'capacity'),
-    (dict(start=8, length=1, shift=1, capacity=8), 'start'),
-    (dict(start=-1, length=1, shift=1, capacity=8), 'start'),
-    (dict(start=0, length=9, shift=1, capacity=8), 'length'),
-    (dict(start=0, length=2, shift=8, capacity=8), 'shift'),
-    (dict(start=0, length=2, shift=1.0, capacity=8), 'shift'),
-])
-def test_ring_shift_slots_rejects_bad_input(kwargs, field):
-    with pytest.raises(ValueError, match=field):
-        ring_shift_slots(**kwargs)
-
-
-# ------------------------------------------------------- (2) references vs independent oracles
+# ---------------------------------------------------- (1) the reference vs an independent oracle
 
 def test_rope_ref_equals_complex_rotation():
     num_tokens, num_q_heads, num_kv_heads, head_dim, num_slots, max_pos = 5, 3, 2, 8, 7, 50
@@ -204,42 +153,7 @@ def test_rope_ref_position_zero_is_identity_and_tables_follow_hf():
     torch.testing.assert_close(out[0, 0], expected, rtol=1e-6, atol=1e-6)
 
 
-def python_loop_copy(cache, src, dst):
-    old = cache.clone()
-    out = cache.clone()
-    for s, d in zip(src, dst):
-        out[d] = old[s]
-    return out
-
-
-@pytest.mark.parametrize('seed', range(5))
-def test_kv_copy_ref_equals_python_loop(seed):
-    rng = random.Random(seed)
-    num_slots = rng.randint(1, 20)
-    num_rows = rng.randint(0, num_slots)
-    dst = rng.sample(range(num_slots), num_rows)
-    src = [rng.randrange(num_slots) for _ in range(num_rows)]  # may repeat and overlap dst
-    k_cache, v_cache = torch.randn(num_slots, 2, 4), torch.randn(num_slots, 2, 4)
-    expected_k = python_loop_copy(k_cache, src, dst)
-    expected_v = python_loop_copy(v_cache, src, dst)
-    kv_copy_ref(k_cache, v_cache, torch.tensor(src, dtype=torch.int64),
-                torch.tensor(dst, dtype=torch.int64))
-    assert torch.equal(k_cache, expected_k) and torch.equal(v_cache, expected_v)
-
-
-def test_kv_copy_ref_reads_before_writing():
-    labels = torch.arange(16, dtype=torch.float64)[:, None, None].expand(16, 1, 2).contiguous()
-    k_cache, v_cache = labels.clone(), labels.clone() + 100
-    # accepted tree path [5, 9, 12] compacted to [3, 4, 5]: slot 5 is read and then written
-    kv_copy_ref(k_cache, v_cache, torch.tensor([5, 9, 12]), torch.tensor([3, 4, 5]))
-    assert k_cache[:, 0, 0].tolist()[:7] == [0, 1, 2, 5, 9, 12, 6]
-    # chained move [3, 5] -> [5, 7]: a naive in-order loop would put old 3 into slot 7
-    k_cache = labels.clone()
-    kv_copy_ref(k_cache, v_cache, torch.tensor([3, 5]), torch.tensor([5, 7]))
-    assert k_cache[5, 0, 0] == 3 and k_cache[7, 0, 0] == 5
-
-
-# ------------------------------------------------------ (3) Triton kernels vs their references
+# ------------------------------------------------------ (2) the Triton kernel vs its reference
 
 def run_rope_both(case, **triton_kwargs):
     ref_case, tri_case = fresh_caches(case), fresh_caches(case)
@@ -300,61 +214,15 @@ def test_rope_kv_write_empty_step(interpret):
     assert torch.equal(case['k_cache'], before)
 
 
-def overlapping_moves():
-    return [
-        ([5, 9, 12], [3, 4, 5]),  # accepted-path compaction
-        ring_shift_slots(13, 7, 3, 16),  # wrapped span shifted left inside the ring
-        ring_shift_slots(0, 16, 5, 16),  # whole ring rotated: every slot read and written
-        ([2, 2, 7], [7, 0, 2]),  # repeated source, destinations that are sources
-        ([], []),
-    ]
-
-
-@needs_triton
-@pytest.mark.parametrize('dtype', FLOAT_DTYPES)
-def test_kv_copy_triton_matches_ref_on_overlaps(interpret, dtype):
-    gen = torch.Generator().manual_seed(0)
-    k_cache = torch.randn(16, 3, 8, generator=gen, dtype=torch.float64).to(dtype)
-    v_cache = torch.randn(16, 3, 8, generator=gen, dtype=torch.float64).to(dtype)
-    for src, dst in overlapping_moves():
-        ref = k_cache.clone(), v_cache.clone()
-        tri = k_cache.clone(), v_cache.clone()
-        kv_copy(*ref, src, dst)
-        kv_copy(*tri, torch.tensor(src, dtype=torch.int32), dst, use_triton=True)
-        assert torch.equal(tri[0], ref[0]) and torch.equal(tri[1], ref[1]), (src, dst)
-
-
-@needs_triton
-@pytest.mark.parametrize('seed', range(3))
-def test_kv_copy_triton_random_with_partial_blocks(interpret, seed):
-    rng = random.Random(seed)
-    num_slots = rng.randint(2, 24)
-    num_rows = rng.randint(1, num_slots)
-    dst = torch.tensor(rng.sample(range(num_slots), num_rows))
-    src = torch.tensor([rng.randrange(num_slots) for _ in range(num_rows)])
-    k_cache, v_cache = torch.randn(num_slots, 2, 12), torch.randn(num_slots, 2, 12)
-    expected = python_loop_copy(k_cache, src.tolist(), dst.tolist())
-    expected_v = python_loop_copy(v_cache, src.tolist(), dst.tolist())
-    kv_copy_triton(k_cache, v_cache, src, dst, block=16)  # rows of 24: a full and a half block
-    assert torch.equal(k_cache, expected) and torch.equal(v_cache, expected_v)
-
-
 @needs_cuda
 def test_kernels_on_cuda_bf16(monkeypatch):
     monkeypatch.delenv('TRITON_INTERPRET', raising=False)
     for seed in range(3):
         case = make_rope_case(seed, torch.bfloat16, is_strided=seed == 1, device='cuda')
         run_rope_both(case)
-    k_cache = torch.randn(64, 8, 128, device='cuda', dtype=torch.bfloat16)
-    v_cache = torch.randn_like(k_cache)
-    src, dst = ring_shift_slots(50, 30, 7, 64)
-    ref = k_cache.clone(), v_cache.clone()
-    kv_copy(*ref, src, dst)
-    kv_copy(k_cache, v_cache, src, dst, use_triton=True)
-    assert torch.equal(k_cache, ref[0]) and torch.equal(v_cache, ref[1])
 
 
-# ---------------------------------------------------------------- (4) wrapper validation errors
+# ---------------------------------------------------------------- (3) wrapper validation errors
 
 def _strided_last_dim(name):
     return lambda case: torch.cat([case[name], case[name]], dim=-1)[..., ::2]
@@ -414,8 +282,6 @@ def test_use_triton_without_gpu_or_interpreter_is_refused(monkeypatch):
     case = make_rope_case(9, torch.float32)
     with pytest.raises(ValueError, match='use_triton'):
         rope_kv_write(**case, use_triton=True)
-    with pytest.raises(ValueError, match='use_triton'):
-        kv_copy(case['k_cache'], case['v_cache'], [0], [1], use_triton=True)
 
 
 def test_is_triton_available_follows_interpreter_flag(monkeypatch):
@@ -424,28 +290,3 @@ def test_is_triton_available_follows_interpreter_flag(monkeypatch):
     monkeypatch.setenv('TRITON_INTERPRET', '0')
     expected = _triton_util.HAS_TRITON and torch.cuda.is_available()
     assert _triton_util.is_triton_available() == expected
-
-
-KV_COPY_BAD_INPUTS = [
-    (dict(dst_slots=[3, 3]), 'dst_slots values must be unique'),
-    (dict(dst_slots=[3, 16]), 'dst_slots values'),
-    (dict(src_slots=[-1, 0]), 'src_slots values'),
-    (dict(dst_slots=[3]), 'dst_slots has 1 entries'),
-    (dict(src_slots=torch.tensor([0.0, 1.0])), 'src_slots must be int64 or int32'),
-    (dict(src_slots=[[0, 1]]), 'src_slots must have 1 dims'),
-    (dict(src_slots=['a', 'b']), 'src_slots must be'),
-    (dict(v_cache=torch.zeros(16, 2, 4, dtype=torch.float64)), 'v_cache dtype'),
-    (dict(v_cache=torch.zeros(15, 2, 4)), 'v_cache shape'),
-    (dict(k_cache=torch.zeros(2, 16, 4).transpose(0, 1)), 'k_cache must be contiguous'),
-    (dict(k_cache=torch.zeros(16, 2, 4, dtype=torch.int32)), 'k_cache must be a floating'),
-    (dict(dst_slots=torch.tensor([1, 2], device='meta')), 'dst_slots is on meta'),
-]
-
-
-@pytest.mark.parametrize('override, message', KV_COPY_BAD_INPUTS)
-def test_kv_copy_rejects_bad_input(override, message):
-    args = dict(k_cache=torch.zeros(16, 2, 4), v_cache=torch.zeros(16, 2, 4),
-                src_slots=[0, 1], dst_slots=[2, 3])
-    args.update(override)
-    with pytest.raises(ValueError, match=message):
-        kv_copy(**args)
