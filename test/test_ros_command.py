@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pytest
 
-from vla_spec_ros.config import TUNABLE_ENGINE_FIELDS, EngineConfig
+from vla_spec_ros.config import TUNABLE_ENGINE_FIELDS, EngineConfig, engine_option
 from vla_spec_ros.ros import command as cmd
 from vla_spec_ros.ros import params
 from vla_spec_ros.ros.diagnostics import ERROR, OK, WARN, InferenceStats, level_for, percentile
@@ -193,6 +193,30 @@ def test_every_engine_field_has_a_parameter_with_the_same_default():
         assert spec.target == 'engine'
         default = getattr(engine_defaults, f.name)
         assert spec.default == ('' if default is None else default), f.name
+
+
+def test_engine_parameter_ranges_are_the_ones_engine_config_enforces():
+    # One source: the ROS range and choices come from EngineConfig's own options, so a value
+    # at the ROS bound is accepted by EngineConfig and one step past it is refused by both.
+    for spec in params.PARAMETERS:
+        if spec.target != 'engine':
+            continue
+        option = engine_option(spec.name)
+        assert (spec.min_value, spec.max_value, spec.choices, spec.is_tunable,
+                spec.description) == (option.minimum, option.maximum, option.choices,
+                                      option.is_tunable, option.description), spec.name
+        if spec.min_value is None:
+            continue
+        for value, is_valid in ((spec.min_value, True), (spec.max_value, True),
+                                (spec.min_value - 1, False), (spec.max_value + 1, False)):
+            if is_valid:
+                EngineConfig(**{spec.name: value})
+                params.settings_from_parameters({spec.name: value})
+            else:
+                with pytest.raises(ValueError, match=spec.name):
+                    EngineConfig(**{spec.name: value})
+                with pytest.raises(ValueError, match=spec.name):
+                    params.settings_from_parameters({spec.name: value})
 
 
 def test_node_settings_fields_are_exactly_the_node_parameters():

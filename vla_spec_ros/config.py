@@ -13,6 +13,8 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any, Mapping
 
+from vla_spec_ros.validation import check_int, require_int_fields  # noqa: F401 (re-export)
+
 # OpenVLA's image normalisation, as serialised in bf16 (reference/openvla.md §3).
 DINOV2_MEAN = (0.484375, 0.455078125, 0.40625)
 DINOV2_STD = (0.228515625, 0.2236328125, 0.224609375)
@@ -23,15 +25,6 @@ SIGLIP_STD = (0.5, 0.5, 0.5)
 def _require(condition: bool, name: str, message: str) -> None:
     if not condition:
         raise ValueError(f'{name}: {message}')
-
-
-def require_int_fields(obj, names, minimum: int) -> None:
-    """ValueError naming the first field of ``obj`` in ``names`` that is not an int >= minimum
-    (bools refused)."""
-    for name in names:
-        value = getattr(obj, name)
-        if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-            raise ValueError(f'{name}: must be an integer >= {minimum}, got {value!r}')
 
 
 def _check_fields(cls, data: Mapping[str, Any]) -> None:
@@ -216,80 +209,115 @@ def preset(name: str) -> VLAConfig:
 MODES = ('ar', 'pipeline', 'spec', 'pipeline_spec')
 DTYPES = ('float32', 'float64', 'bfloat16', 'float16')
 ATTENTION_BACKENDS = ('auto', 'segments', 'dense')
+KERNEL_CHOICES = ('auto', 'on', 'off')
 
-# Options that may change between frames without reloading (ROS `param set` tunables).
-TUNABLE_ENGINE_FIELDS = ('relax_threshold', 'tree_depth', 'tree_top_k', 'tree_max_nodes')
+
+@dataclass(frozen=True)
+class EngineOption:
+    """What one EngineConfig field means and accepts: the single source for its validation,
+    its ROS parameter (ros/params.py derives the declaration from this) and its docs."""
+
+    description: str
+    is_tunable: bool = False           # may change between frames without reloading
+    minimum: int | None = None         # inclusive integer range
+    maximum: int | None = None
+    choices: tuple = ()
+    unit: str = ''
+    not_a_parameter: str = ''          # why the node does not expose it ('' = it does)
+
+
+def _option(default, description: str, **kwargs):
+    return dataclasses.field(default=default,
+                             metadata={'option': EngineOption(description, **kwargs)})
+
+
+def engine_option(field_name: str) -> EngineOption:
+    """The EngineOption of an EngineConfig field (KeyError for an unknown name)."""
+    return {f.name: f.metadata['option'] for f in dataclasses.fields(EngineConfig)}[field_name]
 
 
 @dataclass(frozen=True)
 class EngineConfig:
-    """How the engine runs a loaded model. `mode` picks the decoding strategy."""
+    """How the engine runs a loaded model. `mode` picks the decoding strategy.
 
-    mode: str = 'ar'
-    device: str = 'cpu'
-    dtype: str = 'float32'
+    Each field carries its EngineOption (range, choices, tunable, description); __post_init__
+    checks them all, then the rules that tie fields together.
+    """
+
+    mode: str = _option('ar', 'Decoding mode', choices=MODES)
+    device: str = _option('cpu', 'Torch device: cpu or cuda[:N]')
+    dtype: str = _option('float32', 'Model weights and activations dtype', choices=DTYPES)
     # Greedy over the whole vocabulary is the reference (S1); this option restricts argmax to
     # the action tokens. Off by default for parity with OpenVLA.
-    restrict_to_action_tokens: bool = False
-    # Preprocessing (reference/openvla.md §3): checkpoints trained with crop augmentation need
-    # center_crop; LIBERO evaluation rotates the agent-view image by 180 degrees.
-    center_crop: bool = False
-    rotate_180: bool = False
+    restrict_to_action_tokens: bool = _option(
+        False, 'Greedy argmax over action tokens only (off = OpenVLA parity)')
+    # Preprocessing (docs/architecture.md, "one frame"): checkpoints trained with crop
+    # augmentation need center_crop; LIBERO evaluation rotates the agent-view image by 180°.
+    center_crop: bool = _option(False, 'Center-crop (scale 0.9) before resizing; for '
+                                'checkpoints trained with crop augmentation')
+    rotate_180: bool = _option(False, 'Rotate the image by 180 degrees first (LIBERO agent '
+                               'view)')
     # Speculative decoding (Spec-VLA defaults: 50 nodes incl. root / depth 4 / top-k 8).
-    draft_path: str | None = None
-    relax_threshold: int = 0
-    tree_depth: int = 4
-    tree_top_k: int = 8
-    tree_max_nodes: int = 50
+    draft_path: str | None = _option(None, 'EAGLE draft-head folder for the spec modes; '
+                                     'empty = none')
+    relax_threshold: int = _option(0, 'Relaxed acceptance: accept a draft bin within this many '
+                                   'bins of the verifier (0 = exact)', is_tunable=True,
+                                   minimum=0, maximum=255, unit='bins')
+    tree_depth: int = _option(4, 'Draft tree depth', is_tunable=True, minimum=1, maximum=16)
+    tree_top_k: int = _option(8, 'Draft tree top-k per expanded node', is_tunable=True,
+                              minimum=1, maximum=32)
+    tree_max_nodes: int = _option(50, 'Draft tree size, root included', is_tunable=True,
+                                  minimum=2, maximum=512)
     # Pipelining: requests in flight at once (1 = plain AR latency).
-    max_inflight: int = 7
-    # Streams (camera / robots) one engine may serve at once.
-    max_streams: int = 4
+    max_inflight: int = _option(7, 'Requests in flight at once in the pipeline modes',
+                                minimum=1, maximum=64)
+    # Streams (cameras / robots) one engine may serve at once.
+    max_streams: int = _option(4, 'Streams (robots) one engine serves at once', minimum=1,
+                               maximum=64, not_a_parameter='the node sets it to the number '
+                               'of robots it serves')
     # Fused Triton kernels: "auto" uses them on CUDA when triton imports, never on CPU.
-    use_kernels: str = 'auto'
+    use_kernels: str = _option('auto', 'Fused Triton kernels: auto (CUDA only), on or off',
+                               choices=KERNEL_CHOICES)
     # Attention over the packed ring: "segments" (each request attends to its own KV span and
     # tree only: cost proportional to the work in flight), "dense" (the reference: one
     # T x ring mask, cost grows with the whole ring), "auto" = segments.
-    attention_backend: str = 'auto'
-    # CUDA graphs of the packed verifier step, the draft forwards and the vision towers
-    # (captured per shape bucket on first use, replayed after). CUDA only.
-    use_cuda_graphs: bool = False
-    max_instruction_tokens: int = 128
-    seed: int = 0
+    attention_backend: str = _option('auto', 'Packed attention: auto (= segments: each request '
+                                     'attends to its own KV only) or dense (the reference)',
+                                     choices=ATTENTION_BACKENDS)
+    # CUDA graphs of the packed verifier step and the vision towers (captured per shape
+    # bucket before first use, replayed after). CUDA only.
+    use_cuda_graphs: bool = _option(False, 'CUDA graphs of the packed step and the vision '
+                                    'towers (device cuda only)')
+    max_instruction_tokens: int = _option(128, 'Longest accepted instruction, in tokens',
+                                          minimum=1, maximum=1024)
+    seed: int = _option(0, 'Seed for anything random in the engine', minimum=0,
+                        maximum=2 ** 31 - 1)
 
     def __post_init__(self):
-        _require(self.mode in MODES, 'mode', f'{self.mode!r} not in {MODES}')
-        _require(self.dtype in DTYPES, 'dtype', f'{self.dtype!r} not in {DTYPES}')
+        # 1. Each field on its own, from its EngineOption.
+        for f in dataclasses.fields(self):
+            option, value = f.metadata['option'], getattr(self, f.name)
+            if option.choices:
+                _require(value in option.choices, f.name, f'{value!r} not in {option.choices}'
+                         + (' ("sdpa" and "flex" were replaced by "segments", the '
+                            'work-proportional path, and "dense", the reference)'
+                            if f.name == 'attention_backend' else ''))
+            elif isinstance(f.default, bool):
+                _require(isinstance(value, bool), f.name, f'must be a bool, got {value!r}')
+            elif isinstance(f.default, int):
+                check_int(f.name, value, minimum=option.minimum, maximum=option.maximum,
+                          unit=option.unit)
         _require(isinstance(self.device, str) and (self.device == 'cpu'
                                                    or self.device.startswith('cuda')),
                  'device', f'{self.device!r}: expected "cpu" or "cuda[:N]"')
-        _require(isinstance(self.relax_threshold, int) and 0 <= self.relax_threshold <= 255,
-                 'relax_threshold', 'must be an integer in [0, 255] bins')
-        _require(isinstance(self.tree_depth, int) and 1 <= self.tree_depth <= 16,
-                 'tree_depth', 'must be an integer in [1, 16]')
-        _require(isinstance(self.tree_top_k, int) and 1 <= self.tree_top_k <= 32,
-                 'tree_top_k', 'must be an integer in [1, 32]')
-        _require(isinstance(self.tree_max_nodes, int) and 2 <= self.tree_max_nodes <= 512,
-                 'tree_max_nodes', 'must be an integer in [2, 512] (root included)')
-        _require(isinstance(self.max_inflight, int) and 1 <= self.max_inflight <= 64,
-                 'max_inflight', 'must be an integer in [1, 64]')
-        _require(isinstance(self.max_streams, int) and 1 <= self.max_streams <= 64,
-                 'max_streams', 'must be an integer in [1, 64]')
-        _require(self.attention_backend in ATTENTION_BACKENDS, 'attention_backend',
-                 f'{self.attention_backend!r} not in {ATTENTION_BACKENDS} ("sdpa" and "flex" '
-                 'were replaced by "segments", the work-proportional path, and "dense", the '
-                 'reference)')
-        _require(isinstance(self.use_cuda_graphs, bool), 'use_cuda_graphs', 'must be a bool')
+        _require(self.draft_path is None or isinstance(self.draft_path, str), 'draft_path',
+                 f'expected a folder path or None, got {self.draft_path!r}')
+        # 2. Rules between fields.
         _require(not self.use_cuda_graphs or self.device.startswith('cuda'), 'use_cuda_graphs',
                  f'CUDA graphs need device "cuda", got {self.device!r}')
         _require(not (self.use_cuda_graphs and self.attention_backend == 'dense'),
                  'use_cuda_graphs', 'the dense reference attention is never graphed; use '
                  'attention_backend "segments" or "auto"')
-        _require(self.use_kernels in ('auto', 'on', 'off'), 'use_kernels',
-                 'must be "auto", "on" or "off"')
-        _require(isinstance(self.max_instruction_tokens, int)
-                 and 1 <= self.max_instruction_tokens <= 1024,
-                 'max_instruction_tokens', 'must be an integer in [1, 1024]')
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> 'EngineConfig':
@@ -309,9 +337,15 @@ class EngineConfig:
         return self.mode in ('pipeline', 'pipeline_spec')
 
 
+# Options that may change between frames without reloading (ROS `param set` tunables).
+TUNABLE_ENGINE_FIELDS = tuple(f.name for f in dataclasses.fields(EngineConfig)
+                              if f.metadata['option'].is_tunable)
+
+
 def config_to_dict(cfg) -> dict:
     return dataclasses.asdict(cfg)
 
 
 __all__ = ['VisionTowerConfig', 'LlamaConfig', 'VLAConfig', 'EngineConfig', 'PRESETS', 'preset',
-           'MODES', 'DTYPES', 'TUNABLE_ENGINE_FIELDS']
+           'MODES', 'DTYPES', 'TUNABLE_ENGINE_FIELDS', 'EngineOption', 'engine_option',
+           'require_int_fields']

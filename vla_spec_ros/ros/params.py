@@ -1,30 +1,35 @@
 """ROS 2 parameters of the `vla_spec` node: one table, one mapping function.
 
 Every parameter is declared from `PARAMETERS` with a default, a description and a range
-(joy_teleop / key_teleop idiom, STYLE.md item 4). `settings_from_parameters` is the single
-place where parameter values become the frozen `EngineConfig` (vla_spec_ros/config.py) and the
-frozen `NodeSettings` below; the node calls it at start-up (before it subscribes) and on every
-`ros2 param set` to validate the proposed values.
+(the joy_teleop / key_teleop idiom). The engine's parameters are derived from EngineConfig's
+field metadata (config.py `EngineOption`): their range, default, description and tunability are
+written once, there; the node's own parameters are the table below.
+`settings_from_parameters` is the single place where parameter values become the frozen
+`EngineConfig` and the frozen `NodeSettings` below; the node calls it at start-up (before it
+subscribes) and on every `ros2 param set` to validate the proposed values.
 
-Parameters are either tunable (applied from the next frame, DESIGN.md §8) or load-time (the
-model is built from them; a runtime change is refused with `load_time_refusal`'s reason).
+Parameters are either tunable (applied from the next frame: a request keeps the values it was
+submitted with) or load-time (the model is built from them; a runtime change is refused with
+`load_time_refusal`'s reason).
 
 Pure Python: rcl_interfaces is imported only inside `declare_parameters`.
 """
 from __future__ import annotations
 
 import dataclasses
-import math
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from vla_spec_ros.config import DTYPES, MODES, TUNABLE_ENGINE_FIELDS, EngineConfig
+from vla_spec_ros.config import TUNABLE_ENGINE_FIELDS, EngineConfig
+from vla_spec_ros.validation import check_int, check_number
 
 IMAGE_TRANSPORTS = ('raw', 'compressed')
 STAMP_SOURCES = ('header', 'receipt')
 
-# EngineConfig fields without a parameter, and why.
-ENGINE_FIELDS_NOT_EXPOSED = {'max_streams': 'the node serves a single camera stream'}
+# EngineConfig fields without a parameter, and why (from their EngineOption).
+ENGINE_FIELDS_NOT_EXPOSED = {f.name: f.metadata['option'].not_a_parameter
+                             for f in dataclasses.fields(EngineConfig)
+                             if f.metadata['option'].not_a_parameter}
 
 
 @dataclass(frozen=True)
@@ -46,44 +51,27 @@ def _p(name, default, description, *, tunable, target='node', lo=None, hi=None, 
                          unit)
 
 
-PARAMETERS: tuple[ParameterSpec, ...] = (
-    # --- model and engine, load-time -----------------------------------------------------
-    _p('model_path', 'tiny', 'Checkpoint folder in OpenVLA\'s Hugging Face layout, or a preset '
-       'name', tunable=False),
-    _p('draft_path', '', 'EAGLE draft-head folder for the spec modes; empty = none',
-       tunable=False, target='engine'),
-    _p('mode', 'ar', 'Decoding mode', tunable=False, target='engine', choices=MODES),
-    _p('device', 'cpu', 'Torch device: cpu or cuda[:N]', tunable=False, target='engine'),
-    _p('dtype', 'float32', 'Model weights and activations dtype', tunable=False,
-       target='engine', choices=DTYPES),
-    _p('center_crop', False, 'Center-crop (scale 0.9) before resizing; for checkpoints '
-       'trained with crop augmentation', tunable=False, target='engine'),
-    _p('rotate_180', False, 'Rotate the image by 180 degrees first (LIBERO agent view)',
-       tunable=False, target='engine'),
-    _p('restrict_to_action_tokens', False, 'Greedy argmax over action tokens only (off = '
-       'OpenVLA parity)', tunable=False, target='engine'),
-    _p('max_inflight', 7, 'Requests in flight at once in the pipeline modes', tunable=False,
-       target='engine', lo=1, hi=64),
-    _p('attention_backend', 'auto', 'Packed attention: auto (= segments: each request attends '
-       'to its own KV only) or dense (the reference)', tunable=False, target='engine',
-       choices=('auto', 'segments', 'dense')),
-    _p('use_kernels', 'auto', 'Fused Triton kernels: auto (CUDA only), on or off',
-       tunable=False, target='engine', choices=('auto', 'on', 'off')),
-    _p('use_cuda_graphs', False, 'CUDA graphs of the packed step, draft forwards and vision '
-       'towers (device cuda only)', tunable=False, target='engine'),
-    _p('max_instruction_tokens', 128, 'Longest accepted instruction, in tokens',
-       tunable=False, target='engine', lo=1, hi=1024),
-    _p('seed', 0, 'Seed for anything random in the engine', tunable=False, target='engine',
-       lo=0, hi=2 ** 31 - 1),
-    # --- speculation, tunable --------------------------------------------------------------
-    _p('relax_threshold', 0, 'Relaxed acceptance: accept a draft bin within this many bins '
-       'of the verifier (0 = exact)', tunable=True, target='engine', lo=0, hi=255,
-       unit='bins'),
-    _p('tree_depth', 4, 'Draft tree depth', tunable=True, target='engine', lo=1, hi=16),
-    _p('tree_top_k', 8, 'Draft tree top-k per expanded node', tunable=True, target='engine',
-       lo=1, hi=32),
-    _p('tree_max_nodes', 50, 'Draft tree size, root included', tunable=True, target='engine',
-       lo=2, hi=512),
+def engine_parameter_specs() -> tuple[ParameterSpec, ...]:
+    """One ParameterSpec per exposed EngineConfig field, derived from its EngineOption: the
+    range, choices, default, description and tunability are written once, in config.py.
+    A field whose default is None (draft_path) becomes a string parameter where '' = None."""
+    specs = []
+    for f in dataclasses.fields(EngineConfig):
+        option = f.metadata['option']
+        if option.not_a_parameter:
+            continue
+        default = '' if f.default is None else f.default
+        specs.append(ParameterSpec(f.name, default, option.description, option.is_tunable,
+                                   'engine', option.minimum, option.maximum, option.choices,
+                                   option.unit))
+    return tuple(specs)
+
+
+NODE_PARAMETERS: tuple[ParameterSpec, ...] = (
+    # --- model, load-time -------------------------------------------------------------------
+    _p('model_path', 'metaworld-demo', 'Checkpoint folder in OpenVLA\'s Hugging Face layout, '
+       'the embedded model (metaworld-demo) or a random-weight preset (tiny, openvla-7b)',
+       tunable=False),
     # --- inputs ----------------------------------------------------------------------------
     _p('image_transport', 'raw', 'Subscribe ~/image (raw) or ~/image/compressed',
        tunable=False, choices=IMAGE_TRANSPORTS),
@@ -131,7 +119,12 @@ PARAMETERS: tuple[ParameterSpec, ...] = (
        hi=60.0, unit='s'),
 )
 
+
+# Engine parameters (from EngineConfig) first, then the node's own.
+PARAMETERS: tuple[ParameterSpec, ...] = engine_parameter_specs() + NODE_PARAMETERS
 PARAMETERS_BY_NAME = {spec.name: spec for spec in PARAMETERS}
+_OPTIONAL_ENGINE_FIELDS = tuple(f.name for f in dataclasses.fields(EngineConfig)
+                                if f.default is None and f.name in PARAMETERS_BY_NAME)
 TUNABLE_PARAMETERS = tuple(s.name for s in PARAMETERS if s.is_tunable)
 LOAD_TIME_PARAMETERS = tuple(s.name for s in PARAMETERS if not s.is_tunable)
 
@@ -189,20 +182,17 @@ def _check_value(spec: ParameterSpec, value: Any) -> Any:
     """`value` (ints widened to float where the parameter is a float); ValueError naming the
     parameter when it has the wrong type or is out of range."""
     expected = type(spec.default)
-    if expected is float and isinstance(value, int) and not isinstance(value, bool):
-        value = float(value)
+    if expected is int:
+        return check_int(spec.name, value, minimum=spec.min_value, maximum=spec.max_value,
+                         unit=spec.unit)
+    if expected is float:
+        return check_number(spec.name, value, minimum=spec.min_value, maximum=spec.max_value,
+                            unit=spec.unit)
     if type(value) is not expected:
         raise ValueError(f'{spec.name}: expected {expected.__name__}, got '
                          f'{type(value).__name__} {value!r}')
     if spec.choices and value not in spec.choices:
         raise ValueError(f'{spec.name}: {value!r} not in {list(spec.choices)}')
-    if expected in (int, float):
-        if expected is float and not math.isfinite(value):
-            raise ValueError(f'{spec.name}: must be finite')
-        if spec.min_value is not None and value < spec.min_value:
-            raise ValueError(f'{spec.name}: {value} is below the minimum {spec.min_value}')
-        if spec.max_value is not None and value > spec.max_value:
-            raise ValueError(f'{spec.name}: {value} is above the maximum {spec.max_value}')
     return value
 
 
@@ -225,7 +215,8 @@ def settings_from_parameters(values: Mapping[str, Any]) -> tuple[EngineConfig, N
     for spec in PARAMETERS:
         value = _check_value(spec, merged[spec.name])
         (engine if spec.target == 'engine' else node)[spec.name] = value
-    engine['draft_path'] = engine['draft_path'] or None
+    for name in _OPTIONAL_ENGINE_FIELDS:      # '' stands for None in a string parameter
+        engine[name] = engine[name] or None
     return EngineConfig.from_dict(engine), NodeSettings(**node)
 
 
