@@ -29,13 +29,13 @@ import torch
 from vla_spec_ros.bench import BenchRow, bench_engine, bench_hf, environment, make_frames
 from vla_spec_ros.config import EngineConfig, preset
 from vla_spec_ros.engine.ar import reference_tokens
-from vla_spec_ros.engine.drafter import OracleDrafter
 from vla_spec_ros.engine.engine import Engine
 from vla_spec_ros.engine.runner import TORCH_DTYPES, ModelRunner
 from vla_spec_ros.models.checkpoint import init_random_
 from vla_spec_ros.models.vla import OpenVLA
 from vla_spec_ros.models.random_checkpoint import synthetic_norm_stats
 from vla_spec_ros.prompt import PromptTokenizer, build_tokenizer
+from vla_spec_ros.testing import OracleDrafter
 
 TARGET_ACCEPTANCE = (2.0, 3.0)
 

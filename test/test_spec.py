@@ -8,11 +8,11 @@ import numpy as np
 import pytest
 
 from vla_spec_ros.config import EngineConfig
-from vla_spec_ros.engine.drafter import OracleDrafter
 from vla_spec_ros.engine.engine import Engine
 from vla_spec_ros.engine.result import Frame
 from vla_spec_ros.engine.drafter import load_draft_for
 from vla_spec_ros.models.random_checkpoint import make_checkpoint
+from vla_spec_ros.testing import OracleDrafter
 
 from reference import ar_reference_tokens
 

@@ -3,8 +3,8 @@
 ``EagleDrafter`` runs the EAGLE draft head (models/draft.py) over one shared draft KV cache
 (a lane per in-flight request) and grows the EAGLE-2 dynamic trees (engine/draft_tree.py) of
 every in-flight request together: one batched draft forward per tree level for all of them.
-``OracleDrafter`` proposes the AR reference tokens, optionally corrupted at a controlled rate
-(tests and benchmarks of the verifier side).
+(``vla_spec_ros.testing.OracleDrafter``, a test and benchmark double, implements the same
+``Drafter`` interface with the AR reference tokens.)
 
 Draft positions (Spec-VLA layout, the full multimodal prefix included; Spec-VLA's text-only
 position offset is deliberately not reproduced):
@@ -19,16 +19,15 @@ position offset is deliberately not reproduced):
 from __future__ import annotations
 
 import os
-import random
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Sequence
 
 import torch
 
 from ..config import EngineConfig
 from ..models.draft import DEFAULT_DRAFT_SUBFOLDER, RANDOM_DRAFT, load_draft, new_draft_head
-from .draft_tree import ROOT, DraftTree, chain_tree, grow_dynamic_tree
+from .draft_tree import ROOT, DraftTree, grow_dynamic_tree
 from .packed_forward import PackedForward
 from .step_inputs import PrefillRows, SegmentRows, chain_rows, pack_step
 
@@ -392,75 +391,4 @@ def load_draft_for(runner, engine_config: EngineConfig,
     return EagleDrafter.for_engine(runner, head, engine_config)
 
 
-class OracleDrafter(Drafter):
-    """Proposes the AR reference tokens after the current root, as a chain.
-
-    ``tokens_for(request_id)`` gives the request's AR reference tokens. Each proposed position
-    is replaced by a wrong token with probability ``error_rate``; the coin for (request,
-    position) is a fixed function of ``seed``, so the acceptance pattern does not depend on the
-    order in which requests are drafted. A wrong token is drawn from ``wrong_tokens`` (minus the
-    right one) when given, else it is the neighbouring id (an adjacent action bin).
-    """
-
-    def __init__(self, tokens_for: Callable[[int], Sequence[int]], action_dim: int,
-                 error_rate: float = 0.0, seed: int = 0,
-                 wrong_tokens: Sequence[int] | None = None):
-        if not 0.0 <= float(error_rate) <= 1.0:
-            raise ValueError(f'error_rate: must lie in [0, 1], got {error_rate}')
-        self.tokens_for = tokens_for
-        self.action_dim = _check_count('action_dim', action_dim, 1)
-        self.error_rate = float(error_rate)
-        self.seed = int(seed)
-        self.wrong_tokens = None if wrong_tokens is None else [int(t) for t in wrong_tokens]
-        if self.wrong_tokens is not None and len(set(self.wrong_tokens)) < 2:
-            raise ValueError('wrong_tokens: needs at least two distinct tokens')
-        self._num_decided: dict[int, int] = {}
-        self._roots: dict[int, int] = {}
-        self.num_forward_passes = 0
-
-    def update(self, begins, advances, features) -> None:
-        for begin in begins:
-            self._num_decided[begin.request_id] = 1     # the prefill decided the first token
-            self._roots[begin.request_id] = int(begin.root_token)
-        for adv in advances:
-            if adv.request_id not in self._num_decided:
-                raise ValueError(f'request_id: {adv.request_id} has no draft state (begin() '
-                                 'first)')
-            # Accepted drafts (len(path) - 1) plus the bonus token were decided.
-            self._num_decided[adv.request_id] += len(adv.path_tokens)
-            self._roots[adv.request_id] = int(adv.bonus)
-
-    def propose_batch(self, request_ids, depths, top_k, max_nodes) -> list[DraftTree]:
-        return [self._propose_one(r, d, max_nodes) for r, d in zip(request_ids, depths)]
-
-    def num_decided(self, request_id: int) -> int:
-        return self._num_decided[request_id]
-
-    def _propose_one(self, request_id, depth, max_nodes) -> DraftTree:
-        depth = _check_count('depth', depth, 1)
-        max_nodes = _check_count('max_nodes', max_nodes, 2)
-        if request_id not in self._num_decided:
-            raise ValueError(f'request_id: {request_id} has no draft state (begin() first)')
-        reference = [int(t) for t in self.tokens_for(request_id)][:self.action_dim]
-        start = self._num_decided[request_id]
-        count = max(0, min(depth, max_nodes - 1, len(reference) - start))
-        tokens = [self._maybe_wrong(request_id, start + i, reference[start + i])
-                  for i in range(count)]
-        return chain_tree(self._roots[request_id], tokens)
-
-    def release(self, request_id) -> None:
-        self._num_decided.pop(request_id, None)
-        self._roots.pop(request_id, None)
-
-    def _maybe_wrong(self, request_id: int, position: int, token: int) -> int:
-        if self.error_rate == 0.0:
-            return token
-        rng = random.Random(f'{self.seed}:{request_id}:{position}')
-        if rng.random() >= self.error_rate:
-            return token
-        if self.wrong_tokens is not None:
-            return rng.choice([t for t in self.wrong_tokens if t != token])
-        return token - 1 if token > 0 else token + 1
-
-
-__all__ = ['Drafter', 'EagleDrafter', 'OracleDrafter', 'load_draft_for']
+__all__ = ['Drafter', 'EagleDrafter', 'load_draft_for']
