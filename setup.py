@@ -25,10 +25,11 @@ setup(
     install_requires=['torch>=2.4', 'numpy', 'safetensors', 'tokenizers', 'transformers>=4.40',
                       'opencv-python-headless', 'tqdm'],
     extras_require={
-        # ROS 2 from PyPI wheels, for machines without a ROS distro install.
+        # ROS 2 from PyPI wheels, for machines without a ROS distro install; rosbags (pure
+        # Python) reads and writes bags: train-draft --bag, recording.FrameRecorder.
         'ros': ['ros-kilted-rclpy[fastrtps]', 'ros-kilted-sensor-msgs',
                 'ros-kilted-geometry-msgs', 'ros-kilted-std-msgs', 'ros-kilted-std-srvs',
-                'ros-kilted-diagnostic-msgs'],
+                'ros-kilted-diagnostic-msgs', 'ros-kilted-lifecycle-msgs', 'rosbags>=0.11,<0.12'],
         'sim': ['metaworld==3.1.1', 'matplotlib'],
         'kernels': ['triton'],
         'test': ['pytest', 'flake8', 'pyyaml'],
@@ -43,6 +44,7 @@ setup(
         'console_scripts': [
             'vla-spec = vla_spec_ros.cli:main',
             'vla-spec-node = vla_spec_ros.ros.node:main',
+            'vla-spec-lifecycle-node = vla_spec_ros.ros.lifecycle_node:main',
             'vla-spec-sim-bridge = vla_spec_ros.harness.sim_bridge:main',
         ],
     },

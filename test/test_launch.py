@@ -146,6 +146,9 @@ def test_yaml_loaded_through_the_node_params_file(probe):
         names = [spec.name for spec in params.PARAMETERS]
         response = _spin_until(probe, client.get_parameters(names))
         got = {n: parameter_value_to_python(v) for n, v in zip(names, response.values)}
+        # rclpy reads an empty YAML list as "not set"; the node takes that as no robots list.
+        assert got['robots'] is None
+        got['robots'] = []
         yaml_values = yaml.safe_load((ROOT / 'config' / 'robot.yaml').read_text())
         assert got == yaml_values['/**']['ros__parameters']
         # Descriptions and ranges are visible to `ros2 param describe`.

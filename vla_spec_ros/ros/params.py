@@ -68,10 +68,13 @@ def engine_parameter_specs() -> tuple[ParameterSpec, ...]:
 
 
 NODE_PARAMETERS: tuple[ParameterSpec, ...] = (
-    # --- model, load-time -------------------------------------------------------------------
+    # --- model and robots, load-time --------------------------------------------------------
     _p('model_path', 'metaworld-demo', 'Checkpoint folder in OpenVLA\'s Hugging Face layout, '
        'the embedded model (metaworld-demo) or a random-weight preset (tiny, openvla-7b)',
        tunable=False),
+    _p('robots', [], 'Robots served by one engine: for each name, topics <name>/image, '
+       '<name>/instruction, <name>/twist, ... and parameters <name>.<parameter>; empty = one '
+       'robot on the private topics ~/image, ~/twist, ...', tunable=False),
     # --- inputs ----------------------------------------------------------------------------
     _p('image_transport', 'raw', 'Subscribe ~/image (raw) or ~/image/compressed',
        tunable=False, choices=IMAGE_TRANSPORTS),
@@ -117,7 +120,24 @@ NODE_PARAMETERS: tuple[ParameterSpec, ...] = (
        hi=1.0, unit='s'),
     _p('diagnostics_period', 1.0, 'Period of /diagnostics messages', tunable=False, lo=0.05,
        hi=60.0, unit='s'),
+    # --- recording (draft-head training data) ------------------------------------------------
+    _p('record_dir', '', 'Record the frames the engine acts on, with their instruction, as a '
+       'ROS 2 bag in this folder (for `vla-spec train-draft --bag`); empty = off',
+       tunable=False),
+    _p('record_period', 0.5, 'At most one recorded frame per robot per this many seconds',
+       tunable=False, lo=0.0, hi=3600.0, unit='s'),
+    _p('record_max_mb', 2048, 'Stop recording when the bag would exceed this size',
+       tunable=False, lo=1, hi=1000000, unit='MB'),
 )
+
+# Parameters a robot of a multi-robot node may set for itself as `<robot>.<name>`; each starts
+# from the node-wide value at start-up. The rest (model, engine, periods) are node-wide.
+ROBOT_PARAMETERS = (
+    'instruction', 'unnorm_key', 'enabled', 'frame_id', 'control_period', 'linear_scale',
+    'angular_scale', 'max_linear_speed', 'max_angular_speed', 'gripper_binarize',
+    'gripper_threshold', 'gripper_invert', 'gripper_open_position', 'gripper_closed_position',
+    'gripper_action_name', 'gripper_max_effort', 'max_action_age', 'stamp_source',
+    'num_halt_messages')
 
 
 # Engine parameters (from EngineConfig) first, then the node's own.
@@ -137,6 +157,7 @@ class NodeSettings:
     """
 
     model_path: str
+    robots: tuple
     image_transport: str
     instruction: str
     unnorm_key: str
@@ -159,6 +180,9 @@ class NodeSettings:
     num_halt_messages: int
     watchdog_period: float
     diagnostics_period: float
+    record_dir: str
+    record_period: float
+    record_max_mb: int
 
     def __post_init__(self):
         for field in dataclasses.fields(self):
@@ -188,12 +212,52 @@ def _check_value(spec: ParameterSpec, value: Any) -> Any:
     if expected is float:
         return check_number(spec.name, value, minimum=spec.min_value, maximum=spec.max_value,
                             unit=spec.unit)
+    if expected is list:
+        return _check_robot_names(spec.name, value)
     if type(value) is not expected:
         raise ValueError(f'{spec.name}: expected {expected.__name__}, got '
                          f'{type(value).__name__} {value!r}')
     if spec.choices and value not in spec.choices:
         raise ValueError(f'{spec.name}: {value!r} not in {list(spec.choices)}')
     return value
+
+
+def _check_robot_names(name: str, value: Any) -> tuple:
+    """Robot names -> tuple; each a ROS name token (letter first, then letters, digits, _),
+    unique. None (an unset string-array parameter) is the empty list."""
+    if value is None:
+        return ()
+    if isinstance(value, str) or not all(isinstance(v, str) for v in value):
+        raise ValueError(f'{name}: expected a list of names, got {value!r}')
+    for robot in value:
+        if not (robot[:1].isalpha() and robot.isascii()
+                and robot.replace('_', 'a').isalnum()):
+            raise ValueError(f'{name}: {robot!r} is not a valid name (a letter, then letters, '
+                             'digits or _)')
+    repeated = sorted({r for r in value if list(value).count(r) > 1})
+    if repeated:
+        raise ValueError(f'{name}: repeated {repeated}')
+    return tuple(value)
+
+
+def robot_parameter_name(robot: str, name: str) -> str:
+    return f'{robot}.{name}'
+
+
+def robot_settings(node: NodeSettings, values: Mapping[str, Any]) -> dict[str, NodeSettings]:
+    """{robot name: its NodeSettings}: the node-wide settings overlaid with the robot's own
+    `<robot>.<name>` values present in `values`. A single-robot node gives {'': node}."""
+    if not node.robots:
+        return {'': node}
+    out = {}
+    for robot in node.robots:
+        changes = {name: values[robot_parameter_name(robot, name)] for name in ROBOT_PARAMETERS
+                   if robot_parameter_name(robot, name) in values}
+        try:
+            out[robot] = dataclasses.replace(node, **changes)
+        except ValueError as exc:
+            raise ValueError(f'{robot}.{exc}') from None
+    return out
 
 
 def default_values() -> dict[str, Any]:
@@ -206,17 +270,20 @@ def settings_from_parameters(values: Mapping[str, Any]) -> tuple[EngineConfig, N
     `values` may omit parameters (their defaults apply); unknown names raise ValueError.
     Integers given for float parameters are accepted (YAML `1` for `1.0`).
     """
-    unknown = sorted(set(values) - set(PARAMETERS_BY_NAME))
+    per_robot = {robot_parameter_name(r, n) for r in values.get('robots') or ()
+                 for n in ROBOT_PARAMETERS}
+    unknown = sorted(set(values) - set(PARAMETERS_BY_NAME) - per_robot)
     if unknown:
         raise ValueError(f'unknown parameters {unknown}; known: {sorted(PARAMETERS_BY_NAME)}')
     merged = default_values()
-    merged.update(values)
+    merged.update((k, v) for k, v in values.items() if k in PARAMETERS_BY_NAME)
     engine, node = {}, {}
     for spec in PARAMETERS:
         value = _check_value(spec, merged[spec.name])
         (engine if spec.target == 'engine' else node)[spec.name] = value
     for name in _OPTIONAL_ENGINE_FIELDS:      # '' stands for None in a string parameter
         engine[name] = engine[name] or None
+    engine['max_streams'] = max(1, len(node['robots']))     # one engine stream per robot
     return EngineConfig.from_dict(engine), NodeSettings(**node)
 
 
@@ -251,13 +318,27 @@ def describe_range(spec: ParameterSpec) -> str:
 
 
 def declare_parameters(node) -> dict[str, Any]:
-    """Declare every parameter on an rclpy node; returns {name: value} after overrides."""
+    """Declare every parameter on an rclpy node, then each robot's own (`<robot>.<name>`,
+    defaulting to the node-wide value); returns {name: value} after overrides."""
+    values = _declare(node, PARAMETERS, {})
+    robots = _check_robot_names('robots', values['robots'])
+    values['robots'] = list(robots)
+    robot_specs = [dataclasses.replace(PARAMETERS_BY_NAME[name],
+                                       name=robot_parameter_name(robot, name))
+                   for robot in robots for name in ROBOT_PARAMETERS]
+    defaults = {spec.name: values[spec.name.split('.', 1)[1]] for spec in robot_specs}
+    values.update(_declare(node, robot_specs, defaults))
+    return values
+
+
+def _declare(node, specs, defaults) -> dict[str, Any]:
     from rcl_interfaces.msg import FloatingPointRange, IntegerRange, ParameterDescriptor
 
     declared = []
-    for spec in PARAMETERS:
+    for spec in specs:
         descriptor = ParameterDescriptor(description=spec.description,
                                          additional_constraints=describe_range(spec))
+        default = defaults.get(spec.name, spec.default)
         if isinstance(spec.default, float) and spec.min_value is not None:
             descriptor.floating_point_range = [FloatingPointRange(
                 from_value=float(spec.min_value), to_value=float(spec.max_value), step=0.0)]
@@ -265,7 +346,11 @@ def declare_parameters(node) -> dict[str, Any]:
               and spec.min_value is not None):
             descriptor.integer_range = [IntegerRange(
                 from_value=int(spec.min_value), to_value=int(spec.max_value), step=1)]
-        declared.append((spec.name, spec.default, descriptor))
+        if isinstance(spec.default, list):
+            # rclpy types an empty list as a byte array; dynamic typing lets an override give
+            # the string array (checked by settings_from_parameters).
+            descriptor.dynamic_typing = True
+        declared.append((spec.name, default, descriptor))
     params = node.declare_parameters('', declared)
     return {p.name: p.value for p in params}
 
@@ -274,4 +359,5 @@ __all__ = ['ParameterSpec', 'PARAMETERS', 'PARAMETERS_BY_NAME', 'TUNABLE_PARAMET
            'LOAD_TIME_PARAMETERS', 'ENGINE_FIELDS_NOT_EXPOSED', 'NodeSettings',
            'settings_from_parameters', 'default_values', 'default_node_settings',
            'load_time_refusal', 'tunable_engine_changes', 'describe_range',
-           'declare_parameters']
+           'declare_parameters', 'ROBOT_PARAMETERS', 'robot_parameter_name',
+           'robot_settings']

@@ -1,0 +1,130 @@
+"""A probe node for the integration tests: publishers, recorders and ROS clients aimed at one
+node under test (rclpy over real DDS; nothing of rclpy is mocked)."""
+import threading
+import time
+
+import numpy as np
+from geometry_msgs.msg import TwistStamped
+from rclpy.parameter import Parameter, parameter_value_to_python
+from rclpy.parameter_client import AsyncParameterClient
+from rclpy.qos import DurabilityPolicy, QoSProfile, ReliabilityPolicy
+from sensor_msgs.msg import CompressedImage, Image
+from std_msgs.msg import Float64MultiArray, String
+from std_srvs.srv import SetBool, Trigger
+
+from vla_spec_ros.ros.conversions import array_to_image
+
+TIMEOUT = 20.0
+
+
+def wait_until(predicate, timeout=TIMEOUT, what='condition'):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.005)
+    raise AssertionError(f'timed out after {timeout} s waiting for {what}')
+
+
+class Recorder:
+    """Subscription callback keeping (probe clock seconds, message) pairs."""
+
+    def __init__(self, clock):
+        self._clock = clock
+        self._lock = threading.Lock()
+        self.items = []
+
+    def __call__(self, msg):
+        with self._lock:
+            self.items.append((self._clock.now().nanoseconds * 1e-9, msg))
+
+    def snapshot(self):
+        with self._lock:
+            return list(self.items)
+
+    def find(self, predicate, start=0):
+        """The first (time, message) after index `start` that satisfies `predicate`, or None."""
+        for t, msg in self.snapshot()[start:]:
+            if predicate(msg):
+                return t, msg
+        return None
+
+    def wait_for(self, predicate, start=0, timeout=TIMEOUT, what='message'):
+        return wait_until(lambda: self.find(predicate, start), timeout, what)
+
+
+def stamp_s(stamp):
+    return stamp.sec + 1e-9 * stamp.nanosec
+
+
+def is_zero(twist_msg):
+    t = twist_msg.twist
+    return all(v == 0.0 for v in (t.linear.x, t.linear.y, t.linear.z,
+                                  t.angular.x, t.angular.y, t.angular.z))
+
+
+def twist_values(twist_msg):
+    t = twist_msg.twist
+    return np.array([t.linear.x, t.linear.y, t.linear.z, t.angular.x, t.angular.y, t.angular.z])
+
+
+class Probe:
+    """The test's own node: publishers, recorders and ROS clients for one node under test."""
+
+    def __init__(self, node, target, transport='raw', node_name=None):
+        """`target`: the topic prefix ('vla_spec' for ~/ topics, a robot name for robot
+        topics); `node_name`: the node whose parameters `set_param` changes (default target)."""
+        self.node = node
+        qos = QoSProfile(depth=10, reliability=ReliabilityPolicy.RELIABLE)
+        latched = QoSProfile(depth=1, reliability=ReliabilityPolicy.RELIABLE,
+                             durability=DurabilityPolicy.TRANSIENT_LOCAL)
+        msg_type = CompressedImage if transport == 'compressed' else Image
+        topic = f'/{target}/image' + ('/compressed' if transport == 'compressed' else '')
+        self.image_pub = node.create_publisher(msg_type, topic, qos)
+        self.instruction_pub = node.create_publisher(String, f'/{target}/instruction', latched)
+        self.twists = Recorder(node.get_clock())
+        self.grippers = Recorder(node.get_clock())
+        self.actions = Recorder(node.get_clock())
+        node.create_subscription(TwistStamped, f'/{target}/twist', self.twists, qos)
+        node.create_subscription(Float64MultiArray, f'/{target}/gripper', self.grippers, qos)
+        node.create_subscription(Float64MultiArray, f'/{target}/action', self.actions, qos)
+        self.enable_client = node.create_client(SetBool, f'/{target}/enable')
+        self.reset_client = node.create_client(Trigger, f'/{target}/reset')
+        self.params = AsyncParameterClient(node, f'/{node_name or target}')
+
+    def now(self):
+        return self.node.get_clock().now()
+
+    def call(self, client, request):
+        assert client.wait_for_service(timeout_sec=TIMEOUT)
+        future = client.call_async(request)
+        wait_until(future.done, what=f'{client.srv_name} response')
+        return future.result()
+
+    def set_param(self, name, value):
+        assert self.params.wait_for_services(timeout_sec=TIMEOUT)
+        future = self.params.set_parameters([Parameter(name, value=value)])
+        wait_until(future.done, what=f'set {name}')
+        return future.result().results[0]
+
+    def get_param(self, name):
+        future = self.params.get_parameters([name])
+        wait_until(future.done, what=f'get {name}')
+        return parameter_value_to_python(future.result().values[0])
+
+    def send(self, msg, until, timeout=TIMEOUT):
+        """Publish `msg` (re-publishing every second: best effort may drop) until `until()`."""
+        wait_until(lambda: self.image_pub.get_subscription_count() > 0, what='image subscriber')
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            self.image_pub.publish(msg)
+            try:
+                return wait_until(until, timeout=1.0)
+            except AssertionError:
+                continue
+        raise AssertionError('no reaction to the published image')
+
+    def raw_image(self, array, encoding='rgb8', padding=0):
+        return array_to_image(array, encoding, stamp=self.now().to_msg(), frame_id='camera',
+                              row_padding=padding)

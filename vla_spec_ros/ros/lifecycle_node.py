@@ -1,0 +1,136 @@
+"""The `vla_spec` node as a managed (lifecycle) node, for stacks that bring drivers up in order.
+
+Transitions (the standard lifecycle services: `ros2 lifecycle set /vla_spec configure`, ...):
+
+  configure   validate the parameters, load the model, warm it up (CUDA graphs are captured
+              here when enabled), create the robots' topics and services; nothing is published
+  activate    start acting: frames are taken, actions and zero-twist holds are published
+  deactivate  publish one zero twist per robot (gripper held), drop queued frames and every
+              engine request, stop acting
+  cleanup     stop the worker, remove the topics and services, free the model
+  shutdown    as cleanup, from any state
+  error       (a callback raised) zero twist per robot, then as cleanup
+
+A configure that fails (bad parameter, missing or corrupt checkpoint) returns FAILURE with the
+reason in the log and leaves the node unconfigured: fix the parameter (every parameter may be
+set while unconfigured) and configure again. Parameters are declared in the constructor, so
+`ros2 param set` works in every state; load-time ones are refused once configured.
+"""
+from __future__ import annotations
+
+import gc
+import sys
+
+from rcl_interfaces.msg import SetParametersResult
+from rclpy.lifecycle import LifecycleNode, TransitionCallbackReturn
+
+from vla_spec_ros.engine.result import describe_error
+from vla_spec_ros.ros import params
+from vla_spec_ros.ros.node import load_for_node, refuse_unknown_overrides, run
+from vla_spec_ros.ros.serving import Serving
+
+
+class VLASpecLifecycleNode(LifecycleNode):
+    """Managed variant of VLASpecNode. `policy` may be passed in (tests, embedding); it is then
+    used at configure instead of loading `model_path`."""
+
+    def __init__(self, policy=None, *, node_name: str = 'vla_spec', **node_kwargs):
+        super().__init__(node_name, **node_kwargs)
+        self._values = params.declare_parameters(self)
+        refuse_unknown_overrides(self)
+        self._given_policy = policy
+        self._serving: Serving | None = None
+        self.add_on_set_parameters_callback(self._validate)
+        self.add_post_set_parameters_callback(self._apply)
+
+    @property
+    def serving(self) -> Serving | None:
+        return self._serving
+
+    # ---- parameters -----------------------------------------------------------------------
+
+    def _validate(self, changes) -> SetParametersResult:
+        if self._serving is not None:
+            return self._serving.validate(changes)
+        proposed = dict(self._values)
+        proposed.update((c.name, c.value) for c in changes if c.name in proposed)
+        try:
+            _, settings = params.settings_from_parameters(proposed)
+            params.robot_settings(settings, proposed)
+        except ValueError as exc:
+            return SetParametersResult(successful=False, reason=str(exc))
+        return SetParametersResult(successful=True)
+
+    def _apply(self, changes) -> None:
+        for change in changes:
+            if change.name in self._values:
+                self._values[change.name] = change.value
+        if self._serving is not None:
+            self._serving.apply(changes)
+
+    # ---- transitions ----------------------------------------------------------------------
+
+    def on_configure(self, state) -> TransitionCallbackReturn:
+        try:
+            policy = load_for_node(self, self._values, self._given_policy)
+            serving = Serving(self, policy, self._values, is_active=False)
+        except (ValueError, OSError) as exc:
+            self.get_logger().error(f'configure failed: {describe_error(exc)}')
+            return TransitionCallbackReturn.FAILURE
+        try:
+            serving.warm_up()
+        except Exception as exc:
+            serving.destroy()
+            self.get_logger().error(f'configure failed in warm-up: {describe_error(exc)}')
+            return TransitionCallbackReturn.FAILURE
+        self._serving = serving
+        self.get_logger().info(f'configured: mode {policy.engine.config.mode}')
+        return TransitionCallbackReturn.SUCCESS
+
+    def on_activate(self, state) -> TransitionCallbackReturn:
+        self._serving.set_active(True)
+        self.get_logger().info('active: acting on frames')
+        return TransitionCallbackReturn.SUCCESS
+
+    def on_deactivate(self, state) -> TransitionCallbackReturn:
+        self._serving.set_active(False, 'deactivated')
+        self.get_logger().info('inactive: zero twist published, not acting')
+        return TransitionCallbackReturn.SUCCESS
+
+    def on_cleanup(self, state) -> TransitionCallbackReturn:
+        self._free()
+        return TransitionCallbackReturn.SUCCESS
+
+    def on_shutdown(self, state) -> TransitionCallbackReturn:
+        if self._serving is not None:
+            self._serving.set_active(False, 'shutting down')
+        self._free()
+        return TransitionCallbackReturn.SUCCESS
+
+    def on_error(self, state) -> TransitionCallbackReturn:
+        self.get_logger().error('error in a transition: zero twist, model freed')
+        if self._serving is not None:
+            for channel in self._serving.channels:
+                channel.is_active = True          # let the zero through, then stop
+            self._serving.set_active(False, 'lifecycle error')
+        self._free()
+        return TransitionCallbackReturn.SUCCESS
+
+    def _free(self) -> None:
+        if self._serving is not None:
+            self._serving.destroy()
+            self._serving = None
+            gc.collect()
+
+    def destroy_node(self):
+        self._free()
+        return super().destroy_node()
+
+
+def main(args=None) -> int:
+    """`vla-spec-lifecycle-node [--ros-args ...]`; starts unconfigured."""
+    return run(VLASpecLifecycleNode, 'vla_spec', args)
+
+
+if __name__ == '__main__':
+    sys.exit(main())

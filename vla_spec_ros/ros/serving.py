@@ -1,0 +1,232 @@
+"""What a loaded `vla_spec` node runs: its robots' channels, the worker, timers, parameters.
+
+Shared by the plain node (ros/node.py: built in the constructor, active at once) and the
+managed node (ros/lifecycle_node.py: built in on_configure, active between on_activate and
+on_deactivate). Neither the model loading nor the ROS node class lives here.
+
+Parameter changes: `validate(changes)` (on-set callback, no side effects) refuses load-time
+parameters and invalid values; `apply(changes)` (post-set callback) rebuilds the settings of
+every robot for the next frame and queues engine tunables, which the worker applies before its
+next submit (a request keeps the tunables it was submitted with).
+"""
+from __future__ import annotations
+
+import threading
+import time
+
+from diagnostic_msgs.msg import DiagnosticArray
+from rcl_interfaces.msg import SetParametersResult
+from rclpy.parameter import Parameter
+
+from vla_spec_ros.engine.result import Frame
+from vla_spec_ros.ros import params
+from vla_spec_ros.ros.qos import COMMAND_QOS
+from vla_spec_ros.ros.robot_channel import RobotChannel
+from vla_spec_ros.ros.worker import InferenceWorker
+
+WARM_UP_IMAGE_SIZE = 224
+
+
+class Serving:
+    """Channels (one per robot), the inference worker and the timers of one loaded node.
+
+    `values`: every parameter value after overrides (params.declare_parameters).
+    """
+
+    def __init__(self, node, policy, values: dict, *, is_active: bool):
+        self.node = node
+        self.policy = policy
+        self.engine = policy.engine
+        self.values = dict(values)
+        self.engine_config, self.settings = params.settings_from_parameters(self.values)
+        self.unnorm_keys = tuple(policy.unnorm_keys)
+        per_robot = params.robot_settings(self.settings, self.values)
+        for settings in per_robot.values():
+            self._check_unnorm_key(settings.unnorm_key)
+        self.engine_lock = threading.Lock()
+        self._pending_tunables = params.tunable_engine_changes(self.engine.config,
+                                                               self.engine_config)
+        self._tunables_lock = threading.Lock()
+        self.recorders = {robot: make_recorder(settings, robot)
+                          for robot, settings in per_robot.items()}
+
+        wakeup = threading.Event()
+        self.channels = [RobotChannel(node, robot, settings, wakeup=wakeup,
+                                      on_instruction=self._on_instruction,
+                                      on_enable=self._on_enable, on_reset=self._on_reset)
+                         for robot, settings in per_robot.items()]
+        for channel in self.channels:
+            channel.is_active = is_active
+        self._diag_pub = node.create_publisher(DiagnosticArray, '/diagnostics', COMMAND_QOS)
+        self._timers = [node.create_timer(self.settings.watchdog_period, self._on_watchdog),
+                        node.create_timer(self.settings.diagnostics_period,
+                                          self._publish_diagnostics)]
+        self.worker = InferenceWorker(self.engine, self.channels, self.engine_lock, wakeup,
+                                      self._take_tunables, self._on_submitted)
+        self.worker.start()
+
+    # ---- state ------------------------------------------------------------------------------
+
+    @property
+    def is_multi_robot(self) -> bool:
+        return bool(self.settings.robots)
+
+    def set_active(self, is_active: bool, reason: str = '') -> None:
+        """Start or stop acting. Stopping publishes one zero twist per robot (`reason`) and
+        drops every queued frame and engine request: nothing decided before it is sent."""
+        if not is_active:
+            for channel in self.channels:
+                channel.publish_zero(reason or 'deactivated', force=True)
+        for channel in self.channels:
+            channel.is_active = is_active
+            if not is_active:
+                channel.slot.clear()
+        if not is_active:
+            with self.engine_lock:
+                self.engine.reset()
+
+    def warm_up(self) -> None:
+        """One throw-away inference (and, with use_cuda_graphs, every graph captured) before
+        the first real frame, so the first action is not the slowest."""
+        import numpy as np
+
+        image = np.zeros((WARM_UP_IMAGE_SIZE, WARM_UP_IMAGE_SIZE, 3), np.uint8)
+        instruction = self.settings.instruction or 'warm up'
+        key = self.settings.unnorm_key_or_none or self.unnorm_keys[0]
+        frame = Frame(image, instruction, key, '__warm_up__')
+        with self.engine_lock:
+            self.engine.capture_graphs(frame)
+            self.engine.submit(frame)
+            self.engine.run_until_idle()
+
+    def destroy(self) -> None:
+        self.worker.stop()
+        for timer in self._timers:
+            self.node.destroy_timer(timer)
+        for channel in self.channels:
+            channel.destroy()
+        self.node.destroy_publisher(self._diag_pub)
+        for recorder in self.recorders.values():
+            if recorder is not None:
+                recorder.close()
+
+    def stats_snapshot(self, robot: str = '') -> dict:
+        channel = next(c for c in self.channels if c.name == robot)
+        return channel.stats.snapshot(time.monotonic())
+
+    # ---- parameters -------------------------------------------------------------------------
+
+    def _check_unnorm_key(self, key: str) -> None:
+        if key and key not in self.unnorm_keys:
+            raise ValueError(f'unnorm_key: {key!r} not in this checkpoint\'s '
+                             f'{list(self.unnorm_keys)}')
+
+    def validate(self, changes) -> SetParametersResult:
+        """On-set callback: refuse load-time changes and invalid values (no side effects)."""
+        proposed = dict(self.values)
+        for change in changes:
+            if change.name not in proposed:
+                continue       # use_sim_time and other rclpy-owned parameters
+            if (change.name in params.LOAD_TIME_PARAMETERS
+                    and change.value != self.values[change.name]):
+                return SetParametersResult(successful=False,
+                                           reason=params.load_time_refusal(change.name))
+            if (self.is_multi_robot and change.name in params.ROBOT_PARAMETERS
+                    and change.value != self.values[change.name]):
+                return SetParametersResult(successful=False, reason=(
+                    f'{change.name}: this node serves robots {list(self.settings.robots)}; '
+                    f'set <robot>.{change.name} (the node-wide value is only their default '
+                    'at start-up)'))
+            proposed[change.name] = change.value
+        try:
+            _, settings = params.settings_from_parameters(proposed)
+            for robot_settings in params.robot_settings(settings, proposed).values():
+                self._check_unnorm_key(robot_settings.unnorm_key)
+        except ValueError as exc:
+            return SetParametersResult(successful=False, reason=str(exc))
+        return SetParametersResult(successful=True)
+
+    def apply(self, changes) -> None:
+        """Post-set callback: new settings for the next frame; engine tunables are queued."""
+        for change in changes:
+            if change.name in self.values:
+                self.values[change.name] = change.value
+        engine_config, self.settings = params.settings_from_parameters(self.values)
+        with self._tunables_lock:
+            self._pending_tunables.update(
+                params.tunable_engine_changes(self.engine_config, engine_config))
+        self.engine_config = engine_config
+        per_robot = params.robot_settings(self.settings, self.values)
+        for channel in self.channels:
+            was_enabled, channel.settings = channel.settings.enabled, per_robot[channel.name]
+            if was_enabled != channel.settings.enabled:
+                self.node.get_logger().info(
+                    f'{channel.label}: {"enabled" if channel.settings.enabled else "disabled"}')
+                if not channel.settings.enabled:
+                    channel.slot.clear()
+
+    def _take_tunables(self) -> dict:
+        with self._tunables_lock:
+            pending, self._pending_tunables = self._pending_tunables, {}
+        return pending
+
+    def _parameter_name(self, channel, name: str) -> str:
+        return params.robot_parameter_name(channel.name, name) if channel.name else name
+
+    def _on_instruction(self, channel, text: str) -> None:
+        name = self._parameter_name(channel, 'instruction')
+        result = self.node.set_parameters([Parameter(name, value=text)])[0]
+        if not result.successful:
+            self.node.get_logger().warning(f'{channel.label}: instruction refused: '
+                                           f'{result.reason}')
+
+    def _on_enable(self, channel, flag: bool) -> tuple[bool, str]:
+        if not channel.is_active:
+            return False, 'the node is not active (lifecycle state); activate it first'
+        name = self._parameter_name(channel, 'enabled')
+        result = self.node.set_parameters([Parameter(name, value=flag)])[0]
+        return result.successful, (('enabled' if flag else 'disabled') if result.successful
+                                   else result.reason)
+
+    def _on_reset(self, channel) -> int:
+        with self.engine_lock:
+            return len(self.engine.reset(channel.stream_id if self.is_multi_robot else None))
+
+    # ---- timers -----------------------------------------------------------------------------
+
+    def _on_watchdog(self) -> None:
+        for channel in self.channels:
+            if channel.is_active:
+                channel.watchdog()
+
+    def _publish_diagnostics(self) -> None:
+        array = DiagnosticArray()
+        array.header.stamp = self.node.get_clock().now().to_msg()
+        array.status = [channel.diagnostic(self.engine.config.mode)
+                        for channel in self.channels]
+        self._diag_pub.publish(array)
+
+    # ---- recording --------------------------------------------------------------------------
+
+    def _on_submitted(self, channel, frame: Frame) -> None:
+        recorder = self.recorders[channel.name]
+        if recorder is not None and not recorder.is_full:
+            recorder.record(frame.image, frame.instruction,
+                            self.node.get_clock().now().nanoseconds)
+
+
+def make_recorder(settings, robot: str):
+    """The frame recorder of `record_dir` (one bag per robot: `<record_dir>/<robot>`), or None
+    when recording is off."""
+    if not settings.record_dir:
+        return None
+    import os
+
+    from vla_spec_ros.recording import FrameRecorder
+
+    directory = os.path.join(settings.record_dir, robot) if robot else settings.record_dir
+    return FrameRecorder(directory, min_period_s=settings.record_period,
+                         max_bytes=settings.record_max_mb * 1024 * 1024)
+
+
+__all__ = ['Serving', 'make_recorder']

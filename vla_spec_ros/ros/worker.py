@@ -1,0 +1,137 @@
+"""The node's inference thread: frames of every robot in, one engine stepped, actions out.
+
+  loop: take the newest frame of each robot (robots visited in rotating order)
+        -> convert -> Engine.submit (after dropping that robot's frames not yet started)
+        -> Engine.step while the engine has work -> RobotChannel.handle_finished
+
+Inference never runs in a ROS callback. Engine calls are serialised by `engine_lock` (held for
+one submit or one step; reset and tunable changes take it between steps). The idle worker
+blocks on a wakeup event that every robot's frame slot sets; while requests are in flight it
+never blocks, so they keep stepping (S6) and new frames join them between steps.
+
+Fairness: each robot has at most one frame waiting in the engine (latest wins, older ones are
+dropped and counted), and the engine admits waiting frames first-in first-out across streams,
+so a robot with a fast camera cannot starve a slow one.
+"""
+from __future__ import annotations
+
+import threading
+
+from sensor_msgs.msg import CompressedImage
+
+from vla_spec_ros.engine.result import Frame, describe_error
+from vla_spec_ros.ros import command as cmd
+from vla_spec_ros.ros import conversions
+
+WORKER_IDLE_WAIT_S = 0.05     # how long the idle worker blocks waiting for a frame
+
+
+class InferenceWorker:
+    """Runs the loop above on its own thread until `stop()`.
+
+    `take_tunables()` returns the engine tunable changes queued since the last call (applied
+    before the next submit, so a request keeps the values it was submitted with).
+    `on_submitted(channel, frame)` (optional) sees every frame that entered the engine (the
+    recorder uses it).
+    """
+
+    def __init__(self, engine, channels, engine_lock: threading.Lock, wakeup: threading.Event,
+                 take_tunables, on_submitted=None):
+        self.engine = engine
+        self.channels = {channel.stream_id: channel for channel in channels}
+        self._order = list(channels)
+        self.engine_lock = engine_lock
+        self._wakeup = wakeup
+        self._take_tunables = take_tunables
+        self._on_submitted = on_submitted
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name='vla_spec_worker', daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self, timeout: float = 30.0) -> None:
+        self._stop.set()
+        self._wakeup.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=timeout)
+
+    def _has_work(self) -> bool:
+        with self.engine_lock:
+            return self.engine.has_work()
+
+    def _loop(self) -> None:
+        turn = 0
+        while not self._stop.is_set():
+            try:
+                if not self._has_work():
+                    self._wakeup.wait(WORKER_IDLE_WAIT_S)
+                self._wakeup.clear()
+                # Visit robots in rotating order so none is always submitted last.
+                turn = (turn + 1) % len(self._order)
+                for channel in self._order[turn:] + self._order[:turn]:
+                    item = channel.slot.take(0.0)
+                    if item is not None:
+                        self._submit(channel, *item)
+                if self._has_work():
+                    self._step()
+            except Exception as exc:   # the engine broke its contract; hold and start over
+                self._fail_all(f'{cmd.REASON_ENGINE_ERROR}: {describe_error(exc)}')
+                try:
+                    with self.engine_lock:
+                        self.engine.reset()
+                except Exception as reset_exc:
+                    self._fail_all(f'{cmd.REASON_ENGINE_ERROR}: reset failed: '
+                                   f'{describe_error(reset_exc)}')
+                    self._stop.wait(1.0)
+
+    def _fail_all(self, reason: str) -> None:
+        for channel in self._order:
+            channel.hold(reason, force=True)
+
+    def _submit(self, channel, msg, info) -> None:
+        settings = channel.settings
+        if not (settings.enabled and channel.is_active):
+            return
+        if not settings.instruction:
+            channel.hold(cmd.REASON_NO_INSTRUCTION, force=False)
+            return
+        stale = cmd.freshness_reason(channel.age_of(info), settings)
+        if stale is not None:          # already too old: do not spend compute on it
+            channel.hold(stale, force=True, is_stale_result=True)
+            return
+        try:
+            if isinstance(msg, CompressedImage):
+                image = conversions.compressed_to_rgb(msg)
+            else:
+                image = conversions.image_to_rgb(msg)
+        except ValueError as exc:
+            channel.hold(f'{cmd.REASON_BAD_INPUT}: image {exc}', force=True)
+            return
+        frame = Frame(image, settings.instruction, settings.unnorm_key_or_none,
+                      channel.stream_id, user_data=info)
+        with self.engine_lock:
+            pending = self._take_tunables()
+            if pending:          # validated by settings_from_parameters when they were set
+                self.engine.set_tunables(**pending)
+            dropped = self.engine.drop_waiting(channel.stream_id)
+            try:
+                self.engine.submit(frame)
+            except ValueError as exc:
+                channel.hold(f'{cmd.REASON_BAD_INPUT}: {exc}', force=True)
+                return
+        channel.stats.record_dropped(len(dropped))
+        channel.stats.record_submitted()
+        if self._on_submitted is not None:
+            self._on_submitted(channel, frame)
+
+    def _step(self) -> None:
+        with self.engine_lock:
+            finished = self.engine.step()
+        for item in finished:
+            channel = self.channels.get(item.frame.stream_id)
+            if channel is not None:       # a robot's channel outlives its requests
+                channel.handle_finished(item)
+
+
+__all__ = ['InferenceWorker', 'WORKER_IDLE_WAIT_S']
