@@ -17,6 +17,7 @@ Input observations (``load_observations``):
 - a folder of ``*.png`` / ``*.jpg`` / ``*.jpeg`` images with ``instructions.jsonl`` (one
   ``{"image": "<file name>", "instruction": "<text>"}`` per line: exactly these pairs) or
   ``instructions.txt`` (one instruction used for every image in the folder, name order).
+A ROS 2 bag gives the same ``ObservationSet`` through ``bag_frames.load_bag_observations``.
 
 Stored data (``<data_dir>``): ``shard-r<rank>-<n>.safetensors`` with the per-sample tensors
 concatenated along rows (``prefix_embeds``, ``features``, ``tokens``, ``prefix_lens``) and a

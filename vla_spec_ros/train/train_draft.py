@@ -14,6 +14,10 @@ Runs in one process or under ``torchrun`` (DDP; the process group is created onl
 ``checkpoints/step-<N>/`` (draft weights + optimizer state, every ``--save-every`` steps;
 ``--resume`` continues from the newest). The final head goes to ``--out`` and loads with
 ``models.draft.load_draft``.
+
+Observations come from ``--data`` (``draft_data.load_observations``) or from a ROS 2 bag
+(``--bag`` with ``--image-topic`` / ``--instruction-topic``, ``bag_frames``); both give the
+same ``ObservationSet``, and everything after that is shared.
 """
 from __future__ import annotations
 
@@ -33,6 +37,7 @@ from torch import nn
 
 from ..config import require_int_fields
 from ..models.draft import DraftConfig, EagleDraftHead, load_draft, new_draft_head, save_draft
+from ..recording import DEFAULT_IMAGE_TOPIC, DEFAULT_INSTRUCTION_TOPIC
 from .draft_data import (DraftDataset, generate_shards, load_observations, pack_samples,
                          read_manifest, write_manifest)
 
@@ -212,11 +217,21 @@ def load_checkpoint(folder: Path, verifier_view, core: EagleDraftHead, optimizer
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument('--model', required=True, help='verifier checkpoint folder or preset name')
-    p.add_argument('--data', required=True,
-                   help='observations: a .npz (images (N,H,W,3) uint8, instructions (N,) str), '
-                   'a folder of such .npz files, or a folder of *.png/*.jpg images with '
-                   'instructions.jsonl ({"image": ..., "instruction": ...} per line) or '
-                   'instructions.txt (one instruction for all images)')
+    source = p.add_mutually_exclusive_group(required=True)
+    source.add_argument('--data',
+                        help='observations: a .npz (images (N,H,W,3) uint8, instructions (N,) '
+                        'str), a folder of such .npz files, or a folder of *.png/*.jpg images '
+                        'with instructions.jsonl ({"image": ..., "instruction": ...} per line) '
+                        'or instructions.txt (one instruction for all images)')
+    source.add_argument('--bag', help='observations from a ROS 2 bag (directory, or its .mcap / '
+                        '.db3 file): each frame of --image-topic paired with the latest '
+                        '--instruction-topic message at or before it')
+    p.add_argument('--image-topic', default=None, help='with --bag: sensor_msgs/Image or '
+                   f'CompressedImage topic (default {DEFAULT_IMAGE_TOPIC})')
+    p.add_argument('--instruction-topic', default=None, help='with --bag: std_msgs/String '
+                   f'topic (default {DEFAULT_INSTRUCTION_TOPIC})')
+    p.add_argument('--every-nth', type=int, default=None,
+                   help='with --bag: keep every n-th paired frame (default 1)')
     p.add_argument('--out', required=True, help='draft folder to write (config.json + '
                    'model.safetensors); <checkpoint>/draft is found automatically')
     p.add_argument('--work-dir', default=None, help='data and checkpoints (default <out>/train)')
@@ -237,6 +252,24 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument('--max-samples', type=int, default=None)
     p.add_argument('--regenerate-data', action='store_true')
     p.add_argument('--no-progress', action='store_true')
+
+
+def _source_settings(args: argparse.Namespace) -> dict:
+    """Where the observations come from, as stored in the data manifest (data generated from
+    other settings is regenerated). Fills the --bag options' defaults; refuses them without
+    --bag."""
+    bag_options = ('image_topic', 'instruction_topic', 'every_nth')
+    args.bag = getattr(args, 'bag', None)       # Namespaces built by hand may lack it
+    if args.bag is None:
+        given = [name for name in bag_options if getattr(args, name, None) is not None]
+        if given:
+            raise ValueError(f'--{given[0].replace("_", "-")}: only applies with --bag')
+        return {'data': str(Path(args.data).resolve())}
+    args.image_topic = args.image_topic or DEFAULT_IMAGE_TOPIC
+    args.instruction_topic = args.instruction_topic or DEFAULT_INSTRUCTION_TOPIC
+    args.every_nth = 1 if args.every_nth is None else args.every_nth
+    return {'bag': str(Path(args.bag).resolve()), 'image_topic': args.image_topic,
+            'instruction_topic': args.instruction_topic, 'every_nth': args.every_nth}
 
 
 def _dist_env() -> tuple[int, int, int]:
@@ -276,7 +309,13 @@ def _generate(args, folder, model, vla_cfg, engine_cfg, data_dir: Path, rank: in
               world_size: int, progress: bool) -> None:
     from ..engine.runner import ModelRunner
     from ..prompt import PromptTokenizer
-    observations = load_observations(args.data)
+    if args.bag is not None:
+        from .bag_frames import load_bag_observations
+        observations = load_bag_observations(args.bag, args.image_topic,
+                                             args.instruction_topic, every_nth=args.every_nth,
+                                             max_frames=args.max_samples)
+    else:
+        observations = load_observations(args.data)
     if args.max_samples is not None:
         observations = observations.limit(args.max_samples)
     tokenizer = PromptTokenizer.from_folder(folder, engine_cfg.max_instruction_tokens)
@@ -294,6 +333,7 @@ def _train(args, rank: int, world_size: int, device: torch.device) -> dict:
     from ..policy import resolve_checkpoint
     cfg = TrainDraftConfig(**{f.name: getattr(args, f.name)
                               for f in dataclasses.fields(TrainDraftConfig)})
+    source = _source_settings(args)
     is_main = rank == 0
     progress = is_main and not args.no_progress
     out = Path(args.out)
@@ -307,7 +347,7 @@ def _train(args, rank: int, world_size: int, device: torch.device) -> dict:
                               restrict_to_action_tokens=args.restrict_to_action_tokens)
     model, vla_cfg, _ = load_model(folder, TORCH_DTYPES[args.dtype], str(device))
     # 2. Training data: generated once per settings, each rank doing its share.
-    settings = {'model': str(folder.resolve()), 'data': str(Path(args.data).resolve()),
+    settings = {'model': str(folder.resolve()), **source,
                 'dtype': args.dtype, 'center_crop': args.center_crop,
                 'rotate_180': args.rotate_180, 'max_samples': args.max_samples,
                 'restrict_to_action_tokens': args.restrict_to_action_tokens}

@@ -1,0 +1,205 @@
+"""Bounded ROS 2 bag recording of what the VLA node sees: camera frames and the instruction.
+
+``FrameRecorder`` writes a rosbag2 directory (MCAP or SQLite 3 storage, both written by the
+pure-Python ``rosbags`` package; no ROS installation, no rclpy, no torch) holding
+
+    <image_topic>        sensor_msgs/msg/Image, rgb8, one per recorded frame
+    <instruction_topic>  std_msgs/msg/String, written only when the instruction changes
+
+Every message is logged at the frame's stamp (``stamp_ns``, also the image's header stamp), and
+the instruction is written just before the frame that first uses it, so a reader that pairs
+each frame with the latest instruction at or before its time (``train.bag_frames``) gets back
+exactly the recorded (frame, instruction) pairs. ``vla-spec train-draft --bag`` reads such bags
+(and bags from ``ros2 bag record`` of the same topics).
+
+Contracts:
+- Rate: at most one frame per ``min_period_s`` of stamp time; a frame stamped before the last
+  recorded one is not recorded (the bag stays in time order).
+- Size: ``bytes_used`` is a conservative estimate of the bag's size on disk (a fixed container
+  allowance, then per message its serialised bytes plus the storage's per-message overhead).
+  A frame (with its instruction) whose cost would take ``bytes_used`` past ``max_bytes`` is not
+  recorded, and from then on ``is_full`` is True and nothing more is recorded.
+- The bag is complete only after ``close()`` (or leaving the ``with`` block): the storage
+  index and ``metadata.yaml`` are written there, so a process killed before then leaves a bag
+  that cannot be read. ``close()`` is idempotent.
+- Storage: ``'mcap'`` (the default, as in ``ros2 bag record`` since Iron) or ``'sqlite3'``.
+- One lock guards every method, so a worker thread may record while another thread closes.
+"""
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import numpy as np
+
+DEFAULT_IMAGE_TOPIC = '/camera/image'
+DEFAULT_INSTRUCTION_TOPIC = '/instruction'
+IMAGE_TYPE = 'sensor_msgs/msg/Image'
+STRING_TYPE = 'std_msgs/msg/String'
+STORAGES = ('mcap', 'sqlite3')
+ROSBAG2_VERSION = 9
+
+# Size model per storage: (fixed container allowance, per-message overhead, allocation unit).
+# MCAP: header, schemas, channels, summary, metadata.yaml; per message a 31-byte record, a
+# 16-byte index entry and, for frames of 1 MiB or more (one chunk each), the chunk's ~220 bytes
+# of framing and index. SQLite: the schema pages and metadata.yaml; per message a row, its
+# timestamp index entry, and blob overflow pages filled to at most page size - 4 bytes.
+_SIZE_MODEL = {
+    'mcap': (8192, 256, 1),
+    'sqlite3': (40960, 96, 4092),
+}
+_SQLITE_PAGE = 4096
+
+
+def _rosbags():
+    try:
+        from rosbags.rosbag2 import StoragePlugin, Writer
+        from rosbags.typesys import Stores, get_typestore
+    except ImportError as exc:
+        raise ImportError('FrameRecorder needs the rosbags package: pip install '
+                          '"rosbags>=0.11" (or this package\'s [ros] extra)') from exc
+    return StoragePlugin, Writer, get_typestore(Stores.ROS2_KILTED)
+
+
+class FrameRecorder:
+    """Records (frame, instruction) pairs into a new rosbag2 directory; see the module doc."""
+
+    def __init__(self, directory, *, min_period_s: float = 0.0, max_bytes: int | None = None,
+                 storage: str = 'mcap', image_topic: str = DEFAULT_IMAGE_TOPIC,
+                 instruction_topic: str = DEFAULT_INSTRUCTION_TOPIC, frame_id: str = ''):
+        path = Path(directory).expanduser()
+        if path.exists():
+            raise ValueError(f'directory: {path} exists already; a bag is written into a new '
+                             'directory')
+        if storage not in STORAGES:
+            raise ValueError(f'storage: {storage!r} is not one of {STORAGES}')
+        if not float(min_period_s) >= 0:
+            raise ValueError(f'min_period_s: must be >= 0, got {min_period_s}')
+        for name, topic in (('image_topic', image_topic),
+                            ('instruction_topic', instruction_topic)):
+            if not isinstance(topic, str) or not topic.startswith('/') or topic.endswith('/'):
+                raise ValueError(f'{name}: {topic!r} is not an absolute topic name')
+        if image_topic == instruction_topic:
+            raise ValueError(f'instruction_topic: must differ from image_topic ({image_topic})')
+        self._reserve, self._per_message, self._unit = _SIZE_MODEL[storage]
+        if max_bytes is not None and (isinstance(max_bytes, bool) or int(max_bytes) != max_bytes
+                                      or max_bytes <= self._reserve):
+            raise ValueError(f'max_bytes: must be an integer above the {storage} container '
+                             f'allowance of {self._reserve} bytes (or None), got {max_bytes}')
+        plugin, writer_cls, self._typestore = _rosbags()
+        self.path = path
+        self.storage = storage
+        self.image_topic, self.instruction_topic = image_topic, instruction_topic
+        self.frame_id = str(frame_id)
+        self.min_period_ns = int(round(float(min_period_s) * 1e9))
+        self.max_bytes = None if max_bytes is None else int(max_bytes)
+        self.bytes_used = self._reserve
+        self.frames_recorded = 0
+        self.instructions_recorded = 0
+        self._is_full = False
+        self._last_stamp: int | None = None
+        self._last_instruction: str | None = None
+        self._lock = threading.Lock()
+        self._writer = writer_cls(path, version=ROSBAG2_VERSION,
+                                  storage_plugin=getattr(plugin, storage.upper()))
+        self._writer.open()
+        try:
+            self._image_conn = self._writer.add_connection(image_topic, IMAGE_TYPE,
+                                                           typestore=self._typestore)
+            self._text_conn = self._writer.add_connection(instruction_topic, STRING_TYPE,
+                                                          typestore=self._typestore)
+        except Exception:
+            self._writer.close()
+            raise
+
+    # ---- state --------------------------------------------------------------------------------
+
+    @property
+    def is_full(self) -> bool:
+        """True once a frame was refused because it would exceed ``max_bytes``."""
+        return self._is_full
+
+    @property
+    def closed(self) -> bool:
+        return self._writer is None
+
+    # ---- recording ----------------------------------------------------------------------------
+
+    def _cost(self, payload_bytes: int) -> int:
+        """Estimated bytes on disk of one message with ``payload_bytes`` serialised bytes."""
+        size = payload_bytes + self._per_message
+        if self._unit > 1 and payload_bytes > self._unit // 4:     # SQLite overflow pages
+            size = -(-size // self._unit) * _SQLITE_PAGE
+        return size
+
+    def _image_message(self, frame: np.ndarray, stamp_ns: int):
+        types = self._typestore.types
+        sec, nanosec = divmod(stamp_ns, 10**9)
+        stamp = types['builtin_interfaces/msg/Time'](sec=sec, nanosec=nanosec)
+        header = types['std_msgs/msg/Header'](stamp=stamp, frame_id=self.frame_id)
+        height, width = frame.shape[:2]
+        return types[IMAGE_TYPE](header=header, height=height, width=width, encoding='rgb8',
+                                 is_bigendian=0, step=width * 3,
+                                 data=np.ascontiguousarray(frame).reshape(-1))
+
+    def record(self, frame_rgb: np.ndarray, instruction: str, stamp_ns: int) -> bool:
+        """Record one frame seen under ``instruction`` at ``stamp_ns`` (ns since the epoch of
+        the node's clock). Returns whether it was recorded: False when closed, full, within
+        ``min_period_s`` of the last recorded frame, stamped before it, or when the
+        instruction is empty (the node holds then: nothing to learn from). Raises ValueError
+        naming the argument for a frame that is not (H, W, 3) uint8 or a bad stamp."""
+        frame = np.asarray(frame_rgb)
+        if frame.dtype != np.uint8 or frame.ndim != 3 or frame.shape[2] != 3 \
+                or 0 in frame.shape:
+            raise ValueError(f'frame_rgb: expected (H, W, 3) uint8 RGB, got {frame.shape} '
+                             f'{frame.dtype}')
+        if not isinstance(instruction, str):
+            raise ValueError(f'instruction: expected str, got {type(instruction).__name__}')
+        if isinstance(stamp_ns, bool) or not isinstance(stamp_ns, (int, np.integer)) \
+                or stamp_ns < 0:
+            raise ValueError(f'stamp_ns: expected an integer >= 0, got {stamp_ns!r}')
+        stamp_ns = int(stamp_ns)
+        with self._lock:
+            if self._writer is None or self._is_full or not instruction:
+                return False
+            if self._last_stamp is not None and (
+                    stamp_ns < self._last_stamp
+                    or stamp_ns - self._last_stamp < self.min_period_ns):
+                return False
+            image = self._typestore.serialize_cdr(self._image_message(frame, stamp_ns),
+                                                  IMAGE_TYPE)
+            text = None
+            if instruction != self._last_instruction:
+                text = self._typestore.serialize_cdr(
+                    self._typestore.types[STRING_TYPE](data=instruction), STRING_TYPE)
+            cost = self._cost(len(image)) + (self._cost(len(text)) if text is not None else 0)
+            if self.max_bytes is not None and self.bytes_used + cost > self.max_bytes:
+                self._is_full = True
+                return False
+            if text is not None:
+                self._writer.write(self._text_conn, stamp_ns, text)
+                self._last_instruction = instruction
+                self.instructions_recorded += 1
+            self._writer.write(self._image_conn, stamp_ns, image)
+            self.bytes_used += cost
+            self.frames_recorded += 1
+            self._last_stamp = stamp_ns
+            return True
+
+    def close(self) -> None:
+        """Finish the bag (index, metadata.yaml). Safe to call more than once."""
+        with self._lock:
+            writer, self._writer = self._writer, None
+            if writer is not None:
+                writer.close()
+
+    def __enter__(self) -> 'FrameRecorder':
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return (f'FrameRecorder({str(self.path)!r}, storage={self.storage!r}, '
+                f'frames={self.frames_recorded}, bytes_used={self.bytes_used}, '
+                f'full={self._is_full})')
