@@ -14,6 +14,8 @@ from vla_spec_ros.engine.kv_ring import KVRing
 from vla_spec_ros.engine.request import Request
 from vla_spec_ros.engine.scheduler import ScheduledStep, Scheduler
 
+from helpers import can_allocate, inflight_ids, live_spans, num_held
+
 ACTION_DIM = 7
 
 
@@ -51,13 +53,13 @@ class Driver:
         assert len(scheduled.decode_ids) + (scheduled.prefill is not None) \
             <= self.scheduler.max_inflight
         assert scheduled.decode_ids == sorted(scheduled.decode_ids)      # oldest first
-        advancing = list(scheduled.decode_ids)
+        advancing = list(scheduled.decode)
         if scheduled.prefill is not None:
             self.prefill_step[scheduled.prefill.request_id] = self.step
-            advancing.append(scheduled.prefill.request_id)
-        for request_id in advancing:
-            remaining = self.scheduler.num_remaining(request_id)
-            self.scheduler.on_tokens(request_id, [0] * self.gain(request_id, remaining))
+            advancing.append(scheduled.prefill)
+        for request in advancing:
+            gain = self.gain(request.request_id, request.num_remaining)
+            self.scheduler.on_tokens(request.request_id, [0] * gain)
         for request_id in ids(self.scheduler.pop_finished()):
             self.emit_step[request_id] = self.step
             self.emitted.append(request_id)
@@ -216,7 +218,7 @@ def test_speculative_out_of_order_finish_is_held_per_stream():
     assert scheduler.on_tokens(1, [0] * 6) is True
     scheduler.on_tokens(2, [0] * 1)
     assert ids(scheduler.pop_finished()) == []                        # held behind frame 0
-    assert scheduler.num_finished == 1 and scheduler.num_inflight == 2
+    assert num_held(scheduler, 3, 0) == 1 and scheduler.num_inflight == 2
     # step 3: stream b finishes; it is independent of stream a
     step = scheduler.schedule()
     assert step.prefill is None and step.decode_ids == [0, 2]
@@ -228,7 +230,7 @@ def test_speculative_out_of_order_finish_is_held_per_stream():
     assert step.decode_ids == [0]
     scheduler.on_tokens(0, [0] * 1)
     assert ids(scheduler.pop_finished()) == [0, 1]
-    assert not scheduler.has_work() and scheduler.num_finished == 0
+    assert not scheduler.has_work() and num_held(scheduler, 3, 3) == 0
     assert scheduler.ring.num_live == 0
 
 
@@ -272,11 +274,13 @@ def test_random_streams_and_gains_keep_order_and_liveness(seed):
         elif waiting:
             # Not admitted only when the pipeline is full or the ring lacks room.
             head = requests[waiting[0]]
-            assert len(inflight_before) == max_inflight or not ring.can_allocate(head.num_slots)
+            assert len(inflight_before) == max_inflight or \
+                not can_allocate(ring, tokens, head.num_slots)
         assert len(tokens) <= max_inflight
         # No two in-flight requests share a slot; exactly the in-flight requests own spans.
-        assert sorted(ring.live_spans()) == sorted(tokens)
-        used = [s for span in ring.live_spans().values() for s in span.slots()]
+        spans = live_spans(ring, range(len(requests)))
+        assert sorted(spans) == sorted(tokens)
+        used = [s for span in spans.values() for s in span.slots()]
         assert len(used) == len(set(used))
 
         finish_events = []
@@ -318,13 +322,13 @@ def test_reset_one_stream_frees_its_slots_and_keeps_the_other():
         step = scheduler.schedule()
         for request_id in step.decode_ids + [step.prefill.request_id]:
             scheduler.on_tokens(request_id, [0] * 1)
-    assert scheduler.inflight_ids() == [0, 1, 2] and scheduler.num_waiting == 3
+    assert inflight_ids(scheduler, range(6)) == [0, 1, 2] and scheduler.num_waiting == 3
     freed = sum(make_request(i, prefix_len=10 + i).num_slots for i in (0, 2))
     num_free_before = ring.num_free
 
     assert ids(scheduler.reset('a')) == [0, 2, 4, 5]
     assert ring.num_free == num_free_before + freed
-    assert scheduler.inflight_ids() == [1] and scheduler.num_waiting == 1
+    assert inflight_ids(scheduler, range(6)) == [1] and scheduler.num_waiting == 1
     emitted = []
     while scheduler.has_work():
         step = scheduler.schedule()
@@ -346,9 +350,9 @@ def test_reset_all_drops_held_finished_requests_too():
     scheduler.schedule()
     scheduler.on_tokens(0, [0] * 1)
     scheduler.on_tokens(1, [0] * ACTION_DIM)                   # finished, held behind 0
-    assert ids(scheduler.pop_finished()) == [] and scheduler.num_finished == 1
+    assert ids(scheduler.pop_finished()) == [] and num_held(scheduler, 3, 0) == 1
     assert ids(scheduler.reset()) == [0, 1, 2]
-    assert not scheduler.has_work() and scheduler.num_finished == 0
+    assert not scheduler.has_work() and num_held(scheduler, 3, 3) == 0
     assert ids(scheduler.pop_finished()) == [] and ring.num_free == 500
     scheduler.submit(make_request(3, 'a'))               # the stream starts afresh
     assert scheduler.schedule().prefill.request_id == 3
@@ -374,16 +378,17 @@ def test_drop_waiting_replaces_queued_frames_of_one_stream():
 
 def test_history_len_follows_decided_tokens():
     scheduler = Scheduler(2, ACTION_DIM, KVRing(100))
-    scheduler.submit(make_request(0, prefix_len=12))
-    scheduler.schedule()
+    request = make_request(0, prefix_len=12)
+    scheduler.submit(request)
+    assert scheduler.schedule().prefill is request       # the scheduler's record is the request
     with pytest.raises(ValueError, match='no token yet'):
-        scheduler.history_len(0)
+        request.history_len
     scheduler.on_tokens(0, [0] * 1)
-    assert scheduler.history_len(0) == 12                # next input: token 1 at position 12
+    assert request.history_len == 12                     # next input: token 1 at position 12
     scheduler.on_tokens(0, [0] * 3)
-    assert scheduler.history_len(0) == 15
-    assert scheduler.num_tokens(0) == 4 and scheduler.num_remaining(0) == 3
-    assert scheduler.get(0).prefix_len == 12
+    assert request.history_len == 15
+    assert request.num_tokens == 4 and request.num_remaining == 3
+    assert request.prefix_len == 12
 
 
 def test_submit_rejects_a_prefill_larger_than_the_ring():
@@ -416,8 +421,6 @@ def test_bad_input_is_rejected_with_the_field_name():
         scheduler.on_tokens(5, [0] * (ACTION_DIM + 1))
     with pytest.raises(ValueError, match='tokens'):
         scheduler.on_tokens(5, [-1.5])
-    with pytest.raises(ValueError, match='request_id'):
-        scheduler.get(99)
 
 
 def test_bookkeeping_modules_import_no_torch():

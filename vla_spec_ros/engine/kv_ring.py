@@ -98,10 +98,6 @@ class KVRing:
     def __contains__(self, request_id: int) -> bool:
         return request_id in self._spans
 
-    def live_spans(self) -> dict[int, RingSpan]:
-        """A copy of request_id -> span for every live span, in allocation order."""
-        return dict(self._spans)
-
     def span(self, request_id: int) -> RingSpan:
         try:
             return self._spans[request_id]
@@ -115,11 +111,6 @@ class KVRing:
     def slots(self, request_id: int, start: int, count: int) -> list[int]:
         """Physical slots of the request's logical indices start .. start + count - 1."""
         return self.span(request_id).slots(start, count)
-
-    def can_allocate(self, num_slots: int) -> bool:
-        """True when ``allocate(..., num_slots)`` would succeed now."""
-        self._check_num_slots(num_slots)
-        return self._find_start(num_slots) is not None
 
     def allocate(self, request_id: int, num_slots: int) -> RingSpan | None:
         """Reserve ``num_slots`` consecutive slots for ``request_id``; None when there is no room.

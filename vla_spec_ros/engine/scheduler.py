@@ -80,37 +80,9 @@ class Scheduler:
     def num_inflight(self) -> int:
         return len(self._inflight)
 
-    @property
-    def num_finished(self) -> int:
-        """Finished requests not yet returned by ``pop_finished`` (held for ordering)."""
-        return len(self._finish_order)
-
-    def inflight_ids(self) -> list[int]:
-        return list(self._inflight)
-
     def has_work(self) -> bool:
         """True while a request waits or is in flight (a step would make progress)."""
         return bool(self._waiting or self._inflight)
-
-    def get(self, request_id: int) -> Request:
-        """The request with this id (waiting, in flight, or finished and held)."""
-        try:
-            return self._requests[request_id]
-        except KeyError:
-            raise ValueError(f'request_id: {request_id} is not known (never submitted, '
-                             'emitted or dropped)') from None
-
-    def num_tokens(self, request_id: int) -> int:
-        """Tokens decided so far for an in-flight request."""
-        return self._check_inflight(request_id).num_tokens
-
-    def num_remaining(self, request_id: int) -> int:
-        """Tokens an in-flight request still needs (the most ``on_tokens`` may add)."""
-        return self._check_inflight(request_id).num_remaining
-
-    def history_len(self, request_id: int) -> int:
-        """See ``Request.history_len``."""
-        return self._check_inflight(request_id).history_len
 
     def submit(self, request: Request) -> None:
         if not isinstance(request, Request):
