@@ -13,6 +13,8 @@ import pytest
 from vla_spec_ros.engine.draft_tree import (DraftTree, PartialTree, build_dynamic_tree,
                                             chain_tree)
 
+from helpers import root_to_leaf_paths, tree_mask
+
 ROOT_TOKEN = 7
 
 
@@ -118,17 +120,17 @@ def test_build_matches_brute_force(depth, top_k):
 def test_mask_positions_paths_match_independent_computation(depth, top_k, max_nodes):
     tree = build_dynamic_tree(ROOT_TOKEN, make_expand(top_k + 2, []), depth, top_k, max_nodes)
     parents = tree.parents
-    mask = tree.tree_mask()
+    mask = tree_mask(tree)
     assert len(mask) == tree.num_nodes
     for i in range(tree.num_nodes):
         allowed = ancestors_or_self(parents, i)
         assert mask[i] == [j in allowed for j in range(tree.num_nodes)]
-        assert tree.position_offsets()[i] == len(allowed) - 1
+        assert tree.depths[i] == len(allowed) - 1
         assert tree.children(i) == tuple(j for j in range(tree.num_nodes) if parents[j] == i)
 
     leaves = [i for i in range(tree.num_nodes) if i not in set(parents)]
     expected_paths = [sorted(ancestors_or_self(parents, leaf)) for leaf in leaves]
-    assert tree.root_to_leaf_paths() == expected_paths
+    assert root_to_leaf_paths(tree) == expected_paths
     assert tree.max_depth == max(len(p) - 1 for p in expected_paths)
 
 
@@ -233,18 +235,18 @@ def test_chain_tree():
     tree = chain_tree(5, [8, 9, 10], logprobs=[-0.5, -0.25, 0.0])
     assert tree.tokens == (5, 8, 9, 10)
     assert tree.parents == (-1, 0, 1, 2)
-    assert tree.depths == tree.position_offsets() == (0, 1, 2, 3)
+    assert tree.depths == (0, 1, 2, 3)
     assert tree.scores == (0.0, -0.5, -0.75, -0.75)
-    assert tree.tree_mask() == [[j <= i for j in range(4)] for i in range(4)]
-    assert tree.root_to_leaf_paths() == [[0, 1, 2, 3]]
+    assert tree_mask(tree) == [[j <= i for j in range(4)] for i in range(4)]
+    assert root_to_leaf_paths(tree) == [[0, 1, 2, 3]]
     assert tree.children(1) == (2,) and tree.children(3) == ()
 
     default = chain_tree(5, [8, 9])
     assert default.scores == (0.0, 0.0, 0.0)
     root_only = chain_tree(5, [])
     assert root_only.num_nodes == 1 and root_only.max_depth == 0
-    assert root_only.root_to_leaf_paths() == [[0]]
-    assert root_only.tree_mask() == [[True]]
+    assert root_to_leaf_paths(root_only) == [[0]]
+    assert tree_mask(root_only) == [[True]]
     with pytest.raises(ValueError, match='logprobs'):
         chain_tree(5, [8, 9], logprobs=[-1.0])
 

@@ -15,11 +15,13 @@ from vla_spec_ros.config import EngineConfig
 from vla_spec_ros.engine.kv_ring import KVRing
 from vla_spec_ros.engine.runner import dense_batch
 from vla_spec_ros.engine.step_inputs import (NO_PARENT, PrefillRows, pack_step, padding_step,
-                                             reference_allowed_slots, tree_rows)
+                                             tree_rows)
 from vla_spec_ros.engine.step_plan import SegmentSpec, plan_step
 from vla_spec_ros.models.layers import (StepBatch, attend_packed, attend_segments,
                                         fuse_projections)
 from vla_spec_ros.models.random_checkpoint import make_checkpoint
+
+from helpers import reference_allowed_slots
 
 
 def random_parents(rng, num_nodes):

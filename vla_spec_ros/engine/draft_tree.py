@@ -7,9 +7,10 @@ next frontier, then rerank every candidate and keep the best ``max_nodes - 1``.
 A ``DraftTree`` is what one verification forward consumes:
 - node 0 is the root: the last token already decided, whose KV is not yet in the verifier cache;
 - nodes are ordered so that a parent always has a smaller index than its children;
-- ``tree_mask()`` is the attention pattern among the nodes (ancestor-or-self);
-- ``position_offsets()`` are the node depths. The verifier position of node i is
-  ``history_len + depth(i)`` where ``history_len`` counts the request's FULL prefix (BOS, image
+- a node attends to its ancestors and itself: ``step_inputs.ancestor_mask(tree.parents)``, the
+  one builder of tree masks;
+- ``depths`` are the position offsets. The verifier position of node i is
+  ``history_len + depths[i]`` where ``history_len`` counts the request's FULL prefix (BOS, image
   patch tokens, text and tokens decided so far). Spec-VLA computed the offset from text tokens
   only, leaving the image out; that bug is deliberately not reproduced.
 """
@@ -25,6 +26,15 @@ NO_PARENT = -1      # parent index stored for the root
 
 # expand(partial, frontier) -> per frontier node, (token, logprob) candidates, best first.
 ExpandFn = Callable[['PartialTree', Sequence[int]], Sequence[Sequence[tuple[int, float]]]]
+
+
+def _path_to(parents: Sequence[int], node: int) -> list[int]:
+    """``node``'s ancestors from the root down, then ``node`` itself."""
+    path = []
+    while node != NO_PARENT:
+        path.append(node)
+        node = parents[node]
+    return path[::-1]
 
 
 @dataclass(frozen=True)
@@ -82,34 +92,9 @@ class DraftTree:
         """Children of ``node`` in increasing index order."""
         return self._children[node]
 
-    def is_leaf(self, node: int) -> bool:
-        return not self._children[node]
-
     def path_to(self, node: int) -> list[int]:
         """Node indices from the root down to ``node`` (both included)."""
-        path = []
-        while node != NO_PARENT:
-            path.append(node)
-            node = self.parents[node]
-        return path[::-1]
-
-    def tree_mask(self) -> list[list[bool]]:
-        """(num_nodes, num_nodes): mask[i][j] is True iff node j is an ancestor-or-self of i."""
-        mask: list[list[bool]] = []
-        for i in range(self.num_nodes):
-            # Parents precede children, so the parent's row is complete when row i is built.
-            row = list(mask[self.parents[i]]) if i != ROOT else [False] * self.num_nodes
-            row[i] = True
-            mask.append(row)
-        return mask
-
-    def position_offsets(self) -> tuple[int, ...]:
-        """(num_nodes,): add the request's full history length to get verifier positions."""
-        return self.depths
-
-    def root_to_leaf_paths(self) -> list[list[int]]:
-        """One root-to-leaf node-index path per leaf, leaves in increasing index order."""
-        return [self.path_to(i) for i in range(self.num_nodes) if self.is_leaf(i)]
+        return _path_to(self.parents, node)
 
 
 def chain_tree(root_token: int, tokens: Sequence[int],
@@ -150,11 +135,7 @@ class PartialTree:
         return len(self.tokens)
 
     def path_to(self, node: int) -> list[int]:
-        path = []
-        while node != NO_PARENT:
-            path.append(node)
-            node = self.parents[node]
-        return path[::-1]
+        return _path_to(self.parents, node)
 
     def _add(self, parent: int, token: int, logprob: float) -> int:
         self.tokens.append(int(token))

@@ -27,9 +27,9 @@ import torch
 
 from ..config import EngineConfig
 from ..models.draft import DEFAULT_DRAFT_SUBFOLDER, RANDOM_DRAFT, load_draft, new_draft_head
-from .draft_tree import ROOT, DraftTree, grow_dynamic_tree
+from .draft_tree import NO_PARENT, ROOT, DraftTree, grow_dynamic_tree
 from .packed_forward import PackedForward
-from .step_inputs import PrefillRows, SegmentRows, chain_rows, pack_step
+from .step_inputs import PrefillRows, chain_rows, pack_step, tree_rows
 
 # Proposals kept per request after each update: any tree_top_k (a run-time tunable, at most
 # 32) reads a prefix of them, so changing it never needs a recomputation.
@@ -289,10 +289,14 @@ class EagleDrafter(Drafter):
                 raise ValueError(f'depth, top_k: {depth} x {top_k} exceed the draft scratch')
             trees_i = grow_dynamic_tree(state.root_token, depth, top_k, max_nodes)
             growing[i] = (trees_i, next(trees_i))
-        # Per request: candidate id -> lane-relative scratch slot, -> row of the last forward.
-        slot_of = [dict() for _ in states]
-        row_of = [dict() for _ in states]
-        next_slot = [state.stable_len for state in states]
+        # Per request, the expanded candidates as a tree of their own: the root (local node
+        # 0, whose draft state is the last stable position stable_len - 1) and every frontier
+        # node fed so far, local node k in lane slot stable_len - 1 + k. Each level feeds the
+        # newest nodes with the tree attention of ``tree_rows``.
+        local_of = [{ROOT: 0} for _ in states]           # candidate id -> local node
+        local_parents = [[NO_PARENT] for _ in states]
+        local_tokens = [[state.root_token] for state in states]
+        row_of = [dict() for _ in states]                # candidate id -> row of the last forward
         previous_hidden = None
         while growing:
             answers, segments, feature_rows, members = {}, [], [], []
@@ -304,18 +308,16 @@ class EagleDrafter(Drafter):
                     # Depth-1 candidates come from the root's draft output: no forward needed.
                     answers[i] = [state.root_proposals[:top_k]]
                     continue
-                slots = list(range(next_slot[i], next_slot[i] + len(frontier)))
-                next_slot[i] += len(frontier)
-                slot_of[i].update(zip(frontier, slots))
-                # Tree attention: the stable prefix, the node's ancestors below the root (whose
-                # draft state is the last stable position) and the node itself.
-                extra = tuple(tuple(slot_of[i][a] for a in partial.path_to(n)[1:])
-                              for n in frontier)
-                segments.append(SegmentRows(
-                    state.lane * self.lane_len, self.scratch_slot, state.stable_len,
-                    tuple(slots), tuple(state.stable_len - 1 + partial.depths[n]
-                                        for n in frontier), extra,
-                    tuple(partial.tokens[n] for n in frontier)))
+                first = len(local_parents[i])
+                for n in frontier:
+                    local_of[i][n] = len(local_parents[i])
+                    local_parents[i].append(local_of[i][partial.parents[n]])
+                    local_tokens[i].append(partial.tokens[n])
+                # Attention: the stable prefix, the node's ancestors and the node itself.
+                segments.append(tree_rows(state.lane * self.lane_len, self.scratch_slot,
+                                          state.stable_len - 1, local_parents[i],
+                                          local_tokens[i],
+                                          rows=range(first, len(local_parents[i]))))
                 for n in frontier:
                     parent = partial.parents[n]
                     feature_rows.append(state.lane if parent == ROOT

@@ -19,13 +19,16 @@ padded with scratch -> scratch copies.
 
 Terms. A request's logical index i lives in physical slot ``(base + i) % modulus`` (the ring
 wraps; drafter lanes never do). ``num_visible`` = logical slots 0 .. num_visible-1 every row of
-the segment may read (its history); ``extra[j]`` = the further logical slots row j may read:
-for a tree node its ancestors and itself (written this step), for a causal chain the rows up
-to itself. Positions are logical RoPE positions, never physical.
+the segment may read (its history); ``tree_start`` / ``tree_mask`` = the further logical slots
+a row may read: its tree ancestors and itself (a causal chain is a tree whose node i has parent
+i - 1). ``ancestor_mask`` is the one builder of that tree attention rule, for the verifier's
+trees and the drafter's tree levels alike. Positions are logical RoPE positions, never
+physical.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Sequence
 
 import numpy as np
@@ -42,17 +45,18 @@ class PrefillRows:
     length: int
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class SegmentRows:
     """One request's rows in a packed forward (see the module docstring for the terms)."""
 
     base: int
     modulus: int
     num_visible: int
-    slots: tuple[int, ...]                  # logical slot each row writes its K/V to
-    positions: tuple[int, ...]              # logical RoPE position of each row
-    extra: tuple[tuple[int, ...], ...]      # further logical slots each row may read
-    tokens: tuple[int, ...]                 # input token id of each row
+    slots: tuple[int, ...]          # logical slot each row writes its K/V to
+    positions: tuple[int, ...]      # logical RoPE position of each row
+    tokens: tuple[int, ...]         # input token id of each row
+    tree_start: int                 # logical slot of tree node 0 (node k at tree_start + k)
+    tree_mask: np.ndarray           # (rows, nodes) bool: row j may also read tree node k
 
     @property
     def num_rows(self) -> int:
@@ -64,30 +68,61 @@ class SegmentRows:
         return max([self.num_visible] + [s + 1 for s in self.slots])
 
 
-def tree_rows(base: int, modulus: int, history_len: int, parents: Sequence[int],
-              tokens: Sequence[int]) -> SegmentRows:
-    """A draft tree (or, with parents 0..n-2, a causal chain) fed after ``history_len`` KV
-    entries: node i writes logical slot history_len + i, sits at position history_len +
-    depth(i) and reads the history, its ancestors and itself (EAGLE tree attention)."""
-    if len(parents) != len(tokens) or not parents or parents[0] != NO_PARENT:
-        raise ValueError(f'parents: a tree needs parents[0] == {NO_PARENT} and one parent per '
-                         f'token, got {list(parents)} for {len(tokens)} tokens')
-    ancestry: list[tuple[int, ...]] = []
-    depths: list[int] = []
-    for node, parent in enumerate(parents):
-        if node == 0:
-            ancestry.append((history_len,))
-            depths.append(0)
-            continue
+def ancestor_mask(parents: Sequence[int]) -> np.ndarray:
+    """The tree attention rule: (n, n) bool, ``mask[i, j]`` iff node j is node i or one of its
+    ancestors (EAGLE tree attention). The one builder of every tree mask in the engine.
+
+    ``parents[0] == NO_PARENT`` (node 0 is the root) and ``0 <= parents[i] < i`` otherwise.
+    The array is read-only (shared between calls with the same parents).
+    """
+    return _tree_structure(tuple(parents))[0]
+
+
+@lru_cache(maxsize=256)             # decode tokens and chains repeat every step
+def _tree_structure(parents: tuple[int, ...]) -> tuple[np.ndarray, tuple[int, ...]]:
+    """(ancestor mask, depths) of a tree given by its parents (see ``ancestor_mask``)."""
+    n = len(parents)
+    if n == 0 or parents[0] != NO_PARENT:
+        raise ValueError(f'parents: a tree needs parents[0] == {NO_PARENT}, got {list(parents)}')
+    ancestry = [(0,)]               # node i: its ancestors and itself, root first
+    for node in range(1, n):
+        parent = parents[node]
         if not 0 <= parent < node:
             raise ValueError(f'parents: node {node} has parent {parent}; parents must precede '
                              'their children')
-        ancestry.append(ancestry[parent] + (history_len + node,))
-        depths.append(depths[parent] + 1)
+        ancestry.append(ancestry[parent] + (node,))
+    counts = [len(a) for a in ancestry]
+    mask = np.zeros((n, n), dtype=np.bool_)
+    mask[np.repeat(np.arange(n), counts),
+         np.fromiter((j for a in ancestry for j in a), dtype=np.int64, count=sum(counts))] = True
+    mask.setflags(write=False)
+    return mask, tuple(c - 1 for c in counts)
+
+
+def tree_rows(base: int, modulus: int, history_len: int, parents: Sequence[int],
+              tokens: Sequence[int], rows: Sequence[int] | None = None) -> SegmentRows:
+    """A draft tree (or, with parents -1, 0, 1, ..., a causal chain) after ``history_len`` KV
+    entries: node i writes logical slot history_len + i, sits at position history_len +
+    depth(i) and reads the history, its ancestors and itself (EAGLE tree attention).
+
+    ``rows`` (default: every node) are the nodes fed in this forward, in row order; the other
+    nodes' K/V must already be at their slots (the drafter grows its trees a level per
+    forward). ``tokens`` has one entry per node.
+    """
+    if len(parents) != len(tokens):
+        raise ValueError(f'parents: one parent per token needed, got {list(parents)} for '
+                         f'{len(tokens)} tokens')
+    mask, depths = _tree_structure(tuple(parents))
+    if rows is None:
+        rows = range(len(parents))
+    else:
+        rows = [int(r) for r in rows]
+        mask = mask[rows]
     return SegmentRows(base, modulus, history_len,
-                       tuple(history_len + i for i in range(len(tokens))),
-                       tuple(history_len + d for d in depths), tuple(ancestry),
-                       tuple(int(t) for t in tokens))
+                       slots=tuple(history_len + r for r in rows),
+                       positions=tuple(history_len + depths[r] for r in rows),
+                       tokens=tuple(int(tokens[r]) for r in rows),
+                       tree_start=history_len, tree_mask=mask)
 
 
 def chain_rows(base: int, modulus: int, history_len: int, tokens: Sequence[int]) -> SegmentRows:
@@ -195,10 +230,8 @@ def pack_step(prefill: PrefillRows | None, segments: Sequence[SegmentRows], scra
         token_ids[s * q:s * q + n] = seg.tokens
         mask[s, :n, :] = False
         mask[s, :n, :seg.num_visible] = True
-        rows = np.repeat(np.arange(n), [len(e) for e in seg.extra])
-        cols_seen = np.fromiter((c for e in seg.extra for c in e), dtype=np.int64,
-                                count=len(rows))
-        mask[s, rows, cols_seen] = True
+        t0, t1 = seg.tree_start, seg.tree_start + seg.tree_mask.shape[1]
+        mask[s, :n, t0:t1] |= seg.tree_mask
     copy_src = np.full(num_m, scratch_slot, dtype=np.int64)
     copy_dst = np.full(num_m, scratch_slot, dtype=np.int64)
     if moves:
@@ -225,13 +258,3 @@ def padding_step(num_prefill: int, num_segments: int, num_rows: int, num_cols: i
         step.num_prefill = num_prefill
         step.extras['prefill_last'] = np.zeros(1, dtype=np.int64)
     return step
-
-
-def reference_allowed_slots(step: HostStep, row: int) -> list[int]:
-    """Physical slots packed row ``row`` may read (plain loops; the tests' reference)."""
-    lp = step.num_prefill
-    if row < lp:
-        return [int(s) for s in step.slot_mapping[:row + 1]]
-    s, j = divmod(row - lp, step.num_rows)
-    return [int(step.kv_index[s, c]) for c in range(step.kv_index.shape[1])
-            if step.mask[s, j, c]]
