@@ -215,20 +215,21 @@ def test_plan_hand_computed():
     ring = _packed_ring()
     segments = [
         SegmentSpec(request_id=2, history_len=0, num_tokens=3, kind='prefill'),
-        SegmentSpec(request_id=1, history_len=5, num_tokens=1, kind='decode'),
+        SegmentSpec(request_id=1, history_len=5, num_tokens=1, kind='tree',
+                    parents=(NO_PARENT,)),                 # a decode token
         SegmentSpec(request_id=3, history_len=0, num_tokens=3, kind='tree',
                     parents=(NO_PARENT, 0, 0)),
     ]
     plan = plan_step(ring, segments)
     assert plan.request_ids == [2, 1, 3]
-    assert plan.kinds == ['prefill', 'decode', 'tree']
+    assert plan.kinds == ['prefill', 'tree', 'tree']
     assert plan.positions == [0, 1, 2, 5, 0, 1, 1]
     assert plan.slot_mapping == [4, 5, 6, 1, 9, 10, 11]
     assert plan.cu_seqlens_q == [0, 3, 4, 7]
     assert plan.history_lens == [0, 5, 0]
     assert plan.kv_slots == [[4, 5, 6], [12, 13, 14, 15, 0, 1], [9, 10, 11]]
     assert plan.num_tokens == 7 and plan.num_segments == 3
-    assert plan.tree_parents == [None, None, (NO_PARENT, 0, 0)]
+    assert plan.tree_parents == [None, (NO_PARENT,), (NO_PARENT, 0, 0)]
     rows = [plan.allowed_slots(t) for t in range(7)]
     assert rows == [[4], [4, 5], [4, 5, 6],                   # causal prefill
                     [12, 13, 14, 15, 0, 1],                    # decode: history + itself
@@ -276,7 +277,7 @@ def test_random_plan_mask_matches_occupancy_model(seed):
             owner[(span.start + i) % capacity] = (request_id, i)
         history_len = rng.randint(0, num_slots - 1)
         num_tokens = rng.randint(1, num_slots - history_len)
-        kind = rng.choice(['prefill', 'decode', 'tree'])
+        kind = rng.choice(['prefill', 'tree'])
         parents = None
         if kind == 'tree':
             parents = (NO_PARENT,) + tuple(rng.randrange(i) for i in range(1, num_tokens))
@@ -321,9 +322,10 @@ def test_empty_plan():
 
 @pytest.mark.parametrize('kwargs, match', [
     (dict(request_id=1, history_len=0, num_tokens=1, kind='verify'), 'kind'),
-    (dict(request_id=1, history_len=-1, num_tokens=1, kind='decode'), 'history_len'),
-    (dict(request_id=1, history_len=0, num_tokens=0, kind='decode'), 'num_tokens'),
-    (dict(request_id=1, history_len=0, num_tokens=2, kind='decode', parents=(-1, 0)), 'parents'),
+    (dict(request_id=1, history_len=-1, num_tokens=1, kind='prefill'), 'history_len'),
+    (dict(request_id=1, history_len=0, num_tokens=0, kind='prefill'), 'num_tokens'),
+    (dict(request_id=1, history_len=0, num_tokens=2, kind='prefill', parents=(-1, 0)),
+     'parents'),
     (dict(request_id=1, history_len=0, num_tokens=2, kind='tree'), 'parents'),
     (dict(request_id=1, history_len=0, num_tokens=2, kind='tree', parents=(-1,)), 'parents'),
     (dict(request_id=1, history_len=0, num_tokens=2, kind='tree', parents=(0, 0)), 'parents'),
@@ -338,9 +340,10 @@ def test_segment_rejects_bad_fields(kwargs, match):
 def test_plan_rejects_inconsistent_steps():
     ring = _packed_ring()
     with pytest.raises(ValueError, match='appears twice'):
-        plan_step(ring, [SegmentSpec(2, 0, 1, 'prefill'), SegmentSpec(2, 1, 1, 'decode')])
+        plan_step(ring, [SegmentSpec(2, 0, 1, 'prefill'),
+                         SegmentSpec(2, 1, 1, 'tree', (NO_PARENT,))])
     with pytest.raises(ValueError, match='needs 6 slots .* owns 5'):
-        plan_step(ring, [SegmentSpec(2, 4, 2, 'decode')])
+        plan_step(ring, [SegmentSpec(2, 4, 2, 'tree', (NO_PARENT, 0))])
     with pytest.raises(ValueError, match='request_id'):
         plan_step(ring, [SegmentSpec(7, 0, 1, 'prefill')])
     with pytest.raises(ValueError, match='token_index'):

@@ -1,11 +1,18 @@
-"""The plain-Python reference of a packed step's index plan and attention rule (no torch).
+"""The test oracle of a packed step's index plan and attention rule (plain Python, no torch).
 
 ActionFlow packs one prefill and one decode token per in-flight request into a single forward
 pass; speculation replaces a decode token with a draft tree (EAGLE-2 tree attention). All
 segments are laid end to end along one token axis T (no batch dimension), each attending only
-to its own request's KV in the ring. The engine builds its device inputs with the vectorised
-packer of step_inputs.py; this module states the same rule one token at a time
-(``StepPlan.allowed_slots``), written for reading, and the tests hold the packer to it.
+to its own request's KV in the ring. The engine builds its device inputs with the packer of
+step_inputs.py (tree masks from ``step_inputs.ancestor_mask``); this module states the same
+rule one token at a time (``StepPlan.allowed_slots``), written for reading, and the tests hold
+the packer to it. It is deliberately a formulation of its own (a walk up the parents, not a
+call of ``ancestor_mask``) so that the comparison means something; the engine never imports
+it.
+
+Segment kinds are those of the engine's packed step: the admitted frame's causal ``prefill``
+and one ``tree`` per in-flight request (a decode token is a root-only tree, a chain of tokens a
+tree whose node i has parent i - 1).
 
 Terms. A segment's ``history_len`` is the number of KV entries its request already has in the
 ring, at logical indices 0 .. history_len - 1 of its span. Its ``num_tokens`` new tokens write
@@ -23,7 +30,7 @@ from typing import Sequence
 from .draft_tree import NO_PARENT
 from .kv_ring import KVRing
 
-SEGMENT_KINDS = ('prefill', 'decode', 'tree')
+SEGMENT_KINDS = ('prefill', 'tree')
 
 
 @dataclass(frozen=True)
@@ -31,8 +38,8 @@ class SegmentSpec:
     """One request's share of a packed step.
 
     ``parents`` is given for ``kind == 'tree'`` only: parents[0] == NO_PARENT (node 0 is the
-    root, the last decided token) and 0 <= parents[i] < i for every other node. Prefill and
-    decode segments are causal among their own tokens.
+    root, the last decided token) and 0 <= parents[i] < i for every other node. A prefill
+    segment is causal among its own tokens.
     """
 
     request_id: int
@@ -90,9 +97,9 @@ class StepPlan:
       kv_slots[s][history_lens[s]:] == slot_mapping[cu_seqlens_q[s]:cu_seqlens_q[s+1]].
     - tree_parents (S,): None for a causal segment, else the tree's parent list (node order).
 
-    Attention rule (what the mask builder must produce): query token j of segment s may read
-    every history slot of s, plus new token k of s when k <= j (causal) or k is j or an
-    ancestor of j (tree). ``allowed_slots`` is the plain-Python reference of that rule.
+    Attention rule (what the engine's mask builder must produce): query token j of segment s
+    may read every history slot of s, plus new token k of s when k <= j (causal) or k is j or
+    an ancestor of j (tree). ``allowed_slots`` is the test oracle of that rule.
     """
 
     request_ids: list[int]
@@ -113,7 +120,8 @@ class StepPlan:
         return len(self.request_ids)
 
     def allowed_slots(self, token_index: int) -> list[int]:
-        """Physical slots packed token ``token_index`` may attend to (reference mask row)."""
+        """Physical slots packed token ``token_index`` may attend to (the oracle's mask row,
+        from the parents by a walk to the root, independent of ``step_inputs``)."""
         if not 0 <= token_index < self.num_tokens:
             raise ValueError(f'token_index: must be in [0, {self.num_tokens}), '
                              f'got {token_index}')
