@@ -91,7 +91,7 @@ class VLASpecNode(Node):
         return self._serving.stats_snapshot(robot)
 
     def destroy_node(self):
-        self._serving.worker.stop()
+        self._serving.destroy()        # stops the worker, closes recordings
         return super().destroy_node()
 
 

@@ -40,6 +40,9 @@ class Serving:
         self.values = dict(values)
         self.engine_config, self.settings = params.settings_from_parameters(self.values)
         self.unnorm_keys = tuple(policy.unnorm_keys)
+        if len(self.settings.robots) > self.engine.config.max_streams:
+            raise ValueError(f'robots: {len(self.settings.robots)} robots but the engine '
+                             f'serves at most max_streams={self.engine.config.max_streams}')
         per_robot = params.robot_settings(self.settings, self.values)
         for settings in per_robot.values():
             self._check_unnorm_key(settings.unnorm_key)
@@ -216,15 +219,22 @@ class Serving:
 
 
 def make_recorder(settings, robot: str):
-    """The frame recorder of `record_dir` (one bag per robot: `<record_dir>/<robot>`), or None
-    when recording is off."""
+    """The frame recorder of `record_dir`, or None when recording is off. Each start writes a
+    new bag, `<record_dir>/[<robot>/]vla_spec_<UTC time>`, so a restart never overwrites one.
+    A bag is complete once closed (node shutdown, lifecycle cleanup)."""
     if not settings.record_dir:
         return None
     import os
 
     from vla_spec_ros.recording import FrameRecorder
 
-    directory = os.path.join(settings.record_dir, robot) if robot else settings.record_dir
+    parent = os.path.join(settings.record_dir, robot)
+    os.makedirs(parent, exist_ok=True)
+    name = time.strftime('vla_spec_%Y%m%d_%H%M%S', time.gmtime())
+    directory, run = os.path.join(parent, name), 1
+    while os.path.exists(directory):             # two starts within one second
+        run += 1
+        directory = os.path.join(parent, f'{name}_{run}')
     return FrameRecorder(directory, min_period_s=settings.record_period,
                          max_bytes=settings.record_max_mb * 1024 * 1024)
 
