@@ -5,8 +5,10 @@
 
 Defaults plug into MoveIt Servo (`/servo_node/delta_twist_cmds`, TwistStamped) and a
 forward command controller for the gripper (`/gripper_controller/commands`,
-Float64MultiArray); see reference/ros2.md §3. Empty model / draft / unnorm_key / mode arguments
-keep the values of `params_file` (config/robot.yaml by default).
+Float64MultiArray); see the README's MoveIt Servo and ros2_control notes. Empty model /
+draft / unnorm_key / mode arguments keep the values of `params_file` (config/robot.yaml by
+default). Several robots on one node: `params_file:=<share>/config/two_robots.yaml` (its own
+`robots` list and per-robot values). `lifecycle:=true` starts the managed node instead.
 
 `launch` and `launch_ros` are imported inside `generate_launch_description` only, so this
 file also imports where only rclpy is installed; `node_options` is what the launch action is
@@ -35,6 +37,8 @@ ARGUMENTS = (
     ('twist_topic', '/servo_node/delta_twist_cmds', 'TwistStamped output (MoveIt Servo)'),
     ('gripper_topic', '/gripper_controller/commands',
      'Float64MultiArray gripper output (forward command controller)'),
+    ('lifecycle', 'false', 'true: the managed node (starts unconfigured; `ros2 lifecycle set '
+     '<node> configure` loads the model, `activate` starts acting)'),
 )
 
 # launch argument -> the node's own topic name it remaps.
@@ -59,13 +63,21 @@ def node_options(values: dict) -> dict:
             'parameters': parameters, 'remappings': remappings}
 
 
+def executable(values: dict) -> str:
+    """The plain node, or the managed (lifecycle) one when `lifecycle` is true."""
+    flag = values.get('lifecycle', 'false').strip().lower()
+    if flag not in ('true', 'false'):
+        raise ValueError(f'lifecycle: expected true or false, got {values["lifecycle"]!r}')
+    return 'vla-spec-lifecycle-node' if flag == 'true' else 'vla-spec-node'
+
+
 def _launch_node(context, *args, **kwargs):
     from launch.substitutions import LaunchConfiguration
     from launch_ros.actions import Node
 
     values = {name: LaunchConfiguration(name).perform(context) for name, _, _ in ARGUMENTS}
     options = node_options(values)
-    return [Node(package='vla_spec_ros', executable='vla-spec-node', output='screen',
+    return [Node(package='vla_spec_ros', executable=executable(values), output='screen',
                  emulate_tty=True, **options)]
 
 

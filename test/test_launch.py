@@ -170,6 +170,51 @@ def test_yaml_loaded_through_the_node_params_file(probe):
     assert 'ready' in output, output
 
 
+def test_lifecycle_argument_picks_the_managed_executable():
+    module = load_launch_module()
+    assert module.executable(default_values(module)) == 'vla-spec-node'
+    assert module.executable(default_values(module, lifecycle='true')) == (
+        'vla-spec-lifecycle-node')
+    with pytest.raises(ValueError, match='lifecycle'):
+        module.executable(default_values(module, lifecycle='yes'))
+    scripts = (ROOT / 'setup.py').read_text()
+    for name in ('vla-spec-node', 'vla-spec-lifecycle-node'):
+        assert f"'{name} = vla_spec_ros.ros." in scripts, name
+
+
+@pytest.mark.skipif(not HAS_TORCH, reason='the node loads the embedded model (needs torch)')
+def test_two_robot_yaml_gives_each_robot_its_topics_and_parameters(probe):
+    from rclpy.parameter import parameter_value_to_python
+    from rclpy.parameter_client import AsyncParameterClient
+
+    module = load_launch_module()
+    options = module.node_options(default_values(module, node_name='vla_fleet'))
+    options['parameters'].append(str(ROOT / 'config' / 'two_robots.yaml'))
+    process = subprocess.Popen(node_command(options), env=child_env(), cwd=str(ROOT),
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        client = AsyncParameterClient(probe, '/vla_fleet')
+        assert client.wait_for_services(timeout_sec=TIMEOUT), 'node did not come up'
+        names = ['robots', 'mode', 'left_arm.frame_id', 'right_arm.frame_id',
+                 'left_arm.max_linear_speed', 'right_arm.control_period']
+        response = _spin_until(probe, client.get_parameters(names))
+        got = {n: parameter_value_to_python(v) for n, v in zip(names, response.values)}
+        assert got == {'robots': ['left_arm', 'right_arm'], 'mode': 'pipeline',
+                       'left_arm.frame_id': 'left_tool0', 'right_arm.frame_id': 'right_tool0',
+                       'left_arm.max_linear_speed': 0.2,
+                       'right_arm.control_period': 0.2}     # node-wide value from robot.yaml
+        wait_until(lambda: all(probe.count_subscribers(f'/{r}/image') >= 1
+                               and probe.count_publishers(f'/{r}/twist') >= 1
+                               for r in ('left_arm', 'right_arm')), what='robot topics')
+        process.send_signal(signal.SIGINT)
+        assert process.wait(timeout=30) == 0
+    finally:
+        if process.poll() is None:
+            process.kill()
+        output = process.communicate()[0]
+    assert 'ready' in output and 'left_arm, right_arm' in output, output
+
+
 @pytest.mark.skipif(not HAS_RCLPY, reason='rclpy and the ROS message wheels are not installed')
 @pytest.mark.parametrize('old, new, words', [
     ('    linear_scale: 1.0', '    linear_scal: 1.0', 'linear_scal'),       # misspelled key

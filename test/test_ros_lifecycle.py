@@ -31,7 +31,7 @@ if HAS_ROS and HAS_TORCH:
     from ros_probe import Probe, is_zero, wait_until
     from vla_spec_ros.ros.lifecycle_node import VLASpecLifecycleNode
 
-DOMAIN_ID = 91 + (os.getpid() % 40)
+DOMAIN_ID = 171 + (os.getpid() % 40)
 INSTRUCTION = 'put the red block in the drawer'
 QUIET_S = 0.6          # how long "nothing is published" is watched for
 

@@ -32,7 +32,7 @@ if HAS_ROS and HAS_TORCH:
     from ros_probe import Probe, Recorder, is_zero, stamp_s, twist_values, wait_until
     from vla_spec_ros.ros.node import VLASpecNode
 
-DOMAIN_ID = 51 + (os.getpid() % 40)
+DOMAIN_ID = 131 + (os.getpid() % 40)
 ROBOTS = ('arm_a', 'arm_b')
 INSTRUCTIONS = {'arm_a': 'put the red block in the drawer', 'arm_b': 'open the drawer'}
 UNNORM_KEY = 'bridge_orig'
