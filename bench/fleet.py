@@ -1,0 +1,299 @@
+"""Several robots on one `vla_spec` node, over real DDS: throughput per robot, and a soak.
+
+The node runs as its own process (`python -m vla_spec_ros.ros.node`, the embedded model by
+default); this process plays the robots: one camera per robot publishing Meta-World frames at
+`--camera-hz` (each robot its own task and instruction), and it counts each robot's twists and
+reads the node's /diagnostics (latency p50/p99 from image receipt to publish, frames dropped).
+
+    python bench/fleet.py --robots 1,2,4 --modes ar,pipeline,pipeline_spec --seconds 30
+    python bench/fleet.py --robots 2 --modes pipeline_spec --soak-seconds 1800
+
+Table mode: for each (robots, mode) a fresh node; actions/s per robot and in total over the
+measured window (after `--warmup-seconds`). Soak mode: one node; every `--sample-seconds` a row
+of the node's resident memory (VmRSS), latency p50/p99, actions and dropped frames; memory
+growth is reported against the first sample after warm-up. Results: bench/results/fleet-*.md
+and .json. Camera, DDS and the node share this machine's cores: on a 2-core CPU the cameras'
+rendering-free publishing still costs a part of one core, so absolute rates are pessimistic.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shlex
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+RESULTS = ROOT / 'bench' / 'results'
+
+
+def robot_names(count: int) -> list[str]:
+    return [f'arm{i}' for i in range(count)]
+
+
+def camera_frames(num_robots: int, per_robot: int, seed: int) -> list[tuple[str, list]]:
+    """(instruction, frames) per robot: a Meta-World task per robot, frames from resets with
+    different seeds (random images when the simulator is not installed)."""
+    from vla_spec_ros.sim.demos import choose_instruction
+    from vla_spec_ros.sim.metaworld_env import (DEFAULT_TASK_NAMES, get_task, make_env,
+                                                sim_unavailable_reason)
+
+    out = []
+    for i in range(num_robots):
+        task = get_task(DEFAULT_TASK_NAMES[i % len(DEFAULT_TASK_NAMES)])
+        instruction = choose_instruction(task, seed + i)
+        if sim_unavailable_reason() is None:
+            env = make_env(task.name, seed=seed + i)
+            frames = [env.reset(seed=seed + 100 * i + k) for k in range(per_robot)]
+        else:
+            rng = np.random.default_rng(seed + i)
+            frames = [rng.integers(0, 256, (64, 64, 3), np.uint8) for _ in range(per_robot)]
+        out.append((instruction, frames))
+    return out
+
+
+def node_command(args, mode: str, robots: list[str], instructions: list[str]) -> list[str]:
+    argv = [sys.executable, '-m', 'vla_spec_ros.ros.node', '--ros-args',
+            '-p', f'model_path:={args.model}', '-p', f'mode:={mode}',
+            '-p', f'robots:=[{",".join(robots)}]', '-p', 'enabled:=true',
+            '-p', f'max_action_age:={args.max_action_age}',
+            '-p', 'diagnostics_period:=1.0', '-r', '__node:=vla_fleet']
+    for robot, instruction in zip(robots, instructions):
+        argv += ['-p', f'{robot}.instruction:={instruction}']
+    return argv
+
+
+def rss_mb(pid: int) -> float:
+    for line in Path(f'/proc/{pid}/status').read_text().splitlines():
+        if line.startswith('VmRSS:'):
+            return int(line.split()[1]) / 1024.0
+    return float('nan')
+
+
+class Robots:
+    """Camera publishers and twist / diagnostics listeners for every robot."""
+
+    def __init__(self, context, robots, frames, camera_hz: float):
+        from diagnostic_msgs.msg import DiagnosticArray
+        from geometry_msgs.msg import TwistStamped
+        from rclpy.node import Node
+        from rclpy.qos import QoSProfile, ReliabilityPolicy
+        from sensor_msgs.msg import Image
+
+        from vla_spec_ros.ros.conversions import array_to_image
+
+        self.node = Node('fleet_bench', context=context)
+        self._lock = threading.Lock()
+        self.robots = robots
+        self.actions = {r: 0 for r in robots}
+        self.zeros = {r: 0 for r in robots}
+        self.diagnostics = {}
+        qos = QoSProfile(depth=10, reliability=ReliabilityPolicy.RELIABLE)
+        self._pubs = {r: self.node.create_publisher(Image, f'/{r}/image', qos) for r in robots}
+        self._frames = dict(zip(robots, frames))
+        self._tick = 0
+        self._to_image = array_to_image
+        for robot in robots:
+            self.node.create_subscription(TwistStamped, f'/{robot}/twist',
+                                          lambda m, r=robot: self._on_twist(r, m), qos)
+        self.node.create_subscription(DiagnosticArray, '/diagnostics', self._on_diag, 10)
+        self.node.create_timer(1.0 / camera_hz, self._publish)
+
+    def _publish(self):
+        stamp = self.node.get_clock().now().to_msg()
+        for robot, pub in self._pubs.items():
+            frames = self._frames[robot]
+            pub.publish(self._to_image(frames[self._tick % len(frames)], 'rgb8', stamp=stamp))
+        self._tick += 1
+
+    def _on_twist(self, robot, msg):
+        t = msg.twist
+        is_zero = not any((t.linear.x, t.linear.y, t.linear.z,
+                           t.angular.x, t.angular.y, t.angular.z))
+        with self._lock:
+            if is_zero:
+                self.zeros[robot] += 1
+            else:
+                self.actions[robot] += 1
+
+    def _on_diag(self, msg):
+        with self._lock:
+            for status in msg.status:
+                for robot in self.robots:
+                    if status.name.endswith(f'({robot})'):
+                        self.diagnostics[robot] = {kv.key: kv.value for kv in status.values}
+
+    def counts(self):
+        with self._lock:
+            return dict(self.actions), dict(self.zeros), {
+                r: dict(d) for r, d in self.diagnostics.items()}
+
+
+def _float(diag: dict, key: str) -> float:
+    try:
+        return float(diag.get(key, 'nan'))
+    except ValueError:
+        return float('nan')
+
+
+def run_one(args, context, executor, num_robots: int, mode: str, frames_by_robot,
+            on_sample=None) -> dict:
+    robots = robot_names(num_robots)
+    instructions = [instruction for instruction, _ in frames_by_robot[:num_robots]]
+    frames = [f for _, f in frames_by_robot[:num_robots]]
+    env = dict(os.environ, PYTHONPATH=str(ROOT), PYTHONUNBUFFERED='1')
+    process = subprocess.Popen(node_command(args, mode, robots, instructions), env=env,
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    log_lines = []
+    threading.Thread(target=lambda: log_lines.extend(process.stdout), daemon=True).start()
+    bench = Robots(context, robots, frames, args.camera_hz)
+    executor.add_node(bench.node)
+    try:
+        deadline = time.monotonic() + 120.0
+        while not any('ready' in line for line in log_lines):
+            if process.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError('node did not start:\n' + ''.join(log_lines[-30:]))
+            time.sleep(0.2)
+        time.sleep(args.warmup_seconds)
+        start_actions, _, start_diag = bench.counts()
+        start = time.monotonic()
+        duration = args.soak_seconds or args.seconds
+        samples = []
+        while time.monotonic() - start < duration:
+            time.sleep(min(args.sample_seconds, duration - (time.monotonic() - start)))
+            if on_sample is not None:
+                actions, zeros, diag = bench.counts()
+                samples.append(on_sample(time.monotonic() - start, rss_mb(process.pid),
+                                         actions, zeros, diag))
+        elapsed = time.monotonic() - start
+        actions, zeros, diag = bench.counts()
+    finally:
+        executor.remove_node(bench.node)
+        bench.node.destroy_node()
+        process.terminate()
+        try:
+            process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            process.kill()
+    per_robot = {r: (actions[r] - start_actions[r]) / elapsed for r in robots}
+    dropped = {r: _float(diag.get(r, {}), 'frames_dropped')
+               - _float(start_diag.get(r, {}), 'frames_dropped') for r in robots}
+    return {'robots': num_robots, 'mode': mode, 'seconds': elapsed,
+            'actions_per_s': per_robot, 'total_actions_per_s': sum(per_robot.values()),
+            'latency_p50_ms': {r: _float(diag.get(r, {}), 'latency_p50_ms') for r in robots},
+            'latency_p99_ms': {r: _float(diag.get(r, {}), 'latency_p99_ms') for r in robots},
+            'frames_dropped': dropped, 'zero_twists': zeros, 'samples': samples}
+
+
+def table(rows) -> str:
+    lines = ['| robots | mode | actions/s per robot (min–max) | total actions/s | '
+             'latency p50 / p99 ms (worst robot) | frames dropped/s |',
+             '|---|---|---|---|---|---|']
+    for row in rows:
+        rates = list(row['actions_per_s'].values())
+        p50 = max(row['latency_p50_ms'].values())
+        p99 = max(row['latency_p99_ms'].values())
+        dropped = sum(row['frames_dropped'].values()) / row['seconds']
+        lines.append(f'| {row["robots"]} | {row["mode"]} | {min(rates):.1f}–{max(rates):.1f} '
+                     f'| {row["total_actions_per_s"]:.1f} | {p50:.0f} / {p99:.0f} '
+                     f'| {dropped:.1f} |')
+    return '\n'.join(lines)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
+    parser.add_argument('--model', default='metaworld-demo')
+    parser.add_argument('--robots', default='1,2,4')
+    parser.add_argument('--modes', default='ar,pipeline,pipeline_spec')
+    parser.add_argument('--seconds', type=float, default=30.0)
+    parser.add_argument('--warmup-seconds', type=float, default=5.0)
+    parser.add_argument('--camera-hz', type=float, default=30.0)
+    parser.add_argument('--max-action-age', type=float, default=1.0)
+    parser.add_argument('--soak-seconds', type=float, default=0.0,
+                        help='one long run (first --robots and --modes value) sampled over time')
+    parser.add_argument('--sample-seconds', type=float, default=30.0)
+    parser.add_argument('--seed', type=int, default=0)
+    parser.add_argument('--out', default=str(RESULTS))
+    args = parser.parse_args(argv)
+
+    import rclpy
+    from rclpy.executors import MultiThreadedExecutor
+
+    counts = [int(x) for x in args.robots.split(',')]
+    modes = [m.strip() for m in args.modes.split(',')]
+    frames_by_robot = camera_frames(max(counts), 8, args.seed)
+    domain = 200 + os.getpid() % 30
+    os.environ['ROS_DOMAIN_ID'] = str(domain)
+    os.environ['ROS_AUTOMATIC_DISCOVERY_RANGE'] = 'LOCALHOST'
+    context = rclpy.Context()
+    rclpy.init(context=context, domain_id=domain)
+    executor = MultiThreadedExecutor(num_threads=2, context=context)
+    spinner = threading.Thread(target=executor.spin, daemon=True)
+    spinner.start()
+    rows = []
+    try:
+        if args.soak_seconds:
+            def sample(t, rss, actions, zeros, diag):
+                row = {'t_s': round(t, 1), 'rss_mb': round(rss, 1),
+                       'actions': sum(actions.values()), 'zero_twists': sum(zeros.values()),
+                       'latency_p50_ms': max(_float(d, 'latency_p50_ms') for d in diag.values()),
+                       'latency_p99_ms': max(_float(d, 'latency_p99_ms') for d in diag.values()),
+                       'frames_dropped': sum(_float(d, 'frames_dropped') for d in diag.values())}
+                print(json.dumps(row), flush=True)
+                return row
+            rows.append(run_one(args, context, executor, counts[0], modes[0], frames_by_robot,
+                                on_sample=sample))
+        else:
+            for num_robots in counts:
+                for mode in modes:
+                    row = run_one(args, context, executor, num_robots, mode, frames_by_robot)
+                    brief = {k: row[k] for k in ('robots', 'mode', 'total_actions_per_s')}
+                    print(json.dumps(brief), flush=True)
+                    rows.append(row)
+    finally:
+        executor.shutdown()
+        rclpy.shutdown(context=context)
+    stamp = time.strftime('%Y%m%d-%H%M%S')
+    kind = 'soak' if args.soak_seconds else 'fleet'
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    command = 'python bench/fleet.py ' + ' '.join(shlex.quote(a) for a in (argv or sys.argv[1:]))
+    meta = {'command': command, 'machine': platform.platform(), 'cpus': os.cpu_count(),
+            'python': platform.python_version(),
+            'load_average_at_end': [round(x, 2) for x in os.getloadavg()]}
+    (out / f'{kind}-{stamp}.json').write_text(json.dumps({'meta': meta, 'rows': rows},
+                                                         indent=1))
+    text = [f'# {kind} {stamp}', '', f'`{command}`', '',
+            f'{meta["machine"]}, {meta["cpus"]} CPUs, Python {meta["python"]}, load average at '
+            f'the end {meta["load_average_at_end"]} (other work on the machine inflates it)', '']
+    if args.soak_seconds:
+        samples = rows[0]['samples']
+        text += ['| t (s) | RSS (MB) | actions | zero twists | p50 ms | p99 ms | dropped |',
+                 '|---|---|---|---|---|---|---|']
+        text += [f'| {s["t_s"]:.0f} | {s["rss_mb"]:.1f} | {s["actions"]} | {s["zero_twists"]} '
+                 f'| {s["latency_p50_ms"]:.0f} | {s["latency_p99_ms"]:.0f} '
+                 f'| {s["frames_dropped"]:.0f} |' for s in samples]
+        after_warmup = [s for s in samples if s['t_s'] >= 120.0] or samples
+        growth = 100.0 * (samples[-1]['rss_mb'] / after_warmup[0]['rss_mb'] - 1.0)
+        text += ['', f'Memory growth from t = {after_warmup[0]["t_s"]:.0f} s to the end: '
+                 f'{growth:+.2f} %']
+        print(f'memory growth after warm-up: {growth:+.2f} %')
+    else:
+        text.append(table(rows))
+        print(table(rows))
+    (out / f'{kind}-{stamp}.md').write_text('\n'.join(text) + '\n')
+    print(f'wrote {out / f"{kind}-{stamp}.md"}')
+    return 0
+
+
+if __name__ == '__main__':
+    sys.exit(main())
