@@ -89,7 +89,7 @@ class Robots:
         from rclpy.qos import QoSProfile, ReliabilityPolicy
         from sensor_msgs.msg import Image
 
-        from vla_spec_ros.ros.conversions import array_to_image
+        from vla_spec_ros.image_messages import array_to_image
 
         self.node = Node('fleet_bench', context=context)
         self._lock = threading.Lock()

@@ -12,7 +12,7 @@ from sensor_msgs.msg import CompressedImage, Image
 from std_msgs.msg import Float64MultiArray, String
 from std_srvs.srv import SetBool, Trigger
 
-from vla_spec_ros.ros.conversions import array_to_image
+from vla_spec_ros.image_messages import array_to_image
 
 TIMEOUT = 20.0
 

@@ -1,7 +1,7 @@
 """Unit tests for exact and relaxed acceptance of a verified draft tree (S3/S4, no torch).
 
 Action tokens follow OpenVLA: id = V - 1 - bin for bins 0..255, V = vocab_size -
-pad_to_multiple_of = 32064 - 64 (reference/openvla.md §5).
+pad_to_multiple_of = 32064 - 64 (docs/openvla.md, Action tokens).
 """
 import random
 

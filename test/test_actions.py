@@ -1,4 +1,4 @@
-"""Action tokens, de-tokenisation and un-normalisation (reference/openvla.md §5).
+"""Action tokens, de-tokenisation and un-normalisation (docs/openvla.md, Action tokens).
 
 Pure numpy, no torch. Expected values are computed by hand from the reference's formulas
 (``bin_centers[i] = -1 + (2i + 1) / 255``, token = V - digitize(a), ``a = 0.5 (x + 1)(q99 - q01)

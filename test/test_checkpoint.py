@@ -1,4 +1,4 @@
-"""Checkpoint I/O in OpenVLA's Hugging Face layout (reference/openvla.md §2, DESIGN S8).
+"""Checkpoint I/O in OpenVLA's Hugging Face layout (docs/openvla.md, Checkpoint layout; S8).
 
 The expected weight key set is written out by hand from the reference's key list (timm DINOv2
 with registers and LayerScale renamed ``scale_factor``, timm SigLIP with ``attn_pool``, the
@@ -34,7 +34,7 @@ def _linear(name):
 
 
 def expected_keys(dino_depth: int, siglip_depth: int, num_layers: int) -> tuple[set, set]:
-    """(all keys, unused keys) of an OpenVLA checkpoint, from reference/openvla.md §2."""
+    """(all keys, unused keys) of an OpenVLA checkpoint (docs/openvla.md, Checkpoint layout)."""
     keys, unused = set(), set()
     dino = 'vision_backbone.featurizer.'
     keys |= {dino + k for k in ('cls_token', 'reg_token', 'pos_embed')}
@@ -180,7 +180,7 @@ def test_exact_weight_keys_tiny(made):
 def test_exact_weight_keys_openvla_7b():
     cfg = preset('openvla-7b')
     keys, unused = expected_keys(24, 27, 32)
-    assert len(keys) == 982 and len(unused) == 43       # reference/openvla.md §2
+    assert len(keys) == 982 and len(unused) == 43       # docs/openvla.md, Checkpoint layout
     with torch.device('meta'):
         model = OpenVLA(cfg)
     consumed = set(model.state_dict())

@@ -1,6 +1,6 @@
 """The ``vla-spec`` command through ``vla_spec_ros.cli.main``: make-checkpoint, predict (also on
 an image file and on a preset name), bench with JSON + markdown output and ratios against the
-Hugging Face baseline, and exit code 2 with the error on stderr for bad input (DESIGN §6, §10).
+Hugging Face baseline, and exit code 2 with the error on stderr for bad input.
 """
 import contextlib
 import io

@@ -1,6 +1,6 @@
 """The EAGLE draft head: structure, forward against a hand-written reference, checkpoint I/O.
 
-The reference forward below is written from reference/eagle_specvla.md §1 (fc over
+The reference forward below is written from docs/speculation.md, Draft head (fc over
 cat(embedding, feature) with bias, one Llama layer WITHOUT input norm, post-attention norm and
 SwiGLU MLP, no final norm, logits from the verifier's lm_head) in plain torch, independent of
 models/layers.py.

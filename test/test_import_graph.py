@@ -1,4 +1,5 @@
-"""Imports flow one way: models <- engine <- policy <- ros <- harness, and sim beside ros.
+"""Imports flow one way: models <- engine <- policy <- ros <- harness, and sim beside ros; the
+`testing` doubles never reach the product layers.
 
 Reads every module's source (function-level imports included, relative imports resolved) and
 fails when a layer imports one above it. Pure Python: nothing is imported.
@@ -13,16 +14,18 @@ KERNELS_ROOT = Path(__file__).resolve().parents[1] / 'kernels'
 
 # layer -> the package layers it must never import (directly or inside a function).
 FORBIDDEN = {
-    'models': {'engine', 'policy', 'ros', 'sim', 'harness', 'train', 'cli', 'bench'},
-    'kernels': {'engine', 'policy', 'ros', 'sim', 'harness', 'train', 'cli', 'bench'},
-    'engine': {'policy', 'ros', 'sim', 'harness', 'train', 'cli', 'bench'},
-    'policy': {'ros', 'sim', 'harness', 'train', 'cli', 'bench'},
-    'ros': {'sim', 'harness', 'train', 'cli', 'bench'},
+    'models': {'engine', 'policy', 'ros', 'sim', 'harness', 'train', 'cli', 'bench', 'testing'},
+    'kernels': {'engine', 'policy', 'ros', 'sim', 'harness', 'train', 'cli', 'bench', 'testing'},
+    'engine': {'policy', 'ros', 'sim', 'harness', 'train', 'cli', 'bench', 'testing'},
+    'policy': {'ros', 'sim', 'harness', 'train', 'cli', 'bench', 'testing'},
+    'ros': {'sim', 'harness', 'train', 'cli', 'bench', 'testing'},
     'sim': {'ros', 'harness', 'cli', 'bench'},
     'train': {'ros', 'harness', 'cli', 'bench'},
     'motion': {'engine', 'policy', 'ros', 'sim', 'harness', 'models'},
     'config': {'engine', 'policy', 'ros', 'sim', 'harness', 'models', 'train'},
     'actions': {'engine', 'policy', 'ros', 'sim', 'harness', 'train'},
+    'image_messages': {'engine', 'policy', 'ros', 'sim', 'harness', 'models', 'train'},
+    'validation': {'engine', 'policy', 'ros', 'sim', 'harness', 'models', 'train', 'config'},
 }
 # Libraries a layer must not import: the engine never touches ROS (it runs without rclpy).
 FORBIDDEN_LIBRARIES = {

@@ -1,6 +1,6 @@
 """Model parity: our Llama vs transformers' ``LlamaForCausalLM`` on the same weights, the vision
 towers vs a plain re-computation from the raw checkpoint tensors, and the prompt layout
-(reference/openvla.md §1, DESIGN S1).
+(docs/openvla.md, Architecture; S1).
 
 float32: logits within 1e-5 relative and identical greedy tokens. float64: identical tokens
 from HF ``generate`` and ``VLAPolicy.predict``. HF's ``LlamaRMSNorm`` normalises in float32

@@ -1,7 +1,7 @@
 """S2 / S6 in float64 on CPU: the pipelined engine (ActionFlow-style cross-request packing over
 the unified KV ring) gives every frame exactly the AR reference's tokens, in per-stream frame
 order, with every frame emitted at most ``action_dim`` packed steps after its prefill, and no
-frame left behind when arrivals stop (DESIGN.md §5 S2, S6; issue 4 "Must show").
+frame left behind when arrivals stop (S2, S6 in docs/architecture.md).
 
 The reference is ``VLAPolicy.predict`` in mode "ar" on the same frame. The expected admission
 times in the irregular-arrival test come from the scheduler's stated contract (strict FIFO, one

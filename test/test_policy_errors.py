@@ -1,6 +1,6 @@
 """Bad input through the public API (``VLAPolicy.predict``, ``Engine.submit``,
-``EngineConfig``): each raises a ``ValueError`` with a clear message and queues nothing
-(DESIGN §6, S1). Also: ``restrict_to_action_tokens`` yields valid actions, and an unrestricted
+``EngineConfig``): each raises a ``ValueError`` with a clear message and queues nothing (README
+"Python API", S1). Also: ``restrict_to_action_tokens`` yields valid actions, and an unrestricted
 non-action token is flagged, never executed.
 """
 import numpy as np
@@ -78,7 +78,7 @@ def test_good_input_after_bad_input_still_works(policy):
     with pytest.raises(ValueError):
         policy.predict(GOOD_IMAGE, '', 'bridge_orig')
     result = policy.predict(GOOD_IMAGE, INSTRUCTION, 'bridge_orig')
-    # DESIGN §6: tokens (tuple of ints), float64 normalized/action, stats.
+    # The public result: tokens (tuple of ints), float64 normalized/action, stats.
     assert isinstance(result.tokens, tuple) and len(result.tokens) == 7
     assert all(type(t) is int for t in result.tokens)
     assert result.normalized.dtype == result.action.dtype == np.float64

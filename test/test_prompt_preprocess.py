@@ -1,4 +1,5 @@
-"""OpenVLA v1 prompt + tokenizer rules and image preprocessing (reference/openvla.md §3-4).
+"""OpenVLA v1 prompt + tokenizer rules and image preprocessing (docs/openvla.md, Prompt and
+Image preprocessing).
 
 Expected prompt text, normalisation constants and crop geometry are written out from the
 reference, not read from the code under test. Resizing is compared with PIL (the library
@@ -17,7 +18,7 @@ from vla_spec_ros.prompt import (MAX_INSTRUCTION_CHARS, PromptError, PromptToken
 
 HAS_PIL = importlib.util.find_spec('PIL') is not None
 
-# reference/openvla.md §3, as serialised in bf16.
+# docs/openvla.md, Image preprocessing: as serialised in bf16.
 DINO_MEAN = np.array([0.484375, 0.455078125, 0.40625])
 DINO_STD = np.array([0.228515625, 0.2236328125, 0.224609375])
 SIGLIP_MEAN = np.array([0.5, 0.5, 0.5])

@@ -1,6 +1,6 @@
 """Image / CompressedImage -> RGB conversions against arrays built by hand.
 
-Expected arrays are derived independently of vla_spec_ros.ros.conversions: messages are
+Expected arrays are derived independently of vla_spec_ros.image_messages: messages are
 assembled byte by byte (struct / per-pixel loops) where the writer helper would otherwise be
 testing itself.
 """
@@ -19,8 +19,8 @@ pytestmark = pytest.mark.skipif(not HAS_MSGS, reason='sensor_msgs (ROS 2 message
 if HAS_MSGS:
     from sensor_msgs.msg import CompressedImage, Image
 
-    from vla_spec_ros.ros import conversions
-    from vla_spec_ros.ros.conversions import array_to_image, compressed_to_rgb, image_to_rgb
+    from vla_spec_ros import image_messages as conversions
+    from vla_spec_ros.image_messages import array_to_image, compressed_to_rgb, image_to_rgb
 
 H, W = 5, 7
 

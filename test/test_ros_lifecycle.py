@@ -142,7 +142,7 @@ def test_transitions_gate_everything_the_node_publishes(ros, tmp_path):
 
 
 def _check_recording(folder, last_image):
-    from vla_spec_ros.ros.conversions import image_to_rgb
+    from vla_spec_ros.image_messages import image_to_rgb
     from vla_spec_ros.train.bag_frames import BagFrames
 
     (bag,) = sorted(folder.iterdir())

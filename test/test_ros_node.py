@@ -34,7 +34,7 @@ if HAS_ROS and HAS_TORCH:
     from std_srvs.srv import SetBool, Trigger
 
     from ros_probe import Probe, Recorder, is_zero, stamp_s, twist_values, wait_until
-    from vla_spec_ros.ros.conversions import rgb_to_compressed
+    from vla_spec_ros.image_messages import rgb_to_compressed
     from vla_spec_ros.ros.node import VLASpecNode
     from vla_spec_ros.ros.robot_channel import LatestFrameSlot
 

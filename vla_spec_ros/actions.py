@@ -1,4 +1,5 @@
-"""Action tokens <-> normalised actions <-> robot actions (reference/openvla.md §5-6).
+"""Action tokens <-> normalised actions <-> robot actions (docs/openvla.md, Action tokens and
+un-normalisation).
 
 OpenVLA discretises each normalised action dimension into 256 uniform bins over [-1, 1] and
 maps bin k (1..256 from ``digitize``) to token ``V - k`` where ``V = vocab_size -

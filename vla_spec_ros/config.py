@@ -4,7 +4,7 @@ Every field is checked at construction; bad values raise ``ValueError`` naming t
 unknown keys fail loudly (``from_dict``). Values computed at run time (sequence lengths, ring
 sizes) live in plan objects elsewhere, never written back onto a config.
 
-Dimensions of the ``openvla-7b`` preset follow reference/openvla.md §1 (DINOv2-L/14 with 4
+Dimensions of the ``openvla-7b`` preset follow docs/openvla.md, Architecture (DINOv2-L/14 with 4
 registers + SigLIP So400m/14 at 224 px, fused-GELU-MLP projector, Llama-2-7B with vocab 32064).
 """
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import Any, Mapping
 
 from vla_spec_ros.validation import check_int, require_int_fields  # noqa: F401 (re-export)
 
-# OpenVLA's image normalisation, as serialised in bf16 (reference/openvla.md §3).
+# OpenVLA's image normalisation, as serialised in bf16 (docs/openvla.md, Image preprocessing).
 DINOV2_MEAN = (0.484375, 0.455078125, 0.40625)
 DINOV2_STD = (0.228515625, 0.2236328125, 0.224609375)
 SIGLIP_MEAN = (0.5, 0.5, 0.5)
@@ -177,7 +177,7 @@ def _tiny() -> VLAConfig:
 
 
 def _metaworld_demo() -> VLAConfig:
-    """The embedded default model's architecture (issue 6): 64 x 64 images in 16-pixel patches
+    """The embedded default model's architecture: 64 x 64 images in 16-pixel patches
     (16 patches), two 3-block 96-wide towers, a 4-layer 128-wide Llama; a 512-id tokenizer
     learned from the Meta-World instructions whose last 256 ids are the action bins. Sized to
     train on a 2-core CPU in about an hour (8-pixel patches cost 4.6x more per step there) and

@@ -1,4 +1,4 @@
-"""``VLAPolicy``: the public entry point (DESIGN §6).
+"""``VLAPolicy``: the public entry point (README, "Python API").
 
 ``VLAPolicy.from_pretrained(path_or_preset, **engine_options)`` loads a checkpoint folder in
 OpenVLA's Hugging Face layout, or a preset name (a random-weight checkpoint of that preset is

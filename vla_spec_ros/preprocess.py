@@ -1,4 +1,4 @@
-"""Image checks and OpenVLA preprocessing (reference/openvla.md §3).
+"""Image checks and OpenVLA preprocessing (docs/openvla.md, Image preprocessing).
 
 RGB uint8 (H, W, 3) -> optional 180° rotation (LIBERO agent view) -> optional center crop
 (90% of the area, resized back bilinearly, for checkpoints trained with crop augmentation) ->

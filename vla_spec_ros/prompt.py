@@ -1,4 +1,4 @@
-"""OpenVLA v1 prompt and tokenizer (reference/openvla.md §4).
+"""OpenVLA v1 prompt and tokenizer (docs/openvla.md, Prompt).
 
 The prompt is ``In: What action should the robot take to {instruction.lower()}?\\nOut:``,
 tokenized with BOS first and no EOS; the "▁" token (29871 for Llama) is appended when the last

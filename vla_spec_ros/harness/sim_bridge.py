@@ -42,7 +42,7 @@ from rclpy.node import Node
 from sensor_msgs.msg import Image
 from std_msgs.msg import Float64MultiArray, String
 
-from vla_spec_ros.ros.conversions import rgb_to_image
+from vla_spec_ros.image_messages import rgb_to_image
 from vla_spec_ros.ros.qos import COMMAND_QOS, IMAGE_PUBLISHER_QOS, INSTRUCTION_QOS
 from vla_spec_ros.sim import bridge_logic as logic
 from vla_spec_ros.sim.demos import EpisodeResult, choose_instruction, episode_seed

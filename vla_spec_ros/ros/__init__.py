@@ -1,7 +1,9 @@
-"""ROS 2 side of vla_spec_ros: the `vla_spec` node and its pure helpers.
+"""ROS 2 side of vla_spec_ros: the `vla_spec` node (plain and managed) and its pure helpers.
 
-`conversions` (Image / CompressedImage <-> numpy), `params` (parameter table and its one
-mapping onto EngineConfig + NodeSettings), `command` (action -> twist / gripper and the safety
-rules), `diagnostics` (counters) import without rclpy; `node` needs rclpy and the message
-packages (DESIGN.md §3, §8).
+Without rclpy: `params` (parameter table and its one mapping onto EngineConfig + NodeSettings),
+`command` (action -> twist / gripper and the safety rules), `diagnostics` (counters). Image
+messages <-> numpy live one level up in `image_messages` (the bag reader uses them too). With
+rclpy and the message packages: `qos`, `robot_channel` (one robot's interfaces), `worker` (the
+inference thread), `serving` (a loaded node's parts), `node` and `lifecycle_node`. See
+docs/architecture.md.
 """

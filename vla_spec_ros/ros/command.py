@@ -1,8 +1,9 @@
-"""From an ActionResult to what the node publishes, and the safety decisions (DESIGN.md S7).
+"""From an ActionResult to what the node publishes, and the safety decisions (S7 in
+docs/architecture.md).
 
 Pure Python + numpy, no rclpy: every rule here is unit-tested on its own.
 
-Action convention (OpenVLA, reference/openvla.md): a 7-vector of end-effector deltas over one
+Action convention (OpenVLA, docs/openvla.md): a 7-vector of end-effector deltas over one
 control step, dx, dy, dz (m), droll, dpitch, dyaw (rad), then the gripper (1 open, 0 closed).
 Twist (REP-103, SI units): velocity = delta / control_period * scale; then each of the linear
 and angular parts is clamped by its norm to the configured limit, which keeps the direction of

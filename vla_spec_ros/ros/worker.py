@@ -19,9 +19,9 @@ import threading
 
 from sensor_msgs.msg import CompressedImage
 
+from vla_spec_ros import image_messages
 from vla_spec_ros.engine.result import Frame, describe_error
 from vla_spec_ros.ros import command as cmd
-from vla_spec_ros.ros import conversions
 
 WORKER_IDLE_WAIT_S = 0.05     # how long the idle worker blocks waiting for a frame
 
@@ -102,9 +102,9 @@ class InferenceWorker:
             return
         try:
             if isinstance(msg, CompressedImage):
-                image = conversions.compressed_to_rgb(msg)
+                image = image_messages.compressed_to_rgb(msg)
             else:
-                image = conversions.image_to_rgb(msg)
+                image = image_messages.image_to_rgb(msg)
         except ValueError as exc:
             channel.hold(f'{cmd.REASON_BAD_INPUT}: image {exc}', force=True)
             return

@@ -1,4 +1,4 @@
-"""Meta-World simulation for the embedded default model (DESIGN.md section 9, issue 6).
+"""Meta-World simulation for the embedded default model (README, "The embedded model").
 
 `metaworld_env` wraps one task behind the VLA interface (RGB image in, 7-dim action out);
 `demos` collects scripted demonstrations and evaluates policies with one episode loop.

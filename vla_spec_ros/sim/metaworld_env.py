@@ -1,10 +1,10 @@
 """Meta-World tasks behind the interface a VLA sees: an RGB image in, a 7-dim action out.
 
 Wraps the `metaworld` package (v3 environments, Sawyer arm, MuJoCo physics) for the embedded
-default model (DESIGN.md section 9, issue 6): one `MetaWorldTask` per task, seeded resets, an
-off-screen RGB camera rendered on CPU (`MUJOCO_GL=osmesa`), the task's built-in scripted expert,
-and the mapping between Meta-World's 4-dim action and OpenVLA's 7-dim end-effector action
-(reference/openvla.md section 6).
+default model: one `MetaWorldTask` per task, seeded resets, an off-screen RGB camera rendered on
+CPU (`MUJOCO_GL=osmesa`), the task's built-in scripted expert, and the mapping between
+Meta-World's 4-dim action and OpenVLA's 7-dim end-effector action (docs/openvla.md, Action
+tokens and un-normalisation).
 
 Action conventions (both directions are exact inverses on Meta-World's action box [-1, 1]^4):
 
@@ -59,7 +59,7 @@ class TaskSpec:
 
 
 # Tasks whose scripted expert succeeded on at least 90 % of seeded episodes within 150 steps
-# in metaworld 3.1.1 (measured with `evaluate_scripted`; numbers in the notes of issue 6).
+# in metaworld 3.1.1 (measured with `evaluate_scripted`).
 TASKS: tuple[TaskSpec, ...] = (
     TaskSpec("button-press-topdown", "button-press-topdown-v3", (
         "press the button down from the top",

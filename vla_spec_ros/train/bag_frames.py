@@ -8,7 +8,7 @@ Such bags come from ``ros2 bag record <image topic> <instruction topic>`` or fro
 Contracts of ``BagFrames``:
 - Image topic: sensor_msgs/msg/Image (the encodings the node accepts: rgb8, bgr8, rgba8, bgra8,
   mono8 and their 16-bit forms; ``step`` padding honoured) or sensor_msgs/msg/CompressedImage
-  (JPEG / PNG). Both are decoded by the node's own converters (``ros.conversions``), so the
+  (JPEG / PNG). Both are decoded by the node's own converters (``image_messages``), so the
   training frames are the arrays the node would feed the model.
 - Instruction topic: std_msgs/msg/String. An empty string means no instruction in force.
 - Time is the bag's log time of each message (String has no header). Frames are yielded in
@@ -66,7 +66,7 @@ def _open_reader(path: Path):
 
 
 def _decode_image(msg, msgtype: str) -> np.ndarray:
-    from ..ros.conversions import compressed_to_rgb, image_to_rgb
+    from ..image_messages import compressed_to_rgb, image_to_rgb
     if msgtype == IMAGE_TYPES[1]:
         return compressed_to_rgb(msg)
     return image_to_rgb(msg, use_cv_bridge=False)

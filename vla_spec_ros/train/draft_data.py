@@ -1,10 +1,10 @@
 """Draft-head training data: the verifier's own greedy outputs on the user's observations.
 
-Follows Spec-VLA's data generation (reference/eagle_specvla.md §2) with its two quirks fixed:
-the verifier runs on the INFERENCE prompt (no ground-truth action tokens in it) and every
-generated position is visible to later ones (no masked action keys). Per observation the AR
-reference is run greedily (prefill, then ``action_dim - 1`` single-token decodes, as
-engine/ar.py) and stored:
+Follows Spec-VLA's data generation (docs/speculation.md, Training data and losses) with its two
+quirks fixed: the verifier runs on the INFERENCE prompt (no ground-truth action tokens in it) and
+every generated position is visible to later ones (no masked action keys). Per observation the AR
+reference is run greedily (prefill, then ``action_dim - 1`` single-token decodes, as engine/ar.py)
+and stored:
 
     prefix_embeds (L, H)            e_0..e_{L-1}: BOS + image patches + text embeddings
     features      (L + A - 1, H)    f_0..f_{L+A-2}: final-normed verifier outputs; f_p for

@@ -6,10 +6,10 @@ wants (B, T) batches with autograd and no cache. This module runs the SAME modul
 batched causal attention. Sequences are right-padded: with causal attention a pad token after a
 sequence's end never influences that sequence's logits, so no padding mask is needed.
 
-Layout per sample (reference/openvla.md §1.4, §5): ``[BOS] + patches + prompt ids after BOS
-+ 7 action tokens``; the logits at position ``prefix_len - 1 + j`` predict action token ``j``
-(OpenVLA's loss covers exactly the action tokens). ``test/test_train_demo_vla.py`` checks these
-logits against the engine's AR forward in float64.
+Layout per sample (docs/openvla.md, Architecture and Action tokens): ``[BOS] + patches + prompt ids
+after BOS + 7 action tokens``; the logits at position ``prefix_len - 1 + j`` predict action token
+``j`` (OpenVLA's loss covers exactly the action tokens). ``test/test_train_demo_vla.py`` checks
+these logits against the engine's AR forward in float64.
 """
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """``vla-spec train-demo-vla``: the embedded default model, trained from scripted Meta-World demos.
 
-One command, fixed seed (issue 6, DESIGN.md §9):
+One command, fixed seed:
   1. demonstrations: ``--data`` (a ``collect-demos`` folder), collected first when missing;
   2. tokenizer: BPE learned from the tasks' instruction prompts (prompt.build_instruction_
      tokenizer), the last 256 of its 512 ids reserved for the action bins;

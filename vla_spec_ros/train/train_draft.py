@@ -1,11 +1,11 @@
 """``vla-spec train-draft``: train an EAGLE draft head on the verifier's own greedy outputs.
 
-EAGLE losses (reference/eagle_specvla.md §2): SmoothL1 regression of the verifier's next
-feature plus ``p_weight`` x soft cross-entropy of the draft's logits (through the verifier's
+EAGLE losses (docs/speculation.md, Training data and losses): SmoothL1 regression of the verifier's
+next feature plus ``p_weight`` x soft cross-entropy of the draft's logits (through the verifier's
 frozen lm_head) against the verifier's distribution, averaged over the loss positions (EAGLE's
 normalisation, not Spec-VLA's B x seq_len); uniform noise on the INPUT features only; AdamW with
-betas (0.9, 0.95), linear warmup then linear decay, global-norm gradient clipping. Loss
-positions are those the verifier asks the draft for (draft predicts a_2..a_A; see
+betas (0.9, 0.95), linear warmup then linear decay, global-norm gradient clipping. Loss positions
+are those the verifier asks the draft for (draft predicts a_2..a_A; see
 ``draft_data.PackedDraftBatch``); the prefix is attention context as at inference.
 
 Runs in one process or under ``torchrun`` (DDP; the process group is created only when

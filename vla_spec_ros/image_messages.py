@@ -1,10 +1,11 @@
-"""sensor_msgs Image / CompressedImage <-> numpy RGB arrays.
+"""sensor_msgs Image / CompressedImage <-> numpy RGB arrays (no rclpy: the node, the simulator
+bridge and the bag reader share these).
 
-The model takes an (H, W, 3) uint8 RGB image (DESIGN.md §4). Camera drivers publish many
-layouts; this file turns the common ones into that array and back (the back direction serves
-tests and the simulator bridge).
+The model takes an (H, W, 3) uint8 RGB image. Camera drivers publish many layouts; this file
+turns the common ones into that array and back (the back direction serves tests and the
+simulator bridge).
 
-Conventions followed (reference/ros2.md §4, sensor_msgs/msg/Image.msg):
+Conventions followed (sensor_msgs/msg/Image.msg):
 - `step` is the row length in bytes and may exceed `width * channels * bytes_per_channel`
   (drivers pad rows for alignment); `data` holds `step * height` bytes. Padding is skipped.
 - `is_bigendian` gives the byte order of multi-byte channels (the 16-bit encodings here); it
