@@ -11,7 +11,7 @@ tokens with a per-position error rate chosen to hit the acceptance lengths 2.0 /
 (measured and printed). Each configuration runs with 1 and 4 camera streams. Prints a table and
 writes JSON (+ a PNG plot when matplotlib is installed) to bench/results/.
 
-The roofline columns use reference/anchors.md's H100 floor scaled to the preset: weight bytes
+The roofline columns use the H100 floor (bench/README.md) scaled to the preset: weight bytes
 streamed per forward and FLOPs per action from the parameter count.
 """
 from __future__ import annotations

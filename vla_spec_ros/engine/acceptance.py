@@ -1,7 +1,8 @@
 """Verification outcome of one draft tree: exact (EAGLE) or relaxed (Spec-VLA) acceptance.
 
-Implements DESIGN.md S4, following EAGLE-2's greedy ``evaluate_posterior`` and Spec-VLA's
-relaxed rule (reference/eagle_specvla.md §3-4) with two deliberate differences from Spec-VLA:
+Implements S4 (docs/architecture.md), following EAGLE-2's greedy ``evaluate_posterior`` and
+Spec-VLA's relaxed rule (docs/speculation.md, Acceptance) with two deliberate differences from
+Spec-VLA:
 relaxation compares action-token bins and never applies to non-action tokens (Spec-VLA compared
 raw ids), and ties between equally long paths go to the smallest summed bin distance (Spec-VLA
 took the first leaf).

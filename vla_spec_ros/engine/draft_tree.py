@@ -1,6 +1,6 @@
 """EAGLE-2 dynamic draft trees as plain data (no torch).
 
-Follows EAGLE-2 (Li et al., 2024; reference/eagle_specvla.md §3): expand the draft model's top-k
+Follows EAGLE-2 (Li et al., 2024; docs/speculation.md, Draft tree): expand the draft model's top-k
 candidates level by level, keep the top-k of each level (by cumulative log-probability) as the
 next frontier, then rerank every candidate and keep the best ``max_nodes - 1``.
 
@@ -11,8 +11,9 @@ A ``DraftTree`` is what one verification forward consumes:
   one builder of tree masks;
 - ``depths`` are the position offsets. The verifier position of node i is
   ``history_len + depths[i]`` where ``history_len`` counts the request's FULL prefix (BOS, image
-  patch tokens, text and tokens decided so far). Spec-VLA computed the offset from text tokens
-  only, leaving the image out; that bug is deliberately not reproduced.
+  patch tokens, text and tokens decided so far). The draft's own tree positions are counted
+  the same way; Spec-VLA's draft computed them from the text tokens only, leaving the image out
+  (docs/speculation.md, Draft tree), which is deliberately not reproduced.
 """
 from __future__ import annotations
 

@@ -4,7 +4,7 @@ Follows ActionFlow's cross-request pipelining: one forward pass carries the pref
 next waiting frame together with one decode work item of every frame already in flight, so the
 memory-bound single-token decodes ride along with the prefill's large matrix product. With
 speculation a decode work item is one draft tree instead of one token; the scheduler does not
-care which, it only counts the tokens each request gains (DESIGN.md §5 S2, S5, S6).
+care which, it only counts the tokens each request gains (S2, S5, S6 in docs/architecture.md).
 
 Life of a request (one camera frame of one stream):
   waiting --(admitted: a prefill slot in a step, span reserved in the KV ring)--> in flight

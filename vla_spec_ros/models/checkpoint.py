@@ -1,4 +1,4 @@
-"""Checkpoint I/O in OpenVLA's Hugging Face layout (reference/openvla.md §2, DESIGN S8).
+"""Checkpoint I/O in OpenVLA's Hugging Face layout (docs/openvla.md, Checkpoint layout; S8).
 
 A checkpoint folder holds ``config.json`` (model_type "openvla", ``text_config``, ``norm_stats``,
 ``n_action_bins``, ``pad_to_multiple_of``, ``image_sizes``), ``model.safetensors`` or shards

@@ -1,6 +1,6 @@
 """The EAGLE draft head (EAGLE-1/2 ``cnets1.Model``, Spec-VLA ``MMModel``) and its checkpoints.
 
-Follows reference/eagle_specvla.md §1: the input at draft position p is
+Follows docs/speculation.md, Draft head: the input at draft position p is
 ``fc(cat(e_{p+1}, f_p))`` (embedding first, ``fc`` with bias), followed by one Llama decoder
 layer whose first layer has no input norm, and NO final norm; logits come from the VERIFIER's
 ``lm_head``. The token embedding and the lm_head are the verifier's own modules, shared by
@@ -9,7 +9,7 @@ holds only ``fc.*`` and ``layers.*`` (the EAGLE / Spec-VLA key names).
 
 A draft folder holds ``config.json`` (Hugging Face Llama keys, as EAGLE's ``EConfig`` and
 Spec-VLA's ``llama_2_chat_7B_config.json`` use) and ``model.safetensors``. Pickle weights
-(``pytorch_model.bin``) are refused (DESIGN S8). ``engine.drafter.load_draft_for`` turns an
+(``pytorch_model.bin``) are refused (S8). ``engine.drafter.load_draft_for`` turns an
 ``EngineConfig``'s ``draft_path`` into a ready ``Drafter`` for the engine.
 """
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 Module and parameter names mirror Hugging Face ``LlamaForCausalLM`` (``model.embed_tokens``,
 ``model.layers.{i}.self_attn.q_proj``, ``model.norm``, ``lm_head``) so OpenVLA's
-``language_model.*`` checkpoint keys load without renaming (reference/openvla.md §2).
+``language_model.*`` checkpoint keys load without renaming (docs/openvla.md, Checkpoint layout).
 """
 from __future__ import annotations
 

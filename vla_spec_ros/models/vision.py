@@ -1,6 +1,6 @@
 """Plain-torch ViT towers compatible with OpenVLA's timm checkpoints (no timm dependency).
 
-OpenVLA's fused backbone (reference/openvla.md §1.1): DINOv2-L/14 with 4 registers and SigLIP
+OpenVLA's fused backbone (docs/openvla.md, Architecture): DINOv2-L/14 with 4 registers and SigLIP
 So400m/14 each return the output of their SECOND-TO-LAST block, without the final LayerNorm,
 with DINOv2's CLS and register tokens dropped; the patch features are concatenated along the
 feature axis. Only the blocks that run are built: the last block, ``norm`` and SigLIP's

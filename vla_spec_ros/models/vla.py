@@ -1,6 +1,6 @@
 """The OpenVLA assembly: fused vision backbone -> projector -> Llama.
 
-Sequence layout (reference/openvla.md §1.4): ``[BOS] + projected patches + text tokens after
+Sequence layout (docs/openvla.md, Architecture): ``[BOS] + projected patches + text tokens after
 BOS``, logical positions 0..L-1. Attribute names match the checkpoint prefixes
 (``vision_backbone.*``, ``projector.*``, ``language_model.*``).
 """
