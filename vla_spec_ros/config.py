@@ -13,7 +13,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from vla_spec_ros.validation import check_int, require_int_fields  # noqa: F401 (re-export)
+from vla_spec_ros.validation import check_int
 
 # OpenVLA's image normalisation, as serialised in bf16 (docs/openvla.md, Image preprocessing).
 DINOV2_MEAN = (0.484375, 0.455078125, 0.40625)
@@ -347,5 +347,4 @@ def config_to_dict(cfg) -> dict:
 
 
 __all__ = ['VisionTowerConfig', 'LlamaConfig', 'VLAConfig', 'EngineConfig', 'PRESETS', 'preset',
-           'MODES', 'DTYPES', 'TUNABLE_ENGINE_FIELDS', 'EngineOption', 'engine_option',
-           'require_int_fields']
+           'MODES', 'DTYPES', 'TUNABLE_ENGINE_FIELDS', 'EngineOption', 'engine_option']

@@ -10,7 +10,8 @@ import random
 from typing import Callable, Sequence
 
 from .engine.draft_tree import DraftTree, chain_tree
-from .engine.drafter import Drafter, _check_count
+from .engine.drafter import Drafter
+from .validation import check_int
 
 
 class OracleDrafter(Drafter):
@@ -29,7 +30,7 @@ class OracleDrafter(Drafter):
         if not 0.0 <= float(error_rate) <= 1.0:
             raise ValueError(f'error_rate: must lie in [0, 1], got {error_rate}')
         self.tokens_for = tokens_for
-        self.action_dim = _check_count('action_dim', action_dim, 1)
+        self.action_dim = check_int('action_dim', action_dim, minimum=1)
         self.error_rate = float(error_rate)
         self.seed = int(seed)
         self.wrong_tokens = None if wrong_tokens is None else [int(t) for t in wrong_tokens]
@@ -58,8 +59,8 @@ class OracleDrafter(Drafter):
         return self._num_decided[request_id]
 
     def _propose_one(self, request_id, depth, max_nodes) -> DraftTree:
-        depth = _check_count('depth', depth, 1)
-        max_nodes = _check_count('max_nodes', max_nodes, 2)
+        depth = check_int('depth', depth, minimum=1)
+        max_nodes = check_int('max_nodes', max_nodes, minimum=2)
         if request_id not in self._num_decided:
             raise ValueError(f'request_id: {request_id} has no draft state (begin() first)')
         reference = [int(t) for t in self.tokens_for(request_id)][:self.action_dim]

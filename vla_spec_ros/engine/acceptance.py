@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Callable, Sequence
 
 from vla_spec_ros.engine.draft_tree import ROOT, DraftTree
+from vla_spec_ros.validation import check_int
 
 
 @dataclass(frozen=True)
@@ -68,8 +69,7 @@ def accept(tree: DraftTree, verifier_argmax: Sequence[int], *, relax_threshold: 
     if len(verifier_argmax) != tree.num_nodes:
         raise ValueError(f'verifier_argmax: length {len(verifier_argmax)} != '
                          f'{tree.num_nodes} tree nodes')
-    if int(relax_threshold) != relax_threshold or relax_threshold < 0:
-        raise ValueError(f'relax_threshold: must be an integer >= 0, got {relax_threshold}')
+    relax_threshold = check_int('relax_threshold', relax_threshold, minimum=0)
     argmax = [int(t) for t in verifier_argmax]
 
     # 1. Per node, in index order (parents first): is the path root..node accepted, and the
@@ -114,6 +114,5 @@ def truncate(acc: Acceptance, max_new_tokens: int) -> tuple[int, ...]:
     accepted drafts beyond the limit are dropped; the request is then complete, so no KV needs
     compacting for it.
     """
-    if int(max_new_tokens) != max_new_tokens or max_new_tokens < 1:
-        raise ValueError(f'max_new_tokens: must be an integer >= 1, got {max_new_tokens}')
-    return acc.emitted_tokens[:int(max_new_tokens)]
+    max_new_tokens = check_int('max_new_tokens', max_new_tokens, minimum=1)
+    return acc.emitted_tokens[:max_new_tokens]

@@ -27,6 +27,7 @@ import torch
 
 from ..config import EngineConfig
 from ..models.draft import DEFAULT_DRAFT_SUBFOLDER, RANDOM_DRAFT, load_draft, new_draft_head
+from ..validation import check_int
 from .draft_tree import NO_PARENT, ROOT, DraftTree, grow_dynamic_tree
 from .packed_forward import PackedForward
 from .step_inputs import PrefillRows, chain_rows, pack_step, tree_rows
@@ -111,12 +112,6 @@ class _DraftState:
     root_proposals: list        # top MAX_TOP_K (token, logprob) after the root, best first
 
 
-def _check_count(name: str, value: int, minimum: int) -> int:
-    if isinstance(value, bool) or int(value) != value or value < minimum:
-        raise ValueError(f'{name}: must be an integer >= {minimum}, got {value!r}')
-    return int(value)
-
-
 class EagleDrafter(Drafter):
     """EAGLE-2 drafting with an ``EagleDraftHead``, batched across in-flight requests.
 
@@ -133,7 +128,7 @@ class EagleDrafter(Drafter):
                  use_cuda_graphs: bool = False):
         self.head = head
         self.action_dim = int(runner.action_dim)
-        self.num_lanes = _check_count('num_lanes', num_lanes, 1)
+        self.num_lanes = check_int('num_lanes', num_lanes, minimum=1)
         self.hidden_size = head.cfg.hidden_size
         self.max_positions = head.cfg.max_position_embeddings
         self.lane_len = (runner.max_prefix_len(max_instruction_tokens) + self.action_dim + 1
@@ -274,8 +269,8 @@ class EagleDrafter(Drafter):
 
     @torch.inference_mode()
     def propose_batch(self, request_ids, depths, top_k, max_nodes) -> list[DraftTree]:
-        top_k = _check_count('top_k', top_k, 1)
-        max_nodes = _check_count('max_nodes', max_nodes, 2)
+        top_k = check_int('top_k', top_k, minimum=1)
+        max_nodes = check_int('max_nodes', max_nodes, minimum=2)
         if top_k > self.max_top_k:
             raise ValueError(f'top_k: {top_k} exceeds {self.max_top_k} (the vocabulary size '
                              f'or {MAX_TOP_K})')
@@ -283,7 +278,7 @@ class EagleDrafter(Drafter):
         trees: list[DraftTree | None] = [None] * len(states)
         growing = {}
         for i, (state, depth) in enumerate(zip(states, depths)):
-            depth = _check_count('depth', depth, 1)
+            depth = check_int('depth', depth, minimum=1)
             self._check_position(state.stable_len - 1 + depth)
             if (depth - 1) * top_k > MAX_SCRATCH:
                 raise ValueError(f'depth, top_k: {depth} x {top_k} exceed the draft scratch')

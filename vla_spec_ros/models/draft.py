@@ -23,6 +23,7 @@ import torch
 from torch import nn
 
 from ..config import LlamaConfig
+from ..validation import require_int_fields
 from .checkpoint import CheckpointError, _check_safetensors_file, load_state_dict, weight_files
 from .layers import KVCache, LlamaDecoderLayer, RopeRows, RopeTables, StepBatch
 
@@ -49,11 +50,9 @@ class DraftConfig:
     num_layers: int = 1
 
     def __post_init__(self):
-        for name in ('hidden_size', 'num_heads', 'num_kv_heads', 'intermediate_size',
-                     'vocab_size', 'max_position_embeddings', 'num_layers'):
-            value = getattr(self, name)
-            if not isinstance(value, int) or value <= 0:
-                raise ValueError(f'{name}: must be an integer > 0, got {value!r}')
+        require_int_fields(self, ('hidden_size', 'num_heads', 'num_kv_heads',
+                                  'intermediate_size', 'vocab_size',
+                                  'max_position_embeddings', 'num_layers'), minimum=1)
         # Remaining checks (head dims, GQA, eps, theta) are LlamaConfig's own.
         self.to_llama_config()
 

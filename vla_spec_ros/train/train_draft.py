@@ -35,7 +35,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..config import require_int_fields
+from ..validation import require_int_fields
 from ..models.draft import DraftConfig, EagleDraftHead, load_draft, new_draft_head, save_draft
 from ..recording import DEFAULT_IMAGE_TOPIC, DEFAULT_INSTRUCTION_TOPIC
 from .draft_data import (DraftDataset, generate_shards, load_observations, pack_samples,
