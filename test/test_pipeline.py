@@ -217,6 +217,20 @@ def test_max_inflight(policy, frames, reference, max_inflight):
         assert engine.num_verifier_forwards < ACTION_DIM * len(subset)
 
 
+def test_max_streams_refuses_a_stream_beyond_the_limit_until_one_finishes(policy, frames,
+                                                                          reference):
+    engine = make_engine(policy, max_streams=2)
+    engine.submit(restream(frames[0], 'a'))
+    engine.submit(restream(frames[1], 'b'))
+    engine.submit(restream(frames[2], 'a'))              # a known stream is always welcome
+    with pytest.raises(ValueError, match='max_streams is 2'):
+        engine.submit(restream(frames[3], 'c'))
+    finished = engine.run_until_idle()
+    assert [f.result.tokens for f in finished] == [reference[i] for i in (0, 1, 2)]
+    engine.submit(restream(frames[3], 'c'))              # streams a and b are done now
+    assert engine.run_until_idle()[0].result.tokens == reference[3]
+
+
 def test_drop_waiting_keeps_in_flight_frames(policy, frames, reference):
     engine = make_engine(policy)
     first = engine.submit(restream(frames[0], 'a'))

@@ -146,7 +146,8 @@ def run_bench(model: str, modes: list[str], num_frames: int, warmup: int, device
         if mode == 'hf':
             rows.append(bench_hf(HFBaseline(runner, policy.config), frames, warmup))
             continue
-        cfg = EngineConfig(mode=mode, draft_path=draft_path, **base_cfg, **(tree or {}))
+        cfg = EngineConfig(mode=mode, draft_path=draft_path, max_streams=max(4, num_streams),
+                           **base_cfg, **(tree or {}))
         draft = None
         if cfg.is_speculative:
             from .engine.drafter import load_draft_for

@@ -58,7 +58,15 @@ class Engine:
     # ---- submission ---------------------------------------------------------------------------
 
     def submit(self, frame: Frame) -> int:
-        """Validate and enqueue a frame; raises ValueError on bad input (nothing is queued)."""
+        """Validate and enqueue a frame; raises ValueError on bad input (nothing is queued).
+
+        At most ``max_streams`` streams may have unfinished frames at once: a frame of a new
+        stream beyond that is refused (the node sizes it to its number of robots)."""
+        active = self.strategy.scheduler.active_streams
+        if frame.stream_id not in active and len(active) >= self._config.max_streams:
+            raise ValueError(f'stream_id: {frame.stream_id!r} would be stream {len(active) + 1} '
+                             f'with unfinished frames; max_streams is '
+                             f'{self._config.max_streams} (busy: {sorted(active)})')
         check_image(frame.image)
         input_ids = self.runner.validate_instruction(frame.instruction)
         key = resolve_unnorm_key(self.norm_stats, frame.unnorm_key)

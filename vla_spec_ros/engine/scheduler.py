@@ -80,6 +80,11 @@ class Scheduler:
     def num_inflight(self) -> int:
         return len(self._inflight)
 
+    @property
+    def active_streams(self) -> tuple[str, ...]:
+        """Streams with a request not yet emitted (waiting, in flight or held)."""
+        return tuple(self._pending)
+
     def has_work(self) -> bool:
         """True while a request waits or is in flight (a step would make progress)."""
         return bool(self._waiting or self._inflight)
