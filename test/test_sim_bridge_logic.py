@@ -13,8 +13,8 @@ import pytest
 from vla_spec_ros.ros import command as cmd
 from vla_spec_ros.ros.params import settings_from_parameters
 from vla_spec_ros.sim.bridge_logic import (
-    DESCRIPTIONS, AnswerPairs, BridgeSettings, FrameRegistry, LockstepMatcher, RealtimeCommand,
-    action_from_twist, gripper_openness, next_stamp_ns)
+    DESCRIPTIONS, AnswerPairs, BridgeSettings, DelayedLockstep, FrameRegistry, LockstepMatcher,
+    RealtimeCommand, action_from_twist, gripper_openness, next_stamp_ns)
 
 SHARED = dict(control_period=0.1, linear_scale=2.0, angular_scale=0.5, max_linear_speed=1.0,
               max_angular_speed=2.0, gripper_open_position=0.04, gripper_closed_position=0.0)
@@ -280,3 +280,95 @@ def test_realtime_ignores_answers_to_a_previous_episode_and_their_grippers():
     state.on_gripper(0.3)                                       # frame 30's gripper
     assert state.command_at(1.2) == ((1, 0, 0), (0, 0, 0), 0.3, True)
     assert state.num_ignored_answers == 1
+
+
+# ---- delayed lock-step ----------------------------------------------------------------------
+
+def act(i, gripper=0.5):
+    """A distinguishable action: x-delta i, gripper `gripper`."""
+    return np.r_[float(i), np.zeros(5), gripper]
+
+
+def schedule(delay, periods, answers=None):
+    """[(period, applied x-delta, gripper, is_fresh, frame sent)] of `periods` periods; the
+    policy answers frame t with act(t) (or answers[t])."""
+    out = []
+    for t in range(periods):
+        sent = delay.wants_frame(t)
+        if sent:
+            delay.answer(t, act(t) if answers is None else answers[t])
+        action, is_fresh = delay.action_at(t)
+        out.append((t, action[0], action[6], is_fresh, sent))
+    return out
+
+
+def test_delay_zero_is_plain_lockstep():
+    for frames in ('every', 'one_in_flight'):
+        for hold in ('previous', 'zero'):
+            delay = DelayedLockstep(0, hold, frames)
+            assert schedule(delay, 5) == [(t, t, 0.5, True, True) for t in range(5)]
+            assert delay.num_fresh == 5 and delay.num_held == 0
+
+
+def test_delay_every_frame_lands_d_periods_later_holding_before():
+    delay = DelayedLockstep(2, 'previous', 'every')
+    got = schedule(delay, 6)
+    # Periods 0 and 1 hold the initial command (no motion, gripper open), then frame k's
+    # action is applied at k + 2; every frame is sent.
+    assert got == [(0, 0.0, 1.0, False, True), (1, 0.0, 1.0, False, True),
+                   (2, 0.0, 0.5, True, True), (3, 1.0, 0.5, True, True),
+                   (4, 2.0, 0.5, True, True), (5, 3.0, 0.5, True, True)]
+    assert (delay.num_fresh, delay.num_held) == (4, 2)
+
+
+def test_delay_one_in_flight_sends_every_dth_frame_and_holds_previous_or_zero():
+    previous = schedule(DelayedLockstep(3, 'previous', 'one_in_flight'), 8,
+                        answers={t: act(t + 1, 0.2) for t in range(8)})
+    assert [p[4] for p in previous] == [True, False, False, True, False, False, True, False]
+    # Frame 0 (x 1) lands at 3 and holds through 5, frame 3 (x 4) lands at 6.
+    assert [(p[1], p[3]) for p in previous] == [
+        (0, False), (0, False), (0, False), (1, True), (1, False), (1, False), (4, True),
+        (4, False)]
+    zero = schedule(DelayedLockstep(3, 'zero', 'one_in_flight'), 8,
+                    answers={t: act(t + 1, 0.2) for t in range(8)})
+    assert [z[1] for z in zero] == [0, 0, 0, 1, 0, 0, 4, 0]
+    # The gripper keeps its last value under either hold.
+    assert [z[2] for z in zero] == [1.0, 1.0, 1.0, 0.2, 0.2, 0.2, 0.2, 0.2]
+
+
+def test_delay_restarts_per_episode_and_checks_the_call_order():
+    delay = DelayedLockstep(1)
+    schedule(delay, 3)
+    delay.begin_episode()
+    assert schedule(delay, 2) == [(0, 0.0, 1.0, False, True), (1, 0.0, 0.5, True, True)]
+    with pytest.raises(ValueError, match='period'):
+        delay.action_at(5)                       # not the current period
+    with pytest.raises(ValueError, match='period'):
+        delay.action_at(2)                       # frame 2 is wanted and was not answered
+    delay.answer(2, act(2))
+    with pytest.raises(ValueError, match='period'):
+        delay.answer(2, act(2))                  # answered twice
+    skipping = DelayedLockstep(2, delay_frames='one_in_flight')
+    skipping.answer(0, act(0))
+    skipping.action_at(0)
+    with pytest.raises(ValueError, match='period'):
+        skipping.answer(1, act(1))               # frame 1 is not sent with one in flight
+    with pytest.raises(ValueError, match='action'):
+        DelayedLockstep(0).answer(0, np.r_[np.nan, np.zeros(6)])
+
+
+@pytest.mark.parametrize('kwargs, field', [
+    ({'action_delay': -1}, 'action_delay'), ({'action_delay': 1.0}, 'action_delay'),
+    ({'action_delay': True}, 'action_delay'), ({'delay_hold': 'last'}, 'delay_hold'),
+    ({'delay_frames': 'some'}, 'delay_frames')])
+def test_bad_delay_settings_name_the_field(kwargs, field):
+    with pytest.raises(ValueError, match=field):
+        DelayedLockstep(**kwargs)
+    with pytest.raises(ValueError, match=field):
+        BridgeSettings(**kwargs)
+
+
+def test_delay_is_lockstep_only():
+    assert BridgeSettings(action_delay=3).action_delay == 3
+    with pytest.raises(ValueError, match='action_delay'):
+        BridgeSettings(sim_mode='realtime', action_delay=1)

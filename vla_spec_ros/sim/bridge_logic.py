@@ -29,6 +29,18 @@ Two ways to turn a stream of commands into simulator steps:
   received less than `command_timeout_s` ago, else zero motion; the gripper holds its last
   value (a servo controller's incoming-command timeout). Answers to frames published before the
   episode's first frame (a previous episode's) are ignored, twist and gripper alike.
+
+Delayed lock-step (`DelayedLockstep`, lock-step with `action_delay` d > 0): still lock-step
+(every answer is awaited, so a run is deterministic and independent of the machine's speed),
+but the action decided from the frame of control period k is applied at period k + d, as if
+inference took d periods. Until it lands the arm holds (`delay_hold`): the previous applied
+action, or zero motion (the gripper keeps its last value either way; before the first answer:
+zero motion, gripper open). `delay_frames` says which frames reach the policy: "every" (a
+pipelined policy: every period's frame is answered, each d periods later) or "one_in_flight"
+(a policy that takes a new frame only when the previous answer has landed: the frames of
+periods 0, d, 2d, ...; each answer then holds for d periods). d = 0 is plain lock-step. The
+same object drives the bridge node and the in-process episode loop (`sim.demos.run_episode`),
+so both apply the same actions at the same periods.
 """
 from __future__ import annotations
 
@@ -42,6 +54,9 @@ from vla_spec_ros.motion import clamp_norm
 
 SIM_MODES = ('lockstep', 'realtime')
 ACTION_DIM = 7
+DELAY_HOLDS = ('previous', 'zero')
+DELAY_FRAMES = ('every', 'one_in_flight')
+MAX_ACTION_DELAY = 1000
 
 # Command conventions a VLA node and a bridge must share for the bridge to recover each action
 # exactly: unit scales, speed limits far above Meta-World's 1 cm steps (a clamp would change the
@@ -102,6 +117,9 @@ class BridgeSettings:
     command_timeout_s: float = 0.5
     instruction_settle_s: float = 0.5
     episode_timeout_s: float = 600.0
+    action_delay: int = 0
+    delay_hold: str = 'previous'
+    delay_frames: str = 'every'
 
     def __post_init__(self):
         for f in fields(self):
@@ -117,6 +135,10 @@ class BridgeSettings:
                                  f'{value!r}')
         if self.sim_mode not in SIM_MODES:
             raise ValueError(f'sim_mode: {self.sim_mode!r} not in {list(SIM_MODES)}')
+        check_delay(self.action_delay, self.delay_hold, self.delay_frames)
+        if self.action_delay and self.sim_mode != 'lockstep':
+            raise ValueError('action_delay: applies to sim_mode lockstep only (real time has '
+                             'the delay of the real inference)')
         for name in ('control_rate_hz', 'control_period', 'linear_scale', 'angular_scale',
                      'lockstep_timeout_s', 'command_timeout_s', 'episode_timeout_s'):
             if getattr(self, name) <= 0:
@@ -153,7 +175,26 @@ DESCRIPTIONS = {
     'command_timeout_s': 'Real time: older commands give zero motion',
     'instruction_settle_s': 'Pause after publishing a new instruction before the first frame',
     'episode_timeout_s': 'main(): give up on an episode after this long',
+    'action_delay': 'Lock-step: apply the action decided from period k\'s frame at period '
+    'k + action_delay (0 = plain lock-step)',
+    'delay_hold': 'Delayed lock-step: while no new action lands, hold the previous action or '
+    'zero motion (previous, zero; the gripper keeps its value)',
+    'delay_frames': 'Delayed lock-step: frames sent to the policy: every (pipelined) or '
+    'one_in_flight (a new frame only when the previous answer landed)',
 }
+
+
+def check_delay(action_delay, delay_hold: str = 'previous', delay_frames: str = 'every') -> int:
+    """The delay settings, validated (ValueError naming the field); returns `action_delay`."""
+    if (isinstance(action_delay, bool) or not isinstance(action_delay, int)
+            or not 0 <= action_delay <= MAX_ACTION_DELAY):
+        raise ValueError(f'action_delay: expected an int in [0, {MAX_ACTION_DELAY}] control '
+                         f'periods, got {action_delay!r}')
+    if delay_hold not in DELAY_HOLDS:
+        raise ValueError(f'delay_hold: {delay_hold!r} not in {list(DELAY_HOLDS)}')
+    if delay_frames not in DELAY_FRAMES:
+        raise ValueError(f'delay_frames: {delay_frames!r} not in {list(DELAY_FRAMES)}')
+    return action_delay
 
 
 def gripper_openness(position: float, settings: BridgeSettings) -> float:
@@ -390,6 +431,66 @@ class RealtimeCommand:
         return twist[0], twist[1], self._gripper, True
 
 
+class DelayedLockstep:
+    """Which action a lock-step episode applies at each control period (module doc).
+
+    Per period t, in order: `wants_frame(t)`; if True, the policy's action for period t's
+    frame goes to `answer(t, action)`; then `action_at(t)` is the action to step with, and
+    whether it is a fresh answer (False: a hold). Actions are 7-dim (deltas per step,
+    absolute gripper in [0, 1]). A frame without a valid answer never reaches this object:
+    lock-step ends that episode (the bridge after `max_republish` republications, the
+    in-process loop at once).
+    """
+
+    def __init__(self, action_delay: int = 0, delay_hold: str = 'previous',
+                 delay_frames: str = 'every', initial_gripper: float = 1.0):
+        self.action_delay = check_delay(action_delay, delay_hold, delay_frames)
+        self.delay_hold, self.delay_frames = delay_hold, delay_frames
+        self._initial_gripper = float(initial_gripper)
+        self.begin_episode()
+
+    def begin_episode(self) -> None:
+        self._pending: deque = deque()       # (period the action lands, action)
+        self._last = np.r_[np.zeros(ACTION_DIM - 1), self._initial_gripper]
+        self._next_period = 0
+        self.num_fresh = self.num_held = 0
+
+    def wants_frame(self, period: int) -> bool:
+        """Whether period t's frame goes to the policy."""
+        d = self.action_delay
+        return self.delay_frames == 'every' or d == 0 or period % d == 0
+
+    def answer(self, period: int, action) -> None:
+        """The policy's action for period t's frame (a wanted one, before `action_at(t)`)."""
+        if period != self._next_period or not self.wants_frame(period):
+            raise ValueError(f'period: {period} is not the current period '
+                             f'{self._next_period} or its frame was not wanted')
+        if self._pending and self._pending[-1][0] >= period + self.action_delay:
+            raise ValueError(f'period: {period} was answered already')
+        action = np.array(action, dtype=np.float64)
+        if action.shape != (ACTION_DIM,) or not np.all(np.isfinite(action)):
+            raise ValueError(f'action: expected a finite ({ACTION_DIM},) action, got {action}')
+        self._pending.append((period + self.action_delay, action))
+
+    def action_at(self, period: int) -> tuple[np.ndarray, bool]:
+        """(action applied at period t, is_fresh); call once per period, in order."""
+        if period != self._next_period:
+            raise ValueError(f'period: expected {self._next_period}, got {period}')
+        if self.wants_frame(period) and not (
+                self._pending and self._pending[-1][0] == period + self.action_delay):
+            raise ValueError(f'period: {period}\'s frame was not answered')
+        self._next_period += 1
+        if self._pending and self._pending[0][0] == period:
+            action = self._pending.popleft()[1]
+            self._last = action
+            self.num_fresh += 1
+            return action.copy(), True
+        self.num_held += 1
+        if self.delay_hold == 'zero':
+            self._last = np.r_[np.zeros(ACTION_DIM - 1), self._last[ACTION_DIM - 1]]
+        return self._last.copy(), False
+
+
 # Why an episode ended (EpisodeLog.end_reason).
 END_SUCCESS, END_MAX_STEPS, END_TIMEOUT = 'success', 'max_steps', 'timeout'
 END_UNANSWERED, END_STOPPED = 'unanswered', 'stopped'
@@ -400,7 +501,8 @@ class EpisodeCounters:
     num_steps: int = 0
     num_frames_published: int = 0       # republications included
     num_commands_applied: int = 0       # steps taken with a received command
-    num_stale_commands: int = 0         # real time: steps with zero motion (stale / missing)
+    num_stale_commands: int = 0         # real time: steps with zero motion (stale / missing);
+    #                                     delayed lock-step: steps with a held action
     num_republished_frames: int = 0     # lock-step: frames sent again after a timeout
     num_other_answers: int = 0          # answers not applied: lock-step, to other frames;
     #                                     real time, to an earlier episode's frames
@@ -421,6 +523,7 @@ class EpisodeLog:
 
 
 __all__ = ['SIM_MODES', 'BridgeSettings', 'DESCRIPTIONS', 'gripper_openness', 'action_from_twist',
-           'next_stamp_ns', 'FrameRegistry', 'MatchedCommand', 'AnswerPairs', 'LockstepMatcher',
+           'next_stamp_ns', 'FrameRegistry', 'DelayedLockstep', 'check_delay', 'DELAY_HOLDS',
+           'DELAY_FRAMES', 'MatchedCommand', 'AnswerPairs', 'LockstepMatcher',
            'RealtimeCommand', 'EpisodeCounters', 'EpisodeLog', 'END_SUCCESS', 'END_MAX_STEPS',
            'END_TIMEOUT', 'END_UNANSWERED', 'END_STOPPED']
