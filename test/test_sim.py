@@ -192,3 +192,46 @@ def test_collect_demos_writes_dataset(tmp_path):
 def test_evaluate_scripted_succeeds_on_an_easy_task():
     rate = evaluate_scripted(FAST_TASK, episodes=2, seed=1, image_size=16)
     assert rate == 1.0
+
+
+@needs_sim
+@pytest.mark.parametrize("frames", ["every", "one_in_flight"])
+def test_run_episode_applies_the_delayed_lockstep_schedule(frames):
+    from vla_spec_ros.sim.bridge_logic import DelayedLockstep
+    from vla_spec_ros.sim.demos import run_episode
+    answers, applied = {}, []
+
+    def policy(image, instruction):          # frame k's answer: x-delta from k, gripper 0.3
+        k = len(answers)
+        answers[k] = np.r_[0.001 * (k + 1), np.zeros(5), 0.3]
+        return answers[k]
+    delay = DelayedLockstep(3, "previous", frames)
+    with make_env(FAST_TASK, seed=0, image_size=16, max_steps=10) as env:
+        result, _, _ = run_episode(env, policy, 11, "press the handle", delay=delay,
+                                   on_step=lambda t, a, fresh: applied.append((t, a, fresh)))
+    assert result.num_steps == len(applied) == 10
+    sent = list(range(10)) if frames == "every" else [0, 3, 6, 9]
+    assert len(answers) == len(sent)          # only the wanted frames reached the policy
+    for t, action, is_fresh in applied:
+        if t < 3:                             # before the first answer lands: hold still, open
+            assert not is_fresh and np.array_equal(action, np.r_[np.zeros(6), 1.0])
+        elif t in [k + 3 for k in sent]:      # frame k's answer lands at k + 3
+            assert is_fresh
+            np.testing.assert_array_equal(action, answers[sent.index(t - 3)])
+        else:                                 # one in flight: the previous answer holds
+            assert not is_fresh and np.array_equal(action, applied[t - 1][1])
+
+
+@needs_sim
+def test_run_episode_ends_when_the_policy_gives_no_valid_action():
+    from vla_spec_ros.sim.bridge_logic import DelayedLockstep
+    from vla_spec_ros.sim.demos import run_episode
+    calls = []
+
+    def policy(image, instruction):
+        calls.append(1)
+        return None if len(calls) == 3 else np.r_[np.zeros(6), 1.0]
+    with make_env(FAST_TASK, seed=0, image_size=16, max_steps=10) as env:
+        result, _, _ = run_episode(env, policy, 11, "press the handle",
+                                   delay=DelayedLockstep(0))
+    assert not result.is_success and result.num_steps == 2 and len(calls) == 3

@@ -29,6 +29,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
+from vla_spec_ros.sim.bridge_logic import DelayedLockstep
 from vla_spec_ros.sim.metaworld_env import (
     ACTION_DIM, DEFAULT_CAMERA, DEFAULT_IMAGE_SIZE, DEFAULT_MAX_STEPS, POSITION_SCALE_M,
     MetaWorldTask, TaskSpec, get_task, make_env)
@@ -64,23 +65,47 @@ def choose_instruction(task: TaskSpec, seed: int) -> str:
 
 
 def run_episode(env: MetaWorldTask, policy: Policy, seed: int, instruction: str,
-                is_recording: bool = False):
+                is_recording: bool = False, delay: DelayedLockstep | None = None,
+                on_step: Callable | None = None):
     """One episode from `env.reset(seed)` until success or `env.max_steps`.
 
     Returns (EpisodeResult, images (T, H, W, 3) uint8 | None, actions (T, 7) float32 | None);
     images[t] is the observation actions[t] was chosen from.
+
+    `delay` (a `bridge_logic.DelayedLockstep`, not with `is_recording`): delayed lock-step, the
+    same schedule the bridge node applies; the policy is asked only for the frames `delay`
+    wants, and may then answer None (no valid action: the episode ends unsuccessfully, as the
+    bridge ends it after republishing an unanswered frame). `on_step(period, action, is_fresh)`
+    sees every applied action.
     """
+    if delay is not None and is_recording:
+        raise ValueError("is_recording: not with a delay (the recorded pairs assume none)")
     image = env.reset(seed)
+    if delay is not None:
+        delay.begin_episode()
     images, actions = [], []
-    is_success, is_done = False, False
+    is_success, is_done, period = False, False, 0
     while not is_done:
-        action = np.asarray(policy(image, instruction), dtype=np.float32)
-        if action.shape != (ACTION_DIM,) or not np.all(np.isfinite(action)):
-            raise ValueError(f"policy: expected a finite ({ACTION_DIM},) action, got {action}")
+        is_fresh = True
+        if delay is None:
+            action = np.asarray(policy(image, instruction), dtype=np.float32)
+            if action.shape != (ACTION_DIM,) or not np.all(np.isfinite(action)):
+                raise ValueError(f"policy: expected a finite ({ACTION_DIM},) action, got "
+                                 f"{action}")
+        else:
+            if delay.wants_frame(period):
+                answer = policy(image, instruction)
+                if answer is None:
+                    break
+                delay.answer(period, answer)
+            action, is_fresh = delay.action_at(period)
         if is_recording:
             images.append(image)
             actions.append(action)
+        if on_step is not None:
+            on_step(period, action, is_fresh)
         image, is_success, is_done, _ = env.step(action)
+        period += 1
     result = EpisodeResult(env.task.name, int(seed), instruction, bool(is_success), env.num_steps)
     if not is_recording:
         return result, None, None
@@ -100,7 +125,7 @@ def _progress(iterable, total: int, desc: str, is_enabled: bool):
 
 def _evaluate(task_name: str, make_policy: Callable[[MetaWorldTask], Policy], episodes: int,
               seed: int, image_size: int, camera: str, max_steps: int,
-              progress: bool) -> list[EpisodeResult]:
+              progress: bool, delay: DelayedLockstep | None = None) -> list[EpisodeResult]:
     if not isinstance(episodes, int) or episodes < 1:
         raise ValueError(f"episodes: expected a positive int, got {episodes!r}")
     task = get_task(task_name)
@@ -111,7 +136,8 @@ def _evaluate(task_name: str, make_policy: Callable[[MetaWorldTask], Policy], ep
         bar = _progress(range(episodes), episodes, f"eval {task.name}", progress)
         for episode in bar:
             ep_seed = episode_seed(seed, task.name, episode)
-            result, _, _ = run_episode(env, policy, ep_seed, choose_instruction(task, ep_seed))
+            result, _, _ = run_episode(env, policy, ep_seed, choose_instruction(task, ep_seed),
+                                       delay=delay)
             results.append(result)
             if progress:
                 bar.set_postfix(success=f"{sum(r.is_success for r in results)}/{len(results)}")
@@ -120,11 +146,12 @@ def _evaluate(task_name: str, make_policy: Callable[[MetaWorldTask], Policy], ep
 
 def evaluate_policy(task_name: str, policy: Policy, episodes: int, seed: int,
                     image_size: int = DEFAULT_IMAGE_SIZE, camera: str = DEFAULT_CAMERA,
-                    max_steps: int = DEFAULT_MAX_STEPS,
-                    progress: bool = False) -> list[EpisodeResult]:
-    """Run `episodes` seeded episodes of `policy(image, instruction) -> action7` in process."""
+                    max_steps: int = DEFAULT_MAX_STEPS, progress: bool = False,
+                    delay: DelayedLockstep | None = None) -> list[EpisodeResult]:
+    """Run `episodes` seeded episodes of `policy(image, instruction) -> action7` in process
+    (with `delay`: delayed lock-step, `run_episode`)."""
     return _evaluate(task_name, lambda env: policy, episodes, seed, image_size, camera,
-                     max_steps, progress)
+                     max_steps, progress, delay)
 
 
 def evaluate_scripted(task: str, episodes: int, seed: int, image_size: int = DEFAULT_IMAGE_SIZE,
