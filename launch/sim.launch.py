@@ -6,8 +6,9 @@ The bridge publishes the camera and the instruction to the VLA node's private to
 its twist and gripper commands to the simulator; both nodes get the same control period, scales,
 speed limits and gripper convention (the bridge inverts exactly what the VLA node applies). The
 bridge runs `episodes` seeded episodes of `task_name` and logs each result. `sim_mode:=lockstep`
-waits for the action of every frame (deterministic); `realtime` steps at `control_rate_hz`
-whether or not an action arrived. `vla-spec demo` runs the same pair in one process.
+waits for the action of every frame (deterministic), with `action_delay:=d` applying it d
+control periods later (delayed lock-step); `realtime` steps at `control_rate_hz` whether or
+not an action arrived. `vla-spec demo` runs the same pair in one process.
 
 `image_size` is the side of the bridge's camera images and must be the input size of the
 checkpoint in `model_path` (64 for the embedded metaworld-demo model): the VLA node would
@@ -31,6 +32,12 @@ ARGUMENTS = (
     ('episodes', '3', 'Episodes the bridge runs'),
     ('seed', '0', 'Base seed of the episodes'),
     ('sim_mode', 'lockstep', 'lockstep (deterministic) or realtime'),
+    ('action_delay', '0', 'Lock-step: apply the action of period k\'s frame at period k + '
+     'action_delay (delayed lock-step; 0 = plain lock-step)'),
+    ('delay_hold', 'previous', 'Delayed lock-step: hold the previous action or zero motion '
+     'until an action lands'),
+    ('delay_frames', 'every', 'Delayed lock-step: every (each frame answered) or '
+     'one_in_flight (a new frame only when the previous answer landed)'),
     ('control_rate_hz', '10.0', 'Control rate: the action period of both nodes'),
     ('max_steps', '150', 'Steps before an episode ends unsuccessfully'),
     ('image_size', '64', 'Camera image side in pixels: must be the checkpoint\'s input size '
@@ -60,7 +67,10 @@ def node_options(values: dict) -> tuple[dict, dict]:
                           relax_threshold=int(values['relax_threshold']))
     bridge_parameters = dict(bridge_shared, task_name=values['task_name'],
                              episodes=int(values['episodes']), seed=int(values['seed']),
-                             max_steps=int(values['max_steps']), image_size=image_size)
+                             max_steps=int(values['max_steps']), image_size=image_size,
+                             action_delay=int(values['action_delay']),
+                             delay_hold=values['delay_hold'],
+                             delay_frames=values['delay_frames'])
     vla = {'name': vla_name, 'namespace': '',
            'parameters': [values['params_file'], vla_parameters], 'remappings': []}
     bridge = {'name': 'sim_bridge', 'namespace': '', 'parameters': [bridge_parameters],

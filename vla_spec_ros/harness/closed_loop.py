@@ -25,7 +25,7 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from vla_spec_ros.sim.bridge_logic import SIM_MODES, matched_command_parameters
+from vla_spec_ros.sim.bridge_logic import SIM_MODES, check_delay, matched_command_parameters
 from vla_spec_ros.sim.demos import EpisodeResult, choose_instruction, episode_seed, success_rate
 from vla_spec_ros.sim.metaworld_env import DEFAULT_CAMERA, get_task
 
@@ -56,6 +56,10 @@ class ClosedLoopReport:
     actions_per_s: float = math.nan  # num_episode_actions / wall_s
     latency_p50_ms: float = math.nan   # frame published -> its twist received by the bridge
     latency_p99_ms: float = math.nan
+    latency_mean_ms: float = math.nan
+    action_delay: int = 0            # delayed lock-step (bridge_logic.DelayedLockstep)
+    delay_hold: str = 'previous'
+    delay_frames: str = 'every'
     acceptance_length: float = math.nan   # speculative modes only (tokens per verify step)
     forwards_per_action: float = math.nan  # verifier forwards per published action
     num_stale_commands: int = 0
@@ -63,10 +67,23 @@ class ClosedLoopReport:
     num_timeouts: int = 0
     num_unanswered: int = 0          # lock-step episodes ended by an unanswered frame
 
+    @property
+    def node_actions_per_s(self) -> float:
+        """Actions per second of node time (1 / mean frame->command latency): the VLA node
+        with DDS, without the simulator. Lock-step has one frame in flight."""
+        return 1e3 / self.latency_mean_ms if self.latency_mean_ms > 0 else math.nan
+
     def to_dict(self) -> dict:
         out = asdict(self)
         out['episodes'] = [asdict(e) for e in self.episodes]
+        out['node_actions_per_s'] = self.node_actions_per_s
         return out
+
+    @classmethod
+    def from_dict(cls, data: dict) -> 'ClosedLoopReport':
+        data = {k: v for k, v in data.items() if k != 'node_actions_per_s'}
+        data['episodes'] = [EpisodeResult(**e) for e in data['episodes']]
+        return cls(**{k: (math.nan if v is None else v) for k, v in data.items()})
 
 
 def _percentile_ms(values, q: float) -> float:
@@ -100,12 +117,15 @@ def vla_parameters(policy, unnorm_key: str, sim_mode: str, control_rate_hz: floa
 
 
 def bridge_parameters(image_size: int, sim_mode: str, control_rate_hz: float, max_steps: int,
-                      camera: str, lockstep_timeout_s: float) -> dict:
+                      camera: str, lockstep_timeout_s: float, action_delay: int = 0,
+                      delay_hold: str = 'previous', delay_frames: str = 'every') -> dict:
     """The bridge's overrides, matching `vla_parameters` (period, scales, limits, gripper)."""
     # instruction_settle_s 0: the harness sets the VLA node's instruction synchronously.
     return dict(matched_command_parameters(control_rate_hz, sim_mode)[1],
                 image_size=int(image_size), max_steps=int(max_steps), camera=camera,
-                lockstep_timeout_s=float(lockstep_timeout_s), instruction_settle_s=0.0)
+                lockstep_timeout_s=float(lockstep_timeout_s), instruction_settle_s=0.0,
+                action_delay=int(action_delay), delay_hold=delay_hold,
+                delay_frames=delay_frames)
 
 
 def control_rate_range() -> tuple[float, float]:
@@ -153,9 +173,15 @@ def run_closed_loop(policy, tasks, episodes_per_task: int, seed: int = 0,
                     max_steps: int = 150, unnorm_key: str | None = None, progress: bool = False,
                     *, camera: str = DEFAULT_CAMERA, lockstep_timeout_s: float = 5.0,
                     episode_timeout_s: float | None = None, namespace: str | None = None,
-                    num_warmup_frames: int = 2, on_episode=None) -> ClosedLoopReport:
+                    num_warmup_frames: int = 2, on_episode=None, action_delay: int = 0,
+                    delay_hold: str = 'previous', delay_frames: str = 'every',
+                    log_level: str | None = None) -> ClosedLoopReport:
     """Run `episodes_per_task` episodes of each task with `policy` behind a real VLA node.
 
+    `action_delay`, `delay_hold`, `delay_frames` (lock-step only): the bridge's delayed
+    lock-step (bridge_logic.DelayedLockstep). `log_level` ('debug', 'info', 'warn', 'error';
+    None: ROS's default) sets the two nodes' loggers before they start: the demo passes 'warn'
+    so that their start-up lines stay out of its output.
     `episode_timeout_s` (default 30 s + 5 s per step) ends an episode whose actions stop
     coming; it counts in `num_timeouts`. `on_episode(result, episode_log)` is called after each
     episode (tests read the applied actions from it). `namespace` (default: unique per call)
@@ -173,6 +199,9 @@ def run_closed_loop(policy, tasks, episodes_per_task: int, seed: int = 0,
     from vla_spec_ros.harness.sim_bridge import SimBridgeNode
 
     names = _check_args(tasks, episodes_per_task, sim_mode, control_rate_hz, max_steps)
+    check_delay(action_delay, delay_hold, delay_frames)
+    if action_delay and sim_mode != 'lockstep':
+        raise ValueError('action_delay: applies to sim_mode lockstep only')
     key = _resolve_unnorm_key(policy, unnorm_key)
     size = policy.model_config.image_size
     for _ in range(num_warmup_frames):
@@ -184,17 +213,21 @@ def run_closed_loop(policy, tasks, episodes_per_task: int, seed: int = 0,
     remaps = ['--ros-args'] + [arg for topic in ('image', 'instruction', 'twist', 'gripper')
                                for arg in ('-r', f'~/{topic}:={vla_ns}/{topic}')]
     report = ClosedLoopReport(policy.config.mode, policy.config.relax_threshold, sim_mode,
-                              float(control_rate_hz))
+                              float(control_rate_hz), action_delay=int(action_delay),
+                              delay_hold=delay_hold, delay_frames=delay_frames)
     context = rclpy.Context()
     rclpy.init(context=context)
     nodes, executor, thread = [], None, None
+    if log_level is not None:
+        _set_log_level([f'{namespace}/vla_spec', f'{namespace}/sim_bridge'], log_level)
     try:
         vla = VLASpecNode(policy=policy, context=context, namespace=namespace,
                           parameter_overrides=[Parameter(k, value=v) for k, v in vla_parameters(
                               policy, key, sim_mode, control_rate_hz).items()])
         nodes.append(vla)
         bridge_values = bridge_parameters(size, sim_mode, control_rate_hz, max_steps, camera,
-                                          lockstep_timeout_s)
+                                          lockstep_timeout_s, action_delay, delay_hold,
+                                          delay_frames)
         bridge = SimBridgeNode(context=context, namespace=namespace, cli_args=remaps,
                                parameter_overrides=[Parameter(k, value=v)
                                                     for k, v in bridge_values.items()])
@@ -242,6 +275,8 @@ def run_closed_loop(policy, tasks, episodes_per_task: int, seed: int = 0,
             report.acceptance_length = snapshot['accepted_tokens'] / snapshot['verify_steps']
         report.latency_p50_ms = _percentile_ms(latencies, 50)
         report.latency_p99_ms = _percentile_ms(latencies, 99)
+        if latencies:
+            report.latency_mean_ms = 1e3 * sum(latencies) / len(latencies)
     finally:
         if executor is not None:
             executor.shutdown()
@@ -259,6 +294,17 @@ def run_closed_loop(policy, tasks, episodes_per_task: int, seed: int = 0,
         # warm-up and answers arriving between episodes stay out of the rate.
         report.actions_per_s = report.num_episode_actions / report.wall_s
     return report
+
+
+def _set_log_level(node_paths, level: str) -> None:
+    """Severity of the loggers of nodes `/ns/name` (their logger is `ns.name`)."""
+    from rclpy.logging import LoggingSeverity, set_logger_level
+    severity = {'debug': LoggingSeverity.DEBUG, 'info': LoggingSeverity.INFO,
+                'warn': LoggingSeverity.WARN, 'error': LoggingSeverity.ERROR}
+    if level not in severity:
+        raise ValueError(f'log_level: {level!r} not in {list(severity)}')
+    for path in node_paths:
+        set_logger_level(path.strip('/').replace('/', '.'), severity[level])
 
 
 def _actions_published(vla) -> int:

@@ -16,7 +16,11 @@ node's whole life (bridge_logic.AnswerPairs). sim_mode "lockstep": frame k is st
 the pair whose twist carries frame k's stamp (bridge_logic.LockstepMatcher); without it for
 `lockstep_timeout_s` the same frame is published again with the same stamp (counted) and nothing
 is stepped, and after `max_republish` republications the episode ends unsuccessfully
-(`is_unanswered`, end reason "unanswered"). "realtime": a timer steps at `control_rate_hz` with
+(`is_unanswered`, end reason "unanswered"). With `action_delay` d > 0 (delayed lock-step,
+bridge_logic.DelayedLockstep) the action decided from period k's frame is applied at period
+k + d, `delay_hold` holding in between; with `delay_frames: one_in_flight` the frames of the
+periods in between are not published (the model would be busy) and the held action is applied
+at once. "realtime": a timer steps at `control_rate_hz` with
 the newest command younger than `command_timeout_s`, else zero motion with the gripper held
 (bridge_logic.RealtimeCommand); answers to a previous episode's frames are ignored. Latencies
 are recorded for this episode's frames only. The last frame of an episode (success or
@@ -72,6 +76,10 @@ class SimBridgeNode(Node):
         self._matcher = logic.LockstepMatcher(self._answers, s.max_republish)
         self._realtime = logic.RealtimeCommand(self._answers, s.command_timeout_s,
                                                s.gripper_open_position)
+        self._delay = logic.DelayedLockstep(
+            s.action_delay, s.delay_hold, s.delay_frames,
+            initial_gripper=logic.gripper_openness(s.gripper_open_position, s))
+        self._period = 0                       # control period of the running episode
         self._log = logic.EpisodeLog()
         self._episode: tuple | None = None     # (task_name, seed, instruction) while running
         self._first_stamp_ns: int | None = None   # the running (or last) episode's first frame
@@ -117,6 +125,8 @@ class SimBridgeNode(Node):
             image = env.reset(int(seed))
             self._log = logic.EpisodeLog()
             self._matcher.begin_episode()     # fresh counts; the answer FIFOs carry over
+            self._delay.begin_episode()
+            self._period = 0
             self._done.clear()
             self._episode = (env.task.name, int(seed), instruction)
             self._started_s = time.monotonic()
@@ -196,7 +206,8 @@ class SimBridgeNode(Node):
         self._log.counters.num_frames_published += 1
         return stamp_ns
 
-    def _apply(self, action: np.ndarray, is_command: bool) -> None:
+    def _apply(self, action: np.ndarray, is_command: bool) -> np.ndarray | None:
+        """One simulator step; the next image, or None when the episode ended."""
         counters = self._log.counters
         image, is_success, is_done, _ = self._env.step(action)
         counters.num_steps += 1
@@ -206,8 +217,8 @@ class SimBridgeNode(Node):
         if is_done:
             self._finish(is_success, reason=logic.END_SUCCESS if is_success
                          else logic.END_MAX_STEPS)
-        else:
-            self._publish_frame(image)
+            return None
+        return image
 
     def _finish(self, is_success: bool, reason: str) -> None:
         task_name, seed, instruction = self._episode
@@ -261,9 +272,19 @@ class SimBridgeNode(Node):
 
     def _step_lockstep(self) -> None:
         command = self._matcher.take()      # pops every complete pair, episode or not
-        if command is not None and self._episode is not None:
-            self._apply(self._action(command.linear, command.angular, command.gripper_position),
-                        is_command=True)
+        if command is None or self._episode is None:
+            return
+        self._delay.answer(self._period, self._action(command.linear, command.angular,
+                                                      command.gripper_position))
+        while True:      # step until a period whose frame goes to the policy, or the end
+            action, is_fresh = self._delay.action_at(self._period)
+            image = self._apply(action, is_command=is_fresh)
+            self._period += 1
+            if image is None:
+                return
+            if self._delay.wants_frame(self._period):
+                self._publish_frame(image)
+                return
 
     def _action(self, linear, angular, gripper_position) -> np.ndarray:
         return logic.action_from_twist(linear, angular, gripper_position, self.settings)
@@ -296,7 +317,9 @@ class SimBridgeNode(Node):
             if self._episode is None:
                 return
             linear, angular, gripper, is_fresh = self._realtime.command_at(time.monotonic())
-            self._apply(self._action(linear, angular, gripper), is_command=is_fresh)
+            image = self._apply(self._action(linear, angular, gripper), is_command=is_fresh)
+            if image is not None:
+                self._publish_frame(image)
 
 
 def main(args=None) -> int:
