@@ -164,6 +164,8 @@ def test_per_robot_enable_and_parameters(fleet):
     # Node-wide values of per-robot parameters are refused at run time, with the reason.
     result = a.set_param('frame_id', 'elsewhere')
     assert not result.successful and '<robot>.frame_id' in result.reason
+    result = a.set_param('arm_a.gripper_action_name', '/other/gripper_cmd')
+    assert not result.successful and 'load-time' in result.reason
     assert a.set_param('arm_a.max_linear_speed', 0.5).successful
     assert node.serving.channels[0].settings.max_linear_speed == 0.5
     assert node.serving.channels[1].settings.max_linear_speed == 10.0

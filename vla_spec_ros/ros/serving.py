@@ -130,7 +130,8 @@ class Serving:
         for change in changes:
             if change.name not in proposed:
                 continue       # use_sim_time and other rclpy-owned parameters
-            if (change.name in params.LOAD_TIME_PARAMETERS
+            base_name = change.name.split('.', 1)[-1]     # '<robot>.<name>' -> '<name>'
+            if (base_name in params.LOAD_TIME_PARAMETERS
                     and change.value != self.values[change.name]):
                 return SetParametersResult(successful=False,
                                            reason=params.load_time_refusal(change.name))
