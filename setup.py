@@ -32,7 +32,13 @@ setup(
                 'ros-kilted-diagnostic-msgs', 'ros-kilted-lifecycle-msgs', 'rosbags>=0.11,<0.12'],
         'sim': ['metaworld==3.1.1', 'matplotlib'],
         'kernels': ['triton'],
-        'test': ['pytest', 'flake8', 'pyyaml'],
+        # colcon: test_colcon_build; ament_cmake + rosidl generators (with cmake and a C/C++
+        # compiler) build control_msgs' GripperCommand for test_gripper_action.
+        'test': ['pytest', 'flake8', 'pyyaml', 'colcon-core', 'colcon-ros',
+                 'colcon-python-setup-py', 'catkin-pkg', 'ros-kilted-ament-package',
+                 'ros-kilted-ament-cmake', 'ros-kilted-ament-cmake-include-directories',
+                 'ros-kilted-ament-cmake-ros-core', 'ros-kilted-rosidl-default-generators',
+                 'ros-kilted-rosidl-core-generators'],
     },
     zip_safe=True,
     maintainer='vla_spec_ros maintainers',
