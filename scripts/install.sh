@@ -5,6 +5,12 @@ if command -v apt-get >/dev/null 2>&1 && ! ldconfig -p 2>/dev/null | grep -q lib
   (apt-get update -qq && apt-get install -y -qq libosmesa6 >/dev/null) \
     || echo "warning: libosmesa6 not installed; simulator tests and the demo need an off-screen GL"
 fi
+# CMake and a C/C++ compiler: test/test_gripper_action.py builds control_msgs' GripperCommand.
+if command -v apt-get >/dev/null 2>&1 \
+    && ! { command -v cmake && command -v cc && command -v c++; } >/dev/null 2>&1; then
+  (apt-get update -qq && apt-get install -y -qq cmake g++ >/dev/null) \
+    || echo "warning: cmake / g++ not installed; test_gripper_action will be skipped"
+fi
 python3 -m pip install -q torch==2.13.0
 python3 -m pip install -q -e ".[$1]"
 export MUJOCO_GL="${MUJOCO_GL:-osmesa}"
