@@ -22,8 +22,6 @@ HAS_ROS = all(importlib.util.find_spec(m) is not None
 HAS_TORCH = importlib.util.find_spec('torch') is not None
 
 from vla_spec_ros.harness import demo  # noqa: E402  (pure Python at import)
-from vla_spec_ros.harness.closed_loop import ClosedLoopReport  # noqa: E402
-from vla_spec_ros.sim.demos import EpisodeResult  # noqa: E402
 
 # Unique per module and per run (test_ros_node uses 11..50, test_launch 51..90).
 DOMAIN_ID = 91 + (os.getpid() % 11)
@@ -158,6 +156,38 @@ def test_lockstep_actions_reach_the_simulator_and_runs_are_deterministic(ros_dom
     # Same seed, fresh nodes: the same actions in the same order.
     _, again, _ = run_once(policy, namespace + '_b')
     np.testing.assert_allclose(np.stack(again.applied_actions), applied, rtol=0, atol=1e-12)
+
+
+@needs_sim
+@pytest.mark.parametrize('frames, hold', [('every', 'previous'), ('one_in_flight', 'zero')])
+def test_delayed_lockstep_over_dds_applies_what_the_in_process_path_applies(
+        ros_domain, policy, frames, hold):
+    # d = 2 through the real node and the bridge, then the same episode in process
+    # (harness.inprocess, as the demo's delay sweep runs it): the same actions, period by period.
+    from vla_spec_ros.harness import inprocess
+    from vla_spec_ros.harness.closed_loop import run_closed_loop
+    model_policy, key = policy
+    logs = []
+    report = run_closed_loop(model_policy, [TASK], 1, seed=3, max_steps=MAX_STEPS,
+                             unnorm_key=key, namespace=f'/test_delay_{os.getpid()}_{frames}',
+                             action_delay=2, delay_hold=hold, delay_frames=frames,
+                             on_episode=lambda result, log: logs.append(log))
+    counters = logs[0].counters
+    assert report.action_delay == 2 and not counters.is_unanswered
+    assert counters.num_steps == report.episodes[0].num_steps == len(logs[0].applied_actions)
+    # Holds: the first two periods, and with one frame in flight every other period after.
+    expected_held = 2 if frames == 'every' else counters.num_steps - (counters.num_steps - 1) // 2
+    assert counters.num_stale_commands == expected_held
+    assert counters.num_commands_applied == counters.num_steps - expected_held
+    (point,) = inprocess.run_sweep(
+        [inprocess.SweepPoint(action_delay=2, delay_hold=hold, delay_frames=frames)], [TASK],
+        1, model=model_and_key()[0], unnorm_key=key, seed=3, max_steps=MAX_STEPS,
+        progress=False, keep_actions=True, engine_options={'restrict_to_action_tokens': True})
+    (applied, tokens), = point.details
+    assert point.episodes == report.episodes
+    np.testing.assert_allclose(np.array(applied), np.stack(logs[0].applied_actions),
+                               rtol=1e-9, atol=1e-12)
+    assert len(tokens) == point.num_actions == counters.num_frames_published
 
 
 @needs_sim
@@ -299,45 +329,144 @@ def test_realtime_steps_at_the_control_rate_with_fresh_or_zero_commands(ros_doma
     assert 0.5 * MAX_STEPS / 10.0 <= logs[0].wall_s <= MAX_STEPS / 10.0 + 2.0
 
 
-def fake_report(mode, r, rate, acceptance):
-    forwards = 7.0 if math.isnan(acceptance) else 7.0 / acceptance
-    episodes = [EpisodeResult(TASK, 1, 'press the button', rate > 0.5, 10),
-                EpisodeResult('drawer-open', 2, 'open the drawer', False, 150)]
-    return ClosedLoopReport(mode, r, 'lockstep', 10.0, episodes=episodes, success_rate=rate,
-                            success_rate_per_task={TASK: 1.0, 'drawer-open': 0.0},
-                            num_actions=160, num_steps=160, wall_s=8.0, actions_per_s=20.0,
-                            latency_p50_ms=12.34, latency_p99_ms=56.78,
-                            acceptance_length=acceptance, forwards_per_action=forwards)
+def episode(task, seed, ok, steps):
+    return {'task_name': task, 'seed': seed, 'instruction': 'x', 'is_success': ok,
+            'num_steps': steps}
 
 
-def test_demo_table_and_result_files(tmp_path, monkeypatch, capsys):
-    reports = [fake_report('ar', 0, 0.5, math.nan), fake_report('spec', 0, 0.5, 2.5),
-               fake_report('spec', 4, 0.25, 3.5)]
-    expert = {'success_rate': 1.0, 'per_task': {TASK: 1.0, 'drawer-open': 1.0},
-              'num_episodes': 4}
-    table = demo.format_table(reports, [TASK, 'drawer-open'], expert)
-    lines = table.strip().splitlines()
-    assert lines[0].startswith('| mode | r | success | button-press-topdown | drawer-open |')
-    assert lines[2].startswith('| expert | - | 1.00 | 1.00 | 1.00 |')
-    assert lines[3] == '| ar | 0 | 0.50 | 1.00 | 0.00 | 20.00 | 12.3 | 56.8 | - | 7.00 | 2 |'
-    assert '| spec | 4 | 0.25 |' in lines[5] and '| 3.50 | 2.00 | 2 |' in lines[5]
-    record = {'command': 'vla-spec demo --episodes 2', 'created': 'now', 'model': 'tiny',
-              'sim_mode': 'lockstep', 'control_rate_hz': 10.0, 'max_steps': 150,
-              'episodes': 2, 'seed': 0, 'machine': {'cpu_count': 2}}
-    monkeypatch.setitem(__import__('sys').modules, 'matplotlib', None)   # not installed
-    paths = demo.write_results(tmp_path, record, reports, [TASK, 'drawer-open'], expert)
-    assert paths['png'] is None
-    assert 'matplotlib is not installed' in capsys.readouterr().out
-    text = paths['json'].read_text()
-    assert 'NaN' not in text                 # strict JSON: nothing measured is null
-    data = json.loads(text)
-    assert data['command'] == record['command'] and data['expert'] == expert
-    assert data['rows'][0]['acceptance_length'] is None
-    assert [(row['mode'], row['relax_threshold']) for row in data['rows']] == [
-        ('ar', 0), ('spec', 0), ('spec', 4)]
-    assert data['rows'][2]['episodes'][1]['task_name'] == 'drawer-open'
-    text = paths['md'].read_text()
-    assert '`vla-spec demo --episodes 2`' in text and table in text
+def lockstep_row(mode, r, episodes, p50=20.0, mean=25.0, acceptance=None):
+    rate = sum(e['is_success'] for e in episodes) / len(episodes)
+    return {'mode': mode, 'relax_threshold': r, 'episodes': episodes, 'success_rate': rate,
+            'success_rate_per_task': {TASK: rate}, 'actions_per_s': 12.0,
+            'latency_p50_ms': p50, 'latency_p99_ms': 2 * p50, 'latency_mean_ms': mean,
+            'node_actions_per_s': 1e3 / mean, 'acceptance_length': acceptance,
+            'forwards_per_action': 7.0 if acceptance is None else 7.0 / acceptance}
+
+
+def sweep_point(success, steps_per_task=None, **point):
+    base = {'mode': 'ar', 'relax_threshold': 0, 'tree_depth': None, 'tree_top_k': None,
+            'tree_max_nodes': None, 'action_delay': 0, 'delay_hold': 'previous',
+            'delay_frames': 'every', 'compare_ar': False}
+    base.update(point)
+    return {'point': base, 'episodes': [episode(TASK, 1, success > 0.5, 10)],
+            'success_rate': success, 'success_rate_per_task': {TASK: success},
+            'num_token_mismatches': point.pop('mismatches', 0), 'acceptance_length': None,
+            'forwards_per_action': 7.0, 'bin_distance_counts': []}
+
+
+def demo_record():
+    """A recorded run of every part, small enough to check each number by hand."""
+    same = [episode(TASK, 1, True, 40), episode(TASK, 2, False, 150)]
+    other = [episode(TASK, 1, True, 40), episode(TASK, 2, True, 90)]
+    delay = [sweep_point(1.0), sweep_point(0.9, action_delay=1), sweep_point(0.7, action_delay=2),
+             sweep_point(0.3, action_delay=4), sweep_point(0.5, action_delay=2,
+                                                           delay_frames='one_in_flight'),
+             sweep_point(0.1, action_delay=4, delay_frames='one_in_flight')]
+    relax = []
+    for r, success, acceptance, counts, mismatches in (
+            (0, 1.0, 2.6, [[10, 0, 0]] * 7, 0), (8, 0.5, 3.2, [[8, 1, 1]] * 7, 14)):
+        point = sweep_point(success, relax_threshold=r, mode='spec', compare_ar=True,
+                            tree_depth=6, tree_top_k=1, tree_max_nodes=7)
+        point.update(acceptance_length=acceptance, forwards_per_action=7.0 / acceptance,
+                     bin_distance_counts=counts, num_token_mismatches=mismatches)
+        relax.append(point)
+    bench = [{'mode': m, 'actions_per_s': a, 'ratio_vs_hf': a / 20.0, 'latency_p50_ms': 40.0,
+              'forwards_per_action': f, 'acceptance_length': 1.0}
+             for m, a, f in (('hf', 20.0, math.nan), ('ar', 30.0, 7.0), ('pipeline', 50.0, 1.2))]
+    paced = {'30.0': {'ar': {'latency_p50_ms': 45.0, 'answered_fraction': 0.6},
+                      'pipeline': {'latency_p50_ms': 25.0, 'answered_fraction': 1.0}}}
+    return {'command': 'vla-spec demo --episodes 2', 'created': 'now', 'model': 'tiny',
+            'tasks': [TASK], 'seed': 0, 'max_steps': 150, 'dtype': 'float32', 'device': 'cpu',
+            'parts': list(demo.PARTS), 'machine': {'cpu_count': 2}, 'wall_s': 12.0,
+            'lockstep': {'episodes': 2, 'sim_mode': 'lockstep', 'control_rate_hz': 10.0,
+                         'expert': {'success_rate': 1.0, 'per_task': {TASK: 1.0},
+                                    'num_episodes': 2},
+                         'rows': [lockstep_row('ar', 0, same, p50=30.0),
+                                  lockstep_row('pipeline', 0, same, p50=70.0),
+                                  lockstep_row('spec', 0, other, acceptance=2.5)]},
+            'speed': {'bench_rows': bench, 'bench_frames': 10, 'paced': paced},
+            'delay': {'episodes': 1, 'hold': 'previous', 'mode': 'ar', 'path': 'in process',
+                      'points': delay},
+            'relax': {'episodes': 1, 'mode': 'spec', 'tree': [6, 1, 7], 'path': 'in process',
+                      'points': relax}}
+
+
+def table_rows(text, first_cell):
+    return [[c.strip() for c in line.strip('|').split('|')] for line in text.splitlines()
+            if line.startswith(f'| {first_cell} |')]
+
+
+def test_demo_lockstep_table_compares_strict_modes_with_ar_and_labels_speeds():
+    record = demo_record()
+    table = demo.format_lockstep_table(record)
+    assert 'lock-step steps/s (simulator-bound)' in table.splitlines()[0]
+    assert table_rows(table, 'expert')[0][:3] == ['expert', '-', '1.00']
+    (ar,), (pipeline,), (spec,) = (table_rows(table, m) for m in ('ar', 'pipeline', 'spec'))
+    assert ar[3] == '-' and pipeline[3] == 'yes' and spec[3] == 'no (1 differ)'
+    # steps/s, node latency p50 / p99, node actions/s = 1000 / mean ms, model-only (bench).
+    assert pipeline[4:8] == ['12.0', '70.0 / 140.0', '40.0', '50.0']
+    assert spec[7] == '-' and spec[8:10] == ['2.50', '2.80']
+
+
+def test_demo_places_each_mode_on_the_delay_curve():
+    record = demo_record()
+    curve = demo.delay_curve(record)
+    assert curve['every'] == {0: 1.0, 1: 0.9, 2: 0.7, 4: 0.3}
+    assert curve['one_in_flight'] == {0: 1.0, 1: 0.9, 2: 0.5, 4: 0.1}
+    assert demo.success_at(curve, 'every', 3) == (pytest.approx(0.5), '~')
+    assert demo.success_at(curve, 'every', 9) == (0.3, '>')
+    places = {p['mode']: p for p in demo.placements(record)}
+    # ar answered 60% of the 30 Hz frames: one in flight; 45 ms = 1.35 periods -> d = 2.
+    assert places['ar']['frames'] == 'one_in_flight'
+    assert places['ar']['model'] == {'latency_p50_ms': 45.0, 'delay': 2, 'success': 0.5,
+                                     'mark': ''}
+    # On the node (lock-step p50 30 ms): 0.9 periods -> d = 1.
+    assert places['ar']['node']['delay'] == 1 and places['ar']['node']['success'] == 0.9
+    # pipeline keeps up: every frame; 25 ms -> d = 1 (model), 70 ms -> d = 3 (node, ~0.5).
+    assert places['pipeline']['frames'] == 'every'
+    assert places['pipeline']['model']['delay'] == 1
+    assert places['pipeline']['node']['delay'] == 3
+    assert places['pipeline']['node']['success'] == pytest.approx(0.5)
+    assert places['pipeline']['node']['mark'] == '~'
+    text = demo.format_delay_table(record)
+    assert table_rows(text, '2')[0][:4] == ['2', '0.70', '0.50', '67']
+
+
+def test_demo_report_files_and_report_again(tmp_path, monkeypatch, capsys):
+    record = demo_record()
+    text = demo.format_report(record)
+    for title in ('Lock-step through', 'Model only', 'action delay', 'Relaxed acceptance'):
+        assert title in text
+    relax = demo.format_relax_table(record)
+    assert relax in text
+    (r0,), (r8,) = table_rows(relax, '0'), table_rows(relax, '8')
+    assert r0[1:6] == ['1.00', '2.60', '2.69', '0.0%', '0'] and r8[4:6] == ['20.0%', '2']
+    with_plots = importlib.util.find_spec('matplotlib') is not None
+    paths = demo.write_results(tmp_path, record, 'demo-x')
+    assert (paths['delay_png'] is not None) == (paths['relax_png'] is not None) == with_plots
+    data = json.loads(paths['json'].read_text())       # strict JSON: NaN written as null
+    assert data['speed']['bench_rows'][0]['forwards_per_action'] is None
+    assert '`vla-spec demo --episodes 2`' in paths['md'].read_text()
+    monkeypatch.setitem(__import__('sys').modules, 'matplotlib', None)     # not installed
+    parser = argparse.ArgumentParser()
+    demo.add_arguments(parser)
+    assert demo.run(parser.parse_args(['--report', str(paths['json'])])) == 0
+    out = capsys.readouterr().out
+    assert 'matplotlib is not installed' in out and demo.format_lockstep_table(record) in out
+
+
+def test_demo_defaults_are_the_quick_run_and_full_is_everything():
+    parser = argparse.ArgumentParser()
+    demo.add_arguments(parser)
+    plan = demo.resolve_options(parser.parse_args([]))
+    assert plan['parts'] == ['lockstep', 'speed', 'delay']
+    assert (plan['episodes'], plan['delay_episodes']) == (1, 1)
+    assert plan['delays'] == [0, 1, 2, 4, 8] and plan['one_in_flight_delays'] == [2, 4, 8]
+    assert plan['configs'] == [('ar', 0), ('pipeline', 0), ('spec', 0), ('pipeline_spec', 0)]
+    full = demo.resolve_options(parser.parse_args(['--full', '--one-in-flight-delays', 'none']))
+    assert full['parts'] == list(demo.PARTS) and full['one_in_flight_delays'] == []
+    assert full['episodes'] == full['delay_episodes'] == full['relax_episodes'] == 20
+    assert full['relax_tree'] == [6, 1, 7] and full['relax_sweep'] == [0, 2, 4, 8, 16, 32]
 
 
 def test_demo_configurations_expand_thresholds_for_speculative_modes_only():
@@ -373,6 +502,17 @@ def test_closed_loop_rate_and_step_limits():
     (['--control-rate-hz', '0.01'], '--control-rate-hz'),
     (['--control-rate-hz', '2000'], '--control-rate-hz'),
     (['--max-steps', '501'], '--max-steps'),
+    (['--parts', 'lockstep,fast'], '--parts'),
+    (['--delays', '0,-1'], '--delays'),
+    (['--delays', '0,x'], '--delays'),
+    (['--one-in-flight-delays', '1'], '--one-in-flight-delays'),
+    (['--rates', '30,30'], '--rates'),
+    (['--rates', '5000'], '--rates'),
+    (['--relax-tree', '6,1'], '--relax-tree'),
+    (['--relax-tree', '6,1,600'], '--relax-tree'),
+    (['--relax-sweep', '0,300'], '--relax-sweep'),
+    (['--episodes', '0'], '--episodes'),
+    (['--workers', '0'], '--workers'),
 ])
 def test_demo_rejects_bad_options_before_loading_anything(argv, option, monkeypatch):
     from vla_spec_ros.policy import VLAPolicy
@@ -381,6 +521,7 @@ def test_demo_rejects_bad_options_before_loading_anything(argv, option, monkeypa
         raise AssertionError('a policy was loaded before the options were checked')
     monkeypatch.setattr(VLAPolicy, 'from_pretrained', refuse)
     monkeypatch.setattr(demo, '_expert_rates', refuse)
+    monkeypatch.setattr(demo, '_unnorm_key', refuse)
     parser = argparse.ArgumentParser()
     demo.add_arguments(parser)
     args = parser.parse_args(argv + ['--expert'])
@@ -389,34 +530,46 @@ def test_demo_rejects_bad_options_before_loading_anything(argv, option, monkeypa
 
 
 @needs_sim
-def test_demo_run_end_to_end(ros_domain, tmp_path):
-    pytest.importorskip('matplotlib', reason='the plot needs matplotlib')
+def test_demo_run_end_to_end(ros_domain, tmp_path, capsys):
     model, key = model_and_key()
     parser = argparse.ArgumentParser()
     demo.add_arguments(parser)
     args = parser.parse_args(['--model', model, '--unnorm-key', key, '--tasks', TASK,
-                              '--episodes', '1', '--max-steps', '3', '--modes', 'ar,spec',
-                              '--relax-thresholds', '0,2', '--draft-path', 'random',
-                              '--restrict-to-action-tokens', '--expert', '--out',
+                              '--parts', 'lockstep,speed,delay,relax', '--episodes', '1',
+                              '--max-steps', '3', '--modes', 'ar,spec', '--delays', '0,2',
+                              '--rates', '30', '--speed-frames', '3', '--relax-sweep', '0,8',
+                              '--relax-episodes', '1', '--workers', '1', '--draft-path',
+                              'random', '--restrict-to-action-tokens', '--expert', '--out',
                               str(tmp_path)])
     args.argv = ['demo', '--model', model]
     assert demo.run(args) == 0
+    out = capsys.readouterr().out
     (json_file,) = tmp_path.glob('demo-*.json')
     data = json.loads(json_file.read_text())
-    assert [(r['mode'], r['relax_threshold']) for r in data['rows']] == [
-        ('ar', 0), ('spec', 0), ('spec', 2)]
-    for row in data['rows']:
+    assert data['command'] == f'vla-spec demo --model {model}'
+    rows = data['lockstep']['rows']
+    assert [(r['mode'], r['relax_threshold']) for r in rows] == [('ar', 0), ('spec', 0)]
+    for row in rows:
         assert len(row['episodes']) == 1 and row['num_steps'] >= 1
         assert row['num_timeouts'] == 0 and row['num_unanswered'] == 0
-    assert data['rows'][0]['acceptance_length'] is None        # not measured: null
-    for row in data['rows'][1:]:
-        assert row['acceptance_length'] >= 1.0
-        if row['num_republished_frames'] == 0:
-            # Lock-step keeps one request in flight, every verifier forward decides
-            # acceptance-length tokens: the node's statistic and the engine's counter agree.
-            assert row['acceptance_length'] * row['forwards_per_action'] == pytest.approx(7.0)
-    assert data['command'] == f'vla-spec demo --model {model}'
-    assert data['expert']['num_episodes'] == 1 and set(data['expert']['per_task']) == {TASK}
-    assert (json_file.with_suffix('.png')).stat().st_size > 0
-    text = json_file.with_suffix('.md').read_text()
-    assert text.count('| spec |') == 2 and '| expert | - |' in text
+    assert rows[0]['acceptance_length'] is None        # not measured: null
+    if rows[1]['num_republished_frames'] == 0:
+        # Lock-step keeps one request in flight, every verifier forward decides
+        # acceptance-length tokens: the node's statistic and the engine's counter agree.
+        assert rows[1]['acceptance_length'] * rows[1]['forwards_per_action'] == \
+            pytest.approx(7.0)
+    assert [b['mode'] for b in data['speed']['bench_rows']] == ['hf', 'ar', 'spec']
+    assert set(data['speed']['paced']['30.0']) == {'ar', 'spec'}
+    delays = [(p['point']['action_delay'], p['point']['delay_frames'])
+              for p in data['delay']['points']]
+    assert delays == [(0, 'every'), (2, 'every'), (2, 'one_in_flight')]
+    # d = 0 in process and the ROS lock-step run: the same AR episode.
+    assert data['delay']['points'][0]['episodes'] == rows[0]['episodes']
+    relax = data['relax']['points']
+    assert [p['point']['relax_threshold'] for p in relax] == [0, 8]
+    assert relax[0]['num_token_mismatches'] == 0          # strict: AR's tokens
+    assert data['lockstep']['expert']['num_episodes'] == 1
+    for name in ('delay', 'relax'):
+        png = json_file.with_name(f'{json_file.stem}-{name}.png')
+        assert png.stat().st_size > 0 or importlib.util.find_spec('matplotlib') is None
+    assert 'same episodes as AR' in out and 'results: ' in out

@@ -1,0 +1,118 @@
+"""Model-only speed for the demo: the `vla-spec bench` rows, and latency at a camera rate.
+
+`model_speed_rows` is `bench.run_bench` (a camera faster than inference, actions/s and the
+ratio to the Hugging Face AR baseline measured in the same run). `paced_latency` feeds the
+engine the way the ROS node does, from a camera at a fixed rate: whenever the engine loop comes
+round, the newest frame (if it is new) replaces any frame still waiting, then the engine steps.
+It reports observation-to-action latency (capture to action) and the share of camera frames
+answered: a mode that keeps up answers every frame; a slower one skips frames while it works,
+which is the "one frame in flight" schedule of the delayed lock-step (bridge_logic).
+"""
+from __future__ import annotations
+
+import math
+import time
+
+import numpy as np
+
+PACED_STREAM = 'paced'
+
+
+def sim_frames(tasks, per_task: int, image_size: int, seed: int = 7, stride: int = 5,
+               unnorm_key: str | None = None):
+    """`per_task` Meta-World observations per task along the scripted expert's path (every
+    `stride`-th step), with the task's first phrasing: frames like the ones the policy sees."""
+    from vla_spec_ros.engine.result import Frame
+    from vla_spec_ros.sim.metaworld_env import get_task, make_env
+    frames = []
+    for name in tasks:
+        task = get_task(name)
+        with make_env(task.name, seed=seed, image_size=image_size) as env:
+            image = env.reset(seed)
+            for step in range(per_task * stride):
+                if step % stride == 0:
+                    frames.append(Frame(image, task.instructions[0], unnorm_key, PACED_STREAM))
+                image, _, is_done, _ = env.step(env.expert_action())
+                if is_done:
+                    image = env.reset(seed + step + 1)
+    return frames
+
+
+def paced_latency(engine, frames, rate_hz: float, num_frames: int | None = None) -> dict:
+    """Frames from a camera at `rate_hz` (cycling through `frames`), served like the node does.
+
+    Returns latency_p50_ms / p99 (camera capture to action, answered frames only),
+    answered_fraction (answered / captured) and actions_per_s over the run."""
+    if not rate_hz > 0:
+        raise ValueError(f'rate_hz: must be > 0, got {rate_hz!r}')
+    num_frames = num_frames or len(frames)
+    period = 1.0 / rate_hz
+    capture: dict[int, float] = {}
+    latencies = []
+    start = time.perf_counter()
+    taken = -1                      # index of the newest frame submitted
+    while True:
+        newest = min(int((time.perf_counter() - start) / period), num_frames - 1)
+        if newest > taken:          # frames between were never seen: the model was busy
+            engine.drop_waiting(PACED_STREAM)
+            rid = engine.submit(frames[newest % len(frames)])
+            capture[rid] = start + newest * period
+            taken = newest
+        if engine.has_work():
+            for done in engine.step():
+                if done.error is not None:
+                    raise RuntimeError(f'paced frame failed: {done.error}')
+                latencies.append(time.perf_counter() - capture[done.request_id])
+        elif taken >= num_frames - 1:
+            break
+        else:
+            time.sleep(max(0.0, start + (taken + 1) * period - time.perf_counter()))
+    elapsed = time.perf_counter() - start
+    lat = np.array(latencies) * 1e3
+    return {'rate_hz': float(rate_hz), 'num_frames': num_frames, 'num_answered': len(latencies),
+            'answered_fraction': len(latencies) / num_frames,
+            'latency_p50_ms': float(np.percentile(lat, 50)) if len(lat) else math.nan,
+            'latency_p99_ms': float(np.percentile(lat, 99)) if len(lat) else math.nan,
+            'actions_per_s': len(latencies) / elapsed}
+
+
+def engine_for(policy, mode: str, draft_path: str | None = None, **options):
+    """A new engine of `mode` on `policy`'s loaded model (weights shared, own ring)."""
+    from pathlib import Path
+
+    from vla_spec_ros.config import EngineConfig
+    from vla_spec_ros.engine.engine import Engine
+    values = {name: getattr(policy.config, name) for name in ('device', 'dtype',
+                                                              'restrict_to_action_tokens')}
+    values.update(options)
+    cfg = EngineConfig(mode=mode, draft_path=draft_path, **values)
+    runner = policy.engine.runner
+    draft = None
+    if cfg.is_speculative:
+        from vla_spec_ros.engine.drafter import load_draft_for
+        draft = load_draft_for(runner, cfg, Path(policy.source))
+    return Engine(runner, policy.engine.norm_stats, cfg, draft=draft)
+
+
+def paced_rows(policy, modes, frames, rate_hz: float, num_frames: int,
+               draft_path: str | None = None, warmup: int = 3) -> dict:
+    """{mode: paced_latency(...)} for every engine mode (after `warmup` unpaced frames)."""
+    rows = {}
+    for mode in modes:
+        engine = engine_for(policy, mode, draft_path)
+        for frame in frames[:warmup]:
+            engine.submit(frame)
+            engine.run_until_idle()
+        rows[mode] = paced_latency(engine, frames, rate_hz, num_frames)
+    return rows
+
+
+def model_speed_rows(model: str, modes, num_frames: int, device: str, dtype: str,
+                     draft_path: str | None = None, seed: int = 1, warmup: int = 3) -> list:
+    """`bench.run_bench` rows (hf first) for the demo's speed table."""
+    from vla_spec_ros.bench import run_bench
+    return run_bench(model, ['hf'] + [m for m in modes if m != 'hf'], num_frames, warmup,
+                     device, dtype, seed, draft_path)
+
+
+__all__ = ['sim_frames', 'paced_latency', 'paced_rows', 'engine_for', 'model_speed_rows']
