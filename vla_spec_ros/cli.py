@@ -159,8 +159,10 @@ def build_parser() -> argparse.ArgumentParser:
                            'own greedy outputs')
         train_draft.add_arguments(p)
         p.set_defaults(func=train_draft.run)
-    p = sub.add_parser('demo', help='the embedded Meta-World model closed-loop through the ROS 2 '
-                       'node and the simulator bridge: success rate and speed per mode')
+    p = sub.add_parser('demo', help='the embedded Meta-World model closed-loop: lock-step '
+                       'success per mode through the ROS 2 node, model-only speed against the '
+                       'HF baseline, success against action delay (--full: the relaxation '
+                       'sweep too)')
     from .harness import demo as demo_job
     demo_job.add_arguments(p)
     p.set_defaults(func=demo_job.run)
