@@ -690,7 +690,7 @@ def _run_speed(args, plan, unnorm_key) -> dict:
                                   unnorm_key=unnorm_key)
         paced = {}
         for rate in plan['rates']:
-            paced[str(rate)] = speed.paced_rows(policy, plan['modes'], frames, rate,
+            paced[str(rate)] = speed.paced_rows(policy, ['hf'] + plan['modes'], frames, rate,
                                                 plan['speed_frames'], args.draft_path)
             steps.update(1)
     finally:

@@ -67,7 +67,31 @@ def paced_latency(engine, frames, rate_hz: float, num_frames: int | None = None)
             break
         else:
             time.sleep(max(0.0, start + (taken + 1) * period - time.perf_counter()))
-    elapsed = time.perf_counter() - start
+    return _paced_summary(latencies, num_frames, rate_hz, time.perf_counter() - start)
+
+
+def paced_blocking(predict, frames, rate_hz: float, num_frames: int | None = None) -> dict:
+    """`paced_latency` for a blocking predictor `predict(frame)` (the Hugging Face baseline):
+    one frame at a time, always the newest captured one."""
+    if not rate_hz > 0:
+        raise ValueError(f'rate_hz: must be > 0, got {rate_hz!r}')
+    num_frames = num_frames or len(frames)
+    period = 1.0 / rate_hz
+    latencies = []
+    start = time.perf_counter()
+    taken = -1
+    while taken < num_frames - 1:
+        newest = min(int((time.perf_counter() - start) / period), num_frames - 1)
+        if newest <= taken:
+            time.sleep(max(0.0, start + (taken + 1) * period - time.perf_counter()))
+            continue
+        taken = newest
+        predict(frames[newest % len(frames)])
+        latencies.append(time.perf_counter() - (start + newest * period))
+    return _paced_summary(latencies, num_frames, rate_hz, time.perf_counter() - start)
+
+
+def _paced_summary(latencies, num_frames: int, rate_hz: float, elapsed: float) -> dict:
     lat = np.array(latencies) * 1e3
     return {'rate_hz': float(rate_hz), 'num_frames': num_frames, 'num_answered': len(latencies),
             'answered_fraction': len(latencies) / num_frames,
@@ -96,9 +120,20 @@ def engine_for(policy, mode: str, draft_path: str | None = None, **options):
 
 def paced_rows(policy, modes, frames, rate_hz: float, num_frames: int,
                draft_path: str | None = None, warmup: int = 3) -> dict:
-    """{mode: paced_latency(...)} for every engine mode (after `warmup` unpaced frames)."""
+    """{mode: paced_latency(...)} for every engine mode and 'hf' (the Hugging Face baseline,
+    `paced_blocking`), each after `warmup` unpaced frames."""
     rows = {}
     for mode in modes:
+        if mode == 'hf':
+            from vla_spec_ros.baseline import HFBaseline
+            baseline = HFBaseline(policy.engine.runner, policy.config)
+
+            def predict(frame, baseline=baseline):
+                return baseline.generate_tokens(frame.image, frame.instruction)
+            for frame in frames[:warmup]:
+                predict(frame)
+            rows[mode] = paced_blocking(predict, frames, rate_hz, num_frames)
+            continue
         engine = engine_for(policy, mode, draft_path)
         for frame in frames[:warmup]:
             engine.submit(frame)
