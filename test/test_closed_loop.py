@@ -453,6 +453,23 @@ def test_demo_report_files_and_report_again(tmp_path, monkeypatch, capsys):
     assert demo.run(parser.parse_args(['--report', str(paths['json'])])) == 0
     out = capsys.readouterr().out
     assert 'matplotlib is not installed' in out and demo.format_lockstep_table(record) in out
+    # Another run's latencies placed on this run's curve: <name>-placed.*
+    other = demo_record()
+    other['speed']['paced']['30.0']['ar']['latency_p50_ms'] = 100.0      # 3 periods
+    del other['lockstep'], other['delay'], other['relax']
+    other_file = tmp_path / 'other.json'
+    other_file.write_text(json.dumps(demo._nan_to_none(other)))
+    args = parser.parse_args(['--report', str(paths['json']), '--latencies-from',
+                              str(other_file)])
+    assert demo.run(args) == 0
+    placed = json.loads((tmp_path / 'demo-x-placed.json').read_text())
+    assert placed['latencies_from']['file'] == 'other.json' and 'lockstep' not in placed
+    (ar,) = [p for p in demo.placements(placed) if p['mode'] == 'ar']
+    assert ar['model']['delay'] == 3 and 'node' not in ar
+    assert 'Latencies (speed and lock-step parts) from other.json' in (
+        tmp_path / 'demo-x-placed.md').read_text()
+    with pytest.raises(ValueError, match='--latencies-from'):
+        demo.run(parser.parse_args(['--latencies-from', str(other_file)]))
 
 
 def test_demo_defaults_are_the_quick_run_and_full_is_everything():

@@ -122,6 +122,10 @@ def add_arguments(parser) -> None:
                         help='show the ROS nodes\' log lines (default: warnings and errors only)')
     parser.add_argument('--report', default=None, metavar='FILE.json',
                         help='print and plot a recorded demo-*.json again (runs nothing)')
+    parser.add_argument('--latencies-from', default=None, metavar='FILE.json',
+                        help='with --report: place the latencies of another recorded run (its '
+                        'speed and lock-step parts) on this run\'s curves; written beside the '
+                        'report as <name>-placed.*')
 
 
 # ---- options ---------------------------------------------------------------------------------
@@ -597,11 +601,15 @@ def write_results(out_dir, record: dict, stem: str | None = None) -> dict:
         paths['relax_png'] = stem.parent / f'{stem.name}-relax.png'
         plot_relax(paths['relax_png'], record, plt)
     machine = record['machine']
-    md = [f'# vla-spec demo ({record["created"]})', '', f'command: `{record["command"]}`', '',
-          f'model {record["model"]}, max {record["max_steps"]} steps, seed {record["seed"]}, '
-          f'parts {", ".join(record["parts"])}, wall time {record.get("wall_s", 0):.0f} s', '',
-          'machine: ' + ', '.join(f'{k} {v}' for k, v in machine.items()), '',
-          format_report(record)]
+    md = [f'# vla-spec demo ({record["created"]})', '', f'command: `{record["command"]}`', '']
+    if record.get('latencies_from'):
+        source = record['latencies_from']
+        md += [f'Latencies (speed and lock-step parts) from {source["file"]} '
+               f'(`{source["command"]}`, {source["created"]}).', '']
+    md += [f'model {record["model"]}, max {record["max_steps"]} steps, seed {record["seed"]}, '
+           f'parts {", ".join(record["parts"])}, wall time {record.get("wall_s", 0):.0f} s', '',
+           'machine: ' + ', '.join(f'{k} {v}' for k, v in machine.items()), '',
+           format_report(record)]
     for kind, title in (('delay_png', 'success against action delay'),
                         ('relax_png', 'relaxation trade-off')):
         if paths[kind] is not None:
@@ -742,10 +750,24 @@ def print_report(record: dict, paths: dict | None = None) -> None:
 def run(args) -> int:
     if args.report:            # the tables and plots again, beside the recorded JSON
         report = Path(args.report)
-        record = load_record(report)
-        paths = write_results(report.parent, record, report.stem)
+        record, stem = load_record(report), report.stem
+        if args.latencies_from:
+            other = load_record(args.latencies_from)
+            if 'speed' not in other:
+                raise ValueError(f'--latencies-from: {args.latencies_from} has no speed part')
+            for part in ('speed', 'lockstep'):
+                record.pop(part, None)
+                if part in other:
+                    record[part] = other[part]
+            record['latencies_from'] = {'file': Path(args.latencies_from).name,
+                                        'command': other['command'],
+                                        'created': other['created']}
+            stem += '-placed'
+        paths = write_results(report.parent, record, stem)
         print_report(record, paths)
         return 0
+    if args.latencies_from:
+        raise ValueError('--latencies-from: only with --report')
     torch = importlib.import_module('torch')
     from vla_spec_ros.sim.metaworld_env import sim_unavailable_reason
 
