@@ -278,13 +278,15 @@ def run_closed_loop(policy, tasks, episodes_per_task: int, seed: int = 0,
         if latencies:
             report.latency_mean_ms = 1e3 * sum(latencies) / len(latencies)
     finally:
+        # The spin thread ends before any node is destroyed: a callback still running against
+        # a destroyed node fails, and its future reports the error on stderr at exit.
         if executor is not None:
             executor.shutdown()
+        if thread is not None:
+            thread.join(timeout=10.0)
         for node in reversed(nodes):
             node.destroy_node()
         rclpy.try_shutdown(context=context)
-        if thread is not None:
-            thread.join(timeout=10.0)
     report.success_rate = success_rate(report.episodes)
     report.success_rate_per_task = {
         name: success_rate([e for e in report.episodes if e.task_name == name])

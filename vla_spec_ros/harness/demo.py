@@ -119,7 +119,8 @@ def add_arguments(parser) -> None:
     parser.add_argument('--expert', action='store_true',
                         help='lock-step part: also measure the scripted expert on the same seeds')
     parser.add_argument('--verbose', action='store_true',
-                        help='show the ROS nodes\' log lines (default: warnings and errors only)')
+                        help='show the ROS nodes\' log lines (default: errors only; the demo '
+                        'reports held or republished frames itself)')
     parser.add_argument('--report', default=None, metavar='FILE.json',
                         help='print and plot a recorded demo-*.json again (runs nothing)')
     parser.add_argument('--latencies-from', default=None, metavar='FILE.json',
@@ -666,7 +667,7 @@ def _run_lockstep(args, plan, unnorm_key) -> dict:
                                      control_rate_hz=plan['control_rate_hz'],
                                      max_steps=plan['max_steps'], unnorm_key=unnorm_key,
                                      on_episode=on_episode,
-                                     log_level=None if args.verbose else 'warn')
+                                     log_level=None if args.verbose else 'error')
         finally:
             bar.close()
         lock['rows'].append(report.to_dict())
