@@ -14,6 +14,7 @@ from vla_spec_ros.config import EngineConfig
 from vla_spec_ros.engine.ar import causal_batch, decode_ar
 from vla_spec_ros.engine.draft_tree import build_dynamic_tree
 from vla_spec_ros.engine.drafter import EagleDrafter
+from vla_spec_ros.engine.tree_growth import TreeGrowth
 from vla_spec_ros.engine.result import Frame
 from vla_spec_ros.models.draft import new_draft_head
 from vla_spec_ros.models.random_checkpoint import make_checkpoint
@@ -161,6 +162,72 @@ def test_batched_drafting_equals_one_request_at_a_time(runner, head, context):
     assert_same_tree(got[0], singles[0].propose(0, *shape))
     assert_same_tree(got[1], singles[2].propose(2, *shape))
     assert_same_tree(got[2], fresh.propose(5, *shape))
+
+
+def _random_levels(rng, depth, top_k, width, vocab, kind):
+    """Proposals for every level of a tree: (frontier rows, width) float32 log-probabilities,
+    best first, and token ids. ``kind``: 'random', 'ties' (few distinct values, many equal
+    cumulative scores) or 'inf' (some -inf)."""
+    levels = []
+    for level in range(depth):
+        rows = 1 if level == 0 else top_k
+        if kind == 'ties':
+            values = -rng.integers(0, 3, (rows, width)).astype(np.float32) * 0.5
+        else:
+            values = -rng.exponential(2.0, (rows, width)).astype(np.float32)
+            if kind == 'inf':
+                values[rng.random((rows, width)) < 0.3] = -np.inf
+        values = -np.sort(-values, axis=1)
+        values[rng.random(rows) < 0.2, 0] = 0.0         # a certain draft now and then
+        levels.append((values, rng.integers(0, vocab, (rows, width))))
+    return levels
+
+
+@pytest.mark.parametrize('kind', ['random', 'ties', 'inf'])
+def test_tree_growth_equals_the_reference_builder(kind):
+    """The drafter's array form of the tree growth (engine/tree_growth.py) builds exactly the
+    tree of the plain reference (draft_tree.build_dynamic_tree): same nodes, same scores."""
+    rng = np.random.default_rng(0)
+    for depth, top_k, max_nodes in [(1, 1, 2), (1, 4, 3), (2, 3, 7), (3, 2, 15), (4, 8, 50),
+                                    (4, 8, 400), (5, 1, 6), (3, 5, 12)]:
+        for _ in range(5):
+            levels = _random_levels(rng, depth, top_k, max(top_k, 6), 40, kind)
+            calls = iter(levels)
+
+            def expand(partial, frontier):
+                values, tokens = next(calls)
+                assert len(frontier) == values.shape[0]
+                return [list(zip(t.tolist(), v.tolist())) for t, v in zip(tokens, values)]
+            expected = build_dynamic_tree(3, expand, depth, top_k, max_nodes)
+            growth = TreeGrowth(3, depth, top_k)
+            for values, tokens in levels:
+                assert not growth.is_done
+                growth.expand(values, tokens)
+            assert growth.is_done
+            got = growth.tree(max_nodes)
+            assert (got.tokens, got.parents, got.depths) == \
+                (expected.tokens, expected.parents, expected.depths)
+            assert got.scores == expected.scores                # bit for bit
+
+
+def test_tree_growth_contract_errors():
+    good = np.array([[-0.1, -0.2]], dtype=np.float32), np.array([[1, 2]])
+    for values in ([[-0.5, -0.1]], [[0.5, -0.1]], [[float('nan'), -0.1]], [[-0.1]],
+                   [[-0.1, -0.2], [-0.1, -0.2]]):
+        values = np.array(values, dtype=np.float32)
+        with pytest.raises(ValueError, match='expand'):
+            TreeGrowth(3, 2, 2).expand(values, np.ones(values.shape, dtype=np.int64))
+    growth = TreeGrowth(3, 1, 2)
+    with pytest.raises(RuntimeError, match='levels'):
+        growth.tree(4)
+    growth.expand(*good)
+    with pytest.raises(RuntimeError, match='levels'):
+        growth.expand(*good)
+    with pytest.raises(ValueError, match='max_nodes'):
+        growth.tree(1)
+    for kwargs, field in (({'depth': 0}, 'depth'), ({'top_k': 0}, 'top_k')):
+        with pytest.raises(ValueError, match=field):
+            TreeGrowth(3, **{'depth': 2, 'top_k': 2, **kwargs})
 
 
 def test_released_caches_are_reused_without_leaking_state(runner, head, context):

@@ -200,7 +200,8 @@ def test_fused_projections_equal_separate_and_fall_back(policy):
 
 
 def test_rope_rows_equal_apply_rope_bit_for_bit():
-    from vla_spec_ros.models.layers import RopeRows, apply_rope, rope_tables
+    from vla_spec_ros.config import LlamaConfig
+    from vla_spec_ros.models.layers import RopeRows, RopeTables, apply_rope, rope_tables
     gen = torch.Generator().manual_seed(3)
     for dtype in (torch.float64, torch.float32, torch.bfloat16):
         tables = rope_tables(16, 64, 10000.0, dtype)
@@ -209,3 +210,9 @@ def test_rope_rows_equal_apply_rope_bit_for_bit():
         rows = RopeRows.gather(tables, positions)
         expected = apply_rope(x, tables[0][positions], tables[1][positions])
         assert torch.equal(rows.apply(x), expected), dtype
+        # The models' tables carry the combined (cos | signed sin) table: the same rows.
+        kept = RopeTables(LlamaConfig(hidden_size=48, num_layers=1, num_heads=3,
+                                      intermediate_size=32, vocab_size=8,
+                                      max_position_embeddings=64)).get(dtype, 'cpu')
+        assert torch.equal(kept[0], tables[0]) and torch.equal(kept[1], tables[1])
+        assert torch.equal(RopeRows.gather(kept, positions).apply(x), expected), dtype

@@ -1,8 +1,11 @@
 """Drafters: who proposes the draft tree of each speculative round.
 
 ``EagleDrafter`` runs the EAGLE draft head (models/draft.py) over one shared draft KV cache
-(a lane per in-flight request) and grows the EAGLE-2 dynamic trees (engine/draft_tree.py) of
-every in-flight request together: one batched draft forward per tree level for all of them.
+(a lane per in-flight request) and grows the EAGLE-2 dynamic trees of every in-flight request
+together: one batched draft forward per tree level for all of them. The trees grow as arrays
+(engine/tree_growth.py), bit for bit the trees of the plain reference builder
+(engine/draft_tree.py, the test oracle); each forward's top-k comes back in one read as numpy
+arrays, never as per-candidate Python objects.
 (``vla_spec_ros.testing.OracleDrafter``, a test and benchmark double, implements the same
 ``Drafter`` interface with the AR reference tokens.)
 
@@ -23,14 +26,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
+import numpy as np
 import torch
 
 from ..config import EngineConfig
 from ..models.draft import DEFAULT_DRAFT_SUBFOLDER, RANDOM_DRAFT, load_draft, new_draft_head
 from ..validation import check_int
-from .draft_tree import NO_PARENT, ROOT, DraftTree, grow_dynamic_tree
-from .packed_forward import PackedForward
+from .draft_tree import ROOT, DraftTree
+from .packed_forward import PackedForward, inference_mode
 from .step_inputs import PrefillRows, chain_rows, pack_step, tree_rows
+from .tree_growth import TreeGrowth
 
 # Proposals kept per request after each update: any tree_top_k (a run-time tunable, at most
 # 32) reads a prefix of them, so changing it never needs a recomputation.
@@ -109,7 +114,21 @@ class _DraftState:
     lane: int                   # the request's region of the shared draft KV cache
     stable_len: int             # draft positions 0..stable_len-1 are stable (slot == position)
     root_token: int
-    root_proposals: list        # top MAX_TOP_K (token, logprob) after the root, best first
+    # The draft's top MAX_TOP_K after the root, best first: (1, MAX_TOP_K) log-probabilities
+    # (float32) and token ids (int64).
+    root_proposals: tuple[np.ndarray, np.ndarray] | None
+
+
+class _FedNodes:
+    """One growing tree's candidates fed to the draft so far, as a tree of their own (the
+    draft scratch layout): local node 0 is the root (its draft state is the last stable
+    position stable_len - 1), local node k sits in lane slot stable_len - 1 + k."""
+
+    def __init__(self, num_candidates: int, root_token: int):
+        self.local_of = np.zeros(num_candidates, dtype=np.int64)    # candidate -> local node
+        self.row_of = np.zeros(num_candidates, dtype=np.int64)      # candidate -> last row
+        self.parents = [-1]                                         # local tree
+        self.tokens = [root_token]
 
 
 class EagleDrafter(Drafter):
@@ -183,15 +202,16 @@ class EagleDrafter(Drafter):
                 'topk': torch.stack([values.clamp(max=0.0), indices.to(values.dtype)])}
 
     def _run(self, step, dense: dict, top_k: int):
+        """-> (log-probabilities (rows, top_k) float32, token ids (rows, top_k) int64, hidden
+        states on the device)."""
         self.num_forward_passes += 1
         out = self.forward(step, dense, {'top_k': top_k})
-        values, indices = out['topk'].tolist()          # the forward's one device -> host read
-        proposals = [list(zip((int(i) for i in ids), vals)) for ids, vals in zip(indices, values)]
-        return proposals, out['hidden']
+        topk = out['topk'].cpu().numpy()               # the forward's one device -> host read
+        return topk[0], topk[1].astype(np.int64), out['hidden']
 
     # ---- lifecycle ----------------------------------------------------------------------------
 
-    @torch.inference_mode()
+    @inference_mode
     def update(self, begins, advances, features) -> None:
         begins, advances = list(begins), list(advances)
         if len(begins) > 1:
@@ -215,7 +235,7 @@ class EagleDrafter(Drafter):
             if not self._free_lanes:
                 raise RuntimeError(f'all {self.num_lanes} draft lanes are in use')
             lane = self._free_lanes.pop(0)
-            state = _DraftState(lane, length, int(begin.root_token), [])
+            state = _DraftState(lane, length, int(begin.root_token), None)
             new_states.append((begin.request_id, state))
             prefill = PrefillRows(lane * self.lane_len, self.scratch_slot, length)
             feature_rows += list(begin.feature_rows)
@@ -250,15 +270,14 @@ class EagleDrafter(Drafter):
         dense = {'features': features}
         if prefill is not None:
             dense['prefix_embeds'] = begins[0].prefix_embeds
-        proposals, _ = self._run(step, dense, self.max_top_k)
+        values, tokens, _ = self._run(step, dense, self.max_top_k)
         for request_id, state in new_states:
             self._states[request_id] = state
         for (state, count, bonus) in advanced:
             state.stable_len += count
             state.root_token = bonus
-        for state, props in zip([st for _, st in new_states] + [a[0] for a in advanced],
-                                proposals):
-            state.root_proposals = props
+        for r, state in enumerate([st for _, st in new_states] + [a[0] for a in advanced]):
+            state.root_proposals = (values[r:r + 1], tokens[r:r + 1])
 
     def release(self, request_id) -> None:
         state = self._states.pop(request_id, None)
@@ -267,7 +286,7 @@ class EagleDrafter(Drafter):
 
     # ---- drafting -----------------------------------------------------------------------------
 
-    @torch.inference_mode()
+    @inference_mode
     def propose_batch(self, request_ids, depths, top_k, max_nodes) -> list[DraftTree]:
         top_k = check_int('top_k', top_k, minimum=1)
         max_nodes = check_int('max_nodes', max_nodes, minimum=2)
@@ -275,70 +294,55 @@ class EagleDrafter(Drafter):
             raise ValueError(f'top_k: {top_k} exceeds {self.max_top_k} (the vocabulary size '
                              f'or {MAX_TOP_K})')
         states = [self._state(r) for r in request_ids]
-        trees: list[DraftTree | None] = [None] * len(states)
-        growing = {}
-        for i, (state, depth) in enumerate(zip(states, depths)):
+        growths = []
+        for state, depth in zip(states, depths):
             depth = check_int('depth', depth, minimum=1)
             self._check_position(state.stable_len - 1 + depth)
             if (depth - 1) * top_k > MAX_SCRATCH:
                 raise ValueError(f'depth, top_k: {depth} x {top_k} exceed the draft scratch')
-            trees_i = grow_dynamic_tree(state.root_token, depth, top_k, max_nodes)
-            growing[i] = (trees_i, next(trees_i))
-        # Per request, the expanded candidates as a tree of their own: the root (local node
-        # 0, whose draft state is the last stable position stable_len - 1) and every frontier
-        # node fed so far, local node k in lane slot stable_len - 1 + k. Each level feeds the
-        # newest nodes with the tree attention of ``tree_rows``.
-        local_of = [{ROOT: 0} for _ in states]           # candidate id -> local node
-        local_parents = [[NO_PARENT] for _ in states]
-        local_tokens = [[state.root_token] for state in states]
-        row_of = [dict() for _ in states]                # candidate id -> row of the last forward
+            growth = TreeGrowth(state.root_token, depth, top_k)
+            growth.expand(*state.root_proposals)    # depth 1: the root's draft output, no forward
+            growths.append(growth)
+        # Per request, the candidates fed so far as a tree of their own (``_FedNodes``). Each
+        # level feeds the newest frontier with the tree attention of ``tree_rows``; a node's
+        # feature is its parent's draft output: the lane's root row, or a row of the previous
+        # level's forward.
+        fed = [_FedNodes(g.capacity, state.root_token) for g, state in zip(growths, states)]
+        num_roots = self.num_lanes + 1
         previous_hidden = None
-        while growing:
-            answers, segments, feature_rows, members = {}, [], [], []
-            num_rows = max(len(frontier) for _, (_, frontier) in growing.values())
-            num_roots = self.num_lanes + 1
-            for i, (_, (partial, frontier)) in growing.items():
-                state = states[i]
-                if frontier == [ROOT]:
-                    # Depth-1 candidates come from the root's draft output: no forward needed.
-                    answers[i] = [state.root_proposals[:top_k]]
-                    continue
-                first = len(local_parents[i])
-                for n in frontier:
-                    local_of[i][n] = len(local_parents[i])
-                    local_parents[i].append(local_of[i][partial.parents[n]])
-                    local_tokens[i].append(partial.tokens[n])
+        while True:
+            members = [i for i, growth in enumerate(growths) if not growth.is_done]
+            if not members:
+                return [growth.tree(max_nodes) for growth in growths]
+            num_rows = max(growths[i].frontier.size for i in members)
+            segments = []
+            feature_rows = np.zeros(len(members) * num_rows, dtype=np.int64)
+            for s, i in enumerate(members):
+                growth, state, nodes = growths[i], states[i], fed[i]
+                frontier = growth.frontier
+                parents = growth.parents[frontier]
+                first = len(nodes.parents)
+                nodes.local_of[frontier] = np.arange(first, first + frontier.size)
+                nodes.parents += nodes.local_of[parents].tolist()
+                nodes.tokens += growth.tokens[frontier].tolist()
                 # Attention: the stable prefix, the node's ancestors and the node itself.
                 segments.append(tree_rows(state.lane * self.lane_len, self.scratch_slot,
-                                          state.stable_len - 1, local_parents[i],
-                                          local_tokens[i],
-                                          rows=range(first, len(local_parents[i]))))
-                for n in frontier:
-                    parent = partial.parents[n]
-                    feature_rows.append(state.lane if parent == ROOT
-                                        else num_roots + row_of[i][parent])
-                feature_rows += [0] * (num_rows - len(frontier))
-                members.append((i, frontier))
-            if segments:
-                out_rows = list(range(len(segments) * num_rows))
-                step = pack_step(None, segments, self.scratch_slot, num_rows=num_rows,
-                                 extras={'feature_rows': feature_rows, 'out_rows': out_rows})
-                source = self._root_hidden if previous_hidden is None else \
-                    torch.cat([self._root_hidden, previous_hidden])
-                proposals, hidden = self._run(step, {'features': source}, top_k)
-                previous_hidden = hidden    # read (into the next source) before the next run
-                for s, (i, frontier) in enumerate(members):
-                    rows = range(s * num_rows, s * num_rows + len(frontier))
-                    answers[i] = [proposals[r] for r in rows]
-                    row_of[i] = {n: r for n, r in zip(frontier, rows)}
-            for i, rows in answers.items():
-                trees_i, _ = growing[i]
-                try:
-                    growing[i] = (trees_i, trees_i.send(rows))
-                except StopIteration as done:
-                    trees[i] = done.value
-                    del growing[i]
-        return trees
+                                          state.stable_len - 1, nodes.parents, nodes.tokens,
+                                          rows=range(first, len(nodes.parents))))
+                feature_rows[s * num_rows:s * num_rows + frontier.size] = np.where(
+                    parents == ROOT, state.lane, num_roots + nodes.row_of[parents])
+            step = pack_step(None, segments, self.scratch_slot, num_rows=num_rows,
+                             extras={'feature_rows': feature_rows,
+                                     'out_rows': np.arange(len(segments) * num_rows)})
+            source = self._root_hidden if previous_hidden is None else \
+                torch.cat([self._root_hidden, previous_hidden])
+            values, tokens, hidden = self._run(step, {'features': source}, top_k)
+            previous_hidden = hidden    # read (into the next source) before the next run
+            for s, i in enumerate(members):
+                growth = growths[i]
+                rows = slice(s * num_rows, s * num_rows + growth.frontier.size)
+                fed[i].row_of[growth.frontier] = np.arange(rows.start, rows.stop)
+                growth.expand(values[rows], tokens[rows])
 
     # ---- checks -------------------------------------------------------------------------------
 

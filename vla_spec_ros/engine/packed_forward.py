@@ -18,6 +18,7 @@ each own one ``PackedForward``.
 """
 from __future__ import annotations
 
+import functools
 import gc
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -34,6 +35,20 @@ MAX_BUCKETS = 64        # eager buckets kept (graph buckets are kept for the eng
 StepFn = Callable[..., dict]    # fn(batch, ints, dense, **params) -> outputs
 
 
+def inference_mode(fn):
+    """``torch.inference_mode()`` as a decorator that costs nothing when it is already on:
+    the engine's step enters it once, and the draft and forward calls nested in it run
+    several times a step (the decorator's context manager is a measurable share of a small
+    model's step on a CPU)."""
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        if torch.is_inference_mode_enabled():
+            return fn(*args, **kwargs)
+        with torch.inference_mode():
+            return fn(*args, **kwargs)
+    return wrapper
+
+
 @dataclass
 class _Bucket:
     host: torch.Tensor                    # uint8, pinned on CUDA; the device buffer on CPU
@@ -42,6 +57,8 @@ class _Bucket:
     ints: dict                            # name -> int64 view into ``device``
     offsets: list                         # (name, start, count) of each int array
     mask_start: int
+    host_ints: np.ndarray                 # int64 numpy view of ``host`` (the int arrays)
+    host_mask: np.ndarray                 # uint8 numpy view of ``host`` (the mask)
     graph: 'GraphedFunction | None' = None
 
 
@@ -57,7 +74,7 @@ class PackedForward:
         self._buckets: OrderedDict[tuple, _Bucket] = OrderedDict()
         self._pool = None
 
-    @torch.inference_mode()
+    @inference_mode
     def __call__(self, step: HostStep, dense: dict | None = None,
                  params: dict | None = None) -> dict:
         """Upload ``step``, run ``fn(batch, ints, dense, **params)``; returns its outputs
@@ -115,14 +132,15 @@ class PackedForward:
                           seg_mask=mask if num_s else None,
                           copy_src=ints['copy_src'] if step.copy_src.size else None,
                           copy_dst=ints['copy_dst'] if step.copy_src.size else None)
-        return _Bucket(host, device, batch, ints, offsets, mask_start)
+        host_np = host.numpy()
+        return _Bucket(host, device, batch, ints, offsets, mask_start,
+                       host_np[:mask_start].view(np.int64), host_np[mask_start:])
 
     def _upload(self, bucket: _Bucket, step: HostStep) -> None:
-        host = bucket.host.numpy()
-        ints64 = host[:bucket.mask_start].view(np.int64)
+        ints64 = bucket.host_ints
         for (name, start, count), (_, array) in zip(bucket.offsets, step.int_arrays()):
             ints64[start:start + count] = array.ravel()
-        host[bucket.mask_start:] = step.mask.ravel().view(np.uint8)
+        bucket.host_mask[:] = step.mask.ravel().view(np.uint8)
         if self.is_cuda:
             # One copy per step; non-blocking from pinned memory (the stream orders it before
             # the forward that reads it). The host buffer is rewritten only on the next call of

@@ -28,7 +28,7 @@ physical.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cached_property, lru_cache
 from typing import Sequence
 
 import numpy as np
@@ -62,7 +62,7 @@ class SegmentRows:
     def num_rows(self) -> int:
         return len(self.slots)
 
-    @property
+    @cached_property
     def num_cols(self) -> int:
         """Logical slots 0 .. num_cols-1 cover everything any row reads or writes."""
         return max([self.num_visible] + [s + 1 for s in self.slots])
@@ -217,18 +217,19 @@ def pack_step(prefill: PrefillRows | None, segments: Sequence[SegmentRows], scra
     token_ids = np.zeros(num_s * q, dtype=np.int64)
     kv_index = np.full((num_s, k), scratch_slot, dtype=np.int64)
     mask = np.zeros((num_s, q, k), dtype=np.bool_)
-    mask[:, :, 0] = True                    # padding rows read column 0 only (never NaN)
+    mask[len(segments):, :, 0] = True       # padding rows read column 0 only (never NaN)
+    columns = np.arange(k)
     for s, seg in enumerate(segments):
         n, cols = seg.num_rows, seg.num_cols
         if n > q or cols > k:
             raise ValueError(f'pack_step: a segment of {n} rows x {cols} slots exceeds the '
                              f'padded {q} x {k}')
-        kv_index[s, :cols] = (seg.base + np.arange(cols)) % seg.modulus
+        kv_index[s, :cols] = (seg.base + columns[:cols]) % seg.modulus
         r0 = lp + s * q
         positions[r0:r0 + n] = seg.positions
         slot_mapping[r0:r0 + n] = (seg.base + np.asarray(seg.slots)) % seg.modulus
         token_ids[s * q:s * q + n] = seg.tokens
-        mask[s, :n, :] = False
+        mask[s, n:, 0] = True
         mask[s, :n, :seg.num_visible] = True
         t0, t1 = seg.tree_start, seg.tree_start + seg.tree_mask.shape[1]
         mask[s, :n, t0:t1] |= seg.tree_mask

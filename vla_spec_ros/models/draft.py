@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from ..config import LlamaConfig
@@ -151,7 +152,7 @@ class EagleDraftHead(nn.Module):
 
     def embed(self, token_ids: torch.Tensor) -> torch.Tensor:
         """(T,) ids -> (T, H) verifier token embeddings."""
-        return self.embed_tokens(token_ids)
+        return self.embed_tokens.forward(token_ids)
 
     def forward(self, inputs_embeds: torch.Tensor, features: torch.Tensor, batch: StepBatch,
                 cache: KVCache) -> torch.Tensor:
@@ -160,15 +161,17 @@ class EagleDraftHead(nn.Module):
         The output at position p is the draft's estimate of f_{p+1}. K/V go to
         ``batch.slot_mapping`` in ``cache``; attention follows ``batch.attn_mask``.
         """
-        x = self.fc(torch.cat([inputs_embeds, features], dim=-1))
+        # Sub-modules through ``forward`` / ``F.linear`` (the same operations without
+        # ``nn.Module.__call__``: models/layers.py).
+        x = F.linear(torch.cat([inputs_embeds, features], dim=-1), self.fc.weight, self.fc.bias)
         rope = RopeRows.gather(self.rope(x.dtype, x.device), batch.positions)
         for i, layer in enumerate(self.layers):
-            x = layer(x, batch, rope, cache.k[i], cache.v[i])
+            x = layer.forward(x, batch, rope, cache.k[i], cache.v[i])
         return x            # no final norm (EAGLE): features are already normalised
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """(T, H) draft features -> (T, vocab) through the verifier's lm_head."""
-        return self.lm_head(hidden)
+        return self.lm_head.forward(hidden)
 
 
 def _language_model(verifier):

@@ -8,6 +8,13 @@ same code therefore serves AR decoding (slots = positions), the unified KV ring 
 in the ring, with wrap-around) and tree verification (tree mask). Conventions follow Hugging
 Face Llama (rotate-half RoPE with cos/sin tables computed in float32) so logits match
 ``transformers.LlamaForCausalLM`` on the same weights.
+
+Inside a layer, sub-modules are called through ``forward`` and projections through
+``F.linear`` on their weights: the same operations as ``module(x)`` without
+``nn.Module.__call__`` (hook dispatch), which costs more than half of a small matrix product
+on a CPU, where the engine's forwards on small models are bound by per-operation overhead (a
+draft forward on the embedded model: about a tenth less time). Hooks on a layer's sub-modules
+therefore do not run (the layer's own hooks do).
 """
 from __future__ import annotations
 
@@ -28,9 +35,11 @@ class RMSNorm(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # Same arithmetic as HF: normalise in float32 (or higher), then scale in input dtype.
         dtype = x.dtype
-        h = x.to(torch.float32) if dtype in (torch.float16, torch.bfloat16) else x
-        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * h.to(dtype)
+        if dtype in (torch.float16, torch.bfloat16):
+            h = x.to(torch.float32)
+            h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+            return self.weight * h.to(dtype)
+        return self.weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps))
 
 
 def rope_tables(head_dim: int, max_positions: int, theta: float, dtype: torch.dtype,
@@ -83,6 +92,20 @@ class StepBatch:
     copy_dst: torch.Tensor | None = None
 
 
+def combined_rope_table(cos_table: torch.Tensor, sin_table: torch.Tensor) -> torch.Tensor:
+    """(max_positions, 2D): each position's cos row, then its sin row with the first half
+    negated (what ``RopeRows.apply`` multiplies ``roll(x)`` by): one gather per forward."""
+    half = sin_table.shape[-1] // 2
+    return torch.cat([cos_table, -sin_table[:, :half], sin_table[:, half:]], dim=-1)
+
+
+class RopeTablePair(tuple):
+    """``(cos_table, sin_table)``, plus ``combined`` (``combined_rope_table``), built with
+    them once."""
+
+    combined: torch.Tensor
+
+
 class RopeTables:
     """cos/sin tables of one Llama config, built once per (dtype, device) and kept (the
     verifier and the draft head each own one)."""
@@ -96,7 +119,9 @@ class RopeTables:
     def get(self, dtype: torch.dtype, device) -> tuple[torch.Tensor, torch.Tensor]:
         tables = self._tables
         if tables is None or tables[0].dtype != dtype or tables[0].device != torch.device(device):
-            tables = rope_tables(self.head_dim, self.max_positions, self.theta, dtype, device)
+            tables = RopeTablePair(rope_tables(self.head_dim, self.max_positions, self.theta,
+                                               dtype, device))
+            tables.combined = combined_rope_table(*tables)
             self._tables = tables
         return tables
 
@@ -113,10 +138,14 @@ class RopeRows:
 
     @classmethod
     def gather(cls, tables: tuple[torch.Tensor, torch.Tensor], positions: torch.Tensor):
-        cos, sin = tables[0][positions], tables[1][positions]
-        half = sin.shape[-1] // 2
-        return cls(tables[0], tables[1], cos[:, None, :],
-                   torch.cat([-sin[:, :half], sin[:, half:]], dim=-1)[:, None, :])
+        """One row gather of the combined table (``RopeTables.get``'s, else built here)."""
+        cos_table, sin_table = tables
+        combined = getattr(tables, 'combined', None)
+        if combined is None:
+            combined = combined_rope_table(cos_table, sin_table)
+        rows = combined.index_select(0, positions)[:, None, :]        # (T, 1, 2D)
+        dim = cos_table.shape[-1]
+        return cls(cos_table, sin_table, rows[..., :dim], rows[..., dim:])
 
     def apply(self, x: torch.Tensor) -> torch.Tensor:
         """``apply_rope`` in four ops instead of six: rotate_half(x) * sin equals
@@ -216,6 +245,11 @@ def attend_segments(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     return torch.cat(parts) if len(parts) > 1 else parts[0]
 
 
+def _linear(linear: nn.Linear, x: torch.Tensor) -> torch.Tensor:
+    """``linear(x)`` without ``nn.Module.__call__`` (the same ``F.linear``)."""
+    return F.linear(x, linear.weight, linear.bias)
+
+
 class FusedLinears:
     """Several bias-free ``nn.Linear`` of one input as one matrix product (inference only).
 
@@ -272,7 +306,8 @@ class LlamaAttention(nn.Module):
     def forward(self, x, batch: StepBatch, rope, k_cache, v_cache, kernel=None):
         t = x.shape[0]                                            # x: (T, H)
         qkv = self.fused(x) if self.fused is not None else None
-        q, k, v = qkv if qkv is not None else (self.q_proj(x), self.k_proj(x), self.v_proj(x))
+        q, k, v = qkv if qkv is not None else (
+            _linear(self.q_proj, x), _linear(self.k_proj, x), _linear(self.v_proj, x))
         q = q.reshape(t, self.num_heads, self.head_dim)
         k = k.reshape(t, self.num_kv_heads, self.head_dim)
         v = v.reshape(t, self.num_kv_heads, self.head_dim)
@@ -281,7 +316,7 @@ class LlamaAttention(nn.Module):
             out = attend_packed(q, k_cache, v_cache, batch)
         else:
             out = attend_segments(q, k_cache, v_cache, batch, k, v if k is not None else None)
-        return self.o_proj(out.reshape(t, -1))
+        return _linear(self.o_proj, out.reshape(t, -1))
 
 
 class SwiGLU(nn.Module):
@@ -294,8 +329,9 @@ class SwiGLU(nn.Module):
 
     def forward(self, x):
         gate_up = self.fused(x) if self.fused is not None else None
-        gate, up = gate_up if gate_up is not None else (self.gate_proj(x), self.up_proj(x))
-        return self.down_proj(F.silu(gate) * up)
+        gate, up = gate_up if gate_up is not None else (_linear(self.gate_proj, x),
+                                                        _linear(self.up_proj, x))
+        return _linear(self.down_proj, F.silu(gate) * up)
 
 
 class LlamaDecoderLayer(nn.Module):
@@ -310,6 +346,7 @@ class LlamaDecoderLayer(nn.Module):
         self.mlp = SwiGLU(cfg.hidden_size, cfg.intermediate_size)
 
     def forward(self, x, batch: StepBatch, rope, k_cache, v_cache, kernel=None):
-        h = self.input_layernorm(x) if self.input_layernorm is not None else x
-        x = x + self.self_attn(h, batch, rope, k_cache, v_cache, kernel)
-        return x + self.mlp(self.post_attention_layernorm(x))
+        # Sub-modules through ``forward``: see the module docstring.
+        h = self.input_layernorm.forward(x) if self.input_layernorm is not None else x
+        x = x + self.self_attn.forward(h, batch, rope, k_cache, v_cache, kernel)
+        return x + self.mlp.forward(self.post_attention_layernorm.forward(x))
