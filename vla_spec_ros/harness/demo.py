@@ -89,7 +89,7 @@ def add_arguments(parser) -> None:
                         help='delay part: episodes per task and delay (default 1; --full 20)')
     parser.add_argument('--rates', default='10,30,60',
                         help='control rates (Hz) at which modes are placed on the delay curve '
-                        '(the first is plotted)')
+                        '(the middle one is plotted on it)')
     parser.add_argument('--speed-frames', type=int, default=30,
                         help='speed part: timed frames per mode')
     parser.add_argument('--relax-sweep', default='0,2,4,8,16,32',
@@ -494,26 +494,31 @@ def _pyplot():
 
 
 def plot_delay(path: Path, record: dict, plt) -> None:
+    """Left: success against delay, each mode placed at the first rate. Right: the success
+    each mode's model-only latency implies at every rate measured."""
     curve = delay_curve(record)
     rates = list(record.get('speed', {}).get('paced', {}))
-    fig, ax = plt.subplots(figsize=(8, 4.5))
+    places = placements(record)
+    fig, (ax, ax_rate) = plt.subplots(1, 2, figsize=(13, 4.8),
+                                      gridspec_kw={'width_ratios': [3, 2]})
     styles = {'every': ('o-', 'every frame answered (pipelined)'),
               'one_in_flight': ('s--', 'one frame in flight')}
     for frames, (style, label) in styles.items():
         points = sorted(curve[frames].items())
         if points:
-            ax.plot([d for d, _ in points], [s for _, s in points], style, label=label)
+            ax.plot([d for d, _ in points], [s for _, s in points], style, color='gray'
+                    if frames == 'one_in_flight' else 'black', label=label)
+    modes = list(dict.fromkeys(p['mode'] for p in places))
+    color = {mode: f'C{i}' for i, mode in enumerate(modes)}
     if rates:
-        rate = float(rates[0])
-        markers = {'model': 'v', 'node': '^'}
-        for i, p in enumerate(q for q in placements(record) if q['rate_hz'] == rate):
-            for source, marker in markers.items():
+        rate = sorted(float(r) for r in rates)[len(rates) // 2]      # the middle rate
+        for i, p in enumerate(q for q in places if q['rate_hz'] == rate):
+            for source, marker in (('model', 'v'), ('node', '^')):
                 s = p.get(source)
                 if s is None or math.isnan(_num(s['success'])):
                     continue
-                jitter = (i - 2) * 0.06
-                ax.plot(s['delay'] + jitter, s['success'], marker, markersize=9,
-                        color=f'C{2 + i}', label=f"{p['mode']} ({source}, "
+                ax.plot(s['delay'] + (i - len(modes) / 2) * 0.05, s['success'], marker,
+                        markersize=9, color=color[p['mode']], label=f"{p['mode']} ({source}, "
                         f"{s['latency_p50_ms']:.0f} ms)")
         ax.set_title(f'Modes placed at {rate:g} Hz (1 period = {1e3 / rate:.0f} ms): '
                      'v model only, ^ on the node', fontsize=10)
@@ -521,6 +526,18 @@ def plot_delay(path: Path, record: dict, plt) -> None:
            ylim=(-0.05, 1.05))
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7, loc='lower left')
+    for mode in modes:
+        rows = sorted((p for p in places if p['mode'] == mode and 'model' in p),
+                      key=lambda p: p['rate_hz'])
+        if rows:
+            successes = [_num(p['model']['success']) for p in rows]
+            ax_rate.plot([p['rate_hz'] for p in rows], successes, 'o-', color=color[mode],
+                         label=mode)
+    ax_rate.set(xlabel='control rate (Hz)', ylabel='success rate on the delay curve',
+                ylim=(-0.05, 1.05))
+    ax_rate.set_title('What each mode\'s model-only latency implies', fontsize=10)
+    ax_rate.grid(alpha=0.3)
+    ax_rate.legend(fontsize=8, loc='lower left')
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
