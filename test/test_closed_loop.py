@@ -576,7 +576,7 @@ def test_demo_run_end_to_end(ros_domain, tmp_path, capsys):
         assert rows[1]['acceptance_length'] * rows[1]['forwards_per_action'] == \
             pytest.approx(7.0)
     assert [b['mode'] for b in data['speed']['bench_rows']] == ['hf', 'ar', 'spec']
-    assert set(data['speed']['paced']['30.0']) == {'ar', 'spec'}
+    assert set(data['speed']['paced']['30.0']) == {'hf', 'ar', 'spec'}   # HF placed too
     delays = [(p['point']['action_delay'], p['point']['delay_frames'])
               for p in data['delay']['points']]
     assert delays == [(0, 'every'), (2, 'every'), (2, 'one_in_flight')]
