@@ -1,4 +1,5 @@
-"""The `sim_bridge` node: a Meta-World task as a camera + arm on ROS 2 (DESIGN.md §9).
+"""The `sim_bridge` node: a Meta-World task as a camera + arm on ROS 2 (README, "The embedded
+model").
 
   ~/image (sensor_msgs/Image rgb8, stamped with the node clock, strictly increasing per frame)
   ~/instruction (std_msgs/String, reliable + transient local like the VLA node's subscription)

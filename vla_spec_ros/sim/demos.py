@@ -2,14 +2,14 @@
 
 Runs Meta-World's built-in scripted experts through `MetaWorldTask` (the same images and 7-dim
 actions a VLA sees), keeps the successful episodes, and writes a compact dataset for training the
-embedded default model (issue 6, DESIGN.md section 9):
+embedded default model:
 
     out_dir/<task>.npz            per task, compressed:
         images (N, H, W, 3) uint8, actions (N, 7) float32, instructions (N,) str,
         episode_index (N,) int32 (unique over the dataset), step_index (N,) int32,
         episode_seeds (E,) int64, episode_instructions (E,) str, episode_lengths (E,) int32
     out_dir/dataset_statistics.json   OpenVLA norm_stats: {dataset_name: {"action": {mean, std,
-        max, min, q01, q99, mask}, num_transitions, num_trajectories}} (reference/openvla.md s2)
+        max, min, q01, q99, mask}, num_transitions, num_trajectories}} (docs/openvla.md)
     out_dir/manifest.json             seeds, versions, per-task counts, conventions
 
 Images are the observation the action was chosen from; an episode ends at the first success.
