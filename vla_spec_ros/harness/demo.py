@@ -264,6 +264,10 @@ def _fmt(value, digits: int = 2) -> str:
     return f'{value:.{digits}f}'
 
 
+def _episodes(count: int) -> str:
+    return f'{count} episode' + ('' if count == 1 else 's')
+
+
 def _table(head, rows) -> str:
     lines = ['| ' + ' | '.join(head) + ' |', '|' + '---|' * len(head)]
     lines += ['| ' + ' | '.join(str(c) for c in row) + ' |' for row in rows]
@@ -410,7 +414,7 @@ def format_delay_table(record: dict) -> str:
         rows.append([d, _fmt(curve['every'].get(d)), _fmt(curve['one_in_flight'].get(d))]
                     + [f'{1e3 * d / float(r):.0f}' for r in rates])
     text = _table(head, rows)
-    text += (f"\n{delay['episodes']} episodes per task and point, hold "
+    text += (f"\n{_episodes(delay['episodes'])} per task and point, hold "
              f"{delay['hold']}, {delay['path']}\n")
     places = placements(record)
     if places:
@@ -448,7 +452,7 @@ def format_relax_table(record: dict) -> str:
                      len(p['episodes'])])
     tree = relax['tree']
     return (_table(head, rows) + f"\nmode {relax['mode']}, draft tree depth {tree[0]}, top-k "
-            f"{tree[1]}, {tree[2]} nodes; {relax['episodes']} episodes per task and r; "
+            f"{tree[1]}, {tree[2]} nodes; {_episodes(relax['episodes'])} per task and r; "
             f"{relax['path']}\n")
 
 
@@ -459,7 +463,7 @@ def format_report(record: dict) -> str:
     if 'lockstep' in record:
         lock = record['lockstep']
         out += [f"## Lock-step through the ROS 2 node and the simulator bridge "
-                f"({lock['episodes']} episodes per task and mode)\n",
+                f"({_episodes(lock['episodes'])} per task and mode)\n",
                 format_lockstep_table(record),
                 'steps/s: the whole loop, rendering and DDS included (simulator-bound); node '
                 'actions/s: 1 / mean frame -> command latency (one frame in flight); '
