@@ -530,13 +530,14 @@ def plot_delay(path: Path, record: dict, plt) -> None:
            ylim=(-0.05, 1.05))
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7, loc='lower left')
-    for mode in modes:
+    for i, mode in enumerate(modes):      # equal values would hide a line: small offsets
         rows = sorted((p for p in places if p['mode'] == mode and 'model' in p),
                       key=lambda p: p['rate_hz'])
         if rows:
-            successes = [_num(p['model']['success']) for p in rows]
-            ax_rate.plot([p['rate_hz'] for p in rows], successes, 'o-', color=color[mode],
-                         label=mode)
+            offset = (i - len(modes) / 2) * 0.006
+            successes = [_num(p['model']['success']) + offset for p in rows]
+            ax_rate.plot([p['rate_hz'] for p in rows], successes, 'osD^v<>'[i % 7] + '-',
+                         color=color[mode], label=mode, alpha=0.85)
     ax_rate.set(xlabel='control rate (Hz)', ylabel='success rate on the delay curve',
                 ylim=(-0.05, 1.05))
     ax_rate.set_title('What each mode\'s model-only latency implies', fontsize=10)
