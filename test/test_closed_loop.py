@@ -483,7 +483,7 @@ def test_demo_defaults_are_the_quick_run_and_full_is_everything():
     full = demo.resolve_options(parser.parse_args(['--full', '--one-in-flight-delays', 'none']))
     assert full['parts'] == list(demo.PARTS) and full['one_in_flight_delays'] == []
     assert full['episodes'] == full['delay_episodes'] == full['relax_episodes'] == 20
-    assert full['relax_tree'] == [6, 1, 7] and full['relax_sweep'] == [0, 2, 4, 8, 16, 32]
+    assert full['relax_tree'] == [6, 1, 7] and full['relax_sweep'] == [0, 2, 8, 32, 64, 128, 255]
 
 
 def test_demo_configurations_expand_thresholds_for_speculative_modes_only():

@@ -92,7 +92,7 @@ def add_arguments(parser) -> None:
                         '(the middle one is plotted on it)')
     parser.add_argument('--speed-frames', type=int, default=30,
                         help='speed part: timed frames per mode')
-    parser.add_argument('--relax-sweep', default='0,2,4,8,16,32',
+    parser.add_argument('--relax-sweep', default='0,2,8,32,64,128,255',
                         help='relax part: relaxation thresholds r (bins)')
     parser.add_argument('--relax-tree', default='6,1,7',
                         help='relax part: draft tree depth,top_k,max_nodes')
