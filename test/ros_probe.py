@@ -1,10 +1,15 @@
 """A probe node for the integration tests: publishers, recorders and ROS clients aimed at one
 node under test (rclpy over real DDS; nothing of rclpy is mocked)."""
+import contextlib
+import os
 import threading
 import time
 
 import numpy as np
+import rclpy
 from geometry_msgs.msg import TwistStamped
+from rclpy.executors import MultiThreadedExecutor, SingleThreadedExecutor
+from rclpy.node import Node
 from rclpy.parameter import Parameter, parameter_value_to_python
 from rclpy.parameter_client import AsyncParameterClient
 from rclpy.qos import DurabilityPolicy, QoSProfile, ReliabilityPolicy
@@ -15,6 +20,29 @@ from std_srvs.srv import SetBool, Trigger
 from vla_spec_ros.image_messages import array_to_image
 
 TIMEOUT = 20.0
+
+
+@contextlib.contextmanager
+def ros_graph(domain_id: int, probe_name: str, num_threads: int = 1):
+    """An isolated graph (its own domain, localhost discovery, a private Context) with an
+    executor spinning a probe node on a thread; yields (context, executor, probe_node)."""
+    os.environ['ROS_DOMAIN_ID'] = str(domain_id)
+    os.environ['ROS_AUTOMATIC_DISCOVERY_RANGE'] = 'LOCALHOST'
+    context = rclpy.Context()
+    rclpy.init(context=context, domain_id=domain_id)
+    executor = (SingleThreadedExecutor(context=context) if num_threads == 1
+                else MultiThreadedExecutor(num_threads=num_threads, context=context))
+    thread = threading.Thread(target=executor.spin, daemon=True)
+    probe_node = Node(probe_name, context=context)
+    executor.add_node(probe_node)
+    thread.start()
+    try:
+        yield context, executor, probe_node
+    finally:
+        executor.shutdown()
+        probe_node.destroy_node()
+        rclpy.shutdown(context=context)
+        thread.join(timeout=5.0)
 
 
 def wait_until(predicate, timeout=TIMEOUT, what='condition'):

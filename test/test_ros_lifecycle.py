@@ -7,7 +7,6 @@ model does not load fails with the reason and leaves the node unconfigured and s
 """
 import importlib.util
 import os
-import threading
 import time
 
 import numpy as np
@@ -21,14 +20,11 @@ pytestmark = pytest.mark.skipif(not (HAS_ROS and HAS_TORCH),
                                 reason='needs rclpy, lifecycle_msgs + ROS message wheels, torch')
 
 if HAS_ROS and HAS_TORCH:
-    import rclpy
     from lifecycle_msgs.msg import State, Transition
     from lifecycle_msgs.srv import ChangeState, GetState
-    from rclpy.executors import MultiThreadedExecutor
-    from rclpy.node import Node
     from rclpy.parameter import Parameter
 
-    from ros_probe import Probe, is_zero, wait_until
+    from ros_probe import Probe, ros_graph, is_zero, wait_until
     from vla_spec_ros.ros.lifecycle_node import VLASpecLifecycleNode
 
 DOMAIN_ID = 171 + (os.getpid() % 40)
@@ -38,20 +34,8 @@ QUIET_S = 0.6          # how long "nothing is published" is watched for
 
 @pytest.fixture(scope='module')
 def ros():
-    os.environ['ROS_DOMAIN_ID'] = str(DOMAIN_ID)
-    os.environ['ROS_AUTOMATIC_DISCOVERY_RANGE'] = 'LOCALHOST'
-    context = rclpy.Context()
-    rclpy.init(context=context, domain_id=DOMAIN_ID)
-    executor = MultiThreadedExecutor(num_threads=2, context=context)
-    thread = threading.Thread(target=executor.spin, daemon=True)
-    probe_node = Node('lifecycle_probe', context=context)
-    executor.add_node(probe_node)
-    thread.start()
-    yield context, executor, probe_node
-    executor.shutdown()
-    probe_node.destroy_node()
-    rclpy.shutdown(context=context)
-    thread.join(timeout=5.0)
+    with ros_graph(DOMAIN_ID, 'lifecycle_probe', num_threads=2) as graph:
+        yield graph
 
 
 class Lifecycle:

@@ -25,15 +25,12 @@ pytestmark = pytest.mark.skipif(not (HAS_ROS and HAS_TORCH),
                                 reason='needs rclpy + ROS message wheels and torch')
 
 if HAS_ROS and HAS_TORCH:
-    import rclpy
     from diagnostic_msgs.msg import DiagnosticArray
-    from rclpy.executors import SingleThreadedExecutor
-    from rclpy.node import Node
     from rclpy.parameter import Parameter
     from std_msgs.msg import String
     from std_srvs.srv import SetBool, Trigger
 
-    from ros_probe import Probe, Recorder, is_zero, stamp_s, twist_values, wait_until
+    from ros_probe import Probe, ros_graph, Recorder, is_zero, stamp_s, twist_values, wait_until
     from vla_spec_ros.image_messages import rgb_to_compressed
     from vla_spec_ros.ros.node import VLASpecNode
     from vla_spec_ros.ros.robot_channel import LatestFrameSlot
@@ -68,20 +65,8 @@ def images():
 
 @pytest.fixture(scope='module')
 def ros():
-    os.environ['ROS_DOMAIN_ID'] = str(DOMAIN_ID)
-    os.environ['ROS_AUTOMATIC_DISCOVERY_RANGE'] = 'LOCALHOST'
-    context = rclpy.Context()
-    rclpy.init(context=context, domain_id=DOMAIN_ID)
-    executor = SingleThreadedExecutor(context=context)
-    thread = threading.Thread(target=executor.spin, daemon=True)
-    probe_node = Node('probe', context=context)
-    executor.add_node(probe_node)
-    thread.start()
-    yield context, executor, probe_node
-    executor.shutdown()
-    probe_node.destroy_node()
-    rclpy.shutdown(context=context)
-    thread.join(timeout=5.0)
+    with ros_graph(DOMAIN_ID, 'probe') as graph:
+        yield graph
 
 
 @pytest.fixture(scope='module')
