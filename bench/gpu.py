@@ -5,11 +5,20 @@
 
 Builds the preset with random weights directly on the device (no checkpoint), checks every fast
 path against the eager AR reference on that device (token agreement; HF logits tolerance), then
-times HF transformers AR (the baseline), our AR, pipeline, spec and pipeline_spec. Random
-weights cannot train a draft head, so speculation uses an oracle draft that proposes the AR
-tokens with a per-position error rate chosen to hit the acceptance lengths 2.0 / 3.0
-(measured and printed). Each configuration runs with 1 and 4 camera streams. Prints a table and
-writes JSON (+ a PNG plot when matplotlib is installed) to bench/results/.
+times two HF transformers baselines (eager ``generate``; static cache + ``torch.compile``, see
+vla_spec_ros/baseline.py), our AR, pipeline, spec and pipeline_spec. Random weights cannot
+train a draft head, so speculation uses an oracle draft that proposes the AR tokens with a
+per-position error rate chosen to hit the acceptance lengths 2.0 / 3.0 / 3.5 (measured and
+printed; 3.5 is the most seven tokens allow: the prefill decides one, one verify round the
+other six). Each configuration runs with 1 and 4 camera streams. Prints a table and writes
+JSON + Markdown to ``--out``.
+
+``--parts`` adds, in the same process and on the same weights:
+- ``fidelity``: for ``--fidelity-frames`` frames, the bin distance of every action token of
+  each mode (CUDA graphs as in the first ``--graphs`` setting, fused kernels off and on)
+  against HF eager (bench/gpu_fidelity.py);
+- ``profile``: torch.profiler over one mode (``--profile-mode``), the kernel table by device
+  time.
 
 The roofline columns use the H100 floor (bench/README.md) scaled to the preset: weight bytes
 streamed per forward and FLOPs per action from the parameter count.
@@ -37,7 +46,7 @@ from vla_spec_ros.models.random_checkpoint import synthetic_norm_stats
 from vla_spec_ros.prompt import PromptTokenizer, build_tokenizer
 from vla_spec_ros.testing import OracleDrafter
 
-TARGET_ACCEPTANCE = (2.0, 3.0)
+TARGET_ACCEPTANCE = (2.0, 3.0, 3.5)
 
 
 def expected_acceptance(accept_prob: float, depth: int, action_dim: int) -> float:
@@ -86,8 +95,9 @@ def build_model(name: str, device: str, dtype: str, seed: int):
 
 
 def build_runner(model, cfg, device: str, dtype: str, seed: int,
-                 use_cuda_graphs: bool = False) -> ModelRunner:
-    engine_cfg = EngineConfig(device=device, dtype=dtype, use_cuda_graphs=use_cuda_graphs)
+                 use_cuda_graphs: bool = False, use_kernels: str = 'auto') -> ModelRunner:
+    engine_cfg = EngineConfig(device=device, dtype=dtype, use_cuda_graphs=use_cuda_graphs,
+                              use_kernels=use_kernels)
     # A real small tokenizer keeps the prompt path identical to a loaded checkpoint; the 7B
     # vocabulary is only needed for the embedding table size, not for the tokenizer.
     tokenizer = PromptTokenizer(build_tokenizer(min(cfg.pad_token_id, 1024), seed))
@@ -122,6 +132,10 @@ FLOOR_ACTIONS_PER_S = 192.0   # if every forward were compute-bound
 
 
 def roofline(runner, row: BenchRow) -> dict:
+    """Achieved bandwidth and rate, and the distance to the floor: ``x_ar_floor`` is ms per
+    action over the AR floor (32 ms: prefill + six weight-streaming decodes), ``x_latency_floor``
+    the p50 latency over it, ``of_compute_bound`` actions/s over the compute-bound rate
+    (every weight used once per token of one action, at the matrix units' peak)."""
     params = sum(p.numel() for p in runner.model.parameters())
     nbytes = params * next(runner.model.parameters()).element_size()
     # FLOPs of one action: every weight is used once per token of prefill + 6 decodes.
@@ -129,9 +143,13 @@ def roofline(runner, row: BenchRow) -> dict:
     flops_per_action = 2 * params * num_tokens
     forwards_per_s = row.forwards_per_action * row.actions_per_s \
         if np.isfinite(row.forwards_per_action) else 7 * row.actions_per_s
+    ms_per_action = 1e3 / row.actions_per_s
     return {'params': params, 'bandwidth_GBps': forwards_per_s * nbytes / 1e9,
             'tflops': row.actions_per_s * flops_per_action / 1e12,
-            'ms_per_action': 1e3 / row.actions_per_s}
+            'ms_per_action': ms_per_action,
+            'x_ar_floor': ms_per_action / FLOOR_MS['ar_action'],
+            'x_latency_floor': row.latency_p50_ms / FLOOR_MS['ar_action'],
+            'of_compute_bound': row.actions_per_s / FLOOR_ACTIONS_PER_S}
 
 
 def time_pieces(runner, frames, base: dict, repeats: int = 20) -> dict:
@@ -169,6 +187,182 @@ def time_pieces(runner, frames, base: dict, repeats: int = 20) -> dict:
     return out
 
 
+def spec_engine(runner, norm_stats, mode: str, target: float, ref, base: dict, seed: int):
+    """An engine of ``mode`` with the oracle chain draft tuned to acceptance ``target``."""
+    depth = runner.action_dim - 2
+    rate = acceptance_error_rate(target, depth, runner.action_dim)
+    draft = OracleDrafter(ref.__getitem__, runner.action_dim, rate, seed=seed)
+    ecfg = EngineConfig(mode=mode, tree_depth=depth, tree_top_k=1, tree_max_nodes=depth + 1,
+                        **base)
+    return Engine(runner, norm_stats, ecfg, draft=draft)
+
+
+def run_table(args, model, cfg, norm_stats, key, baselines, report) -> list:
+    """Every (mode, graphs, streams) row, the baselines measured in the same run."""
+    graph_settings = [g.strip() == 'on' for g in args.graphs.split(',')]
+    groups = set(args.rows.split(','))
+    rows: list[tuple[str, bool, int, BenchRow]] = []
+    failures = report['failures']
+
+    def attempt(label, make_row):
+        try:
+            row = make_row()
+        except Exception as exc:    # noqa: BLE001 - recorded in the table's failures
+            failures.append(f'{label}: {type(exc).__name__}: {exc}')
+            print(failures[-1], flush=True)
+            return None
+        print(label, row, flush=True)
+        return row
+
+    runner = None
+    for use_graphs in graph_settings:
+        runner = build_runner(model, cfg, args.device, args.dtype, args.seed, use_graphs)
+        base = dict(device=args.device, dtype=args.dtype, use_cuda_graphs=use_graphs)
+        label = 'graphs' if use_graphs else 'eager'
+        report['checks'][label] = check_fast_paths(
+            runner, norm_stats, make_frames(4, cfg.image_size, args.seed + 7, key), base,
+            baselines['hf'])
+        print(f'token agreement with the plain AR reference ({label}):',
+              report['checks'][label], flush=True)
+        report['pieces_ms'][label] = time_pieces(runner, make_frames(2, cfg.image_size, 3, key),
+                                                 base)
+        print(f'ms per piece ({label}):', report['pieces_ms'][label], flush=True)
+        for streams in [int(s) for s in args.streams.split(',')]:
+            frames = make_frames(args.frames + args.warmup, cfg.image_size, args.seed, key,
+                                 streams)
+            # Request ids of a fresh engine index ``ref`` (warm-up frames are submitted first).
+            ref = reference_tokens(runner, frames,
+                                   EngineConfig(**{**base, 'use_cuda_graphs': False}))
+            if use_graphs == graph_settings[0]:     # the baselines, once per stream count
+                for name, baseline in baselines.items():
+                    row = attempt(f'{name} {streams} streams',
+                                  lambda b=baseline: bench_hf(b, frames, args.warmup))
+                    if row is not None:
+                        row.mode = name
+                        rows.append((name, False, streams, row))
+            for mode in [m for m in ('ar', 'pipeline') if m in groups]:
+                row = attempt(f'{mode} graphs={use_graphs} streams={streams}',
+                              lambda m=mode: bench_engine(Engine(
+                                  runner, norm_stats, EngineConfig(mode=m, **base)),
+                                  frames, args.warmup))
+                if row is not None:
+                    rows.append((mode, use_graphs, streams, row))
+            for target in TARGET_ACCEPTANCE if 'oracle' in groups else ():
+                for mode in ('spec', 'pipeline_spec'):
+                    row = attempt(f'{mode}@{target} graphs={use_graphs} streams={streams}',
+                                  lambda m=mode, t=target: bench_engine(spec_engine(
+                                      runner, norm_stats, m, t, ref, base, args.seed),
+                                      frames, args.warmup))
+                    if row is not None:
+                        row.mode = f'{mode}@{target}'
+                        rows.append((row.mode, use_graphs, streams, row))
+            for mode in ('spec', 'pipeline_spec') if 'eagle' in groups else ():
+                from vla_spec_ros.engine.drafter import load_draft_for
+                ecfg = EngineConfig(mode=mode, draft_path='random', **base)
+                engine = Engine(runner, norm_stats, ecfg, draft=load_draft_for(runner, ecfg, None))
+                row = attempt(f'{mode}+eagle graphs={use_graphs} streams={streams}',
+                              lambda e=engine: bench_engine(e, frames, args.warmup))
+                if row is not None:
+                    row.mode = f'{mode}+eagle(random head)'
+                    rows.append((row.mode, use_graphs, streams, row))
+            print(f'{label}, {streams} stream(s) done', flush=True)
+    records = []
+    for m, g, s, r in rows:
+        anchors = {name: next((x for mm, _, ss, x in rows if mm == name and ss == s), None)
+                   for name in baselines}
+        hf = anchors.get('hf')
+        if hf is not None:
+            r.ratio_vs_hf = r.actions_per_s / hf.actions_per_s
+            r.latency_ratio_vs_hf = r.latency_p50_ms / hf.latency_p50_ms
+        compiled = anchors.get('hf_compiled')
+        records.append({'graphs': g, 'streams': s, **asdict(r), **roofline(runner, r),
+                        'ratio_vs_hf_compiled': r.actions_per_s / compiled.actions_per_s
+                        if compiled is not None else float('nan')})
+    return records
+
+
+def format_table(records: list) -> str:
+    lines = ['| mode | graphs | streams | actions/s | ×HF eager | ×HF compiled | ms/action | '
+             '×AR floor | p50 ms | p99 ms | p50 ×HF | p50 ×floor | fwd/action | accept len | '
+             'ms/step | host ms/step | vision / verifier / draft ms | GB/s | TFLOP/s | '
+             'of compute-bound |', '|' + '---|' * 20]
+    for r in records:
+        lines.append(
+            f'| {r["mode"]} | {"on" if r["graphs"] else "off"} | {r["streams"]} | '
+            f'{r["actions_per_s"]:.2f} | {r["ratio_vs_hf"]:.2f} | '
+            f'{r["ratio_vs_hf_compiled"]:.2f} | {r["ms_per_action"]:.1f} | '
+            f'{r["x_ar_floor"]:.2f} | {r["latency_p50_ms"]:.1f} | {r["latency_p99_ms"]:.1f} | '
+            f'{r["latency_ratio_vs_hf"]:.2f} | {r["x_latency_floor"]:.2f} | '
+            f'{r["forwards_per_action"]:.2f} | {r["acceptance_length"]:.2f} | '
+            f'{r["step_ms"]:.2f} | {r["host_ms"]:.2f} | {r["vision_ms"]:.1f} / '
+            f'{r["verifier_ms"]:.1f} / {r["draft_ms"]:.1f} | {r["bandwidth_GBps"]:.0f} | '
+            f'{r["tflops"]:.2f} | {100 * r["of_compute_bound"]:.0f} % |')
+    return '\n'.join(lines)
+
+
+def run_fidelity(args, model, cfg, norm_stats, key, hf) -> dict:
+    """Bin-distance histograms of every mode (kernels off / on) against HF eager."""
+    from gpu_fidelity import bin_distance_histogram, tokens_per_frame
+    frames = make_frames(args.fidelity_frames, cfg.image_size, args.seed + 1000, key)
+    hf_tokens = [tuple(hf.generate_tokens(f.image, f.instruction)) for f in frames]
+    use_graphs = args.graphs.split(',')[0].strip() == 'on'
+    results = {}
+    for kernels in args.fidelity_kernels.split(','):
+        runner = build_runner(model, cfg, args.device, args.dtype, args.seed, use_graphs,
+                              use_kernels=kernels)
+        at = runner.action_tokenizer
+        base = dict(device=args.device, dtype=args.dtype, use_cuda_graphs=use_graphs,
+                    use_kernels=kernels)
+        ref = None
+        for mode in ('ar', 'pipeline', 'spec', 'pipeline_spec'):
+            label = f'{mode} kernels={kernels} graphs={"on" if use_graphs else "off"}'
+            try:
+                engine = Engine(runner, norm_stats, EngineConfig(mode=mode, **base)) \
+                    if ref is None or mode in ('ar', 'pipeline') else \
+                    spec_engine(runner, norm_stats, mode, 3.0, ref, base, args.seed)
+                got = tokens_per_frame(_run_all(engine, frames))
+            except RuntimeError as exc:
+                results[label] = str(exc)
+                continue
+            if mode == 'ar':
+                ref = got          # the oracle drafts this kernel setting's own AR tokens
+            results[label] = bin_distance_histogram(got, hf_tokens, at.first_action_id,
+                                                    at.last_action_id)
+            print(label, results[label], flush=True)
+    return results
+
+
+def run_profile(args, model, cfg, norm_stats, key, out: Path, stamp: str) -> dict:
+    """torch.profiler over one mode (1 stream): the kernel table by device time."""
+    from torch.profiler import ProfilerActivity, profile
+    use_graphs = args.graphs.split(',')[-1].strip() == 'on'
+    runner = build_runner(model, cfg, args.device, args.dtype, args.seed, use_graphs)
+    base = dict(device=args.device, dtype=args.dtype, use_cuda_graphs=use_graphs)
+    frames = make_frames(args.warmup + 8, cfg.image_size, args.seed, key)
+    mode = args.profile_mode
+    if '@' in mode:
+        name, target = mode.split('@')
+        ref = reference_tokens(runner, frames, EngineConfig(**{**base, 'use_cuda_graphs': False}))
+        engine = spec_engine(runner, norm_stats, name, float(target), ref, base, args.seed)
+    else:
+        engine = Engine(runner, norm_stats, EngineConfig(mode=mode, **base))
+    engine.capture_graphs(frames[0])
+    _run_all(engine, frames[:args.warmup])
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA]
+                                           if runner.device.type == 'cuda' else [])
+    with profile(activities=activities) as prof:
+        _run_all(engine, frames[args.warmup:])
+        if runner.device.type == 'cuda':
+            torch.cuda.synchronize()
+    sort = 'self_device_time_total' if runner.device.type == 'cuda' else 'self_cpu_time_total'
+    table = prof.key_averages().table(sort_by=sort, row_limit=40)
+    path = out / f'profile-{args.preset}-{mode.replace("@", "_at_")}-{stamp}.txt'
+    path.write_text(f'mode {mode}, graphs {"on" if use_graphs else "off"}, 8 frames, '
+                    f'1 stream\n\n{table}\n')
+    print(table, flush=True)
+    return {'mode': mode, 'graphs': use_graphs, 'table_file': path.name}
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
     ap.add_argument('--preset', default='tiny')
@@ -184,118 +378,64 @@ def main(argv=None) -> int:
                     help='row groups besides HF: ar, pipeline, oracle (spec modes with the '
                     'oracle draft), eagle (spec modes with a random EAGLE head at the default '
                     'tree: acceptance near 1, it measures what drafting costs)')
+    ap.add_argument('--baselines', default='eager,compiled',
+                    help='HF baselines: eager, compiled (static cache + torch.compile)')
+    ap.add_argument('--parts', default='table', help='table, fidelity, profile (any of)')
+    ap.add_argument('--fidelity-frames', type=int, default=200)
+    ap.add_argument('--fidelity-kernels', default='off,on')
+    ap.add_argument('--profile-mode', default='pipeline_spec@3.0')
     ap.add_argument('--out', default=str(Path(__file__).parent / 'results'))
     args = ap.parse_args(argv)
     if args.device.startswith('cuda') and not torch.cuda.is_available():
         print('--device cuda requested but CUDA is not available', file=sys.stderr)
         return 2
+    parts = set(args.parts.split(','))
+    unknown = parts - {'table', 'fidelity', 'profile'}
+    if unknown:
+        print(f'--parts: unknown {sorted(unknown)}', file=sys.stderr)
+        return 2
     model, cfg = build_model(args.preset, args.device, args.dtype, args.seed)
     norm_stats = synthetic_norm_stats(cfg.action_dim)
     key = sorted(norm_stats)[0]
-    graph_settings = [g.strip() == 'on' for g in args.graphs.split(',')]
-    stream_counts = [int(s) for s in args.streams.split(',')]
-    checks, pieces = {}, {}
-    rows: list[tuple[str, bool, int, BenchRow]] = []
-    failures = []
-    # The HF baseline is built first, before any graph capture, on an eager runner of the same
-    # weights (its weights are copied into transformers' Llama).
-    from vla_spec_ros.baseline import HFBaseline
-    hf = HFBaseline(build_runner(model, cfg, args.device, args.dtype, args.seed, False),
-                    EngineConfig(device=args.device, dtype=args.dtype))
-    for use_graphs in graph_settings:
-        runner = build_runner(model, cfg, args.device, args.dtype, args.seed, use_graphs)
-        base = dict(device=args.device, dtype=args.dtype, use_cuda_graphs=use_graphs)
-        label = 'graphs' if use_graphs else 'eager'
-        checks[label] = check_fast_paths(
-            runner, norm_stats, make_frames(4, cfg.image_size, args.seed + 7, key), base, hf)
-        print(f'token agreement with the plain AR reference ({label}):', checks[label],
-              flush=True)
-        pieces[label] = time_pieces(runner, make_frames(2, cfg.image_size, 3, key), base)
-        print(f'ms per piece ({label}):', pieces[label], flush=True)
-        for streams in stream_counts:
-            frames = make_frames(args.frames + args.warmup, cfg.image_size, args.seed, key,
-                                 streams)
-            # Request ids of a fresh engine index ``ref`` (warm-up frames are submitted first).
-            ref = reference_tokens(runner, frames,
-                                   EngineConfig(**{**base, 'use_cuda_graphs': False}))
-            if use_graphs == graph_settings[0]:     # the baseline, once per run
-                rows.append(('hf', False, streams, bench_hf(hf, frames, args.warmup)))
-            groups = set(args.rows.split(','))
-            for mode in [m for m in ('ar', 'pipeline') if m in groups]:
-                try:
-                    row = bench_engine(Engine(runner, norm_stats,
-                                              EngineConfig(mode=mode, **base)),
-                                       frames, args.warmup)
-                except RuntimeError as exc:
-                    failures.append(f'{mode} graphs={use_graphs}: {exc}')
-                    print(failures[-1], flush=True)
-                    continue
-                rows.append((mode, use_graphs, streams, row))
-                print(row, flush=True)
-            depth = runner.action_dim - 2
-            for target in TARGET_ACCEPTANCE if 'oracle' in groups else ():
-                for mode in ('spec', 'pipeline_spec'):
-                    rate = acceptance_error_rate(target, depth, runner.action_dim)
-                    draft = OracleDrafter(ref.__getitem__, runner.action_dim, rate,
-                                          seed=args.seed)
-                    ecfg = EngineConfig(mode=mode, tree_depth=depth, tree_top_k=1,
-                                        tree_max_nodes=depth + 1, **base)
-                    try:
-                        row = bench_engine(Engine(runner, norm_stats, ecfg, draft=draft),
-                                           frames, args.warmup)
-                    except RuntimeError as exc:
-                        failures.append(f'{mode}@{target} graphs={use_graphs}: {exc}')
-                        print(failures[-1], flush=True)
-                        continue
-                    row.mode = f'{mode}@{target}'
-                    rows.append((row.mode, use_graphs, streams, row))
-                    print(row, flush=True)
-            for mode in ('spec', 'pipeline_spec') if 'eagle' in groups else ():
-                from vla_spec_ros.engine.drafter import load_draft_for
-                ecfg = EngineConfig(mode=mode, draft_path='random', **base)
-                engine = Engine(runner, norm_stats, ecfg, draft=load_draft_for(runner, ecfg, None))
-                row = bench_engine(engine, frames, args.warmup)
-                row.mode = f'{mode}+eagle(random head)'
-                rows.append((row.mode, use_graphs, streams, row))
-                print(row, flush=True)
-            print(f'{label}, {streams} stream(s) done', flush=True)
-    for streams in stream_counts:
-        hf = next(r for m, g, s, r in rows if m == 'hf' and s == streams)
-        for m, g, s, r in rows:
-            if s == streams:
-                r.ratio_vs_hf = r.actions_per_s / hf.actions_per_s
-                r.latency_ratio_vs_hf = r.latency_p50_ms / hf.latency_p50_ms
-    lines = ['| mode | graphs | streams | actions/s | ×HF | ms/action | p50 ms | p99 ms | '
-             'p50 ×HF | fwd/action | accept len | ms/step | host ms/step | '
-             'vision / verifier / draft ms | GB/s | TFLOP/s |', '|' + '---|' * 16]
-    records = []
-    for m, g, s, r in rows:
-        rf = roofline(runner, r)
-        records.append({'graphs': g, 'streams': s, **asdict(r), **rf})
-        lines.append(f'| {m} | {"on" if g else "off"} | {s} | {r.actions_per_s:.2f} | '
-                     f'{r.ratio_vs_hf:.2f} | {rf["ms_per_action"]:.1f} | '
-                     f'{r.latency_p50_ms:.1f} | {r.latency_p99_ms:.1f} | '
-                     f'{r.latency_ratio_vs_hf:.2f} | {r.forwards_per_action:.2f} | '
-                     f'{r.acceptance_length:.2f} | {r.step_ms:.2f} | {r.host_ms:.2f} | '
-                     f'{r.vision_ms:.1f} / {r.verifier_ms:.1f} / {r.draft_ms:.1f} | '
-                     f'{rf["bandwidth_GBps"]:.0f} | {rf["tflops"]:.2f} |')
-    table = '\n'.join(lines)
-    print(table)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     stamp = time.strftime('%Y%m%d-%H%M%S')
+    report = {'checks': {}, 'pieces_ms': {}, 'failures': []}
+    # The HF baselines are built first, before any graph capture, on an eager runner of the
+    # same weights (its weights are copied into transformers' Llama).
+    from vla_spec_ros.baseline import HFBaseline
+    eager_runner = build_runner(model, cfg, args.device, args.dtype, args.seed, False)
+    engine_cfg = EngineConfig(device=args.device, dtype=args.dtype)
+    baselines, hf_model = {}, None
+    for variant in args.baselines.split(','):
+        baseline = HFBaseline(eager_runner, engine_cfg, variant=variant, hf_model=hf_model)
+        hf_model = baseline.model                  # one weight copy for both baselines
+        baselines[baseline.label] = baseline
+    records = run_table(args, model, cfg, norm_stats, key, baselines, report) \
+        if 'table' in parts else []
+    fidelity = run_fidelity(args, model, cfg, norm_stats, key, baselines['hf']) \
+        if 'fidelity' in parts else {}
+    profiled = run_profile(args, model, cfg, norm_stats, key, out, stamp) \
+        if 'profile' in parts else {}
+    table = format_table(records) if records else ''
+    from gpu_fidelity import format_histogram_rows
+    fidelity_table = format_histogram_rows(fidelity) if fidelity else ''
+    print(table)
+    print(fidelity_table)
     command = 'python bench/gpu.py ' + ' '.join(argv if argv is not None else sys.argv[1:])
     record = {'command': command, 'preset': args.preset, 'device': args.device,
-              'dtype': args.dtype, 'environment': environment(), 'checks': checks,
-              'pieces_ms': pieces, 'floor_ms': FLOOR_MS, 'failures': failures,
-              'rows': records}
-    (out / f'gpu-{args.preset}-{args.device}-{stamp}.json').write_text(
-        json.dumps(record, indent=2))
-    (out / f'gpu-{args.preset}-{args.device}-{stamp}.md').write_text(
+              'dtype': args.dtype, 'environment': environment(), **report,
+              'floor_ms': FLOOR_MS, 'rows': records, 'fidelity': fidelity,
+              'profile': profiled}
+    name = f'gpu-{args.preset}-{args.device}-{stamp}'
+    (out / f'{name}.json').write_text(json.dumps(record, indent=2))
+    (out / f'{name}.md').write_text(
         f'command: `{command}`\n\n{json.dumps(record["environment"])}\n\n'
-        f'token agreement with the plain AR reference: {checks}\n\n'
-        f'ms per piece (median): {json.dumps(pieces)}\n\nfailures: {failures}\n\n'
-        f'{table}\n')
+        f'token agreement with the plain AR reference: {report["checks"]}\n\n'
+        f'ms per piece (median): {json.dumps(report["pieces_ms"])}\n\n'
+        f'failures: {report["failures"]}\n\n{table}\n\n'
+        + (f'bin distance against HF eager, {args.fidelity_frames} frames:\n\n'
+           f'{fidelity_table}\n' if fidelity else ''))
     return 0
 
 

@@ -95,6 +95,26 @@ def test_greedy_tokens_identical_float64(policies, baselines, seed, instruction)
     assert list(result.tokens) == expected
 
 
+def test_compiled_baseline_static_cache_gives_the_eager_tokens(policies, baselines):
+    """The "compiled" HF baseline (one StaticCache reset per frame, generate's compiled
+    decode; here through torch.compile's "eager" backend so it runs on a CPU) decodes the
+    same tokens as eager HF, frame after frame with prompts of different lengths."""
+    policy = policies['float64']
+    compiled = HFBaseline(policy.engine.runner, policy.config, variant='compiled',
+                          compile_backend='eager')
+    assert compiled.label == 'hf_compiled'
+    for seed in range(3):
+        image, instruction = _image(40 + seed), INSTRUCTIONS[seed]
+        assert compiled.generate_tokens(image, instruction) == \
+            baselines['float64'].generate_tokens(image, instruction)
+
+
+def test_baseline_variant_is_checked(policies):
+    with pytest.raises(ValueError, match='variant'):
+        HFBaseline(policies['float32'].engine.runner, policies['float32'].config,
+                   variant='fast')
+
+
 def _hf_rmsnorm_forward(self, x):
     # transformers' LlamaRMSNorm arithmetic: normalise in float32, scale in the input dtype.
     h = x.to(torch.float32)

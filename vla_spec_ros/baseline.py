@@ -5,6 +5,16 @@ The same weights run in ``transformers.LlamaForCausalLM``; our vision towers + p
 run here). Decoding is ``generate(max_new_tokens=action_dim, do_sample=False)`` as OpenVLA's
 ``predict_action`` does, with EOS disabled so exactly ``action_dim`` tokens come out (the AR
 reference never stops early either).
+
+Two variants, both baselines (speed tables report a ratio against each):
+- ``eager``: ``generate`` with its default dynamic KV cache, as OpenVLA ships.
+- ``compiled``: what transformers' own performance guide prescribes for fast decoding, a
+  ``StaticCache`` of fixed length (allocated once, reset per frame: one shape for every
+  prompt, so one compilation) and ``torch.compile`` of the decode forward, which ``generate``
+  applies itself when the cache is static (``CompileConfig``: inductor, "reduce-overhead",
+  i.e. CUDA graphs). ``generate`` compiles only on accelerators unless the compile config
+  says otherwise; ``compile_backend`` lets CPU tests run the same static-cache path through a
+  cheap backend.
 """
 from __future__ import annotations
 
@@ -46,24 +56,57 @@ def build_hf_llama(runner: ModelRunner, attn_implementation: str = 'sdpa'):
     return hf.to(device=runner.device, dtype=runner.dtype).eval()
 
 
+VARIANTS = ('eager', 'compiled')
+
+
 class HFBaseline:
     """Greedy ``generate`` on transformers' Llama, fed our multimodal prompt embeddings."""
 
-    def __init__(self, runner: ModelRunner, engine_config, attn_implementation: str = 'sdpa'):
+    def __init__(self, runner: ModelRunner, engine_config, attn_implementation: str = 'sdpa',
+                 variant: str = 'eager', max_prompt_len: int | None = None,
+                 compile_backend: str = 'inductor', hf_model=None):
+        """``hf_model``: an existing ``build_hf_llama`` copy to share (a 7B copy is 15 GB;
+        the eager and compiled baselines can run on one: only ``generate``'s cache differs)."""
+        if variant not in VARIANTS:
+            raise ValueError(f'HFBaseline variant must be one of {VARIANTS}, got {variant!r}')
         self.runner = runner
         self.engine_config = engine_config
-        self.model = build_hf_llama(runner, attn_implementation)
+        self.variant = variant
+        self.model = hf_model if hf_model is not None else build_hf_llama(runner,
+                                                                          attn_implementation)
+        self._generate_kwargs = {}
+        if variant == 'compiled':
+            from transformers import StaticCache
+            from transformers.generation.configuration_utils import CompileConfig
+            max_prompt_len = max_prompt_len or runner.max_prefix_len(
+                engine_config.max_instruction_tokens)
+            self.cache = StaticCache(config=self.model.config,
+                                     max_cache_len=max_prompt_len + runner.action_dim)
+            compile_config = CompileConfig(fullgraph=True, mode='reduce-overhead',
+                                           backend=compile_backend)
+            # generate() compiles only on accelerators unless told to compile everywhere
+            # (transformers' own switch for this; CPU tests use a cheap backend).
+            compile_config._compile_all_devices = True
+            self._generate_kwargs = {'past_key_values': self.cache,
+                                     'compile_config': compile_config}
+
+    @property
+    def label(self) -> str:
+        return 'hf' if self.variant == 'eager' else 'hf_compiled'
 
     @torch.no_grad()
     def generate_tokens(self, image: np.ndarray, instruction: str) -> list[int]:
         prompt = self.runner.prepare_prompt(Frame(image, instruction), self.engine_config)
         embeds = prompt.embeds[None]
         mask = torch.ones(embeds.shape[:2], dtype=torch.long, device=embeds.device)
+        if self.variant == 'compiled':
+            self.cache.reset()          # the one static cache, reused frame after frame
         out = self.model.generate(inputs_embeds=embeds, attention_mask=mask,
                                   max_new_tokens=self.runner.action_dim,
                                   do_sample=False,
                                   num_beams=1, eos_token_id=None,
-                                  pad_token_id=self.runner.cfg.pad_token_id)
+                                  pad_token_id=self.runner.cfg.pad_token_id,
+                                  **self._generate_kwargs)
         return [int(t) for t in out[0, -self.runner.action_dim:]]
 
     def timed(self, image: np.ndarray, instruction: str) -> tuple[list[int], float]:

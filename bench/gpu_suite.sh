@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# Everything a GPU machine is for, from a bare checkout, in parts that each fit one session's
+# command budget (a 7B model is built once per part):
+#
+#   bash bench/gpu_suite.sh tests     CUDA kernel / CUDA-graph tests + the Triton kernel sweep
+#   bash bench/gpu_suite.sh table-on  7B table, CUDA graphs on, 1 and 4 streams, + profile
+#   bash bench/gpu_suite.sh table-off 7B table, CUDA graphs off, 1 and 4 streams
+#   bash bench/gpu_suite.sh fidelity  bf16 bin distance vs HF eager, 200 frames, kernels off/on
+#
+# Several parts may be given at once (``table-on tests``). Results go to $RESULTS (default
+# bench/results/gpu); each part's log is written beside them. With SUITE_SECONDS=N the parts
+# share N seconds: each runs under what is left (a part cut short still leaves its log), and
+# a part with less than a minute left is skipped. Needs torch with CUDA,
+# transformers, triton, numpy, safetensors, tokenizers and pytest (the GPU machine's image
+# has them); nothing is installed.
+set -u -o pipefail
+RESULTS=${RESULTS:-bench/results/gpu}
+mkdir -p "$RESULTS"
+# The source tree keeps the Triton kernels in kernels/, installed as vla_spec_ros.kernels.
+[ -e vla_spec_ros/kernels ] || ln -s ../kernels vla_spec_ros/kernels
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
+nvidia-smi --query-gpu=name,driver_version,memory.used,memory.total,clocks.sm,power.draw \
+    --format=csv 2>&1 | tee "$RESULTS/nvidia-smi.txt"
+GPU="python3 bench/gpu.py --preset openvla-7b --device cuda --dtype bfloat16 --out $RESULTS"
+status=0
+suite_start=$(date +%s)
+for part in "$@"; do
+    start=$(date +%s)
+    limit=""
+    if [ "${SUITE_SECONDS:-0}" -gt 0 ]; then
+        left=$(( SUITE_SECONDS - (start - suite_start) ))
+        if [ "$left" -lt 60 ]; then echo "== part $part skipped: ${left} s left"; status=1; continue; fi
+        limit="timeout $left"
+    fi
+    case "$part" in
+        tests)
+            $limit python3 -m pytest -q -p no:cacheprovider test/test_kernels.py \
+                test/test_engine_kernels.py test/test_cuda_graphs.py 2>&1 \
+                | tee "$RESULTS/log-tests.txt" || status=1
+            $limit python3 bench/kernels_sweep.py 2>&1 | tee "$RESULTS/kernels-sweep.txt" || status=1 ;;
+        table-on)
+            $limit $GPU --graphs on --frames 16 --warmup 8 --parts table,profile 2>&1 \
+                | tee "$RESULTS/log-table-on.txt" || status=1 ;;
+        table-off)
+            $limit $GPU --graphs off --frames 12 --warmup 6 --parts table 2>&1 \
+                | tee "$RESULTS/log-table-off.txt" || status=1 ;;
+        fidelity)
+            $limit $GPU --graphs on --parts fidelity --baselines eager --fidelity-frames 200 2>&1 \
+                | tee "$RESULTS/log-fidelity.txt" || status=1 ;;
+        *) echo "unknown part: $part (tests, table-on, table-off, fidelity)"; exit 2 ;;
+    esac
+    echo "== part $part: $(( $(date +%s) - start )) s"
+done
+exit $status
