@@ -180,6 +180,9 @@ def time_pieces(runner, frames, base: dict, repeats: int = 20) -> dict:
             sync()
             times.append((time.perf_counter() - t0) * 1e3)
         return float(np.median(times))
+    from vla_spec_ros.preprocess import preprocess_image
+    out['preprocess'] = median_ms(lambda: preprocess_image(
+        frames[0].image, runner.cfg, dtype=runner.dtype, device=runner.device))
     out['vision+prompt'] = median_ms(lambda: runner.prepare_prompt(frames[0],
                                                                    EngineConfig(**base)))
     for name, (step, embeds) in steps.items():
@@ -203,6 +206,7 @@ def run_table(args, model, cfg, norm_stats, key, baselines, report) -> list:
     groups = set(args.rows.split(','))
     rows: list[tuple[str, bool, int, BenchRow]] = []
     failures = report['failures']
+    progress = []
 
     def attempt(label, make_row):
         try:
@@ -212,6 +216,9 @@ def run_table(args, model, cfg, norm_stats, key, baselines, report) -> list:
             print(failures[-1], flush=True)
             return None
         print(label, row, flush=True)
+        progress.append({'label': label, **asdict(row)})
+        if args.progress_file:          # what a run cut short still leaves behind
+            Path(args.progress_file).write_text(json.dumps(progress, indent=1))
         return row
 
     runner = None
@@ -332,6 +339,32 @@ def run_fidelity(args, model, cfg, norm_stats, key, hf) -> dict:
     return results
 
 
+def run_thread_sweep(args, model, cfg, norm_stats, key) -> dict:
+    """Host threads against step cost: the model pieces and a pipeline row (CUDA graphs as
+    the last ``--graphs`` setting, 1 stream) at each ``--thread-sweep`` intra-op thread count.
+    The host's share of a step (preprocessing, launches) is small arithmetic on which many
+    threads can cost more than they save."""
+    use_graphs = args.graphs.split(',')[-1].strip() == 'on'
+    runner = build_runner(model, cfg, args.device, args.dtype, args.seed, use_graphs)
+    base = dict(device=args.device, dtype=args.dtype, use_cuda_graphs=use_graphs)
+    frames = make_frames(args.frames + args.warmup, cfg.image_size, args.seed, key)
+    previous = torch.get_num_threads()
+    out = {}
+    try:
+        for threads in [int(t) for t in args.thread_sweep.split(',')]:
+            torch.set_num_threads(threads)
+            pieces = time_pieces(runner, make_frames(2, cfg.image_size, 3, key), base)
+            row = bench_engine(Engine(runner, norm_stats, EngineConfig(mode='pipeline', **base)),
+                               frames, args.warmup)
+            out[threads] = {'pieces_ms': pieces, 'pipeline': asdict(row)}
+            print(f'threads {threads}: pieces {pieces}; pipeline {row.actions_per_s:.1f} '
+                  f'actions/s, {row.step_ms:.2f} ms/step, vision {row.vision_ms:.2f} / '
+                  f'verifier {row.verifier_ms:.2f} / host {row.host_ms:.2f} ms/step', flush=True)
+    finally:
+        torch.set_num_threads(previous)
+    return out
+
+
 def run_profile(args, model, cfg, norm_stats, key, out: Path, stamp: str) -> dict:
     """torch.profiler over one mode (1 stream): the kernel table by device time."""
     from torch.profiler import ProfilerActivity, profile
@@ -380,17 +413,22 @@ def main(argv=None) -> int:
                     'tree: acceptance near 1, it measures what drafting costs)')
     ap.add_argument('--baselines', default='eager,compiled',
                     help='HF baselines: eager, compiled (static cache + torch.compile)')
-    ap.add_argument('--parts', default='table', help='table, fidelity, profile (any of)')
+    ap.add_argument('--parts', default='table',
+                    help='table, fidelity, profile, threads (any of)')
+    ap.add_argument('--thread-sweep', default='16,4,1',
+                    help='intra-op thread counts of the threads part')
     ap.add_argument('--fidelity-frames', type=int, default=200)
     ap.add_argument('--fidelity-kernels', default='off,on')
     ap.add_argument('--profile-mode', default='pipeline_spec@3.0')
     ap.add_argument('--out', default=str(Path(__file__).parent / 'results'))
+    ap.add_argument('--progress-file', default='',
+                    help='rewrite this JSON after every timed row (kept if the run is cut)')
     args = ap.parse_args(argv)
     if args.device.startswith('cuda') and not torch.cuda.is_available():
         print('--device cuda requested but CUDA is not available', file=sys.stderr)
         return 2
     parts = set(args.parts.split(','))
-    unknown = parts - {'table', 'fidelity', 'profile'}
+    unknown = parts - {'table', 'fidelity', 'profile', 'threads'}
     if unknown:
         print(f'--parts: unknown {sorted(unknown)}', file=sys.stderr)
         return 2
@@ -413,6 +451,8 @@ def main(argv=None) -> int:
         baselines[baseline.label] = baseline
     records = run_table(args, model, cfg, norm_stats, key, baselines, report) \
         if 'table' in parts else []
+    threads = run_thread_sweep(args, model, cfg, norm_stats, key) \
+        if 'threads' in parts else {}
     fidelity = run_fidelity(args, model, cfg, norm_stats, key, baselines['hf']) \
         if 'fidelity' in parts else {}
     profiled = run_profile(args, model, cfg, norm_stats, key, out, stamp) \
@@ -426,7 +466,7 @@ def main(argv=None) -> int:
     record = {'command': command, 'preset': args.preset, 'device': args.device,
               'dtype': args.dtype, 'environment': environment(), **report,
               'floor_ms': FLOOR_MS, 'rows': records, 'fidelity': fidelity,
-              'profile': profiled}
+              'profile': profiled, 'threads': threads}
     name = f'gpu-{args.preset}-{args.device}-{stamp}'
     (out / f'{name}.json').write_text(json.dumps(record, indent=2))
     (out / f'{name}.md').write_text(

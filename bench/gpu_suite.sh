@@ -3,9 +3,11 @@
 # command budget (a 7B model is built once per part):
 #
 #   bash bench/gpu_suite.sh tests     CUDA kernel / CUDA-graph tests + the Triton kernel sweep
+#   bash bench/gpu_suite.sh graph-tests  the CUDA-graph tests alone
 #   bash bench/gpu_suite.sh table-on  7B table, CUDA graphs on, 1 and 4 streams, + profile
 #   bash bench/gpu_suite.sh table-off 7B table, CUDA graphs off, 1 and 4 streams
-#   bash bench/gpu_suite.sh fidelity  bf16 bin distance vs HF eager, 200 frames, kernels off/on
+#   bash bench/gpu_suite.sh fidelity  host-thread sweep, then the bf16 bin distance vs HF eager,
+#                                     200 frames, kernels off/on
 #
 # Several parts may be given at once (``table-on tests``). Results go to $RESULTS (default
 # bench/results/gpu); each part's log is written beside them. With SUITE_SECONDS=N the parts
@@ -38,16 +40,22 @@ for part in "$@"; do
                 test/test_engine_kernels.py test/test_cuda_graphs.py 2>&1 \
                 | tee "$RESULTS/log-tests.txt" || status=1
             $limit python3 bench/kernels_sweep.py 2>&1 | tee "$RESULTS/kernels-sweep.txt" || status=1 ;;
+        graph-tests)
+            $limit python3 -m pytest -q -p no:cacheprovider test/test_cuda_graphs.py 2>&1 \
+                | tee "$RESULTS/log-graph-tests.txt" || status=1 ;;
         table-on)
-            $limit $GPU --graphs on --frames 16 --warmup 8 --parts table,profile 2>&1 \
+            $limit $GPU --graphs on --frames 16 --warmup 8 --parts table,profile \
+                --progress-file "$RESULTS/rows-table-on.json" 2>&1 \
                 | tee "$RESULTS/log-table-on.txt" || status=1 ;;
         table-off)
-            $limit $GPU --graphs off --frames 12 --warmup 6 --parts table 2>&1 \
+            $limit $GPU --graphs off --frames 12 --warmup 6 --parts table \
+                --progress-file "$RESULTS/rows-table-off.json" 2>&1 \
                 | tee "$RESULTS/log-table-off.txt" || status=1 ;;
         fidelity)
-            $limit $GPU --graphs on --parts fidelity --baselines eager --fidelity-frames 200 2>&1 \
+            $limit $GPU --graphs on --parts threads,fidelity --baselines eager \
+                --fidelity-frames 200 --frames 12 --warmup 6 2>&1 \
                 | tee "$RESULTS/log-fidelity.txt" || status=1 ;;
-        *) echo "unknown part: $part (tests, table-on, table-off, fidelity)"; exit 2 ;;
+        *) echo "unknown part: $part (tests, graph-tests, table-on, table-off, fidelity)"; exit 2 ;;
     esac
     echo "== part $part: $(( $(date +%s) - start )) s"
 done

@@ -178,7 +178,11 @@ class GraphedFunction:
     def is_captured(self) -> bool:
         return self.graph is not None
 
+    @inference_mode
     def __call__(self, inputs: dict) -> dict:
+        # Always under inference mode: static tensors made in it are inference tensors, and
+        # an in-place copy into one outside it is refused (a graph captured inside a step,
+        # then replayed from ``Engine.capture_graphs`` outside it, failed that way).
         if self.graph is not None:
             for name, tensor in inputs.items():
                 self.static_inputs[name].copy_(tensor)
