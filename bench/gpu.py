@@ -221,6 +221,14 @@ def run_table(args, model, cfg, norm_stats, key, baselines, report) -> list:
             Path(args.progress_file).write_text(json.dumps(progress, indent=1))
         return row
 
+    def bench_baseline(name, streams, frames):
+        if name in baselines:
+            row = attempt(f'{name} {streams} streams',
+                          lambda: bench_hf(baselines[name], frames, args.warmup))
+            if row is not None:
+                row.mode = name
+                rows.append((name, False, streams, row))
+
     runner = None
     for use_graphs in graph_settings:
         runner = build_runner(model, cfg, args.device, args.dtype, args.seed, use_graphs)
@@ -240,13 +248,8 @@ def run_table(args, model, cfg, norm_stats, key, baselines, report) -> list:
             # Request ids of a fresh engine index ``ref`` (warm-up frames are submitted first).
             ref = reference_tokens(runner, frames,
                                    EngineConfig(**{**base, 'use_cuda_graphs': False}))
-            if use_graphs == graph_settings[0]:     # the baselines, once per stream count
-                for name, baseline in baselines.items():
-                    row = attempt(f'{name} {streams} streams',
-                                  lambda b=baseline: bench_hf(b, frames, args.warmup))
-                    if row is not None:
-                        row.mode = name
-                        rows.append((name, False, streams, row))
+            if use_graphs == graph_settings[0]:     # HF eager, once per stream count
+                bench_baseline('hf', streams, frames)
             for mode in [m for m in ('ar', 'pipeline') if m in groups]:
                 row = attempt(f'{mode} graphs={use_graphs} streams={streams}',
                               lambda m=mode: bench_engine(Engine(
@@ -273,6 +276,13 @@ def run_table(args, model, cfg, norm_stats, key, baselines, report) -> list:
                     row.mode = f'{mode}+eagle(random head)'
                     rows.append((row.mode, use_graphs, streams, row))
             print(f'{label}, {streams} stream(s) done', flush=True)
+    # The compiled baseline runs last: torch.compile leaves process-wide state behind
+    # (compile workers, dynamo hooks, its CUDA-graph pool) that slowed every later row's host
+    # work by up to a third when it ran first (bench/README.md).
+    for streams in [int(s) for s in args.streams.split(',')]:
+        bench_baseline('hf_compiled', streams, make_frames(args.frames + args.warmup,
+                                                           cfg.image_size, args.seed, key,
+                                                           streams))
     records = []
     for m, g, s, r in rows:
         anchors = {name: next((x for mm, _, ss, x in rows if mm == name and ss == s), None)

@@ -5,6 +5,7 @@
 #   bash bench/gpu_suite.sh tests     CUDA kernel / CUDA-graph tests + the Triton kernel sweep
 #   bash bench/gpu_suite.sh graph-tests  the CUDA-graph tests alone
 #   bash bench/gpu_suite.sh table-on  7B table, CUDA graphs on, 1 and 4 streams, + profile
+#   bash bench/gpu_suite.sh table     7B table, CUDA graphs on then off, 1 and 4 streams
 #   bash bench/gpu_suite.sh table-off 7B table, CUDA graphs off, 1 and 4 streams
 #   bash bench/gpu_suite.sh fidelity  host-thread sweep, then the bf16 bin distance vs HF eager,
 #                                     200 frames, kernels off/on
@@ -47,6 +48,10 @@ for part in "$@"; do
             $limit $GPU --graphs on --frames 16 --warmup 8 --parts table,profile \
                 --progress-file "$RESULTS/rows-table-on.json" 2>&1 \
                 | tee "$RESULTS/log-table-on.txt" || status=1 ;;
+        table)
+            $limit $GPU --graphs on,off --frames 12 --warmup 6 --parts table \
+                --progress-file "$RESULTS/rows-table.json" 2>&1 \
+                | tee "$RESULTS/log-table.txt" || status=1 ;;
         table-off)
             $limit $GPU --graphs off --frames 12 --warmup 6 --parts table \
                 --progress-file "$RESULTS/rows-table-off.json" 2>&1 \
@@ -55,7 +60,7 @@ for part in "$@"; do
             $limit $GPU --graphs on --parts threads,fidelity --baselines eager \
                 --fidelity-frames 200 --frames 12 --warmup 6 2>&1 \
                 | tee "$RESULTS/log-fidelity.txt" || status=1 ;;
-        *) echo "unknown part: $part (tests, graph-tests, table-on, table-off, fidelity)"; exit 2 ;;
+        *) echo "unknown part: $part (tests, graph-tests, table, table-on, table-off, fidelity)"; exit 2 ;;
     esac
     echo "== part $part: $(( $(date +%s) - start )) s"
 done
