@@ -321,6 +321,11 @@ def run_fidelity(args, model, cfg, norm_stats, key, hf) -> dict:
     """Bin-distance histograms of every mode (kernels off / on) against HF eager."""
     from gpu_fidelity import bin_distance_histogram, tokens_per_frame
     frames = make_frames(args.fidelity_frames, cfg.image_size, args.seed + 1000, key)
+    action_only = args.fidelity_action_only
+    if action_only:         # random weights rarely pick action tokens: restrict both sides
+        from vla_spec_ros.baseline import HFBaseline
+        hf = HFBaseline(hf.runner, hf.engine_config, hf_model=hf.model,
+                        action_tokens_only=True)
     hf_tokens = [tuple(hf.generate_tokens(f.image, f.instruction)) for f in frames]
     use_graphs = args.graphs.split(',')[0].strip() == 'on'
     results = {}
@@ -329,10 +334,11 @@ def run_fidelity(args, model, cfg, norm_stats, key, hf) -> dict:
                               use_kernels=kernels)
         at = runner.action_tokenizer
         base = dict(device=args.device, dtype=args.dtype, use_cuda_graphs=use_graphs,
-                    use_kernels=kernels)
+                    use_kernels=kernels, restrict_to_action_tokens=action_only)
         ref = None
         for mode in ('ar', 'pipeline', 'spec', 'pipeline_spec'):
-            label = f'{mode} kernels={kernels} graphs={"on" if use_graphs else "off"}'
+            label = (f'{mode} kernels={kernels} graphs={"on" if use_graphs else "off"}'
+                     + (' action tokens only' if action_only else ''))
             try:
                 engine = Engine(runner, norm_stats, EngineConfig(mode=mode, **base)) \
                     if ref is None or mode in ('ar', 'pipeline') else \
@@ -429,6 +435,9 @@ def main(argv=None) -> int:
                     help='intra-op thread counts of the threads part')
     ap.add_argument('--fidelity-frames', type=int, default=200)
     ap.add_argument('--fidelity-kernels', default='off,on')
+    ap.add_argument('--fidelity-action-only', action='store_true',
+                    help='greedy over action tokens only, on both sides (random weights '
+                    'rarely choose action tokens, so bin distances need it)')
     ap.add_argument('--profile-mode', default='pipeline_spec@3.0')
     ap.add_argument('--out', default=str(Path(__file__).parent / 'results'))
     ap.add_argument('--progress-file', default='',

@@ -9,6 +9,8 @@
 #   bash bench/gpu_suite.sh table-off 7B table, CUDA graphs off, 1 and 4 streams
 #   bash bench/gpu_suite.sh fidelity  host-thread sweep, then the bf16 bin distance vs HF eager,
 #                                     200 frames, kernels off/on
+#   bash bench/gpu_suite.sh fidelity-bins  the same with greedy over action tokens only on both
+#                                     sides, so that every disagreement has a bin distance
 #
 # Several parts may be given at once (``table-on tests``). Results go to $RESULTS (default
 # bench/results/gpu); each part's log is written beside them. With SUITE_SECONDS=N the parts
@@ -60,7 +62,10 @@ for part in "$@"; do
             $limit $GPU --graphs on --parts threads,fidelity --baselines eager \
                 --fidelity-frames 200 --frames 12 --warmup 6 2>&1 \
                 | tee "$RESULTS/log-fidelity.txt" || status=1 ;;
-        *) echo "unknown part: $part (tests, graph-tests, table, table-on, table-off, fidelity)"; exit 2 ;;
+        fidelity-bins)
+            $limit $GPU --graphs on --parts fidelity --baselines eager --fidelity-frames 200 \
+                --fidelity-action-only 2>&1 | tee "$RESULTS/log-fidelity-bins.txt" || status=1 ;;
+        *) echo "unknown part: $part (tests, graph-tests, table, table-on, table-off, fidelity, fidelity-bins)"; exit 2 ;;
     esac
     echo "== part $part: $(( $(date +%s) - start )) s"
 done

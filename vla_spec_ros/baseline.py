@@ -64,9 +64,12 @@ class HFBaseline:
 
     def __init__(self, runner: ModelRunner, engine_config, attn_implementation: str = 'sdpa',
                  variant: str = 'eager', max_prompt_len: int | None = None,
-                 compile_backend: str = 'inductor', hf_model=None):
+                 compile_backend: str = 'inductor', hf_model=None,
+                 action_tokens_only: bool = False):
         """``hf_model``: an existing ``build_hf_llama`` copy to share (a 7B copy is 15 GB;
-        the eager and compiled baselines can run on one: only ``generate``'s cache differs)."""
+        the eager and compiled baselines can run on one: only ``generate``'s cache differs).
+        ``action_tokens_only``: greedy over the action tokens alone (every other id
+        suppressed), the HF side of ``EngineConfig.restrict_to_action_tokens``."""
         if variant not in VARIANTS:
             raise ValueError(f'HFBaseline variant must be one of {VARIANTS}, got {variant!r}')
         self.runner = runner
@@ -75,6 +78,11 @@ class HFBaseline:
         self.model = hf_model if hf_model is not None else build_hf_llama(runner,
                                                                           attn_implementation)
         self._generate_kwargs = {}
+        if action_tokens_only:
+            at = runner.action_tokenizer
+            self._generate_kwargs['suppress_tokens'] = [
+                t for t in range(runner.cfg.llm.vocab_size)
+                if not at.first_action_id <= t <= at.last_action_id]
         if variant == 'compiled':
             from transformers import StaticCache
             from transformers.generation.configuration_utils import CompileConfig
@@ -87,8 +95,8 @@ class HFBaseline:
             # generate() compiles only on accelerators unless told to compile everywhere
             # (transformers' own switch for this; CPU tests use a cheap backend).
             compile_config._compile_all_devices = True
-            self._generate_kwargs = {'past_key_values': self.cache,
-                                     'compile_config': compile_config}
+            self._generate_kwargs.update(past_key_values=self.cache,
+                                         compile_config=compile_config)
 
     @property
     def label(self) -> str:
