@@ -381,6 +381,35 @@ def run_thread_sweep(args, model, cfg, norm_stats, key) -> dict:
     return out
 
 
+def run_kernel_ab(args, model, cfg, norm_stats, key) -> dict:
+    """Fused kernels off, then on (same weights, same process, CUDA graphs as the last
+    ``--graphs`` setting, 1 stream): the model pieces and the ar / pipeline /
+    pipeline_spec@3.5 rows. Runners are used one after the other: the norm kernel is installed
+    on the shared model by the runner built last."""
+    use_graphs = args.graphs.split(',')[-1].strip() == 'on'
+    frames = make_frames(args.frames + args.warmup, cfg.image_size, args.seed, key)
+    out = {}
+    for kernels in ('off', 'on'):
+        runner = build_runner(model, cfg, args.device, args.dtype, args.seed, use_graphs,
+                              use_kernels=kernels)
+        base = dict(device=args.device, dtype=args.dtype, use_cuda_graphs=use_graphs,
+                    use_kernels=kernels)
+        pieces = time_pieces(runner, make_frames(2, cfg.image_size, 3, key), base)
+        ref = reference_tokens(runner, frames, EngineConfig(**{**base, 'use_cuda_graphs': False}))
+        rows = {}
+        for mode in ('ar', 'pipeline', 'pipeline_spec@3.5'):
+            engine = spec_engine(runner, norm_stats, 'pipeline_spec', 3.5, ref, base, args.seed) \
+                if '@' in mode else Engine(runner, norm_stats, EngineConfig(mode=mode, **base))
+            row = bench_engine(engine, frames, args.warmup)
+            rows[mode] = asdict(row)
+            print(f'kernels {kernels} {mode}: {row.actions_per_s:.2f} actions/s, '
+                  f'{row.step_ms:.2f} ms/step (vision {row.vision_ms:.2f}, verifier '
+                  f'{row.verifier_ms:.2f}), p50 {row.latency_p50_ms:.1f} ms', flush=True)
+        out[kernels] = {'pieces_ms': pieces, 'rows': rows}
+        print(f'kernels {kernels}: pieces {pieces}', flush=True)
+    return out
+
+
 def run_profile(args, model, cfg, norm_stats, key, out: Path, stamp: str) -> dict:
     """torch.profiler over one mode (1 stream): the kernel table by device time."""
     from torch.profiler import ProfilerActivity, profile
@@ -430,7 +459,7 @@ def main(argv=None) -> int:
     ap.add_argument('--baselines', default='eager,compiled',
                     help='HF baselines: eager, compiled (static cache + torch.compile)')
     ap.add_argument('--parts', default='table',
-                    help='table, fidelity, profile, threads (any of)')
+                    help='table, fidelity, profile, threads, kernels (any of)')
     ap.add_argument('--thread-sweep', default='16,4,1',
                     help='intra-op thread counts of the threads part')
     ap.add_argument('--fidelity-frames', type=int, default=200)
@@ -447,7 +476,7 @@ def main(argv=None) -> int:
         print('--device cuda requested but CUDA is not available', file=sys.stderr)
         return 2
     parts = set(args.parts.split(','))
-    unknown = parts - {'table', 'fidelity', 'profile', 'threads'}
+    unknown = parts - {'table', 'fidelity', 'profile', 'threads', 'kernels'}
     if unknown:
         print(f'--parts: unknown {sorted(unknown)}', file=sys.stderr)
         return 2
@@ -464,7 +493,7 @@ def main(argv=None) -> int:
     eager_runner = build_runner(model, cfg, args.device, args.dtype, args.seed, False)
     engine_cfg = EngineConfig(device=args.device, dtype=args.dtype)
     baselines, hf_model = {}, None
-    for variant in args.baselines.split(','):
+    for variant in [v for v in args.baselines.split(',') if v]:
         baseline = HFBaseline(eager_runner, engine_cfg, variant=variant, hf_model=hf_model)
         hf_model = baseline.model                  # one weight copy for both baselines
         baselines[baseline.label] = baseline
@@ -472,6 +501,8 @@ def main(argv=None) -> int:
         if 'table' in parts else []
     threads = run_thread_sweep(args, model, cfg, norm_stats, key) \
         if 'threads' in parts else {}
+    kernel_ab = run_kernel_ab(args, model, cfg, norm_stats, key) \
+        if 'kernels' in parts else {}
     fidelity = run_fidelity(args, model, cfg, norm_stats, key, baselines['hf']) \
         if 'fidelity' in parts else {}
     profiled = run_profile(args, model, cfg, norm_stats, key, out, stamp) \
@@ -485,7 +516,7 @@ def main(argv=None) -> int:
     record = {'command': command, 'preset': args.preset, 'device': args.device,
               'dtype': args.dtype, 'environment': environment(), **report,
               'floor_ms': FLOOR_MS, 'rows': records, 'fidelity': fidelity,
-              'profile': profiled, 'threads': threads}
+              'profile': profiled, 'threads': threads, 'kernels_ab': kernel_ab}
     name = f'gpu-{args.preset}-{args.device}-{stamp}'
     (out / f'{name}.json').write_text(json.dumps(record, indent=2))
     (out / f'{name}.md').write_text(

@@ -53,4 +53,3 @@ def tokens_per_frame(finished: list) -> list:
     if errors:
         raise RuntimeError(f'frames failed: {errors}')
     return [tuple(f.result.tokens) for f in sorted(finished, key=lambda f: f.request_id)]
-

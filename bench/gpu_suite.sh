@@ -9,6 +9,8 @@
 #   bash bench/gpu_suite.sh table-off 7B table, CUDA graphs off, 1 and 4 streams
 #   bash bench/gpu_suite.sh fidelity  host-thread sweep, then the bf16 bin distance vs HF eager,
 #                                     200 frames, kernels off/on
+#   bash bench/gpu_suite.sh kernels-ab  norm-kernel tests, then fused kernels off vs on: pieces
+#                                     and ar / pipeline / pipeline_spec rows, graphs on
 #   bash bench/gpu_suite.sh fidelity-bins  the same with greedy over action tokens only on both
 #                                     sides, so that every disagreement has a bin distance
 #
@@ -62,10 +64,15 @@ for part in "$@"; do
             $limit $GPU --graphs on --parts threads,fidelity --baselines eager \
                 --fidelity-frames 200 --frames 12 --warmup 6 2>&1 \
                 | tee "$RESULTS/log-fidelity.txt" || status=1 ;;
+        kernels-ab)
+            $limit python3 -m pytest -q -p no:cacheprovider test/test_rms_norm_kernel.py \
+                test/test_engine_kernels.py 2>&1 | tee "$RESULTS/log-kernel-tests.txt" || status=1
+            $limit $GPU --graphs on --parts kernels --baselines '' --frames 12 --warmup 6 2>&1 \
+                | tee "$RESULTS/log-kernels-ab.txt" || status=1 ;;
         fidelity-bins)
             $limit $GPU --graphs on --parts fidelity --baselines eager --fidelity-frames 200 \
                 --fidelity-action-only 2>&1 | tee "$RESULTS/log-fidelity-bins.txt" || status=1 ;;
-        *) echo "unknown part: $part (tests, graph-tests, table, table-on, table-off, fidelity, fidelity-bins)"; exit 2 ;;
+        *) echo "unknown part: $part (tests, graph-tests, table, table-on, table-off, kernels-ab, fidelity, fidelity-bins)"; exit 2 ;;
     esac
     echo "== part $part: $(( $(date +%s) - start )) s"
 done

@@ -2,15 +2,20 @@
 
 ``rope_kv_write``: RoPE at logical positions + K/V store into ring slots (ActionFlow's fused
 write), with ``rope_kv_write_ref`` (oracle), ``rope_kv_write_triton`` (unchecked launch) and a
-validating wrapper taking ``use_triton``. (The accepted-path KV compaction is a plain torch
-gather-then-scatter inside the layer, ``models/layers.write_kv_and_rope``.)
+validating wrapper taking ``use_triton``.
+``rms_norm``: Llama's RMSNorm, optionally with the residual add before it, in one launch per
+norm (``rms_norm_ref``, ``rms_norm_triton``, ``rms_norm``).
+(The accepted-path KV compaction is a plain torch gather-then-scatter inside the layer,
+``models/layers.write_kv_and_rope``.)
 Installed as ``vla_spec_ros.kernels``; imports inside this folder stay relative so the source
 tree's top-level ``kernels`` package works too.
 """
 from ._triton_util import HAS_TRITON, is_interpret_mode, is_triton_available
+from .rms_norm import rms_norm, rms_norm_ref, rms_norm_triton
 from .rope_kv_write import rope_kv_write, rope_kv_write_ref, rope_kv_write_triton
 
 __all__ = [
     'HAS_TRITON', 'is_interpret_mode', 'is_triton_available',
+    'rms_norm', 'rms_norm_ref', 'rms_norm_triton',
     'rope_kv_write', 'rope_kv_write_ref', 'rope_kv_write_triton',
 ]

@@ -6,6 +6,7 @@ import pytest
 from vla_spec_ros.config import EngineConfig
 from vla_spec_ros.engine.engine import Engine
 from vla_spec_ros.engine.result import Frame
+from vla_spec_ros.models.layers import RMSNorm
 from vla_spec_ros.models.random_checkpoint import make_checkpoint
 
 from reference import ar_reference_tokens
@@ -28,6 +29,10 @@ def test_kernel_path_matches_reference_tokens(folder, monkeypatch):
     expected = ar_reference_tokens(plain, frames)
     fused = VLAPolicy.from_pretrained(str(folder), dtype='float64', use_kernels='on')
     assert fused.engine.runner.kernel is not None and plain.engine.runner.kernel is None
+    norms = [m for m in fused.engine.runner.lm.modules() if isinstance(m, RMSNorm)]
+    assert len(norms) > 2 and all(m.kernel is not None for m in norms)     # fused norms too
+    assert all(m.kernel is None for m in plain.engine.runner.lm.modules()
+               if isinstance(m, RMSNorm))
     for mode in ('ar', 'pipeline'):
         engine = Engine(fused.engine.runner, fused.engine.norm_stats,
                         EngineConfig(mode=mode, dtype='float64', use_kernels='on'))

@@ -18,7 +18,7 @@ import torch
 
 from ..actions import ActionTokenizer
 from ..config import EngineConfig, VLAConfig
-from ..models.layers import KVCache, StepBatch, fuse_projections
+from ..models.layers import KVCache, StepBatch, fuse_projections, install_norm_kernel
 from ..models.vla import OpenVLA
 from ..preprocess import preprocess_image
 from ..prompt import PromptTokenizer
@@ -49,6 +49,8 @@ class ModelRunner:
         self.action_tokenizer = ActionTokenizer(cfg.llm.vocab_size, cfg.pad_to_multiple_of,
                                                 cfg.n_action_bins)
         self.kernel = select_rope_kernel(engine_cfg, self.device)   # fused RoPE + KV write
+        # The fused (residual add +) RMSNorm comes with the same switch.
+        install_norm_kernel(model.language_model, select_norm_kernel(engine_cfg, self.device))
         self.use_cuda_graphs = engine_cfg.use_cuda_graphs   # EngineConfig: CUDA devices only
         at = self.action_tokenizer
         self._action_mask = torch.full((cfg.llm.vocab_size,), float('-inf'), dtype=self.dtype,
@@ -186,20 +188,34 @@ def dense_batch(batch: StepBatch, num_slots: int) -> StepBatch:
                      copy_dst=batch.copy_dst)
 
 
-def select_rope_kernel(config: EngineConfig, device):
-    """The fused RoPE + KV-write kernel when enabled, else None (plain torch).
-
-    "auto" uses Triton on CUDA only; "on" forces it (on CPU that needs TRITON_INTERPRET=1, which
-    the tests use to run the kernel path against the reference); "off" never uses it.
-    """
+def kernels_enabled(config: EngineConfig, device) -> bool:
+    """Whether the fused Triton kernels run: "auto" on CUDA only (when triton imports); "on"
+    forces them (on CPU that needs TRITON_INTERPRET=1, which the tests use to run the kernel
+    path against the reference; otherwise a ValueError); "off" never."""
     if config.use_kernels == 'off':
-        return None
-    from ..kernels import is_triton_available, rope_kv_write
+        return False
+    from ..kernels import is_triton_available
     on_cuda = getattr(device, 'type', str(device)) == 'cuda'
     if config.use_kernels == 'auto' and not (on_cuda and is_triton_available()):
-        return None
+        return False
     if not is_triton_available():
         raise ValueError('use_kernels: "on" needs triton on CUDA (or TRITON_INTERPRET=1)')
+    return True
+
+
+def select_norm_kernel(config: EngineConfig, device):
+    """The fused (residual add +) RMSNorm kernel when enabled, else None (plain torch)."""
+    if not kernels_enabled(config, device):
+        return None
+    from ..kernels import rms_norm_triton
+    return rms_norm_triton      # model-internal shapes: the unchecked launch
+
+
+def select_rope_kernel(config: EngineConfig, device):
+    """The fused RoPE + KV-write kernel when enabled (``kernels_enabled``), else None."""
+    if not kernels_enabled(config, device):
+        return None
+    from ..kernels import rope_kv_write
 
     def kernel(q, k, v, positions, cos, sin, k_cache, v_cache, slot_mapping):
         # Index checks would read indices back to the host (a sync) on every layer; the

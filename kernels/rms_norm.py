@@ -1,0 +1,126 @@
+"""Fused (residual add +) RMSNorm: one launch per norm instead of about eight.
+
+The Llama norm, as Hugging Face computes it (and ``models/layers.RMSNorm``):
+
+    bf16 / fp16 input x:  h = float32(x); h = h * rsqrt(mean(h^2) + eps); y = w * x_dtype(h)
+    float32 / float64 x:  y = w * (x * rsqrt(mean(x^2) + eps))          (in x's dtype)
+
+In eager PyTorch that is a cast, a square, a mean (a reduction launch), an add, an rsqrt, two
+multiplies and a cast back, each reading and writing the whole row, and the residual add before
+the post-attention norm is one more. On a 7B decode step (a few rows of 4,096) these are ~65
+norms of tiny launches per forward: launch-bound. The kernel does one program per row: load,
+(add the residual, rounded to x's dtype exactly as ``a + b`` rounds, and store the sum), reduce,
+scale, store.
+
+Differences from the reference: only the order of the row's sum of squares (a tree inside the
+kernel, torch's own order outside), i.e. float32 rounding of the mean for low-precision inputs;
+tests compare with a dtype-aware tolerance, and tokens in float64 (tests/test_engine_kernels.py).
+
+Layout as in rope_kv_write.py: ``rms_norm_ref`` (plain torch, the oracle), ``rms_norm_triton``
+(the launch, no checks), ``rms_norm`` (the validating wrapper).
+"""
+import torch
+
+from ._triton_util import (HAS_TRITON, LazyJit, check_can_launch, compute_dtype, next_power_of_2,
+                           tl, triton)
+
+LOW_PRECISION = (torch.float16, torch.bfloat16)
+
+
+def rms_norm_ref(x, weight, eps: float, residual=None):
+    """Plain torch. x: (..., H); weight: (H,); residual: None or like x.
+
+    Returns ``y`` when ``residual`` is None, else ``(x + residual, y of x + residual)``."""
+    if residual is not None:
+        x = x + residual
+    if x.dtype in LOW_PRECISION:
+        h = x.to(torch.float32)
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+        y = weight * h.to(x.dtype)
+    else:
+        y = weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps))
+    return y if residual is None else (x, y)
+
+
+if HAS_TRITON:
+    @triton.jit
+    def _add(a, b):
+        return a + b
+
+    def _rms_norm_body(x_ptr, res_ptr, w_ptr, out_ptr, sum_ptr,
+                       stride_x, stride_r, stride_o, stride_s, num_cols, eps,
+                       HAS_RESIDUAL: tl.constexpr, ROUND_BEFORE_SCALE: tl.constexpr,
+                       BLOCK: tl.constexpr, COMPUTE_DTYPE: tl.constexpr):
+        # One program per row; the whole row fits one block (BLOCK >= num_cols).
+        row = tl.program_id(0).to(tl.int64)
+        cols = tl.arange(0, BLOCK)
+        mask = cols < num_cols
+        io_ty = out_ptr.dtype.element_ty
+        x = tl.load(x_ptr + row * stride_x + cols, mask=mask, other=0)
+        if HAS_RESIDUAL:
+            r = tl.load(res_ptr + row * stride_r + cols, mask=mask, other=0)
+            # torch adds two bf16/fp16 tensors in float32 and rounds once: the same here.
+            x = (x.to(COMPUTE_DTYPE) + r.to(COMPUTE_DTYPE)).to(io_ty)
+            tl.store(sum_ptr + row * stride_s + cols, x, mask=mask)
+        h = x.to(COMPUTE_DTYPE)
+        # tl.reduce with our own combine, not tl.sum: Triton's library functions are jitted
+        # for the mode in force when triton was imported, so tl.sum fails in the CPU
+        # interpreter when it is switched on later (a test on a GPU machine); a reduce reads
+        # the combine's Python function there.
+        mean_sq = tl.reduce(h * h, 0, _add) / num_cols
+        h = h * (1.0 / tl.sqrt(mean_sq + eps))
+        if ROUND_BEFORE_SCALE:          # HF: normalised value rounded to x's dtype first
+            h = h.to(io_ty).to(COMPUTE_DTYPE)
+        w = tl.load(w_ptr + cols, mask=mask, other=0).to(COMPUTE_DTYPE)
+        tl.store(out_ptr + row * stride_o + cols, (w * h).to(io_ty), mask=mask)
+
+    _rms_norm_kernel = LazyJit(_rms_norm_body)
+
+
+def _rows(x: torch.Tensor) -> torch.Tensor:
+    """(..., H) -> (N, H) view (a copy only when the rows cannot be addressed by one stride)."""
+    flat = x.reshape(-1, x.shape[-1])
+    return flat if flat.stride(-1) == 1 else flat.contiguous()
+
+
+def rms_norm_triton(x, weight, eps: float, residual=None, *, num_warps=None):
+    """Triton launch with the contract of ``rms_norm_ref``; inputs are NOT checked."""
+    shape = x.shape
+    x2 = _rows(x)
+    num_rows, num_cols = x2.shape
+    out = torch.empty((num_rows, num_cols), dtype=x.dtype, device=x.device)
+    res2 = _rows(residual) if residual is not None else x2
+    total = torch.empty_like(out) if residual is not None else out
+    if num_rows:
+        block = next_power_of_2(num_cols)
+        if num_warps is None:
+            num_warps = max(1, min(16, block // 256))
+        _rms_norm_kernel[(num_rows,)](
+            x2, res2, weight, out, total, x2.stride(0), res2.stride(0), out.stride(0),
+            total.stride(0), num_cols, float(eps), HAS_RESIDUAL=residual is not None,
+            ROUND_BEFORE_SCALE=x.dtype in LOW_PRECISION, BLOCK=block,
+            COMPUTE_DTYPE=compute_dtype(x.dtype), num_warps=num_warps)
+    y = out.view(shape)
+    return y if residual is None else (total.view(shape), y)
+
+
+def rms_norm(x, weight, eps: float, residual=None, *, use_triton=False):
+    """Validated fused (residual add +) RMSNorm; see ``rms_norm_ref`` for the contract.
+    ``use_triton`` selects the kernel (CUDA tensors, or any under TRITON_INTERPRET=1)."""
+    if not isinstance(x, torch.Tensor) or not x.dtype.is_floating_point or x.dim() < 1:
+        raise ValueError('x must be a floating tensor with at least one dim')
+    if weight.dim() != 1 or weight.shape[0] != x.shape[-1] or weight.stride(0) != 1:
+        raise ValueError(f'weight shape {tuple(weight.shape)} must be ({x.shape[-1]},), '
+                         'contiguous')
+    if weight.dtype != x.dtype or weight.device != x.device:
+        raise ValueError(f'weight ({weight.dtype}, {weight.device}) must match x '
+                         f'({x.dtype}, {x.device})')
+    if residual is not None and (residual.shape != x.shape or residual.dtype != x.dtype
+                                 or residual.device != x.device):
+        raise ValueError('residual must have the shape, dtype and device of x')
+    if not eps > 0:
+        raise ValueError(f'eps must be > 0, got {eps}')
+    if use_triton:
+        check_can_launch(x.device)
+        return rms_norm_triton(x, weight, eps, residual)
+    return rms_norm_ref(x, weight, eps, residual)
