@@ -458,6 +458,8 @@ def main(argv=None) -> int:
                     'tree: acceptance near 1, it measures what drafting costs)')
     ap.add_argument('--baselines', default='eager,compiled',
                     help='HF baselines: eager, compiled (static cache + torch.compile)')
+    ap.add_argument('--compile-backend', default='inductor',
+                    help='torch.compile backend of the compiled HF baseline (tests: eager)')
     ap.add_argument('--parts', default='table',
                     help='table, fidelity, profile, threads, kernels (any of)')
     ap.add_argument('--thread-sweep', default='16,4,1',
@@ -494,7 +496,8 @@ def main(argv=None) -> int:
     engine_cfg = EngineConfig(device=args.device, dtype=args.dtype)
     baselines, hf_model = {}, None
     for variant in [v for v in args.baselines.split(',') if v]:
-        baseline = HFBaseline(eager_runner, engine_cfg, variant=variant, hf_model=hf_model)
+        baseline = HFBaseline(eager_runner, engine_cfg, variant=variant, hf_model=hf_model,
+                              compile_backend=args.compile_backend)
         hf_model = baseline.model                  # one weight copy for both baselines
         baselines[baseline.label] = baseline
     records = run_table(args, model, cfg, norm_stats, key, baselines, report) \

@@ -1,0 +1,61 @@
+"""bench/gpu.py (the GPU benchmark) end to end on the tiny preset on CPU, and its fidelity
+histogram: the script that produces the recorded H100 tables must keep working where CI runs."""
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[1] / 'bench'
+sys.path.insert(0, str(BENCH))
+
+from gpu_fidelity import bin_distance_histogram, format_histogram_rows  # noqa: E402
+
+FIRST, LAST = 100, 355          # an action-token range for the histogram tests
+
+
+def test_histogram_counts_bin_distances_per_token():
+    ours = [(100, 101, 150), (200, 200, 7)]
+    reference = [(100, 103, 152), (201, 200, 7)]
+    h = bin_distance_histogram(ours, reference, FIRST, LAST)
+    # distances: 0, 2, 2 | 1, 0, 0 (7 == 7 outside the action range counts as equal)
+    assert (h['0'], h['1'], h['2'], h['3+']) == (3, 1, 2, 0)
+    assert h['tokens'] == 6 and h['frames'] == 2 and h['frames_exact'] == 0
+
+
+def test_histogram_puts_non_action_disagreement_in_the_last_bucket():
+    h = bin_distance_histogram([(7, 100)], [(8, 400)], FIRST, LAST)
+    assert h['3+'] == 2 and h['0'] == 0
+    table = format_histogram_rows({'ar': h, 'spec': 'failed for a reason'})
+    assert '| ar | 1 | 0 | 0.00 % | 0.00 % | 0.00 % | 100.00 % |' in table
+    assert 'failed: failed for a reason' in table
+
+
+def test_histogram_refuses_mismatched_inputs():
+    with pytest.raises(ValueError, match='frames'):
+        bin_distance_histogram([(1,)], [], FIRST, LAST)
+    with pytest.raises(ValueError, match='token counts'):
+        bin_distance_histogram([(1, 2)], [(1,)], FIRST, LAST)
+
+
+def test_gpu_bench_runs_on_cpu_and_every_path_matches_the_reference(tmp_path):
+    """Table (both HF baselines, ar and the oracle spec rows) and the fidelity part."""
+    cmd = [sys.executable, str(BENCH / 'gpu.py'), '--preset', 'tiny', '--device', 'cpu',
+           '--dtype', 'float32', '--frames', '2', '--warmup', '1', '--streams', '1',
+           '--rows', 'ar,oracle', '--parts', 'table,fidelity', '--fidelity-frames', '3',
+           '--fidelity-kernels', 'off', '--compile-backend', 'eager', '--out', str(tmp_path),
+           '--progress-file', str(tmp_path / 'rows.json')]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    record = json.loads(next(tmp_path.glob('gpu-tiny-cpu-*.json')).read_text())
+    assert record['checks']['eager'] == {'ar': 1.0, 'pipeline': 1.0, 'spec': 1.0,
+                                         'pipeline_spec': 1.0, 'hf': 1.0}
+    modes = [r['mode'] for r in record['rows']]
+    assert modes[0] == 'hf' and modes[-1] == 'hf_compiled'       # compiled timed last
+    assert {'ar', 'spec@2.0', 'pipeline_spec@3.5'} <= set(modes)
+    assert all(r['actions_per_s'] > 0 and r['ratio_vs_hf_compiled'] > 0 for r in record['rows'])
+    assert record['failures'] == []
+    for label, h in record['fidelity'].items():      # float32 on CPU: every token equal to HF
+        assert h['0'] == h['tokens'] == 21, label
+    assert len(json.loads((tmp_path / 'rows.json').read_text())) == len(record['rows'])
