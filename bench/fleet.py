@@ -145,7 +145,7 @@ def _float(diag: dict, key: str) -> float:
         return float('nan')
 
 
-def run_one(args, context, executor, num_robots: int, mode: str, frames_by_robot,
+def run_one(args, context, num_robots: int, mode: str, frames_by_robot,
             on_sample=None) -> dict:
     robots = robot_names(num_robots)
     instructions = [instruction for instruction, _ in frames_by_robot[:num_robots]]
@@ -156,7 +156,14 @@ def run_one(args, context, executor, num_robots: int, mode: str, frames_by_robot
     log_lines = []
     threading.Thread(target=lambda: log_lines.extend(process.stdout), daemon=True).start()
     bench = Robots(context, robots, frames, args.camera_hz)
+    # One executor per configuration, stopped before its node is destroyed: destroying a node
+    # while a shared executor is building its wait set raises in the spin thread, which then
+    # dies silently and every later configuration reads zero actions.
+    from rclpy.executors import MultiThreadedExecutor
+    executor = MultiThreadedExecutor(num_threads=2, context=context)
     executor.add_node(bench.node)
+    spinner = threading.Thread(target=executor.spin, daemon=True)
+    spinner.start()
     try:
         deadline = time.monotonic() + 120.0
         while not any('ready' in line for line in log_lines):
@@ -177,7 +184,8 @@ def run_one(args, context, executor, num_robots: int, mode: str, frames_by_robot
         elapsed = time.monotonic() - start
         actions, zeros, diag = bench.counts()
     finally:
-        executor.remove_node(bench.node)
+        executor.shutdown(timeout_sec=10.0)
+        spinner.join(timeout=10.0)
         bench.node.destroy_node()
         process.terminate()
         try:
@@ -226,7 +234,6 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
 
     import rclpy
-    from rclpy.executors import MultiThreadedExecutor
 
     counts = [int(x) for x in args.robots.split(',')]
     modes = [m.strip() for m in args.modes.split(',')]
@@ -236,9 +243,6 @@ def main(argv=None) -> int:
     os.environ['ROS_AUTOMATIC_DISCOVERY_RANGE'] = 'LOCALHOST'
     context = rclpy.Context()
     rclpy.init(context=context, domain_id=domain)
-    executor = MultiThreadedExecutor(num_threads=2, context=context)
-    spinner = threading.Thread(target=executor.spin, daemon=True)
-    spinner.start()
     rows = []
     try:
         if args.soak_seconds:
@@ -250,17 +254,16 @@ def main(argv=None) -> int:
                        'frames_dropped': sum(_float(d, 'frames_dropped') for d in diag.values())}
                 print(json.dumps(row), flush=True)
                 return row
-            rows.append(run_one(args, context, executor, counts[0], modes[0], frames_by_robot,
+            rows.append(run_one(args, context, counts[0], modes[0], frames_by_robot,
                                 on_sample=sample))
         else:
             for num_robots in counts:
                 for mode in modes:
-                    row = run_one(args, context, executor, num_robots, mode, frames_by_robot)
+                    row = run_one(args, context, num_robots, mode, frames_by_robot)
                     brief = {k: row[k] for k in ('robots', 'mode', 'total_actions_per_s')}
                     print(json.dumps(brief), flush=True)
                     rows.append(row)
     finally:
-        executor.shutdown()
         rclpy.shutdown(context=context)
     stamp = time.strftime('%Y%m%d-%H%M%S')
     kind = 'soak' if args.soak_seconds else 'fleet'

@@ -51,6 +51,7 @@ from dataclasses import dataclass, field, fields
 import numpy as np
 
 from vla_spec_ros.motion import clamp_norm
+from vla_spec_ros.validation import check_int, check_number
 
 SIM_MODES = ('lockstep', 'realtime')
 ACTION_DIM = 7
@@ -76,8 +77,7 @@ def matched_command_parameters(control_rate_hz: float, sim_mode: str) -> tuple[d
     """(VLA node overrides, bridge overrides) with the same control period and conventions."""
     if sim_mode not in SIM_MODES:
         raise ValueError(f'sim_mode: {sim_mode!r} not in {list(SIM_MODES)}')
-    if isinstance(control_rate_hz, bool) or not control_rate_hz > 0:
-        raise ValueError(f'control_rate_hz: must be > 0, got {control_rate_hz!r}')
+    control_rate_hz = check_positive('control_rate_hz', control_rate_hz)
     period = 1.0 / control_rate_hz
     shared = dict(SHARED_COMMAND_PARAMETERS, control_period=period)
     vla = dict(shared, gripper_binarize=False, gripper_invert=False, enabled=True,
@@ -125,11 +125,9 @@ class BridgeSettings:
         for f in fields(self):
             value = getattr(self, f.name)
             if isinstance(f.default, float):
-                if isinstance(value, bool) or not isinstance(value, (int, float)):
-                    raise ValueError(f'{f.name}: expected a number, got {value!r}')
-                if not math.isfinite(value):
-                    raise ValueError(f'{f.name}: must be finite')
-                object.__setattr__(self, f.name, float(value))
+                object.__setattr__(self, f.name, check_number(f.name, value))
+            elif isinstance(f.default, int) and not isinstance(f.default, bool):
+                object.__setattr__(self, f.name, check_int(f.name, value))
             elif type(value) is not type(f.default):
                 raise ValueError(f'{f.name}: expected {type(f.default).__name__}, got '
                                  f'{value!r}')
@@ -141,14 +139,12 @@ class BridgeSettings:
                              'the delay of the real inference)')
         for name in ('control_rate_hz', 'control_period', 'linear_scale', 'angular_scale',
                      'lockstep_timeout_s', 'command_timeout_s', 'episode_timeout_s'):
-            if getattr(self, name) <= 0:
-                raise ValueError(f'{name}: must be > 0 (a zero scale cannot be inverted)')
+            check_positive(name, getattr(self, name))      # a zero scale cannot be inverted
         for name in ('max_linear_speed', 'max_angular_speed', 'instruction_settle_s'):
-            if getattr(self, name) < 0:
-                raise ValueError(f'{name}: must be >= 0')
+            check_number(name, getattr(self, name), minimum=0.0)
         for name in ('seed', 'episodes', 'max_steps', 'image_size', 'max_republish'):
-            if getattr(self, name) < (0 if name in ('seed', 'max_republish') else 1):
-                raise ValueError(f'{name}: out of range ({getattr(self, name)})')
+            check_int(name, getattr(self, name),
+                      minimum=0 if name in ('seed', 'max_republish') else 1)
         if self.gripper_open_position == self.gripper_closed_position:
             raise ValueError('gripper_open_position: must differ from gripper_closed_position')
         if not self.frame_id.strip():
@@ -184,12 +180,18 @@ DESCRIPTIONS = {
 }
 
 
+def check_positive(name: str, value) -> float:
+    """`value` as a float; ValueError naming `name` unless it is a finite number > 0."""
+    value = check_number(name, value, minimum=0.0)
+    if value == 0:
+        raise ValueError(f'{name}: must be > 0, got {value!r}')
+    return value
+
+
 def check_delay(action_delay, delay_hold: str = 'previous', delay_frames: str = 'every') -> int:
     """The delay settings, validated (ValueError naming the field); returns `action_delay`."""
-    if (isinstance(action_delay, bool) or not isinstance(action_delay, int)
-            or not 0 <= action_delay <= MAX_ACTION_DELAY):
-        raise ValueError(f'action_delay: expected an int in [0, {MAX_ACTION_DELAY}] control '
-                         f'periods, got {action_delay!r}')
+    check_int('action_delay', action_delay, minimum=0, maximum=MAX_ACTION_DELAY,
+              unit='control periods')
     if delay_hold not in DELAY_HOLDS:
         raise ValueError(f'delay_hold: {delay_hold!r} not in {list(DELAY_HOLDS)}')
     if delay_frames not in DELAY_FRAMES:
@@ -241,9 +243,7 @@ class FrameRegistry:
     """
 
     def __init__(self, max_frames: int = 16384):
-        if max_frames < 1:
-            raise ValueError('max_frames: must be >= 1')
-        self._max_frames = max_frames
+        self._max_frames = check_int('max_frames', max_frames, minimum=1)
         self._published: OrderedDict[int, float] = OrderedDict()   # stamp_ns -> publish time
         self._answered: set[int] = set()
 
@@ -292,8 +292,7 @@ class AnswerPairs:
     """
 
     def __init__(self, registry: FrameRegistry, max_pending: int = 1024):
-        if max_pending < 1:
-            raise ValueError('max_pending: must be >= 1')
+        check_int('max_pending', max_pending, minimum=1)
         self.registry = registry
         self._twists: deque = deque(maxlen=max_pending)     # (stamp_ns, linear, angular)
         self._grippers: deque = deque(maxlen=max_pending)   # positions
@@ -326,10 +325,8 @@ class LockstepMatcher:
     """
 
     def __init__(self, answers: AnswerPairs, max_republish: int = 3):
-        if max_republish < 0:
-            raise ValueError('max_republish: must be >= 0')
         self._answers = answers
-        self._max_republish = int(max_republish)
+        self._max_republish = check_int('max_republish', max_republish, minimum=0)
         self._current: int | None = None
         self.num_republished = 0       # republications of the current frame
         # This episode's answers not applied: to other frames (late, duplicate) or non-finite.
@@ -386,10 +383,8 @@ class RealtimeCommand:
 
     def __init__(self, answers: AnswerPairs, command_timeout_s: float,
                  initial_gripper_position: float):
-        if command_timeout_s <= 0:
-            raise ValueError('command_timeout_s: must be > 0')
         self._answers = answers
-        self._timeout_s = command_timeout_s
+        self._timeout_s = check_positive('command_timeout_s', command_timeout_s)
         self._first_stamp_ns: int | None = None     # None: no episode, every answer ignored
         self._twist: tuple | None = None            # (linear, angular, receipt_s)
         self._gripper = float(initial_gripper_position)
