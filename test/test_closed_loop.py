@@ -21,7 +21,7 @@ HAS_ROS = all(importlib.util.find_spec(m) is not None
               for m in ('rclpy', 'sensor_msgs', 'geometry_msgs', 'std_srvs', 'diagnostic_msgs'))
 HAS_TORCH = importlib.util.find_spec('torch') is not None
 
-from vla_spec_ros.harness import demo  # noqa: E402  (pure Python at import)
+from vla_spec_ros.harness import demo, demo_report, demo_results  # noqa: E402
 
 # Unique per module and per run (test_ros_node uses 11..50, test_launch 51..90).
 DOMAIN_ID = 91 + (os.getpid() % 11)
@@ -398,7 +398,7 @@ def table_rows(text, first_cell):
 
 def test_demo_lockstep_table_compares_strict_modes_with_ar_and_labels_speeds():
     record = demo_record()
-    table = demo.format_lockstep_table(record)
+    table = demo_report.format_lockstep_table(record)
     assert 'lock-step steps/s (simulator-bound)' in table.splitlines()[0]
     assert table_rows(table, 'expert')[0][:3] == ['expert', '-', '1.00']
     (ar,), (pipeline,), (spec,) = (table_rows(table, m) for m in ('ar', 'pipeline', 'spec'))
@@ -410,12 +410,12 @@ def test_demo_lockstep_table_compares_strict_modes_with_ar_and_labels_speeds():
 
 def test_demo_places_each_mode_on_the_delay_curve():
     record = demo_record()
-    curve = demo.delay_curve(record)
+    curve = demo_report.delay_curve(record)
     assert curve['every'] == {0: 1.0, 1: 0.9, 2: 0.7, 4: 0.3}
     assert curve['one_in_flight'] == {0: 1.0, 1: 0.9, 2: 0.5, 4: 0.1}
-    assert demo.success_at(curve, 'every', 3) == (pytest.approx(0.5), '~')
-    assert demo.success_at(curve, 'every', 9) == (0.3, '>')
-    places = {p['mode']: p for p in demo.placements(record)}
+    assert demo_report.success_at(curve, 'every', 3) == (pytest.approx(0.5), '~')
+    assert demo_report.success_at(curve, 'every', 9) == (0.3, '>')
+    places = {p['mode']: p for p in demo_report.placements(record)}
     # ar answered 60% of the 30 Hz frames: one in flight; 45 ms = 1.35 periods -> d = 2.
     assert places['ar']['frames'] == 'one_in_flight'
     assert places['ar']['model'] == {'latency_p50_ms': 45.0, 'delay': 2, 'success': 0.5,
@@ -428,21 +428,21 @@ def test_demo_places_each_mode_on_the_delay_curve():
     assert places['pipeline']['node']['delay'] == 3
     assert places['pipeline']['node']['success'] == pytest.approx(0.5)
     assert places['pipeline']['node']['mark'] == '~'
-    text = demo.format_delay_table(record)
+    text = demo_report.format_delay_table(record)
     assert table_rows(text, '2')[0][:4] == ['2', '0.70', '0.50', '67']
 
 
 def test_demo_report_files_and_report_again(tmp_path, monkeypatch, capsys):
     record = demo_record()
-    text = demo.format_report(record)
+    text = demo_report.format_report(record)
     for title in ('Lock-step through', 'Model only', 'action delay', 'Relaxed acceptance'):
         assert title in text
-    relax = demo.format_relax_table(record)
+    relax = demo_report.format_relax_table(record)
     assert relax in text
     (r0,), (r8,) = table_rows(relax, '0'), table_rows(relax, '8')
     assert r0[1:6] == ['1.00', '2.60', '2.69', '0.0%', '0'] and r8[4:6] == ['20.0%', '2']
     with_plots = importlib.util.find_spec('matplotlib') is not None
-    paths = demo.write_results(tmp_path, record, 'demo-x')
+    paths = demo_results.write_results(tmp_path, record, 'demo-x')
     assert (paths['delay_png'] is not None) == (paths['relax_png'] is not None) == with_plots
     data = json.loads(paths['json'].read_text())       # strict JSON: NaN written as null
     assert data['speed']['bench_rows'][0]['forwards_per_action'] is None
@@ -452,19 +452,20 @@ def test_demo_report_files_and_report_again(tmp_path, monkeypatch, capsys):
     demo.add_arguments(parser)
     assert demo.run(parser.parse_args(['--report', str(paths['json'])])) == 0
     out = capsys.readouterr().out
-    assert 'matplotlib is not installed' in out and demo.format_lockstep_table(record) in out
+    assert 'matplotlib is not installed' in out
+    assert demo_report.format_lockstep_table(record) in out
     # Another run's latencies placed on this run's curve: <name>-placed.*
     other = demo_record()
     other['speed']['paced']['30.0']['ar']['latency_p50_ms'] = 100.0      # 3 periods
     del other['lockstep'], other['delay'], other['relax']
     other_file = tmp_path / 'other.json'
-    other_file.write_text(json.dumps(demo._nan_to_none(other)))
+    other_file.write_text(json.dumps(demo_results._nan_to_none(other)))
     args = parser.parse_args(['--report', str(paths['json']), '--latencies-from',
                               str(other_file)])
     assert demo.run(args) == 0
     placed = json.loads((tmp_path / 'demo-x-placed.json').read_text())
     assert placed['latencies_from']['file'] == 'other.json' and 'lockstep' not in placed
-    (ar,) = [p for p in demo.placements(placed) if p['mode'] == 'ar']
+    (ar,) = [p for p in demo_report.placements(placed) if p['mode'] == 'ar']
     assert ar['model']['delay'] == 3 and 'node' not in ar
     assert 'Latencies (speed and lock-step parts) from other.json' in (
         tmp_path / 'demo-x-placed.md').read_text()
