@@ -35,73 +35,15 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from gpu_parts import run_fidelity, run_kernel_ab, run_profile, run_thread_sweep
+from gpu_setup import (TARGET_ACCEPTANCE, build_model, build_runner, run_all, spec_engine,
+                       time_pieces)
 from vla_spec_ros.bench import BenchRow, bench_engine, bench_hf, environment, make_frames
-from vla_spec_ros.config import EngineConfig, preset
+from vla_spec_ros.config import EngineConfig
 from vla_spec_ros.engine.ar import reference_tokens
 from vla_spec_ros.engine.engine import Engine
-from vla_spec_ros.engine.runner import TORCH_DTYPES, ModelRunner
-from vla_spec_ros.models.checkpoint import init_random_
-from vla_spec_ros.models.vla import OpenVLA
 from vla_spec_ros.models.random_checkpoint import synthetic_norm_stats
-from vla_spec_ros.prompt import PromptTokenizer, build_tokenizer
 from vla_spec_ros.testing import OracleDrafter
-
-TARGET_ACCEPTANCE = (2.0, 3.0, 3.5)
-
-
-def expected_acceptance(accept_prob: float, depth: int, action_dim: int) -> float:
-    """Mean tokens per verifier round (the prefill's one token included, as the engine counts)
-    when every chain draft position is right with probability ``accept_prob``: action_dim over
-    the expected number of rounds, from the exact recursion over the tokens still needed."""
-    rounds = [0.0] * action_dim                   # rounds[r]: expected rounds to decide r tokens
-    for remaining in range(1, action_dim):
-        d = min(depth, remaining - 1)
-        total = 1.0
-        for k in range(d + 1):                    # k drafts accepted, then the bonus token
-            prob = accept_prob ** k * ((1 - accept_prob) if k < d else 1.0)
-            total += prob * rounds[remaining - k - 1]
-        rounds[remaining] = total
-    return action_dim / (1.0 + rounds[action_dim - 1])
-
-
-def acceptance_error_rate(target: float, depth: int, action_dim: int = 7) -> float:
-    """Per-position error rate of the oracle draft that gives mean acceptance ``target``."""
-    lo, hi = 0.0, 1.0
-    if target >= expected_acceptance(1.0, depth, action_dim):
-        return 0.0
-    for _ in range(60):
-        p = (lo + hi) / 2
-        if expected_acceptance(p, depth, action_dim) < target:
-            lo = p
-        else:
-            hi = p
-    return 1.0 - (lo + hi) / 2
-
-
-def build_model(name: str, device: str, dtype: str, seed: int):
-    cfg = preset(name)
-    torch_dtype = TORCH_DTYPES[dtype]
-    # Materialise directly on the device in the target dtype (no 30 GB float32 copy on host).
-    previous = torch.get_default_dtype()
-    torch.set_default_dtype(torch_dtype)
-    try:
-        with torch.device(device):
-            torch.manual_seed(seed)
-            model = OpenVLA(cfg)
-            init_random_(model)
-    finally:
-        torch.set_default_dtype(previous)
-    return model.eval(), cfg
-
-
-def build_runner(model, cfg, device: str, dtype: str, seed: int,
-                 use_cuda_graphs: bool = False, use_kernels: str = 'auto') -> ModelRunner:
-    engine_cfg = EngineConfig(device=device, dtype=dtype, use_cuda_graphs=use_cuda_graphs,
-                              use_kernels=use_kernels)
-    # A real small tokenizer keeps the prompt path identical to a loaded checkpoint; the 7B
-    # vocabulary is only needed for the embedding table size, not for the tokenizer.
-    tokenizer = PromptTokenizer(build_tokenizer(min(cfg.pad_token_id, 1024), seed))
-    return ModelRunner(model, cfg, tokenizer, engine_cfg)
 
 
 def check_fast_paths(runner, norm_stats, frames, base: dict, hf) -> dict:
@@ -114,7 +56,7 @@ def check_fast_paths(runner, norm_stats, frames, base: dict, hf) -> dict:
         engine = Engine(runner, norm_stats, EngineConfig(mode=mode, tree_depth=5,
                                                          tree_top_k=1, tree_max_nodes=6,
                                                          **base), draft=draft)
-        finished = _run_all(engine, frames)
+        finished = run_all(engine, frames)
         errors = sorted({fin.error for fin in finished if fin.error is not None})
         if errors:
             report[mode] = f'errors: {errors}'
@@ -150,54 +92,6 @@ def roofline(runner, row: BenchRow) -> dict:
             'x_ar_floor': ms_per_action / FLOOR_MS['ar_action'],
             'x_latency_floor': row.latency_p50_ms / FLOOR_MS['ar_action'],
             'of_compute_bound': row.actions_per_s / FLOOR_ACTIONS_PER_S}
-
-
-def time_pieces(runner, frames, base: dict, repeats: int = 20) -> dict:
-    """Median ms of the model pieces one step is built from (synchronised wall clock)."""
-    from vla_spec_ros.engine.step_inputs import PrefillRows, chain_rows, pack_step
-    sync = torch.cuda.synchronize if runner.device.type == 'cuda' else (lambda: None)
-    ring = runner.new_ring(4096, EngineConfig(**base))
-    prompt = runner.prepare_prompt(frames[0], EngineConfig(**base))
-    length = prompt.embeds.shape[0]
-    steps = {
-        'prefill': (pack_step(PrefillRows(0, 4096, length), [], ring.scratch_slot,
-                              num_cols=128), prompt.embeds),
-        'decode_1': (pack_step(None, [chain_rows(0, 4096, length, [5])], ring.scratch_slot,
-                               num_cols=((length + 128) // 128) * 128), None),
-        'decode_8x1': (pack_step(None, [chain_rows(512 * i, 4096, length, [5])
-                                        for i in range(8)], ring.scratch_slot,
-                                 num_cols=((length + 128) // 128) * 128), None)}
-    out = {}
-
-    def median_ms(fn):
-        for _ in range(3):
-            fn()
-        sync()
-        times = []
-        for _ in range(repeats):
-            t0 = time.perf_counter()
-            fn()
-            sync()
-            times.append((time.perf_counter() - t0) * 1e3)
-        return float(np.median(times))
-    from vla_spec_ros.preprocess import preprocess_image
-    out['preprocess'] = median_ms(lambda: preprocess_image(
-        frames[0].image, runner.cfg, dtype=runner.dtype, device=runner.device))
-    out['vision+prompt'] = median_ms(lambda: runner.prepare_prompt(frames[0],
-                                                                   EngineConfig(**base)))
-    for name, (step, embeds) in steps.items():
-        out[name] = median_ms(lambda: ring.run(step, embeds))
-    return out
-
-
-def spec_engine(runner, norm_stats, mode: str, target: float, ref, base: dict, seed: int):
-    """An engine of ``mode`` with the oracle chain draft tuned to acceptance ``target``."""
-    depth = runner.action_dim - 2
-    rate = acceptance_error_rate(target, depth, runner.action_dim)
-    draft = OracleDrafter(ref.__getitem__, runner.action_dim, rate, seed=seed)
-    ecfg = EngineConfig(mode=mode, tree_depth=depth, tree_top_k=1, tree_max_nodes=depth + 1,
-                        **base)
-    return Engine(runner, norm_stats, ecfg, draft=draft)
 
 
 def run_table(args, model, cfg, norm_stats, key, baselines, report) -> list:
@@ -317,130 +211,6 @@ def format_table(records: list) -> str:
     return '\n'.join(lines)
 
 
-def run_fidelity(args, model, cfg, norm_stats, key, hf) -> dict:
-    """Bin-distance histograms of every mode (kernels off / on) against HF eager."""
-    from gpu_fidelity import bin_distance_histogram, tokens_per_frame
-    frames = make_frames(args.fidelity_frames, cfg.image_size, args.seed + 1000, key)
-    action_only = args.fidelity_action_only
-    if action_only:         # random weights rarely pick action tokens: restrict both sides
-        from vla_spec_ros.baseline import HFBaseline
-        hf = HFBaseline(hf.runner, hf.engine_config, hf_model=hf.model,
-                        action_tokens_only=True)
-    hf_tokens = [tuple(hf.generate_tokens(f.image, f.instruction)) for f in frames]
-    use_graphs = args.graphs.split(',')[0].strip() == 'on'
-    results = {}
-    for kernels in args.fidelity_kernels.split(','):
-        runner = build_runner(model, cfg, args.device, args.dtype, args.seed, use_graphs,
-                              use_kernels=kernels)
-        at = runner.action_tokenizer
-        base = dict(device=args.device, dtype=args.dtype, use_cuda_graphs=use_graphs,
-                    use_kernels=kernels, restrict_to_action_tokens=action_only)
-        ref = None
-        for mode in ('ar', 'pipeline', 'spec', 'pipeline_spec'):
-            label = (f'{mode} kernels={kernels} graphs={"on" if use_graphs else "off"}'
-                     + (' action tokens only' if action_only else ''))
-            try:
-                engine = Engine(runner, norm_stats, EngineConfig(mode=mode, **base)) \
-                    if ref is None or mode in ('ar', 'pipeline') else \
-                    spec_engine(runner, norm_stats, mode, 3.0, ref, base, args.seed)
-                got = tokens_per_frame(_run_all(engine, frames))
-            except RuntimeError as exc:
-                results[label] = str(exc)
-                continue
-            if mode == 'ar':
-                ref = got          # the oracle drafts this kernel setting's own AR tokens
-            results[label] = bin_distance_histogram(got, hf_tokens, at.first_action_id,
-                                                    at.last_action_id)
-            print(label, results[label], flush=True)
-    return results
-
-
-def run_thread_sweep(args, model, cfg, norm_stats, key) -> dict:
-    """Host threads against step cost: the model pieces and a pipeline row (CUDA graphs as
-    the last ``--graphs`` setting, 1 stream) at each ``--thread-sweep`` intra-op thread count.
-    The host's share of a step (preprocessing, launches) is small arithmetic on which many
-    threads can cost more than they save."""
-    use_graphs = args.graphs.split(',')[-1].strip() == 'on'
-    runner = build_runner(model, cfg, args.device, args.dtype, args.seed, use_graphs)
-    base = dict(device=args.device, dtype=args.dtype, use_cuda_graphs=use_graphs)
-    frames = make_frames(args.frames + args.warmup, cfg.image_size, args.seed, key)
-    previous = torch.get_num_threads()
-    out = {}
-    try:
-        for threads in [int(t) for t in args.thread_sweep.split(',')]:
-            torch.set_num_threads(threads)
-            pieces = time_pieces(runner, make_frames(2, cfg.image_size, 3, key), base)
-            row = bench_engine(Engine(runner, norm_stats, EngineConfig(mode='pipeline', **base)),
-                               frames, args.warmup)
-            out[threads] = {'pieces_ms': pieces, 'pipeline': asdict(row)}
-            print(f'threads {threads}: pieces {pieces}; pipeline {row.actions_per_s:.1f} '
-                  f'actions/s, {row.step_ms:.2f} ms/step, vision {row.vision_ms:.2f} / '
-                  f'verifier {row.verifier_ms:.2f} / host {row.host_ms:.2f} ms/step', flush=True)
-    finally:
-        torch.set_num_threads(previous)
-    return out
-
-
-def run_kernel_ab(args, model, cfg, norm_stats, key) -> dict:
-    """Fused kernels off, then on (same weights, same process, CUDA graphs as the last
-    ``--graphs`` setting, 1 stream): the model pieces and the ar / pipeline /
-    pipeline_spec@3.5 rows. Runners are used one after the other: the norm kernel is installed
-    on the shared model by the runner built last."""
-    use_graphs = args.graphs.split(',')[-1].strip() == 'on'
-    frames = make_frames(args.frames + args.warmup, cfg.image_size, args.seed, key)
-    out = {}
-    for kernels in ('off', 'on'):
-        runner = build_runner(model, cfg, args.device, args.dtype, args.seed, use_graphs,
-                              use_kernels=kernels)
-        base = dict(device=args.device, dtype=args.dtype, use_cuda_graphs=use_graphs,
-                    use_kernels=kernels)
-        pieces = time_pieces(runner, make_frames(2, cfg.image_size, 3, key), base)
-        ref = reference_tokens(runner, frames, EngineConfig(**{**base, 'use_cuda_graphs': False}))
-        rows = {}
-        for mode in ('ar', 'pipeline', 'pipeline_spec@3.5'):
-            engine = spec_engine(runner, norm_stats, 'pipeline_spec', 3.5, ref, base, args.seed) \
-                if '@' in mode else Engine(runner, norm_stats, EngineConfig(mode=mode, **base))
-            row = bench_engine(engine, frames, args.warmup)
-            rows[mode] = asdict(row)
-            print(f'kernels {kernels} {mode}: {row.actions_per_s:.2f} actions/s, '
-                  f'{row.step_ms:.2f} ms/step (vision {row.vision_ms:.2f}, verifier '
-                  f'{row.verifier_ms:.2f}), p50 {row.latency_p50_ms:.1f} ms', flush=True)
-        out[kernels] = {'pieces_ms': pieces, 'rows': rows}
-        print(f'kernels {kernels}: pieces {pieces}', flush=True)
-    return out
-
-
-def run_profile(args, model, cfg, norm_stats, key, out: Path, stamp: str) -> dict:
-    """torch.profiler over one mode (1 stream): the kernel table by device time."""
-    from torch.profiler import ProfilerActivity, profile
-    use_graphs = args.graphs.split(',')[-1].strip() == 'on'
-    runner = build_runner(model, cfg, args.device, args.dtype, args.seed, use_graphs)
-    base = dict(device=args.device, dtype=args.dtype, use_cuda_graphs=use_graphs)
-    frames = make_frames(args.warmup + 8, cfg.image_size, args.seed, key)
-    mode = args.profile_mode
-    if '@' in mode:
-        name, target = mode.split('@')
-        ref = reference_tokens(runner, frames, EngineConfig(**{**base, 'use_cuda_graphs': False}))
-        engine = spec_engine(runner, norm_stats, name, float(target), ref, base, args.seed)
-    else:
-        engine = Engine(runner, norm_stats, EngineConfig(mode=mode, **base))
-    engine.capture_graphs(frames[0])
-    _run_all(engine, frames[:args.warmup])
-    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA]
-                                           if runner.device.type == 'cuda' else [])
-    with profile(activities=activities) as prof:
-        _run_all(engine, frames[args.warmup:])
-        if runner.device.type == 'cuda':
-            torch.cuda.synchronize()
-    sort = 'self_device_time_total' if runner.device.type == 'cuda' else 'self_cpu_time_total'
-    table = prof.key_averages().table(sort_by=sort, row_limit=40)
-    path = out / f'profile-{args.preset}-{mode.replace("@", "_at_")}-{stamp}.txt'
-    path.write_text(f'mode {mode}, graphs {"on" if use_graphs else "off"}, 8 frames, '
-                    f'1 stream\n\n{table}\n')
-    print(table, flush=True)
-    return {'mode': mode, 'graphs': use_graphs, 'table_file': path.name}
-
-
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
     ap.add_argument('--preset', default='tiny')
@@ -530,13 +300,6 @@ def main(argv=None) -> int:
         + (f'bin distance against HF eager, {args.fidelity_frames} frames:\n\n'
            f'{fidelity_table}\n' if fidelity else ''))
     return 0
-
-
-def _run_all(engine, frames):
-    for f in frames:
-        engine.submit(f)
-    out = engine.run_until_idle()
-    return sorted(out, key=lambda fin: fin.request_id)
 
 
 if __name__ == '__main__':

@@ -1,0 +1,140 @@
+"""The optional parts of bench/gpu.py (``--parts``), each on the weights the table uses:
+bf16 fidelity against HF eager, the host-thread sweep, fused kernels off vs on, and one
+torch.profiler run. Each builds its runners one after the other (the fused norm kernel is
+installed on the shared model by the runner built last)."""
+from __future__ import annotations
+
+from dataclasses import asdict
+from pathlib import Path
+
+import torch
+
+from gpu_setup import build_runner, run_all, spec_engine, time_pieces
+from vla_spec_ros.bench import bench_engine, make_frames
+from vla_spec_ros.config import EngineConfig
+from vla_spec_ros.engine.ar import reference_tokens
+from vla_spec_ros.engine.engine import Engine
+
+
+def run_fidelity(args, model, cfg, norm_stats, key, hf) -> dict:
+    """Bin-distance histograms of every mode (kernels off / on) against HF eager."""
+    from gpu_fidelity import bin_distance_histogram, tokens_per_frame
+    frames = make_frames(args.fidelity_frames, cfg.image_size, args.seed + 1000, key)
+    action_only = args.fidelity_action_only
+    if action_only:         # random weights rarely pick action tokens: restrict both sides
+        from vla_spec_ros.baseline import HFBaseline
+        hf = HFBaseline(hf.runner, hf.engine_config, hf_model=hf.model,
+                        action_tokens_only=True)
+    hf_tokens = [tuple(hf.generate_tokens(f.image, f.instruction)) for f in frames]
+    use_graphs = args.graphs.split(',')[0].strip() == 'on'
+    results = {}
+    for kernels in args.fidelity_kernels.split(','):
+        runner = build_runner(model, cfg, args.device, args.dtype, args.seed, use_graphs,
+                              use_kernels=kernels)
+        at = runner.action_tokenizer
+        base = dict(device=args.device, dtype=args.dtype, use_cuda_graphs=use_graphs,
+                    use_kernels=kernels, restrict_to_action_tokens=action_only)
+        ref = None
+        for mode in ('ar', 'pipeline', 'spec', 'pipeline_spec'):
+            label = (f'{mode} kernels={kernels} graphs={"on" if use_graphs else "off"}'
+                     + (' action tokens only' if action_only else ''))
+            try:
+                engine = Engine(runner, norm_stats, EngineConfig(mode=mode, **base)) \
+                    if ref is None or mode in ('ar', 'pipeline') else \
+                    spec_engine(runner, norm_stats, mode, 3.0, ref, base, args.seed)
+                got = tokens_per_frame(run_all(engine, frames))
+            except RuntimeError as exc:
+                results[label] = str(exc)
+                continue
+            if mode == 'ar':
+                ref = got          # the oracle drafts this kernel setting's own AR tokens
+            results[label] = bin_distance_histogram(got, hf_tokens, at.first_action_id,
+                                                    at.last_action_id)
+            print(label, results[label], flush=True)
+    return results
+
+
+def run_thread_sweep(args, model, cfg, norm_stats, key) -> dict:
+    """Host threads against step cost: the model pieces and a pipeline row (CUDA graphs as
+    the last ``--graphs`` setting, 1 stream) at each ``--thread-sweep`` intra-op thread count.
+    The host's share of a step (preprocessing, launches) is small arithmetic on which many
+    threads can cost more than they save."""
+    use_graphs = args.graphs.split(',')[-1].strip() == 'on'
+    runner = build_runner(model, cfg, args.device, args.dtype, args.seed, use_graphs)
+    base = dict(device=args.device, dtype=args.dtype, use_cuda_graphs=use_graphs)
+    frames = make_frames(args.frames + args.warmup, cfg.image_size, args.seed, key)
+    previous = torch.get_num_threads()
+    out = {}
+    try:
+        for threads in [int(t) for t in args.thread_sweep.split(',')]:
+            torch.set_num_threads(threads)
+            pieces = time_pieces(runner, make_frames(2, cfg.image_size, 3, key), base)
+            row = bench_engine(Engine(runner, norm_stats, EngineConfig(mode='pipeline', **base)),
+                               frames, args.warmup)
+            out[threads] = {'pieces_ms': pieces, 'pipeline': asdict(row)}
+            print(f'threads {threads}: pieces {pieces}; pipeline {row.actions_per_s:.1f} '
+                  f'actions/s, {row.step_ms:.2f} ms/step, vision {row.vision_ms:.2f} / '
+                  f'verifier {row.verifier_ms:.2f} / host {row.host_ms:.2f} ms/step', flush=True)
+    finally:
+        torch.set_num_threads(previous)
+    return out
+
+
+def run_kernel_ab(args, model, cfg, norm_stats, key) -> dict:
+    """Fused kernels off, then on (same weights, same process, CUDA graphs as the last
+    ``--graphs`` setting, 1 stream): the model pieces and the ar / pipeline /
+    pipeline_spec@3.5 rows. Runners are used one after the other: the norm kernel is installed
+    on the shared model by the runner built last."""
+    use_graphs = args.graphs.split(',')[-1].strip() == 'on'
+    frames = make_frames(args.frames + args.warmup, cfg.image_size, args.seed, key)
+    out = {}
+    for kernels in ('off', 'on'):
+        runner = build_runner(model, cfg, args.device, args.dtype, args.seed, use_graphs,
+                              use_kernels=kernels)
+        base = dict(device=args.device, dtype=args.dtype, use_cuda_graphs=use_graphs,
+                    use_kernels=kernels)
+        pieces = time_pieces(runner, make_frames(2, cfg.image_size, 3, key), base)
+        ref = reference_tokens(runner, frames, EngineConfig(**{**base, 'use_cuda_graphs': False}))
+        rows = {}
+        for mode in ('ar', 'pipeline', 'pipeline_spec@3.5'):
+            engine = spec_engine(runner, norm_stats, 'pipeline_spec', 3.5, ref, base, args.seed) \
+                if '@' in mode else Engine(runner, norm_stats, EngineConfig(mode=mode, **base))
+            row = bench_engine(engine, frames, args.warmup)
+            rows[mode] = asdict(row)
+            print(f'kernels {kernels} {mode}: {row.actions_per_s:.2f} actions/s, '
+                  f'{row.step_ms:.2f} ms/step (vision {row.vision_ms:.2f}, verifier '
+                  f'{row.verifier_ms:.2f}), p50 {row.latency_p50_ms:.1f} ms', flush=True)
+        out[kernels] = {'pieces_ms': pieces, 'rows': rows}
+        print(f'kernels {kernels}: pieces {pieces}', flush=True)
+    return out
+
+
+def run_profile(args, model, cfg, norm_stats, key, out: Path, stamp: str) -> dict:
+    """torch.profiler over one mode (1 stream): the kernel table by device time."""
+    from torch.profiler import ProfilerActivity, profile
+    use_graphs = args.graphs.split(',')[-1].strip() == 'on'
+    runner = build_runner(model, cfg, args.device, args.dtype, args.seed, use_graphs)
+    base = dict(device=args.device, dtype=args.dtype, use_cuda_graphs=use_graphs)
+    frames = make_frames(args.warmup + 8, cfg.image_size, args.seed, key)
+    mode = args.profile_mode
+    if '@' in mode:
+        name, target = mode.split('@')
+        ref = reference_tokens(runner, frames, EngineConfig(**{**base, 'use_cuda_graphs': False}))
+        engine = spec_engine(runner, norm_stats, name, float(target), ref, base, args.seed)
+    else:
+        engine = Engine(runner, norm_stats, EngineConfig(mode=mode, **base))
+    engine.capture_graphs(frames[0])
+    run_all(engine, frames[:args.warmup])
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA]
+                                           if runner.device.type == 'cuda' else [])
+    with profile(activities=activities) as prof:
+        run_all(engine, frames[args.warmup:])
+        if runner.device.type == 'cuda':
+            torch.cuda.synchronize()
+    sort = 'self_device_time_total' if runner.device.type == 'cuda' else 'self_cpu_time_total'
+    table = prof.key_averages().table(sort_by=sort, row_limit=40)
+    path = out / f'profile-{args.preset}-{mode.replace("@", "_at_")}-{stamp}.txt'
+    path.write_text(f'mode {mode}, graphs {"on" if use_graphs else "off"}, 8 frames, '
+                    f'1 stream\n\n{table}\n')
+    print(table, flush=True)
+    return {'mode': mode, 'graphs': use_graphs, 'table_file': path.name}

@@ -1,0 +1,131 @@
+"""What every part of bench/gpu.py builds on: the preset with random weights on the device, a
+runner over it, the oracle draft tuned to an acceptance length (with the exact recursion that
+tunes it), the model pieces' timings, and running a list of frames through an engine."""
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import torch
+
+from vla_spec_ros.config import EngineConfig, preset
+from vla_spec_ros.engine.engine import Engine
+from vla_spec_ros.engine.runner import TORCH_DTYPES, ModelRunner
+from vla_spec_ros.models.checkpoint import init_random_
+from vla_spec_ros.models.vla import OpenVLA
+from vla_spec_ros.prompt import PromptTokenizer, build_tokenizer
+from vla_spec_ros.testing import OracleDrafter
+
+# Oracle acceptance lengths of the spec rows; 3.5 is the most seven tokens allow (the prefill
+# decides one, one verify round the other six).
+TARGET_ACCEPTANCE = (2.0, 3.0, 3.5)
+
+
+def expected_acceptance(accept_prob: float, depth: int, action_dim: int) -> float:
+    """Mean tokens per verifier round (the prefill's one token included, as the engine counts)
+    when every chain draft position is right with probability ``accept_prob``: action_dim over
+    the expected number of rounds, from the exact recursion over the tokens still needed."""
+    rounds = [0.0] * action_dim                   # rounds[r]: expected rounds to decide r tokens
+    for remaining in range(1, action_dim):
+        d = min(depth, remaining - 1)
+        total = 1.0
+        for k in range(d + 1):                    # k drafts accepted, then the bonus token
+            prob = accept_prob ** k * ((1 - accept_prob) if k < d else 1.0)
+            total += prob * rounds[remaining - k - 1]
+        rounds[remaining] = total
+    return action_dim / (1.0 + rounds[action_dim - 1])
+
+
+def acceptance_error_rate(target: float, depth: int, action_dim: int = 7) -> float:
+    """Per-position error rate of the oracle draft that gives mean acceptance ``target``."""
+    lo, hi = 0.0, 1.0
+    if target >= expected_acceptance(1.0, depth, action_dim):
+        return 0.0
+    for _ in range(60):
+        p = (lo + hi) / 2
+        if expected_acceptance(p, depth, action_dim) < target:
+            lo = p
+        else:
+            hi = p
+    return 1.0 - (lo + hi) / 2
+
+
+def build_model(name: str, device: str, dtype: str, seed: int):
+    cfg = preset(name)
+    torch_dtype = TORCH_DTYPES[dtype]
+    # Materialise directly on the device in the target dtype (no 30 GB float32 copy on host).
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(torch_dtype)
+    try:
+        with torch.device(device):
+            torch.manual_seed(seed)
+            model = OpenVLA(cfg)
+            init_random_(model)
+    finally:
+        torch.set_default_dtype(previous)
+    return model.eval(), cfg
+
+
+def build_runner(model, cfg, device: str, dtype: str, seed: int,
+                 use_cuda_graphs: bool = False, use_kernels: str = 'auto') -> ModelRunner:
+    engine_cfg = EngineConfig(device=device, dtype=dtype, use_cuda_graphs=use_cuda_graphs,
+                              use_kernels=use_kernels)
+    # A real small tokenizer keeps the prompt path identical to a loaded checkpoint; the 7B
+    # vocabulary is only needed for the embedding table size, not for the tokenizer.
+    tokenizer = PromptTokenizer(build_tokenizer(min(cfg.pad_token_id, 1024), seed))
+    return ModelRunner(model, cfg, tokenizer, engine_cfg)
+
+
+def time_pieces(runner, frames, base: dict, repeats: int = 20) -> dict:
+    """Median ms of the model pieces one step is built from (synchronised wall clock)."""
+    from vla_spec_ros.engine.step_inputs import PrefillRows, chain_rows, pack_step
+    sync = torch.cuda.synchronize if runner.device.type == 'cuda' else (lambda: None)
+    ring = runner.new_ring(4096, EngineConfig(**base))
+    prompt = runner.prepare_prompt(frames[0], EngineConfig(**base))
+    length = prompt.embeds.shape[0]
+    steps = {
+        'prefill': (pack_step(PrefillRows(0, 4096, length), [], ring.scratch_slot,
+                              num_cols=128), prompt.embeds),
+        'decode_1': (pack_step(None, [chain_rows(0, 4096, length, [5])], ring.scratch_slot,
+                               num_cols=((length + 128) // 128) * 128), None),
+        'decode_8x1': (pack_step(None, [chain_rows(512 * i, 4096, length, [5])
+                                        for i in range(8)], ring.scratch_slot,
+                                 num_cols=((length + 128) // 128) * 128), None)}
+    out = {}
+
+    def median_ms(fn):
+        for _ in range(3):
+            fn()
+        sync()
+        times = []
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            fn()
+            sync()
+            times.append((time.perf_counter() - t0) * 1e3)
+        return float(np.median(times))
+    from vla_spec_ros.preprocess import preprocess_image
+    out['preprocess'] = median_ms(lambda: preprocess_image(
+        frames[0].image, runner.cfg, dtype=runner.dtype, device=runner.device))
+    out['vision+prompt'] = median_ms(lambda: runner.prepare_prompt(frames[0],
+                                                                   EngineConfig(**base)))
+    for name, (step, embeds) in steps.items():
+        out[name] = median_ms(lambda: ring.run(step, embeds))
+    return out
+
+
+def spec_engine(runner, norm_stats, mode: str, target: float, ref, base: dict, seed: int):
+    """An engine of ``mode`` with the oracle chain draft tuned to acceptance ``target``."""
+    depth = runner.action_dim - 2
+    rate = acceptance_error_rate(target, depth, runner.action_dim)
+    draft = OracleDrafter(ref.__getitem__, runner.action_dim, rate, seed=seed)
+    ecfg = EngineConfig(mode=mode, tree_depth=depth, tree_top_k=1, tree_max_nodes=depth + 1,
+                        **base)
+    return Engine(runner, norm_stats, ecfg, draft=draft)
+
+
+def run_all(engine, frames):
+    for f in frames:
+        engine.submit(f)
+    out = engine.run_until_idle()
+    return sorted(out, key=lambda fin: fin.request_id)
