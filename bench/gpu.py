@@ -36,13 +36,12 @@ import numpy as np
 import torch
 
 from gpu_parts import run_fidelity, run_kernel_ab, run_profile, run_thread_sweep
-from gpu_setup import (TARGET_ACCEPTANCE, build_model, build_runner, run_all, spec_engine,
-                       time_pieces)
+from gpu_setup import (TARGET_ACCEPTANCE, build_model, build_runner, load_checkpoint, run_all,
+                       spec_engine, time_pieces)
 from vla_spec_ros.bench import BenchRow, bench_engine, bench_hf, environment, make_frames
 from vla_spec_ros.config import EngineConfig
 from vla_spec_ros.engine.ar import reference_tokens
 from vla_spec_ros.engine.engine import Engine
-from vla_spec_ros.models.random_checkpoint import synthetic_norm_stats
 from vla_spec_ros.testing import OracleDrafter
 
 
@@ -94,7 +93,7 @@ def roofline(runner, row: BenchRow) -> dict:
             'of_compute_bound': row.actions_per_s / FLOOR_ACTIONS_PER_S}
 
 
-def run_table(args, model, cfg, norm_stats, key, baselines, report) -> list:
+def run_table(args, weights, key, baselines, report) -> list:
     """Every (mode, graphs, streams) row, the baselines measured in the same run."""
     graph_settings = [g.strip() == 'on' for g in args.graphs.split(',')]
     groups = set(args.rows.split(','))
@@ -125,19 +124,19 @@ def run_table(args, model, cfg, norm_stats, key, baselines, report) -> list:
 
     runner = None
     for use_graphs in graph_settings:
-        runner = build_runner(model, cfg, args.device, args.dtype, args.seed, use_graphs)
+        runner = build_runner(weights, args.device, args.dtype, use_graphs)
         base = dict(device=args.device, dtype=args.dtype, use_cuda_graphs=use_graphs)
         label = 'graphs' if use_graphs else 'eager'
+        size = weights.cfg.image_size
         report['checks'][label] = check_fast_paths(
-            runner, norm_stats, make_frames(4, cfg.image_size, args.seed + 7, key), base,
+            runner, weights.norm_stats, make_frames(4, size, args.seed + 7, key), base,
             baselines['hf'])
         print(f'token agreement with the plain AR reference ({label}):',
               report['checks'][label], flush=True)
-        report['pieces_ms'][label] = time_pieces(runner, make_frames(2, cfg.image_size, 3, key),
-                                                 base)
+        report['pieces_ms'][label] = time_pieces(runner, make_frames(2, size, 3, key), base)
         print(f'ms per piece ({label}):', report['pieces_ms'][label], flush=True)
         for streams in [int(s) for s in args.streams.split(',')]:
-            frames = make_frames(args.frames + args.warmup, cfg.image_size, args.seed, key,
+            frames = make_frames(args.frames + args.warmup, weights.cfg.image_size, args.seed, key,
                                  streams)
             # Request ids of a fresh engine index ``ref`` (warm-up frames are submitted first).
             ref = reference_tokens(runner, frames,
@@ -147,7 +146,7 @@ def run_table(args, model, cfg, norm_stats, key, baselines, report) -> list:
             for mode in [m for m in ('ar', 'pipeline') if m in groups]:
                 row = attempt(f'{mode} graphs={use_graphs} streams={streams}',
                               lambda m=mode: bench_engine(Engine(
-                                  runner, norm_stats, EngineConfig(mode=m, **base)),
+                                  runner, weights.norm_stats, EngineConfig(mode=m, **base)),
                                   frames, args.warmup))
                 if row is not None:
                     rows.append((mode, use_graphs, streams, row))
@@ -155,7 +154,7 @@ def run_table(args, model, cfg, norm_stats, key, baselines, report) -> list:
                 for mode in ('spec', 'pipeline_spec'):
                     row = attempt(f'{mode}@{target} graphs={use_graphs} streams={streams}',
                                   lambda m=mode, t=target: bench_engine(spec_engine(
-                                      runner, norm_stats, m, t, ref, base, args.seed),
+                                      runner, weights.norm_stats, m, t, ref, base, args.seed),
                                       frames, args.warmup))
                     if row is not None:
                         row.mode = f'{mode}@{target}'
@@ -163,7 +162,8 @@ def run_table(args, model, cfg, norm_stats, key, baselines, report) -> list:
             for mode in ('spec', 'pipeline_spec') if 'eagle' in groups else ():
                 from vla_spec_ros.engine.drafter import load_draft_for
                 ecfg = EngineConfig(mode=mode, draft_path='random', **base)
-                engine = Engine(runner, norm_stats, ecfg, draft=load_draft_for(runner, ecfg, None))
+                engine = Engine(runner, weights.norm_stats, ecfg,
+                                draft=load_draft_for(runner, ecfg, None))
                 row = attempt(f'{mode}+eagle graphs={use_graphs} streams={streams}',
                               lambda e=engine: bench_engine(e, frames, args.warmup))
                 if row is not None:
@@ -175,7 +175,7 @@ def run_table(args, model, cfg, norm_stats, key, baselines, report) -> list:
     # work by up to a third when it ran first (bench/README.md).
     for streams in [int(s) for s in args.streams.split(',')]:
         bench_baseline('hf_compiled', streams, make_frames(args.frames + args.warmup,
-                                                           cfg.image_size, args.seed, key,
+                                                           weights.cfg.image_size, args.seed, key,
                                                            streams))
     records = []
     for m, g, s, r in rows:
@@ -214,6 +214,9 @@ def format_table(records: list) -> str:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
     ap.add_argument('--preset', default='tiny')
+    ap.add_argument('--checkpoint', default='',
+                    help='a real checkpoint (folder or name, e.g. metaworld-demo) instead of '
+                    'the preset with random weights; its tokenizer and dataset statistics')
     ap.add_argument('--device', default='cuda' if torch.cuda.is_available() else 'cpu')
     ap.add_argument('--dtype', default='bfloat16' if torch.cuda.is_available() else 'float32')
     ap.add_argument('--frames', type=int, default=20)
@@ -252,9 +255,9 @@ def main(argv=None) -> int:
     if unknown:
         print(f'--parts: unknown {sorted(unknown)}', file=sys.stderr)
         return 2
-    model, cfg = build_model(args.preset, args.device, args.dtype, args.seed)
-    norm_stats = synthetic_norm_stats(cfg.action_dim)
-    key = sorted(norm_stats)[0]
+    weights = load_checkpoint(args.checkpoint, args.device, args.dtype) if args.checkpoint \
+        else build_model(args.preset, args.device, args.dtype, args.seed)
+    key = sorted(weights.norm_stats)[0]
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     stamp = time.strftime('%Y%m%d-%H%M%S')
@@ -262,7 +265,7 @@ def main(argv=None) -> int:
     # The HF baselines are built first, before any graph capture, on an eager runner of the
     # same weights (its weights are copied into transformers' Llama).
     from vla_spec_ros.baseline import HFBaseline
-    eager_runner = build_runner(model, cfg, args.device, args.dtype, args.seed, False)
+    eager_runner = build_runner(weights, args.device, args.dtype, False)
     engine_cfg = EngineConfig(device=args.device, dtype=args.dtype)
     baselines, hf_model = {}, None
     for variant in [v for v in args.baselines.split(',') if v]:
@@ -270,15 +273,15 @@ def main(argv=None) -> int:
                               compile_backend=args.compile_backend)
         hf_model = baseline.model                  # one weight copy for both baselines
         baselines[baseline.label] = baseline
-    records = run_table(args, model, cfg, norm_stats, key, baselines, report) \
+    records = run_table(args, weights, key, baselines, report) \
         if 'table' in parts else []
-    threads = run_thread_sweep(args, model, cfg, norm_stats, key) \
+    threads = run_thread_sweep(args, weights, key) \
         if 'threads' in parts else {}
-    kernel_ab = run_kernel_ab(args, model, cfg, norm_stats, key) \
+    kernel_ab = run_kernel_ab(args, weights, key) \
         if 'kernels' in parts else {}
-    fidelity = run_fidelity(args, model, cfg, norm_stats, key, baselines['hf']) \
+    fidelity = run_fidelity(args, weights, key, baselines['hf']) \
         if 'fidelity' in parts else {}
-    profiled = run_profile(args, model, cfg, norm_stats, key, out, stamp) \
+    profiled = run_profile(args, weights, key, out, stamp) \
         if 'profile' in parts else {}
     table = format_table(records) if records else ''
     from gpu_fidelity import format_histogram_rows
@@ -290,7 +293,8 @@ def main(argv=None) -> int:
               'dtype': args.dtype, 'environment': environment(), **report,
               'floor_ms': FLOOR_MS, 'rows': records, 'fidelity': fidelity,
               'profile': profiled, 'threads': threads, 'kernels_ab': kernel_ab}
-    name = f'gpu-{args.preset}-{args.device}-{stamp}'
+    label = Path(args.checkpoint).name if args.checkpoint else args.preset
+    name = f'gpu-{label}-{args.device}-{stamp}'
     (out / f'{name}.json').write_text(json.dumps(record, indent=2))
     (out / f'{name}.md').write_text(
         f'command: `{command}`\n\n{json.dumps(record["environment"])}\n\n'

@@ -16,10 +16,13 @@ from vla_spec_ros.engine.ar import reference_tokens
 from vla_spec_ros.engine.engine import Engine
 
 
-def run_fidelity(args, model, cfg, norm_stats, key, hf) -> dict:
-    """Bin-distance histograms of every mode (kernels off / on) against HF eager."""
+def run_fidelity(args, weights, key, hf) -> dict:
+    """Bin-distance histograms of every mode (kernels off / on) against HF eager, and of the
+    fast modes against our own AR in the same setting. Spec modes draft with the checkpoint's
+    EAGLE head at the default tree when there is one, else with the oracle chain draft at
+    acceptance 3."""
     from gpu_fidelity import bin_distance_histogram, tokens_per_frame
-    frames = make_frames(args.fidelity_frames, cfg.image_size, args.seed + 1000, key)
+    frames = make_frames(args.fidelity_frames, weights.cfg.image_size, args.seed + 1000, key)
     action_only = args.fidelity_action_only
     if action_only:         # random weights rarely pick action tokens: restrict both sides
         from vla_spec_ros.baseline import HFBaseline
@@ -29,48 +32,61 @@ def run_fidelity(args, model, cfg, norm_stats, key, hf) -> dict:
     use_graphs = args.graphs.split(',')[0].strip() == 'on'
     results = {}
     for kernels in args.fidelity_kernels.split(','):
-        runner = build_runner(model, cfg, args.device, args.dtype, args.seed, use_graphs,
+        runner = build_runner(weights, args.device, args.dtype, use_graphs,
                               use_kernels=kernels)
         at = runner.action_tokenizer
         base = dict(device=args.device, dtype=args.dtype, use_cuda_graphs=use_graphs,
                     use_kernels=kernels, restrict_to_action_tokens=action_only)
         ref = None
+        setting = (f'kernels={kernels} graphs={"on" if use_graphs else "off"}'
+                   + (' action tokens only' if action_only else ''))
         for mode in ('ar', 'pipeline', 'spec', 'pipeline_spec'):
-            label = (f'{mode} kernels={kernels} graphs={"on" if use_graphs else "off"}'
-                     + (' action tokens only' if action_only else ''))
+            label = f'{mode} {setting}'
             try:
-                engine = Engine(runner, norm_stats, EngineConfig(mode=mode, **base)) \
-                    if ref is None or mode in ('ar', 'pipeline') else \
-                    spec_engine(runner, norm_stats, mode, 3.0, ref, base, args.seed)
-                got = tokens_per_frame(run_all(engine, frames))
+                got = tokens_per_frame(run_all(_fidelity_engine(runner, weights, mode, ref, base,
+                                                                args.seed), frames))
             except RuntimeError as exc:
                 results[label] = str(exc)
                 continue
             if mode == 'ar':
-                ref = got          # the oracle drafts this kernel setting's own AR tokens
+                ref = got          # the oracle drafts this setting's own AR tokens
             results[label] = bin_distance_histogram(got, hf_tokens, at.first_action_id,
                                                     at.last_action_id)
             print(label, results[label], flush=True)
+            if mode != 'ar':
+                results[f'{mode} vs our ar, {setting}'] = bin_distance_histogram(
+                    got, ref, at.first_action_id, at.last_action_id)
     return results
 
 
-def run_thread_sweep(args, model, cfg, norm_stats, key) -> dict:
+def _fidelity_engine(runner, weights, mode: str, ref, base: dict, seed: int):
+    if mode in ('ar', 'pipeline'):
+        return Engine(runner, weights.norm_stats, EngineConfig(mode=mode, **base))
+    if weights.source is not None:
+        from vla_spec_ros.engine.drafter import load_draft_for
+        cfg = EngineConfig(mode=mode, **base)
+        return Engine(runner, weights.norm_stats, cfg,
+                      draft=load_draft_for(runner, cfg, Path(weights.source)))
+    return spec_engine(runner, weights.norm_stats, mode, 3.0, ref, base, seed)
+
+
+def run_thread_sweep(args, weights, key) -> dict:
     """Host threads against step cost: the model pieces and a pipeline row (CUDA graphs as
     the last ``--graphs`` setting, 1 stream) at each ``--thread-sweep`` intra-op thread count.
     The host's share of a step (preprocessing, launches) is small arithmetic on which many
     threads can cost more than they save."""
     use_graphs = args.graphs.split(',')[-1].strip() == 'on'
-    runner = build_runner(model, cfg, args.device, args.dtype, args.seed, use_graphs)
+    runner = build_runner(weights, args.device, args.dtype, use_graphs)
     base = dict(device=args.device, dtype=args.dtype, use_cuda_graphs=use_graphs)
-    frames = make_frames(args.frames + args.warmup, cfg.image_size, args.seed, key)
+    frames = make_frames(args.frames + args.warmup, weights.cfg.image_size, args.seed, key)
     previous = torch.get_num_threads()
     out = {}
     try:
         for threads in [int(t) for t in args.thread_sweep.split(',')]:
             torch.set_num_threads(threads)
-            pieces = time_pieces(runner, make_frames(2, cfg.image_size, 3, key), base)
-            row = bench_engine(Engine(runner, norm_stats, EngineConfig(mode='pipeline', **base)),
-                               frames, args.warmup)
+            pieces = time_pieces(runner, make_frames(2, weights.cfg.image_size, 3, key), base)
+            engine = Engine(runner, weights.norm_stats, EngineConfig(mode='pipeline', **base))
+            row = bench_engine(engine, frames, args.warmup)
             out[threads] = {'pieces_ms': pieces, 'pipeline': asdict(row)}
             print(f'threads {threads}: pieces {pieces}; pipeline {row.actions_per_s:.1f} '
                   f'actions/s, {row.step_ms:.2f} ms/step, vision {row.vision_ms:.2f} / '
@@ -80,25 +96,26 @@ def run_thread_sweep(args, model, cfg, norm_stats, key) -> dict:
     return out
 
 
-def run_kernel_ab(args, model, cfg, norm_stats, key) -> dict:
+def run_kernel_ab(args, weights, key) -> dict:
     """Fused kernels off, then on (same weights, same process, CUDA graphs as the last
     ``--graphs`` setting, 1 stream): the model pieces and the ar / pipeline /
     pipeline_spec@3.5 rows. Runners are used one after the other: the norm kernel is installed
     on the shared model by the runner built last."""
     use_graphs = args.graphs.split(',')[-1].strip() == 'on'
-    frames = make_frames(args.frames + args.warmup, cfg.image_size, args.seed, key)
+    frames = make_frames(args.frames + args.warmup, weights.cfg.image_size, args.seed, key)
     out = {}
     for kernels in ('off', 'on'):
-        runner = build_runner(model, cfg, args.device, args.dtype, args.seed, use_graphs,
+        runner = build_runner(weights, args.device, args.dtype, use_graphs,
                               use_kernels=kernels)
         base = dict(device=args.device, dtype=args.dtype, use_cuda_graphs=use_graphs,
                     use_kernels=kernels)
-        pieces = time_pieces(runner, make_frames(2, cfg.image_size, 3, key), base)
+        pieces = time_pieces(runner, make_frames(2, weights.cfg.image_size, 3, key), base)
         ref = reference_tokens(runner, frames, EngineConfig(**{**base, 'use_cuda_graphs': False}))
         rows = {}
         for mode in ('ar', 'pipeline', 'pipeline_spec@3.5'):
-            engine = spec_engine(runner, norm_stats, 'pipeline_spec', 3.5, ref, base, args.seed) \
-                if '@' in mode else Engine(runner, norm_stats, EngineConfig(mode=mode, **base))
+            engine = spec_engine(runner, weights.norm_stats, 'pipeline_spec', 3.5, ref, base,
+                                 args.seed) if '@' in mode else \
+                Engine(runner, weights.norm_stats, EngineConfig(mode=mode, **base))
             row = bench_engine(engine, frames, args.warmup)
             rows[mode] = asdict(row)
             print(f'kernels {kernels} {mode}: {row.actions_per_s:.2f} actions/s, '
@@ -109,20 +126,20 @@ def run_kernel_ab(args, model, cfg, norm_stats, key) -> dict:
     return out
 
 
-def run_profile(args, model, cfg, norm_stats, key, out: Path, stamp: str) -> dict:
+def run_profile(args, weights, key, out: Path, stamp: str) -> dict:
     """torch.profiler over one mode (1 stream): the kernel table by device time."""
     from torch.profiler import ProfilerActivity, profile
     use_graphs = args.graphs.split(',')[-1].strip() == 'on'
-    runner = build_runner(model, cfg, args.device, args.dtype, args.seed, use_graphs)
+    runner = build_runner(weights, args.device, args.dtype, use_graphs)
     base = dict(device=args.device, dtype=args.dtype, use_cuda_graphs=use_graphs)
-    frames = make_frames(args.warmup + 8, cfg.image_size, args.seed, key)
+    frames = make_frames(args.warmup + 8, weights.cfg.image_size, args.seed, key)
     mode = args.profile_mode
     if '@' in mode:
         name, target = mode.split('@')
         ref = reference_tokens(runner, frames, EngineConfig(**{**base, 'use_cuda_graphs': False}))
-        engine = spec_engine(runner, norm_stats, name, float(target), ref, base, args.seed)
+        engine = spec_engine(runner, weights.norm_stats, name, float(target), ref, base, args.seed)
     else:
-        engine = Engine(runner, norm_stats, EngineConfig(mode=mode, **base))
+        engine = Engine(runner, weights.norm_stats, EngineConfig(mode=mode, **base))
     engine.capture_graphs(frames[0])
     run_all(engine, frames[:args.warmup])
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA]

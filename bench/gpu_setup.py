@@ -4,14 +4,16 @@ tunes it), the model pieces' timings, and running a list of frames through an en
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 
 import numpy as np
 import torch
 
-from vla_spec_ros.config import EngineConfig, preset
+from vla_spec_ros.config import EngineConfig, VLAConfig, preset
 from vla_spec_ros.engine.engine import Engine
 from vla_spec_ros.engine.runner import TORCH_DTYPES, ModelRunner
 from vla_spec_ros.models.checkpoint import init_random_
+from vla_spec_ros.models.random_checkpoint import synthetic_norm_stats
 from vla_spec_ros.models.vla import OpenVLA
 from vla_spec_ros.prompt import PromptTokenizer, build_tokenizer
 from vla_spec_ros.testing import OracleDrafter
@@ -50,10 +52,23 @@ def acceptance_error_rate(target: float, depth: int, action_dim: int = 7) -> flo
     return 1.0 - (lo + hi) / 2
 
 
-def build_model(name: str, device: str, dtype: str, seed: int):
+@dataclass
+class Weights:
+    """One model on the device and what a runner needs beside it."""
+    model: OpenVLA
+    cfg: VLAConfig
+    tokenizer: PromptTokenizer
+    norm_stats: dict
+    source: str | None = None      # a checkpoint's folder (its draft head), None for presets
+
+
+def build_model(name: str, device: str, dtype: str, seed: int) -> Weights:
+    """Preset ``name`` with random weights, materialised directly on the device in the target
+    dtype (no 30 GB float32 copy on the host), a real small tokenizer (the prompt path is that
+    of a loaded checkpoint; the 7B vocabulary only sizes the embedding table) and synthetic
+    dataset statistics."""
     cfg = preset(name)
     torch_dtype = TORCH_DTYPES[dtype]
-    # Materialise directly on the device in the target dtype (no 30 GB float32 copy on host).
     previous = torch.get_default_dtype()
     torch.set_default_dtype(torch_dtype)
     try:
@@ -63,17 +78,25 @@ def build_model(name: str, device: str, dtype: str, seed: int):
             init_random_(model)
     finally:
         torch.set_default_dtype(previous)
-    return model.eval(), cfg
+    tokenizer = PromptTokenizer(build_tokenizer(min(cfg.pad_token_id, 1024), seed))
+    return Weights(model.eval(), cfg, tokenizer, synthetic_norm_stats(cfg.action_dim))
 
 
-def build_runner(model, cfg, device: str, dtype: str, seed: int,
-                 use_cuda_graphs: bool = False, use_kernels: str = 'auto') -> ModelRunner:
+def load_checkpoint(source: str, device: str, dtype: str) -> Weights:
+    """A real checkpoint (a folder, or a name such as metaworld-demo) with its own tokenizer
+    and dataset statistics."""
+    from vla_spec_ros.policy import VLAPolicy
+    policy = VLAPolicy.from_pretrained(source, device=device, dtype=dtype)
+    runner = policy.engine.runner
+    return Weights(runner.model, runner.cfg, runner.tokenizer, policy.engine.norm_stats,
+                   policy.source)
+
+
+def build_runner(weights: Weights, device: str, dtype: str, use_cuda_graphs: bool = False,
+                 use_kernels: str = 'auto') -> ModelRunner:
     engine_cfg = EngineConfig(device=device, dtype=dtype, use_cuda_graphs=use_cuda_graphs,
                               use_kernels=use_kernels)
-    # A real small tokenizer keeps the prompt path identical to a loaded checkpoint; the 7B
-    # vocabulary is only needed for the embedding table size, not for the tokenizer.
-    tokenizer = PromptTokenizer(build_tokenizer(min(cfg.pad_token_id, 1024), seed))
-    return ModelRunner(model, cfg, tokenizer, engine_cfg)
+    return ModelRunner(weights.model, weights.cfg, weights.tokenizer, engine_cfg)
 
 
 def time_pieces(runner, frames, base: dict, repeats: int = 20) -> dict:
