@@ -42,7 +42,8 @@ for part in "$@"; do
     case "$part" in
         tests)
             $limit python3 -m pytest -q -p no:cacheprovider test/test_kernels.py \
-                test/test_engine_kernels.py test/test_cuda_graphs.py 2>&1 \
+                test/test_rms_norm_kernel.py test/test_engine_kernels.py \
+                test/test_cuda_graphs.py 2>&1 \
                 | tee "$RESULTS/log-tests.txt" || status=1
             $limit python3 bench/kernels_sweep.py 2>&1 | tee "$RESULTS/kernels-sweep.txt" || status=1 ;;
         graph-tests)
