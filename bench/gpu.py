@@ -255,6 +255,11 @@ def main(argv=None) -> int:
     if unknown:
         print(f'--parts: unknown {sorted(unknown)}', file=sys.stderr)
         return 2
+    baseline_names = [v for v in args.baselines.split(',') if v]
+    if parts & {'table', 'fidelity'} and 'eager' not in baseline_names:
+        print('--baselines: the table and fidelity parts compare with HF eager: include eager',
+              file=sys.stderr)
+        return 2
     weights = load_checkpoint(args.checkpoint, args.device, args.dtype) if args.checkpoint \
         else build_model(args.preset, args.device, args.dtype, args.seed)
     key = sorted(weights.norm_stats)[0]
@@ -268,7 +273,7 @@ def main(argv=None) -> int:
     eager_runner = build_runner(weights, args.device, args.dtype, False)
     engine_cfg = EngineConfig(device=args.device, dtype=args.dtype)
     baselines, hf_model = {}, None
-    for variant in [v for v in args.baselines.split(',') if v]:
+    for variant in baseline_names:
         baseline = HFBaseline(eager_runner, engine_cfg, variant=variant, hf_model=hf_model,
                               compile_backend=args.compile_backend)
         hf_model = baseline.model                  # one weight copy for both baselines

@@ -31,47 +31,49 @@ nvidia-smi --query-gpu=name,driver_version,memory.used,memory.total,clocks.sm,po
 GPU="python3 bench/gpu.py --preset openvla-7b --device cuda --dtype bfloat16 --out $RESULTS"
 status=0
 suite_start=$(date +%s)
+seconds_left() { echo $(( SUITE_SECONDS - ($(date +%s) - suite_start) )); }
+# Runs one command under what is left of SUITE_SECONDS (reckoned when it starts).
+bounded() {
+    if [ "${SUITE_SECONDS:-0}" -gt 0 ]; then timeout "$(seconds_left)" "$@"; else "$@"; fi
+}
 for part in "$@"; do
     start=$(date +%s)
-    limit=""
-    if [ "${SUITE_SECONDS:-0}" -gt 0 ]; then
-        left=$(( SUITE_SECONDS - (start - suite_start) ))
-        if [ "$left" -lt 60 ]; then echo "== part $part skipped: ${left} s left"; status=1; continue; fi
-        limit="timeout $left"
+    if [ "${SUITE_SECONDS:-0}" -gt 0 ] && [ "$(seconds_left)" -lt 60 ]; then
+        echo "== part $part skipped: $(seconds_left) s left"; status=1; continue
     fi
     case "$part" in
         tests)
-            $limit python3 -m pytest -q -p no:cacheprovider test/test_kernels.py \
+            bounded python3 -m pytest -q -p no:cacheprovider test/test_kernels.py \
                 test/test_rms_norm_kernel.py test/test_engine_kernels.py \
                 test/test_cuda_graphs.py 2>&1 \
                 | tee "$RESULTS/log-tests.txt" || status=1
-            $limit python3 bench/kernels_sweep.py 2>&1 | tee "$RESULTS/kernels-sweep.txt" || status=1 ;;
+            bounded python3 bench/kernels_sweep.py 2>&1 | tee "$RESULTS/kernels-sweep.txt" || status=1 ;;
         graph-tests)
-            $limit python3 -m pytest -q -p no:cacheprovider test/test_cuda_graphs.py 2>&1 \
+            bounded python3 -m pytest -q -p no:cacheprovider test/test_cuda_graphs.py 2>&1 \
                 | tee "$RESULTS/log-graph-tests.txt" || status=1 ;;
         table-on)
-            $limit $GPU --graphs on --frames 16 --warmup 8 --parts table,profile \
+            bounded $GPU --graphs on --frames 16 --warmup 8 --parts table,profile \
                 --progress-file "$RESULTS/rows-table-on.json" 2>&1 \
                 | tee "$RESULTS/log-table-on.txt" || status=1 ;;
         table)
-            $limit $GPU --graphs on,off --frames 12 --warmup 6 --parts table \
+            bounded $GPU --graphs on,off --frames 12 --warmup 6 --parts table \
                 --progress-file "$RESULTS/rows-table.json" 2>&1 \
                 | tee "$RESULTS/log-table.txt" || status=1 ;;
         table-off)
-            $limit $GPU --graphs off --frames 12 --warmup 6 --parts table \
+            bounded $GPU --graphs off --frames 12 --warmup 6 --parts table \
                 --progress-file "$RESULTS/rows-table-off.json" 2>&1 \
                 | tee "$RESULTS/log-table-off.txt" || status=1 ;;
         fidelity)
-            $limit $GPU --graphs on --parts threads,fidelity --baselines eager \
+            bounded $GPU --graphs on --parts threads,fidelity --baselines eager \
                 --fidelity-frames 200 --frames 12 --warmup 6 2>&1 \
                 | tee "$RESULTS/log-fidelity.txt" || status=1 ;;
         kernels-ab)
-            $limit python3 -m pytest -q -p no:cacheprovider test/test_rms_norm_kernel.py \
+            bounded python3 -m pytest -q -p no:cacheprovider test/test_rms_norm_kernel.py \
                 test/test_engine_kernels.py 2>&1 | tee "$RESULTS/log-kernel-tests.txt" || status=1
-            $limit $GPU --graphs on --parts kernels --baselines '' --frames 12 --warmup 6 2>&1 \
+            bounded $GPU --graphs on --parts kernels --baselines '' --frames 12 --warmup 6 2>&1 \
                 | tee "$RESULTS/log-kernels-ab.txt" || status=1 ;;
         fidelity-bins)
-            $limit $GPU --graphs on --parts fidelity --baselines eager --fidelity-frames 200 \
+            bounded $GPU --graphs on --parts fidelity --baselines eager --fidelity-frames 200 \
                 --fidelity-action-only 2>&1 | tee "$RESULTS/log-fidelity-bins.txt" || status=1 ;;
         *) echo "unknown part: $part (tests, graph-tests, table, table-on, table-off, kernels-ab, fidelity, fidelity-bins)"; exit 2 ;;
     esac

@@ -22,7 +22,7 @@ needs_cuda = pytest.mark.skipif(not (_triton_util.HAS_TRITON and torch.cuda.is_a
 # bf16: two units in the last place (the CPU interpreter truncates float32 -> bf16 where torch
 # rounds to nearest, and the kernel's sum of squares runs in another order).
 TOLERANCES = {torch.float64: (1e-12, 1e-12), torch.float32: (1e-5, 1e-6),
-              torch.bfloat16: (2 * 2.0 ** -7, 2.0 ** -7)}
+              torch.bfloat16: (2 * 2.0 ** -7, 2.0 ** -7), torch.float16: (2e-3, 1e-3)}
 
 
 @pytest.fixture
@@ -131,23 +131,38 @@ def test_triton_on_cuda_bf16(seed):
 
 
 def test_model_norm_uses_its_kernel_for_inference_only():
-    """An installed kernel runs under no_grad / inference; with gradients enabled (training
-    through the verifier) the norm stays plain torch, which has a backward."""
+    """A kernel passed to the norm runs under no_grad / inference; with gradients enabled
+    (training through the verifier) the norm stays plain torch, which has a backward."""
     calls = []
 
     def kernel(x, weight, eps, residual=None):
         calls.append(residual is not None)
         return rms_norm_ref(x, weight, eps, residual)
     norm = RMSNorm(8, 1e-6)
-    norm.kernel = kernel
     x, delta = torch.randn(3, 8), torch.randn(3, 8)
-    norm.forward(x).sum().backward()
-    norm.add_and_norm(x, delta)
+    norm.forward(x, kernel).sum().backward()
+    norm.add_and_norm(x, delta, kernel)
     assert calls == []
     with torch.no_grad():
-        y = norm.forward(x)
-        total, y2 = norm.add_and_norm(x, delta)
+        y = norm.forward(x, kernel)
+        total, y2 = norm.add_and_norm(x, delta, kernel)
+        assert torch.equal(norm.forward(x), y)           # no kernel: plain torch, same values
     assert calls == [False, True]
     assert torch.equal(total, x + delta)
     assert torch.equal(y2, rms_norm_ref(x + delta, norm.weight, 1e-6))
     assert torch.equal(y, rms_norm_ref(x, norm.weight.detach(), 1e-6))
+
+
+@needs_cuda
+@pytest.mark.parametrize('dtype', [torch.float32, torch.float16])
+def test_triton_on_cuda_other_dtypes(dtype):
+    """float32 (Triton's fast square root and division stay within the tolerance) and fp16,
+    with a strided residual."""
+    torch.manual_seed(7)
+    x = torch.randn(6, 4096, device='cuda').to(dtype)
+    residual = torch.randn(6, 2 * 4096, device='cuda').to(dtype)[:, ::2]
+    weight = (1 + 0.1 * torch.randn(4096, device='cuda')).to(dtype)
+    total, y = rms_norm_triton(x, weight, 1e-5, residual)
+    want_total, want_y = rms_norm_ref(x, weight, 1e-5, residual)
+    assert torch.equal(total, want_total)
+    assert_close(y, want_y)

@@ -18,7 +18,7 @@ import torch
 
 from ..actions import ActionTokenizer
 from ..config import EngineConfig, VLAConfig
-from ..models.layers import KVCache, StepBatch, fuse_projections, install_norm_kernel
+from ..models.layers import KVCache, StepBatch, fuse_projections
 from ..models.vla import OpenVLA
 from ..preprocess import preprocess_image
 from ..prompt import PromptTokenizer
@@ -49,8 +49,9 @@ class ModelRunner:
         self.action_tokenizer = ActionTokenizer(cfg.llm.vocab_size, cfg.pad_to_multiple_of,
                                                 cfg.n_action_bins)
         self.kernel = select_rope_kernel(engine_cfg, self.device)   # fused RoPE + KV write
-        # The fused (residual add +) RMSNorm comes with the same switch.
-        install_norm_kernel(model.language_model, select_norm_kernel(engine_cfg, self.device))
+        # The fused (residual add +) RMSNorm comes with the same switch; both are passed per
+        # forward, so runners sharing one model keep their own choice.
+        self.norm_kernel = select_norm_kernel(engine_cfg, self.device)
         self.use_cuda_graphs = engine_cfg.use_cuda_graphs   # EngineConfig: CUDA devices only
         at = self.action_tokenizer
         self._action_mask = torch.full((cfg.llm.vocab_size,), float('-inf'), dtype=self.dtype,
@@ -105,7 +106,7 @@ class ModelRunner:
     @torch.no_grad()
     def forward(self, embeds: torch.Tensor, batch: StepBatch, cache: KVCache) -> torch.Tensor:
         """(T, H) packed input embeddings -> final-normed hidden states (T, H)."""
-        return self.lm.forward_hidden(embeds, batch, cache, self.kernel)
+        return self.lm.forward_hidden(embeds, batch, cache, self.kernel, self.norm_kernel)
 
     @torch.no_grad()
     def greedy(self, hidden: torch.Tensor, restrict_to_action_tokens: bool) -> torch.Tensor:
@@ -144,7 +145,8 @@ class RingRunner:
             x = torch.cat([dense['prefill_embeds'], x], dim=0)
         if self.is_dense:
             batch = dense_batch(batch, self.cache.num_slots)
-        hidden = runner.lm.forward_hidden(x, batch, self.cache, runner.kernel)
+        hidden = runner.lm.forward_hidden(x, batch, self.cache, runner.kernel,
+                                          runner.norm_kernel)
         # Greedy rows: the prefill's last real row, then every segment row (padding included).
         rows = torch.cat([hidden.index_select(0, ints['prefill_last']), hidden[lp:]]) \
             if lp else hidden

@@ -28,26 +28,27 @@ from ..config import LlamaConfig
 
 class RMSNorm(nn.Module):
     """Llama's RMSNorm. ``kernel`` (None = plain torch): a fused implementation with the
-    contract of ``kernels/rms_norm.rms_norm_ref``, installed by ``install_norm_kernel``; used
-    for inference only (it has no backward), plain torch whenever gradients are enabled."""
+    contract of ``kernels/rms_norm.rms_norm_ref``, passed per call by the runner that owns the
+    choice (never stored on the module, so runners sharing a model cannot change each other's
+    arithmetic); used for inference only (it has no backward): plain torch whenever gradients
+    are enabled."""
 
     def __init__(self, dim: int, eps: float):
         super().__init__()
         self.weight = nn.Parameter(torch.ones(dim))
         self.eps = eps
-        self.kernel = None
 
-    def add_and_norm(self, x: torch.Tensor, delta: torch.Tensor):
+    def add_and_norm(self, x: torch.Tensor, delta: torch.Tensor, kernel=None):
         """``(x + delta, norm(x + delta))``: the residual add and the next norm, one launch
         with the kernel."""
-        if self.kernel is not None and not torch.is_grad_enabled():
-            return self.kernel(x, self.weight, self.eps, delta)
+        if kernel is not None and not torch.is_grad_enabled():
+            return kernel(x, self.weight, self.eps, delta)
         x = x + delta
         return x, self.forward(x)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.kernel is not None and not torch.is_grad_enabled():
-            return self.kernel(x, self.weight, self.eps)
+    def forward(self, x: torch.Tensor, kernel=None) -> torch.Tensor:
+        if kernel is not None and not torch.is_grad_enabled():
+            return kernel(x, self.weight, self.eps)
         # Same arithmetic as HF: normalise in float32 (or higher), then scale in input dtype.
         dtype = x.dtype
         if dtype in (torch.float16, torch.bfloat16):
@@ -298,13 +299,6 @@ class FusedLinears:
         return F.linear(x, self.weight).split(self.sizes, dim=-1)
 
 
-def install_norm_kernel(module: nn.Module, kernel) -> None:
-    """Every RMSNorm in ``module`` runs through ``kernel`` (None: back to plain torch)."""
-    for sub in module.modules():
-        if isinstance(sub, RMSNorm):
-            sub.kernel = kernel
-
-
 def fuse_projections(module: nn.Module) -> None:
     """Fuse q/k/v and gate/up projections of every Llama layer in ``module`` (inference)."""
     for sub in module.modules():
@@ -367,9 +361,13 @@ class LlamaDecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = SwiGLU(cfg.hidden_size, cfg.intermediate_size)
 
-    def forward(self, x, batch: StepBatch, rope, k_cache, v_cache, kernel=None):
+    def forward(self, x, batch: StepBatch, rope, k_cache, v_cache, kernel=None,
+                norm_kernel=None):
+        """``kernel``: the fused RoPE + KV write, ``norm_kernel``: the fused (residual add +)
+        RMSNorm (None = plain torch each)."""
         # Sub-modules through ``forward``: see the module docstring.
-        h = self.input_layernorm.forward(x) if self.input_layernorm is not None else x
+        h = self.input_layernorm.forward(x, norm_kernel) \
+            if self.input_layernorm is not None else x
         x, h = self.post_attention_layernorm.add_and_norm(
-            x, self.self_attn.forward(h, batch, rope, k_cache, v_cache, kernel))
+            x, self.self_attn.forward(h, batch, rope, k_cache, v_cache, kernel), norm_kernel)
         return x + self.mlp.forward(h)

@@ -37,14 +37,15 @@ class LlamaForCausalLM(nn.Module):
         return KVCache.for_config(self.cfg, num_slots, self.lm_head.weight)
 
     def forward_hidden(self, inputs_embeds: torch.Tensor, batch: StepBatch, cache: KVCache,
-                       kernel=None) -> torch.Tensor:
-        """inputs_embeds: (T, H) packed tokens -> final-normed hidden states (T, H)."""
+                       kernel=None, norm_kernel=None) -> torch.Tensor:
+        """inputs_embeds: (T, H) packed tokens -> final-normed hidden states (T, H).
+        ``kernel`` / ``norm_kernel``: the fused RoPE + KV write / RMSNorm (None = plain)."""
         rope = RopeRows.gather(self.rope(inputs_embeds.dtype, inputs_embeds.device),
                                batch.positions)
         x = inputs_embeds
         for i, layer in enumerate(self.model.layers):
-            x = layer(x, batch, rope, cache.k[i], cache.v[i], kernel)
-        return self.model.norm(x)
+            x = layer(x, batch, rope, cache.k[i], cache.v[i], kernel, norm_kernel)
+        return self.model.norm.forward(x, norm_kernel)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head(hidden)

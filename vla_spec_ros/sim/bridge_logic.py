@@ -182,9 +182,9 @@ DESCRIPTIONS = {
 
 def check_positive(name: str, value) -> float:
     """`value` as a float; ValueError naming `name` unless it is a finite number > 0."""
-    value = check_number(name, value, minimum=0.0)
-    if value == 0:
-        raise ValueError(f'{name}: must be > 0, got {value!r}')
+    value = check_number(name, value)
+    if value <= 0:
+        raise ValueError(f'{name}: must be a finite number > 0, got {value!r}')
     return value
 
 
