@@ -34,3 +34,12 @@ def test_check_number_refuses_non_finite_bools_strings_and_out_of_range(value):
 def test_check_number_widens_integers_to_float():
     result = check_number('x', 2, minimum=0.0)
     assert result == 2.0 and type(result) is float
+
+
+def test_check_number_above_is_strict():
+    assert check_number('rate_hz', 0.5, above=0.0) == 0.5
+    for value in (0.0, -1.0, float('inf')):
+        with pytest.raises(ValueError, match=r'rate_hz: must be a finite number > 0.0'):
+            check_number('rate_hz', value, above=0.0)
+    with pytest.raises(ValueError, match=r'<= 2 and > 0.0'):
+        check_number('gain', 3.0, maximum=2, above=0.0)

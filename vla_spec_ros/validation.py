@@ -36,14 +36,17 @@ def check_int(name: str, value, *, minimum: int | None = None, maximum: int | No
 
 
 def check_number(name: str, value, *, minimum: float | None = None,
-                 maximum: float | None = None, unit: str = '') -> float:
+                 maximum: float | None = None, above: float | None = None,
+                 unit: str = '') -> float:
     """`value` as a float; ValueError naming `name` unless it is a finite real number (bools
-    refused) within [minimum, maximum]."""
+    refused) within [minimum, maximum] and, when `above` is given, strictly greater than it
+    (a rate, a period, a scale that must be inverted)."""
     is_number = (not isinstance(value, bool) and isinstance(value, numbers.Real)
                  and math.isfinite(value))
     if not is_number or (minimum is not None and value < minimum) or (
-            maximum is not None and value > maximum):
-        bounds = _range_text(minimum, maximum)
+            maximum is not None and value > maximum) or (above is not None and value <= above):
+        bounds = ' and '.join(filter(None, [_range_text(minimum, maximum),
+                                            f'> {above}' if above is not None else '']))
         suffix = f' {unit}' if unit else ''
         raise ValueError(f'{name}: must be a finite number {bounds}{suffix}, got {value!r}')
     return float(value)

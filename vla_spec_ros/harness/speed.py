@@ -15,6 +15,8 @@ import time
 
 import numpy as np
 
+from vla_spec_ros.validation import check_number
+
 PACED_STREAM = 'paced'
 
 
@@ -43,8 +45,7 @@ def paced_latency(engine, frames, rate_hz: float, num_frames: int | None = None)
 
     Returns latency_p50_ms / p99 (camera capture to action, answered frames only),
     answered_fraction (answered / captured) and actions_per_s over the run."""
-    if not rate_hz > 0:
-        raise ValueError(f'rate_hz: must be > 0, got {rate_hz!r}')
+    rate_hz = check_number('rate_hz', rate_hz, above=0.0)
     num_frames = num_frames or len(frames)
     period = 1.0 / rate_hz
     capture: dict[int, float] = {}
@@ -73,8 +74,7 @@ def paced_latency(engine, frames, rate_hz: float, num_frames: int | None = None)
 def paced_blocking(predict, frames, rate_hz: float, num_frames: int | None = None) -> dict:
     """`paced_latency` for a blocking predictor `predict(frame)` (the Hugging Face baseline):
     one frame at a time, always the newest captured one."""
-    if not rate_hz > 0:
-        raise ValueError(f'rate_hz: must be > 0, got {rate_hz!r}')
+    rate_hz = check_number('rate_hz', rate_hz, above=0.0)
     num_frames = num_frames or len(frames)
     period = 1.0 / rate_hz
     latencies = []

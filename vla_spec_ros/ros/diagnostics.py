@@ -12,6 +12,7 @@ import threading
 from collections import deque
 
 from vla_spec_ros.ros.command import FAILURE_REASONS, reason_kind
+from vla_spec_ros.validation import check_number
 
 OK, WARN, ERROR = 0, 1, 2          # diagnostic_msgs/DiagnosticStatus levels
 
@@ -31,8 +32,7 @@ class InferenceStats:
     """Counts frames, drops, stale results and holds; windows latency / rate / acceptance."""
 
     def __init__(self, window_s: float = 10.0, max_samples: int = 1000):
-        if window_s <= 0:
-            raise ValueError('window_s: must be > 0')
+        check_number('window_s', window_s, above=0.0)
         self._lock = threading.Lock()
         self._window_s = window_s
         self._publish_times: deque = deque(maxlen=max_samples)   # monotonic seconds

@@ -77,7 +77,7 @@ def matched_command_parameters(control_rate_hz: float, sim_mode: str) -> tuple[d
     """(VLA node overrides, bridge overrides) with the same control period and conventions."""
     if sim_mode not in SIM_MODES:
         raise ValueError(f'sim_mode: {sim_mode!r} not in {list(SIM_MODES)}')
-    control_rate_hz = check_positive('control_rate_hz', control_rate_hz)
+    control_rate_hz = check_number('control_rate_hz', control_rate_hz, above=0.0)
     period = 1.0 / control_rate_hz
     shared = dict(SHARED_COMMAND_PARAMETERS, control_period=period)
     vla = dict(shared, gripper_binarize=False, gripper_invert=False, enabled=True,
@@ -139,7 +139,8 @@ class BridgeSettings:
                              'the delay of the real inference)')
         for name in ('control_rate_hz', 'control_period', 'linear_scale', 'angular_scale',
                      'lockstep_timeout_s', 'command_timeout_s', 'episode_timeout_s'):
-            check_positive(name, getattr(self, name))      # a zero scale cannot be inverted
+            # > 0: a zero scale cannot be inverted
+            check_number(name, getattr(self, name), above=0.0)
         for name in ('max_linear_speed', 'max_angular_speed', 'instruction_settle_s'):
             check_number(name, getattr(self, name), minimum=0.0)
         for name in ('seed', 'episodes', 'max_steps', 'image_size', 'max_republish'):
@@ -178,14 +179,6 @@ DESCRIPTIONS = {
     'delay_frames': 'Delayed lock-step: frames sent to the policy: every (pipelined) or '
     'one_in_flight (a new frame only when the previous answer landed)',
 }
-
-
-def check_positive(name: str, value) -> float:
-    """`value` as a float; ValueError naming `name` unless it is a finite number > 0."""
-    value = check_number(name, value)
-    if value <= 0:
-        raise ValueError(f'{name}: must be a finite number > 0, got {value!r}')
-    return value
 
 
 def check_delay(action_delay, delay_hold: str = 'previous', delay_frames: str = 'every') -> int:
@@ -384,7 +377,7 @@ class RealtimeCommand:
     def __init__(self, answers: AnswerPairs, command_timeout_s: float,
                  initial_gripper_position: float):
         self._answers = answers
-        self._timeout_s = check_positive('command_timeout_s', command_timeout_s)
+        self._timeout_s = check_number('command_timeout_s', command_timeout_s, above=0.0)
         self._first_stamp_ns: int | None = None     # None: no episode, every answer ignored
         self._twist: tuple | None = None            # (linear, angular, receipt_s)
         self._gripper = float(initial_gripper_position)
