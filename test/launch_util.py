@@ -1,9 +1,11 @@
 """Shared by the launch-file tests: load a launch file as a module, its default argument values,
-and the `--ros-args` command line launch_ros would build from a node's options (used where
-`launch` itself is not installed)."""
+the `--ros-args` command line launch_ros would build from a node's options (used where
+`launch` itself is not installed), and a node process stopped the way ROS stops it."""
 import importlib.util
 import os
 import pathlib
+import signal
+import subprocess
 import sys
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -48,3 +50,28 @@ def child_env(domain_id: int, **extra):
     env['PYTHONPATH'] = os.pathsep.join([str(ROOT)] + [p for p in
                                                        [env.get('PYTHONPATH', '')] if p])
     return env
+
+
+class NodeProcess:
+    """``with NodeProcess(argv, env=..., cwd=...) as node:`` starts a node process (stdout and
+    stderr captured as text). Leaving the block normally stops it with SIGINT and asserts a
+    clean exit; an exception kills it instead. ``node.output`` holds what it printed."""
+
+    def __init__(self, argv, **popen_kwargs):
+        self.popen = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                      text=True, **popen_kwargs)
+        self.output = ''
+
+    def __enter__(self) -> 'NodeProcess':
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> bool:
+        try:
+            if exc_type is None:
+                self.popen.send_signal(signal.SIGINT)
+                assert self.popen.wait(timeout=30) == 0
+        finally:
+            if self.popen.poll() is None:
+                self.popen.kill()
+            self.output = self.popen.communicate()[0]
+        return False

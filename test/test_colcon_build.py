@@ -12,12 +12,13 @@ import os
 import pathlib
 import re
 import shutil
-import signal
 import subprocess
 import sys
 import time
 
 import pytest
+
+from launch_util import NodeProcess
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 PACKAGE = 'vla_spec_ros'
@@ -170,9 +171,7 @@ def test_installed_node_entry_point_comes_up(workspace, probe):
             '-p', 'unnorm_key:=bridge_orig', '-p', 'frame_id:=tool0',
             '-p', 'control_period:=0.1']
     started = time.monotonic()
-    process = subprocess.Popen(argv, cwd=str(ws), env=env, stdout=subprocess.PIPE,
-                               stderr=subprocess.STDOUT, text=True)
-    try:
+    with NodeProcess(argv, cwd=str(ws), env=env) as node_process:
         client = AsyncParameterClient(node, '/vla_spec')
         assert client.wait_for_services(timeout_sec=TIMEOUT), 'installed node did not come up'
         names = ['model_path', 'restrict_to_action_tokens', 'unnorm_key', 'frame_id',
@@ -189,10 +188,5 @@ def test_installed_node_entry_point_comes_up(workspace, probe):
             time.sleep(0.05)
         assert node.count_publishers('/vla_spec/twist') >= 1
         print(f'installed node up in {time.monotonic() - started:.1f} s')
-        process.send_signal(signal.SIGINT)
-        assert process.wait(timeout=30) == 0
-    finally:
-        if process.poll() is None:
-            process.kill()
-        output = process.communicate()[0]
+    output = node_process.output
     assert 'ready' in output, output

@@ -8,7 +8,6 @@ node's own entry point, which is started as a process and inspected over DDS.
 import importlib.util
 import os
 import pathlib
-import signal
 import subprocess
 import sys
 import time
@@ -16,7 +15,7 @@ import time
 import pytest
 
 import launch_util
-from launch_util import default_values
+from launch_util import NodeProcess, default_values
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 LAUNCH_FILE = ROOT / 'launch' / 'robot.launch.py'
@@ -138,9 +137,7 @@ def test_yaml_loaded_through_the_node_params_file(probe):
 
     module = load_launch_module()
     options = module.node_options(default_values(module))
-    process = subprocess.Popen(node_command(options), env=child_env(), cwd=str(ROOT),
-                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    try:
+    with NodeProcess(node_command(options), env=child_env(), cwd=str(ROOT)) as node:
         client = AsyncParameterClient(probe, '/vla_spec')
         assert client.wait_for_services(timeout_sec=TIMEOUT), 'node did not come up'
         names = [spec.name for spec in params.PARAMETERS]
@@ -161,12 +158,7 @@ def test_yaml_loaded_through_the_node_params_file(probe):
                    and probe.count_publishers('/gripper_controller/commands') >= 1
                    and probe.count_subscribers('/camera/image_raw') >= 1,
                    what='remapped topics')
-        process.send_signal(signal.SIGINT)
-        assert process.wait(timeout=30) == 0
-    finally:
-        if process.poll() is None:
-            process.kill()
-        output = process.communicate()[0]
+    output = node.output
     assert 'ready' in output, output
 
 
@@ -190,9 +182,7 @@ def test_two_robot_yaml_gives_each_robot_its_topics_and_parameters(probe):
     module = load_launch_module()
     options = module.node_options(default_values(module, node_name='vla_fleet'))
     options['parameters'].append(str(ROOT / 'config' / 'two_robots.yaml'))
-    process = subprocess.Popen(node_command(options), env=child_env(), cwd=str(ROOT),
-                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    try:
+    with NodeProcess(node_command(options), env=child_env(), cwd=str(ROOT)) as node:
         client = AsyncParameterClient(probe, '/vla_fleet')
         assert client.wait_for_services(timeout_sec=TIMEOUT), 'node did not come up'
         names = ['robots', 'mode', 'left_arm.frame_id', 'right_arm.frame_id',
@@ -206,12 +196,7 @@ def test_two_robot_yaml_gives_each_robot_its_topics_and_parameters(probe):
         wait_until(lambda: all(probe.count_subscribers(f'/{r}/image') >= 1
                                and probe.count_publishers(f'/{r}/twist') >= 1
                                for r in ('left_arm', 'right_arm')), what='robot topics')
-        process.send_signal(signal.SIGINT)
-        assert process.wait(timeout=30) == 0
-    finally:
-        if process.poll() is None:
-            process.kill()
-        output = process.communicate()[0]
+    output = node.output
     assert 'ready' in output and 'left_arm, right_arm' in output, output
 
 
@@ -263,17 +248,9 @@ def _launch_skip_reason():
 
 @pytest.mark.skipif(_launch_skip_reason() is not None, reason=str(_launch_skip_reason()))
 def test_launch_file_starts_the_node(probe):
-    process = subprocess.Popen([sys.executable, '-c', LAUNCH_SCRIPT, str(LAUNCH_FILE)],
-                               env=child_env(), stdout=subprocess.PIPE,
-                               stderr=subprocess.STDOUT, text=True)
-    try:
+    with NodeProcess([sys.executable, '-c', LAUNCH_SCRIPT, str(LAUNCH_FILE)],
+                     env=child_env()):
         wait_until(lambda: ('vla_spec', '/robot1') in probe.get_node_names_and_namespaces(),
                    what='/robot1/vla_spec')
         wait_until(lambda: probe.count_publishers('/servo_node/delta_twist_cmds') >= 1,
                    what='twist publisher on the Servo topic')
-        process.send_signal(signal.SIGINT)
-        assert process.wait(timeout=30) == 0
-    finally:
-        if process.poll() is None:
-            process.kill()
-        process.communicate()
