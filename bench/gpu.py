@@ -36,18 +36,17 @@ import numpy as np
 import torch
 
 from gpu_parts import run_fidelity, run_kernel_ab, run_profile, run_thread_sweep
-from gpu_setup import (TARGET_ACCEPTANCE, build_model, build_runner, load_checkpoint, run_all,
-                       spec_engine, time_pieces)
+from gpu_setup import (TARGET_ACCEPTANCE, build_model, build_runner, eager_reference,
+                       engine_for, engine_options, load_checkpoint, run_all, time_pieces)
 from vla_spec_ros.bench import BenchRow, bench_engine, bench_hf, environment, make_frames
 from vla_spec_ros.config import EngineConfig
-from vla_spec_ros.engine.ar import reference_tokens
 from vla_spec_ros.engine.engine import Engine
 from vla_spec_ros.testing import OracleDrafter
 
 
 def check_fast_paths(runner, norm_stats, frames, base: dict, hf) -> dict:
     """Share of frames whose tokens equal the plain AR reference, per mode (and HF)."""
-    ref_list = reference_tokens(runner, frames, EngineConfig(**{**base, 'use_cuda_graphs': False}))
+    ref_list = eager_reference(runner, frames, base)
     report = {}
     for mode in ('ar', 'pipeline', 'spec', 'pipeline_spec'):
         draft = OracleDrafter(lambda rid: ref_list[rid], runner.action_dim, 0.3, seed=1) \
@@ -124,41 +123,35 @@ def run_table(args, weights, key, baselines, report) -> list:
 
     runner = None
     for use_graphs in graph_settings:
-        runner = build_runner(weights, args.device, args.dtype, use_graphs)
-        base = dict(device=args.device, dtype=args.dtype, use_cuda_graphs=use_graphs)
-        label = 'graphs' if use_graphs else 'eager'
+        base = engine_options(args, use_graphs)
+        runner = build_runner(weights, base)
+        setting = 'graphs' if use_graphs else 'eager'
         size = weights.cfg.image_size
-        report['checks'][label] = check_fast_paths(
+        report['checks'][setting] = check_fast_paths(
             runner, weights.norm_stats, make_frames(4, size, args.seed + 7, key), base,
             baselines['hf'])
-        print(f'token agreement with the plain AR reference ({label}):',
-              report['checks'][label], flush=True)
-        report['pieces_ms'][label] = time_pieces(runner, make_frames(2, size, 3, key), base)
-        print(f'ms per piece ({label}):', report['pieces_ms'][label], flush=True)
+        print(f'token agreement with the plain AR reference ({setting}):',
+              report['checks'][setting], flush=True)
+        report['pieces_ms'][setting] = time_pieces(runner, make_frames(2, size, 3, key), base)
+        print(f'ms per piece ({setting}):', report['pieces_ms'][setting], flush=True)
         for streams in [int(s) for s in args.streams.split(',')]:
             frames = make_frames(args.frames + args.warmup, weights.cfg.image_size, args.seed, key,
                                  streams)
             # Request ids of a fresh engine index ``ref`` (warm-up frames are submitted first).
-            ref = reference_tokens(runner, frames,
-                                   EngineConfig(**{**base, 'use_cuda_graphs': False}))
+            ref = eager_reference(runner, frames, base)
             if use_graphs == graph_settings[0]:     # HF eager, once per stream count
                 bench_baseline('hf', streams, frames)
-            for mode in [m for m in ('ar', 'pipeline') if m in groups]:
-                row = attempt(f'{mode} graphs={use_graphs} streams={streams}',
-                              lambda m=mode: bench_engine(Engine(
-                                  runner, weights.norm_stats, EngineConfig(mode=m, **base)),
+            labels = [m for m in ('ar', 'pipeline') if m in groups]
+            labels += [f'{m}@{t}' for t in TARGET_ACCEPTANCE if 'oracle' in groups
+                       for m in ('spec', 'pipeline_spec')]
+            for label in labels:
+                row = attempt(f'{label} graphs={use_graphs} streams={streams}',
+                              lambda lb=label: bench_engine(
+                                  engine_for(runner, weights, lb, base, ref, args.seed),
                                   frames, args.warmup))
                 if row is not None:
-                    rows.append((mode, use_graphs, streams, row))
-            for target in TARGET_ACCEPTANCE if 'oracle' in groups else ():
-                for mode in ('spec', 'pipeline_spec'):
-                    row = attempt(f'{mode}@{target} graphs={use_graphs} streams={streams}',
-                                  lambda m=mode, t=target: bench_engine(spec_engine(
-                                      runner, weights.norm_stats, m, t, ref, base, args.seed),
-                                      frames, args.warmup))
-                    if row is not None:
-                        row.mode = f'{mode}@{target}'
-                        rows.append((row.mode, use_graphs, streams, row))
+                    row.mode = label
+                    rows.append((label, use_graphs, streams, row))
             for mode in ('spec', 'pipeline_spec') if 'eagle' in groups else ():
                 from vla_spec_ros.engine.drafter import load_draft_for
                 ecfg = EngineConfig(mode=mode, draft_path='random', **base)
@@ -169,7 +162,7 @@ def run_table(args, weights, key, baselines, report) -> list:
                 if row is not None:
                     row.mode = f'{mode}+eagle(random head)'
                     rows.append((row.mode, use_graphs, streams, row))
-            print(f'{label}, {streams} stream(s) done', flush=True)
+            print(f'{setting}, {streams} stream(s) done', flush=True)
     # The compiled baseline runs last: torch.compile leaves process-wide state behind
     # (compile workers, dynamo hooks, its CUDA-graph pool) that slowed every later row's host
     # work by up to a third when it ran first (bench/README.md).
@@ -270,7 +263,7 @@ def main(argv=None) -> int:
     # The HF baselines are built first, before any graph capture, on an eager runner of the
     # same weights (its weights are copied into transformers' Llama).
     from vla_spec_ros.baseline import HFBaseline
-    eager_runner = build_runner(weights, args.device, args.dtype, False)
+    eager_runner = build_runner(weights, engine_options(args, False))
     engine_cfg = EngineConfig(device=args.device, dtype=args.dtype)
     baselines, hf_model = {}, None
     for variant in baseline_names:

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import torch
 
-from gpu_setup import build_runner, run_all, spec_engine, time_pieces
+from gpu_setup import (build_runner, eager_reference, engine_for, engine_options,
+                       graphs_setting, run_all, time_pieces)
 from vla_spec_ros.bench import bench_engine, make_frames
 from vla_spec_ros.config import EngineConfig
-from vla_spec_ros.engine.ar import reference_tokens
 from vla_spec_ros.engine.engine import Engine
 
 
@@ -28,14 +28,13 @@ def run_fidelity(args, weights, key, hf) -> dict:
         hf = HFBaseline(hf.runner, hf.engine_config, hf_model=hf.model,
                         action_tokens_only=True)
     hf_tokens = [tuple(hf.generate_tokens(f.image, f.instruction)) for f in frames]
-    use_graphs = args.graphs.split(',')[0].strip() == 'on'
+    use_graphs = graphs_setting(args, 0)
     results = {}
     for kernels in args.fidelity_kernels.split(','):
-        runner = build_runner(weights, args.device, args.dtype, use_graphs,
-                              use_kernels=kernels)
+        options = engine_options(args, use_graphs, use_kernels=kernels,
+                                 restrict_to_action_tokens=action_only)
+        runner = build_runner(weights, options)
         at = runner.action_tokenizer
-        base = dict(device=args.device, dtype=args.dtype, use_cuda_graphs=use_graphs,
-                    use_kernels=kernels, restrict_to_action_tokens=action_only)
         ref = None
         setting = (f'kernels={kernels} graphs={"on" if use_graphs else "off"}'
                    + (' action tokens only' if action_only else ''))
@@ -45,8 +44,8 @@ def run_fidelity(args, weights, key, hf) -> dict:
                 results[label] = 'no AR tokens for the oracle draft (ar failed)'
                 continue
             try:
-                got = tokens_per_frame(run_all(_fidelity_engine(runner, weights, mode, ref, base,
-                                                                args.seed), frames))
+                got = tokens_per_frame(run_all(_fidelity_engine(runner, weights, mode, ref,
+                                                                options, args.seed), frames))
             except RuntimeError as exc:
                 results[label] = str(exc)
                 continue
@@ -61,15 +60,16 @@ def run_fidelity(args, weights, key, hf) -> dict:
     return results
 
 
-def _fidelity_engine(runner, weights, mode: str, ref, base: dict, seed: int):
+def _fidelity_engine(runner, weights, mode: str, ref, options: dict, seed: int):
+    """Spec modes draft with the checkpoint's head when there is one, else the oracle."""
     if mode in ('ar', 'pipeline'):
-        return Engine(runner, weights.norm_stats, EngineConfig(mode=mode, **base))
+        return engine_for(runner, weights, mode, options)
     if weights.source is not None:
         from vla_spec_ros.engine.drafter import load_draft_for
-        cfg = EngineConfig(mode=mode, **base)
+        cfg = EngineConfig(mode=mode, **options)
         return Engine(runner, weights.norm_stats, cfg,
                       draft=load_draft_for(runner, cfg, Path(weights.source)))
-    return spec_engine(runner, weights.norm_stats, mode, 3.0, ref, base, seed)
+    return engine_for(runner, weights, f'{mode}@3.0', options, ref, seed)
 
 
 def run_thread_sweep(args, weights, key) -> dict:
@@ -77,18 +77,17 @@ def run_thread_sweep(args, weights, key) -> dict:
     the last ``--graphs`` setting, 1 stream) at each ``--thread-sweep`` intra-op thread count.
     The host's share of a step (preprocessing, launches) is small arithmetic on which many
     threads can cost more than they save."""
-    use_graphs = args.graphs.split(',')[-1].strip() == 'on'
-    runner = build_runner(weights, args.device, args.dtype, use_graphs)
-    base = dict(device=args.device, dtype=args.dtype, use_cuda_graphs=use_graphs)
+    options = engine_options(args, graphs_setting(args, -1))
+    runner = build_runner(weights, options)
     frames = make_frames(args.frames + args.warmup, weights.cfg.image_size, args.seed, key)
     previous = torch.get_num_threads()
     out = {}
     try:
         for threads in [int(t) for t in args.thread_sweep.split(',')]:
             torch.set_num_threads(threads)
-            pieces = time_pieces(runner, make_frames(2, weights.cfg.image_size, 3, key), base)
-            engine = Engine(runner, weights.norm_stats, EngineConfig(mode='pipeline', **base))
-            row = bench_engine(engine, frames, args.warmup)
+            pieces = time_pieces(runner, make_frames(2, weights.cfg.image_size, 3, key), options)
+            row = bench_engine(engine_for(runner, weights, 'pipeline', options), frames,
+                               args.warmup)
             out[threads] = {'pieces_ms': pieces, 'pipeline': asdict(row)}
             print(f'threads {threads}: pieces {pieces}; pipeline {row.actions_per_s:.1f} '
                   f'actions/s, {row.step_ms:.2f} ms/step, vision {row.vision_ms:.2f} / '
@@ -102,21 +101,16 @@ def run_kernel_ab(args, weights, key) -> dict:
     """Fused kernels off, then on (same weights, same process, CUDA graphs as the last
     ``--graphs`` setting, 1 stream): the model pieces and the ar / pipeline /
     pipeline_spec@3.5 rows."""
-    use_graphs = args.graphs.split(',')[-1].strip() == 'on'
     frames = make_frames(args.frames + args.warmup, weights.cfg.image_size, args.seed, key)
     out = {}
     for kernels in ('off', 'on'):
-        runner = build_runner(weights, args.device, args.dtype, use_graphs,
-                              use_kernels=kernels)
-        base = dict(device=args.device, dtype=args.dtype, use_cuda_graphs=use_graphs,
-                    use_kernels=kernels)
-        pieces = time_pieces(runner, make_frames(2, weights.cfg.image_size, 3, key), base)
-        ref = reference_tokens(runner, frames, EngineConfig(**{**base, 'use_cuda_graphs': False}))
+        options = engine_options(args, graphs_setting(args, -1), use_kernels=kernels)
+        runner = build_runner(weights, options)
+        pieces = time_pieces(runner, make_frames(2, weights.cfg.image_size, 3, key), options)
+        ref = eager_reference(runner, frames, options)
         rows = {}
         for mode in ('ar', 'pipeline', 'pipeline_spec@3.5'):
-            engine = spec_engine(runner, weights.norm_stats, 'pipeline_spec', 3.5, ref, base,
-                                 args.seed) if '@' in mode else \
-                Engine(runner, weights.norm_stats, EngineConfig(mode=mode, **base))
+            engine = engine_for(runner, weights, mode, options, ref, args.seed)
             row = bench_engine(engine, frames, args.warmup)
             rows[mode] = asdict(row)
             print(f'kernels {kernels} {mode}: {row.actions_per_s:.2f} actions/s, '
@@ -130,17 +124,13 @@ def run_kernel_ab(args, weights, key) -> dict:
 def run_profile(args, weights, key, out: Path, stamp: str) -> dict:
     """torch.profiler over one mode (1 stream): the kernel table by device time."""
     from torch.profiler import ProfilerActivity, profile
-    use_graphs = args.graphs.split(',')[-1].strip() == 'on'
-    runner = build_runner(weights, args.device, args.dtype, use_graphs)
-    base = dict(device=args.device, dtype=args.dtype, use_cuda_graphs=use_graphs)
+    use_graphs = graphs_setting(args, -1)
+    options = engine_options(args, use_graphs)
+    runner = build_runner(weights, options)
     frames = make_frames(args.warmup + 8, weights.cfg.image_size, args.seed, key)
     mode = args.profile_mode
-    if '@' in mode:
-        name, target = mode.split('@')
-        ref = reference_tokens(runner, frames, EngineConfig(**{**base, 'use_cuda_graphs': False}))
-        engine = spec_engine(runner, weights.norm_stats, name, float(target), ref, base, args.seed)
-    else:
-        engine = Engine(runner, weights.norm_stats, EngineConfig(mode=mode, **base))
+    ref = eager_reference(runner, frames, options) if '@' in mode else None
+    engine = engine_for(runner, weights, mode, options, ref, args.seed)
     engine.capture_graphs(frames[0])
     run_all(engine, frames[:args.warmup])
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA]

@@ -10,6 +10,7 @@ import numpy as np
 import torch
 
 from vla_spec_ros.config import EngineConfig, VLAConfig, preset
+from vla_spec_ros.engine.ar import reference_tokens
 from vla_spec_ros.engine.engine import Engine
 from vla_spec_ros.engine.runner import TORCH_DTYPES, ModelRunner
 from vla_spec_ros.models.checkpoint import init_random_
@@ -92,11 +93,34 @@ def load_checkpoint(source: str, device: str, dtype: str) -> Weights:
                    policy.source)
 
 
-def build_runner(weights: Weights, device: str, dtype: str, use_cuda_graphs: bool = False,
-                 use_kernels: str = 'auto') -> ModelRunner:
-    engine_cfg = EngineConfig(device=device, dtype=dtype, use_cuda_graphs=use_cuda_graphs,
-                              use_kernels=use_kernels)
-    return ModelRunner(weights.model, weights.cfg, weights.tokenizer, engine_cfg)
+def engine_options(args, use_graphs: bool, **extra) -> dict:
+    """The EngineConfig options every runner and engine of one setting share."""
+    return dict(device=args.device, dtype=args.dtype, use_cuda_graphs=use_graphs, **extra)
+
+
+def graphs_setting(args, position: int) -> bool:
+    """Whether ``--graphs``' setting at ``position`` (0: first, -1: last) is "on"."""
+    return args.graphs.split(',')[position].strip() == 'on'
+
+
+def build_runner(weights: Weights, options: dict) -> ModelRunner:
+    """A runner with the device, dtype, CUDA-graph and kernel choice of ``options``."""
+    return ModelRunner(weights.model, weights.cfg, weights.tokenizer, EngineConfig(**options))
+
+
+def eager_reference(runner, frames, options: dict) -> list:
+    """The plain AR reference tokens of ``frames`` (eager, dense attention): what the spec
+    rows' oracle drafts and every check compares with."""
+    return reference_tokens(runner, frames, EngineConfig(**{**options, 'use_cuda_graphs': False}))
+
+
+def engine_for(runner, weights: Weights, label: str, options: dict, ref=None, seed: int = 0):
+    """An engine for a row label: a mode (``pipeline``) or a mode at an oracle acceptance
+    (``pipeline_spec@3.0``, drafting ``ref``'s tokens)."""
+    mode, _, target = label.partition('@')
+    if target:
+        return spec_engine(runner, weights.norm_stats, mode, float(target), ref, options, seed)
+    return Engine(runner, weights.norm_stats, EngineConfig(mode=mode, **options))
 
 
 def time_pieces(runner, frames, base: dict, repeats: int = 20) -> dict:
