@@ -32,6 +32,8 @@ from pathlib import Path
 
 import numpy as np
 
+from vla_spec_ros.validation import check_number
+
 DEFAULT_IMAGE_TOPIC = '/camera/image'
 DEFAULT_INSTRUCTION_TOPIC = '/instruction'
 IMAGE_TYPE = 'sensor_msgs/msg/Image'
@@ -73,8 +75,7 @@ class FrameRecorder:
                              'directory')
         if storage not in STORAGES:
             raise ValueError(f'storage: {storage!r} is not one of {STORAGES}')
-        if not float(min_period_s) >= 0:
-            raise ValueError(f'min_period_s: must be >= 0, got {min_period_s}')
+        min_period_s = check_number('min_period_s', min_period_s, minimum=0.0, unit='s')
         for name, topic in (('image_topic', image_topic),
                             ('instruction_topic', instruction_topic)):
             if not isinstance(topic, str) or not topic.startswith('/') or topic.endswith('/'):

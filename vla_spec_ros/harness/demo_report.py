@@ -10,7 +10,8 @@ import math
 KEEPS_UP_FRACTION = 0.95
 
 
-def _num(value) -> float:
+def measured(value) -> float:
+    """A recorded value as a float: NaN where nothing was measured (JSON null)."""
     return math.nan if value is None else float(value)
 
 
@@ -148,7 +149,7 @@ def placements(record: dict) -> list[dict]:
                      'answered_fraction': paced['answered_fraction']}
             for source, latency in (('model', paced['latency_p50_ms']),
                                     ('node', node.get(mode, {}).get('latency_p50_ms'))):
-                latency = _num(latency)
+                latency = measured(latency)
                 if math.isnan(latency):
                     continue
                 delay = max(1, math.ceil(latency * 1e-3 * rate - 1e-9))
@@ -240,6 +241,6 @@ def format_report(record: dict) -> str:
     return '\n'.join(out)
 
 
-__all__ = ['KEEPS_UP_FRACTION', 'format_report', 'format_lockstep_table', 'format_speed_table',
-           'format_delay_table', 'format_relax_table', 'format_task_table', 'placements',
-           'delay_curve', 'success_at', 'same_as_ar']
+__all__ = ['KEEPS_UP_FRACTION', 'measured', 'format_report', 'format_lockstep_table',
+           'format_speed_table', 'format_delay_table', 'format_relax_table', 'format_task_table',
+           'placements', 'delay_curve', 'success_at', 'same_as_ar']

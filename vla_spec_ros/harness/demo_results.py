@@ -7,7 +7,7 @@ import math
 import time
 from pathlib import Path
 
-from vla_spec_ros.harness.demo_report import _num, delay_curve, format_report, placements
+from vla_spec_ros.harness.demo_report import delay_curve, format_report, measured, placements
 
 
 def _pyplot():
@@ -43,7 +43,7 @@ def plot_delay(path: Path, record: dict, plt) -> None:
         for i, p in enumerate(q for q in places if q['rate_hz'] == rate):
             for source, marker in (('model', 'v'), ('node', '^')):
                 s = p.get(source)
-                if s is None or math.isnan(_num(s['success'])):
+                if s is None or math.isnan(measured(s['success'])):
                     continue
                 ax.plot(s['delay'] + (i - len(modes) / 2) * 0.05, s['success'], marker,
                         markersize=9, color=color[p['mode']], label=f"{p['mode']} ({source}, "
@@ -59,7 +59,7 @@ def plot_delay(path: Path, record: dict, plt) -> None:
                       key=lambda p: p['rate_hz'])
         if rows:
             offset = (i - len(modes) / 2) * 0.006
-            successes = [_num(p['model']['success']) + offset for p in rows]
+            successes = [measured(p['model']['success']) + offset for p in rows]
             ax_rate.plot([p['rate_hz'] for p in rows], successes, 'osD^v<>'[i % 7] + '-',
                          color=color[mode], label=mode, alpha=0.85)
     ax_rate.set(xlabel='control rate (Hz)', ylabel='success rate on the delay curve',
@@ -77,11 +77,11 @@ def plot_relax(path: Path, record: dict, plt) -> None:
     rs = [p['point']['relax_threshold'] for p in points]
     xs = list(range(len(rs)))              # r values are spread unevenly: categorical axis
     fig, (ax_acc, ax_succ, ax_hist) = plt.subplots(1, 3, figsize=(15, 4.2))
-    ax_acc.plot(xs, [_num(p['acceptance_length']) for p in points], 'o-', color='C0',
+    ax_acc.plot(xs, [measured(p['acceptance_length']) for p in points], 'o-', color='C0',
                 label='acceptance length')
     ax_acc.set_ylabel('acceptance length (tokens / verifier forward)', color='C0')
     ax_fwd = ax_acc.twinx()
-    ax_fwd.plot(xs, [_num(p['forwards_per_action']) for p in points], 's--', color='C1',
+    ax_fwd.plot(xs, [measured(p['forwards_per_action']) for p in points], 's--', color='C1',
                 label='forwards per action')
     ax_fwd.set_ylabel('verifier forwards per action', color='C1')
     ax_succ.plot(xs, [p['success_rate'] for p in points], 'o-', color='C2')
