@@ -8,6 +8,7 @@ rounded to uint8 as PIL does, scaled to [0, 1] and normalised with the tower's m
 """
 from __future__ import annotations
 
+import functools
 import math
 
 import numpy as np
@@ -48,11 +49,26 @@ def _resize_uint8(x: torch.Tensor, size: int, mode: str) -> torch.Tensor:
 def preprocess_image(image: np.ndarray, cfg: VLAConfig, *, center_crop: bool = False,
                      rotate_180: bool = False, dtype=torch.float32, device='cpu'
                      ) -> torch.Tensor:
-    """(H, W, 3) uint8 RGB -> (6, S, S) pixel values in ``dtype``."""
+    """(H, W, 3) uint8 RGB -> (6, S, S) pixel values in ``dtype``, computed on the CPU."""
     image = check_image(image)
+    x = preprocess_pixels(torch.from_numpy(np.ascontiguousarray(image)), cfg,
+                          center_crop=center_crop, rotate_180=rotate_180)
+    return x.to(device=device, dtype=dtype)
+
+
+def preprocess_pixels(image: torch.Tensor, cfg: VLAConfig, *, center_crop: bool = False,
+                      rotate_180: bool = False) -> torch.Tensor:
+    """(H, W, 3) uint8 tensor -> (6, S, S) float64, on the tensor's own device.
+
+    The engine uploads the camera's uint8 frame and runs this on the GPU, so preprocessing
+    costs no host time and needs no synchronisation. The arithmetic is float64 on every
+    device; without a resize (frames at the model size) CPU and CUDA agree bit for bit, with
+    one the resampling may differ in the last bits, which moves a pixel by one uint8 level
+    only when it lands on a rounding tie.
+    """
     if rotate_180:
-        image = image[::-1, ::-1]
-    x = torch.from_numpy(np.ascontiguousarray(image)).permute(2, 0, 1).to(torch.float64)
+        image = image.flip(0, 1)
+    x = image.permute(2, 0, 1).to(torch.float64)
     size = cfg.image_size
     if center_crop:
         h, w = x.shape[1:]
@@ -61,7 +77,7 @@ def preprocess_image(image: np.ndarray, cfg: VLAConfig, *, center_crop: bool = F
         top, left = (h - ch) // 2, (w - cw) // 2
         x = _resize_uint8(x[:, top:top + ch, left:left + cw], size, 'bilinear')
     x = _resize_uint8(x, size, 'bicubic') / 255.0
-    return normalize_per_tower(x, cfg).to(device=device, dtype=dtype)
+    return normalize_per_tower(x, cfg)
 
 
 def normalize_per_tower(x: torch.Tensor, cfg: VLAConfig) -> torch.Tensor:
@@ -69,7 +85,15 @@ def normalize_per_tower(x: torch.Tensor, cfg: VLAConfig) -> torch.Tensor:
     0-2, SigLIP's on 3-5 (the fused backbone's input layout)."""
     towers = []
     for tower in (cfg.featurizer, cfg.fused_featurizer):
-        mean = torch.tensor(tower.mean, dtype=x.dtype, device=x.device)[:, None, None]
-        std = torch.tensor(tower.std, dtype=x.dtype, device=x.device)[:, None, None]
+        mean, std = _tower_constants(tuple(tower.mean), tuple(tower.std), x.dtype, x.device)
         towers.append((x - mean) / std)
     return torch.cat(towers, dim=-3)
+
+
+@functools.lru_cache(maxsize=16)
+def _tower_constants(mean: tuple, std: tuple, dtype, device) -> tuple[torch.Tensor, ...]:
+    """(3, 1, 1) mean and std on ``device``, made once: building them from Python lists on
+    every frame would be two blocking host -> device copies per tower on a GPU."""
+    with torch.inference_mode(False):      # plain tensors, usable in and out of inference
+        return tuple(torch.tensor(v, dtype=dtype).to(device)[:, None, None]
+                     for v in (mean, std))

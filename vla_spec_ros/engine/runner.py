@@ -20,8 +20,9 @@ from ..actions import ActionTokenizer
 from ..config import EngineConfig, VLAConfig
 from ..models.layers import KVCache, StepBatch, fuse_projections
 from ..models.vla import OpenVLA
-from ..preprocess import preprocess_image
+from ..preprocess import check_image, preprocess_pixels
 from ..prompt import PromptTokenizer
+from .frame_upload import DeviceIds, FrameUploader
 from .packed_forward import GraphedFunction, PackedForward
 from .result import Frame
 from .step_inputs import HostStep
@@ -59,6 +60,8 @@ class ModelRunner:
         self._action_mask[at.first_action_id:at.last_action_id + 1] = 0
         self._vision_graph = GraphedFunction(self._vision, self.device) \
             if self.use_cuda_graphs else None
+        self._frames = FrameUploader(self.device)
+        self._prompt_ids = DeviceIds(self.device)
 
     @property
     def action_dim(self) -> int:
@@ -82,16 +85,20 @@ class ModelRunner:
     @torch.no_grad()
     def prepare_prompt(self, frame: Frame, engine_cfg: EngineConfig,
                        input_ids: list[int] | None = None) -> PreparedPrompt:
+        """The frame's prompt embeddings, queued on the device: on a GPU nothing here waits
+        for the GPU (the uint8 frame goes up through a pinned buffer, preprocessing runs on
+        the device, the instruction's ids are cached there), so the host can prepare a frame
+        while a verifier forward runs."""
         ids = input_ids if input_ids is not None else self.tokenizer.encode(frame.instruction)
-        pixels = preprocess_image(frame.image, self.cfg, center_crop=engine_cfg.center_crop,
-                                  rotate_180=engine_cfg.rotate_180, dtype=self.dtype,
-                                  device=self.device)
+        pixels = preprocess_pixels(self._frames.upload(check_image(frame.image)), self.cfg,
+                                   center_crop=engine_cfg.center_crop,
+                                   rotate_180=engine_cfg.rotate_180).to(self.dtype)
         if self._vision_graph is not None:
             patches = self._vision_graph({'pixels': pixels[None]})['patches'].clone()
         else:
             patches = self.model.image_embeddings(pixels[None])[0]      # (P, H)
-        ids_t = torch.tensor(ids, dtype=torch.long, device=self.device)
-        return PreparedPrompt(ids, self.model.prompt_embeddings(patches, ids_t))
+        return PreparedPrompt(ids, self.model.prompt_embeddings(patches,
+                                                                self._prompt_ids.get(ids)))
 
     def _vision(self, inputs: dict) -> dict:
         return {'patches': self.model.image_embeddings(inputs['pixels'])[0]}
@@ -156,6 +163,11 @@ class RingRunner:
         """-> (greedy tokens as a list: [prefill's next token] + one per segment row, hidden
         states (T, H) on the device, valid until the next ``run``). ``prefill_embeds`` may be
         shorter than the (padded) prefill block: zero rows fill the rest."""
+        return self.read(self.launch(step, prefill_embeds))
+
+    def launch(self, step: HostStep, prefill_embeds: torch.Tensor | None = None) -> dict:
+        """Queue the step (``run`` without the read): on a GPU it returns while the forward
+        runs, so the host can prepare other work; ``read`` then waits for the tokens."""
         dense = {}
         if step.num_prefill:
             missing = step.num_prefill - prefill_embeds.shape[0]
@@ -163,7 +175,10 @@ class RingRunner:
                 prefill_embeds = torch.cat([prefill_embeds, prefill_embeds.new_zeros(
                     missing, prefill_embeds.shape[1])])
             dense['prefill_embeds'] = prefill_embeds
-        out = self.forward(step, dense)
+        return self.forward(step, dense)
+
+    @staticmethod
+    def read(out: dict):
         return out['tokens'].tolist(), out['hidden']      # the step's one device -> host read
 
 

@@ -1,0 +1,78 @@
+"""Frames and prompt ids reach the device without stalling the host (engine/frame_upload.py),
+and preprocessing on the device computes what the CPU reference computes."""
+import numpy as np
+import pytest
+import torch
+
+from vla_spec_ros.config import preset
+from vla_spec_ros.engine.frame_upload import MAX_INSTRUCTIONS, DeviceIds, FrameUploader
+from vla_spec_ros.preprocess import preprocess_image, preprocess_pixels
+
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(),
+                                reason='device uploads and preprocessing need a CUDA GPU')
+
+
+def test_cpu_upload_is_the_frame_itself():
+    image = np.random.default_rng(0).integers(0, 256, (20, 30, 3), dtype=np.uint8)
+    pixels = FrameUploader('cpu').upload(image)
+    assert pixels.dtype == torch.uint8
+    assert np.shares_memory(pixels.numpy(), image)
+    np.testing.assert_array_equal(pixels.numpy(), image)
+    flipped = image[::-1]                   # a strided view is made contiguous, same pixels
+    np.testing.assert_array_equal(FrameUploader('cpu').upload(flipped).numpy(), flipped)
+
+
+def test_prompt_ids_are_kept_per_instruction():
+    ids = DeviceIds('cpu')
+    first = ids.get([1, 5, 9])
+    assert first.tolist() == [1, 5, 9] and first.dtype == torch.long
+    assert ids.get([1, 5, 9]) is first                  # no second upload
+    assert ids.get([1, 5]).tolist() == [1, 5]
+    for i in range(MAX_INSTRUCTIONS):
+        ids.get([2, i])
+    assert ids.get([1, 5, 9]) is not first              # the oldest were let go
+
+
+@needs_cuda
+def test_uploads_back_to_back_keep_each_frame():
+    """One staging buffer per shape: the second upload waits for the first to be read before
+    it overwrites the buffer, so both device tensors hold their own frame."""
+    rng = np.random.default_rng(1)
+    images = [rng.integers(0, 256, (48, 64, 3), dtype=np.uint8) for _ in range(4)]
+    images.append(rng.integers(0, 256, (30, 40, 3), dtype=np.uint8))
+    uploader = FrameUploader('cuda')
+    uploaded = [uploader.upload(image) for image in images]
+    for image, pixels in zip(images, uploaded):
+        assert pixels.device.type == 'cuda'
+        np.testing.assert_array_equal(pixels.cpu().numpy(), image)
+
+
+# Float64 on both devices, but not the same instructions: CUDA divides by a scalar as a
+# multiplication by its reciprocal, so values may differ in their last bit or two.
+LAST_BITS = 1e-14
+
+
+@needs_cuda
+@pytest.mark.parametrize('options', [{}, {'rotate_180': True}])
+def test_device_preprocessing_equals_the_cpu_at_the_model_size(options):
+    cfg = preset('tiny')
+    image = np.random.default_rng(2).integers(0, 256, (cfg.image_size, cfg.image_size, 3),
+                                              dtype=np.uint8)
+    on_cpu = preprocess_image(image, cfg, dtype=torch.float64, **options)
+    on_gpu = preprocess_pixels(torch.from_numpy(image).cuda(), cfg, **options)
+    torch.testing.assert_close(on_gpu.cpu(), on_cpu, rtol=0, atol=LAST_BITS)
+
+
+@needs_cuda
+@pytest.mark.parametrize('options', [{}, {'center_crop': True}])
+def test_device_preprocessing_with_a_resize_differs_by_at_most_a_rounding_tie(options):
+    """Resampling on another device may differ in the last bits; after rounding to uint8
+    levels a pixel moves by at most one level, and only a few do."""
+    cfg = preset('tiny')
+    image = np.random.default_rng(3).integers(0, 256, (90, 120, 3), dtype=np.uint8)
+    on_cpu = preprocess_image(image, cfg, dtype=torch.float64, **options)
+    on_gpu = preprocess_pixels(torch.from_numpy(image).cuda(), cfg, **options).cpu()
+    one_level = 1 / 255 / min(min(cfg.featurizer.std), min(cfg.fused_featurizer.std))
+    diff = (on_gpu - on_cpu).abs()
+    assert diff.max() <= one_level * 1.0001
+    assert (diff > LAST_BITS).double().mean() < 0.01

@@ -1,0 +1,73 @@
+"""Camera frames and prompt ids to the device without stalling the host.
+
+A blocking host -> device copy from ordinary (pageable) memory first waits for every kernel
+already queued on the stream: issued in the middle of a step, it waits out the whole verifier
+forward, and the host can no longer prepare anything while the GPU works. So:
+
+- ``FrameUploader`` copies a uint8 frame into a pinned staging buffer it keeps per frame shape
+  and uploads it non-blocking (preprocessing then runs on the device, preprocess.py). Before
+  it rewrites a staging buffer it waits for that buffer's previous upload (an event), which
+  has in practice finished long before.
+- ``DeviceIds`` keeps the prompt ids of recent instructions on the device: an instruction
+  rarely changes between frames, so its one blocking upload is paid when it does.
+
+On a CPU both hand back tensors over the host memory (no copy).
+"""
+from __future__ import annotations
+
+from collections import OrderedDict
+
+import numpy as np
+import torch
+
+MAX_FRAME_SHAPES = 4        # staging buffers kept (one per camera resolution in use)
+MAX_INSTRUCTIONS = 32       # prompt id tensors kept
+
+
+class FrameUploader:
+    def __init__(self, device):
+        self.device = torch.device(device)
+        self.is_cuda = self.device.type == 'cuda'
+        self._staging: OrderedDict[tuple, tuple] = OrderedDict()   # shape -> (host, np, event)
+
+    def upload(self, image: np.ndarray) -> torch.Tensor:
+        """(H, W, 3) uint8 numpy -> the same pixels as a uint8 tensor on the device, queued
+        on the current stream (valid for every later operation on that stream)."""
+        if not self.is_cuda:
+            return torch.from_numpy(np.ascontiguousarray(image))
+        entry = self._staging.get(image.shape)
+        if entry is None:
+            if len(self._staging) >= MAX_FRAME_SHAPES:
+                _, (_, _, pending) = self._staging.popitem(last=False)
+                pending.synchronize()       # its last upload must finish before it is freed
+            host = torch.empty(image.shape, dtype=torch.uint8, pin_memory=True)
+            entry = (host, host.numpy(), torch.cuda.Event())
+            self._staging[image.shape] = entry
+        else:
+            self._staging.move_to_end(image.shape)
+        host, host_np, uploaded = entry
+        uploaded.synchronize()              # the buffer's previous upload has been read
+        np.copyto(host_np, image)
+        pixels = host.to(self.device, non_blocking=True)
+        uploaded.record()
+        return pixels
+
+
+class DeviceIds:
+    def __init__(self, device):
+        self.device = torch.device(device)
+        self._ids: OrderedDict[tuple, torch.Tensor] = OrderedDict()
+
+    def get(self, input_ids: list[int]) -> torch.Tensor:
+        """Prompt ids as an int64 tensor on the device (cached per instruction)."""
+        key = tuple(input_ids)
+        ids = self._ids.get(key)
+        if ids is None:
+            with torch.inference_mode(False):   # usable in and out of inference mode
+                ids = torch.tensor(key, dtype=torch.long, device=self.device)
+            self._ids[key] = ids
+            if len(self._ids) > MAX_INSTRUCTIONS:
+                self._ids.popitem(last=False)
+        else:
+            self._ids.move_to_end(key)
+        return ids
