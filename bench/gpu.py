@@ -20,8 +20,8 @@ JSON + Markdown to ``--out``.
 - ``profile``: torch.profiler over one mode (``--profile-mode``), the kernel table by device
   time;
 - ``threads``: the pipeline row at several host intra-op thread counts;
-- ``kernels`` / ``prefetch``: ``use_kernels`` / ``prefetch_prompt`` off, then on: the model
-  pieces and the rows of several modes (bench/gpu_parts.py).
+- ``kernels``: ``use_kernels`` off, then on: the model pieces and the ar / pipeline /
+  pipeline_spec rows (bench/gpu_parts.py).
 
 The roofline columns use the H100 floor (bench/README.md) scaled to the preset: weight bytes
 streamed per forward and FLOPs per action from the parameter count.
@@ -38,8 +38,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from gpu_parts import (run_fidelity, run_kernel_ab, run_prefetch_ab, run_profile,
-                       run_thread_sweep)
+from gpu_parts import run_fidelity, run_kernel_ab, run_profile, run_thread_sweep
 from gpu_setup import (TARGET_ACCEPTANCE, build_model, build_runner, eager_reference,
                        engine_for, engine_options, load_checkpoint, run_all, time_pieces)
 from vla_spec_ros.bench import BenchRow, bench_engine, bench_hf, environment, make_frames
@@ -231,7 +230,7 @@ def main(argv=None) -> int:
     ap.add_argument('--compile-backend', default='inductor',
                     help='torch.compile backend of the compiled HF baseline (tests: eager)')
     ap.add_argument('--parts', default='table',
-                    help='table, fidelity, profile, threads, kernels, prefetch (any of)')
+                    help='table, fidelity, profile, threads, kernels (any of)')
     ap.add_argument('--thread-sweep', default='16,4,1',
                     help='intra-op thread counts of the threads part')
     ap.add_argument('--fidelity-frames', type=int, default=200)
@@ -248,7 +247,7 @@ def main(argv=None) -> int:
         print('--device cuda requested but CUDA is not available', file=sys.stderr)
         return 2
     parts = set(args.parts.split(','))
-    unknown = parts - {'table', 'fidelity', 'profile', 'threads', 'kernels', 'prefetch'}
+    unknown = parts - {'table', 'fidelity', 'profile', 'threads', 'kernels'}
     if unknown:
         print(f'--parts: unknown {sorted(unknown)}', file=sys.stderr)
         return 2
@@ -281,8 +280,6 @@ def main(argv=None) -> int:
         if 'threads' in parts else {}
     kernel_ab = run_kernel_ab(args, weights, key) \
         if 'kernels' in parts else {}
-    prefetch_ab = run_prefetch_ab(args, weights, key) \
-        if 'prefetch' in parts else {}
     fidelity = run_fidelity(args, weights, key, baselines['hf']) \
         if 'fidelity' in parts else {}
     profiled = run_profile(args, weights, key, out, stamp) \
@@ -296,8 +293,7 @@ def main(argv=None) -> int:
     record = {'command': command, 'preset': args.preset, 'device': args.device,
               'dtype': args.dtype, 'environment': environment(), **report,
               'floor_ms': FLOOR_MS, 'rows': records, 'fidelity': fidelity,
-              'profile': profiled, 'threads': threads, 'kernels_ab': kernel_ab,
-              'prefetch_ab': prefetch_ab}
+              'profile': profiled, 'threads': threads, 'kernels_ab': kernel_ab}
     label = Path(args.checkpoint).name if args.checkpoint else args.preset
     name = f'gpu-{label}-{args.device}-{stamp}'
     (out / f'{name}.json').write_text(json.dumps(record, indent=2))

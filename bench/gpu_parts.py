@@ -111,13 +111,11 @@ def run_option_ab(args, weights, key, option: str, modes: tuple) -> dict:
         for mode in modes:
             engine = engine_for(runner, weights, mode, options, ref, args.seed)
             row = bench_engine(engine, frames, args.warmup)
-            rows[mode] = {**asdict(row),
-                          'prefetched': engine.strategy.stats.num_prefetched}
+            rows[mode] = asdict(row)
             print(f'{option} {value} {mode}: {row.actions_per_s:.2f} actions/s, '
                   f'{row.step_ms:.2f} ms/step (vision {row.vision_ms:.2f}, verifier '
                   f'{row.verifier_ms:.2f}, host {row.host_ms:.2f}), p50 '
-                  f'{row.latency_p50_ms:.1f} ms, prompts prepared ahead '
-                  f'{rows[mode]["prefetched"]}', flush=True)
+                  f'{row.latency_p50_ms:.1f} ms', flush=True)
         out[value] = {'pieces_ms': pieces, 'rows': rows}
         print(f'{option} {value}: pieces {pieces}', flush=True)
     return out
@@ -127,12 +125,6 @@ def run_kernel_ab(args, weights, key) -> dict:
     """Fused kernels off vs on: ar / pipeline / pipeline_spec@3.5."""
     return run_option_ab(args, weights, key, 'use_kernels', ('ar', 'pipeline',
                                                              'pipeline_spec@3.5'))
-
-
-def run_prefetch_ab(args, weights, key) -> dict:
-    """Preparing the next frame during the verifier forward off vs on, every mode."""
-    return run_option_ab(args, weights, key, 'prefetch_prompt',
-                         ('ar', 'pipeline', 'spec@3.0', 'pipeline_spec@3.0'))
 
 
 def run_profile(args, weights, key, out: Path, stamp: str) -> dict:

@@ -14,8 +14,7 @@
 #   bash bench/gpu_suite.sh fidelity-bins  the same with greedy over action tokens only on both
 #                                     sides, so that every disagreement has a bin distance
 #   bash bench/gpu_suite.sh engine-tests  CUDA tests of the engine's device side: frame upload,
-#                                     device preprocessing, prepared-ahead prompts, graphs
-#   bash bench/gpu_suite.sh prefetch-ab  prefetch_prompt off vs on: pieces and every mode's row
+#                                     device preprocessing, graphs, fused kernels
 #   bash bench/gpu_suite.sh table-long  7B table, graphs on, 1 stream, 40 timed frames (the
 #                                     pipeline's fill and drain weigh less than with 12)
 #
@@ -82,16 +81,13 @@ for part in "$@"; do
                 --fidelity-action-only 2>&1 | tee "$RESULTS/log-fidelity-bins.txt" || status=1 ;;
         engine-tests)
             bounded python3 -m pytest -q -p no:cacheprovider test/test_frame_upload.py \
-                test/test_prompt_prefetch.py test/test_cuda_graphs.py \
+                test/test_cuda_graphs.py \
                 test/test_engine_kernels.py 2>&1 | tee "$RESULTS/log-engine-tests.txt" || status=1 ;;
-        prefetch-ab)
-            bounded $GPU --graphs on --parts prefetch --baselines '' --frames 24 --warmup 6 2>&1 \
-                | tee "$RESULTS/log-prefetch-ab.txt" || status=1 ;;
         table-long)
             bounded $GPU --graphs on --streams 1 --frames 40 --warmup 6 --parts table \
                 --progress-file "$RESULTS/rows-table-long.json" 2>&1 \
                 | tee "$RESULTS/log-table-long.txt" || status=1 ;;
-        *) echo "unknown part: $part (tests, graph-tests, table, table-on, table-off, kernels-ab, fidelity, fidelity-bins, engine-tests, prefetch-ab, table-long)"; exit 2 ;;
+        *) echo "unknown part: $part (tests, graph-tests, table, table-on, table-off, kernels-ab, fidelity, fidelity-bins, engine-tests, table-long)"; exit 2 ;;
     esac
     echo "== part $part: $(( $(date +%s) - start )) s"
 done

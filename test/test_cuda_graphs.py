@@ -73,25 +73,6 @@ def test_graph_replay_equals_eager_and_reference(setup, mode):
     assert graphed.engine.runner._vision_graph.num_replays > 0
 
 
-@pytest.mark.parametrize('mode', ['ar', 'pipeline', 'pipeline_spec'])
-def test_prompts_prepared_during_graphed_forwards_give_the_reference(setup, mode):
-    """A backlog of frames: with ``prefetch_prompt`` "auto" (on, on CUDA) the next frame's
-    upload, preprocessing and vision graph are queued between a graphed verifier step's
-    launch and its read; tokens stay the reference's."""
-    from vla_spec_ros.engine.drafter import load_draft_for
-    _, graphed, frames, expected = setup
-    cfg = EngineConfig(mode=mode, dtype='float64', device='cuda', use_cuda_graphs=True,
-                       draft_path='random', tree_depth=3, tree_top_k=2, tree_max_nodes=6)
-    runner = graphed.engine.runner
-    draft = load_draft_for(runner, cfg, None) if cfg.is_speculative else None
-    engine = Engine(runner, graphed.engine.norm_stats, cfg, draft=draft)
-    ids = [engine.submit(f) for f in frames]
-    out = {fin.request_id: fin.result.tokens for fin in engine.run_until_idle()}
-    assert [out[i] for i in ids] == expected
-    assert engine.strategy.stats.num_prefetched >= (len(frames) - 1 if mode != 'pipeline_spec'
-                                                    else 1)
-
-
 @pytest.mark.parametrize('mode', ['pipeline', 'pipeline_spec'])
 def test_graphs_captured_before_serving(setup, mode):
     """capture_graphs builds every step shape up front: serving then only replays, and the

@@ -286,7 +286,7 @@ def test_error_inside_step_is_reported_not_raised(policy, frames, reference, mon
     else:
         engine = make_engine(policy)
     verifier = engine.strategy.verifier
-    real_forward = verifier.launch
+    real_forward = verifier.run
     state = {'calls': 0, 'fail_at': 2}
 
     def flaky_forward(*args, **kwargs):
@@ -295,7 +295,7 @@ def test_error_inside_step_is_reported_not_raised(policy, frames, reference, mon
             raise RuntimeError('simulated device fault')
         return real_forward(*args, **kwargs)
 
-    monkeypatch.setattr(verifier, 'launch', flaky_forward)
+    monkeypatch.setattr(verifier, 'run', flaky_forward)
     ids = [engine.submit(restream(frames[i], 'a')) for i in (16, 17, 18)]
     reported, steps = [], 0
     while engine.has_work():

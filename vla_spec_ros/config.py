@@ -278,12 +278,6 @@ class EngineConfig:
     # Fused Triton kernels: "auto" uses them on CUDA when triton imports, never on CPU.
     use_kernels: str = _option('auto', 'Fused Triton kernels: auto (CUDA only), on or off',
                                choices=AUTO_ON_OFF)
-    # Prepare the next waiting frame's prompt (upload, preprocessing, vision towers) while the
-    # verifier forward of the current step runs, when that frame is sure to have room next
-    # step; "auto" = on CUDA only (a CPU cannot overlap the two, so there it only moves work).
-    prefetch_prompt: str = _option('auto', 'Prepare the next frame during the verifier '
-                                   'forward: auto (CUDA only), on or off',
-                                   choices=AUTO_ON_OFF)
     # Attention over the packed ring: "segments" (each request attends to its own KV span and
     # tree only: cost proportional to the work in flight), "dense" (the reference: one
     # T x ring mask, cost grows with the whole ring), "auto" = segments.

@@ -8,11 +8,11 @@ KV ring. AR, cross-request pipelining (ActionFlow) and speculative verification 
     spec           1                      EAGLE-2 draft tree
     pipeline_spec  config.max_inflight    EAGLE-2 draft tree
 
-A step (numbered as in ``step``): 1 schedule, 2 draft trees for every in-flight request (one
-batched draft forward per tree level), 3 host plan (engine/step_inputs.py: positions, slots,
-per-segment KV spans and masks, last step's KV compaction), 4 prompt embeddings of the admitted
-frame (unless prepared during the previous step), 5 ONE verifier forward (one upload, one read
-of the greedy tokens; between the two the host prepares the next frame's prompt), 6 prefill
+A step (numbered as in ``step``): 1 schedule, 2 prompt embeddings of the admitted frame
+(queued first, so that on a GPU the vision towers run while the host drafts and plans), 3 draft
+trees for every in-flight request (one batched draft forward per tree level), 4 host plan
+(engine/step_inputs.py: positions, slots, per-segment KV spans and masks, last step's KV
+compaction), 5 ONE verifier forward (one upload, one read of the greedy tokens), 6 prefill
 bookkeeping, 7 acceptance of every tree and the compaction it implies, 8 one batched draft
 update for the new prefix and every accepted path, 9 finished requests in per-stream order.
 
@@ -54,7 +54,6 @@ class StepStats:
     vision_s: float = 0.0       # preparing prompts (upload, preprocessing, vision, projector)
     verifier_s: float = 0.0     # the packed verifier forward, its upload and token read
     draft_s: float = 0.0        # draft trees and draft updates (their forwards included)
-    num_prefetched: int = 0     # admitted frames whose prompt was prepared in an earlier step
 
     @property
     def host_s(self) -> float:
@@ -91,8 +90,6 @@ class PackedStrategy:
         self.ring = KVRing(capacity)
         self.verifier = runner.new_ring(capacity, config)
         self.scheduler = Scheduler(self.max_inflight, runner.action_dim, self.ring)
-        self.prefetch_prompt = config.prefetch_prompt == 'on' or (
-            config.prefetch_prompt == 'auto' and runner.device.type == 'cuda')
         self.num_verifier_forwards = 0
         self.stats = StepStats()
         self._captured_prompt_buckets: set[int] = set()     # CUDA graphs: prompt rows built
@@ -147,11 +144,23 @@ class PackedStrategy:
             prompt_rows = round_up(work.prefill.prefix_len, PROMPT_ROWS_BUCKET)
             if prompt_rows not in self._captured_prompt_buckets:
                 self.capture_graphs(work.prefill.prefix_len)
-        # 2. draft trees (just the root when not speculating or one token remains)
+        # 2. the admitted frame's prompt (upload, preprocessing, vision towers, projector),
+        #    queued first: on a GPU the towers run while the host drafts and plans. The frame
+        #    keeps the tunables in force now until its action is decided.
+        prefill, prefill_embeds = None, None
+        if work.prefill is not None:
+            request = work.prefill
+            request.tunables = cfg
+            request.start_time = time.perf_counter()
+            prefill_embeds = runner.prepare_prompt(request.frame, cfg, request.input_ids).embeds
+            stats.vision_s += time.perf_counter() - request.start_time
+            prefill = PrefillRows(self.ring.span(request.request_id).start, self.ring.capacity,
+                                  request.prefix_len)
+        # 3. draft trees (just the root when not speculating or one token remains)
         t0 = time.perf_counter()
         trees = self._draft_trees(work.decode)
         stats.draft_s += time.perf_counter() - t0
-        # 3. host plan: one segment per in-flight request + last step's KV compaction
+        # 4. host plan: one segment per in-flight request + last step's KV compaction
         capacity = self.ring.capacity
         segments, moves = [], []
         for request in work.decode:
@@ -164,34 +173,12 @@ class PackedStrategy:
                                       tree.tokens))
             moves += request.pending_moves
             request.pending_moves = []
-        prefill, prefill_embeds = None, None
-        if work.prefill is not None:
-            # 4. the admitted frame's prompt (vision towers + projector); it keeps the
-            #    tunables in force now until its action is decided
-            request = work.prefill
-            request.tunables = cfg
-            t0 = time.perf_counter()
-            request.start_time = request.start_time or t0
-            prompt = request.prompt or runner.prepare_prompt(request.frame, cfg,
-                                                             request.input_ids)
-            stats.num_prefetched += request.prompt is not None
-            request.prompt = None
-            stats.vision_s += time.perf_counter() - t0
-            prefill = PrefillRows(self.ring.span(request.request_id).start, capacity,
-                                  request.prefix_len)
-            prefill_embeds = prompt.embeds
         host = pack_step(prefill, segments, self.verifier.scratch_slot, moves=moves,
                          **self._padded_sizes(prefill, segments, len(moves)))
-        # 5. one verifier forward for everything in flight; while a GPU runs it, the host
-        #    prepares the next frame's prompt (``prefetch_prompt``)
+        # 5. one verifier forward for everything in flight
         t0 = time.perf_counter()
-        launched = self.verifier.launch(host, prefill_embeds)
-        t1 = time.perf_counter()
-        self._prefetch_next_prompt(work)
-        t2 = time.perf_counter()
-        tokens, hidden = self.verifier.read(launched)
-        stats.verifier_s += (t1 - t0) + (time.perf_counter() - t2)
-        stats.vision_s += t2 - t1
+        tokens, hidden = self.verifier.run(host, prefill_embeds)
+        stats.verifier_s += time.perf_counter() - t0
         self.num_verifier_forwards += 1
         begins, advances = [], []
         offset = 0
@@ -224,25 +211,6 @@ class PackedStrategy:
         stats.num_steps += 1
         stats.total_s += time.perf_counter() - start
         return finished
-
-    def _prefetch_next_prompt(self, work) -> None:
-        """Prepare the oldest waiting frame's prompt while this step's forward runs, when the
-        next step is sure to have a place in flight for it: every request of this step with
-        one token left finishes in it. (The ring may still make it wait; its prompt waits
-        with it.) Tokens are unchanged: the same frame, the same preprocessing settings (not
-        run-time tunables), the same vision towers. A frame dropped before its admission
-        (a newer frame of its stream replaced it) wastes its prompt: one vision pass."""
-        if not self.prefetch_prompt:
-            return
-        head = self.scheduler.next_waiting()
-        if head is None or head.prompt is not None:
-            return
-        step_requests = work.decode + ([work.prefill] if work.prefill is not None else [])
-        num_finishing = sum(1 for r in step_requests if r.num_remaining <= 1)
-        if self.scheduler.num_inflight - num_finishing >= self.max_inflight:
-            return
-        head.start_time = time.perf_counter()
-        head.prompt = self.runner.prepare_prompt(head.frame, self.config, head.input_ids)
 
     def capture_graphs(self, prefix_len: int) -> int:
         """Build every verifier shape bucket a request of ``prefix_len`` prompt tokens can

@@ -41,9 +41,6 @@ class Request:
     # The run-time tunables in force when the request was admitted (relax_threshold and the
     # tree sizes): a change applies from the next admitted frame, never part-way through one.
     tunables: Any = None
-    # The prompt (embeddings on the device) when it was prepared ahead, during an earlier
-    # step's verifier forward (``PackedStrategy``'s prefetch); consumed by the prefill.
-    prompt: Any = None
 
     def __post_init__(self):
         for name in ('request_id', 'prefix_len', 'num_tokens_needed', 'num_slots'):

@@ -87,8 +87,8 @@ class ModelRunner:
                        input_ids: list[int] | None = None) -> PreparedPrompt:
         """The frame's prompt embeddings, queued on the device: on a GPU nothing here waits
         for the GPU (the uint8 frame goes up through a pinned buffer, preprocessing runs on
-        the device, the instruction's ids are cached there), so the host can prepare a frame
-        while a verifier forward runs."""
+        the device, the instruction's ids are cached there), so the vision towers run while
+        the host goes on planning the step."""
         ids = input_ids if input_ids is not None else self.tokenizer.encode(frame.instruction)
         pixels = preprocess_pixels(self._frames.upload(check_image(frame.image)), self.cfg,
                                    center_crop=engine_cfg.center_crop,
@@ -163,11 +163,6 @@ class RingRunner:
         """-> (greedy tokens as a list: [prefill's next token] + one per segment row, hidden
         states (T, H) on the device, valid until the next ``run``). ``prefill_embeds`` may be
         shorter than the (padded) prefill block: zero rows fill the rest."""
-        return self.read(self.launch(step, prefill_embeds))
-
-    def launch(self, step: HostStep, prefill_embeds: torch.Tensor | None = None) -> dict:
-        """Queue the step (``run`` without the read): on a GPU it returns while the forward
-        runs, so the host can prepare other work; ``read`` then waits for the tokens."""
         dense = {}
         if step.num_prefill:
             missing = step.num_prefill - prefill_embeds.shape[0]
@@ -175,10 +170,7 @@ class RingRunner:
                 prefill_embeds = torch.cat([prefill_embeds, prefill_embeds.new_zeros(
                     missing, prefill_embeds.shape[1])])
             dense['prefill_embeds'] = prefill_embeds
-        return self.forward(step, dense)
-
-    @staticmethod
-    def read(out: dict):
+        out = self.forward(step, dense)
         return out['tokens'].tolist(), out['hidden']      # the step's one device -> host read
 
 

@@ -85,10 +85,6 @@ class Scheduler:
         """Streams with a request not yet emitted (waiting, in flight or held)."""
         return tuple(self._pending)
 
-    def next_waiting(self) -> Request | None:
-        """The request the next admission would consider (the oldest waiting), or None."""
-        return self._waiting[0] if self._waiting else None
-
     def has_work(self) -> bool:
         """True while a request waits or is in flight (a step would make progress)."""
         return bool(self._waiting or self._inflight)
