@@ -160,6 +160,17 @@ def time_pieces(runner, frames, base: dict, repeats: int = 20) -> dict:
         uploader.upload(frames[0].image), runner.cfg).to(runner.dtype))
     out['preprocess_on_host'] = median_ms(lambda: preprocess_image(
         frames[0].image, runner.cfg, dtype=runner.dtype, device=runner.device))
+    if runner.device.type == 'cuda':
+        # The vision towers as CUDA graphs: one after the other (the model's reference) and
+        # side by side on two streams (what the runner uses on a GPU).
+        from vla_spec_ros.engine.packed_forward import GraphedFunction
+        pixels = preprocess_image(frames[0].image, runner.cfg, dtype=runner.dtype,
+                                  device=runner.device)[None]
+        for name, towers in (('vision_serial', runner.model.image_embeddings),
+                             ('vision_side_by_side', runner.image_embeddings)):
+            graph = GraphedFunction(lambda inputs, f=towers: {'p': f(inputs['pixels'])},
+                                    runner.device)
+            out[name] = median_ms(lambda g=graph: g({'pixels': pixels}))
     out['vision+prompt'] = median_ms(lambda: runner.prepare_prompt(frames[0],
                                                                    EngineConfig(**base)))
     for name, (step, embeds) in steps.items():

@@ -76,3 +76,33 @@ def test_device_preprocessing_with_a_resize_differs_by_at_most_a_rounding_tie(op
     diff = (on_gpu - on_cpu).abs()
     assert diff.max() <= one_level * 1.0001
     assert (diff > LAST_BITS).double().mean() < 0.01
+
+
+@needs_cuda
+@pytest.mark.parametrize('dtype', [torch.float64, torch.bfloat16])
+def test_parallel_towers_equal_the_model_eager_and_graphed(tmp_path, dtype):
+    """The two towers side by side (two streams; in a CUDA graph, two branches) give the
+    sequential reference's values bit for bit."""
+    from vla_spec_ros.engine.packed_forward import GraphedFunction
+    from vla_spec_ros.engine.parallel_towers import ParallelTowers
+    from vla_spec_ros.models.checkpoint import load_model
+    from vla_spec_ros.models.random_checkpoint import make_checkpoint
+    folder = make_checkpoint('tiny', tmp_path / 'tiny', seed=8)
+    model, cfg = load_model(folder, dtype=dtype, device='cuda')[:2]
+    towers = ParallelTowers(model, 'cuda')
+    graphed = GraphedFunction(lambda inputs: {'out': towers(inputs['pixels'])}, 'cuda')
+    rng = np.random.default_rng(4)
+    with torch.inference_mode():
+        for i in range(4):
+            image = rng.integers(0, 256, (cfg.image_size, cfg.image_size, 3), dtype=np.uint8)
+            pixels = preprocess_image(image, cfg, dtype=dtype, device='cuda')[None]
+            expected = model.image_embeddings(pixels)
+            assert torch.equal(towers(pixels), expected)
+            assert torch.equal(graphed({'pixels': pixels})['out'], expected), i
+    assert graphed.is_captured and graphed.num_replays == 2
+
+
+def test_parallel_towers_refuse_a_cpu():
+    from vla_spec_ros.engine.parallel_towers import ParallelTowers
+    with pytest.raises(ValueError, match='CUDA'):
+        ParallelTowers(None, 'cpu')

@@ -1,7 +1,8 @@
 """Model runner: the device side of the verifier.
 
 ``ModelRunner`` owns the loaded model, the prompt tokenizer, dtype/device, the fused-kernel
-choice and the (optionally graphed) vision towers; it knows nothing about scheduling.
+choice and the vision towers (optionally graphed; side by side on a GPU); it knows nothing
+about scheduling.
 ``RingRunner`` (one per engine, made by ``ModelRunner.new_ring``) owns what a decoding strategy
 drives step after step: the unified KV ring (allocated once, plus one scratch slot that padding
 rows write to), the static input buffers and CUDA graphs of the packed verifier step
@@ -24,6 +25,7 @@ from ..preprocess import check_image, preprocess_pixels
 from ..prompt import PromptTokenizer
 from .frame_upload import DeviceIds, FrameUploader
 from .packed_forward import GraphedFunction, PackedForward
+from .parallel_towers import ParallelTowers
 from .result import Frame
 from .step_inputs import HostStep
 
@@ -58,6 +60,10 @@ class ModelRunner:
         self._action_mask = torch.full((cfg.llm.vocab_size,), float('-inf'), dtype=self.dtype,
                                        device=self.device)
         self._action_mask[at.first_action_id:at.last_action_id + 1] = 0
+        # On a GPU the two vision towers run side by side (same values, engine/
+        # parallel_towers.py); on a CPU one after the other, as the model defines them.
+        self.image_embeddings = ParallelTowers(model, self.device) \
+            if self.device.type == 'cuda' else model.image_embeddings
         self._vision_graph = GraphedFunction(self._vision, self.device) \
             if self.use_cuda_graphs else None
         self._frames = FrameUploader(self.device)
@@ -96,12 +102,12 @@ class ModelRunner:
         if self._vision_graph is not None:
             patches = self._vision_graph({'pixels': pixels[None]})['patches'].clone()
         else:
-            patches = self.model.image_embeddings(pixels[None])[0]      # (P, H)
+            patches = self.image_embeddings(pixels[None])[0]            # (P, H)
         return PreparedPrompt(ids, self.model.prompt_embeddings(patches,
                                                                 self._prompt_ids.get(ids)))
 
     def _vision(self, inputs: dict) -> dict:
-        return {'patches': self.model.image_embeddings(inputs['pixels'])[0]}
+        return {'patches': self.image_embeddings(inputs['pixels'])[0]}
 
     def new_cache(self, num_slots: int) -> KVCache:
         return self.lm.new_kv_cache(num_slots)
