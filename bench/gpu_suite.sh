@@ -15,8 +15,8 @@
 #                                     sides, so that every disagreement has a bin distance
 #   bash bench/gpu_suite.sh engine-tests  CUDA tests of the engine's device side: frame upload,
 #                                     device preprocessing, graphs, fused kernels
-#   bash bench/gpu_suite.sh table-long  7B table, graphs on, 1 stream, 40 timed frames (the
-#                                     pipeline's fill and drain weigh less than with 12)
+#   bash bench/gpu_suite.sh table-long  7B table, graphs on then off, 1 stream, 40 timed frames
+#                                     (the pipeline's fill and drain weigh less than with 12)
 #
 # Several parts may be given at once (``table-on tests``). Results go to $RESULTS (default
 # bench/results/gpu); each part's log is written beside them. With SUITE_SECONDS=N the parts
@@ -84,7 +84,7 @@ for part in "$@"; do
                 test/test_cuda_graphs.py \
                 test/test_engine_kernels.py 2>&1 | tee "$RESULTS/log-engine-tests.txt" || status=1 ;;
         table-long)
-            bounded $GPU --graphs on --streams 1 --frames 40 --warmup 6 --parts table \
+            bounded $GPU --graphs on,off --streams 1 --frames 40 --warmup 6 --parts table \
                 --progress-file "$RESULTS/rows-table-long.json" 2>&1 \
                 | tee "$RESULTS/log-table-long.txt" || status=1 ;;
         *) echo "unknown part: $part (tests, graph-tests, table, table-on, table-off, kernels-ab, fidelity, fidelity-bins, engine-tests, table-long)"; exit 2 ;;

@@ -99,7 +99,7 @@ def test_parallel_towers_equal_the_model_eager_and_graphed(tmp_path, dtype):
             expected = model.image_embeddings(pixels)
             assert torch.equal(towers(pixels), expected)
             assert torch.equal(graphed({'pixels': pixels})['out'], expected), i
-    assert graphed.is_captured and graphed.num_replays == 2
+    assert graphed.is_captured and graphed.num_replays == 3     # the first call captures
 
 
 def test_parallel_towers_refuse_a_cpu():
