@@ -35,16 +35,46 @@ def test_prompt_ids_are_kept_per_instruction():
 
 @needs_cuda
 def test_uploads_back_to_back_keep_each_frame():
-    """One staging buffer per shape: the second upload waits for the first to be read before
-    it overwrites the buffer, so both device tensors hold their own frame."""
+    """One staging buffer per shape: an upload waits for the buffer's previous copy before it
+    overwrites the buffer, so every device tensor holds its own frame. The GPU is kept busy
+    first so the copies stay queued (without the wait, later frames would leak into earlier
+    tensors); six shapes also exercise the eviction of the oldest buffer."""
     rng = np.random.default_rng(1)
-    images = [rng.integers(0, 256, (48, 64, 3), dtype=np.uint8) for _ in range(4)]
-    images.append(rng.integers(0, 256, (30, 40, 3), dtype=np.uint8))
+    shapes = [(48, 64, 3), (48, 64, 3), (30, 40, 3), (20, 20, 3), (16, 24, 3), (12, 12, 3),
+              (10, 14, 3), (48, 64, 3), (30, 40, 3)]
+    images = [rng.integers(0, 256, shape, dtype=np.uint8) for shape in shapes]
     uploader = FrameUploader('cuda')
+    torch.cuda._sleep(int(2e8))             # ~0.1 s of GPU work queued ahead of the copies
     uploaded = [uploader.upload(image) for image in images]
     for image, pixels in zip(images, uploaded):
         assert pixels.device.type == 'cuda'
         np.testing.assert_array_equal(pixels.cpu().numpy(), image)
+
+
+@needs_cuda
+@pytest.mark.parametrize('use_graphs', [False, True])
+def test_prepare_prompt_does_not_synchronise_in_the_steady_state(tmp_path, use_graphs):
+    """After a warm-up (ids uploaded, constants made, vision graph captured), preparing a
+    prompt queues work only: CUDA's sync debug mode raises on any synchronising call."""
+    from vla_spec_ros import VLAPolicy
+    from vla_spec_ros.engine.result import Frame
+    from vla_spec_ros.models.random_checkpoint import make_checkpoint
+    folder = make_checkpoint('tiny', tmp_path / 'tiny', seed=9)
+    policy = VLAPolicy.from_pretrained(str(folder), dtype='bfloat16', device='cuda',
+                                       use_cuda_graphs=use_graphs)
+    runner, config = policy.engine.runner, policy.engine.config
+    rng = np.random.default_rng(6)
+    frames = [Frame(rng.integers(0, 256, (60, 80, 3), dtype=np.uint8), 'open the drawer',
+                    'bridge_orig', 'cam0') for _ in range(3)]
+    with torch.inference_mode():
+        runner.prepare_prompt(frames[0], config)
+        torch.cuda.synchronize()
+        torch.cuda.set_sync_debug_mode('error')
+        try:
+            prompts = [runner.prepare_prompt(f, config).embeds for f in frames[1:]]
+        finally:
+            torch.cuda.set_sync_debug_mode('default')
+    assert [p.shape[0] for p in prompts] == [prompts[0].shape[0]] * 2
 
 
 # Float64 on both devices, but not the same instructions: CUDA divides by a scalar as a

@@ -9,7 +9,9 @@ KV ring. AR, cross-request pipelining (ActionFlow) and speculative verification 
     pipeline_spec  config.max_inflight    EAGLE-2 draft tree
 
 A step (numbered as in ``step``): 1 schedule, 2 prompt embeddings of the admitted frame
-(queued first, so that on a GPU the vision towers run while the host drafts and plans), 3 draft
+(queued first, so that on a GPU the vision towers run while the host plans; in the
+speculative modes the first draft level's read waits for them, the GPU work being serial on
+one stream either way), 3 draft
 trees for every in-flight request (one batched draft forward per tree level), 4 host plan
 (engine/step_inputs.py: positions, slots, per-segment KV spans and masks, last step's KV
 compaction), 5 ONE verifier forward (one upload, one read of the greedy tokens), 6 prefill
@@ -45,9 +47,10 @@ KV_COLS_BUCKET = 128
 @dataclass
 class StepStats:
     """Where a strategy's steps spent their time (seconds of host wall clock, summed since
-    creation). On a GPU the device work is queued and charged where the host waits for it:
-    the token read after the verifier forward, which then includes the vision towers queued
-    before it."""
+    creation). On a GPU the device work is queued and charged where the host first waits
+    for it: ``vision_s`` is the time to queue a prompt, and the towers' device time lands in
+    the first read after it (the verifier's token read, or in the speculative modes the
+    first draft level's read, in ``draft_s``)."""
 
     num_steps: int = 0
     total_s: float = 0.0        # wall time inside ``step``
@@ -145,7 +148,7 @@ class PackedStrategy:
             if prompt_rows not in self._captured_prompt_buckets:
                 self.capture_graphs(work.prefill.prefix_len)
         # 2. the admitted frame's prompt (upload, preprocessing, vision towers, projector),
-        #    queued first: on a GPU the towers run while the host drafts and plans. The frame
+        #    queued first: on a GPU the towers run while the host plans. The frame
         #    keeps the tunables in force now until its action is decided.
         prefill, prefill_embeds = None, None
         if work.prefill is not None:

@@ -91,10 +91,12 @@ class ModelRunner:
     @torch.no_grad()
     def prepare_prompt(self, frame: Frame, engine_cfg: EngineConfig,
                        input_ids: list[int] | None = None) -> PreparedPrompt:
-        """The frame's prompt embeddings, queued on the device: on a GPU nothing here waits
-        for the GPU (the uint8 frame goes up through a pinned buffer, preprocessing runs on
-        the device, the instruction's ids are cached there), so the vision towers run while
-        the host goes on planning the step."""
+        """The frame's prompt embeddings, queued on the device. On a GPU, in the steady
+        state, nothing here waits for the GPU (the uint8 frame goes up through a pinned
+        buffer, preprocessing runs on the device, the instruction's ids are cached there), so
+        the vision towers run while the host goes on planning the step. Waits remain the
+        first time: a new instruction's ids, the first normalisation constants, the vision
+        graph's capture."""
         ids = input_ids if input_ids is not None else self.tokenizer.encode(frame.instruction)
         pixels = preprocess_pixels(self._frames.upload(check_image(frame.image)), self.cfg,
                                    center_crop=engine_cfg.center_crop,
