@@ -97,34 +97,29 @@ def run_thread_sweep(args, weights, key) -> dict:
     return out
 
 
-def run_option_ab(args, weights, key, option: str, modes: tuple) -> dict:
-    """One engine option off, then on (same weights, same process, CUDA graphs as the last
-    ``--graphs`` setting, 1 stream): the model pieces and the rows of ``modes``."""
+def run_kernel_ab(args, weights, key) -> dict:
+    """Fused kernels off, then on (same weights, same process, CUDA graphs as the last
+    ``--graphs`` setting, 1 stream): the model pieces and the ar / pipeline /
+    pipeline_spec@3.5 rows."""
     frames = make_frames(args.frames + args.warmup, weights.cfg.image_size, args.seed, key)
     out = {}
-    for value in ('off', 'on'):
-        options = engine_options(args, graphs_setting(args, -1), **{option: value})
+    for kernels in ('off', 'on'):
+        options = engine_options(args, graphs_setting(args, -1), use_kernels=kernels)
         runner = build_runner(weights, options)
         pieces = time_pieces(runner, make_frames(2, weights.cfg.image_size, 3, key), options)
         ref = eager_reference(runner, frames, options)
         rows = {}
-        for mode in modes:
+        for mode in ('ar', 'pipeline', 'pipeline_spec@3.5'):
             engine = engine_for(runner, weights, mode, options, ref, args.seed)
             row = bench_engine(engine, frames, args.warmup)
             rows[mode] = asdict(row)
-            print(f'{option} {value} {mode}: {row.actions_per_s:.2f} actions/s, '
+            print(f'kernels {kernels} {mode}: {row.actions_per_s:.2f} actions/s, '
                   f'{row.step_ms:.2f} ms/step (vision {row.vision_ms:.2f}, verifier '
                   f'{row.verifier_ms:.2f}, host {row.host_ms:.2f}), p50 '
                   f'{row.latency_p50_ms:.1f} ms', flush=True)
-        out[value] = {'pieces_ms': pieces, 'rows': rows}
-        print(f'{option} {value}: pieces {pieces}', flush=True)
+        out[kernels] = {'pieces_ms': pieces, 'rows': rows}
+        print(f'kernels {kernels}: pieces {pieces}', flush=True)
     return out
-
-
-def run_kernel_ab(args, weights, key) -> dict:
-    """Fused kernels off vs on: ar / pipeline / pipeline_spec@3.5."""
-    return run_option_ab(args, weights, key, 'use_kernels', ('ar', 'pipeline',
-                                                             'pipeline_spec@3.5'))
 
 
 def run_profile(args, weights, key, out: Path, stamp: str) -> dict:

@@ -151,13 +151,10 @@ def time_pieces(runner, frames, base: dict, repeats: int = 20) -> dict:
             sync()
             times.append((time.perf_counter() - t0) * 1e3)
         return float(np.median(times))
-    from vla_spec_ros.engine.frame_upload import FrameUploader
-    from vla_spec_ros.preprocess import preprocess_image, preprocess_pixels
-    uploader = FrameUploader(runner.device)
+    from vla_spec_ros.preprocess import preprocess_image
     # The engine's path (uint8 upload, preprocessing on the device) and the CPU reference
     # (preprocessing on the host, a blocking upload of the float pixels).
-    out['preprocess'] = median_ms(lambda: preprocess_pixels(
-        uploader.upload(frames[0].image), runner.cfg).to(runner.dtype))
+    out['preprocess'] = median_ms(lambda: runner.prepare_pixels(frames[0], EngineConfig(**base)))
     out['preprocess_on_host'] = median_ms(lambda: preprocess_image(
         frames[0].image, runner.cfg, dtype=runner.dtype, device=runner.device))
     if runner.device.type == 'cuda':

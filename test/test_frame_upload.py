@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from vla_spec_ros.config import preset
-from vla_spec_ros.engine.frame_upload import MAX_INSTRUCTIONS, DeviceIds, FrameUploader
+from vla_spec_ros.engine.frame_upload import MAX_INSTRUCTIONS, FrameUploader, device_ids
 from vla_spec_ros.preprocess import preprocess_image, preprocess_pixels
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(),
@@ -23,14 +23,15 @@ def test_cpu_upload_is_the_frame_itself():
 
 
 def test_prompt_ids_are_kept_per_instruction():
-    ids = DeviceIds('cpu')
-    first = ids.get([1, 5, 9])
+    cpu = torch.device('cpu')
+    device_ids.cache_clear()
+    first = device_ids((1, 5, 9), cpu)
     assert first.tolist() == [1, 5, 9] and first.dtype == torch.long
-    assert ids.get([1, 5, 9]) is first                  # no second upload
-    assert ids.get([1, 5]).tolist() == [1, 5]
+    assert device_ids((1, 5, 9), cpu) is first          # no second upload
+    assert device_ids((1, 5), cpu).tolist() == [1, 5]
     for i in range(MAX_INSTRUCTIONS):
-        ids.get([2, i])
-    assert ids.get([1, 5, 9]) is not first              # the oldest were let go
+        device_ids((2, i), cpu)
+    assert device_ids((1, 5, 9), cpu) is not first      # the oldest were let go
 
 
 @needs_cuda

@@ -209,7 +209,7 @@ def preset(name: str) -> VLAConfig:
 MODES = ('ar', 'pipeline', 'spec', 'pipeline_spec')
 DTYPES = ('float32', 'float64', 'bfloat16', 'float16')
 ATTENTION_BACKENDS = ('auto', 'segments', 'dense')
-AUTO_ON_OFF = ('auto', 'on', 'off')
+KERNEL_CHOICES = ('auto', 'on', 'off')
 
 
 @dataclass(frozen=True)
@@ -277,7 +277,7 @@ class EngineConfig:
                                'of robots it serves')
     # Fused Triton kernels: "auto" uses them on CUDA when triton imports, never on CPU.
     use_kernels: str = _option('auto', 'Fused Triton kernels: auto (CUDA only), on or off',
-                               choices=AUTO_ON_OFF)
+                               choices=KERNEL_CHOICES)
     # Attention over the packed ring: "segments" (each request attends to its own KV span and
     # tree only: cost proportional to the work in flight), "dense" (the reference: one
     # T x ring mask, cost grows with the whole ring), "auto" = segments.

@@ -8,7 +8,7 @@ forward, and the host can no longer prepare anything while the GPU works. So:
   and uploads it non-blocking (preprocessing then runs on the device, preprocess.py). Before
   it rewrites a staging buffer it waits for that buffer's previous upload (an event), which
   has in practice finished long before.
-- ``DeviceIds`` keeps the prompt ids of recent instructions on the device: an instruction
+- ``device_ids`` keeps the prompt ids of recent instructions on the device: an instruction
   rarely changes between frames, so its one blocking upload is paid when it does.
 
 On a CPU the uploader hands back a tensor over the frame's own memory (no copy). Pinned
@@ -17,6 +17,7 @@ frame sizes in use (a 640 x 480 camera pins 0.9 MB).
 """
 from __future__ import annotations
 
+import functools
 from collections import OrderedDict
 
 import numpy as np
@@ -55,21 +56,8 @@ class FrameUploader:
         return pixels
 
 
-class DeviceIds:
-    def __init__(self, device):
-        self.device = torch.device(device)
-        self._ids: OrderedDict[tuple, torch.Tensor] = OrderedDict()
-
-    def get(self, input_ids: list[int]) -> torch.Tensor:
-        """Prompt ids as an int64 tensor on the device (cached per instruction)."""
-        key = tuple(input_ids)
-        ids = self._ids.get(key)
-        if ids is None:
-            with torch.inference_mode(False):   # usable in and out of inference mode
-                ids = torch.tensor(key, dtype=torch.long, device=self.device)
-            self._ids[key] = ids
-            if len(self._ids) > MAX_INSTRUCTIONS:
-                self._ids.popitem(last=False)
-        else:
-            self._ids.move_to_end(key)
-        return ids
+@functools.lru_cache(maxsize=MAX_INSTRUCTIONS)
+def device_ids(input_ids: tuple[int, ...], device: torch.device) -> torch.Tensor:
+    """Prompt ids as an int64 tensor on the device, made once per instruction (and device)."""
+    with torch.inference_mode(False):   # usable in and out of inference mode
+        return torch.tensor(input_ids, dtype=torch.long, device=device)

@@ -23,7 +23,7 @@ from ..models.layers import KVCache, StepBatch, fuse_projections
 from ..models.vla import OpenVLA
 from ..preprocess import check_image, preprocess_pixels
 from ..prompt import PromptTokenizer
-from .frame_upload import DeviceIds, FrameUploader
+from .frame_upload import FrameUploader, device_ids
 from .packed_forward import GraphedFunction, PackedForward
 from .parallel_towers import ParallelTowers
 from .result import Frame
@@ -67,7 +67,6 @@ class ModelRunner:
         self._vision_graph = GraphedFunction(self._vision, self.device) \
             if self.use_cuda_graphs else None
         self._frames = FrameUploader(self.device)
-        self._prompt_ids = DeviceIds(self.device)
 
     @property
     def action_dim(self) -> int:
@@ -98,15 +97,20 @@ class ModelRunner:
         first time: a new instruction's ids, the first normalisation constants, the vision
         graph's capture."""
         ids = input_ids if input_ids is not None else self.tokenizer.encode(frame.instruction)
-        pixels = preprocess_pixels(self._frames.upload(check_image(frame.image)), self.cfg,
-                                   center_crop=engine_cfg.center_crop,
-                                   rotate_180=engine_cfg.rotate_180).to(self.dtype)
+        pixels = self.prepare_pixels(frame, engine_cfg)
         if self._vision_graph is not None:
             patches = self._vision_graph({'pixels': pixels[None]})['patches'].clone()
         else:
             patches = self.image_embeddings(pixels[None])[0]            # (P, H)
-        return PreparedPrompt(ids, self.model.prompt_embeddings(patches,
-                                                                self._prompt_ids.get(ids)))
+        return PreparedPrompt(ids, self.model.prompt_embeddings(
+            patches, device_ids(tuple(ids), self.device)))
+
+    def prepare_pixels(self, frame: Frame, engine_cfg: EngineConfig) -> torch.Tensor:
+        """The frame's (6, S, S) pixel values in the model dtype, preprocessed on the device
+        after a uint8 upload (``FrameUploader``)."""
+        return preprocess_pixels(self._frames.upload(check_image(frame.image)), self.cfg,
+                                 center_crop=engine_cfg.center_crop,
+                                 rotate_180=engine_cfg.rotate_180).to(self.dtype)
 
     def _vision(self, inputs: dict) -> dict:
         return {'patches': self.image_embeddings(inputs['pixels'])[0]}
