@@ -223,6 +223,67 @@ def test_negative_infinity_logprobs_are_allowed():
         assert tree.scores[i] <= tree.scores[tree.parents[i]]
 
 
+def kept_by_path(tree):
+    """{token path: score} of every non-root node (paths are unique: siblings differ)."""
+    return {token_path(tree.tokens, tree.parents, i): tree.scores[i]
+            for i in range(1, tree.num_nodes)}
+
+
+@pytest.mark.parametrize('depth,top_k', [(1, 3), (3, 2), (4, 4), (6, 1)])
+@pytest.mark.parametrize('min_prob', [0.001, 0.02, 0.1, 0.3, 0.9])
+def test_pruned_tree_is_the_unpruned_candidates_above_the_floor(depth, top_k, min_prob):
+    """Pruning never changes what the draft proposes at a confident node (its children depend
+    on its path only), and a dropped node's descendants all score below the floor: so the
+    pruned tree is the best ``max_nodes - 1`` of the unpruned growth's candidates whose
+    cumulative probability reaches ``min_prob``, found here from the unpruned tree alone."""
+    full = build_dynamic_tree(ROOT_TOKEN, make_expand(top_k + 3, []), depth, top_k, 10_000)
+    confident = sorted(((score, path) for path, score in kept_by_path(full).items()
+                        if math.exp(score) >= min_prob), key=lambda item: -item[0])
+    for max_nodes in (2, 4, 9, 10_000):
+        calls = []
+        tree = build_dynamic_tree(ROOT_TOKEN, make_expand(top_k + 3, calls), depth, top_k,
+                                  max_nodes, min_prob=min_prob)
+        got = kept_by_path(tree)
+        assert all(math.exp(score) >= min_prob for score in got.values())
+        assert len(got) == min(max_nodes - 1, len(confident))
+        # the kept nodes are confident candidates of the unpruned growth, none worse than any
+        # confident candidate left out (ties aside: scores are random floats)
+        assert all(full_score == got[path] for path, full_score in kept_by_path(full).items()
+                   if path in got)
+        assert set(got) <= {path for _, path in confident}
+        left_out = [score for score, path in confident if path not in got]
+        if left_out and got:
+            assert min(got.values()) >= max(left_out)
+        # growth stops at the first level with no confident candidate to expand
+        levels_with_confident = {len(path) for _, path in confident}
+        expected_calls = min(depth, 1 + max(levels_with_confident, default=0))
+        assert len(calls) == expected_calls
+        if min_prob <= 0.001:
+            assert tree.num_nodes > 1
+
+
+def test_min_prob_zero_is_eagle2_and_one_keeps_only_certain_drafts():
+    expand = make_expand(6, [])
+    assert build_dynamic_tree(ROOT_TOKEN, expand, 3, 2, 12, min_prob=0.0) == \
+        build_dynamic_tree(ROOT_TOKEN, expand, 3, 2, 12)
+    calls = []
+    tree = build_dynamic_tree(ROOT_TOKEN, make_expand(6, calls), 4, 3, 50, min_prob=1.0)
+    assert tree.num_nodes == 1 and len(calls) == 1      # root only, one expansion
+
+    def certain_then_unsure(partial, frontier):         # log-probability 0 down one chain
+        return [[(1, 0.0), (2, -1.0)] if partial.depths[node] < 2 else [(3, -0.01), (4, -1.0)]
+                for node in frontier]
+
+    chain = build_dynamic_tree(ROOT_TOKEN, certain_then_unsure, 4, 2, 50, min_prob=1.0)
+    assert chain.tokens == (ROOT_TOKEN, 1, 1) and chain.parents == (-1, 0, 1)
+
+
+@pytest.mark.parametrize('min_prob', [-0.1, 1.5, float('nan')])
+def test_bad_min_prob_raises(min_prob):
+    with pytest.raises(ValueError, match='min_prob'):
+        build_dynamic_tree(ROOT_TOKEN, make_expand(4, []), 2, 2, 4, min_prob=min_prob)
+
+
 @pytest.mark.parametrize('kwargs,field', [({'depth': 0}, 'depth'), ({'top_k': 0}, 'top_k'),
                                           ({'max_nodes': 1}, 'max_nodes')])
 def test_bad_sizes_raise(kwargs, field):

@@ -64,8 +64,11 @@ def sequential_outputs(head, embeds, features, root, path_tokens):
 
 
 @torch.no_grad()
-def brute_force_tree(head, embeds, features, root, depth, top_k, max_nodes):
+def brute_force_tree(head, embeds, features, root, depth, top_k, max_nodes, min_prob=0.0,
+                     calls=None):
     def expand(partial, frontier):
+        if calls is not None:
+            calls.append(list(frontier))
         rows = []
         for node in frontier:
             path = [partial.tokens[n] for n in partial.path_to(node)[1:]]
@@ -74,7 +77,7 @@ def brute_force_tree(head, embeds, features, root, depth, top_k, max_nodes):
             values, ids = logp.topk(top_k)
             rows.append([(int(i), min(float(v), 0.0)) for i, v in zip(ids, values)])
         return rows
-    return build_dynamic_tree(root, expand, depth, top_k, max_nodes)
+    return build_dynamic_tree(root, expand, depth, top_k, max_nodes, min_prob)
 
 
 def assert_same_tree(a, b):
@@ -99,6 +102,43 @@ def test_tree_matches_brute_force(runner, head, context, depth, top_k, max_nodes
     # One draft forward for the prefix, then one per expanded level after the first.
     assert drafter.num_forward_passes == 1 + (depth - 1)
     assert_same_tree(drafter.propose(0, depth, top_k, max_nodes), tree)   # scratch is scratch
+
+
+@pytest.fixture(scope='module')
+def confident_head(runner):
+    """A random head whose distributions are peaked (its last projection scaled up), so that
+    confidence pruning has confident and unsure candidates to tell apart: a plain random head
+    spreads its probability over the whole vocabulary."""
+    head = new_draft_head(runner.model, seed=5)
+    with torch.no_grad():
+        head.layers[-1].mlp.down_proj.weight.mul_(30.0)
+    return head
+
+
+@pytest.mark.parametrize('min_prob, levels_run', [(0.02, 5), (0.2, 5), (0.6, 4)])
+def test_pruned_tree_matches_brute_force_with_fewer_forwards(runner, confident_head, context,
+                                                             min_prob, levels_run):
+    """Confidence pruning in the batched drafter = the reference builder with the same
+    ``min_prob`` over sequential draft forwards; levels with no confident frontier node are
+    not run."""
+    embeds, features, tokens = context
+    length = embeds.shape[0]
+    depth, top_k, max_nodes = 5, 3, 30
+    head = confident_head
+    full = EagleDrafter(runner, head)
+    full.begin(0, embeds, features[:length], tokens[0])
+    unpruned = full.propose(0, depth, top_k, max_nodes)
+    drafter = EagleDrafter(runner, head)
+    drafter.begin(0, embeds, features[:length], tokens[0])
+    calls = []
+    expected = brute_force_tree(head, embeds, features[:length], tokens[0], depth, top_k,
+                                max_nodes, min_prob, calls)
+    tree = drafter.propose(0, depth, top_k, max_nodes, min_prob)
+    assert_same_tree(tree, expected)
+    assert all(np.exp(score) >= min_prob for score in tree.scores)
+    assert 1 < tree.num_nodes < unpruned.num_nodes
+    # the prefix forward, then one per level the reference expanded after the first
+    assert len(calls) == levels_run and drafter.num_forward_passes == 1 + len(calls) - 1
 
 
 def test_advance_equals_fresh_begin(runner, head, context):
@@ -183,26 +223,30 @@ def _random_levels(rng, depth, top_k, width, vocab, kind):
     return levels
 
 
+@pytest.mark.parametrize('min_prob', [0.0, 0.05, 0.3, 1.0])
 @pytest.mark.parametrize('kind', ['random', 'ties', 'inf'])
-def test_tree_growth_equals_the_reference_builder(kind):
+def test_tree_growth_equals_the_reference_builder(kind, min_prob):
     """The drafter's array form of the tree growth (engine/tree_growth.py) builds exactly the
-    tree of the plain reference (draft_tree.build_dynamic_tree): same nodes, same scores."""
+    tree of the plain reference (draft_tree.build_dynamic_tree): same nodes, same scores, and
+    with confidence pruning the same levels grown (frontiers of the same sizes)."""
     rng = np.random.default_rng(0)
     for depth, top_k, max_nodes in [(1, 1, 2), (1, 4, 3), (2, 3, 7), (3, 2, 15), (4, 8, 50),
                                     (4, 8, 400), (5, 1, 6), (3, 5, 12)]:
         for _ in range(5):
             levels = _random_levels(rng, depth, top_k, max(top_k, 6), 40, kind)
             calls = iter(levels)
+            frontier_sizes = []
 
             def expand(partial, frontier):
                 values, tokens = next(calls)
-                assert len(frontier) == values.shape[0]
-                return [list(zip(t.tolist(), v.tolist())) for t, v in zip(tokens, values)]
-            expected = build_dynamic_tree(3, expand, depth, top_k, max_nodes)
-            growth = TreeGrowth(3, depth, top_k)
-            for values, tokens in levels:
-                assert not growth.is_done
-                growth.expand(values, tokens)
+                frontier_sizes.append(len(frontier))    # pruning may shorten a frontier
+                return [list(zip(t.tolist(), v.tolist()))
+                        for t, v in zip(tokens[:len(frontier)], values[:len(frontier)])]
+            expected = build_dynamic_tree(3, expand, depth, top_k, max_nodes, min_prob)
+            growth = TreeGrowth(3, depth, top_k, min_prob)
+            for (values, tokens), size in zip(levels, frontier_sizes):
+                assert not growth.is_done and growth.frontier.size == size
+                growth.expand(values[:size], tokens[:size])
             assert growth.is_done
             got = growth.tree(max_nodes)
             assert (got.tokens, got.parents, got.depths) == \

@@ -81,6 +81,50 @@ def test_strict_speculation_with_random_draft_equals_ar(policy, frames_and_refer
     assert tokens_by_request(out) == reference[:count]      # S3 tokens, S5 per-stream order
 
 
+def confident_random_draft(policy, cfg):
+    """The seeded random draft head with its distributions sharpened (last projection scaled
+    up), so that confidence pruning keeps some candidates and drops others."""
+    import torch
+    draft = load_draft_for(policy.engine.runner, cfg.replace(draft_path='random'), None)
+    with torch.no_grad():
+        draft.head.layers[-1].mlp.down_proj.weight.mul_(30.0)
+    return draft
+
+
+def record_trees(draft) -> list:
+    """Every tree ``draft`` proposes from now on, appended to the returned list."""
+    trees, propose = [], draft.propose_batch
+
+    def recording(*args, **kwargs):
+        batch = propose(*args, **kwargs)
+        trees.extend(batch)
+        return batch
+    draft.propose_batch = recording
+    return trees
+
+
+@pytest.mark.parametrize('mode', ['spec', 'pipeline_spec'])
+def test_confidence_pruning_keeps_ar_tokens_with_fewer_draft_forwards(
+        policy, frames_and_reference, mode):
+    """S3 with ``tree_min_prob``: pruned trees (down to the root alone at 1.0) still give the AR
+    tokens, and pruning skips draft levels that the unpruned tree runs."""
+    frames, reference = frames_and_reference
+    options = dict(mode=mode, tree_depth=4, tree_top_k=4, tree_max_nodes=20)
+    forwards, nodes = {}, {}
+    for min_prob in (0.0, 0.3, 1.0):
+        cfg = EngineConfig(dtype='float64', tree_min_prob=min_prob, **options)
+        draft = confident_random_draft(policy, cfg)
+        engine = make_engine(policy, draft, tree_min_prob=min_prob, **options)
+        verified = record_trees(draft)
+        out = run_stream(engine, frames[:16])
+        assert tokens_by_request(out) == reference[:16]
+        assert all(np.exp(min(t.scores)) >= min_prob for t in verified)
+        forwards[min_prob] = draft.num_forward_passes
+        nodes[min_prob] = sum(t.num_nodes for t in verified) / len(verified)
+    assert forwards[1.0] < forwards[0.3] < forwards[0.0]
+    assert nodes[1.0] < nodes[0.3] < nodes[0.0]
+
+
 @pytest.mark.parametrize('mode', ['spec', 'pipeline_spec'])
 def test_oracle_draft_decides_whole_action_in_prefill_plus_one_verify(policy,
                                                                       frames_and_reference,
@@ -147,6 +191,10 @@ def test_tunables_change_between_frames(policy, frames_and_reference):
         engine.set_tunables(tree_max_nodes=40)      # more than the scratch reserved at load
     with pytest.raises(ValueError, match='relax_threshold'):
         engine.set_tunables(relax_threshold=-1)
+    with pytest.raises(ValueError, match='tree_min_prob'):
+        engine.set_tunables(tree_min_prob=1.5)
+    engine.set_tunables(tree_min_prob=0.5)
+    assert tokens_by_request(run_stream(engine, frames[6:9])) == reference[6:9]
     with pytest.raises(ValueError, match='cannot change at run time'):
         engine.set_tunables(device='cuda')
 

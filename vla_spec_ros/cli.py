@@ -67,7 +67,8 @@ def cmd_bench(args) -> int:
     if bad:
         raise ValueError(f'--modes: unknown {bad}; choose from {list(MODES) + ["hf"]}')
     command = 'vla-spec ' + ' '.join(shlex.quote(a) for a in args.argv)
-    tree = {name: getattr(args, name) for name in ('tree_depth', 'tree_top_k', 'tree_max_nodes')
+    tree = {name: getattr(args, name) for name in ('tree_depth', 'tree_top_k', 'tree_max_nodes',
+                                                   'tree_min_prob')
             if getattr(args, name) is not None}
     sweep = [int(v) for v in args.sweep_inflight.split(',')] if args.sweep_inflight else None
     rows = run_bench(args.model or args.preset, modes, args.frames, args.warmup, args.device,
@@ -132,6 +133,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help='draft tree depth of the speculative modes (default: EngineConfig)')
     p.add_argument('--tree-top-k', type=int, default=None)
     p.add_argument('--tree-max-nodes', type=int, default=None)
+    p.add_argument('--tree-min-prob', type=float, default=None,
+                   help='draft tree confidence pruning (EngineConfig.tree_min_prob)')
     p.add_argument('--sweep-inflight', default=None,
                    help='comma-separated max_inflight values: time pipeline steps at each, '
                    'with segment and dense attention')

@@ -13,7 +13,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from vla_spec_ros.validation import check_int
+from vla_spec_ros.validation import check_int, check_number
 
 # OpenVLA's image normalisation, as serialised in bf16 (docs/openvla.md, Image preprocessing).
 DINOV2_MEAN = (0.484375, 0.455078125, 0.40625)
@@ -219,8 +219,8 @@ class EngineOption:
 
     description: str
     is_tunable: bool = False           # may change between frames without reloading
-    minimum: int | None = None         # inclusive integer range
-    maximum: int | None = None
+    minimum: float | None = None       # inclusive range (integers for int fields)
+    maximum: float | None = None
     choices: tuple = ()
     unit: str = ''
     not_a_parameter: str = ''          # why the node does not expose it ('' = it does)
@@ -268,6 +268,11 @@ class EngineConfig:
                               minimum=1, maximum=32)
     tree_max_nodes: int = _option(50, 'Draft tree size, root included', is_tunable=True,
                                   minimum=2, maximum=512)
+    # Confidence pruning (not in Spec-VLA; docs/speculation.md): 0 = EAGLE-2's tree exactly.
+    tree_min_prob: float = _option(0.0, 'Draft tree pruning: a draft candidate whose cumulative '
+                                   'draft probability is below this is neither expanded nor '
+                                   'verified (0 = off)', is_tunable=True, minimum=0.0,
+                                   maximum=1.0)
     # Pipelining: requests in flight at once (1 = plain AR latency).
     max_inflight: int = _option(7, 'Requests in flight at once in the pipeline modes',
                                 minimum=1, maximum=64)
@@ -307,6 +312,10 @@ class EngineConfig:
             elif isinstance(f.default, int):
                 check_int(f.name, value, minimum=option.minimum, maximum=option.maximum,
                           unit=option.unit)
+            elif isinstance(f.default, float):     # an int (YAML's 0) is kept as its float
+                object.__setattr__(self, f.name, check_number(
+                    f.name, value, minimum=option.minimum, maximum=option.maximum,
+                    unit=option.unit))
         _require(isinstance(self.device, str) and (self.device == 'cpu'
                                                    or self.device.startswith('cuda')),
                  'device', f'{self.device!r}: expected "cpu" or "cuda[:N]"')

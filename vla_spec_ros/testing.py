@@ -52,7 +52,9 @@ class OracleDrafter(Drafter):
             self._num_decided[adv.request_id] += len(adv.path_tokens)
             self._roots[adv.request_id] = int(adv.bonus)
 
-    def propose_batch(self, request_ids, depths, top_k, max_nodes) -> list[DraftTree]:
+    def propose_batch(self, request_ids, depths, top_k, max_nodes,
+                      min_prob=0.0) -> list[DraftTree]:
+        # The oracle is certain of every draft (log-probability 0): no pruning removes one.
         return [self._propose_one(r, d, max_nodes) for r, d in zip(request_ids, depths)]
 
     def num_decided(self, request_id: int) -> int:

@@ -2,7 +2,10 @@
 
 Follows EAGLE-2 (Li et al., 2024; docs/speculation.md, Draft tree): expand the draft model's top-k
 candidates level by level, keep the top-k of each level (by cumulative log-probability) as the
-next frontier, then rerank every candidate and keep the best ``max_nodes - 1``.
+next frontier, then rerank every candidate and keep the best ``max_nodes - 1``. ``min_prob``
+(0 = off, EAGLE-2 exactly) prunes by confidence: a candidate whose cumulative draft probability
+is below it is neither expanded nor kept, and growth stops at the first level with no candidate
+left to expand (docs/speculation.md, Confidence pruning).
 
 A ``DraftTree`` is what one verification forward consumes:
 - node 0 is the root: the last token already decided, whose KV is not yet in the verifier cache;
@@ -164,15 +167,25 @@ def _top_candidates(proposals, node: int, top_k: int) -> list[tuple[int, float]]
     return best
 
 
-def grow_dynamic_tree(root_token: int, depth: int, top_k: int,
-                      max_nodes: int) -> Generator[tuple['PartialTree', list[int]], Sequence,
-                                                   DraftTree]:
+def score_floor(min_prob: float) -> float:
+    """The cumulative log-probability a candidate needs under ``min_prob`` (checked to lie in
+    [0, 1]): ``log(min_prob)``, or -inf for 0 (every candidate, -inf scores included)."""
+    min_prob = float(min_prob)
+    if not 0.0 <= min_prob <= 1.0:      # NaN fails the comparison too
+        raise ValueError(f'min_prob: must lie in [0, 1], got {min_prob}')
+    return math.log(min_prob) if min_prob > 0.0 else -math.inf
+
+
+def grow_dynamic_tree(root_token: int, depth: int, top_k: int, max_nodes: int,
+                      min_prob: float = 0.0) -> Generator[tuple['PartialTree', list[int]],
+                                                          Sequence, DraftTree]:
     """``build_dynamic_tree`` as a generator, so that many trees grow in lock-step.
 
-    Yields ``(partial, frontier)`` exactly ``depth`` times and expects the proposals for that
-    frontier to be sent back (the ``expand`` contract of ``build_dynamic_tree``); returns the
-    ``DraftTree`` (``StopIteration.value``). The engine drives the trees of every in-flight
-    request together and answers each level with ONE batched draft forward.
+    Yields ``(partial, frontier)`` at most ``depth`` times (exactly ``depth`` times when
+    ``min_prob`` is 0) and expects the proposals for that frontier to be sent back (the
+    ``expand`` contract of ``build_dynamic_tree``); returns the ``DraftTree``
+    (``StopIteration.value``). The engine drives the trees of every in-flight request together
+    and answers each level with ONE batched draft forward.
     """
     if int(depth) < 1:
         raise ValueError(f'depth: must be >= 1, got {depth}')
@@ -180,6 +193,7 @@ def grow_dynamic_tree(root_token: int, depth: int, top_k: int,
         raise ValueError(f'top_k: must be >= 1, got {top_k}')
     if int(max_nodes) < 2:
         raise ValueError(f'max_nodes: must be >= 2 (root included), got {max_nodes}')
+    floor = score_floor(min_prob)
     partial = PartialTree(root_token)
 
     def rank_key(node: int) -> tuple[float, int]:
@@ -196,11 +210,17 @@ def grow_dynamic_tree(root_token: int, depth: int, top_k: int,
         for node, node_proposals in zip(frontier, proposals):
             for token, logprob in _top_candidates(node_proposals, node, top_k):
                 level.append(partial._add(node, token, logprob))
-        # 2. The best top_k of the new level become the next frontier.
-        frontier = sorted(level, key=rank_key)[:top_k]
+        # 2. The best top_k of the new level become the next frontier, if confident enough.
+        frontier = [node for node in sorted(level, key=rank_key)[:top_k]
+                    if partial.scores[node] >= floor]
+        if not frontier:
+            break
 
-    # 3. Rerank every candidate; the prefix of this order is ancestor-closed (see docstring).
-    kept = sorted(sorted(range(1, partial.num_candidates), key=rank_key)[:max_nodes - 1])
+    # 3. Rerank every confident candidate; the prefix of this order is ancestor-closed (see
+    #    docstring), and so is the confident set: a child's score never exceeds its parent's.
+    confident = [node for node in range(1, partial.num_candidates)
+                 if partial.scores[node] >= floor]
+    kept = sorted(sorted(confident, key=rank_key)[:max_nodes - 1])
     new_index = {ROOT: ROOT}
     for i, node in enumerate(kept, start=1):
         new_index[node] = i
@@ -217,7 +237,7 @@ def grow_dynamic_tree(root_token: int, depth: int, top_k: int,
 
 
 def build_dynamic_tree(root_token: int, expand: ExpandFn, depth: int, top_k: int,
-                       max_nodes: int) -> DraftTree:
+                       max_nodes: int, min_prob: float = 0.0) -> DraftTree:
     """Build an EAGLE-2 dynamic draft tree.
 
     Args:
@@ -230,11 +250,15 @@ def build_dynamic_tree(root_token: int, expand: ExpandFn, depth: int, top_k: int
             the node's token and its parent's draft feature), given as ``(token, logprob)``
             pairs sorted by logprob descending, at least ``top_k`` of them (only the first
             ``top_k`` are read), log-probabilities <= 0 (normalised, e.g. log_softmax). The
-            engine runs the whole frontier in one batched draft forward. It is called exactly
-            ``depth`` times.
+            engine runs the whole frontier in one batched draft forward. It is called
+            ``depth`` times, fewer when ``min_prob`` empties a frontier.
         depth: number of draft levels (maximum draft length), >= 1.
         top_k: children proposed per expanded node and frontier size per level, >= 1.
-        max_nodes: tree size including the root, >= 2.
+        max_nodes: tree size including the root, >= 2 (an upper bound: pruning may leave
+            fewer nodes, down to the root alone).
+        min_prob: confidence pruning in [0, 1]: only candidates whose cumulative draft
+            probability ``exp(score)`` is at least this are expanded and kept (compared as
+            ``score >= log(min_prob)``); 0 keeps every candidate (EAGLE-2 as published).
 
     Ties: candidates are ranked by the key ``(-score, candidate id)``: on equal cumulative
     score the earlier-created candidate wins. This applies to the next frontier and to the final
@@ -243,7 +267,7 @@ def build_dynamic_tree(root_token: int, expand: ExpandFn, depth: int, top_k: int
     The kept candidates are re-indexed in increasing candidate id (root first, parents before
     children).
     """
-    trees = grow_dynamic_tree(root_token, depth, top_k, max_nodes)
+    trees = grow_dynamic_tree(root_token, depth, top_k, max_nodes, min_prob)
     request = next(trees)
     while True:
         try:

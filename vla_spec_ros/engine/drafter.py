@@ -82,9 +82,10 @@ class Drafter:
         raise NotImplementedError
 
     def propose_batch(self, request_ids: Sequence[int], depths: Sequence[int], top_k: int,
-                      max_nodes: int) -> list[DraftTree]:
+                      max_nodes: int, min_prob: float = 0.0) -> list[DraftTree]:
         """One tree per request, rooted at its current root (node 0), at most depths[i] draft
-        levels and ``max_nodes`` nodes including the root."""
+        levels and ``max_nodes`` nodes including the root, none of them (the root aside) with
+        a cumulative draft probability below ``min_prob`` (``draft_tree.build_dynamic_tree``)."""
         raise NotImplementedError
 
     def release(self, request_id: int) -> None:
@@ -100,8 +101,9 @@ class Drafter:
         self.update([], [DraftAdvance(request_id, path_tokens, _row_range(path_features),
                                       bonus)], path_features)
 
-    def propose(self, request_id: int, depth: int, top_k: int, max_nodes: int) -> DraftTree:
-        return self.propose_batch([request_id], [depth], top_k, max_nodes)[0]
+    def propose(self, request_id: int, depth: int, top_k: int, max_nodes: int,
+                min_prob: float = 0.0) -> DraftTree:
+        return self.propose_batch([request_id], [depth], top_k, max_nodes, min_prob)[0]
 
 
 def _row_range(features) -> range:
@@ -287,7 +289,8 @@ class EagleDrafter(Drafter):
     # ---- drafting -----------------------------------------------------------------------------
 
     @inference_mode
-    def propose_batch(self, request_ids, depths, top_k, max_nodes) -> list[DraftTree]:
+    def propose_batch(self, request_ids, depths, top_k, max_nodes,
+                      min_prob=0.0) -> list[DraftTree]:
         top_k = check_int('top_k', top_k, minimum=1)
         max_nodes = check_int('max_nodes', max_nodes, minimum=2)
         if top_k > self.max_top_k:
@@ -300,7 +303,7 @@ class EagleDrafter(Drafter):
             self._check_position(state.stable_len - 1 + depth)
             if (depth - 1) * top_k > MAX_SCRATCH:
                 raise ValueError(f'depth, top_k: {depth} x {top_k} exceed the draft scratch')
-            growth = TreeGrowth(state.root_token, depth, top_k)
+            growth = TreeGrowth(state.root_token, depth, top_k, min_prob)
             growth.expand(*state.root_proposals)    # depth 1: the root's draft output, no forward
             growths.append(growth)
         # Per request, the candidates fed so far as a tree of their own (``_FedNodes``). Each

@@ -244,22 +244,24 @@ class PackedStrategy:
         return self.verifier.forward.num_buckets - before
 
     def _draft_trees(self, decode: list[Request]) -> dict[int, DraftTree]:
-        """One tree per in-flight request, with the tree sizes it was admitted under; requests
-        sharing (top_k, max_nodes) (all of them, unless a tunable just changed) are drafted
-        together."""
+        """One tree per in-flight request, with the tree settings it was admitted under;
+        requests sharing (top_k, max_nodes, min_prob) (all of them, unless a tunable just
+        changed) are drafted together."""
         trees = {}
-        groups: dict[tuple[int, int], tuple[list[int], list[int]]] = {}
+        groups: dict[tuple[int, int, float], tuple[list[int], list[int]]] = {}
         for request in decode:
             cfg = request.tunables
             depth = min(cfg.tree_depth, request.num_remaining - 1)
             if self.is_speculative and depth >= 1:
-                ids, depths = groups.setdefault((cfg.tree_top_k, cfg.tree_max_nodes), ([], []))
+                ids, depths = groups.setdefault(
+                    (cfg.tree_top_k, cfg.tree_max_nodes, cfg.tree_min_prob), ([], []))
                 ids.append(request.request_id)
                 depths.append(depth)
             else:
                 trees[request.request_id] = chain_tree(request.tokens[-1], [])
-        for (top_k, max_nodes), (ids, depths) in groups.items():
-            trees.update(zip(ids, self.drafter.propose_batch(ids, depths, top_k, max_nodes)))
+        for (top_k, max_nodes, min_prob), (ids, depths) in groups.items():
+            trees.update(zip(ids, self.drafter.propose_batch(ids, depths, top_k, max_nodes,
+                                                             min_prob)))
         return trees
 
     def _padded_sizes(self, prefill, segments, num_moves: int) -> dict:

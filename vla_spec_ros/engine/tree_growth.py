@@ -16,23 +16,25 @@ from __future__ import annotations
 
 import numpy as np
 
-from .draft_tree import NO_PARENT, ROOT, DraftTree
+from .draft_tree import NO_PARENT, ROOT, DraftTree, score_floor
 
 
 class TreeGrowth:
     """One request's EAGLE-2 tree while it grows: every candidate so far, as arrays.
 
     ``frontier`` holds the candidate ids whose proposals the next ``expand`` takes, in the
-    reference's frontier order (best first); ``expand`` is called exactly ``depth`` times (the
-    first time for the root), then ``tree`` reranks and returns the ``DraftTree``.
+    reference's frontier order (best first); ``expand`` is called until ``is_done`` (``depth``
+    times, the first time for the root; fewer when ``min_prob`` empties the frontier), then
+    ``tree`` reranks and returns the ``DraftTree``.
     """
 
-    def __init__(self, root_token: int, depth: int, top_k: int):
+    def __init__(self, root_token: int, depth: int, top_k: int, min_prob: float = 0.0):
         if int(depth) < 1:
             raise ValueError(f'depth: must be >= 1, got {depth}')
         if int(top_k) < 1:
             raise ValueError(f'top_k: must be >= 1, got {top_k}')
         self.top_k = int(top_k)
+        self.floor = score_floor(min_prob)      # candidates below it are neither grown nor kept
         self.levels_left = int(depth)
         self.capacity = 1 + self.top_k * (1 + (self.levels_left - 1) * self.top_k)
         self.tokens = np.empty(self.capacity, dtype=np.int64)
@@ -52,7 +54,8 @@ class TreeGrowth:
         """Record the children of every frontier node: row j of ``logprobs`` / ``tokens`` is
         frontier node j's proposals, best first (at least ``top_k``; the first ``top_k`` are
         read), log-probabilities <= 0 (the ``expand`` contract of ``build_dynamic_tree``).
-        The best ``top_k`` new candidates become the next frontier."""
+        The best ``top_k`` new candidates at or above the floor become the next frontier;
+        none ends the growth."""
         if self.levels_left == 0:
             raise RuntimeError('expand: the tree has grown all its levels')
         frontier, k = self.frontier, self.top_k
@@ -77,18 +80,21 @@ class TreeGrowth:
         self.depths[first:last] = np.repeat(self.depths[frontier] + 1, k)
         self.scores[first:last] = scores
         self.num_candidates = last
-        self.frontier = first + np.argsort(-scores, kind='stable')[:k]
-        self.levels_left -= 1
+        frontier = first + np.argsort(-scores, kind='stable')[:k]
+        self.frontier = frontier[self.scores[frontier] >= self.floor]
+        self.levels_left = self.levels_left - 1 if self.frontier.size else 0
 
     def tree(self, max_nodes: int) -> DraftTree:
-        """Rerank every candidate, keep the best ``max_nodes - 1`` (ancestor-closed, checked),
-        re-indexed in increasing candidate id."""
+        """Rerank every candidate at or above the floor, keep the best ``max_nodes - 1``
+        (ancestor-closed, checked), re-indexed in increasing candidate id."""
         if self.levels_left:
             raise RuntimeError(f'tree: {self.levels_left} levels are still to grow')
         if int(max_nodes) < 2:
             raise ValueError(f'max_nodes: must be >= 2 (root included), got {max_nodes}')
         n = self.num_candidates
-        kept = np.sort(1 + np.argsort(-self.scores[1:n], kind='stable')[:int(max_nodes) - 1])
+        ranked = 1 + np.argsort(-self.scores[1:n], kind='stable')
+        ranked = ranked[self.scores[ranked] >= self.floor]
+        kept = np.sort(ranked[:int(max_nodes) - 1])
         new_index = np.full(n, -1, dtype=np.int64)
         new_index[ROOT] = ROOT
         new_index[kept] = np.arange(1, kept.size + 1)
