@@ -17,6 +17,9 @@
 #                                     device preprocessing, graphs, fused kernels
 #   bash bench/gpu_suite.sh table-long  7B table, graphs on then off, 1 stream, 40 timed frames
 #                                     (the pipeline's fill and drain weigh less than with 12)
+#   bash bench/gpu_suite.sh table-eagle  spec / pipeline_spec with a random EAGLE head at the
+#                                     default tree, graphs on, 1 stream, 40 timed frames: what
+#                                     drafting costs per step (the oracle rows draft for free)
 #
 # Several parts may be given at once (``table-on tests``). Results go to $RESULTS (default
 # bench/results/gpu); each part's log is written beside them. With SUITE_SECONDS=N the parts
@@ -87,7 +90,12 @@ for part in "$@"; do
             bounded $GPU --graphs on,off --streams 1 --frames 40 --warmup 6 --parts table \
                 --progress-file "$RESULTS/rows-table-long.json" 2>&1 \
                 | tee "$RESULTS/log-table-long.txt" || status=1 ;;
-        *) echo "unknown part: $part (tests, graph-tests, table, table-on, table-off, kernels-ab, fidelity, fidelity-bins, engine-tests, table-long)"; exit 2 ;;
+        table-eagle)
+            bounded $GPU --graphs on --streams 1 --frames 40 --warmup 6 --parts table \
+                --rows eagle --baselines eager \
+                --progress-file "$RESULTS/rows-table-eagle.json" 2>&1 \
+                | tee "$RESULTS/log-table-eagle.txt" || status=1 ;;
+        *) echo "unknown part: $part (tests, graph-tests, table, table-on, table-off, kernels-ab, fidelity, fidelity-bins, engine-tests, table-long, table-eagle)"; exit 2 ;;
     esac
     echo "== part $part: $(( $(date +%s) - start )) s"
 done
