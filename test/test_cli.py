@@ -131,6 +131,7 @@ def test_bench_writes_json_and_markdown(bench_run):
     rows = {row['mode']: row for row in record['rows']}
     assert [row['mode'] for row in record['rows']] == ['hf', 'ar', 'pipeline']
     assert record['num_frames'] == 4 and record['warmup'] == 1
+    assert record['frame_source'] == 'random'
     assert record['environment']['torch'] == torch.__version__
     assert rows['hf']['ratio_vs_hf'] == pytest.approx(1.0)
     for mode in ('ar', 'pipeline'):
@@ -160,3 +161,12 @@ def test_bench_records_the_command_it_ran(bench_run):
 def test_bench_rejects_unknown_mode(checkpoint, capsys):
     assert cli.main(['bench', '--model', str(checkpoint), '--modes', 'hf,turbo']) == 2
     assert 'turbo' in capsys.readouterr().err
+
+
+def test_bench_frame_sources():
+    from vla_spec_ros.bench import make_frames
+    frames = make_frames(5, 32, seed=3, unnorm_key='k', num_streams=2)
+    assert [f.image.shape for f in frames] == [(32, 32, 3)] * 5
+    assert [f.stream_id for f in frames] == ['stream0', 'stream1'] * 2 + ['stream0']
+    with pytest.raises(ValueError, match='frame source'):
+        make_frames(5, 32, seed=3, unnorm_key='k', source='camera')

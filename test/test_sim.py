@@ -14,8 +14,10 @@ import pytest
 from vla_spec_ros.sim.demos import (
     ACTION_MASK, action_norm_stats, choose_instruction, collect_demos, episode_seed,
     evaluate_scripted, load_demos)
+from vla_spec_ros.sim.frames import benchmark_frames
 from vla_spec_ros.sim.metaworld_env import (
-    TASKS, get_task, make_env, sim_unavailable_reason, to_metaworld_action, to_vla_action)
+    DEFAULT_TASK_NAMES, TASKS, get_task, make_env, sim_unavailable_reason, to_metaworld_action,
+    to_vla_action)
 
 SIM_REASON = sim_unavailable_reason()
 needs_sim = pytest.mark.skipif(SIM_REASON is not None, reason=f"simulator: {SIM_REASON}")
@@ -235,3 +237,26 @@ def test_run_episode_ends_when_the_policy_gives_no_valid_action():
         result, _, _ = run_episode(env, policy, 11, "press the handle",
                                    delay=DelayedLockstep(0))
     assert not result.is_success and result.num_steps == 2 and len(calls) == 3
+
+
+@needs_sim
+def test_benchmark_frames_take_the_tasks_in_turn():
+    """`vla-spec bench --frames-from metaworld`: the tasks in turn, streams round robin, the
+    same frames for the same seed, successive frames of a task along the expert's path."""
+    frames = benchmark_frames(9, 64, seed=1, unnorm_key='metaworld_scripted', num_streams=2)
+    trained = [get_task(name) for name in DEFAULT_TASK_NAMES]
+    first_phrasings = [task.instructions[0] for task in trained]
+    assert [f.instruction for f in frames] == (first_phrasings + first_phrasings)[:9]
+    assert [f.stream_id for f in frames] == [f'stream{i % 2}' for i in range(9)]
+    assert {f.unnorm_key for f in frames} == {'metaworld_scripted'}
+    assert all(f.image.shape == (64, 64, 3) and f.image.dtype == np.uint8 for f in frames)
+    again = benchmark_frames(9, 64, seed=1, unnorm_key='metaworld_scripted', num_streams=2)
+    assert all(np.array_equal(a.image, b.image) for a, b in zip(frames, again))
+    assert not np.array_equal(frames[0].image, frames[len(trained)].image)
+
+
+def test_benchmark_frames_without_the_simulator_say_how_to_install_it(monkeypatch):
+    from vla_spec_ros.sim import metaworld_env
+    monkeypatch.setattr(metaworld_env, 'sim_unavailable_reason', lambda: 'no mujoco here')
+    with pytest.raises(RuntimeError, match='install.sh sim.*no mujoco here'):
+        benchmark_frames(3, 64, seed=1, unnorm_key=None)

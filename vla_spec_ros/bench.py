@@ -54,8 +54,20 @@ class BenchRow:
     inflight_per_step: float = NAN  # requests advanced per step (prefill included)
 
 
+FRAME_SOURCES = ('random', 'metaworld')
+
+
 def make_frames(num: int, image_size: int, seed: int, unnorm_key: str,
-                num_streams: int = 1) -> list[Frame]:
+                num_streams: int = 1, source: str = 'random') -> list[Frame]:
+    """The benchmark's frames. ``random``: uniform noise images (any model, no simulator);
+    ``metaworld``: held-out Meta-World observations of the embedded model's tasks
+    (``sim.frames.benchmark_frames``), the images that model is trained on: its draft head is
+    surer of them than of noise, so speculation is measured as a robot would see it."""
+    if source == 'metaworld':
+        from .sim.frames import benchmark_frames
+        return benchmark_frames(num, image_size, seed, unnorm_key, num_streams)
+    if source != 'random':
+        raise ValueError(f'frame source {source!r}: expected one of {FRAME_SOURCES}')
     rng = np.random.default_rng(seed)
     return [Frame(rng.integers(0, 256, (image_size, image_size, 3), dtype=np.uint8),
                   INSTRUCTIONS[i % len(INSTRUCTIONS)], unnorm_key, f'stream{i % num_streams}')
@@ -133,14 +145,15 @@ def environment() -> dict:
 def run_bench(model: str, modes: list[str], num_frames: int, warmup: int, device: str,
               dtype: str, seed: int, draft_path: str | None, num_streams: int = 1,
               out_dir: str | None = None, command: str = '', tree: dict | None = None,
-              sweep_inflight: list[int] | None = None) -> list[BenchRow]:
+              sweep_inflight: list[int] | None = None,
+              frame_source: str = 'random') -> list[BenchRow]:
     from .baseline import HFBaseline
     from .policy import VLAPolicy
     base_cfg = dict(device=device, dtype=dtype, restrict_to_action_tokens=False)
     policy = VLAPolicy.from_pretrained(model, **base_cfg)
     runner = policy.engine.runner
     frames = make_frames(warmup + num_frames, runner.cfg.image_size, seed,
-                         policy.unnorm_keys[0], num_streams)
+                         policy.unnorm_keys[0], num_streams, frame_source)
     rows: list[BenchRow] = []
     for mode in modes:
         if mode == 'hf':
@@ -172,6 +185,7 @@ def run_bench(model: str, modes: list[str], num_frames: int, warmup: int, device
         stamp = time.strftime('%Y%m%d-%H%M%S')
         record = {'command': command, 'model': model, 'device': device, 'dtype': dtype,
                   'num_frames': num_frames, 'warmup': warmup, 'num_streams': num_streams,
+                  'frame_source': frame_source,
                   'tree': tree or {}, 'environment': environment(),
                   'rows': [asdict(r) for r in rows]}
         (path / f'bench-{stamp}.json').write_text(json.dumps(record, indent=2))

@@ -73,7 +73,7 @@ def cmd_bench(args) -> int:
     sweep = [int(v) for v in args.sweep_inflight.split(',')] if args.sweep_inflight else None
     rows = run_bench(args.model or args.preset, modes, args.frames, args.warmup, args.device,
                      args.dtype, args.seed, args.draft_path, args.streams, args.out, command,
-                     tree=tree, sweep_inflight=sweep)
+                     tree=tree, sweep_inflight=sweep, frame_source=args.frames_from)
     print(format_table(rows))
     return 0
 
@@ -125,6 +125,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument('--model', default=None, help='checkpoint folder (overrides --preset)')
     p.add_argument('--modes', default='hf,ar,pipeline')
     p.add_argument('--frames', type=int, default=30)
+    p.add_argument('--frames-from', default='random', choices=('random', 'metaworld'),
+                   help='random: uniform noise images; metaworld: held-out Meta-World '
+                   'observations of the embedded model\'s tasks (needs the simulator)')
     p.add_argument('--warmup', type=int, default=3)
     p.add_argument('--streams', type=int, default=1)
     p.add_argument('--seed', type=int, default=0)

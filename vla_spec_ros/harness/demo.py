@@ -325,7 +325,7 @@ def _run_speed(args, plan, unnorm_key) -> dict:
         size = policy.model_config.image_size
         frames = speed.sim_frames(plan['tasks'], max(1, plan['speed_frames']
                                                      // len(plan['tasks']) + 1), size,
-                                  unnorm_key=unnorm_key)
+                                  unnorm_key=unnorm_key, stream_id=speed.PACED_STREAM)
         paced = {}
         for rate in plan['rates']:
             paced[str(rate)] = speed.paced_rows(policy, ['hf'] + plan['modes'], frames, rate,

@@ -15,29 +15,10 @@ import time
 
 import numpy as np
 
+from vla_spec_ros.sim.frames import sim_frames
 from vla_spec_ros.validation import check_number
 
 PACED_STREAM = 'paced'
-
-
-def sim_frames(tasks, per_task: int, image_size: int, seed: int = 7, stride: int = 5,
-               unnorm_key: str | None = None):
-    """`per_task` Meta-World observations per task along the scripted expert's path (every
-    `stride`-th step), with the task's first phrasing: frames like the ones the policy sees."""
-    from vla_spec_ros.engine.result import Frame
-    from vla_spec_ros.sim.metaworld_env import get_task, make_env
-    frames = []
-    for name in tasks:
-        task = get_task(name)
-        with make_env(task.name, seed=seed, image_size=image_size) as env:
-            image = env.reset(seed)
-            for step in range(per_task * stride):
-                if step % stride == 0:
-                    frames.append(Frame(image, task.instructions[0], unnorm_key, PACED_STREAM))
-                image, _, is_done, _ = env.step(env.expert_action())
-                if is_done:
-                    image = env.reset(seed + step + 1)
-    return frames
 
 
 def paced_latency(engine, frames, rate_hz: float, num_frames: int | None = None) -> dict:
