@@ -170,3 +170,16 @@ def test_bench_frame_sources():
     assert [f.stream_id for f in frames] == ['stream0', 'stream1'] * 2 + ['stream0']
     with pytest.raises(ValueError, match='frame source'):
         make_frames(5, 32, seed=3, unnorm_key='k', source='camera')
+
+
+def test_bench_passes_the_tree_options_to_the_speculative_modes(checkpoint, tmp_path):
+    out_dir = tmp_path / 'results'
+    argv = ['bench', '--model', str(checkpoint), '--modes', 'spec', '--frames', '2',
+            '--warmup', '1', '--draft-path', 'random', '--tree-depth', '3',
+            '--tree-min-prob', '0.5', '--out', str(out_dir)]
+    with contextlib.redirect_stdout(io.StringIO()):
+        assert cli.main(argv) == 0
+    record = _bench_record(out_dir)
+    assert record['tree'] == {'tree_depth': 3, 'tree_min_prob': 0.5}
+    # a random head is unsure of everything: at 0.5 every tree is the root alone
+    assert record['rows'][0]['forwards_per_action'] == pytest.approx(7.0)

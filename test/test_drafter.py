@@ -361,3 +361,29 @@ def test_oracle_error_rate():
     assert again.propose(299, 6, 1, 50).tokens == half.propose(299, 6, 1, 50).tokens
     with pytest.raises(ValueError, match='error_rate'):
         OracleDrafter(reference.__getitem__, 7, error_rate=1.5)
+
+
+@pytest.mark.parametrize('min_prob', [0.02, 0.2, 0.6, 0.9])
+def test_batched_pruned_drafting_equals_the_reference(runner, confident_head, context,
+                                                      min_prob):
+    """Pruning in one batch: requests whose frontiers shrink or empty at different levels
+    (padded rows in the shared level forwards) get the trees of the reference builder over
+    sequential draft forwards, each on its own prefix."""
+    embeds, features, tokens = context
+    length = embeds.shape[0]
+    head = confident_head
+    batched = EagleDrafter(runner, head, num_lanes=4)
+    prefixes = [length, length - 2, length - 4, length - 6]
+    depths = [5, 4, 5, 2]
+    for rid, n in enumerate(prefixes):
+        batched.begin(rid, embeds[:n], features[:n], tokens[rid])
+    calls = []
+    trees = batched.propose_batch(list(range(4)), depths, 3, 20, min_prob)
+    for rid, (n, depth, tree) in enumerate(zip(prefixes, depths, trees)):
+        levels = []
+        expected = brute_force_tree(head, embeds[:n], features[:n], tokens[rid], depth, 3, 20,
+                                    min_prob, levels)
+        assert_same_tree(tree, expected)
+        calls.append(len(levels))
+    # the shared level forwards run as long as the longest-growing tree
+    assert batched.num_forward_passes == 4 + max(calls) - 1
