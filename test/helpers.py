@@ -15,6 +15,16 @@ from vla_spec_ros.engine.step_inputs import HostStep, ancestor_mask
 
 # ---- draft trees ----------------------------------------------------------------------------
 
+def sharpen_draft_head(head, factor: float = 30.0):
+    """Peak a random draft head's distributions (its last projection scaled up), in place, so
+    that confidence pruning has sure and unsure candidates to tell apart: a plain random head
+    spreads its probability over the whole vocabulary. Returns ``head``."""
+    import torch
+    with torch.no_grad():
+        head.layers[-1].mlp.down_proj.weight.mul_(factor)
+    return head
+
+
 def tree_mask(tree: DraftTree) -> list[list[bool]]:
     """(num_nodes, num_nodes): [i][j] is True iff node j is node i or an ancestor of it (the
     engine's one tree-mask builder, ``step_inputs.ancestor_mask``)."""

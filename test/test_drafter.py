@@ -20,6 +20,8 @@ from vla_spec_ros.models.draft import new_draft_head
 from vla_spec_ros.models.random_checkpoint import make_checkpoint
 from vla_spec_ros.testing import OracleDrafter
 
+from helpers import sharpen_draft_head
+
 
 @pytest.fixture(scope='module')
 def runner(tmp_path_factory):
@@ -106,13 +108,8 @@ def test_tree_matches_brute_force(runner, head, context, depth, top_k, max_nodes
 
 @pytest.fixture(scope='module')
 def confident_head(runner):
-    """A random head whose distributions are peaked (its last projection scaled up), so that
-    confidence pruning has confident and unsure candidates to tell apart: a plain random head
-    spreads its probability over the whole vocabulary."""
-    head = new_draft_head(runner.model, seed=5)
-    with torch.no_grad():
-        head.layers[-1].mlp.down_proj.weight.mul_(30.0)
-    return head
+    """A random head with peaked distributions (``helpers.sharpen_draft_head``)."""
+    return sharpen_draft_head(new_draft_head(runner.model, seed=5))
 
 
 @pytest.mark.parametrize('min_prob, levels_run', [(0.02, 5), (0.2, 5), (0.6, 4)])

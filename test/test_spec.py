@@ -14,6 +14,7 @@ from vla_spec_ros.engine.drafter import load_draft_for
 from vla_spec_ros.models.random_checkpoint import make_checkpoint
 from vla_spec_ros.testing import OracleDrafter
 
+from helpers import sharpen_draft_head
 from reference import ar_reference_tokens
 
 INSTRUCTIONS = ('pick up the red cup', 'open the drawer', 'close it',
@@ -82,12 +83,9 @@ def test_strict_speculation_with_random_draft_equals_ar(policy, frames_and_refer
 
 
 def confident_random_draft(policy, cfg):
-    """The seeded random draft head with its distributions sharpened (last projection scaled
-    up), so that confidence pruning keeps some candidates and drops others."""
-    import torch
+    """The seeded random draft head, sharpened (``helpers.sharpen_draft_head``)."""
     draft = load_draft_for(policy.engine.runner, cfg.replace(draft_path='random'), None)
-    with torch.no_grad():
-        draft.head.layers[-1].mlp.down_proj.weight.mul_(30.0)
+    sharpen_draft_head(draft.head)
     return draft
 
 

@@ -312,6 +312,7 @@ def _run_speed(args, plan, unnorm_key) -> dict:
     from tqdm import tqdm
 
     from vla_spec_ros.harness import speed
+    from vla_spec_ros.sim.frames import sim_frames
     from vla_spec_ros.policy import VLAPolicy
     steps = tqdm(total=1 + len(plan['rates']), desc='model-only speed', unit='part',
                  dynamic_ncols=True)
@@ -323,9 +324,8 @@ def _run_speed(args, plan, unnorm_key) -> dict:
                                            restrict_to_action_tokens=(
                                                args.restrict_to_action_tokens))
         size = policy.model_config.image_size
-        frames = speed.sim_frames(plan['tasks'], max(1, plan['speed_frames']
-                                                     // len(plan['tasks']) + 1), size,
-                                  unnorm_key=unnorm_key, stream_id=speed.PACED_STREAM)
+        frames = sim_frames(plan['tasks'], max(1, plan['speed_frames'] // len(plan['tasks']) + 1),
+                            size, unnorm_key=unnorm_key, stream_id=speed.PACED_STREAM)
         paced = {}
         for rate in plan['rates']:
             paced[str(rate)] = speed.paced_rows(policy, ['hf'] + plan['modes'], frames, rate,

@@ -15,7 +15,6 @@ import time
 
 import numpy as np
 
-from vla_spec_ros.sim.frames import sim_frames
 from vla_spec_ros.validation import check_number
 
 PACED_STREAM = 'paced'
@@ -131,4 +130,4 @@ def model_speed_rows(model: str, modes, num_frames: int, device: str, dtype: str
                      device, dtype, seed, draft_path)
 
 
-__all__ = ['sim_frames', 'paced_latency', 'paced_rows', 'engine_for', 'model_speed_rows']
+__all__ = ['paced_latency', 'paced_rows', 'engine_for', 'model_speed_rows']
