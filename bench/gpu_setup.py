@@ -131,13 +131,13 @@ def time_pieces(runner, frames, base: dict, repeats: int = 20) -> dict:
     prompt = runner.prepare_prompt(frames[0], EngineConfig(**base))
     length = prompt.embeds.shape[0]
     steps = {
-        'prefill': (pack_step(PrefillRows(0, 4096, length), [], ring.scratch_slot,
-                              num_cols=128), prompt.embeds),
-        'decode_1': (pack_step(None, [chain_rows(0, 4096, length, [5])], ring.scratch_slot,
-                               num_cols=((length + 128) // 128) * 128), None),
-        'decode_8x1': (pack_step(None, [chain_rows(512 * i, 4096, length, [5])
-                                        for i in range(8)], ring.scratch_slot,
-                                 num_cols=((length + 128) // 128) * 128), None)}
+        'prefill': (pack_step([PrefillRows(0, 4096, length)], [], ring.scratch_slot,
+                              num_cols=128), [prompt.embeds]),
+        'decode_1': (pack_step([], [chain_rows(0, 4096, length, [5])], ring.scratch_slot,
+                               num_cols=((length + 128) // 128) * 128), []),
+        'decode_8x1': (pack_step([], [chain_rows(512 * i, 4096, length, [5])
+                                      for i in range(8)], ring.scratch_slot,
+                                 num_cols=((length + 128) // 128) * 128), [])}
     out = {}
 
     def median_ms(fn):

@@ -82,7 +82,11 @@ def reference_allowed_slots(step: HostStep, row: int) -> list[int]:
     """Physical slots packed row ``row`` may read (plain loops over the packed arrays)."""
     lp = step.num_prefill
     if row < lp:
-        return [int(s) for s in step.slot_mapping[:row + 1]]
+        start = 0
+        for block in step.prefill_blocks:           # causal within its own prefill block
+            if row < start + block:
+                return [int(s) for s in step.slot_mapping[start:row + 1]]
+            start += block
     s, j = divmod(row - lp, step.num_rows)
     return [int(step.kv_index[s, c]) for c in range(step.kv_index.shape[1])
             if step.mask[s, j, c]]

@@ -93,6 +93,31 @@ def test_graphs_captured_before_serving(setup, mode):
     assert forward.num_graph_replays > 0
 
 
+@pytest.mark.parametrize('mode', ['pipeline', 'pipeline_spec'])
+def test_graphs_with_several_prefills_per_step(setup, mode):
+    """Two streams always waiting, two prompts (of different lengths) per step: the replayed
+    buckets with two prefill blocks give the reference tokens, and once every prompt length
+    was captured before serving, serving captures nothing."""
+    from vla_spec_ros.engine.drafter import load_draft_for
+    _, graphed, frames, expected = setup
+    cfg = EngineConfig(mode=mode, dtype='float64', device='cuda', use_cuda_graphs=True,
+                       max_prefills_per_step=2, draft_path='random', tree_depth=3,
+                       tree_top_k=2, tree_max_nodes=6)
+    runner = graphed.engine.runner
+    draft = load_draft_for(runner, cfg, None) if cfg.is_speculative else None
+    engine = Engine(runner, graphed.engine.norm_stats, cfg, draft=draft)
+    for instruction in INSTRUCTIONS:
+        engine.capture_graphs(next(f for f in frames if f.instruction == instruction))
+    forward = engine.strategy.verifier.forward
+    captured = forward.num_graph_captures
+    for f in frames:
+        engine.submit(f)
+    out = {fin.request_id: fin.result.tokens for fin in engine.run_until_idle()}
+    assert [out[i] for i in sorted(out)] == expected
+    assert forward.num_graph_captures == captured
+    assert forward.num_graph_replays > 0
+
+
 def test_graphed_draft_forwards_equal_eager(setup):
     """The drafter's own graph path (used when shapes stay few): same trees as eager."""
     from vla_spec_ros.engine.drafter import EagleDrafter

@@ -54,8 +54,8 @@ def test_pack_step_follows_the_plain_attention_rule(seed):
     cap = ring.capacity
     segments = [tree_rows(ring.span(rid).start, cap, h, parents,
                           [rng.randrange(50) for _ in parents]) for rid, h, parents in specs]
-    prefill = PrefillRows(ring.span(100).start, cap, prefill_len) if prefill_len else None
-    step = pack_step(prefill, segments, scratch_slot=cap)
+    prefills = [PrefillRows(ring.span(100).start, cap, prefill_len)] if prefill_len else []
+    step = pack_step(prefills, segments, scratch_slot=cap)
     plan_segments = ([SegmentSpec(100, 0, prefill_len, 'prefill')] if prefill_len else []) + \
         [SegmentSpec(rid, h, len(p), 'tree', p) for rid, h, p in specs]
     plan = plan_step(ring, plan_segments)
@@ -83,8 +83,8 @@ def test_segment_attention_equals_dense_reference(seed):
     cap = ring.capacity
     segments = [tree_rows(ring.span(rid).start, cap, h, parents, [0] * len(parents))
                 for rid, h, parents in specs]
-    prefill = PrefillRows(ring.span(100).start, cap, prefill_len) if prefill_len else None
-    step = pack_step(prefill, segments, scratch_slot=cap, num_cols=max(
+    prefills = [PrefillRows(ring.span(100).start, cap, prefill_len)] if prefill_len else []
+    step = pack_step(prefills, segments, scratch_slot=cap, num_cols=max(
         [s.num_cols for s in segments] + [1]) + 3)
     gen = torch.Generator().manual_seed(seed)
     heads, kv_heads, dim = 4, 2, 8
@@ -97,7 +97,7 @@ def test_segment_attention_equals_dense_reference(seed):
     slots = torch.from_numpy(step.slot_mapping)
     k_cache[slots], v_cache[slots] = k_new, v_new      # as the layer writes them
     batch = StepBatch(positions=torch.from_numpy(step.positions), slot_mapping=slots,
-                      num_prefill=step.num_prefill,
+                      num_prefill=step.num_prefill, prefill_blocks=step.prefill_blocks,
                       kv_index=torch.from_numpy(step.kv_index) if segments else None,
                       seg_mask=torch.from_numpy(step.mask) if segments else None)
     out = attend_segments(q, k_cache, v_cache, batch, k_new, v_new)
@@ -136,10 +136,10 @@ def test_padding_changes_no_real_row(policy):
         for k, v in zip(verifier.cache.k, verifier.cache.v):
             k.copy_(torch.randn(k.shape, generator=gen, dtype=k.dtype))
             v.copy_(torch.randn(v.shape, generator=gen, dtype=v.dtype))
-        sizes = dict(num_segments=4, num_rows=8, num_cols=96, num_prefill=64,
+        sizes = dict(num_segments=4, num_rows=8, num_cols=96, prefill_rows=64,
                      moves=[(5, 6)], num_moves=8) if padded else dict(moves=[(5, 6)])
-        step = pack_step(prefill, segments, verifier.scratch_slot, **sizes)
-        tokens, hidden = verifier.run(step, prompt)
+        step = pack_step([prefill], segments, verifier.scratch_slot, **sizes)
+        tokens, hidden = verifier.run(step, [prompt])
         q = step.num_rows
         rows = list(range(23)) + [step.num_prefill + j for j in range(4)] + \
             [step.num_prefill + q]
@@ -157,10 +157,11 @@ def test_padding_steps_touch_no_request_kv(policy):
     for k in verifier.cache.k + verifier.cache.v:
         k.copy_(torch.randn(k.shape, generator=gen, dtype=k.dtype))
     before = [k[:200].clone() for k in verifier.cache.k + verifier.cache.v]
-    for sizes in ((64, 0, 1, 128, 0), (0, 4, 8, 128, 12), (64, 2, 1, 256, 0)):
+    for sizes in (((64,), 0, 1, 128, 0), ((), 4, 8, 128, 12), ((64,), 2, 1, 256, 0),
+                  ((64, 64), 2, 1, 128, 0)):
         verifier.run(padding_step(*sizes, verifier.scratch_slot),
-                     torch.zeros(sizes[0], runner.cfg.llm.hidden_size, dtype=torch.float64)
-                     if sizes[0] else None)
+                     [torch.zeros(n, runner.cfg.llm.hidden_size, dtype=torch.float64)
+                      for n in sizes[0]])
     for old, new in zip(before, verifier.cache.k + verifier.cache.v):
         assert torch.equal(old, new[:200])
 

@@ -341,3 +341,38 @@ def test_dense_reference_attention_gives_the_same_tokens(mode, tmp_path_factory)
             engine.submit(f)
         got = {fin.request_id: fin.result.tokens for fin in engine.run_until_idle()}
         assert [got[i] for i in sorted(got)] == expected, backend
+
+
+@pytest.mark.parametrize('max_prefills', [2, 3])
+def test_several_prefills_per_step_keep_the_ar_tokens_with_fewer_steps(policy, frames,
+                                                                       reference, max_prefills):
+    """Three streams with frames always waiting: up to ``max_prefills`` prompts (of different
+    lengths) share each packed step. Every frame still gets its AR tokens, each stream in
+    order, and the frames take fewer steps than one admission per step allows."""
+    streamed = [restream(f, 'abc'[i % 3]) for i, f in enumerate(frames[:18])]
+    steps = {}
+    for prefills in (1, max_prefills):
+        engine = make_engine(policy, max_prefills_per_step=prefills)
+        for f in streamed:
+            engine.submit(f)
+        finished, admitted_together = [], 0
+        while engine.has_work():
+            waiting_before = engine.strategy.scheduler.num_waiting
+            finished.extend(engine.step())
+            admitted_together = max(admitted_together,
+                                    waiting_before - engine.strategy.scheduler.num_waiting)
+        assert len(finished) == len(streamed)
+        assert_matches_reference(finished, reference)
+        for stream in 'abc':
+            order = [fin.frame.user_data for fin in finished if fin.frame.stream_id == stream]
+            assert order == sorted(order)
+        assert admitted_together == prefills
+        steps[prefills] = engine.num_verifier_forwards
+    assert steps[max_prefills] < steps[1]
+
+
+def test_max_prefills_per_step_is_checked_against_max_inflight():
+    with pytest.raises(ValueError, match='max_prefills_per_step: 4 exceeds max_inflight 3'):
+        EngineConfig(mode='pipeline', max_inflight=3, max_prefills_per_step=4)
+    with pytest.raises(ValueError, match='max_prefills_per_step'):
+        EngineConfig(mode='pipeline', max_prefills_per_step=0)

@@ -1,8 +1,8 @@
 """Cross-request pipelining scheduler (pure Python, no torch): S2 timing and order, S6.
 
 Expected timelines are derived by hand (closed forms) or by a small independent simulation
-that only knows the contracts: FIFO admission, at most one prefill per step, max_inflight, one
-token per step with plain decoding, per-stream emission order.
+that only knows the contracts: FIFO admission, at most max_prefills prefills per step,
+max_inflight, one token per step with plain decoding, per-stream emission order.
 """
 import ast
 import pathlib
@@ -50,13 +50,14 @@ class Driver:
             self.scheduler.submit(request)
         scheduled = self.scheduler.schedule()
         self.steps.append(scheduled)
-        assert len(scheduled.decode_ids) + (scheduled.prefill is not None) \
+        assert len(scheduled.decode_ids) + len(scheduled.prefills) \
             <= self.scheduler.max_inflight
+        assert len(scheduled.prefills) <= self.scheduler.max_prefills
         assert scheduled.decode_ids == sorted(scheduled.decode_ids)      # oldest first
         advancing = list(scheduled.decode)
-        if scheduled.prefill is not None:
-            self.prefill_step[scheduled.prefill.request_id] = self.step
-            advancing.append(scheduled.prefill)
+        for request in scheduled.prefills:
+            self.prefill_step[request.request_id] = self.step
+            advancing.append(request)
         for request in advancing:
             gain = self.gain(request.request_id, request.num_remaining)
             self.scheduler.on_tokens(request.request_id, [0] * gain)
@@ -115,12 +116,12 @@ def test_s2_timeline_one_frame_per_step(max_inflight):
         assert driver.emit_step[i] - driver.prefill_step[i] + 1 == ACTION_DIM
     assert driver.emitted == list(range(num_frames))
     if max_inflight == 7:                        # steady state: prefill + 6 decodes per step
-        assert all(len(s.decode_ids) == 6 and s.prefill is not None
+        assert all(len(s.decode_ids) == 6 and len(s.prefills) == 1
                    for s in driver.steps[6:num_frames])
     if max_inflight == 1:
         for step, scheduled in enumerate(driver.steps):
             is_prefill_step = step % ACTION_DIM == 0
-            assert (scheduled.prefill is not None) == is_prefill_step
+            assert len(scheduled.prefills) == is_prefill_step
             assert len(scheduled.decode_ids) == (0 if is_prefill_step else 1)
 
 
@@ -138,7 +139,7 @@ def test_irregular_arrivals_force_decode_only_steps():
         assert [driver.emit_step[i] for i in range(len(arrivals))] == emit
         assert driver.emitted == list(range(len(arrivals)))
         # Gaps: steps with nothing to prefill still advance every in-flight frame (S6).
-        num_decode_only = sum(1 for s in driver.steps if s.prefill is None and s.decode_ids)
+        num_decode_only = sum(1 for s in driver.steps if not s.prefills and s.decode_ids)
         assert num_decode_only > 0
         # After the last arrival the pipeline drains within action_dim steps of the last prefill.
         assert driver.step == prefill[-1] + ACTION_DIM
@@ -148,7 +149,7 @@ def test_nothing_scheduled_when_idle():
     scheduler = Scheduler(4, ACTION_DIM, KVRing(100))
     assert not scheduler.has_work()
     step = scheduler.schedule()
-    assert step == ScheduledStep(prefill=None, decode=[]) and step.is_empty
+    assert step == ScheduledStep(prefills=[], decode=[]) and step.is_empty
 
 
 # ---------------------------------------------------------------- ring-limited admission
@@ -203,17 +204,17 @@ def test_speculative_out_of_order_finish_is_held_per_stream():
     scheduler.submit(make_request(1, 'a', scratch=10))
     scheduler.submit(make_request(2, 'b', scratch=10))
     # step 0: prefill 0
-    assert scheduler.schedule().prefill.request_id == 0
+    assert ids(scheduler.schedule().prefills) == [0]
     scheduler.on_tokens(0, [0] * 1)
     assert ids(scheduler.pop_finished()) == []
     # step 1: prefill 1, frame 0 accepts a short path
     step = scheduler.schedule()
-    assert step.prefill.request_id == 1 and step.decode_ids == [0]
+    assert ids(step.prefills) == [1] and step.decode_ids == [0]
     scheduler.on_tokens(0, [0] * 2)
     scheduler.on_tokens(1, [0] * 1)
     # step 2: prefill 2; frame 1 accepts everything and finishes before frame 0
     step = scheduler.schedule()
-    assert step.prefill.request_id == 2 and step.decode_ids == [0, 1]
+    assert ids(step.prefills) == [2] and step.decode_ids == [0, 1]
     scheduler.on_tokens(0, [0] * 1)
     assert scheduler.on_tokens(1, [0] * 6) is True
     scheduler.on_tokens(2, [0] * 1)
@@ -221,7 +222,7 @@ def test_speculative_out_of_order_finish_is_held_per_stream():
     assert num_held(scheduler, 3, 0) == 1 and scheduler.num_inflight == 2
     # step 3: stream b finishes; it is independent of stream a
     step = scheduler.schedule()
-    assert step.prefill is None and step.decode_ids == [0, 2]
+    assert step.prefills == [] and step.decode_ids == [0, 2]
     scheduler.on_tokens(0, [0] * 2)                                     # frame 0 at 6 of 7
     scheduler.on_tokens(2, [0] * 6)
     assert ids(scheduler.pop_finished()) == [2]
@@ -238,6 +239,7 @@ def test_speculative_out_of_order_finish_is_held_per_stream():
 def test_random_streams_and_gains_keep_order_and_liveness(seed):
     rng = random.Random(seed)
     max_inflight = rng.randint(1, 6)
+    max_prefills = rng.randint(1, max_inflight)
     stream_ids = ['s%d' % k for k in range(rng.randint(1, 3))]
     requests, arrivals = [], {}
     step = 0
@@ -249,7 +251,7 @@ def test_random_streams_and_gains_keep_order_and_liveness(seed):
         arrivals.setdefault(step, []).append(request)
     capacity = rng.randint(max(r.num_slots for r in requests), 200)
     ring = KVRing(capacity)
-    scheduler = Scheduler(max_inflight, ACTION_DIM, ring)
+    scheduler = Scheduler(max_inflight, ACTION_DIM, ring, max_prefills)
 
     # The reference only sees token counts and finish events; it derives emission by itself.
     tokens = {}
@@ -267,15 +269,16 @@ def test_random_streams_and_gains_keep_order_and_liveness(seed):
         scheduled = scheduler.schedule()
         inflight_before = sorted(tokens)
         assert scheduled.decode_ids == inflight_before                # everyone advances (S6)
-        if scheduled.prefill is not None:
-            assert scheduled.prefill.request_id == waiting.pop(0)     # FIFO admission
-            prefill_step[scheduled.prefill.request_id] = driver_step
-            tokens[scheduled.prefill.request_id] = 0
-        elif waiting:
-            # Not admitted only when the pipeline is full or the ring lacks room.
+        assert len(scheduled.prefills) <= max_prefills
+        for request in scheduled.prefills:
+            assert request.request_id == waiting.pop(0)             # FIFO admission
+            prefill_step[request.request_id] = driver_step
+            tokens[request.request_id] = 0
+        if waiting and len(scheduled.prefills) < max_prefills:
+            # The head stays waiting only when the pipeline is full or the ring lacks room.
             head = requests[waiting[0]]
-            assert len(inflight_before) == max_inflight or \
-                not can_allocate(ring, tokens, head.num_slots)
+            assert len(tokens) == max_inflight or not can_allocate(ring, tokens,
+                                                                   head.num_slots)
         assert len(tokens) <= max_inflight
         # No two in-flight requests share a slot; exactly the in-flight requests own spans.
         spans = live_spans(ring, range(len(requests)))
@@ -320,7 +323,7 @@ def test_reset_one_stream_frees_its_slots_and_keeps_the_other():
         scheduler.submit(make_request(i, stream_id, prefix_len=10 + i))
     for _ in range(3):                                   # admit 0, 1, 2 with a few tokens
         step = scheduler.schedule()
-        for request_id in step.decode_ids + [step.prefill.request_id]:
+        for request_id in step.decode_ids + ids(step.prefills):
             scheduler.on_tokens(request_id, [0] * 1)
     assert inflight_ids(scheduler, range(6)) == [0, 1, 2] and scheduler.num_waiting == 3
     freed = sum(make_request(i, prefix_len=10 + i).num_slots for i in (0, 2))
@@ -332,7 +335,7 @@ def test_reset_one_stream_frees_its_slots_and_keeps_the_other():
     emitted = []
     while scheduler.has_work():
         step = scheduler.schedule()
-        for request_id in step.decode_ids + ([step.prefill.request_id] if step.prefill else []):
+        for request_id in step.decode_ids + ids(step.prefills):
             scheduler.on_tokens(request_id, [0] * 1)
         emitted += ids(scheduler.pop_finished())
     assert emitted == [1, 3]
@@ -355,13 +358,13 @@ def test_reset_all_drops_held_finished_requests_too():
     assert not scheduler.has_work() and num_held(scheduler, 3, 3) == 0
     assert ids(scheduler.pop_finished()) == [] and ring.num_free == 500
     scheduler.submit(make_request(3, 'a'))               # the stream starts afresh
-    assert scheduler.schedule().prefill.request_id == 3
+    assert ids(scheduler.schedule().prefills) == [3]
 
 
 def test_drop_waiting_replaces_queued_frames_of_one_stream():
     scheduler = Scheduler(1, ACTION_DIM, KVRing(500))
     scheduler.submit(make_request(0, 'a'))
-    assert scheduler.schedule().prefill.request_id == 0
+    assert ids(scheduler.schedule().prefills) == [0]
     scheduler.on_tokens(0, [0] * 1)
     scheduler.submit(make_request(1, 'a'))
     scheduler.submit(make_request(2, 'b'))
@@ -380,7 +383,7 @@ def test_history_len_follows_decided_tokens():
     scheduler = Scheduler(2, ACTION_DIM, KVRing(100))
     request = make_request(0, prefix_len=12)
     scheduler.submit(request)
-    assert scheduler.schedule().prefill is request       # the scheduler's record is the request
+    assert scheduler.schedule().prefills[0] is request   # the scheduler's record is the request
     with pytest.raises(ValueError, match='no token yet'):
         request.history_len
     scheduler.on_tokens(0, [0] * 1)
@@ -396,7 +399,7 @@ def test_submit_rejects_a_prefill_larger_than_the_ring():
     with pytest.raises(ValueError, match=r'needs 57 slots \(prefix_len 50\).* only 50'):
         scheduler.submit(make_request(0, prefix_len=50))
     scheduler.submit(make_request(1, prefix_len=43))      # exactly the ring: accepted
-    assert scheduler.schedule().prefill.request_id == 1
+    assert ids(scheduler.schedule().prefills) == [1]
 
 
 def test_bad_input_is_rejected_with_the_field_name():
@@ -404,6 +407,8 @@ def test_bad_input_is_rejected_with_the_field_name():
         Scheduler(0, ACTION_DIM, KVRing(10))
     with pytest.raises(ValueError, match='action_dim'):
         Scheduler(1, 0, KVRing(10))
+    with pytest.raises(ValueError, match='max_prefills'):
+        Scheduler(2, ACTION_DIM, KVRing(10), max_prefills=0)
     with pytest.raises(ValueError, match='num_slots'):
         Request(0, 'a', prefix_len=10, num_tokens_needed=7, num_slots=15)
     with pytest.raises(ValueError, match='prefix_len'):
@@ -439,3 +444,30 @@ def test_bookkeeping_modules_import_no_torch():
                    'functools'} | \
             ({'numpy'} if name == 'step_inputs.py' else set())
         assert imported <= allowed, (name, imported)
+
+
+# ---------------------------------------------------------------- several prefills per step
+
+def test_several_prefills_per_step_fill_the_pipeline_in_fifo_order():
+    # max_inflight 4, two prefills per step, six frames waiting from step 0, one token per
+    # step: steps 0 and 1 admit two each, the pipeline is then full until frames 0 and 1
+    # finish in step 6 (admitted at 0, seven tokens), so frames 4 and 5 are admitted in step
+    # 7; admission never reorders and the per-stream order holds across the two streams.
+    driver = Driver(Scheduler(4, ACTION_DIM, big_ring(), max_prefills=2))
+    requests = [make_request(i, 'ab'[i % 2]) for i in range(6)]
+    driver.run({0: requests})
+    assert [ids(s.prefills) for s in driver.steps[:8]] == \
+        [[0, 1], [2, 3], [], [], [], [], [], [4, 5]]
+    assert [driver.emit_step[i] for i in range(6)] == [6, 6, 7, 7, 13, 13]
+    assert driver.emitted == [0, 1, 2, 3, 4, 5]
+
+
+def test_several_prefills_stop_at_the_first_frame_the_ring_cannot_hold():
+    # 27 slots per frame, room for two: the third waits although max_prefills is 3 and a
+    # smaller fourth frame would fit (FIFO: it never bypasses the head).
+    ring = KVRing(60)
+    scheduler = Scheduler(7, ACTION_DIM, ring, max_prefills=3)
+    for i, prefix_len in enumerate((20, 20, 20, 1)):
+        scheduler.submit(make_request(i, prefix_len=prefix_len))
+    assert ids(scheduler.schedule().prefills) == [0, 1]
+    assert scheduler.num_waiting == 2

@@ -225,3 +225,23 @@ def test_tunables_apply_from_the_next_admitted_frame(tmp_path_factory):
     got = {fin.request_id: fin.result.tokens for fin in finished}
     assert [got[0], got[1]] == reference[:2]
     assert [got[i] for i in range(2, 5)] != reference[2:]
+
+
+def test_several_prefills_per_step_keep_the_ar_tokens(policy, frames_and_reference):
+    """pipeline_spec with up to three prompts admitted per step (frames of two streams always
+    waiting): the batched draft update begins several draft lanes in one forward, trees are
+    drafted for every request in flight, and the tokens stay the AR tokens, in fewer steps
+    than with one admission per step."""
+    frames, reference = frames_and_reference
+    options = dict(mode='pipeline_spec', tree_depth=4, tree_top_k=4, tree_max_nodes=20)
+    steps = {}
+    for prefills in (1, 3):
+        cfg = EngineConfig(dtype='float64', max_prefills_per_step=prefills, **options)
+        draft = confident_random_draft(policy, cfg)
+        engine = make_engine(policy, draft, max_prefills_per_step=prefills, **options)
+        for f in frames[:24]:
+            engine.submit(f)
+        out = engine.run_until_idle()
+        assert tokens_by_request(out) == reference[:24]
+        steps[prefills] = engine.num_verifier_forwards
+    assert steps[3] < steps[1]

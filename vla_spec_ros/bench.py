@@ -3,9 +3,11 @@ ratios against the Hugging Face AR baseline measured in the same run on the same
 the cost model of one packed step: ms per step and where it goes (host bookkeeping, vision,
 verifier forward, drafting).
 
-Workload: a camera that is always faster than inference (a fresh frame is ready whenever the
-engine can take one), ``num_frames`` frames with varying instructions, after ``warmup`` frames
-run the same way (so every shape bucket the timed frames need is already built). Latency is
+Workload: one camera per stream, each always faster than inference (a stream has a fresh
+frame waiting whenever its previous one was admitted; frames go to the streams in turn),
+``num_frames`` frames with varying instructions, after ``warmup`` frames run the same way (so
+every shape bucket the timed frames need is already built). With several streams and
+``max_prefills_per_step`` > 1 the pipelined modes admit several waiting frames per step. Latency is
 submit-to-action per frame. All modes share one loaded model.
 
 ``--sweep-inflight 1,2,4,7,14`` times pipeline steps at each ``max_inflight`` (segment
@@ -75,16 +77,20 @@ def make_frames(num: int, image_size: int, seed: int, unnorm_key: str,
 
 
 def _saturate(engine: Engine, frames: list[Frame]):
-    """Saturating camera: a new frame is offered whenever none is waiting. Returns per
-    finished frame (request id, latency s, accepted lengths) and the requests per step."""
+    """Saturating cameras: the next frame is offered as soon as its stream has none waiting
+    (frames in order: one stream's waiting frame holds back the later frames of every
+    stream). Returns per finished frame (request id, latency s, accepted lengths) and the
+    requests per step."""
     pending = list(frames)
     submit_at: dict[int, float] = {}
     finished, inflight = [], []
     while pending or engine.has_work():
-        if pending and not engine.has_waiting():
-            rid = engine.submit(pending.pop(0))
-            submit_at[rid] = time.perf_counter()
-        inflight.append(engine.num_inflight + (1 if engine.has_waiting() else 0))
+        waiting = set(engine.waiting_streams)
+        while pending and pending[0].stream_id not in waiting:
+            frame = pending.pop(0)
+            submit_at[engine.submit(frame)] = time.perf_counter()
+            waiting.add(frame.stream_id)
+        inflight.append(engine.num_inflight + engine.num_waiting)
         for fin in engine.step():
             if fin.error is not None:
                 raise RuntimeError(f'bench frame failed: {fin.error}')
@@ -146,7 +152,7 @@ def run_bench(model: str, modes: list[str], num_frames: int, warmup: int, device
               dtype: str, seed: int, draft_path: str | None, num_streams: int = 1,
               out_dir: str | None = None, command: str = '', tree: dict | None = None,
               sweep_inflight: list[int] | None = None,
-              frame_source: str = 'random') -> list[BenchRow]:
+              frame_source: str = 'random', max_prefills_per_step: int = 1) -> list[BenchRow]:
     from .baseline import HFBaseline
     from .policy import VLAPolicy
     base_cfg = dict(device=device, dtype=dtype, restrict_to_action_tokens=False)
@@ -160,7 +166,8 @@ def run_bench(model: str, modes: list[str], num_frames: int, warmup: int, device
             rows.append(bench_hf(HFBaseline(runner, policy.config), frames, warmup))
             continue
         cfg = EngineConfig(mode=mode, draft_path=draft_path, max_streams=max(4, num_streams),
-                           **base_cfg, **(tree or {}))
+                           max_prefills_per_step=max_prefills_per_step, **base_cfg,
+                           **(tree or {}))
         draft = None
         if cfg.is_speculative:
             from .engine.drafter import load_draft_for
@@ -186,6 +193,7 @@ def run_bench(model: str, modes: list[str], num_frames: int, warmup: int, device
         record = {'command': command, 'model': model, 'device': device, 'dtype': dtype,
                   'num_frames': num_frames, 'warmup': warmup, 'num_streams': num_streams,
                   'frame_source': frame_source,
+                  'max_prefills_per_step': max_prefills_per_step,
                   'tree': tree or {}, 'environment': environment(),
                   'rows': [asdict(r) for r in rows]}
         (path / f'bench-{stamp}.json').write_text(json.dumps(record, indent=2))
@@ -202,7 +210,8 @@ def format_table(rows: list[BenchRow], record: dict | None = None) -> str:
                   f"({env['cuda'] or env['processor']}, {env['cpu_count']} threads), "
                   f"dtype {record['dtype']}, torch {env['torch']}, transformers "
                   f"{env['transformers']}, {record['num_frames']} frames, "
-                  f"{record['num_streams']} stream(s)", '']
+                  f"{record['num_streams']} stream(s), up to "
+                  f"{record.get('max_prefills_per_step', 1)} prefill(s) per step", '']
     lines.append('| mode | actions/s | ×HF | latency p50 ms | p99 ms | p50 ×HF | '
                  'forwards/action | acceptance length | ms/step | host ms/step | '
                  'vision / verifier / draft ms/step | in flight/step |')

@@ -73,7 +73,8 @@ def cmd_bench(args) -> int:
     sweep = [int(v) for v in args.sweep_inflight.split(',')] if args.sweep_inflight else None
     rows = run_bench(args.model or args.preset, modes, args.frames, args.warmup, args.device,
                      args.dtype, args.seed, args.draft_path, args.streams, args.out, command,
-                     tree=tree, sweep_inflight=sweep, frame_source=args.frames_from)
+                     tree=tree, sweep_inflight=sweep, frame_source=args.frames_from,
+                     max_prefills_per_step=args.max_prefills_per_step)
     print(format_table(rows))
     return 0
 
@@ -129,7 +130,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help='random: uniform noise images; metaworld: held-out Meta-World '
                    'observations of the embedded model\'s tasks (needs the simulator)')
     p.add_argument('--warmup', type=int, default=3)
-    p.add_argument('--streams', type=int, default=1)
+    p.add_argument('--streams', type=int, default=1,
+                   help='cameras: frames go to the streams in turn, each stream has one '
+                   'waiting whenever its previous frame was admitted')
+    p.add_argument('--max-prefills-per-step', type=int, default=1,
+                   help='waiting frames (of different streams) prefilled in one step in the '
+                   'pipeline modes (EngineConfig.max_prefills_per_step)')
     p.add_argument('--seed', type=int, default=0)
     p.add_argument('--out', default=None, help='write JSON + markdown results here')
     p.add_argument('--tree-depth', type=int, default=None,

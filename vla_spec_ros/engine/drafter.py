@@ -70,8 +70,8 @@ class Drafter:
     """What the speculative engine calls; batched over every in-flight request.
 
     Per engine step: ``propose_batch`` (the trees verified in this step), then ``update`` with
-    the step's prefill (``begins``, at most one) and accepted paths (``advances``), reading the
-    verifier's features from one tensor. The one-request methods (``begin``, ``advance``,
+    the step's prefills (``begins``) and accepted paths (``advances``), reading the verifier's
+    features from one tensor. The one-request methods (``begin``, ``advance``,
     ``propose``) are conveniences over the batched ones.
     """
 
@@ -140,7 +140,7 @@ class EagleDrafter(Drafter):
     slots plus a scratch slot; lane-relative slot p holds stable draft position p, tree nodes
     use the slots after the stable ones. Each draft forward goes through a ``PackedForward``
     (one upload, static buffers, CUDA graphs when enabled) with the verifier's segment layout:
-    ``update`` is one forward for the step's prefix (``begin``) and every accepted path; each
+    ``update`` is one forward for the step's prefixes (``begin``) and every accepted path; each
     tree level after the first is one forward for every request's frontier. Draft outputs at
     the roots stay on the device (``_root_hidden``, one row per lane).
     """
@@ -180,15 +180,17 @@ class EagleDrafter(Drafter):
     def _step(self, batch, ints: dict, dense: dict, top_k: int) -> dict:
         """One draft forward: rows -> draft features; top-k log-probabilities of ``out_rows``.
 
-        Inputs per packed row: the token embedding (the prefill's rows 0..L-2 are the prompt's
-        embeddings e_1..e_{L-1}, its last row the root's) and a feature row
+        Inputs per packed row: the token embedding (a prefill block's rows 0..L-2 are its
+        prompt's embeddings e_1..e_{L-1}, its last row its root's: ``prefix_inputs`` picks
+        them from the prompts' embeddings and the roots' embeddings) and a feature row
         (``features[feature_rows]``). ``out_lanes`` (update only) stores the output rows as the
         lanes' root features.
         """
         head = self.head
         x = head.embed(ints['token_ids'])
         if batch.num_prefill:
-            x = torch.cat([dense['prefix_embeds'][1:], head.embed(ints['prefill_token']), x])
+            sources = torch.cat([head.embed(ints['prefill_token']), dense['prefix_embeds']])
+            x = torch.cat([sources.index_select(0, ints['prefix_inputs']), x])
         features = dense['features'].index_select(0, ints['feature_rows'])
         hidden = head(x, features, batch, self.cache)
         out = hidden.index_select(0, ints['out_rows'])
@@ -216,15 +218,16 @@ class EagleDrafter(Drafter):
     @inference_mode
     def update(self, begins, advances, features) -> None:
         begins, advances = list(begins), list(advances)
-        if len(begins) > 1:
-            raise ValueError(f'begins: at most one prefix per update, got {len(begins)}')
         if not begins and not advances:
             return
         self._check_rows('features', features, None)
-        prefill, segments, feature_rows, out_rows, out_lanes = None, [], [], [], []
-        new_states = []
-        for begin in begins:
-            if begin.request_id in self._states:
+        prefills, segments, feature_rows, out_rows, out_lanes = [], [], [], [], []
+        new_states, prefix_inputs = [], []
+        free_lanes = list(self._free_lanes)
+        embed_start = 0
+        for b, begin in enumerate(begins):
+            if begin.request_id in self._states or any(
+                    begin.request_id == r for r, _ in new_states):
                 raise ValueError(f'request_id: {begin.request_id} already has a draft state; '
                                  'release it first')
             length = self._check_rows('prefix_embeds', begin.prefix_embeds, None)
@@ -234,17 +237,22 @@ class EagleDrafter(Drafter):
             self._check_position(length - 1)
             if length > self.lane_len - self.action_dim - 1 - MAX_SCRATCH:
                 raise ValueError(f'prefix_embeds: {length} rows exceed the draft lane')
-            if not self._free_lanes:
+            if not free_lanes:
                 raise RuntimeError(f'all {self.num_lanes} draft lanes are in use')
-            lane = self._free_lanes.pop(0)
+            lane = free_lanes.pop(0)
             state = _DraftState(lane, length, int(begin.root_token), None)
             new_states.append((begin.request_id, state))
-            prefill = PrefillRows(lane * self.lane_len, self.scratch_slot, length)
+            prefills.append(PrefillRows(lane * self.lane_len, self.scratch_slot, length))
             feature_rows += list(begin.feature_rows)
-            out_rows.append(length - 1)
+            out_rows.append(embed_start + length - 1)
             out_lanes.append(lane)
+            # Input rows: e_1..e_{L-1} of this prompt, then its root's embedding (``_step``'s
+            # sources: the roots' embeddings, then every prompt's rows).
+            first = len(begins) + embed_start
+            prefix_inputs += list(range(first + 1, first + length)) + [b]
+            embed_start += length
         num_rows = max((len(a.path_tokens) for a in advances), default=1)
-        lp = prefill.length if prefill is not None else 0
+        lp = embed_start
         advanced = []
         for s, adv in enumerate(advances):
             state = self._state(adv.request_id)
@@ -265,14 +273,17 @@ class EagleDrafter(Drafter):
             out_lanes.append(state.lane)
             advanced.append((state, len(path), int(adv.bonus)))
         extras = {'feature_rows': feature_rows, 'out_rows': out_rows, 'out_lanes': out_lanes}
-        if prefill is not None:
-            extras['prefill_token'] = [new_states[0][1].root_token]
-        step = pack_step(prefill, segments, self.scratch_slot, num_rows=num_rows,
+        if begins:
+            extras['prefill_token'] = [state.root_token for _, state in new_states]
+            extras['prefix_inputs'] = prefix_inputs
+        step = pack_step(prefills, segments, self.scratch_slot, num_rows=num_rows,
                          extras=extras)
         dense = {'features': features}
-        if prefill is not None:
-            dense['prefix_embeds'] = begins[0].prefix_embeds
+        if begins:
+            dense['prefix_embeds'] = torch.cat([b.prefix_embeds for b in begins]) \
+                if len(begins) > 1 else begins[0].prefix_embeds
         values, tokens, _ = self._run(step, dense, self.max_top_k)
+        self._free_lanes = free_lanes
         for request_id, state in new_states:
             self._states[request_id] = state
         for (state, count, bonus) in advanced:
@@ -334,7 +345,7 @@ class EagleDrafter(Drafter):
                                           rows=range(first, len(nodes.parents))))
                 feature_rows[s * num_rows:s * num_rows + frontier.size] = np.where(
                     parents == ROOT, state.lane, num_roots + nodes.row_of[parents])
-            step = pack_step(None, segments, self.scratch_slot, num_rows=num_rows,
+            step = pack_step([], segments, self.scratch_slot, num_rows=num_rows,
                              extras={'feature_rows': feature_rows,
                                      'out_rows': np.arange(len(segments) * num_rows)})
             source = self._root_hidden if previous_hidden is None else \

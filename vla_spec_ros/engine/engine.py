@@ -90,6 +90,16 @@ class Engine:
         """Requests admitted (prefill done) and not yet finished."""
         return self.strategy.scheduler.num_inflight
 
+    @property
+    def num_waiting(self) -> int:
+        """Submitted frames not yet started (their prefill is not done)."""
+        return self.strategy.scheduler.num_waiting
+
+    @property
+    def waiting_streams(self) -> frozenset:
+        """Streams with a submitted frame not yet started."""
+        return self.strategy.scheduler.waiting_streams
+
     def has_waiting(self) -> bool:
         """True while a submitted frame has not started (its prefill is not done)."""
         return self.strategy.has_waiting()

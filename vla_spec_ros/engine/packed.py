@@ -8,15 +8,15 @@ KV ring. AR, cross-request pipelining (ActionFlow) and speculative verification 
     spec           1                      EAGLE-2 draft tree
     pipeline_spec  config.max_inflight    EAGLE-2 draft tree
 
-A step (numbered as in ``step``): 1 schedule, 2 prompt embeddings of the admitted frame
-(queued first, so that on a GPU the vision towers run while the host plans; in the
-speculative modes the first draft level's read waits for them, the GPU work being serial on
-one stream either way), 3 draft
-trees for every in-flight request (one batched draft forward per tree level), 4 host plan
-(engine/step_inputs.py: positions, slots, per-segment KV spans and masks, last step's KV
+A step (numbered as in ``step``): 1 schedule, 2 prompt embeddings of the admitted frames
+(usually one; several with ``max_prefills_per_step`` when several streams wait), queued first
+so that on a GPU the vision towers run while the host plans (in the speculative modes the
+first draft level's read waits for them, the GPU work being serial on one stream either way),
+3 draft trees for every in-flight request (one batched draft forward per tree level), 4 host
+plan (engine/step_inputs.py: positions, slots, per-segment KV spans and masks, last step's KV
 compaction), 5 ONE verifier forward (one upload, one read of the greedy tokens), 6 prefill
 bookkeeping, 7 acceptance of every tree and the compaction it implies, 8 one batched draft
-update for the new prefix and every accepted path, 9 finished requests in per-stream order.
+update for the new prefixes and every accepted path, 9 finished requests in per-stream order.
 
 The strategy returns finished requests; the engine turns them into actions. It never reaches
 back into the engine.
@@ -86,13 +86,15 @@ class PackedStrategy:
         if self.is_speculative and drafter is None:
             raise ValueError(f'mode {config.mode!r} needs a draft head (draft_path)')
         self.max_inflight = config.max_inflight if config.is_pipelined else 1
+        self.max_prefills = config.max_prefills_per_step if config.is_pipelined else 1
         # Ring scratch per request: a verified tree writes all its nodes before compaction.
         self.scratch = config.tree_max_nodes if self.is_speculative else 1
         max_prefix = runner.max_prefix_len(config.max_instruction_tokens)
         capacity = self.max_inflight * (max_prefix + runner.action_dim + self.scratch)
         self.ring = KVRing(capacity)
         self.verifier = runner.new_ring(capacity, config)
-        self.scheduler = Scheduler(self.max_inflight, runner.action_dim, self.ring)
+        self.scheduler = Scheduler(self.max_inflight, runner.action_dim, self.ring,
+                                   self.max_prefills)
         self.num_verifier_forwards = 0
         self.stats = StepStats()
         self._captured_prompt_buckets: set[int] = set()     # CUDA graphs: prompt rows built
@@ -143,22 +145,25 @@ class PackedStrategy:
         work = sched.schedule()
         if work.is_empty:
             return []
-        if self.runner.use_cuda_graphs and work.prefill is not None:
-            prompt_rows = round_up(work.prefill.prefix_len, PROMPT_ROWS_BUCKET)
-            if prompt_rows not in self._captured_prompt_buckets:
-                self.capture_graphs(work.prefill.prefix_len)
-        # 2. the admitted frame's prompt (upload, preprocessing, vision towers, projector),
-        #    queued first: on a GPU the towers run while the host plans. The frame
-        #    keeps the tunables in force now until its action is decided.
-        prefill, prefill_embeds = None, None
-        if work.prefill is not None:
-            request = work.prefill
-            request.tunables = cfg
-            request.start_time = time.perf_counter()
-            prefill_embeds = runner.prepare_prompt(request.frame, cfg, request.input_ids).embeds
-            stats.vision_s += time.perf_counter() - request.start_time
-            prefill = PrefillRows(self.ring.span(request.request_id).start, self.ring.capacity,
-                                  request.prefix_len)
+        if self.runner.use_cuda_graphs:
+            for request in work.prefills:
+                if round_up(request.prefix_len, PROMPT_ROWS_BUCKET) \
+                        not in self._captured_prompt_buckets:
+                    self.capture_graphs(request.prefix_len)
+        # 2. the admitted frames' prompts (upload, preprocessing, vision towers, projector),
+        #    queued first: on a GPU the towers run while the host plans. A frame keeps the
+        #    tunables in force now until its action is decided.
+        prefills, prefill_embeds = [], []
+        if work.prefills:
+            t0 = time.perf_counter()
+            for request in work.prefills:
+                request.tunables = cfg
+                request.start_time = t0
+                prefills.append(PrefillRows(self.ring.span(request.request_id).start,
+                                            self.ring.capacity, request.prefix_len))
+            prefill_embeds = [prompt.embeds for prompt in runner.prepare_prompts(
+                [r.frame for r in work.prefills], cfg, [r.input_ids for r in work.prefills])]
+            stats.vision_s += time.perf_counter() - t0
         # 3. draft trees (just the root when not speculating or one token remains)
         t0 = time.perf_counter()
         trees = self._draft_trees(work.decode)
@@ -176,25 +181,27 @@ class PackedStrategy:
                                       tree.tokens))
             moves += request.pending_moves
             request.pending_moves = []
-        host = pack_step(prefill, segments, self.verifier.scratch_slot, moves=moves,
-                         **self._padded_sizes(prefill, segments, len(moves)))
+        host = pack_step(prefills, segments, self.verifier.scratch_slot, moves=moves,
+                         **self._padded_sizes(prefills, segments, len(moves)))
         # 5. one verifier forward for everything in flight
         t0 = time.perf_counter()
         tokens, hidden = self.verifier.run(host, prefill_embeds)
         stats.verifier_s += time.perf_counter() - t0
         self.num_verifier_forwards += 1
+        # 6. each prefill decides its request's first action token
         begins, advances = [], []
-        offset = 0
-        if prefill is not None:
-            # 6. the prefill decides the first action token
-            request, token = work.prefill, tokens[0]
-            offset = 1
+        block_start = 0
+        for p, (request, block) in enumerate(zip(work.prefills, host.prefill_blocks)):
+            token = tokens[p]
             request.forward_passes += 1
             request.accepted_lengths.append(1)
             is_done = sched.on_tokens(request.request_id, [token])
             if self.is_speculative and not is_done:
-                begins.append(DraftBegin(request.request_id, prefill_embeds,
-                                         range(prefill.length), token))
+                begins.append(DraftBegin(request.request_id, prefill_embeds[p],
+                                         range(block_start, block_start + request.prefix_len),
+                                         token))
+            block_start += block
+        offset = len(work.prefills)
         # 7. verify every tree, keep its accepted path
         num_rows = host.num_rows
         for s, request in enumerate(work.decode):
@@ -226,20 +233,20 @@ class PackedStrategy:
         before = self.verifier.forward.num_buckets
         segment_counts = [0] + [1 << i for i in range(
             next_power_of_two(max(self.max_inflight - 1, 1)).bit_length())]
-        for has_prefill in (False, True):
+        prompt_rows = round_up(prefix_len, PROMPT_ROWS_BUCKET)
+        for num_prefills in range(self.max_prefills + 1):
             for num_segments in segment_counts:
-                if not has_prefill and not num_segments:
+                if not num_prefills and not num_segments:
                     continue
                 for num_cols in range(KV_COLS_BUCKET, round_up(largest, KV_COLS_BUCKET) + 1,
                                       KV_COLS_BUCKET):
-                    sizes = self._graph_sizes(prefix_len if has_prefill else None,
-                                              num_segments, 1, num_cols, 0)
-                    step = padding_step(sizes['num_prefill'] or 0, sizes['num_segments'],
+                    sizes = self._graph_sizes([prefix_len] * num_prefills, num_segments, 1,
+                                              num_cols, 0)
+                    step = padding_step((prompt_rows,) * num_prefills, sizes['num_segments'],
                                         sizes['num_rows'], sizes['num_cols'],
                                         sizes['num_moves'], self.verifier.scratch_slot)
-                    embeds = self.verifier.cache.k[0].new_zeros(
-                        step.num_prefill, self.runner.cfg.llm.hidden_size) \
-                        if step.num_prefill else None
+                    embeds = [self.verifier.cache.k[0].new_zeros(
+                        prompt_rows, self.runner.cfg.llm.hidden_size)] * num_prefills
                     self.verifier.run(step, embeds)
         return self.verifier.forward.num_buckets - before
 
@@ -264,30 +271,31 @@ class PackedStrategy:
                                                              min_prob)))
         return trees
 
-    def _padded_sizes(self, prefill, segments, num_moves: int) -> dict:
+    def _padded_sizes(self, prefills, segments, num_moves: int) -> dict:
         """Padded shapes of the step: tight in eager mode, graph buckets with CUDA graphs."""
         num_rows = max((s.num_rows for s in segments), default=1)
         num_cols = max((s.num_cols for s in segments), default=1)
         if not self.runner.use_cuda_graphs:
             return dict(num_segments=len(segments), num_rows=num_rows,
                         num_cols=round_up(num_cols, 16), num_moves=num_moves)
-        return self._graph_sizes(prefill.length if prefill is not None else None,
-                                 len(segments), num_rows, num_cols, num_moves)
+        return self._graph_sizes([p.length for p in prefills], len(segments), num_rows,
+                                 num_cols, num_moves)
 
-    def _graph_sizes(self, prefix_len: int | None, num_segments: int, num_rows: int,
+    def _graph_sizes(self, prefix_lens: list[int], num_segments: int, num_rows: int,
                      num_cols: int, num_moves: int) -> dict:
-        """CUDA-graph buckets, few so that each is captured once and reused: prompts padded
-        to a multiple of 64 rows, segment counts to powers of two, rows to a power of two (in
-        the speculative modes every tree to the largest configured tree), gathered KV to a
-        multiple of 128 slots, compaction moves to their most for the segment count."""
+        """CUDA-graph buckets, few so that each is captured once and reused: every prompt of
+        the step padded to the longest one's multiple of 64 rows, segment counts to powers of
+        two, rows to a power of two (in the speculative modes every tree to the largest
+        configured tree), gathered KV to a multiple of 128 slots, compaction moves to their
+        most for the segment count."""
         num_segments = next_power_of_two(num_segments) if num_segments else 0
         if self.is_speculative:
             num_rows = max(num_rows, self.config.tree_max_nodes)
             num_moves = max(num_moves, num_segments * self.config.tree_depth)
         return dict(num_segments=num_segments, num_rows=next_power_of_two(num_rows),
                     num_cols=round_up(num_cols, KV_COLS_BUCKET), num_moves=num_moves,
-                    num_prefill=round_up(prefix_len, PROMPT_ROWS_BUCKET)
-                    if prefix_len is not None else None)
+                    prefill_rows=round_up(max(prefix_lens), PROMPT_ROWS_BUCKET)
+                    if prefix_lens else None)
 
     def _after_verify(self, request: Request, tree: DraftTree, picks: list[int],
                       hidden_row: int) -> DraftAdvance | None:

@@ -14,6 +14,7 @@ tokens (the step's one device -> host read) and the hidden states (left on the d
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Sequence
 
 import torch
 
@@ -105,6 +106,22 @@ class ModelRunner:
         return PreparedPrompt(ids, self.model.prompt_embeddings(
             patches, device_ids(tuple(ids), self.device)))
 
+    @torch.no_grad()
+    def prepare_prompts(self, frames: Sequence[Frame], engine_cfg: EngineConfig,
+                        input_ids: Sequence[list[int]]) -> list[PreparedPrompt]:
+        """``prepare_prompt`` of several frames (one packed step's admitted frames). Eagerly
+        the vision towers and the projector run once over the stacked frames: the same
+        operations per frame in one batch, which a small model's step (bound by per-operation
+        cost) pays about once. With the vision graph (captured for one frame), one by one."""
+        if len(frames) != len(input_ids):
+            raise ValueError(f'input_ids: {len(input_ids)} lists for {len(frames)} frames')
+        if len(frames) == 1 or self._vision_graph is not None:
+            return [self.prepare_prompt(f, engine_cfg, ids) for f, ids in zip(frames, input_ids)]
+        pixels = torch.stack([self.prepare_pixels(f, engine_cfg) for f in frames])
+        patches = self.image_embeddings(pixels)                             # (B, P, H)
+        return [PreparedPrompt(ids, self.model.prompt_embeddings(
+            patches[b], device_ids(tuple(ids), self.device))) for b, ids in enumerate(input_ids)]
+
     def prepare_pixels(self, frame: Frame, engine_cfg: EngineConfig) -> torch.Tensor:
         """The frame's (6, S, S) pixel values in the model dtype, preprocessed on the device
         after a uint8 upload (``FrameUploader``)."""
@@ -166,22 +183,27 @@ class RingRunner:
             batch = dense_batch(batch, self.cache.num_slots)
         hidden = runner.lm.forward_hidden(x, batch, self.cache, runner.kernel,
                                           runner.norm_kernel)
-        # Greedy rows: the prefill's last real row, then every segment row (padding included).
+        # Greedy rows: each prefill's last real row, then every segment row (padding included).
         rows = torch.cat([hidden.index_select(0, ints['prefill_last']), hidden[lp:]]) \
             if lp else hidden
         return {'hidden': hidden, 'tokens': runner.greedy(rows, self.restrict_to_action_tokens)}
 
-    def run(self, step: HostStep, prefill_embeds: torch.Tensor | None = None):
-        """-> (greedy tokens as a list: [prefill's next token] + one per segment row, hidden
-        states (T, H) on the device, valid until the next ``run``). ``prefill_embeds`` may be
-        shorter than the (padded) prefill block: zero rows fill the rest."""
+    def run(self, step: HostStep, prefill_embeds: Sequence[torch.Tensor] = ()):
+        """-> (greedy tokens as a list: one per prefill (its next token), then one per segment
+        row, hidden states (T, H) on the device, valid until the next ``run``).
+        ``prefill_embeds``: one (L, H) tensor per prefill block; a block longer than its
+        tensor (padded) is filled with zero rows."""
         dense = {}
         if step.num_prefill:
-            missing = step.num_prefill - prefill_embeds.shape[0]
-            if missing:
-                prefill_embeds = torch.cat([prefill_embeds, prefill_embeds.new_zeros(
-                    missing, prefill_embeds.shape[1])])
-            dense['prefill_embeds'] = prefill_embeds
+            if len(prefill_embeds) != len(step.prefill_blocks):
+                raise ValueError(f'prefill_embeds: {len(prefill_embeds)} tensors for '
+                                 f'{len(step.prefill_blocks)} prefill blocks')
+            parts = []
+            for embeds, block in zip(prefill_embeds, step.prefill_blocks):
+                parts.append(embeds)
+                if block > embeds.shape[0]:
+                    parts.append(embeds.new_zeros(block - embeds.shape[0], embeds.shape[1]))
+            dense['prefill_embeds'] = torch.cat(parts) if len(parts) > 1 else parts[0]
         out = self.forward(step, dense)
         return out['tokens'].tolist(), out['hidden']      # the step's one device -> host read
 
@@ -189,7 +211,7 @@ class RingRunner:
 def dense_batch(batch: StepBatch, num_slots: int) -> StepBatch:
     """The same step with one dense (T, num_slots) mask (the reference attention path).
 
-    Row i of the prefill reads the prefill's slots 0..i; row j of segment s reads
+    Row i of a prefill block reads that block's slots up to its own; row j of segment s reads
     ``kv_index[s, k]`` wherever ``seg_mask[s, j, k]``. Reads the mask back to the host
     (``nonzero``): never used in a graph.
     """
@@ -197,9 +219,11 @@ def dense_batch(batch: StepBatch, num_slots: int) -> StepBatch:
     num_rows_total = batch.positions.shape[0]
     mask = torch.zeros(num_rows_total, num_slots, dtype=torch.bool,
                        device=batch.positions.device)
-    if lp:
-        rows, cols = torch.tril_indices(lp, lp, device=mask.device)
-        mask[rows, batch.slot_mapping[:lp][cols]] = True
+    start = 0
+    for block in batch.prefill_block_sizes:
+        rows, cols = torch.tril_indices(block, block, device=mask.device)
+        mask[start + rows, batch.slot_mapping[start:start + block][cols]] = True
+        start += block
     if batch.kv_index is not None:
         num_rows = batch.seg_mask.shape[1]
         seg, row, col = batch.seg_mask.nonzero(as_tuple=True)

@@ -3,6 +3,8 @@
 Follows ActionFlow's cross-request pipelining: one forward pass carries the prefill of the
 next waiting frame together with one decode work item of every frame already in flight, so the
 memory-bound single-token decodes ride along with the prefill's large matrix product. With
+several streams (robots), up to ``max_prefills`` waiting frames are prefilled in one step: the
+step's fixed cost (draft levels, launches, host work) is then shared by several new frames. With
 speculation a decode work item is one draft tree instead of one token; the scheduler does not
 care which, it only counts the tokens each request gains (S2, S5, S6 in docs/architecture.md).
 
@@ -12,8 +14,9 @@ Life of a request (one camera frame of one stream):
   finished --(every earlier frame of its stream emitted)--> emitted by ``pop_finished``
 
 Contracts:
-- Admission is strictly FIFO over all streams: only the oldest waiting request is considered,
-  and when it cannot be admitted (``max_inflight`` reached or no room in the ring) the step is
+- Admission is strictly FIFO over all streams: waiting requests are admitted oldest first, at
+  most ``max_prefills`` per step, and admission stops at the first that cannot be admitted
+  (``max_inflight`` reached or no room in the ring); with none admitted the step is
   decode-only. A smaller later request never bypasses it, so a large prompt cannot starve.
   Liveness: in-flight requests always advance, so the ring eventually empties, and every
   request fits in an empty ring (checked at ``submit``).
@@ -36,9 +39,10 @@ from .request import Request
 
 @dataclass(frozen=True)
 class ScheduledStep:
-    """One packed step: at most one prefill plus the in-flight requests that advance."""
+    """One packed step: the requests admitted now (their prefills, oldest first) plus the
+    in-flight requests that advance."""
 
-    prefill: Request | None
+    prefills: list[Request]
     decode: list[Request]   # in-flight requests admitted in earlier steps, oldest first
 
     @property
@@ -47,7 +51,7 @@ class ScheduledStep:
 
     @property
     def is_empty(self) -> bool:
-        return self.prefill is None and not self.decode
+        return not self.prefills and not self.decode
 
 
 class Scheduler:
@@ -57,12 +61,13 @@ class Scheduler:
     the forward pass, reports ``on_tokens`` for every request of the step, then ``pop_finished``.
     """
 
-    def __init__(self, max_inflight: int, action_dim: int, ring: KVRing):
-        if not isinstance(max_inflight, int) or max_inflight < 1:
-            raise ValueError(f'max_inflight: must be an int >= 1, got {max_inflight!r}')
-        if not isinstance(action_dim, int) or action_dim < 1:
-            raise ValueError(f'action_dim: must be an int >= 1, got {action_dim!r}')
+    def __init__(self, max_inflight: int, action_dim: int, ring: KVRing, max_prefills: int = 1):
+        for name, value in (('max_inflight', max_inflight), ('action_dim', action_dim),
+                            ('max_prefills', max_prefills)):
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f'{name}: must be an int >= 1, got {value!r}')
         self.max_inflight = max_inflight
+        self.max_prefills = max_prefills
         self.action_dim = action_dim
         self.ring = ring
         self._requests: dict[int, Request] = {}        # every request not yet emitted/dropped
@@ -79,6 +84,11 @@ class Scheduler:
     @property
     def num_inflight(self) -> int:
         return len(self._inflight)
+
+    @property
+    def waiting_streams(self) -> frozenset:
+        """Streams with a request waiting for admission."""
+        return frozenset(r.stream_id for r in self._waiting)
 
     @property
     def active_streams(self) -> tuple[str, ...]:
@@ -113,18 +123,22 @@ class Scheduler:
         """Decide the next packed step (empty when there is no work)."""
         # 1. Every request already in flight advances (S6: also when nothing waits).
         decode = list(self._inflight.values())
-        # 2. The oldest waiting request is prefilled if the pipeline and the ring have room.
-        prefill = None
-        if self._waiting and len(self._inflight) < self.max_inflight:
+        # 2. The oldest waiting requests are prefilled while the pipeline and the ring have
+        #    room, at most max_prefills of them.
+        prefills = []
+        while (self._waiting and len(prefills) < self.max_prefills
+               and len(self._inflight) < self.max_inflight):
             head = self._waiting[0]
-            if self.ring.allocate(head.request_id, head.num_slots) is not None:
-                prefill = self._waiting.popleft()
-                self._inflight[prefill.request_id] = prefill
-            elif not decode:
-                raise RuntimeError(f'request {head.request_id} needs {head.num_slots} slots but '
-                                   f'the ring has {self.ring.num_free} free with nothing in '
-                                   'flight: the ring is allocated outside the scheduler')
-        return ScheduledStep(prefill=prefill, decode=decode)
+            if self.ring.allocate(head.request_id, head.num_slots) is None:
+                if not self._inflight:
+                    raise RuntimeError(f'request {head.request_id} needs {head.num_slots} '
+                                       f'slots but the ring has {self.ring.num_free} free with '
+                                       'nothing in flight: the ring is allocated outside the '
+                                       'scheduler')
+                break
+            prefills.append(self._waiting.popleft())
+            self._inflight[head.request_id] = head
+        return ScheduledStep(prefills=prefills, decode=decode)
 
     def on_tokens(self, request_id: int, tokens: Sequence[int]) -> bool:
         """Append newly decided ``tokens`` to the request; True when it just finished.

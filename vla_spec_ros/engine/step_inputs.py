@@ -1,7 +1,8 @@
 """Host side of one packed forward: requests' rows -> flat index arrays (numpy, no torch).
 
-A packed forward carries at most one prefill (a fresh request's causal prompt, no history)
-and any number of *segments*: one per in-flight request, each a few rows (a decode token, an
+A packed forward carries any number of prefills (fresh requests' causal prompts, no history;
+usually none or one, several when several streams have a frame waiting) and any number of
+*segments*: one per in-flight request, each a few rows (a decode token, an
 EAGLE draft tree, a chain of accepted tokens, a draft level) that attend to their own
 request's KV only. That is what makes the step's attention proportional to the work in flight
 instead of to the whole ring: the device gathers, per segment, just the ``num_cols`` slots of
@@ -9,7 +10,10 @@ its own request (``kv_index``) and attends with a small (rows x cols) mask built
 
 Layout of the packed token axis (T = num_prefill + num_segments * num_rows):
 
-    [prefill rows 0 .. Lp-1][segment 0: num_rows rows][segment 1] ... [segment S-1]
+    [prefill 0][prefill 1] ... [segment 0: num_rows rows][segment 1] ... [segment S-1]
+
+``prefill_blocks`` holds the row count of each prefill block (num_prefill is their sum); a
+block attends causally to its own rows only and may be padded at its end.
 
 Every segment is padded to ``num_rows`` rows and ``num_cols`` gathered slots, and the number
 of segments may be padded too (CUDA graphs replay fixed shapes). Padding rows write their K/V
@@ -144,7 +148,7 @@ class HostStep:
     extras               further named int64 arrays of the caller (e.g. feature row indices)
     """
 
-    num_prefill: int
+    prefill_blocks: tuple[int, ...]
     token_ids: np.ndarray
     positions: np.ndarray
     slot_mapping: np.ndarray
@@ -153,6 +157,11 @@ class HostStep:
     copy_src: np.ndarray
     copy_dst: np.ndarray
     extras: dict
+
+    @property
+    def num_prefill(self) -> int:
+        """Rows of all prefill blocks together (padding included)."""
+        return sum(self.prefill_blocks)
 
     @property
     def num_segments(self) -> int:
@@ -165,7 +174,7 @@ class HostStep:
     @property
     def key(self) -> tuple:
         """Everything the device-side shapes depend on (a CUDA graph bucket)."""
-        return (self.num_prefill, *self.mask.shape, self.copy_src.shape[0],
+        return (self.prefill_blocks, *self.mask.shape, self.copy_src.shape[0],
                 tuple((name, a.shape[0]) for name, a in self.extras.items()))
 
     def int_arrays(self) -> list[tuple[str, np.ndarray]]:
@@ -185,19 +194,19 @@ def next_power_of_two(n: int) -> int:
     return 1 << max(0, n - 1).bit_length()
 
 
-def pack_step(prefill: PrefillRows | None, segments: Sequence[SegmentRows], scratch_slot: int,
-              num_segments: int | None = None, num_rows: int | None = None,
+def pack_step(prefills: Sequence[PrefillRows], segments: Sequence[SegmentRows],
+              scratch_slot: int, num_segments: int | None = None, num_rows: int | None = None,
               num_cols: int | None = None, moves: Sequence[tuple[int, int]] = (),
               num_moves: int | None = None, extras: dict | None = None,
-              num_prefill: int | None = None) -> HostStep:
-    """Lay ``prefill`` and ``segments`` end to end; pad to the given sizes (default: tight).
+              prefill_rows: int | None = None) -> HostStep:
+    """Lay ``prefills`` and ``segments`` end to end; pad to the given sizes (default: tight).
 
-    ``num_prefill`` >= prefill.length pads the prefill block at its end: causal attention keeps
-    the real rows blind to the padding rows, which write to the scratch slot. The extra
-    ``prefill_last`` (1,) holds the row of the prefill's last real token (its logits decide
-    the first action token).
+    ``prefill_rows`` >= every prefill's length pads each prefill block to that many rows at
+    its end: causal attention keeps the real rows blind to the padding rows, which write to
+    the scratch slot. The extra ``prefill_last`` (one per prefill) holds the row of each
+    prefill's last real token (its logits decide the request's first action token).
     """
-    segments = list(segments)
+    prefills, segments = list(prefills), list(segments)
     q = max([s.num_rows for s in segments], default=1) if num_rows is None else num_rows
     k = max([s.num_cols for s in segments], default=1) if num_cols is None else num_cols
     num_s = len(segments) if num_segments is None else num_segments
@@ -205,15 +214,21 @@ def pack_step(prefill: PrefillRows | None, segments: Sequence[SegmentRows], scra
     if len(segments) > num_s or len(moves) > num_m or q < 1 or k < 1:
         raise ValueError(f'pack_step: {len(segments)} segments / {len(moves)} moves do not fit '
                          f'the padded sizes {num_s} / {num_m} (rows {q}, cols {k})')
-    length = prefill.length if prefill is not None else 0
-    lp = length if num_prefill is None or prefill is None else num_prefill
-    if lp < length:
-        raise ValueError(f'pack_step: num_prefill {lp} < prefill length {length}')
+    lengths = [p.length for p in prefills]
+    if prefill_rows is not None and any(n > prefill_rows for n in lengths):
+        raise ValueError(f'pack_step: prefill_rows {prefill_rows} < a prefill length '
+                         f'{max(lengths)}')
+    blocks = tuple(lengths if prefill_rows is None else [prefill_rows] * len(prefills))
+    lp = sum(blocks)
     positions = np.zeros(lp + num_s * q, dtype=np.int64)
     slot_mapping = np.full(lp + num_s * q, scratch_slot, dtype=np.int64)
-    if prefill is not None:
-        positions[:length] = np.arange(length)
-        slot_mapping[:length] = (prefill.base + np.arange(length)) % prefill.modulus
+    prefill_last, start = [], 0
+    for prefill, block in zip(prefills, blocks):
+        length = prefill.length
+        positions[start:start + length] = np.arange(length)
+        slot_mapping[start:start + length] = (prefill.base + np.arange(length)) % prefill.modulus
+        prefill_last.append(start + length - 1)
+        start += block
     token_ids = np.zeros(num_s * q, dtype=np.int64)
     kv_index = np.full((num_s, k), scratch_slot, dtype=np.int64)
     mask = np.zeros((num_s, q, k), dtype=np.bool_)
@@ -238,24 +253,25 @@ def pack_step(prefill: PrefillRows | None, segments: Sequence[SegmentRows], scra
     if moves:
         copy_src[:len(moves)], copy_dst[:len(moves)] = zip(*moves)
     extras = {name: np.asarray(a, dtype=np.int64) for name, a in (extras or {}).items()}
-    if prefill is not None:
-        extras['prefill_last'] = np.array([length - 1], dtype=np.int64)
-    return HostStep(lp, token_ids, positions, slot_mapping, kv_index, mask, copy_src, copy_dst,
-                    extras)
+    if prefills:
+        extras['prefill_last'] = np.array(prefill_last, dtype=np.int64)
+    return HostStep(blocks, token_ids, positions, slot_mapping, kv_index, mask, copy_src,
+                    copy_dst, extras)
 
 
-def padding_step(num_prefill: int, num_segments: int, num_rows: int, num_cols: int,
-                 num_moves: int, scratch_slot: int) -> HostStep:
+def padding_step(prefill_blocks: Sequence[int], num_segments: int, num_rows: int,
+                 num_cols: int, num_moves: int, scratch_slot: int) -> HostStep:
     """A step of the given padded shape made only of padding rows: every row writes to and
     reads from the scratch slot, moves copy scratch onto itself. Running it changes no
     request's KV, so it can build (capture) a shape bucket before real work needs it."""
-    step = pack_step(None, [], scratch_slot, num_segments=num_segments, num_rows=num_rows,
+    step = pack_step([], [], scratch_slot, num_segments=num_segments, num_rows=num_rows,
                      num_cols=num_cols, num_moves=num_moves)
-    if num_prefill:
-        step.positions = np.concatenate([np.zeros(num_prefill, dtype=np.int64),
-                                         step.positions])
-        step.slot_mapping = np.concatenate([np.full(num_prefill, scratch_slot, np.int64),
+    prefill_blocks = tuple(int(n) for n in prefill_blocks)
+    if prefill_blocks:
+        lp = sum(prefill_blocks)
+        step.positions = np.concatenate([np.zeros(lp, dtype=np.int64), step.positions])
+        step.slot_mapping = np.concatenate([np.full(lp, scratch_slot, np.int64),
                                             step.slot_mapping])
-        step.num_prefill = num_prefill
-        step.extras['prefill_last'] = np.zeros(1, dtype=np.int64)
+        step.prefill_blocks = prefill_blocks
+        step.extras['prefill_last'] = np.zeros(len(prefill_blocks), dtype=np.int64)
     return step

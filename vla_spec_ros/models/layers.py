@@ -89,8 +89,10 @@ class StepBatch:
     Attention comes in one of two layouts:
     - dense (the reference): ``attn_mask`` (T, S) bool, query t may read slot s of the first
       ``kv_limit`` slots. Cost grows with every slot of the buffer.
-    - segments (the engine's path, engine/step_inputs.py): rows 0 .. num_prefill-1 are one
-      fresh request's causal prompt; the remaining rows form ``kv_index.shape[0]`` segments of
+    - segments (the engine's path, engine/step_inputs.py): rows 0 .. num_prefill-1 are fresh
+      requests' causal prompts, one block per request of ``prefill_blocks`` rows each (empty
+      = one block of num_prefill rows), each attending to its own rows only; the remaining
+      rows form ``kv_index.shape[0]`` segments of
       ``seg_mask.shape[1]`` rows each; segment s reads only the slots ``kv_index[s]`` (S, K)
       under ``seg_mask`` (S, Q, K) bool. Cost grows with the work in flight.
     copy_src/copy_dst: optional (M,) KV compaction applied at the start of every layer
@@ -102,10 +104,18 @@ class StepBatch:
     attn_mask: torch.Tensor | None = None
     kv_limit: int = 0
     num_prefill: int = 0
+    prefill_blocks: tuple[int, ...] = ()
     kv_index: torch.Tensor | None = None
     seg_mask: torch.Tensor | None = None
     copy_src: torch.Tensor | None = None
     copy_dst: torch.Tensor | None = None
+
+    @property
+    def prefill_block_sizes(self) -> tuple[int, ...]:
+        """Rows of each prefill block (``prefill_blocks``, else one block of num_prefill)."""
+        if self.prefill_blocks:
+            return self.prefill_blocks
+        return (self.num_prefill,) if self.num_prefill else ()
 
 
 def combined_rope_table(cos_table: torch.Tensor, sin_table: torch.Tensor) -> torch.Tensor:
@@ -227,8 +237,8 @@ def attend_segments(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
                     v: torch.Tensor | None = None) -> torch.Tensor:
     """Work-proportional attention (segments layout of ``StepBatch``).
 
-    The prefill attends causally to its own rows only (no history; its rotated ``k`` / ``v``
-    when given, else read back from the cache); each segment gathers its own request's K
+    Each prefill block attends causally to its own rows only (no history; its rotated ``k`` /
+    ``v`` when given, else read back from the cache); each segment gathers its own request's K
     slots and attends under its small mask, all segments in one batched call.
     q: (T, Hq, D) already rotated; caches (slots, Hkv, D). Returns (T, Hq, D).
     Every SDPA call is 4-D: on CPU the 3-D form takes a much slower kernel.
@@ -241,10 +251,23 @@ def attend_segments(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
         if k is None:
             slots = batch.slot_mapping[:lp]
             k, v = k_cache.index_select(0, slots), v_cache.index_select(0, slots)
-        out = F.scaled_dot_product_attention(
-            q[:lp].transpose(0, 1)[None], k[:lp].transpose(0, 1)[None],
-            v[:lp].transpose(0, 1)[None], is_causal=True, enable_gqa=gqa)   # (1, Hq, Lp, D)
-        parts.append(out[0].transpose(0, 1))                                  # (Lp, Hq, D)
+        blocks = batch.prefill_block_sizes
+        if len(set(blocks)) == 1:
+            # Equal blocks (one prefill, or padded ones): one batched call, a block per batch.
+            shape = (len(blocks), blocks[0], -1, head_dim)
+            out = F.scaled_dot_product_attention(
+                q[:lp].view(shape).transpose(1, 2), k[:lp].view(shape).transpose(1, 2),
+                v[:lp].view(shape).transpose(1, 2), is_causal=True, enable_gqa=gqa)
+            parts.append(out.transpose(1, 2).reshape(lp, num_heads, head_dim))
+        else:
+            start = 0
+            for block in blocks:
+                rows = slice(start, start + block)
+                out = F.scaled_dot_product_attention(
+                    q[rows].transpose(0, 1)[None], k[rows].transpose(0, 1)[None],
+                    v[rows].transpose(0, 1)[None], is_causal=True, enable_gqa=gqa)
+                parts.append(out[0].transpose(0, 1))                          # (Lb, Hq, D)
+                start += block
     if batch.kv_index is not None and batch.kv_index.shape[0]:
         num_segments, num_rows = batch.seg_mask.shape[:2]
         num_cols = batch.kv_index.shape[1]
