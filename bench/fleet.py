@@ -61,12 +61,16 @@ def camera_frames(num_robots: int, per_robot: int, seed: int) -> list[tuple[str,
     return out
 
 
-def node_command(args, mode: str, robots: list[str], instructions: list[str]) -> list[str]:
+def node_command(args, mode: str, robots: list[str], instructions: list[str],
+                 max_prefills: int = 1) -> list[str]:
     argv = [sys.executable, '-m', 'vla_spec_ros.ros.node', '--ros-args',
             '-p', f'model_path:={args.model}', '-p', f'mode:={mode}',
             '-p', f'robots:=[{",".join(robots)}]', '-p', 'enabled:=true',
             '-p', f'max_action_age:={args.max_action_age}',
+            '-p', f'max_prefills_per_step:={max_prefills}',
             '-p', 'diagnostics_period:=1.0', '-r', '__node:=vla_fleet']
+    for param in args.param:
+        argv += ['-p', param]
     for robot, instruction in zip(robots, instructions):
         argv += ['-p', f'{robot}.instruction:={instruction}']
     return argv
@@ -153,12 +157,13 @@ def _float(diag: dict, key: str) -> float:
 
 
 def run_one(args, context, num_robots: int, mode: str, frames_by_robot,
-            on_sample=None) -> dict:
+            on_sample=None, max_prefills: int = 1) -> dict:
     robots = robot_names(num_robots)
     instructions = [instruction for instruction, _ in frames_by_robot[:num_robots]]
     frames = [f for _, f in frames_by_robot[:num_robots]]
     env = dict(os.environ, PYTHONPATH=str(ROOT), PYTHONUNBUFFERED='1')
-    process = subprocess.Popen(node_command(args, mode, robots, instructions), env=env,
+    process = subprocess.Popen(node_command(args, mode, robots, instructions, max_prefills),
+                               env=env,
                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     log_lines = []
     threading.Thread(target=lambda: log_lines.extend(process.stdout), daemon=True).start()
@@ -204,7 +209,8 @@ def run_one(args, context, num_robots: int, mode: str, frames_by_robot,
     per_robot = {r: (actions[r] - start_actions[r]) / elapsed for r in robots}
     dropped = {r: _float(diag.get(r, {}), 'frames_dropped')
                - _float(start_diag.get(r, {}), 'frames_dropped') for r in robots}
-    return {'robots': num_robots, 'mode': mode, 'seconds': elapsed,
+    return {'robots': num_robots, 'mode': mode, 'max_prefills_per_step': max_prefills,
+            'seconds': elapsed,
             'actions_per_s': per_robot, 'total_actions_per_s': sum(per_robot.values()),
             'latency_p50_ms': {r: _float(diag.get(r, {}), 'latency_p50_ms') for r in robots},
             'latency_p99_ms': {r: _float(diag.get(r, {}), 'latency_p99_ms') for r in robots},
@@ -221,7 +227,9 @@ def table(rows) -> str:
         p50 = max(row['latency_p50_ms'].values())
         p99 = max(row['latency_p99_ms'].values())
         dropped = sum(row['frames_dropped'].values()) / row['seconds']
-        lines.append(f'| {row["robots"]} | {row["mode"]} | {min(rates):.1f}–{max(rates):.1f} '
+        prefills = row.get('max_prefills_per_step', 1)
+        mode = row['mode'] if prefills == 1 else f'{row["mode"]} x{prefills} prefills'
+        lines.append(f'| {row["robots"]} | {mode} | {min(rates):.1f}–{max(rates):.1f} '
                      f'| {row["total_actions_per_s"]:.1f} | {p50:.0f} / {p99:.0f} '
                      f'| {dropped:.1f} | {row.get("camera_hz", float("nan")):.1f} |')
     return '\n'.join(lines)
@@ -239,6 +247,12 @@ def main(argv=None) -> int:
     parser.add_argument('--soak-seconds', type=float, default=0.0,
                         help='one long run (first --robots and --modes value) sampled over time')
     parser.add_argument('--sample-seconds', type=float, default=30.0)
+    parser.add_argument('--max-prefills-per-step', default='1',
+                        help='comma-separated max_prefills_per_step settings of the pipelined '
+                        'modes (each a run of its own)')
+    parser.add_argument('--param', action='append', default=[],
+                        help='a further node parameter, name:=value (repeatable), e.g. '
+                        'tree_min_prob:=0.3')
     parser.add_argument('--seed', type=int, default=0)
     parser.add_argument('--out', default=str(RESULTS))
     args = parser.parse_args(argv)
@@ -267,12 +281,17 @@ def main(argv=None) -> int:
             rows.append(run_one(args, context, counts[0], modes[0], frames_by_robot,
                                 on_sample=sample))
         else:
+            prefill_settings = [int(p) for p in args.max_prefills_per_step.split(',')]
             for num_robots in counts:
                 for mode in modes:
-                    row = run_one(args, context, num_robots, mode, frames_by_robot)
-                    brief = {k: row[k] for k in ('robots', 'mode', 'total_actions_per_s')}
-                    print(json.dumps(brief), flush=True)
-                    rows.append(row)
+                    pipelined = mode in ('pipeline', 'pipeline_spec')
+                    for prefills in prefill_settings if pipelined else [1]:
+                        row = run_one(args, context, num_robots, mode, frames_by_robot,
+                                      max_prefills=prefills)
+                        brief = {k: row[k] for k in ('robots', 'mode', 'max_prefills_per_step',
+                                                     'total_actions_per_s')}
+                        print(json.dumps(brief), flush=True)
+                        rows.append(row)
     finally:
         rclpy.shutdown(context=context)
     stamp = time.strftime('%Y%m%d-%H%M%S')

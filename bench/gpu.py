@@ -98,6 +98,7 @@ def roofline(runner, row: BenchRow) -> dict:
 def run_table(args, weights, key, baselines, report) -> list:
     """Every (mode, graphs, streams) row, the baselines measured in the same run."""
     graph_settings = [g.strip() == 'on' for g in args.graphs.split(',')]
+    prefill_settings = [int(p) for p in args.max_prefills_per_step.split(',')]
     groups = set(args.rows.split(','))
     rows: list[tuple[str, bool, int, BenchRow]] = []
     failures = report['failures']
@@ -147,23 +148,28 @@ def run_table(args, weights, key, baselines, report) -> list:
             labels = [m for m in ('ar', 'pipeline') if m in groups]
             labels += [f'{m}@{t}' for t in TARGET_ACCEPTANCE if 'oracle' in groups
                        for m in ('spec', 'pipeline_spec')]
-            for label in labels:
-                row = attempt(f'{label} graphs={use_graphs} streams={streams}',
-                              lambda lb=label: bench_engine(
-                                  engine_for(runner, weights, lb, base, ref, args.seed),
+            for label, prefills in with_prefill_settings(labels, prefill_settings):
+                name = row_name(label, prefills)
+                options = dict(base, max_prefills_per_step=prefills)
+                row = attempt(f'{name} graphs={use_graphs} streams={streams}',
+                              lambda lb=label, o=options: bench_engine(
+                                  engine_for(runner, weights, lb, o, ref, args.seed),
                                   frames, args.warmup))
                 if row is not None:
-                    row.mode = label
-                    rows.append((label, use_graphs, streams, row))
-            for mode in ('spec', 'pipeline_spec') if 'eagle' in groups else ():
+                    row.mode = name
+                    rows.append((name, use_graphs, streams, row))
+            eagle = ['spec', 'pipeline_spec'] if 'eagle' in groups else []
+            for mode, prefills in with_prefill_settings(eagle, prefill_settings):
                 from vla_spec_ros.engine.drafter import load_draft_for
-                ecfg = EngineConfig(mode=mode, draft_path='random', **base)
+                ecfg = EngineConfig(mode=mode, draft_path='random',
+                                    **dict(base, max_prefills_per_step=prefills))
                 engine = Engine(runner, weights.norm_stats, ecfg,
                                 draft=load_draft_for(runner, ecfg, None))
-                row = attempt(f'{mode}+eagle graphs={use_graphs} streams={streams}',
+                name = row_name(f'{mode}+eagle(random head)', prefills)
+                row = attempt(f'{name} graphs={use_graphs} streams={streams}',
                               lambda e=engine: bench_engine(e, frames, args.warmup))
                 if row is not None:
-                    row.mode = f'{mode}+eagle(random head)'
+                    row.mode = name
                     rows.append((row.mode, use_graphs, streams, row))
             print(f'{setting}, {streams} stream(s) done', flush=True)
     # The compiled baseline runs last: torch.compile leaves process-wide state behind
@@ -186,6 +192,19 @@ def run_table(args, weights, key, baselines, report) -> list:
                         'ratio_vs_hf_compiled': r.actions_per_s / compiled.actions_per_s
                         if compiled is not None else float('nan')})
     return records
+
+
+def with_prefill_settings(labels: list[str], settings: list[int]):
+    """(label, max_prefills_per_step) per row: every setting for the pipelined modes, 1 for
+    the others (they admit one frame at a time whatever the setting)."""
+    for label in labels:
+        mode = label.partition('@')[0].partition('+')[0]
+        for prefills in settings if mode in ('pipeline', 'pipeline_spec') else [1]:
+            yield label, prefills
+
+
+def row_name(label: str, prefills: int) -> str:
+    return label if prefills == 1 else f'{label} x{prefills} prefills'
 
 
 def format_table(records: list) -> str:
@@ -221,6 +240,9 @@ def main(argv=None) -> int:
     ap.add_argument('--graphs', default='off,on' if torch.cuda.is_available() else 'off',
                     help='CUDA graph settings to run: off, on or off,on')
     ap.add_argument('--streams', default='1,4')
+    ap.add_argument('--max-prefills-per-step', default='1',
+                    help='comma-separated EngineConfig.max_prefills_per_step settings of the '
+                    'pipelined rows (several only matter with several streams)')
     ap.add_argument('--rows', default='ar,pipeline,oracle',
                     help='row groups besides HF: ar, pipeline, oracle (spec modes with the '
                     'oracle draft), eagle (spec modes with a random EAGLE head at the default '

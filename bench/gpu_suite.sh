@@ -20,6 +20,8 @@
 #   bash bench/gpu_suite.sh table-eagle  spec / pipeline_spec with a random EAGLE head at the
 #                                     default tree, graphs on, 1 stream, 40 timed frames: what
 #                                     drafting costs per step (the oracle rows draft for free)
+#   bash bench/gpu_suite.sh table-streams  4 streams, graphs on, 40 timed frames: the pipelined
+#                                     rows with one and with two prefills per step
 #
 # Several parts may be given at once (``table-on tests``). Results go to $RESULTS (default
 # bench/results/gpu); each part's log is written beside them. With SUITE_SECONDS=N the parts
@@ -95,7 +97,12 @@ for part in "$@"; do
                 --rows eagle --baselines eager \
                 --progress-file "$RESULTS/rows-table-eagle.json" 2>&1 \
                 | tee "$RESULTS/log-table-eagle.txt" || status=1 ;;
-        *) echo "unknown part: $part (tests, graph-tests, table, table-on, table-off, kernels-ab, fidelity, fidelity-bins, engine-tests, table-long, table-eagle)"; exit 2 ;;
+        table-streams)
+            bounded $GPU --graphs on --streams 4 --frames 40 --warmup 6 --parts table \
+                --rows ar,pipeline,oracle --baselines eager --max-prefills-per-step 1,2 \
+                --progress-file "$RESULTS/rows-table-streams.json" 2>&1 \
+                | tee "$RESULTS/log-table-streams.txt" || status=1 ;;
+        *) echo "unknown part: $part (tests, graph-tests, table, table-on, table-off, kernels-ab, fidelity, fidelity-bins, engine-tests, table-long, table-eagle, table-streams)"; exit 2 ;;
     esac
     echo "== part $part: $(( $(date +%s) - start )) s"
 done

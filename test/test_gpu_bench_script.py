@@ -63,3 +63,22 @@ def test_gpu_bench_runs_on_cpu_and_every_path_matches_the_reference(tmp_path):
     for label, h in record['fidelity'].items():      # float32 on CPU: every token equal to HF
         assert h['0'] == h['tokens'] == 21, label
     assert len(json.loads((tmp_path / 'rows.json').read_text())) == len(record['rows'])
+
+
+def test_gpu_bench_times_the_pipelined_rows_at_each_prefill_setting(tmp_path):
+    """``--max-prefills-per-step 1,2`` with two streams: the pipelined rows once per setting
+    (named by it), the others once; every row finishes its frames."""
+    cmd = [sys.executable, str(BENCH / 'gpu.py'), '--preset', 'tiny', '--device', 'cpu',
+           '--dtype', 'float32', '--frames', '4', '--warmup', '1', '--streams', '2',
+           '--rows', 'ar,pipeline,oracle', '--baselines', 'eager', '--parts', 'table',
+           '--max-prefills-per-step', '1,2', '--out', str(tmp_path)]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    record = json.loads(next(tmp_path.glob('gpu-tiny-cpu-*.json')).read_text())
+    modes = [r['mode'] for r in record['rows']]
+    assert {'ar', 'pipeline', 'pipeline x2 prefills', 'spec@3.0', 'pipeline_spec@3.0',
+            'pipeline_spec@3.0 x2 prefills'} <= set(modes)
+    assert not any(m.startswith('spec@') and 'prefills' in m for m in modes)
+    assert 'ar x2 prefills' not in modes
+    assert record['failures'] == []
+    assert all(r['num_actions'] == 4 and r['streams'] == 2 for r in record['rows'])
