@@ -93,27 +93,42 @@ def test_graphs_captured_before_serving(setup, mode):
     assert forward.num_graph_replays > 0
 
 
+LONG_INSTRUCTION = ('pick up the small red cup on the left side of the table and put it '
+                    'gently into the large blue bowl right behind the green box, then push '
+                    'the yellow block to the right edge of the shelf')
+
+
 @pytest.mark.parametrize('mode', ['pipeline', 'pipeline_spec'])
 def test_graphs_with_several_prefills_per_step(setup, mode):
-    """Two streams always waiting, two prompts (of different lengths) per step: the replayed
-    buckets with two prefill blocks give the reference tokens, and once every prompt length
-    was captured before serving, serving captures nothing."""
+    """Two streams always waiting, two prompts per step, from different 64-row prompt buckets:
+    the replayed buckets with two prefill blocks give the reference tokens, and once every
+    prompt length was captured before serving, serving captures nothing."""
     from vla_spec_ros.engine.drafter import load_draft_for
-    _, graphed, frames, expected = setup
+    from vla_spec_ros.engine.packed import PROMPT_ROWS_BUCKET
+    from vla_spec_ros.engine.step_inputs import round_up
+    eager, graphed, frames, expected = setup
+    rng = np.random.default_rng(5)
+    long_frames = [Frame(rng.integers(0, 256, (48, 56, 3), dtype=np.uint8), LONG_INSTRUCTION,
+                         'bridge_orig', 'cam1') for _ in range(4)]
+    mixed = [f for pair in zip(frames[:8:2], long_frames) for f in pair]     # cam0, cam1, ...
+    reference = ar_reference_tokens(eager, mixed)
+    runner = graphed.engine.runner
+    buckets = {round_up(runner.prefix_len(runner.validate_instruction(f.instruction)),
+                        PROMPT_ROWS_BUCKET) for f in mixed}
+    assert len(buckets) == 2
     cfg = EngineConfig(mode=mode, dtype='float64', device='cuda', use_cuda_graphs=True,
                        max_prefills_per_step=2, draft_path='random', tree_depth=3,
                        tree_top_k=2, tree_max_nodes=6)
-    runner = graphed.engine.runner
     draft = load_draft_for(runner, cfg, None) if cfg.is_speculative else None
     engine = Engine(runner, graphed.engine.norm_stats, cfg, draft=draft)
-    for instruction in INSTRUCTIONS:
-        engine.capture_graphs(next(f for f in frames if f.instruction == instruction))
+    for frame in (mixed[0], mixed[1]):
+        engine.capture_graphs(frame)
     forward = engine.strategy.verifier.forward
     captured = forward.num_graph_captures
-    for f in frames:
+    for f in mixed:
         engine.submit(f)
     out = {fin.request_id: fin.result.tokens for fin in engine.run_until_idle()}
-    assert [out[i] for i in sorted(out)] == expected
+    assert [out[i] for i in sorted(out)] == reference
     assert forward.num_graph_captures == captured
     assert forward.num_graph_replays > 0
 

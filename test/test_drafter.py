@@ -201,6 +201,70 @@ def test_batched_drafting_equals_one_request_at_a_time(runner, head, context):
     assert_same_tree(got[2], fresh.propose(5, *shape))
 
 
+def prompt_context(runner, seed, instruction):
+    """(prefix embeddings, verifier features along prefix + AR tokens, AR tokens)."""
+    image = np.random.default_rng(seed).integers(0, 256, (60, 80, 3), dtype=np.uint8)
+    embeds = runner.prepare_prompt(Frame(image, instruction), EngineConfig(dtype='float64')).embeds
+    tokens, _ = decode_ar(runner, embeds, runner.action_dim)
+    full = torch.cat([embeds, runner.embed_tokens(torch.tensor(tokens[:-1]))])
+    features = runner.forward(full, causal_batch(0, full.shape[0], runner.device),
+                              runner.new_cache(full.shape[0]))
+    return embeds, features, tokens
+
+
+def test_update_begins_several_prompts_in_one_forward(runner, confident_head):
+    """Three prompts of different lengths begin in one update, their verifier features at
+    padded block offsets (garbage in the padding), together with an accepted path of a
+    request in flight: one forward, and every request's next trees are those of drafters
+    that began it alone. A failing update (lanes exhausted, or one request twice) changes no
+    lane and no draft state."""
+    from vla_spec_ros.engine.drafter import DraftAdvance, DraftBegin
+    contexts = [prompt_context(runner, seed, text) for seed, text in
+                ((1, 'open the top drawer'), (2, 'push the blue block to the left of the table'),
+                 (3, 'close it'))]
+    assert len({c[0].shape[0] for c in contexts}) == 3
+    hidden = contexts[0][1].shape[1]
+    gen = torch.Generator().manual_seed(0)
+    blocks, starts, block_rows = [], [], 64
+    for embeds, features, _ in contexts:
+        starts.append(sum(b.shape[0] for b in blocks))
+        n = embeds.shape[0]
+        blocks.append(torch.cat([features[:n], 100 * torch.randn(
+            block_rows - n, hidden, generator=gen, dtype=features.dtype)]))
+    # Request 9, in flight on the third prompt, accepts a path of three in the same update.
+    embeds9, features9, tokens9 = contexts[2]
+    n9 = embeds9.shape[0]
+    path_rows = sum(b.shape[0] for b in blocks)
+    features = torch.cat(blocks + [features9[n9:n9 + 3]])
+    batched = EagleDrafter(runner, confident_head, num_lanes=4)
+    batched.begin(9, embeds9, features9[:n9], tokens9[0])
+    before = batched.num_forward_passes
+    batched.update([DraftBegin(rid, embeds, range(start, start + embeds.shape[0]), tokens[0])
+                    for rid, (embeds, _, tokens), start in zip((0, 1, 2), contexts, starts)],
+                   [DraftAdvance(9, tokens9[:3], range(path_rows, path_rows + 3), tokens9[3])],
+                   features)
+    assert batched.num_forward_passes - before == 1
+    singles = {}
+    for rid, (embeds, feats, tokens) in zip((0, 1, 2), contexts):
+        singles[rid] = EagleDrafter(runner, confident_head)
+        singles[rid].begin(rid, embeds, feats[:embeds.shape[0]], tokens[0])
+    singles[9] = EagleDrafter(runner, confident_head)
+    singles[9].begin(9, embeds9, features9[:n9], tokens9[0])
+    singles[9].advance(9, tokens9[:3], features9[n9:n9 + 3], tokens9[3])
+    trees = batched.propose_batch([0, 1, 2, 9], [3, 3, 3, 3], 3, 10)
+    for rid, tree in zip((0, 1, 2, 9), trees):
+        assert_same_tree(tree, singles[rid].propose(rid, 3, 3, 10))
+    # Failing updates keep the lanes and states as they were.
+    free, states = list(batched._free_lanes), dict(batched._states)
+    embeds0 = contexts[0][0]
+    with pytest.raises(RuntimeError, match='draft lanes'):
+        batched.update([DraftBegin(20, embeds0, range(embeds0.shape[0]), 1),
+                        DraftBegin(21, embeds0, range(embeds0.shape[0]), 1)], [], features)
+    with pytest.raises(ValueError, match='already has a draft state'):
+        batched.update([DraftBegin(2, embeds0, range(embeds0.shape[0]), 1)], [], features)
+    assert batched._free_lanes == free and batched._states == states
+
+
 def _random_levels(rng, depth, top_k, width, vocab, kind):
     """Proposals for every level of a tree: (frontier rows, width) float32 log-probabilities,
     best first, and token ids. ``kind``: 'random', 'ties' (few distinct values, many equal

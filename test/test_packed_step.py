@@ -108,6 +108,109 @@ def test_segment_attention_equals_dense_reference(seed):
     torch.testing.assert_close(out[real], reference[real], rtol=1e-12, atol=1e-12)
 
 
+def random_multi_prefill_layout(seed, capacity=131):
+    """A ring with two or three fresh prompts of different lengths and a few in-flight
+    requests, anywhere in the ring (some spans wrap)."""
+    rng = random.Random(seed)
+    ring = KVRing(capacity)
+    ring.allocate(99, rng.randint(1, 60))           # move the cursor: spans start anywhere
+    prompts = []
+    for pid in range(100, 100 + rng.randint(2, 3)):
+        length = rng.randint(1, 12)
+        if ring.allocate(pid, length + rng.randint(0, 3)) is not None:
+            prompts.append((pid, length))
+    specs = []
+    for rid in range(rng.randint(0, 3)):
+        history, nodes = rng.randint(1, 9), rng.randint(1, 6)
+        if ring.allocate(rid, history + nodes) is not None:
+            specs.append((rid, history, random_parents(rng, nodes)))
+    ring.release(99)
+    return rng, ring, prompts, specs
+
+
+def multi_prefill_step(seed, prefill_rows=None):
+    """(ring, prompts, specs, step, the plan's row of every real packed row)."""
+    rng, ring, prompts, specs = random_multi_prefill_layout(seed)
+    cap = ring.capacity
+    segments = [tree_rows(ring.span(rid).start, cap, h, parents, [rng.randrange(50) for _ in
+                                                                  parents])
+                for rid, h, parents in specs]
+    prefills = [PrefillRows(ring.span(pid).start, cap, length) for pid, length in prompts]
+    step = pack_step(prefills, segments, scratch_slot=cap, prefill_rows=prefill_rows)
+    rows, start = [], 0
+    for (_, length), block in zip(prompts, step.prefill_blocks):
+        rows += range(start, start + length)
+        start += block
+    rows += [step.num_prefill + s * step.num_rows + j for s, (_, _, p) in enumerate(specs)
+             for j in range(len(p))]
+    return ring, prompts, specs, step, rows
+
+
+@pytest.mark.parametrize('prefill_rows', [None, 16])
+@pytest.mark.parametrize('seed', range(25))
+def test_several_prefills_follow_the_plain_attention_rule(seed, prefill_rows):
+    ring, prompts, specs, step, rows = multi_prefill_step(seed, prefill_rows)
+    assert len(prompts) >= 2
+    plan = plan_step(ring, [SegmentSpec(pid, 0, length, 'prefill') for pid, length in prompts]
+                     + [SegmentSpec(rid, h, len(p), 'tree', p) for rid, h, p in specs])
+    assert len(rows) == plan.num_tokens
+    for packed_row, plan_row in zip(rows, range(plan.num_tokens)):
+        assert sorted(reference_allowed_slots(step, packed_row)) == \
+            sorted(plan.allowed_slots(plan_row))
+        assert step.positions[packed_row] == plan.positions[plan_row]
+        assert step.slot_mapping[packed_row] == plan.slot_mapping[plan_row]
+    # Each prompt's last real row decides its first token; padding rows write the scratch.
+    ends = np.cumsum((0,) + step.prefill_blocks)[:-1] + [n - 1 for _, n in prompts]
+    assert step.extras['prefill_last'].tolist() == ends.tolist()
+    real = set(rows)
+    assert all(step.slot_mapping[r] == ring.capacity
+               for r in range(step.positions.shape[0]) if r not in real)
+
+
+def brute_force_attention(q, k_cache, v_cache, allowed):
+    """Row by row softmax attention over the physical slots ``allowed[row]`` (GQA)."""
+    heads, kv_heads = q.shape[1], k_cache.shape[1]
+    out = torch.zeros_like(q)
+    for row, slots in allowed.items():
+        keys, values = k_cache[slots], v_cache[slots]              # (n, Hkv, D)
+        for h in range(heads):
+            g = h // (heads // kv_heads)
+            weights = torch.softmax(keys[:, g] @ q[row, h] / q.shape[2] ** 0.5, dim=0)
+            out[row, h] = weights @ values[:, g]
+    return out
+
+
+@pytest.mark.parametrize('prefill_rows', [None, 16])
+@pytest.mark.parametrize('seed', range(8))
+def test_several_prefills_attend_to_their_own_rows_only(seed, prefill_rows):
+    """Segment attention (unequal blocks one call each, equal padded blocks one batched call;
+    the new K/V given or read back) and the dense reference both equal a row-by-row
+    attention over exactly the slots the plain rule allows."""
+    ring, prompts, specs, step, rows = multi_prefill_step(seed + 200, prefill_rows)
+    cap = ring.capacity
+    gen = torch.Generator().manual_seed(seed)
+    heads, kv_heads, dim = 4, 2, 8
+    k_cache = torch.randn(cap + 1, kv_heads, dim, generator=gen, dtype=torch.float64)
+    v_cache = torch.randn(cap + 1, kv_heads, dim, generator=gen, dtype=torch.float64)
+    total = step.positions.shape[0]
+    q = torch.randn(total, heads, dim, generator=gen, dtype=torch.float64)
+    k_new = torch.randn(total, kv_heads, dim, generator=gen, dtype=torch.float64)
+    v_new = torch.randn(total, kv_heads, dim, generator=gen, dtype=torch.float64)
+    slots = torch.from_numpy(step.slot_mapping)
+    k_cache[slots], v_cache[slots] = k_new, v_new      # as the layer writes them
+    has_segments = bool(specs)
+    batch = StepBatch(positions=torch.from_numpy(step.positions), slot_mapping=slots,
+                      num_prefill=step.num_prefill, prefill_blocks=step.prefill_blocks,
+                      kv_index=torch.from_numpy(step.kv_index) if has_segments else None,
+                      seg_mask=torch.from_numpy(step.mask) if has_segments else None)
+    expected = brute_force_attention(q, k_cache, v_cache, {
+        r: reference_allowed_slots(step, r) for r in rows})[rows]
+    for out in (attend_segments(q, k_cache, v_cache, batch, k_new, v_new),
+                attend_segments(q, k_cache, v_cache, batch),
+                attend_packed(q, k_cache, v_cache, dense_batch(batch, cap + 1))):
+        torch.testing.assert_close(out[rows], expected, rtol=1e-12, atol=1e-12)
+
+
 @pytest.fixture(scope='module')
 def policy(tmp_path_factory):
     from vla_spec_ros import VLAPolicy
@@ -145,6 +248,39 @@ def test_padding_changes_no_real_row(policy):
             [step.num_prefill + q]
         token_rows = [0] + [1 + j for j in range(4)] + [1 + q]
         results.append(([tokens[i] for i in token_rows], hidden[rows]))
+    assert results[0][0] == results[1][0]
+    torch.testing.assert_close(results[0][1], results[1][1], rtol=1e-10, atol=1e-10)
+
+
+def test_padding_changes_no_real_row_with_two_prompts(policy):
+    """Two prompts of different lengths in one step, tight and padded to 64 rows each: each
+    prompt's first token and hidden rows are the same."""
+    runner = policy.engine.runner
+    ring = KVRing(300)
+    ring.allocate(0, 40)
+    ring.allocate(1, 30)
+    ring.allocate(2, 60)
+    rng = np.random.default_rng(3)
+    hidden_size = runner.cfg.llm.hidden_size
+    prompts = [torch.from_numpy(rng.standard_normal((n, hidden_size))) for n in (23, 17)]
+    prefills = [PrefillRows(ring.span(2).start, 300, 23),
+                PrefillRows(ring.span(1).start, 300, 17)]
+    segments = [tree_rows(ring.span(0).start, 300, 20, [NO_PARENT, 0, 0, 1], [5, 6, 7, 8])]
+    results = []
+    for padded in (False, True):
+        verifier = runner.new_ring(300, EngineConfig(dtype='float64'))
+        gen = torch.Generator().manual_seed(1)
+        for k, v in zip(verifier.cache.k, verifier.cache.v):
+            k.copy_(torch.randn(k.shape, generator=gen, dtype=k.dtype))
+            v.copy_(torch.randn(v.shape, generator=gen, dtype=v.dtype))
+        sizes = dict(num_segments=2, num_rows=8, num_cols=96, prefill_rows=64) if padded \
+            else {}
+        step = pack_step(prefills, segments, verifier.scratch_slot, **sizes)
+        tokens, hidden = verifier.run(step, prompts)
+        second = step.prefill_blocks[0]
+        rows = list(range(23)) + list(range(second, second + 17)) + \
+            [step.num_prefill + j for j in range(4)]
+        results.append((tokens[:2] + tokens[2:6], hidden[rows]))
     assert results[0][0] == results[1][0]
     torch.testing.assert_close(results[0][1], results[1][1], rtol=1e-10, atol=1e-10)
 

@@ -320,7 +320,8 @@ def test_error_inside_step_is_reported_not_raised(policy, frames, reference, mon
 @pytest.mark.parametrize('mode', ['ar', 'pipeline', 'spec', 'pipeline_spec'])
 def test_dense_reference_attention_gives_the_same_tokens(mode, tmp_path_factory):
     """attention_backend "dense" (one T x ring mask: the reference) equals the segment path and
-    the plain AR reference, on random frames, in every mode."""
+    the plain AR reference, on random frames, in every mode (the pipeline modes with two
+    prompts of different lengths per step)."""
     from vla_spec_ros import VLAPolicy
     from vla_spec_ros.engine.drafter import load_draft_for
     folder = make_checkpoint('tiny', tmp_path_factory.mktemp('dense') / 'tiny', seed=4)
@@ -333,7 +334,8 @@ def test_dense_reference_attention_gives_the_same_tokens(mode, tmp_path_factory)
     runner = policy.engine.runner
     for backend in ('dense', 'segments'):
         cfg = EngineConfig(mode=mode, dtype='float64', attention_backend=backend,
-                           draft_path='random', tree_depth=3, tree_top_k=2, tree_max_nodes=6)
+                           draft_path='random', tree_depth=3, tree_top_k=2, tree_max_nodes=6,
+                           max_prefills_per_step=2)
         draft = load_draft_for(runner, cfg, None) if cfg.is_speculative else None
         engine = Engine(runner, policy.engine.norm_stats, cfg, draft=draft)
         assert engine.strategy.verifier.is_dense == (backend == 'dense')
@@ -372,7 +374,11 @@ def test_several_prefills_per_step_keep_the_ar_tokens_with_fewer_steps(policy, f
 
 
 def test_max_prefills_per_step_is_checked_against_max_inflight():
-    with pytest.raises(ValueError, match='max_prefills_per_step: 4 exceeds max_inflight 3'):
-        EngineConfig(mode='pipeline', max_inflight=3, max_prefills_per_step=4)
+    for mode in ('pipeline', 'pipeline_spec'):
+        with pytest.raises(ValueError, match='max_prefills_per_step: 4 exceeds max_inflight 3'):
+            EngineConfig(mode=mode, max_inflight=3, max_prefills_per_step=4)
     with pytest.raises(ValueError, match='max_prefills_per_step'):
         EngineConfig(mode='pipeline', max_prefills_per_step=0)
+    # One frame in flight at a time in ar / spec: the setting does not apply there, so one
+    # YAML serves every mode.
+    assert EngineConfig(mode='spec', max_inflight=1, max_prefills_per_step=2).mode == 'spec'

@@ -229,19 +229,54 @@ def test_tunables_apply_from_the_next_admitted_frame(tmp_path_factory):
 
 def test_several_prefills_per_step_keep_the_ar_tokens(policy, frames_and_reference):
     """pipeline_spec with up to three prompts admitted per step (frames of two streams always
-    waiting): the batched draft update begins several draft lanes in one forward, trees are
-    drafted for every request in flight, and the tokens stay the AR tokens, in fewer steps
-    than with one admission per step."""
+    waiting): the batched draft update begins several draft lanes in one forward (each from
+    its own prompt's verifier features), and every request proposes exactly the trees it
+    proposes with one admission per step; tokens stay the AR tokens, in fewer steps."""
     frames, reference = frames_and_reference
     options = dict(mode='pipeline_spec', tree_depth=4, tree_top_k=4, tree_max_nodes=20)
-    steps = {}
+    steps, trees = {}, {}
     for prefills in (1, 3):
         cfg = EngineConfig(dtype='float64', max_prefills_per_step=prefills, **options)
         draft = confident_random_draft(policy, cfg)
         engine = make_engine(policy, draft, max_prefills_per_step=prefills, **options)
+        trees[prefills] = per_request_trees(draft)
+        admitted = record_admissions(engine)
         for f in frames[:24]:
             engine.submit(f)
         out = engine.run_until_idle()
         assert tokens_by_request(out) == reference[:24]
         steps[prefills] = engine.num_verifier_forwards
+        assert max(len(a) for a in admitted) == prefills
+    assert any(len(set(a)) >= 2 for a in admitted)      # prompts of different lengths together
     assert steps[3] < steps[1]
+    assert trees[3].keys() == trees[1].keys()
+    for request_id, proposed in trees[1].items():
+        assert [(t.tokens, t.parents) for t in trees[3][request_id]] == \
+            [(t.tokens, t.parents) for t in proposed], request_id
+        for a, b in zip(trees[3][request_id], proposed):
+            np.testing.assert_allclose(a.scores, b.scores, rtol=1e-9, atol=1e-9)
+
+
+def per_request_trees(draft) -> dict:
+    """Every tree ``draft`` proposes from now on, per request id, in order."""
+    trees, propose = {}, draft.propose_batch
+
+    def recording(request_ids, *args, **kwargs):
+        batch = propose(request_ids, *args, **kwargs)
+        for request_id, tree in zip(request_ids, batch):
+            trees.setdefault(request_id, []).append(tree)
+        return batch
+    draft.propose_batch = recording
+    return trees
+
+
+def record_admissions(engine) -> list:
+    """Per step from now on, the prompt lengths of the requests it admits."""
+    admitted, schedule = [], engine.strategy.scheduler.schedule
+
+    def recording():
+        work = schedule()
+        admitted.append([r.prefix_len for r in work.prefills])
+        return work
+    engine.strategy.scheduler.schedule = recording
+    return admitted

@@ -79,24 +79,22 @@ def make_frames(num: int, image_size: int, seed: int, unnorm_key: str,
 def _saturate(engine: Engine, frames: list[Frame]):
     """Saturating cameras: the next frame is offered as soon as its stream has none waiting
     (frames in order: one stream's waiting frame holds back the later frames of every
-    stream). Returns per finished frame (request id, latency s, accepted lengths) and the
-    requests per step."""
+    stream). Returns per finished frame (request id, latency s, accepted lengths)."""
     pending = list(frames)
     submit_at: dict[int, float] = {}
-    finished, inflight = [], []
+    finished = []
     while pending or engine.has_work():
         waiting = set(engine.waiting_streams)
         while pending and pending[0].stream_id not in waiting:
             frame = pending.pop(0)
             submit_at[engine.submit(frame)] = time.perf_counter()
             waiting.add(frame.stream_id)
-        inflight.append(engine.num_inflight + engine.num_waiting)
         for fin in engine.step():
             if fin.error is not None:
                 raise RuntimeError(f'bench frame failed: {fin.error}')
             finished.append((fin.request_id, time.perf_counter() - submit_at[fin.request_id],
                              fin.result.stats['accepted_lengths']))
-    return finished, inflight
+    return finished
 
 
 def bench_engine(engine: Engine, frames: list[Frame], warmup: int) -> BenchRow:
@@ -107,7 +105,7 @@ def bench_engine(engine: Engine, frames: list[Frame], warmup: int) -> BenchRow:
     forwards_before = engine.num_verifier_forwards
     stats_before = copy.copy(engine.strategy.stats)
     start = time.perf_counter()
-    finished, inflight = _saturate(engine, frames[warmup:])
+    finished = _saturate(engine, frames[warmup:])
     elapsed = time.perf_counter() - start
     n = len(finished)
     lat = np.array([latency for _, latency, _ in finished]) * 1e3
@@ -121,7 +119,8 @@ def bench_engine(engine: Engine, frames: list[Frame], warmup: int) -> BenchRow:
                     step_ms=per_step['step_ms'], host_ms=per_step['host_ms'],
                     vision_ms=per_step['vision_ms'], verifier_ms=per_step['verifier_ms'],
                     draft_ms=per_step['draft_ms'], steps_per_action=stats.num_steps / max(n, 1),
-                    inflight_per_step=float(np.mean(inflight)) if inflight else NAN)
+                    inflight_per_step=stats.num_advanced / stats.num_steps
+                    if stats.num_steps else NAN)
 
 
 def bench_hf(baseline, frames: list[Frame], warmup: int) -> BenchRow:

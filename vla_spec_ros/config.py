@@ -277,9 +277,10 @@ class EngineConfig:
     max_inflight: int = _option(7, 'Requests in flight at once in the pipeline modes',
                                 minimum=1, maximum=64)
     # Several streams: waiting frames admitted together (their prefills share one step).
-    max_prefills_per_step: int = _option(1, 'Waiting frames prefilled in one step in the '
-                                         'pipeline modes (several only when several streams '
-                                         'have a frame waiting)', minimum=1, maximum=4)
+    max_prefills_per_step: int = _option(1, 'Waiting frames prefilled together in one step in '
+                                         'the pipeline modes (the node keeps one waiting frame '
+                                         'per robot: several need several robots)', minimum=1,
+                                         maximum=4)
     # Streams (cameras / robots) one engine may serve at once.
     max_streams: int = _option(4, 'Streams (robots) one engine serves at once', minimum=1,
                                maximum=64, not_a_parameter='the node sets it to the number '
@@ -328,7 +329,8 @@ class EngineConfig:
         # 2. Rules between fields.
         _require(not self.use_cuda_graphs or self.device.startswith('cuda'), 'use_cuda_graphs',
                  f'CUDA graphs need device "cuda", got {self.device!r}')
-        _require(self.max_prefills_per_step <= self.max_inflight, 'max_prefills_per_step',
+        _require(not self.is_pipelined or self.max_prefills_per_step <= self.max_inflight,
+                 'max_prefills_per_step',
                  f'{self.max_prefills_per_step} exceeds max_inflight {self.max_inflight} (a '
                  'prefilled frame is in flight)')
         _require(not (self.use_cuda_graphs and self.attention_backend == 'dense'),

@@ -53,6 +53,7 @@ class StepStats:
     first draft level's read, in ``draft_s``)."""
 
     num_steps: int = 0
+    num_advanced: int = 0       # requests that took part in a step, summed (prefills included)
     total_s: float = 0.0        # wall time inside ``step``
     vision_s: float = 0.0       # preparing prompts (upload, preprocessing, vision, projector)
     verifier_s: float = 0.0     # the packed verifier forward, its upload and token read
@@ -219,6 +220,7 @@ class PackedStrategy:
         # 9. emit in per-stream submission order
         finished = sched.pop_finished()
         stats.num_steps += 1
+        stats.num_advanced += len(work.prefills) + len(work.decode)
         stats.total_s += time.perf_counter() - start
         return finished
 
