@@ -183,3 +183,24 @@ def test_bench_passes_the_tree_options_to_the_speculative_modes(checkpoint, tmp_
     assert record['tree'] == {'tree_depth': 3, 'tree_min_prob': 0.5}
     # a random head is unsure of everything: at 0.5 every tree is the root alone
     assert record['rows'][0]['forwards_per_action'] == pytest.approx(7.0)
+
+
+def test_bench_two_streams_admit_two_frames_per_step(checkpoint, tmp_path):
+    """``--streams 2 --max-prefills-per-step 2 --max-inflight 14``: each stream has a frame
+    waiting whenever its last one was admitted, so every step while frames remain admits
+    two: 8 frames take 4 admitting steps plus the 6-step drain."""
+    out_dir = tmp_path / 'results'
+    argv = ['bench', '--model', str(checkpoint), '--modes', 'pipeline', '--frames', '8',
+            '--warmup', '2', '--streams', '2', '--max-prefills-per-step', '2',
+            '--max-inflight', '14', '--out', str(out_dir)]
+    with contextlib.redirect_stdout(io.StringIO()):
+        assert cli.main(argv) == 0
+    record = _bench_record(out_dir)
+    assert (record['num_streams'], record['max_prefills_per_step'],
+            record['max_inflight']) == (2, 2, 14)
+    row = record['rows'][0]
+    assert row['num_actions'] == 8
+    assert row['forwards_per_action'] == pytest.approx((8 / 2 + 6) / 8)
+    # Requests per step: pair k (admitted in step k, k = 0..3) takes part in steps k..k+6,
+    # so steps 0..9 carry 2, 4, 6, 8, 8, 8, 8, 6, 4, 2 requests.
+    assert row['inflight_per_step'] == pytest.approx(56 / 10)

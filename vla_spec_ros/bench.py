@@ -151,7 +151,8 @@ def run_bench(model: str, modes: list[str], num_frames: int, warmup: int, device
               dtype: str, seed: int, draft_path: str | None, num_streams: int = 1,
               out_dir: str | None = None, command: str = '', tree: dict | None = None,
               sweep_inflight: list[int] | None = None,
-              frame_source: str = 'random', max_prefills_per_step: int = 1) -> list[BenchRow]:
+              frame_source: str = 'random', max_prefills_per_step: int = 1,
+              max_inflight: int | None = None) -> list[BenchRow]:
     from .baseline import HFBaseline
     from .policy import VLAPolicy
     base_cfg = dict(device=device, dtype=dtype, restrict_to_action_tokens=False)
@@ -164,9 +165,10 @@ def run_bench(model: str, modes: list[str], num_frames: int, warmup: int, device
         if mode == 'hf':
             rows.append(bench_hf(HFBaseline(runner, policy.config), frames, warmup))
             continue
+        pipelining = {} if max_inflight is None else {'max_inflight': max_inflight}
         cfg = EngineConfig(mode=mode, draft_path=draft_path, max_streams=max(4, num_streams),
-                           max_prefills_per_step=max_prefills_per_step, **base_cfg,
-                           **(tree or {}))
+                           max_prefills_per_step=max_prefills_per_step, **pipelining,
+                           **base_cfg, **(tree or {}))
         draft = None
         if cfg.is_speculative:
             from .engine.drafter import load_draft_for
@@ -193,6 +195,7 @@ def run_bench(model: str, modes: list[str], num_frames: int, warmup: int, device
                   'num_frames': num_frames, 'warmup': warmup, 'num_streams': num_streams,
                   'frame_source': frame_source,
                   'max_prefills_per_step': max_prefills_per_step,
+                  'max_inflight': max_inflight or EngineConfig().max_inflight,
                   'tree': tree or {}, 'environment': environment(),
                   'rows': [asdict(r) for r in rows]}
         (path / f'bench-{stamp}.json').write_text(json.dumps(record, indent=2))
@@ -210,7 +213,8 @@ def format_table(rows: list[BenchRow], record: dict | None = None) -> str:
                   f"dtype {record['dtype']}, torch {env['torch']}, transformers "
                   f"{env['transformers']}, {record['num_frames']} frames, "
                   f"{record['num_streams']} stream(s), up to "
-                  f"{record.get('max_prefills_per_step', 1)} prefill(s) per step", '']
+                  f"{record.get('max_prefills_per_step', 1)} prefill(s) per step, "
+                  f"max_inflight {record.get('max_inflight', 7)}", '']
     lines.append('| mode | actions/s | ×HF | latency p50 ms | p99 ms | p50 ×HF | '
                  'forwards/action | acceptance length | ms/step | host ms/step | '
                  'vision / verifier / draft ms/step | in flight/step |')

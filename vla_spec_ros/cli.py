@@ -74,7 +74,8 @@ def cmd_bench(args) -> int:
     rows = run_bench(args.model or args.preset, modes, args.frames, args.warmup, args.device,
                      args.dtype, args.seed, args.draft_path, args.streams, args.out, command,
                      tree=tree, sweep_inflight=sweep, frame_source=args.frames_from,
-                     max_prefills_per_step=args.max_prefills_per_step)
+                     max_prefills_per_step=args.max_prefills_per_step,
+                     max_inflight=args.max_inflight)
     print(format_table(rows))
     return 0
 
@@ -136,6 +137,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument('--max-prefills-per-step', type=int, default=1,
                    help='waiting frames (of different streams) prefilled in one step in the '
                    'pipeline modes (EngineConfig.max_prefills_per_step)')
+    p.add_argument('--max-inflight', type=int, default=None,
+                   help='requests in flight in the pipeline modes (default: EngineConfig\'s); '
+                   'with several prefills per step, about that many times action_dim lets '
+                   'the pipeline admit them')
     p.add_argument('--seed', type=int, default=0)
     p.add_argument('--out', default=None, help='write JSON + markdown results here')
     p.add_argument('--tree-depth', type=int, default=None,
