@@ -1,6 +1,6 @@
 """CUDA graphs (GPU only): graph replay gives exactly the eager tokens and the plain AR
-reference's, in float64, in every mode (the engine's EAGLE drafter runs eagerly; its own graph
-path is checked on its own).
+reference's, in float64, in every mode (the verifier step and, in the speculative modes, the
+EAGLE draft forwards over their padded shape buckets).
 
 On CPU the engine runs the same static-buffer path that graphs replay (engine/packed_forward.py
 keeps one set of step buffers per shape bucket on every device); the CPU tests of every mode
@@ -66,8 +66,9 @@ def test_graph_replay_equals_eager_and_reference(setup, mode):
             # Steady state replays: far fewer captures than steps.
             assert forward.num_graph_captures >= 1
             assert forward.num_graph_replays > forward.num_graph_captures
-            if draft is not None:
-                assert draft.forward.num_graph_captures == 0      # drafts run eagerly
+            if draft is not None:         # draft forwards: padded buckets, graphed too
+                assert draft.pad_shapes and draft.forward.num_graph_captures >= 1
+                assert draft.forward.num_graph_replays > 0
         else:
             assert forward.num_graph_captures == 0
     assert graphed.engine.runner._vision_graph.num_replays > 0
@@ -134,7 +135,8 @@ def test_graphs_with_several_prefills_per_step(setup, mode):
 
 
 def test_graphed_draft_forwards_equal_eager(setup):
-    """The drafter's own graph path (used when shapes stay few): same trees as eager."""
+    """Graph replay of the padded draft forwards gives the trees of the same padded shapes
+    run eagerly, bit for bit (padding itself is checked against tight shapes on CPU)."""
     from vla_spec_ros.engine.drafter import EagleDrafter
     from vla_spec_ros.models.draft import new_draft_head
     eager_policy, _, frames, _ = setup
@@ -144,7 +146,7 @@ def test_graphed_draft_forwards_equal_eager(setup):
     features = torch.randn(prompt.embeds.shape, dtype=prompt.embeds.dtype, device='cuda')
     trees = []
     for use_graphs in (False, True):
-        drafter = EagleDrafter(runner, head, use_cuda_graphs=use_graphs)
+        drafter = EagleDrafter(runner, head, use_cuda_graphs=use_graphs, pad_shapes=True)
         drafter.begin(0, prompt.embeds, features, 7)
         trees.append([drafter.propose(0, 3, 2, 6) for _ in range(3)])
         if use_graphs:

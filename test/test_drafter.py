@@ -163,13 +163,15 @@ def test_advance_equals_fresh_begin(runner, head, context):
                                                 tokens[decided - 1], *shape))
 
 
-def test_batched_drafting_equals_one_request_at_a_time(runner, head, context):
+@pytest.mark.parametrize('pad_shapes', [False, True])
+def test_batched_drafting_equals_one_request_at_a_time(runner, head, context, pad_shapes):
     """Several requests at different stages share one forward per tree level (and one update
-    forward for a prefix plus every accepted path), with the trees of one-at-a-time drafting."""
+    forward for a prefix plus every accepted path), with the trees of one-at-a-time drafting;
+    also with every forward padded to its shape bucket (what CUDA graphs replay)."""
     embeds, features, tokens = context
     length = embeds.shape[0]
     shape = (3, 3, 10)
-    batched = EagleDrafter(runner, head, num_lanes=3)
+    batched = EagleDrafter(runner, head, num_lanes=3, pad_shapes=pad_shapes)
     singles = [EagleDrafter(runner, head) for _ in range(3)]
     # Request 0 begins on the full prompt; 1 and 2 on shorter prefixes (other instructions).
     prefixes = [length, length - 3, length - 5]
@@ -212,12 +214,13 @@ def prompt_context(runner, seed, instruction):
     return embeds, features, tokens
 
 
-def test_update_begins_several_prompts_in_one_forward(runner, confident_head):
+@pytest.mark.parametrize('pad_shapes', [False, True])
+def test_update_begins_several_prompts_in_one_forward(runner, confident_head, pad_shapes):
     """Three prompts of different lengths begin in one update, their verifier features at
     padded block offsets (garbage in the padding), together with an accepted path of a
     request in flight: one forward, and every request's next trees are those of drafters
-    that began it alone. A failing update (lanes exhausted, or one request twice) changes no
-    lane and no draft state."""
+    that began it alone (also with padded shapes). A failing update (lanes exhausted, or one
+    request twice) changes no lane and no draft state."""
     from vla_spec_ros.engine.drafter import DraftAdvance, DraftBegin
     contexts = [prompt_context(runner, seed, text) for seed, text in
                 ((1, 'open the top drawer'), (2, 'push the blue block to the left of the table'),
@@ -236,7 +239,7 @@ def test_update_begins_several_prompts_in_one_forward(runner, confident_head):
     n9 = embeds9.shape[0]
     path_rows = sum(b.shape[0] for b in blocks)
     features = torch.cat(blocks + [features9[n9:n9 + 3]])
-    batched = EagleDrafter(runner, confident_head, num_lanes=4)
+    batched = EagleDrafter(runner, confident_head, num_lanes=4, pad_shapes=pad_shapes)
     batched.begin(9, embeds9, features9[:n9], tokens9[0])
     before = batched.num_forward_passes
     batched.update([DraftBegin(rid, embeds, range(start, start + embeds.shape[0]), tokens[0])
@@ -368,6 +371,8 @@ def test_errors(runner, head, context):
         drafter.propose(0, 2, 5000, 4)
     with pytest.raises(ValueError, match='max_position_embeddings'):
         drafter.propose(0, 600, 1, 4)
+    with pytest.raises(ValueError, match='each request at most once'):
+        drafter.propose_batch([0, 0], [2, 2], 2, 4)
     drafter.release(0)
     drafter.release(0)                                      # idempotent
     with pytest.raises(ValueError, match='request_id'):

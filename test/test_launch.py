@@ -185,11 +185,13 @@ def test_two_robot_yaml_gives_each_robot_its_topics_and_parameters(probe):
     with NodeProcess(node_command(options), env=child_env(), cwd=str(ROOT)) as node:
         client = AsyncParameterClient(probe, '/vla_fleet')
         assert client.wait_for_services(timeout_sec=TIMEOUT), 'node did not come up'
-        names = ['robots', 'mode', 'left_arm.frame_id', 'right_arm.frame_id',
+        names = ['robots', 'mode', 'max_prefills_per_step', 'max_inflight',
+                 'left_arm.frame_id', 'right_arm.frame_id',
                  'left_arm.max_linear_speed', 'right_arm.control_period']
         response = _spin_until(probe, client.get_parameters(names))
         got = {n: parameter_value_to_python(v) for n, v in zip(names, response.values)}
         assert got == {'robots': ['left_arm', 'right_arm'], 'mode': 'pipeline',
+                       'max_prefills_per_step': 2, 'max_inflight': 14,
                        'left_arm.frame_id': 'left_tool0', 'right_arm.frame_id': 'right_tool0',
                        'left_arm.max_linear_speed': 0.2,
                        'right_arm.control_period': 0.2}     # node-wide value from robot.yaml

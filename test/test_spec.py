@@ -280,3 +280,51 @@ def record_admissions(engine) -> list:
         return work
     engine.strategy.scheduler.schedule = recording
     return admitted
+
+
+def test_padded_draft_shapes_propose_the_same_trees(policy, frames_and_reference, monkeypatch):
+    """The draft forwards padded to their shape buckets (what CUDA graphs capture and replay:
+    prompt blocks, segment counts, accepted-path rows, level rows of frontiers pruned below
+    top_k, gathered slots, features) propose every request's trees as the tight shapes do,
+    through pipeline_spec with two prompts per step, and a handful of buckets serves every
+    step."""
+    from vla_spec_ros.engine.drafter import EagleDrafter
+    frames, reference = frames_and_reference
+    options = dict(mode='pipeline_spec', max_prefills_per_step=2, tree_depth=4, tree_top_k=4,
+                   tree_max_nodes=20, tree_min_prob=0.05)   # pruned frontiers: padded levels
+    cfg = EngineConfig(dtype='float64', **options)
+    head = confident_random_draft(policy, cfg).head
+    trees, buckets = {}, {}
+    for pad in (False, True):
+        draft = EagleDrafter(policy.engine.runner, head, num_lanes=cfg.max_inflight,
+                             pad_shapes=pad)
+        engine = make_engine(policy, draft, **options)
+        trees[pad] = per_request_trees(draft)
+        if pad:
+            level_rows = record_level_frontiers(monkeypatch)
+        for f in frames[:20]:
+            engine.submit(f)
+        assert tokens_by_request(engine.run_until_idle()) == reference[:20]
+        buckets[pad] = draft.forward.num_buckets
+    for request_id, proposed in trees[False].items():
+        assert [(t.tokens, t.parents) for t in trees[True][request_id]] == \
+            [(t.tokens, t.parents) for t in proposed], request_id
+        for a, b in zip(trees[True][request_id], proposed):
+            np.testing.assert_allclose(a.scores, b.scores, rtol=1e-9, atol=1e-9)
+    assert buckets[True] < buckets[False]
+    assert any(n < options['tree_top_k'] for n in level_rows)    # a level row was padding
+
+
+def record_level_frontiers(monkeypatch) -> list:
+    """The frontier size of every tree level fed to a draft forward from now on (the root's
+    own expansion, from the last update's proposals, is not a level forward)."""
+    from vla_spec_ros.engine.draft_tree import ROOT
+    from vla_spec_ros.engine.tree_growth import TreeGrowth
+    sizes, expand = [], TreeGrowth.expand
+
+    def recording(growth, values, tokens):
+        if growth.frontier[0] != ROOT:
+            sizes.append(growth.frontier.size)
+        return expand(growth, values, tokens)
+    monkeypatch.setattr(TreeGrowth, 'expand', recording)
+    return sizes

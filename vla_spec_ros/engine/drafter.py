@@ -34,7 +34,8 @@ from ..models.draft import DEFAULT_DRAFT_SUBFOLDER, RANDOM_DRAFT, load_draft, ne
 from ..validation import check_int
 from .draft_tree import ROOT, DraftTree
 from .packed_forward import PackedForward, inference_mode
-from .step_inputs import PrefillRows, chain_rows, pack_step, tree_rows
+from .step_inputs import (PrefillRows, chain_rows, next_power_of_two, pack_step, round_up,
+                          tree_rows)
 from .tree_growth import TreeGrowth
 
 # Proposals kept per request after each update: any tree_top_k (a run-time tunable, at most
@@ -42,6 +43,13 @@ from .tree_growth import TreeGrowth
 MAX_TOP_K = 32
 # Draft scratch per request: (tree_depth - 1) frontier levels of at most tree_top_k nodes.
 MAX_SCRATCH = (16 - 1) * MAX_TOP_K
+# Shape buckets of the draft forwards when shapes are padded (``pad_shapes``, on with CUDA
+# graphs): prompt blocks to a multiple of 64 rows, gathered draft KV to a multiple of 128
+# slots, the verifier features an update reads to a multiple of 256 rows; segment counts and
+# accepted-path rows to powers of two, a tree level's rows to top_k.
+DRAFT_PROMPT_BUCKET = 64
+DRAFT_COLS_BUCKET = 128
+DRAFT_FEATURES_BUCKET = 256
 
 
 @dataclass(frozen=True)
@@ -143,10 +151,15 @@ class EagleDrafter(Drafter):
     ``update`` is one forward for the step's prefixes (``begin``) and every accepted path; each
     tree level after the first is one forward for every request's frontier. Draft outputs at
     the roots stay on the device (``_root_hidden``, one row per lane).
+
+    With ``pad_shapes`` (default: ``use_cuda_graphs``) every draft forward is padded to a
+    shape bucket (``DRAFT_*_BUCKET``): a few shapes serve all requests, so each CUDA graph is
+    captured on a bucket's first use and replayed afterwards. Padding rows write the scratch
+    slot and the spare root row (lane ``num_lanes``) only; the trees are the same.
     """
 
     def __init__(self, runner, head, num_lanes: int = 1, max_instruction_tokens: int = 128,
-                 use_cuda_graphs: bool = False):
+                 use_cuda_graphs: bool = False, pad_shapes: bool | None = None):
         self.head = head
         self.action_dim = int(runner.action_dim)
         self.num_lanes = check_int('num_lanes', num_lanes, minimum=1)
@@ -157,8 +170,13 @@ class EagleDrafter(Drafter):
         self.scratch_slot = self.num_lanes * self.lane_len
         self.cache = head.new_kv_cache(self.scratch_slot + 1)
         weight = head.fc.weight
-        self._root_hidden = torch.zeros(self.num_lanes + 1, self.hidden_size,
-                                        dtype=weight.dtype, device=weight.device)
+        self.pad_shapes = bool(use_cuda_graphs if pad_shapes is None else pad_shapes)
+        # What a tree level's nodes read as their parents' draft outputs: one row per lane's
+        # root (the spare last one takes padding rows' writes), then the previous level's rows.
+        self._max_level_rows = next_power_of_two(self.num_lanes) * MAX_TOP_K
+        self._sources = torch.zeros(self.num_lanes + 1 + self._max_level_rows, self.hidden_size,
+                                    dtype=weight.dtype, device=weight.device)
+        self._root_hidden = self._sources[:self.num_lanes + 1]
         self.max_top_k = min(MAX_TOP_K, head.lm_head.weight.shape[0])
         self.forward = PackedForward(self._step, weight.device, use_cuda_graphs)
         self._states: dict[int, _DraftState] = {}
@@ -167,13 +185,13 @@ class EagleDrafter(Drafter):
 
     @classmethod
     def for_engine(cls, runner, head, config: EngineConfig) -> 'EagleDrafter':
-        # Draft forwards run eagerly even with ``use_cuda_graphs`` (which graphs the verifier
-        # step and the vision towers): their shapes change with every prompt length, accepted
-        # path length and tree level, and capturing them lazily cost 125 ms per pipelined step
-        # on the 7B shape (bench/README.md). ``use_cuda_graphs=True`` here is for callers that
-        # keep the shapes few (tests of graph replay).
+        # With ``use_cuda_graphs`` the draft forwards are graphed too, over padded shape
+        # buckets: unpadded, their shapes changed with every prompt length, accepted path and
+        # tree level, and capturing each cost 125 ms per pipelined step on the 7B shape
+        # (bench/README.md). Buckets are captured on first use (the warm-up frames).
         return cls(runner, head, num_lanes=config.max_inflight if config.is_pipelined else 1,
-                   max_instruction_tokens=config.max_instruction_tokens)
+                   max_instruction_tokens=config.max_instruction_tokens,
+                   use_cuda_graphs=config.use_cuda_graphs)
 
     # ---- the packed draft forward ------------------------------------------------------------
 
@@ -221,39 +239,40 @@ class EagleDrafter(Drafter):
         if not begins and not advances:
             return
         self._check_rows('features', features, None)
-        prefills, segments, feature_rows, out_rows, out_lanes = [], [], [], [], []
-        new_states, prefix_inputs = [], []
+        pad = self.pad_shapes
+        lengths = [self._check_begin(begin, begins[:b]) for b, begin in enumerate(begins)]
+        if len(begins) > len(self._free_lanes):
+            raise RuntimeError(f'all {self.num_lanes} draft lanes are in use')
+        # Prompt blocks: each prompt's rows, padded to a shared bucket when shapes are padded.
+        block_rows = round_up(max(lengths), DRAFT_PROMPT_BUCKET) if pad and begins else None
+        prefills, feature_rows, out_rows, out_lanes, prefix_inputs = [], [], [], [], []
         free_lanes = list(self._free_lanes)
-        embed_start = 0
-        for b, begin in enumerate(begins):
-            if begin.request_id in self._states or any(
-                    begin.request_id == r for r, _ in new_states):
-                raise ValueError(f'request_id: {begin.request_id} already has a draft state; '
-                                 'release it first')
-            length = self._check_rows('prefix_embeds', begin.prefix_embeds, None)
-            if len(begin.feature_rows) != length:
-                raise ValueError(f'prefix_features: expected {length} rows, got '
-                                 f'{len(begin.feature_rows)}')
-            self._check_position(length - 1)
-            if length > self.lane_len - self.action_dim - 1 - MAX_SCRATCH:
-                raise ValueError(f'prefix_embeds: {length} rows exceed the draft lane')
-            if not free_lanes:
-                raise RuntimeError(f'all {self.num_lanes} draft lanes are in use')
+        new_states, padded_embeds, block_start = [], [], 0
+        for b, (begin, length) in enumerate(zip(begins, lengths)):
             lane = free_lanes.pop(0)
             state = _DraftState(lane, length, int(begin.root_token), None)
             new_states.append((begin.request_id, state))
             prefills.append(PrefillRows(lane * self.lane_len, self.scratch_slot, length))
-            feature_rows += list(begin.feature_rows)
-            out_rows.append(embed_start + length - 1)
+            block = block_rows or length
+            padding = block - length
+            feature_rows += list(begin.feature_rows) + [0] * padding
+            out_rows.append(block_start + length - 1)
             out_lanes.append(lane)
             # Input rows: e_1..e_{L-1} of this prompt, then its root's embedding (``_step``'s
-            # sources: the roots' embeddings, then every prompt's rows).
-            first = len(begins) + embed_start
-            prefix_inputs += list(range(first + 1, first + length)) + [b]
-            embed_start += length
+            # sources: the roots' embeddings, then every prompt block's rows).
+            first = len(begins) + block_start
+            prefix_inputs += list(range(first + 1, first + length)) + [b] + [0] * padding
+            padded_embeds.append(begin.prefix_embeds)
+            if padding:
+                padded_embeds.append(begin.prefix_embeds.new_zeros(padding, self.hidden_size))
+            block_start += block
+        lp = block_start
         num_rows = max((len(a.path_tokens) for a in advances), default=1)
-        lp = embed_start
-        advanced = []
+        num_segments = len(advances)
+        if pad:
+            num_rows = next_power_of_two(num_rows)
+            num_segments = next_power_of_two(num_segments) if num_segments else 0
+        segments, advanced = [], []
         for s, adv in enumerate(advances):
             state = self._state(adv.request_id)
             path = [int(t) for t in adv.path_tokens]
@@ -267,21 +286,31 @@ class EagleDrafter(Drafter):
             # New stable positions: f(path[i]) with the embedding of the token decided after it.
             segments.append(chain_rows(state.lane * self.lane_len, self.scratch_slot,
                                        state.stable_len, path[1:] + [int(adv.bonus)]))
-            rows = list(adv.feature_rows) + [0] * (num_rows - len(path))
-            feature_rows += rows
+            feature_rows += list(adv.feature_rows) + [0] * (num_rows - len(path))
             out_rows.append(lp + s * num_rows + len(path) - 1)
             out_lanes.append(state.lane)
             advanced.append((state, len(path), int(adv.bonus)))
+        # Padding segments: their rows read feature row 0; their outputs go to the spare root.
+        padding_segments = num_segments - len(advances)
+        feature_rows += [0] * (padding_segments * num_rows)
+        out_rows += [0] * padding_segments
+        out_lanes += [self.num_lanes] * padding_segments
         extras = {'feature_rows': feature_rows, 'out_rows': out_rows, 'out_lanes': out_lanes}
         if begins:
             extras['prefill_token'] = [state.root_token for _, state in new_states]
             extras['prefix_inputs'] = prefix_inputs
-        step = pack_step(prefills, segments, self.scratch_slot, num_rows=num_rows,
-                         extras=extras)
+        num_cols = round_up(max((seg.num_cols for seg in segments), default=1),
+                            DRAFT_COLS_BUCKET) if pad else None
+        step = pack_step(prefills, segments, self.scratch_slot, num_segments=num_segments,
+                         num_rows=num_rows, num_cols=num_cols, extras=extras,
+                         prefill_rows=block_rows)
+        if pad and features.shape[0] % DRAFT_FEATURES_BUCKET:
+            features = torch.cat([features, features.new_zeros(
+                -features.shape[0] % DRAFT_FEATURES_BUCKET, features.shape[1])])
         dense = {'features': features}
         if begins:
-            dense['prefix_embeds'] = torch.cat([b.prefix_embeds for b in begins]) \
-                if len(begins) > 1 else begins[0].prefix_embeds
+            dense['prefix_embeds'] = torch.cat(padded_embeds) if len(padded_embeds) > 1 \
+                else padded_embeds[0]
         values, tokens, _ = self._run(step, dense, self.max_top_k)
         self._free_lanes = free_lanes
         for request_id, state in new_states:
@@ -291,6 +320,21 @@ class EagleDrafter(Drafter):
             state.root_token = bonus
         for r, state in enumerate([st for _, st in new_states] + [a[0] for a in advanced]):
             state.root_proposals = (values[r:r + 1], tokens[r:r + 1])
+
+    def _check_begin(self, begin: DraftBegin, earlier: list) -> int:
+        """A new prompt's row count, after checking it can begin a draft lane."""
+        if begin.request_id in self._states or any(
+                begin.request_id == e.request_id for e in earlier):
+            raise ValueError(f'request_id: {begin.request_id} already has a draft state; '
+                             'release it first')
+        length = self._check_rows('prefix_embeds', begin.prefix_embeds, None)
+        if len(begin.feature_rows) != length:
+            raise ValueError(f'prefix_features: expected {length} rows, got '
+                             f'{len(begin.feature_rows)}')
+        self._check_position(length - 1)
+        if length > self.lane_len - self.action_dim - 1 - MAX_SCRATCH:
+            raise ValueError(f'prefix_embeds: {length} rows exceed the draft lane')
+        return length
 
     def release(self, request_id) -> None:
         state = self._states.pop(request_id, None)
@@ -307,6 +351,8 @@ class EagleDrafter(Drafter):
         if top_k > self.max_top_k:
             raise ValueError(f'top_k: {top_k} exceeds {self.max_top_k} (the vocabulary size '
                              f'or {MAX_TOP_K})')
+        if len(set(request_ids)) != len(request_ids):
+            raise ValueError(f'request_ids: each request at most once, got {list(request_ids)}')
         states = [self._state(r) for r in request_ids]
         growths = []
         for state, depth in zip(states, depths):
@@ -323,14 +369,17 @@ class EagleDrafter(Drafter):
         # level's forward.
         fed = [_FedNodes(g.capacity, state.root_token) for g, state in zip(growths, states)]
         num_roots = self.num_lanes + 1
-        previous_hidden = None
+        num_previous = 0        # rows of the previous level's output, after the roots
         while True:
             members = [i for i, growth in enumerate(growths) if not growth.is_done]
             if not members:
                 return [growth.tree(max_nodes) for growth in growths]
             num_rows = max(growths[i].frontier.size for i in members)
+            num_segments = len(members)
+            if self.pad_shapes:     # a frontier holds at most top_k nodes
+                num_rows, num_segments = top_k, next_power_of_two(num_segments)
             segments = []
-            feature_rows = np.zeros(len(members) * num_rows, dtype=np.int64)
+            feature_rows = np.zeros(num_segments * num_rows, dtype=np.int64)
             for s, i in enumerate(members):
                 growth, state, nodes = growths[i], states[i], fed[i]
                 frontier = growth.frontier
@@ -345,13 +394,20 @@ class EagleDrafter(Drafter):
                                           rows=range(first, len(nodes.parents))))
                 feature_rows[s * num_rows:s * num_rows + frontier.size] = np.where(
                     parents == ROOT, state.lane, num_roots + nodes.row_of[parents])
-            step = pack_step([], segments, self.scratch_slot, num_rows=num_rows,
+            num_cols = round_up(max(seg.num_cols for seg in segments), DRAFT_COLS_BUCKET) \
+                if self.pad_shapes else None
+            step = pack_step([], segments, self.scratch_slot, num_segments=num_segments,
+                             num_rows=num_rows, num_cols=num_cols,
                              extras={'feature_rows': feature_rows,
-                                     'out_rows': np.arange(len(segments) * num_rows)})
-            source = self._root_hidden if previous_hidden is None else \
-                torch.cat([self._root_hidden, previous_hidden])
+                                     'out_rows': np.arange(num_segments * num_rows)})
+            # Padded: the whole sources buffer (one shape); else the roots and the rows in use.
+            source = self._sources if self.pad_shapes else \
+                self._sources[:num_roots + num_previous]
             values, tokens, hidden = self._run(step, {'features': source}, top_k)
-            previous_hidden = hidden    # read (into the next source) before the next run
+            # The next level reads this level's outputs after the roots (copied now: with
+            # graphs ``hidden`` is the graph's output, rewritten by its next replay).
+            num_previous = hidden.shape[0]
+            self._sources[num_roots:num_roots + num_previous].copy_(hidden)
             for s, i in enumerate(members):
                 growth = growths[i]
                 rows = slice(s * num_rows, s * num_rows + growth.frontier.size)
