@@ -430,6 +430,21 @@ def pipeline_node(ros, fault_node):
     node.destroy_node()
 
 
+def test_warm_up_fills_the_pipeline_before_ready_and_leaves_nothing_behind(pipeline_node):
+    """The node's warm-up (before ``ready``) ran a burst of 2 x max_inflight throw-away frames
+    through the pipelined engine (every frame its 7 steps), and the engine is idle now: the
+    first real frame meets an empty pipeline and no warm-up action is left to publish."""
+    node, probe = pipeline_node
+    engine = node.serving.engine
+    stats = engine.strategy.stats
+    max_inflight = engine.config.max_inflight
+    assert not engine.has_work() and engine.strategy.scheduler.active_streams == ()
+    # Burst of 14 frames, one admitted per step, 7 steps each: 14 + 6 steps, and the
+    # requests per step summed over them: 14 frames x 7 steps.
+    assert stats.num_steps >= 2 * max_inflight + 6
+    assert stats.num_advanced >= 2 * max_inflight * 7
+
+
 def test_pipeline_mode_finishes_without_new_frames_and_matches_ar(pipeline_node, reference):
     node, probe = pipeline_node
     _, frames, expected, _ = reference

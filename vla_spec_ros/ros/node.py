@@ -74,6 +74,7 @@ class VLASpecNode(Node):
         # 2. Model, then the robots' channels, the worker and the timers.
         self._serving = Serving(self, load_for_node(self, values, policy), values,
                                 is_active=True)
+        self._serving.warm_up()      # before anything is served: the first action is not slow
         self.add_on_set_parameters_callback(self._serving.validate)
         self.add_post_set_parameters_callback(self._serving.apply)
         settings = self._serving.settings

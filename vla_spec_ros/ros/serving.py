@@ -89,17 +89,23 @@ class Serving:
                 self.engine.reset()
 
     def warm_up(self) -> None:
-        """One throw-away inference (and, with use_cuda_graphs, every graph captured) before
-        the first real frame, so the first action is not the slowest."""
+        """Throw-away inferences before the first real frame, so the first actions are not
+        the slowest: with use_cuda_graphs every verifier step shape is captured first; in the
+        pipeline modes a burst of 2 x max_inflight frames then fills and drains the pipeline,
+        which meets (and, with graphs, captures) the draft shapes of 1 to max_inflight
+        requests in flight."""
         import numpy as np
 
         image = np.zeros((WARM_UP_IMAGE_SIZE, WARM_UP_IMAGE_SIZE, 3), np.uint8)
         instruction = self.settings.instruction or 'warm up'
         key = self.settings.unnorm_key_or_none or self.unnorm_keys[0]
         frame = Frame(image, instruction, key, '__warm_up__')
+        config = self.engine.config
+        count = 2 * config.max_inflight if config.is_pipelined else 1
         with self.engine_lock:
             self.engine.capture_graphs(frame)
-            self.engine.submit(frame)
+            for _ in range(count):
+                self.engine.submit(frame)
             self.engine.run_until_idle()
 
     def destroy(self) -> None:
