@@ -13,7 +13,7 @@ from vla_spec_ros import VLAPolicy
 from vla_spec_ros.config import EngineConfig
 from vla_spec_ros.engine.ar import causal_batch, decode_ar
 from vla_spec_ros.engine.draft_tree import build_dynamic_tree
-from vla_spec_ros.engine.drafter import EagleDrafter
+from vla_spec_ros.engine.eagle_drafter import EagleDrafter
 from vla_spec_ros.engine.tree_growth import TreeGrowth
 from vla_spec_ros.engine.result import Frame
 from vla_spec_ros.models.draft import new_draft_head

@@ -10,7 +10,7 @@ import pytest
 from vla_spec_ros.config import EngineConfig
 from vla_spec_ros.engine.engine import Engine
 from vla_spec_ros.engine.result import Frame
-from vla_spec_ros.engine.drafter import load_draft_for
+from vla_spec_ros.engine.eagle_drafter import load_draft_for
 from vla_spec_ros.models.random_checkpoint import make_checkpoint
 from vla_spec_ros.testing import OracleDrafter
 
@@ -288,7 +288,7 @@ def test_padded_draft_shapes_propose_the_same_trees(policy, frames_and_reference
     top_k, gathered slots, features) propose every request's trees as the tight shapes do,
     through pipeline_spec with two prompts per step, and a handful of buckets serves every
     step."""
-    from vla_spec_ros.engine.drafter import EagleDrafter
+    from vla_spec_ros.engine.eagle_drafter import EagleDrafter
     frames, reference = frames_and_reference
     options = dict(mode='pipeline_spec', max_prefills_per_step=2, tree_depth=4, tree_top_k=4,
                    tree_max_nodes=20, tree_min_prob=0.05)   # pruned frontiers: padded levels

@@ -1,0 +1,395 @@
+"""The EAGLE drafter: the draft head (models/draft.py) over one shared draft KV cache.
+
+``EagleDrafter`` keeps a lane of the draft KV cache per in-flight request and grows the
+EAGLE-2 dynamic trees of every in-flight request together: one batched draft forward per tree
+level for all of them. The trees grow as arrays (engine/tree_growth.py), bit for bit the trees
+of the plain reference builder (engine/draft_tree.py, the test oracle); each forward's top-k
+comes back in one read as numpy arrays, never as per-candidate Python objects.
+
+Draft positions (Spec-VLA layout, the full multimodal prefix included; Spec-VLA's text-only
+position offset is deliberately not reproduced):
+- stable position p holds fc(cat(e_{p+1}, f_p)) in slot p. After ``begin`` the stable positions
+  are 0..L-1 (e_L = the root's embedding); each ``advance`` appends one position per accepted
+  path node, pairing f(path[i]) with the embedding of the next decided token.
+- tree node at depth d >= 1 (token x, parent q) sits at position (stable_len - 1) + d in a
+  scratch slot >= stable_len; its input is fc(cat(embed(x), h_q)) with h_q the draft output of
+  q (the last stable output for depth 1), and it attends to the stable prefix, its ancestors and
+  itself. Scratch slots are overwritten by the next ``advance``; stable slots never are.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from ..config import EngineConfig
+from ..models.draft import DEFAULT_DRAFT_SUBFOLDER, RANDOM_DRAFT, load_draft, new_draft_head
+from ..validation import check_int
+from .draft_tree import ROOT, DraftTree
+from .drafter import DraftBegin, Drafter
+from .packed_forward import PackedForward, inference_mode
+from .step_inputs import (PrefillRows, chain_rows, next_power_of_two, pack_step, round_up,
+                          tree_rows)
+from .tree_growth import TreeGrowth
+
+# Proposals kept per request after each update: any tree_top_k (a run-time tunable, at most
+# 32) reads a prefix of them, so changing it never needs a recomputation.
+MAX_TOP_K = 32
+# Draft scratch per request: (tree_depth - 1) frontier levels of at most tree_top_k nodes.
+MAX_SCRATCH = (16 - 1) * MAX_TOP_K
+# Shape buckets of the draft forwards when shapes are padded (``pad_shapes``, on with CUDA
+# graphs): prompt blocks to a multiple of 64 rows, gathered draft KV to a multiple of 128
+# slots, the verifier features an update reads to a multiple of 256 rows; segment counts and
+# accepted-path rows to powers of two, a tree level's rows to top_k.
+DRAFT_PROMPT_BUCKET = 64
+DRAFT_COLS_BUCKET = 128
+DRAFT_FEATURES_BUCKET = 256
+
+
+@dataclass
+class _DraftState:
+    lane: int                   # the request's region of the shared draft KV cache
+    stable_len: int             # draft positions 0..stable_len-1 are stable (slot == position)
+    root_token: int
+    # The draft's top MAX_TOP_K after the root, best first: (1, MAX_TOP_K) log-probabilities
+    # (float32) and token ids (int64).
+    root_proposals: tuple[np.ndarray, np.ndarray] | None
+
+
+class _FedNodes:
+    """One growing tree's candidates fed to the draft so far, as a tree of their own (the
+    draft scratch layout): local node 0 is the root (its draft state is the last stable
+    position stable_len - 1), local node k sits in lane slot stable_len - 1 + k."""
+
+    def __init__(self, num_candidates: int, root_token: int):
+        self.local_of = np.zeros(num_candidates, dtype=np.int64)    # candidate -> local node
+        self.row_of = np.zeros(num_candidates, dtype=np.int64)      # candidate -> last row
+        self.parents = [-1]                                         # local tree
+        self.tokens = [root_token]
+
+
+class EagleDrafter(Drafter):
+    """EAGLE-2 drafting with an ``EagleDraftHead``, batched across in-flight requests.
+
+    One draft KV cache holds ``num_lanes`` lanes (one per request in flight) of ``lane_len``
+    slots plus a scratch slot; lane-relative slot p holds stable draft position p, tree nodes
+    use the slots after the stable ones. Each draft forward goes through a ``PackedForward``
+    (one upload, static buffers, CUDA graphs when enabled) with the verifier's segment layout:
+    ``update`` is one forward for the step's prefixes (``begin``) and every accepted path; each
+    tree level after the first is one forward for every request's frontier. Draft outputs at
+    the roots stay on the device (``_root_hidden``, one row per lane).
+
+    With ``pad_shapes`` (default: ``use_cuda_graphs``) every draft forward is padded to a
+    shape bucket (``DRAFT_*_BUCKET``): a few shapes serve all requests, so each CUDA graph is
+    captured on a bucket's first use and replayed afterwards. Padding rows write the scratch
+    slot and the spare root row (lane ``num_lanes``) only; the trees are the same.
+    """
+
+    def __init__(self, runner, head, num_lanes: int = 1, max_instruction_tokens: int = 128,
+                 use_cuda_graphs: bool = False, pad_shapes: bool | None = None):
+        self.head = head
+        self.action_dim = int(runner.action_dim)
+        self.num_lanes = check_int('num_lanes', num_lanes, minimum=1)
+        self.hidden_size = head.cfg.hidden_size
+        self.max_positions = head.cfg.max_position_embeddings
+        self.lane_len = (runner.max_prefix_len(max_instruction_tokens) + self.action_dim + 1
+                         + MAX_SCRATCH)
+        self.scratch_slot = self.num_lanes * self.lane_len
+        self.cache = head.new_kv_cache(self.scratch_slot + 1)
+        weight = head.fc.weight
+        self.pad_shapes = bool(use_cuda_graphs if pad_shapes is None else pad_shapes)
+        # What a tree level's nodes read as their parents' draft outputs: one row per lane's
+        # root (the spare last one takes padding rows' writes), then the previous level's rows.
+        self._max_level_rows = next_power_of_two(self.num_lanes) * MAX_TOP_K
+        self._sources = torch.zeros(self.num_lanes + 1 + self._max_level_rows, self.hidden_size,
+                                    dtype=weight.dtype, device=weight.device)
+        self._root_hidden = self._sources[:self.num_lanes + 1]
+        self.max_top_k = min(MAX_TOP_K, head.lm_head.weight.shape[0])
+        self.forward = PackedForward(self._step, weight.device, use_cuda_graphs)
+        self._states: dict[int, _DraftState] = {}
+        self._free_lanes = list(range(self.num_lanes))
+        self.num_forward_passes = 0
+
+    @classmethod
+    def for_engine(cls, runner, head, config: EngineConfig) -> 'EagleDrafter':
+        # With ``use_cuda_graphs`` the draft forwards are graphed too, over padded shape
+        # buckets: unpadded, their shapes changed with every prompt length, accepted path and
+        # tree level, and capturing each cost 125 ms per pipelined step on the 7B shape
+        # (bench/README.md). Buckets are captured on first use (the warm-up frames).
+        return cls(runner, head, num_lanes=config.max_inflight if config.is_pipelined else 1,
+                   max_instruction_tokens=config.max_instruction_tokens,
+                   use_cuda_graphs=config.use_cuda_graphs)
+
+    # ---- the packed draft forward ------------------------------------------------------------
+
+    def _step(self, batch, ints: dict, dense: dict, top_k: int) -> dict:
+        """One draft forward: rows -> draft features; top-k log-probabilities of ``out_rows``.
+
+        Inputs per packed row: the token embedding (a prefill block's rows 0..L-2 are its
+        prompt's embeddings e_1..e_{L-1}, its last row its root's: ``prefix_inputs`` picks
+        them from the prompts' embeddings and the roots' embeddings) and a feature row
+        (``features[feature_rows]``). ``out_lanes`` (update only) stores the output rows as the
+        lanes' root features.
+        """
+        head = self.head
+        x = head.embed(ints['token_ids'])
+        if batch.num_prefill:
+            sources = torch.cat([head.embed(ints['prefill_token']), dense['prefix_embeds']])
+            x = torch.cat([sources.index_select(0, ints['prefix_inputs']), x])
+        features = dense['features'].index_select(0, ints['feature_rows'])
+        hidden = head(x, features, batch, self.cache)
+        out = hidden.index_select(0, ints['out_rows'])
+        if 'out_lanes' in ints:
+            self._root_hidden.index_copy_(0, ints['out_lanes'], out)
+        logits = head.logits(out)
+        if logits.dtype in (torch.float16, torch.bfloat16):
+            logits = logits.float()     # log_softmax over 32k entries needs > 8 mantissa bits
+        values, indices = torch.log_softmax(logits, dim=-1).topk(top_k, dim=-1)
+        # log_softmax is <= 0 mathematically; the clamp guards the last rounding bit. Indices
+        # (< 2^24) are exact in float32: one tensor, one host read.
+        return {'hidden': hidden,
+                'topk': torch.stack([values.clamp(max=0.0), indices.to(values.dtype)])}
+
+    def _run(self, step, dense: dict, top_k: int):
+        """-> (log-probabilities (rows, top_k) float32, token ids (rows, top_k) int64, hidden
+        states on the device)."""
+        self.num_forward_passes += 1
+        out = self.forward(step, dense, {'top_k': top_k})
+        topk = out['topk'].cpu().numpy()               # the forward's one device -> host read
+        return topk[0], topk[1].astype(np.int64), out['hidden']
+
+    # ---- lifecycle ----------------------------------------------------------------------------
+
+    @inference_mode
+    def update(self, begins, advances, features) -> None:
+        begins, advances = list(begins), list(advances)
+        if not begins and not advances:
+            return
+        self._check_rows('features', features, None)
+        pad = self.pad_shapes
+        lengths = [self._check_begin(begin, begins[:b]) for b, begin in enumerate(begins)]
+        if len(begins) > len(self._free_lanes):
+            raise RuntimeError(f'all {self.num_lanes} draft lanes are in use')
+        # Prompt blocks: each prompt's rows, padded to a shared bucket when shapes are padded.
+        block_rows = round_up(max(lengths), DRAFT_PROMPT_BUCKET) if pad and begins else None
+        prefills, feature_rows, out_rows, out_lanes, prefix_inputs = [], [], [], [], []
+        free_lanes = list(self._free_lanes)
+        new_states, padded_embeds, block_start = [], [], 0
+        for b, (begin, length) in enumerate(zip(begins, lengths)):
+            lane = free_lanes.pop(0)
+            state = _DraftState(lane, length, int(begin.root_token), None)
+            new_states.append((begin.request_id, state))
+            prefills.append(PrefillRows(lane * self.lane_len, self.scratch_slot, length))
+            block = block_rows or length
+            padding = block - length
+            feature_rows += list(begin.feature_rows) + [0] * padding
+            out_rows.append(block_start + length - 1)
+            out_lanes.append(lane)
+            # Input rows: e_1..e_{L-1} of this prompt, then its root's embedding (``_step``'s
+            # sources: the roots' embeddings, then every prompt block's rows).
+            first = len(begins) + block_start
+            prefix_inputs += list(range(first + 1, first + length)) + [b] + [0] * padding
+            padded_embeds.append(begin.prefix_embeds)
+            if padding:
+                padded_embeds.append(begin.prefix_embeds.new_zeros(padding, self.hidden_size))
+            block_start += block
+        lp = block_start
+        num_rows = max((len(a.path_tokens) for a in advances), default=1)
+        num_segments = len(advances)
+        if pad:
+            num_rows = next_power_of_two(num_rows)
+            num_segments = next_power_of_two(num_segments) if num_segments else 0
+        segments, advanced = [], []
+        for s, adv in enumerate(advances):
+            state = self._state(adv.request_id)
+            path = [int(t) for t in adv.path_tokens]
+            if not path or path[0] != state.root_token:
+                raise ValueError(f'path_tokens: must start with the current root '
+                                 f'{state.root_token}, got {path[:1]}')
+            if len(adv.feature_rows) != len(path):
+                raise ValueError(f'path_features: expected {len(path)} rows, got '
+                                 f'{len(adv.feature_rows)}')
+            self._check_position(state.stable_len + len(path) - 1)
+            # New stable positions: f(path[i]) with the embedding of the token decided after it.
+            segments.append(chain_rows(state.lane * self.lane_len, self.scratch_slot,
+                                       state.stable_len, path[1:] + [int(adv.bonus)]))
+            feature_rows += list(adv.feature_rows) + [0] * (num_rows - len(path))
+            out_rows.append(lp + s * num_rows + len(path) - 1)
+            out_lanes.append(state.lane)
+            advanced.append((state, len(path), int(adv.bonus)))
+        # Padding segments: their rows read feature row 0; their outputs go to the spare root.
+        padding_segments = num_segments - len(advances)
+        feature_rows += [0] * (padding_segments * num_rows)
+        out_rows += [0] * padding_segments
+        out_lanes += [self.num_lanes] * padding_segments
+        extras = {'feature_rows': feature_rows, 'out_rows': out_rows, 'out_lanes': out_lanes}
+        if begins:
+            extras['prefill_token'] = [state.root_token for _, state in new_states]
+            extras['prefix_inputs'] = prefix_inputs
+        num_cols = round_up(max((seg.num_cols for seg in segments), default=1),
+                            DRAFT_COLS_BUCKET) if pad else None
+        step = pack_step(prefills, segments, self.scratch_slot, num_segments=num_segments,
+                         num_rows=num_rows, num_cols=num_cols, extras=extras,
+                         prefill_rows=block_rows)
+        if pad and features.shape[0] % DRAFT_FEATURES_BUCKET:
+            features = torch.cat([features, features.new_zeros(
+                -features.shape[0] % DRAFT_FEATURES_BUCKET, features.shape[1])])
+        dense = {'features': features}
+        if begins:
+            dense['prefix_embeds'] = torch.cat(padded_embeds) if len(padded_embeds) > 1 \
+                else padded_embeds[0]
+        values, tokens, _ = self._run(step, dense, self.max_top_k)
+        self._free_lanes = free_lanes
+        for request_id, state in new_states:
+            self._states[request_id] = state
+        for (state, count, bonus) in advanced:
+            state.stable_len += count
+            state.root_token = bonus
+        for r, state in enumerate([st for _, st in new_states] + [a[0] for a in advanced]):
+            state.root_proposals = (values[r:r + 1], tokens[r:r + 1])
+
+    def _check_begin(self, begin: DraftBegin, earlier: list) -> int:
+        """A new prompt's row count, after checking it can begin a draft lane."""
+        if begin.request_id in self._states or any(
+                begin.request_id == e.request_id for e in earlier):
+            raise ValueError(f'request_id: {begin.request_id} already has a draft state; '
+                             'release it first')
+        length = self._check_rows('prefix_embeds', begin.prefix_embeds, None)
+        if len(begin.feature_rows) != length:
+            raise ValueError(f'prefix_features: expected {length} rows, got '
+                             f'{len(begin.feature_rows)}')
+        self._check_position(length - 1)
+        if length > self.lane_len - self.action_dim - 1 - MAX_SCRATCH:
+            raise ValueError(f'prefix_embeds: {length} rows exceed the draft lane')
+        return length
+
+    def release(self, request_id) -> None:
+        state = self._states.pop(request_id, None)
+        if state is not None:
+            self._free_lanes.append(state.lane)
+
+    # ---- drafting -----------------------------------------------------------------------------
+
+    @inference_mode
+    def propose_batch(self, request_ids, depths, top_k, max_nodes,
+                      min_prob=0.0) -> list[DraftTree]:
+        top_k = check_int('top_k', top_k, minimum=1)
+        max_nodes = check_int('max_nodes', max_nodes, minimum=2)
+        if top_k > self.max_top_k:
+            raise ValueError(f'top_k: {top_k} exceeds {self.max_top_k} (the vocabulary size '
+                             f'or {MAX_TOP_K})')
+        if len(set(request_ids)) != len(request_ids):
+            raise ValueError(f'request_ids: each request at most once, got {list(request_ids)}')
+        states = [self._state(r) for r in request_ids]
+        growths = []
+        for state, depth in zip(states, depths):
+            depth = check_int('depth', depth, minimum=1)
+            self._check_position(state.stable_len - 1 + depth)
+            if (depth - 1) * top_k > MAX_SCRATCH:
+                raise ValueError(f'depth, top_k: {depth} x {top_k} exceed the draft scratch')
+            growth = TreeGrowth(state.root_token, depth, top_k, min_prob)
+            growth.expand(*state.root_proposals)    # depth 1: the root's draft output, no forward
+            growths.append(growth)
+        # Per request, the candidates fed so far as a tree of their own (``_FedNodes``). Each
+        # level feeds the newest frontier with the tree attention of ``tree_rows``; a node's
+        # feature is its parent's draft output: the lane's root row, or a row of the previous
+        # level's forward.
+        fed = [_FedNodes(g.capacity, state.root_token) for g, state in zip(growths, states)]
+        num_roots = self.num_lanes + 1
+        num_previous = 0        # rows of the previous level's output, after the roots
+        while True:
+            members = [i for i, growth in enumerate(growths) if not growth.is_done]
+            if not members:
+                return [growth.tree(max_nodes) for growth in growths]
+            num_rows = max(growths[i].frontier.size for i in members)
+            num_segments = len(members)
+            if self.pad_shapes:     # a frontier holds at most top_k nodes
+                num_rows, num_segments = top_k, next_power_of_two(num_segments)
+            segments = []
+            feature_rows = np.zeros(num_segments * num_rows, dtype=np.int64)
+            for s, i in enumerate(members):
+                growth, state, nodes = growths[i], states[i], fed[i]
+                frontier = growth.frontier
+                parents = growth.parents[frontier]
+                first = len(nodes.parents)
+                nodes.local_of[frontier] = np.arange(first, first + frontier.size)
+                nodes.parents += nodes.local_of[parents].tolist()
+                nodes.tokens += growth.tokens[frontier].tolist()
+                # Attention: the stable prefix, the node's ancestors and the node itself.
+                segments.append(tree_rows(state.lane * self.lane_len, self.scratch_slot,
+                                          state.stable_len - 1, nodes.parents, nodes.tokens,
+                                          rows=range(first, len(nodes.parents))))
+                feature_rows[s * num_rows:s * num_rows + frontier.size] = np.where(
+                    parents == ROOT, state.lane, num_roots + nodes.row_of[parents])
+            num_cols = round_up(max(seg.num_cols for seg in segments), DRAFT_COLS_BUCKET) \
+                if self.pad_shapes else None
+            step = pack_step([], segments, self.scratch_slot, num_segments=num_segments,
+                             num_rows=num_rows, num_cols=num_cols,
+                             extras={'feature_rows': feature_rows,
+                                     'out_rows': np.arange(num_segments * num_rows)})
+            # Padded: the whole sources buffer (one shape); else the roots and the rows in use.
+            source = self._sources if self.pad_shapes else \
+                self._sources[:num_roots + num_previous]
+            values, tokens, hidden = self._run(step, {'features': source}, top_k)
+            # The next level reads this level's outputs after the roots (copied now: with
+            # graphs ``hidden`` is the graph's output, rewritten by its next replay).
+            num_previous = hidden.shape[0]
+            self._sources[num_roots:num_roots + num_previous].copy_(hidden)
+            for s, i in enumerate(members):
+                growth = growths[i]
+                rows = slice(s * num_rows, s * num_rows + growth.frontier.size)
+                fed[i].row_of[growth.frontier] = np.arange(rows.start, rows.stop)
+                growth.expand(values[rows], tokens[rows])
+
+    # ---- checks -------------------------------------------------------------------------------
+
+    def _state(self, request_id) -> _DraftState:
+        if request_id not in self._states:
+            raise ValueError(f'request_id: {request_id} has no draft state (begin() first)')
+        return self._states[request_id]
+
+    def _check_rows(self, name: str, x, rows: int | None) -> int:
+        if not isinstance(x, torch.Tensor) or x.dim() != 2 or x.shape[1] != self.hidden_size:
+            raise ValueError(f'{name}: expected a (rows, {self.hidden_size}) tensor, got '
+                             f'{tuple(getattr(x, "shape", ()))}')
+        if rows is not None and x.shape[0] != rows:
+            raise ValueError(f'{name}: expected {rows} rows, got {x.shape[0]}')
+        if x.shape[0] < 1:
+            raise ValueError(f'{name}: needs at least one row')
+        return int(x.shape[0])
+
+    def _check_position(self, position: int) -> None:
+        if position >= self.max_positions:
+            raise ValueError(f'draft position {position} exceeds the draft head\'s '
+                             f'max_position_embeddings {self.max_positions}')
+
+
+def load_draft_for(runner, engine_config: EngineConfig,
+                   checkpoint_folder: str | os.PathLike | None) -> EagleDrafter:
+    """``EngineConfig.draft_path`` -> an ``EagleDrafter`` over ``runner``'s verifier.
+
+    draft_path: a draft folder; ``"random"`` (a seeded random head from ``engine_config.seed``:
+    a deliberately poor draft for tests and demos); or None, meaning
+    ``<checkpoint_folder>/draft/`` when that folder exists.
+    """
+    path = engine_config.draft_path
+    if path is None:
+        default = Path(checkpoint_folder) / DEFAULT_DRAFT_SUBFOLDER \
+            if checkpoint_folder is not None else None
+        if default is None or not default.is_dir():
+            raise ValueError(f'draft_path: mode {engine_config.mode!r} needs a draft head; set '
+                             f'draft_path to a draft folder or "{RANDOM_DRAFT}" (no '
+                             f'{DEFAULT_DRAFT_SUBFOLDER}/ folder in {checkpoint_folder})')
+        path = str(default)
+    if path == RANDOM_DRAFT:
+        head = new_draft_head(runner.model, seed=engine_config.seed, dtype=runner.dtype,
+                              device=runner.device)
+    else:
+        head = load_draft(Path(path).expanduser(), runner.model, runner.dtype, runner.device)
+    return EagleDrafter.for_engine(runner, head, engine_config)
+
+
+__all__ = ['EagleDrafter', 'load_draft_for']
