@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Everything a GPU machine is for, from a bare checkout, in parts that each fit one session's
+# Everything a GPU machine is for, from a bare checkout, in parts that each fit one 10-minute
 # command budget (a 7B model is built once per part):
 #
 #   bash bench/gpu_suite.sh tests     CUDA kernel / CUDA-graph tests + the Triton kernel sweep

@@ -295,9 +295,10 @@ class EngineConfig:
                                      'attends to its own KV only) or dense (the reference)',
                                      choices=ATTENTION_BACKENDS)
     # CUDA graphs of the packed verifier step and the vision towers (captured per shape
-    # bucket before first use, replayed after). CUDA only.
-    use_cuda_graphs: bool = _option(False, 'CUDA graphs of the packed step and the vision '
-                                    'towers (device cuda only)')
+    # bucket before first use, replayed after) and of the draft forwards (padded shape
+    # buckets, captured on first use). CUDA only.
+    use_cuda_graphs: bool = _option(False, 'CUDA graphs of the packed step, the vision towers '
+                                    'and the draft forwards (device cuda only)')
     max_instruction_tokens: int = _option(128, 'Longest accepted instruction, in tokens',
                                           minimum=1, maximum=1024)
     seed: int = _option(0, 'Seed for anything random in the engine', minimum=0,

@@ -91,9 +91,9 @@ class Serving:
     def warm_up(self) -> None:
         """Throw-away inferences before the first real frame, so the first actions are not
         the slowest: with use_cuda_graphs every verifier step shape is captured first; in the
-        pipeline modes a burst of 2 x max_inflight frames then fills and drains the pipeline,
-        which meets (and, with graphs, captures) the draft shapes of 1 to max_inflight
-        requests in flight."""
+        pipeline modes a burst of 2 x max_inflight frames then runs through the engine (it
+        fills the pipeline in "pipeline"; pipeline_spec's frames finish sooner), which meets
+        (and, with graphs, captures) the draft shapes of the request counts it reaches."""
         import numpy as np
 
         image = np.zeros((WARM_UP_IMAGE_SIZE, WARM_UP_IMAGE_SIZE, 3), np.uint8)
