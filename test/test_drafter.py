@@ -24,9 +24,14 @@ from helpers import sharpen_draft_head
 
 
 @pytest.fixture(scope='module')
-def runner(tmp_path_factory):
+def policy(tmp_path_factory):
     folder = make_checkpoint('tiny', tmp_path_factory.mktemp('ckpt') / 'tiny', seed=0)
-    return VLAPolicy.from_pretrained(str(folder), dtype='float64').engine.runner
+    return VLAPolicy.from_pretrained(str(folder), dtype='float64')
+
+
+@pytest.fixture(scope='module')
+def runner(policy):
+    return policy.engine.runner
 
 
 @pytest.fixture(scope='module')
@@ -453,3 +458,37 @@ def test_batched_pruned_drafting_equals_the_reference(runner, confident_head, co
         calls.append(len(levels))
     # the shared level forwards run as long as the longest-growing tree
     assert batched.num_forward_passes == 4 + max(calls) - 1
+
+
+def test_captured_level_shapes_cover_serving(policy, runner, confident_head):
+    """``capture_graphs`` builds (with padded shapes) every tree-level bucket that trees over
+    one prompt length meet: serving frames of that prompt through pipeline_spec then finds
+    every level forward's bucket already built. Building them touches no request state."""
+    from vla_spec_ros.engine.engine import Engine
+    options = dict(mode='pipeline_spec', max_inflight=4, tree_depth=3, tree_top_k=3,
+                   tree_max_nodes=8, dtype='float64')
+    cfg = EngineConfig(**options)
+    drafter = EagleDrafter(runner, confident_head, num_lanes=4, pad_shapes=True)
+    instruction = 'open the top drawer'
+    prefix_len = runner.prefix_len(runner.validate_instruction(instruction))
+    built = drafter.capture_graphs(prefix_len, cfg.tree_depth, cfg.tree_top_k)
+    assert built == 3           # 1, 2 and 4 requests, one 128-slot bucket for this prompt
+    assert drafter.num_forward_passes == 0 and not drafter._states
+    level_step, missing, calls = drafter._level_step, [], []
+
+    def checking(*args):
+        step = level_step(*args)
+        calls.append(step)
+        if not drafter.forward.has_bucket(step, {'features': drafter._sources},
+                                          {'top_k': cfg.tree_top_k}):
+            missing.append(step.key)
+        return step
+    drafter._level_step = checking
+    engine = Engine(runner, policy.engine.norm_stats, cfg, draft=drafter)
+    rng = np.random.default_rng(4)
+    for i in range(12):
+        engine.submit(Frame(rng.integers(0, 256, (60, 80, 3), dtype=np.uint8), instruction,
+                            'bridge_orig', f'cam{i % 2}'))
+    finished = engine.run_until_idle()
+    assert len(finished) == 12 and all(f.error is None for f in finished)
+    assert calls and missing == []

@@ -64,6 +64,11 @@ class Drafter:
     def release(self, request_id: int) -> None:
         raise NotImplementedError
 
+    def capture_graphs(self, prefix_len: int, tree_depth: int, top_k: int) -> int:
+        """Build, before serving, the forward shapes that trees over a prompt of
+        ``prefix_len`` rows can meet (CUDA graphs); returns the number built (none here)."""
+        return 0
+
     def begin(self, request_id: int, prefix_embeds: torch.Tensor,
               prefix_features: torch.Tensor, root_token: int) -> None:
         self.update([DraftBegin(request_id, prefix_embeds, _row_range(prefix_features),

@@ -326,10 +326,7 @@ class EagleDrafter(Drafter):
                     parents == ROOT, state.lane, num_roots + nodes.row_of[parents])
             num_cols = round_up(max(seg.num_cols for seg in segments), DRAFT_COLS_BUCKET) \
                 if self.pad_shapes else None
-            step = pack_step([], segments, self.scratch_slot, num_segments=num_segments,
-                             num_rows=num_rows, num_cols=num_cols,
-                             extras={'feature_rows': feature_rows,
-                                     'out_rows': np.arange(num_segments * num_rows)})
+            step = self._level_step(segments, feature_rows, num_segments, num_rows, num_cols)
             # Padded: the whole sources buffer (one shape); else the roots and the rows in use.
             source = self._sources if self.pad_shapes else \
                 self._sources[:num_roots + num_previous]
@@ -343,6 +340,37 @@ class EagleDrafter(Drafter):
                 rows = slice(s * num_rows, s * num_rows + growth.frontier.size)
                 fed[i].row_of[growth.frontier] = np.arange(rows.start, rows.stop)
                 growth.expand(values[rows], tokens[rows])
+
+    def _level_step(self, segments, feature_rows, num_segments: int, num_rows: int,
+                    num_cols: int | None):
+        """The packed input of one tree level (every row's parent output in ``feature_rows``,
+        read from the sources buffer; every row's top-k read back)."""
+        return pack_step([], segments, self.scratch_slot, num_segments=num_segments,
+                         num_rows=num_rows, num_cols=num_cols,
+                         extras={'feature_rows': feature_rows,
+                                 'out_rows': np.arange(num_segments * num_rows)})
+
+    @inference_mode
+    def capture_graphs(self, prefix_len: int, tree_depth: int, top_k: int) -> int:
+        """With padded shapes: build every tree-level bucket that trees of ``tree_depth``
+        levels and ``top_k`` children over a prompt of ``prefix_len`` rows can meet (1 to
+        ``num_lanes`` requests, every gathered-slot bucket up to the deepest tree's), by
+        padding-only forwards: their rows write the scratch slot only and nothing is read
+        back into any request's state. With CUDA graphs each bucket is captured now instead
+        of in the middle of serving. Update buckets follow the accepted paths and are built
+        on first use. Returns the number of buckets built."""
+        if not self.pad_shapes:
+            return 0
+        before = self.forward.num_buckets
+        largest = prefix_len + self.action_dim + (tree_depth - 1) * top_k
+        for num_segments in (1 << i for i in range(
+                next_power_of_two(self.num_lanes).bit_length())):
+            for num_cols in range(DRAFT_COLS_BUCKET, round_up(largest, DRAFT_COLS_BUCKET) + 1,
+                                  DRAFT_COLS_BUCKET):
+                step = self._level_step([], np.zeros(num_segments * top_k, dtype=np.int64),
+                                        num_segments, top_k, num_cols)
+                self.forward(step, {'features': self._sources}, {'top_k': top_k})
+        return self.forward.num_buckets - before
 
     # ---- checks -------------------------------------------------------------------------------
 

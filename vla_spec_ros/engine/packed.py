@@ -226,8 +226,9 @@ class PackedStrategy:
 
     def capture_graphs(self, prefix_len: int) -> int:
         """Build every verifier shape bucket a request of ``prefix_len`` prompt tokens can
-        meet (CUDA graphs: captured now, not in the middle of serving). Runs padding-only
-        steps, which touch no request's KV. Returns the number of buckets built."""
+        meet, and the drafter's tree-level buckets (CUDA graphs: captured now, not in the
+        middle of serving). Runs padding-only steps, which touch no request's KV. Returns the
+        number of buckets built."""
         if not self.runner.use_cuda_graphs:
             return 0
         self._captured_prompt_buckets.add(round_up(prefix_len, PROMPT_ROWS_BUCKET))
@@ -250,7 +251,11 @@ class PackedStrategy:
                     embeds = [self.verifier.cache.k[0].new_zeros(
                         prompt_rows, self.runner.cfg.llm.hidden_size)] * num_prefills
                     self.verifier.run(step, embeds)
-        return self.verifier.forward.num_buckets - before
+        built = self.verifier.forward.num_buckets - before
+        if self.drafter is not None:
+            cfg = self.config
+            built += self.drafter.capture_graphs(prefix_len, cfg.tree_depth, cfg.tree_top_k)
+        return built
 
     def _draft_trees(self, decode: list[Request]) -> dict[int, DraftTree]:
         """One tree per in-flight request, with the tree settings it was admitted under;

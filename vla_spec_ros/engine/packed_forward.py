@@ -81,8 +81,7 @@ class PackedForward:
         (static in graph mode: read or copy them before the next call of the same bucket).
         ``params`` are plain values the function's shapes depend on (part of the bucket)."""
         dense, params = dense or {}, params or {}
-        key = (step.key + tuple((name, tuple(t.shape), t.dtype) for name, t in dense.items())
-               + tuple(sorted(params.items())))
+        key = self.bucket_key(step, dense, params)
         bucket = self._buckets.get(key)
         if bucket is None:
             bucket = self._new_bucket(step)
@@ -101,6 +100,19 @@ class PackedForward:
                 lambda inputs, b=bucket: self.fn(b.batch, b.ints, inputs, **params),
                 self.device, self._pool)
         return bucket.graph(dense)
+
+    @staticmethod
+    def bucket_key(step: HostStep, dense: dict | None = None, params: dict | None = None):
+        """Everything the shapes of one call depend on: the step's padded sizes, the dense
+        inputs' shapes and dtypes, the params. One bucket (and one graph) per key."""
+        return (step.key + tuple((name, tuple(t.shape), t.dtype)
+                                 for name, t in (dense or {}).items())
+                + tuple(sorted((params or {}).items())))
+
+    def has_bucket(self, step: HostStep, dense: dict | None = None,
+                   params: dict | None = None) -> bool:
+        """Whether a call with these inputs would reuse a bucket (replay a graph)."""
+        return self.bucket_key(step, dense, params) in self._buckets
 
     @property
     def num_graph_replays(self) -> int:
