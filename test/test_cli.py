@@ -122,6 +122,16 @@ def _bench_record(out_dir):
     return json.loads(json_files[0].read_text())
 
 
+def _quiet_bench(checkpoint, tmp_path, *options) -> dict:
+    """``vla-spec bench --model CHECKPOINT OPTIONS --out ...`` (stdout swallowed): must exit
+    0; returns its JSON record."""
+    out_dir = tmp_path / 'results'
+    with contextlib.redirect_stdout(io.StringIO()):
+        assert cli.main(['bench', '--model', str(checkpoint), *options,
+                         '--out', str(out_dir)]) == 0
+    return _bench_record(out_dir)
+
+
 def test_bench_writes_json_and_markdown(bench_run):
     code, table, _, out_dir = bench_run
     assert code == 0
@@ -173,13 +183,9 @@ def test_bench_frame_sources():
 
 
 def test_bench_passes_the_tree_options_to_the_speculative_modes(checkpoint, tmp_path):
-    out_dir = tmp_path / 'results'
-    argv = ['bench', '--model', str(checkpoint), '--modes', 'spec', '--frames', '2',
-            '--warmup', '1', '--draft-path', 'random', '--tree-depth', '3',
-            '--tree-min-prob', '0.5', '--out', str(out_dir)]
-    with contextlib.redirect_stdout(io.StringIO()):
-        assert cli.main(argv) == 0
-    record = _bench_record(out_dir)
+    record = _quiet_bench(checkpoint, tmp_path, '--modes', 'spec', '--frames', '2',
+                          '--warmup', '1', '--draft-path', 'random', '--tree-depth', '3',
+                          '--tree-min-prob', '0.5')
     assert record['tree'] == {'tree_depth': 3, 'tree_min_prob': 0.5}
     # a random head is unsure of everything: at 0.5 every tree is the root alone
     assert record['rows'][0]['forwards_per_action'] == pytest.approx(7.0)
@@ -189,13 +195,9 @@ def test_bench_two_streams_admit_two_frames_per_step(checkpoint, tmp_path):
     """``--streams 2 --max-prefills-per-step 2 --max-inflight 14``: each stream has a frame
     waiting whenever its last one was admitted, so every step while frames remain admits
     two: 8 frames take 4 admitting steps plus the 6-step drain."""
-    out_dir = tmp_path / 'results'
-    argv = ['bench', '--model', str(checkpoint), '--modes', 'pipeline', '--frames', '8',
-            '--warmup', '2', '--streams', '2', '--max-prefills-per-step', '2',
-            '--max-inflight', '14', '--out', str(out_dir)]
-    with contextlib.redirect_stdout(io.StringIO()):
-        assert cli.main(argv) == 0
-    record = _bench_record(out_dir)
+    record = _quiet_bench(checkpoint, tmp_path, '--modes', 'pipeline', '--frames', '8',
+                          '--warmup', '2', '--streams', '2', '--max-prefills-per-step', '2',
+                          '--max-inflight', '14')
     assert (record['num_streams'], record['max_prefills_per_step'],
             record['max_inflight']) == (2, 2, 14)
     row = record['rows'][0]

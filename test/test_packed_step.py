@@ -77,6 +77,27 @@ def test_pack_step_follows_the_plain_attention_rule(seed):
             assert step.mask[s, j].sum() == 1
 
 
+def random_attention_inputs(step, capacity, seed):
+    """Random float64 q, caches of ``capacity`` + 1 slots and the step's new K/V (written to
+    its slots, as a layer writes them), with the step's ``StepBatch`` (GQA: 4 heads, 2 KV)."""
+    gen = torch.Generator().manual_seed(seed)
+    heads, kv_heads, dim = 4, 2, 8
+    k_cache = torch.randn(capacity + 1, kv_heads, dim, generator=gen, dtype=torch.float64)
+    v_cache = torch.randn(capacity + 1, kv_heads, dim, generator=gen, dtype=torch.float64)
+    total = step.positions.shape[0]
+    q = torch.randn(total, heads, dim, generator=gen, dtype=torch.float64)
+    k_new = torch.randn(total, kv_heads, dim, generator=gen, dtype=torch.float64)
+    v_new = torch.randn(total, kv_heads, dim, generator=gen, dtype=torch.float64)
+    slots = torch.from_numpy(step.slot_mapping)
+    k_cache[slots], v_cache[slots] = k_new, v_new
+    has_segments = step.num_segments > 0
+    batch = StepBatch(positions=torch.from_numpy(step.positions), slot_mapping=slots,
+                      prefill_blocks=step.prefill_blocks,
+                      kv_index=torch.from_numpy(step.kv_index) if has_segments else None,
+                      seg_mask=torch.from_numpy(step.mask) if has_segments else None)
+    return q, k_cache, v_cache, k_new, v_new, batch
+
+
 @pytest.mark.parametrize('seed', range(10))
 def test_segment_attention_equals_dense_reference(seed):
     rng, ring, specs, prefill_len = random_layout(seed + 100)
@@ -86,20 +107,7 @@ def test_segment_attention_equals_dense_reference(seed):
     prefills = [PrefillRows(ring.span(100).start, cap, prefill_len)] if prefill_len else []
     step = pack_step(prefills, segments, scratch_slot=cap, num_cols=max(
         [s.num_cols for s in segments] + [1]) + 3)
-    gen = torch.Generator().manual_seed(seed)
-    heads, kv_heads, dim = 4, 2, 8
-    k_cache = torch.randn(cap + 1, kv_heads, dim, generator=gen, dtype=torch.float64)
-    v_cache = torch.randn(cap + 1, kv_heads, dim, generator=gen, dtype=torch.float64)
-    num_rows_total = step.positions.shape[0]
-    q = torch.randn(num_rows_total, heads, dim, generator=gen, dtype=torch.float64)
-    k_new = torch.randn(num_rows_total, kv_heads, dim, generator=gen, dtype=torch.float64)
-    v_new = torch.randn(num_rows_total, kv_heads, dim, generator=gen, dtype=torch.float64)
-    slots = torch.from_numpy(step.slot_mapping)
-    k_cache[slots], v_cache[slots] = k_new, v_new      # as the layer writes them
-    batch = StepBatch(positions=torch.from_numpy(step.positions), slot_mapping=slots,
-                      num_prefill=step.num_prefill, prefill_blocks=step.prefill_blocks,
-                      kv_index=torch.from_numpy(step.kv_index) if segments else None,
-                      seg_mask=torch.from_numpy(step.mask) if segments else None)
+    q, k_cache, v_cache, k_new, v_new, batch = random_attention_inputs(step, cap, seed)
     out = attend_segments(q, k_cache, v_cache, batch, k_new, v_new)
     reference = attend_packed(q, k_cache, v_cache, dense_batch(batch, cap + 1))
     real = list(range(prefill_len)) + [prefill_len + s * step.num_rows + j
@@ -188,21 +196,7 @@ def test_several_prefills_attend_to_their_own_rows_only(seed, prefill_rows):
     attention over exactly the slots the plain rule allows."""
     ring, prompts, specs, step, rows = multi_prefill_step(seed + 200, prefill_rows)
     cap = ring.capacity
-    gen = torch.Generator().manual_seed(seed)
-    heads, kv_heads, dim = 4, 2, 8
-    k_cache = torch.randn(cap + 1, kv_heads, dim, generator=gen, dtype=torch.float64)
-    v_cache = torch.randn(cap + 1, kv_heads, dim, generator=gen, dtype=torch.float64)
-    total = step.positions.shape[0]
-    q = torch.randn(total, heads, dim, generator=gen, dtype=torch.float64)
-    k_new = torch.randn(total, kv_heads, dim, generator=gen, dtype=torch.float64)
-    v_new = torch.randn(total, kv_heads, dim, generator=gen, dtype=torch.float64)
-    slots = torch.from_numpy(step.slot_mapping)
-    k_cache[slots], v_cache[slots] = k_new, v_new      # as the layer writes them
-    has_segments = bool(specs)
-    batch = StepBatch(positions=torch.from_numpy(step.positions), slot_mapping=slots,
-                      num_prefill=step.num_prefill, prefill_blocks=step.prefill_blocks,
-                      kv_index=torch.from_numpy(step.kv_index) if has_segments else None,
-                      seg_mask=torch.from_numpy(step.mask) if has_segments else None)
+    q, k_cache, v_cache, k_new, v_new, batch = random_attention_inputs(step, cap, seed)
     expected = brute_force_attention(q, k_cache, v_cache, {
         r: reference_allowed_slots(step, r) for r in rows})[rows]
     for out in (attend_segments(q, k_cache, v_cache, batch, k_new, v_new),

@@ -31,8 +31,8 @@ from ..validation import check_int
 from .draft_tree import ROOT, DraftTree
 from .drafter import DraftBegin, Drafter
 from .packed_forward import PackedForward, inference_mode
-from .step_inputs import (PrefillRows, chain_rows, next_power_of_two, pack_step, round_up,
-                          tree_rows)
+from .step_inputs import (PrefillRows, chain_rows, next_power_of_two, pack_step,
+                          power_of_two_buckets, round_up, tree_rows)
 from .tree_growth import TreeGrowth
 
 # Proposals kept per request after each update: any tree_top_k (a run-time tunable, at most
@@ -103,8 +103,8 @@ class EagleDrafter(Drafter):
         self.pad_shapes = bool(use_cuda_graphs if pad_shapes is None else pad_shapes)
         # What a tree level's nodes read as their parents' draft outputs: one row per lane's
         # root (the spare last one takes padding rows' writes), then the previous level's rows.
-        self._max_level_rows = next_power_of_two(self.num_lanes) * MAX_TOP_K
-        self._sources = torch.zeros(self.num_lanes + 1 + self._max_level_rows, self.hidden_size,
+        max_level_rows = next_power_of_two(self.num_lanes) * MAX_TOP_K
+        self._sources = torch.zeros(self.num_lanes + 1 + max_level_rows, self.hidden_size,
                                     dtype=weight.dtype, device=weight.device)
         self._root_hidden = self._sources[:self.num_lanes + 1]
         self.max_top_k = min(MAX_TOP_K, head.lm_head.weight.shape[0])
@@ -118,7 +118,8 @@ class EagleDrafter(Drafter):
         # With ``use_cuda_graphs`` the draft forwards are graphed too, over padded shape
         # buckets: unpadded, their shapes changed with every prompt length, accepted path and
         # tree level, and capturing each cost 125 ms per pipelined step on the 7B shape
-        # (bench/README.md). Buckets are captured on first use (the warm-up frames).
+        # (bench/README.md). Tree-level buckets are built by ``capture_graphs``, update
+        # buckets on first use.
         return cls(runner, head, num_lanes=config.max_inflight if config.is_pipelined else 1,
                    max_instruction_tokens=config.max_instruction_tokens,
                    use_cuda_graphs=config.use_cuda_graphs)
@@ -363,8 +364,7 @@ class EagleDrafter(Drafter):
             return 0
         before = self.forward.num_buckets
         largest = prefix_len + self.action_dim + (tree_depth - 1) * top_k
-        for num_segments in (1 << i for i in range(
-                next_power_of_two(self.num_lanes).bit_length())):
+        for num_segments in power_of_two_buckets(self.num_lanes):
             for num_cols in range(DRAFT_COLS_BUCKET, round_up(largest, DRAFT_COLS_BUCKET) + 1,
                                   DRAFT_COLS_BUCKET):
                 step = self._level_step([], np.zeros(num_segments * top_k, dtype=np.int64),

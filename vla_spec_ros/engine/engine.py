@@ -91,11 +91,6 @@ class Engine:
         return self.strategy.scheduler.num_inflight
 
     @property
-    def num_waiting(self) -> int:
-        """Submitted frames not yet started (their prefill is not done)."""
-        return self.strategy.scheduler.num_waiting
-
-    @property
     def waiting_streams(self) -> frozenset:
         """Streams with a submitted frame not yet started."""
         return self.strategy.scheduler.waiting_streams

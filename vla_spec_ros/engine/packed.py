@@ -35,7 +35,8 @@ from .drafter import DraftAdvance, DraftBegin
 from .kv_ring import KVRing
 from .request import Request
 from .scheduler import Scheduler
-from .step_inputs import (PrefillRows, next_power_of_two, pack_step, padding_step, round_up,
+from .step_inputs import (PrefillRows, next_power_of_two, pack_step, padding_step,
+                          power_of_two_buckets, round_up,
                           tree_rows)
 
 
@@ -234,8 +235,7 @@ class PackedStrategy:
         self._captured_prompt_buckets.add(round_up(prefix_len, PROMPT_ROWS_BUCKET))
         largest = prefix_len + self.runner.action_dim + self.scratch
         before = self.verifier.forward.num_buckets
-        segment_counts = [0] + [1 << i for i in range(
-            next_power_of_two(max(self.max_inflight - 1, 1)).bit_length())]
+        segment_counts = [0] + power_of_two_buckets(max(self.max_inflight - 1, 1))
         prompt_rows = round_up(prefix_len, PROMPT_ROWS_BUCKET)
         for num_prefills in range(self.max_prefills + 1):
             for num_segments in segment_counts:

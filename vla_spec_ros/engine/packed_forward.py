@@ -139,7 +139,7 @@ class PackedForward:
         mask = device[mask_start:].view(torch.bool).view(step.mask.shape)
         num_s = step.num_segments
         batch = StepBatch(positions=ints['positions'], slot_mapping=ints['slot_mapping'],
-                          num_prefill=step.num_prefill, prefill_blocks=step.prefill_blocks,
+                          prefill_blocks=step.prefill_blocks,
                           kv_index=ints['kv_index'].view(num_s, -1) if num_s else None,
                           seg_mask=mask if num_s else None,
                           copy_src=ints['copy_src'] if step.copy_src.size else None,

@@ -220,7 +220,7 @@ def dense_batch(batch: StepBatch, num_slots: int) -> StepBatch:
     mask = torch.zeros(num_rows_total, num_slots, dtype=torch.bool,
                        device=batch.positions.device)
     start = 0
-    for block in batch.prefill_block_sizes:
+    for block in batch.prefill_blocks:
         rows, cols = torch.tril_indices(block, block, device=mask.device)
         mask[start + rows, batch.slot_mapping[start:start + block][cols]] = True
         start += block

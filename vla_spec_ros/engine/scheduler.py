@@ -33,6 +33,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Sequence
 
+from ..validation import check_int
 from .kv_ring import KVRing
 from .request import Request
 
@@ -62,13 +63,9 @@ class Scheduler:
     """
 
     def __init__(self, max_inflight: int, action_dim: int, ring: KVRing, max_prefills: int = 1):
-        for name, value in (('max_inflight', max_inflight), ('action_dim', action_dim),
-                            ('max_prefills', max_prefills)):
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ValueError(f'{name}: must be an int >= 1, got {value!r}')
-        self.max_inflight = max_inflight
-        self.max_prefills = max_prefills
-        self.action_dim = action_dim
+        self.max_inflight = check_int('max_inflight', max_inflight, minimum=1)
+        self.max_prefills = check_int('max_prefills', max_prefills, minimum=1)
+        self.action_dim = check_int('action_dim', action_dim, minimum=1)
         self.ring = ring
         self._requests: dict[int, Request] = {}        # every request not yet emitted/dropped
         self._waiting: deque[Request] = deque()

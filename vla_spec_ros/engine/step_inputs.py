@@ -194,6 +194,11 @@ def next_power_of_two(n: int) -> int:
     return 1 << max(0, n - 1).bit_length()
 
 
+def power_of_two_buckets(n: int) -> list[int]:
+    """Every power-of-two bucket a count of 1 .. n falls in: 1, 2, 4, .. next_power_of_two(n)."""
+    return [1 << i for i in range(next_power_of_two(n).bit_length())]
+
+
 def pack_step(prefills: Sequence[PrefillRows], segments: Sequence[SegmentRows],
               scratch_slot: int, num_segments: int | None = None, num_rows: int | None = None,
               num_cols: int | None = None, moves: Sequence[tuple[int, int]] = (),

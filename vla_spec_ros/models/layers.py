@@ -90,9 +90,8 @@ class StepBatch:
     - dense (the reference): ``attn_mask`` (T, S) bool, query t may read slot s of the first
       ``kv_limit`` slots. Cost grows with every slot of the buffer.
     - segments (the engine's path, engine/step_inputs.py): rows 0 .. num_prefill-1 are fresh
-      requests' causal prompts, one block per request of ``prefill_blocks`` rows each (empty
-      = one block of num_prefill rows), each attending to its own rows only; the remaining
-      rows form ``kv_index.shape[0]`` segments of
+      requests' causal prompts, one block per request of ``prefill_blocks`` rows each, each
+      attending to its own rows only; the remaining rows form ``kv_index.shape[0]`` segments of
       ``seg_mask.shape[1]`` rows each; segment s reads only the slots ``kv_index[s]`` (S, K)
       under ``seg_mask`` (S, Q, K) bool. Cost grows with the work in flight.
     copy_src/copy_dst: optional (M,) KV compaction applied at the start of every layer
@@ -103,7 +102,6 @@ class StepBatch:
     slot_mapping: torch.Tensor
     attn_mask: torch.Tensor | None = None
     kv_limit: int = 0
-    num_prefill: int = 0
     prefill_blocks: tuple[int, ...] = ()
     kv_index: torch.Tensor | None = None
     seg_mask: torch.Tensor | None = None
@@ -111,11 +109,9 @@ class StepBatch:
     copy_dst: torch.Tensor | None = None
 
     @property
-    def prefill_block_sizes(self) -> tuple[int, ...]:
-        """Rows of each prefill block (``prefill_blocks``, else one block of num_prefill)."""
-        if self.prefill_blocks:
-            return self.prefill_blocks
-        return (self.num_prefill,) if self.num_prefill else ()
+    def num_prefill(self) -> int:
+        """Rows of all prefill blocks together."""
+        return sum(self.prefill_blocks)
 
 
 def combined_rope_table(cos_table: torch.Tensor, sin_table: torch.Tensor) -> torch.Tensor:
@@ -251,7 +247,7 @@ def attend_segments(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
         if k is None:
             slots = batch.slot_mapping[:lp]
             k, v = k_cache.index_select(0, slots), v_cache.index_select(0, slots)
-        blocks = batch.prefill_block_sizes
+        blocks = batch.prefill_blocks
         if len(set(blocks)) == 1:
             # Equal blocks (one prefill, or padded ones): one batched call, a block per batch.
             shape = (len(blocks), blocks[0], -1, head_dim)
