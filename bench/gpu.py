@@ -21,7 +21,9 @@ JSON + Markdown to ``--out``.
   time;
 - ``threads``: the pipeline row at several host intra-op thread counts;
 - ``kernels``: ``use_kernels`` off, then on: the model pieces and the ar / pipeline /
-  pipeline_spec rows (bench/gpu_parts.py).
+  pipeline_spec rows (bench/gpu_parts.py);
+- ``attention``: the same with ``attention_backend`` segments, then ring (fused kernels on
+  for both).
 
 The roofline columns use the H100 floor (bench/README.md) scaled to the preset: weight bytes
 streamed per forward and FLOPs per action from the parameter count.
@@ -38,7 +40,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from gpu_parts import run_fidelity, run_kernel_ab, run_profile, run_thread_sweep
+from gpu_parts import run_ab, run_fidelity, run_profile, run_thread_sweep
 from gpu_setup import (TARGET_ACCEPTANCE, build_model, build_runner, eager_reference,
                        engine_for, engine_options, load_checkpoint, run_all, time_pieces)
 from vla_spec_ros.bench import BenchRow, bench_engine, bench_hf, environment, make_frames
@@ -252,7 +254,7 @@ def main(argv=None) -> int:
     ap.add_argument('--compile-backend', default='inductor',
                     help='torch.compile backend of the compiled HF baseline (tests: eager)')
     ap.add_argument('--parts', default='table',
-                    help='table, fidelity, profile, threads, kernels (any of)')
+                    help='table, fidelity, profile, threads, kernels, attention (any of)')
     ap.add_argument('--thread-sweep', default='16,4,1',
                     help='intra-op thread counts of the threads part')
     ap.add_argument('--fidelity-frames', type=int, default=200)
@@ -269,7 +271,7 @@ def main(argv=None) -> int:
         print('--device cuda requested but CUDA is not available', file=sys.stderr)
         return 2
     parts = set(args.parts.split(','))
-    unknown = parts - {'table', 'fidelity', 'profile', 'threads', 'kernels'}
+    unknown = parts - {'table', 'fidelity', 'profile', 'threads', 'kernels', 'attention'}
     if unknown:
         print(f'--parts: unknown {sorted(unknown)}', file=sys.stderr)
         return 2
@@ -300,8 +302,10 @@ def main(argv=None) -> int:
         if 'table' in parts else []
     threads = run_thread_sweep(args, weights, key) \
         if 'threads' in parts else {}
-    kernel_ab = run_kernel_ab(args, weights, key) \
+    kernel_ab = run_ab(args, weights, key, 'kernels') \
         if 'kernels' in parts else {}
+    attention_ab = run_ab(args, weights, key, 'attention') \
+        if 'attention' in parts else {}
     fidelity = run_fidelity(args, weights, key, baselines['hf']) \
         if 'fidelity' in parts else {}
     profiled = run_profile(args, weights, key, out, stamp) \
@@ -315,7 +319,8 @@ def main(argv=None) -> int:
     record = {'command': command, 'preset': args.preset, 'device': args.device,
               'dtype': args.dtype, 'environment': environment(), **report,
               'floor_ms': FLOOR_MS, 'rows': records, 'fidelity': fidelity,
-              'profile': profiled, 'threads': threads, 'kernels_ab': kernel_ab}
+              'profile': profiled, 'threads': threads, 'kernels_ab': kernel_ab,
+              'attention_ab': attention_ab}
     label = Path(args.checkpoint).name if args.checkpoint else args.preset
     name = f'gpu-{label}-{args.device}-{stamp}'
     (out / f'{name}.json').write_text(json.dumps(record, indent=2))

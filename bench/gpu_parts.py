@@ -1,11 +1,13 @@
 """The optional parts of bench/gpu.py (``--parts``), each on the weights the table uses:
-bf16 fidelity against HF eager, the host-thread sweep, fused kernels off vs on, and one
+bf16 fidelity against HF eager, the host-thread sweep, two A/B comparisons (fused kernels off
+vs on; segment attention gathered vs read in place by the ring kernel), and one
 torch.profiler run."""
 from __future__ import annotations
 
 from dataclasses import asdict
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from gpu_setup import (build_runner, eager_reference, engine_for, engine_options,
@@ -97,14 +99,25 @@ def run_thread_sweep(args, weights, key) -> dict:
     return out
 
 
-def run_kernel_ab(args, weights, key) -> dict:
-    """Fused kernels off, then on (same weights, same process, CUDA graphs as the last
-    ``--graphs`` setting, 1 stream): the model pieces and the ar / pipeline /
-    pipeline_spec@3.5 rows."""
+# The A/B parts: label -> the options each side adds (same weights, same process).
+AB_SETTINGS = {
+    'kernels': {'off': {'use_kernels': 'off'}, 'on': {'use_kernels': 'on'}},
+    # Fused kernels on for both sides: the segments' gather + SDPA against the ring kernel.
+    'attention': {'segments': {'use_kernels': 'on', 'attention_backend': 'segments'},
+                  'ring': {'use_kernels': 'on', 'attention_backend': 'ring'}},
+}
+
+
+def run_ab(args, weights, key, part: str) -> dict:
+    """One setting, then the other (``AB_SETTINGS[part]``; same weights, same process, CUDA
+    graphs as the last ``--graphs`` setting, 1 stream): the model pieces, then the ar /
+    pipeline / pipeline_spec@3.5 rows, with the share of frames whose tokens equal the eager
+    AR reference of the setting (in bf16 a different kernel may round a near tie the other
+    way: read it beside the fidelity part)."""
     frames = make_frames(args.frames + args.warmup, weights.cfg.image_size, args.seed, key)
     out = {}
-    for kernels in ('off', 'on'):
-        options = engine_options(args, graphs_setting(args, -1), use_kernels=kernels)
+    for label, extra in AB_SETTINGS[part].items():
+        options = engine_options(args, graphs_setting(args, -1), **extra)
         runner = build_runner(weights, options)
         pieces = time_pieces(runner, make_frames(2, weights.cfg.image_size, 3, key), options)
         ref = eager_reference(runner, frames, options)
@@ -112,13 +125,18 @@ def run_kernel_ab(args, weights, key) -> dict:
         for mode in ('ar', 'pipeline', 'pipeline_spec@3.5'):
             engine = engine_for(runner, weights, mode, options, ref, args.seed)
             row = bench_engine(engine, frames, args.warmup)
-            rows[mode] = asdict(row)
-            print(f'kernels {kernels} {mode}: {row.actions_per_s:.2f} actions/s, '
+            got = [fin.result.tokens for fin in run_all(
+                engine_for(runner, weights, mode, options, ref, args.seed), frames)]
+            agreement = float(np.mean([a == b for a, b in zip(got, ref)]))
+            rows[mode] = {**asdict(row), 'reference_agreement': agreement}
+            print(f'{part} {label} {mode}: {row.actions_per_s:.2f} actions/s, '
                   f'{row.step_ms:.2f} ms/step (vision {row.vision_ms:.2f}, verifier '
                   f'{row.verifier_ms:.2f}, host {row.host_ms:.2f}), p50 '
-                  f'{row.latency_p50_ms:.1f} ms', flush=True)
-        out[kernels] = {'pieces_ms': pieces, 'rows': rows}
-        print(f'kernels {kernels}: pieces {pieces}', flush=True)
+                  f'{row.latency_p50_ms:.1f} ms, frames with the reference tokens: '
+                  f'{agreement:.0%}',
+                  flush=True)
+        out[label] = {'options': extra, 'pieces_ms': pieces, 'rows': rows}
+        print(f'{part} {label}: pieces {pieces}', flush=True)
     return out
 
 

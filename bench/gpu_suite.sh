@@ -22,6 +22,9 @@
 #                                     drafting costs per step (the oracle rows draft for free)
 #   bash bench/gpu_suite.sh table-streams  4 streams, graphs on, 40 timed frames: the pipelined
 #                                     rows with one and with two prefills per step
+#   bash bench/gpu_suite.sh attention-ab  segment-attention kernel tests, then attention_backend
+#                                     segments vs ring (fused kernels on): pieces and ar /
+#                                     pipeline / pipeline_spec rows, graphs on
 #
 # Several parts may be given at once (``table-on tests``). Results go to $RESULTS (default
 # bench/results/gpu); each part's log is written beside them. With SUITE_SECONDS=N the parts
@@ -53,7 +56,8 @@ for part in "$@"; do
     case "$part" in
         tests)
             bounded python3 -m pytest -q -p no:cacheprovider test/test_kernels.py \
-                test/test_rms_norm_kernel.py test/test_engine_kernels.py \
+                test/test_rms_norm_kernel.py test/test_segment_attention_kernel.py \
+                test/test_engine_kernels.py \
                 test/test_cuda_graphs.py 2>&1 \
                 | tee "$RESULTS/log-tests.txt" || status=1
             bounded python3 bench/kernels_sweep.py 2>&1 | tee "$RESULTS/kernels-sweep.txt" || status=1 ;;
@@ -102,7 +106,13 @@ for part in "$@"; do
                 --rows ar,pipeline,oracle --baselines eager --max-prefills-per-step 1,2 \
                 --progress-file "$RESULTS/rows-table-streams.json" 2>&1 \
                 | tee "$RESULTS/log-table-streams.txt" || status=1 ;;
-        *) echo "unknown part: $part (tests, graph-tests, table, table-on, table-off, kernels-ab, fidelity, fidelity-bins, engine-tests, table-long, table-eagle, table-streams)"; exit 2 ;;
+        attention-ab)
+            bounded python3 -m pytest -q -p no:cacheprovider \
+                test/test_segment_attention_kernel.py test/test_engine_kernels.py 2>&1 \
+                | tee "$RESULTS/log-attention-tests.txt" || status=1
+            bounded $GPU --graphs on --parts attention --baselines '' --frames 12 --warmup 6 \
+                2>&1 | tee "$RESULTS/log-attention-ab.txt" || status=1 ;;
+        *) echo "unknown part: $part (tests, graph-tests, table, table-on, table-off, kernels-ab, fidelity, fidelity-bins, engine-tests, table-long, table-eagle, table-streams, attention-ab)"; exit 2 ;;
     esac
     echo "== part $part: $(( $(date +%s) - start )) s"
 done

@@ -1,5 +1,8 @@
-"""The fused-kernel path inside the engine (Triton under TRITON_INTERPRET=1 on CPU) gives the
-plain AR reference's tokens, in AR and pipelined modes."""
+"""The fused-kernel paths inside the engine (Triton under TRITON_INTERPRET=1 on CPU) give the
+plain AR reference's tokens: RoPE + KV write and norms in AR and pipelined modes, the segment
+attention kernel (``attention_backend: ring``) in the pipelined modes."""
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
@@ -27,16 +30,16 @@ def test_kernel_path_matches_reference_tokens(folder, monkeypatch):
     plain = VLAPolicy.from_pretrained(str(folder), dtype='float64', use_kernels='off')
     expected = ar_reference_tokens(plain, frames)
     fused = VLAPolicy.from_pretrained(str(folder), dtype='float64', use_kernels='on')
-    assert fused.engine.runner.kernel is not None and plain.engine.runner.kernel is None
-    assert fused.engine.runner.norm_kernel is not None and plain.engine.runner.norm_kernel is None
+    kernels = fused.engine.runner.kernels
+    assert kernels.rope_kv_write is not None and plain.engine.runner.kernels.rope_kv_write is None
+    assert kernels.rms_norm is not None and plain.engine.runner.kernels.rms_norm is None
     # The fused norm really runs: count its launches through the engine's forwards.
     launches = []
-    norm_kernel = fused.engine.runner.norm_kernel
 
     def counting(*args, **kwargs):
         launches.append(len(args) + len(kwargs) > 3)      # True: with the residual add
-        return norm_kernel(*args, **kwargs)
-    monkeypatch.setattr(fused.engine.runner, 'norm_kernel', counting)
+        return kernels.rms_norm(*args, **kwargs)
+    monkeypatch.setattr(fused.engine.runner, 'kernels', replace(kernels, rms_norm=counting))
     for mode in ('ar', 'pipeline'):
         engine = Engine(fused.engine.runner, fused.engine.norm_stats,
                         EngineConfig(mode=mode, dtype='float64', use_kernels='on'))
@@ -44,8 +47,11 @@ def test_kernel_path_matches_reference_tokens(folder, monkeypatch):
             engine.submit(f)
         got = {fin.request_id: fin.result.tokens for fin in engine.run_until_idle()}
         assert [got[i] for i in sorted(got)] == expected, mode
+    # Per forward: the first layer's input norm alone; every later norm (each layer's
+    # post-attention norm, the next layer's input norm, the final norm) adds the residual.
     num_layers = len(fused.engine.runner.lm.model.layers)
-    assert launches.count(True) >= num_layers and launches.count(False) > num_layers
+    assert launches.count(False) > 0
+    assert launches.count(True) == 2 * num_layers * launches.count(False)
 
 
 def test_kernels_on_without_triton_backend_is_refused(folder, monkeypatch):
@@ -56,3 +62,54 @@ def test_kernels_on_without_triton_backend_is_refused(folder, monkeypatch):
         pytest.skip('CUDA present: the kernel path is available')
     with pytest.raises(ValueError, match='use_kernels'):
         VLAPolicy.from_pretrained(str(folder), dtype='float64', use_kernels='on')
+
+
+def test_ring_attention_backend_gives_the_reference_tokens(folder, monkeypatch):
+    """``attention_backend: ring``: every segment of the pipelined steps (decode roots, draft
+    trees, several prompts per step) goes through the segment attention kernel, and the
+    tokens are the plain AR reference's in float64."""
+    from vla_spec_ros import VLAPolicy, kernels
+    from vla_spec_ros.engine.eagle_drafter import load_draft_for
+    monkeypatch.setenv('TRITON_INTERPRET', '1')
+    rng = np.random.default_rng(9)
+    frames = [Frame(rng.integers(0, 256, (40, 52, 3), dtype=np.uint8), text, 'libero_goal',
+                    f'cam{i % 2}')
+              for i, text in enumerate(('open the drawer', 'push the red block to the left',
+                                        'close it', 'pick up the cup'))]
+    plain = VLAPolicy.from_pretrained(str(folder), dtype='float64', use_kernels='off')
+    expected = ar_reference_tokens(plain, frames)
+    launches = []
+
+    def counting(q, *args):
+        launches.append(q.shape[0])
+        return kernel(q, *args)
+    kernel = kernels.segment_attention_triton
+    monkeypatch.setattr(kernels, 'segment_attention_triton', counting)
+    runner = plain.engine.runner
+    for mode in ('pipeline', 'pipeline_spec'):
+        cfg = EngineConfig(mode=mode, dtype='float64', use_kernels='off',
+                           attention_backend='ring', max_prefills_per_step=2,
+                           draft_path='random', tree_max_nodes=12)
+        draft = load_draft_for(runner, cfg, None) if cfg.is_speculative else None
+        engine = Engine(runner, plain.engine.norm_stats, cfg, draft=draft)
+        assert engine.strategy.verifier.kernels.segment_attention is counting
+        before = len(launches)
+        for f in frames:
+            engine.submit(f)
+        got = {fin.request_id: fin.result.tokens for fin in engine.run_until_idle()}
+        assert [got[i] for i in sorted(got)] == expected, mode
+        # One launch per layer of every step that has segments (all but the first).
+        num_layers = len(runner.lm.model.layers)
+        assert len(launches) - before >= num_layers * (engine.num_verifier_forwards - 1)
+
+
+def test_ring_attention_backend_without_triton_backend_is_refused(folder, monkeypatch):
+    from vla_spec_ros import VLAPolicy
+    import torch
+    if torch.cuda.is_available():
+        pytest.skip('CUDA present: the ring kernel can run')
+    monkeypatch.delenv('TRITON_INTERPRET', raising=False)
+    policy = VLAPolicy.from_pretrained(str(folder), dtype='float64', use_kernels='off')
+    with pytest.raises(ValueError, match='attention_backend'):
+        Engine(policy.engine.runner, policy.engine.norm_stats,
+               EngineConfig(mode='pipeline', dtype='float64', attention_backend='ring'))

@@ -17,8 +17,8 @@ from vla_spec_ros.engine.runner import dense_batch
 from vla_spec_ros.engine.step_inputs import (NO_PARENT, PrefillRows, pack_step, padding_step,
                                              tree_rows)
 from vla_spec_ros.engine.step_plan import SegmentSpec, plan_step
-from vla_spec_ros.models.layers import (StepBatch, attend_packed, attend_segments,
-                                        fuse_projections)
+from vla_spec_ros.models.attention import StepBatch, attend_packed, attend_segments
+from vla_spec_ros.models.layers import fuse_projections
 from vla_spec_ros.models.random_checkpoint import make_checkpoint
 
 from helpers import reference_allowed_slots
@@ -332,7 +332,7 @@ def test_fused_projections_equal_separate_and_fall_back(policy):
 
 def test_rope_rows_equal_apply_rope_bit_for_bit():
     from vla_spec_ros.config import LlamaConfig
-    from vla_spec_ros.models.layers import RopeRows, RopeTables, apply_rope, rope_tables
+    from vla_spec_ros.models.rope import RopeRows, RopeTables, apply_rope, rope_tables
     gen = torch.Generator().manual_seed(3)
     for dtype in (torch.float64, torch.float32, torch.bfloat16):
         tables = rope_tables(16, 64, 10000.0, dtype)

@@ -208,7 +208,7 @@ def preset(name: str) -> VLAConfig:
 
 MODES = ('ar', 'pipeline', 'spec', 'pipeline_spec')
 DTYPES = ('float32', 'float64', 'bfloat16', 'float16')
-ATTENTION_BACKENDS = ('auto', 'segments', 'dense')
+ATTENTION_BACKENDS = ('auto', 'segments', 'ring', 'dense')
 KERNEL_CHOICES = ('auto', 'on', 'off')
 
 
@@ -289,10 +289,13 @@ class EngineConfig:
     use_kernels: str = _option('auto', 'Fused Triton kernels: auto (CUDA only), on or off',
                                choices=KERNEL_CHOICES)
     # Attention over the packed ring: "segments" (each request attends to its own KV span and
-    # tree only: cost proportional to the work in flight), "dense" (the reference: one
+    # tree only, gathered then SDPA: cost proportional to the work in flight), "ring" (the
+    # same through one Triton kernel per layer reading the slots in place: CUDA, or the
+    # interpreter on a CPU; not the default until timed on a GPU), "dense" (the reference: one
     # T x ring mask, cost grows with the whole ring), "auto" = segments.
     attention_backend: str = _option('auto', 'Packed attention: auto (= segments: each request '
-                                     'attends to its own KV only) or dense (the reference)',
+                                     'attends to its own KV only), ring (segments read in '
+                                     'place by a Triton kernel) or dense (the reference)',
                                      choices=ATTENTION_BACKENDS)
     # CUDA graphs of the packed verifier step and the vision towers (captured per shape
     # bucket before first use, replayed after) and of the draft forwards (padded shape

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from ..models.layers import StepBatch
+from ..models.attention import StepBatch
 from .runner import ModelRunner
 
 

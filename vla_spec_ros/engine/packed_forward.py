@@ -27,7 +27,7 @@ from typing import Callable
 import numpy as np
 import torch
 
-from ..models.layers import StepBatch
+from ..models.attention import StepBatch
 from .step_inputs import HostStep
 
 MAX_BUCKETS = 64        # eager buckets kept (graph buckets are kept for the engine's life)

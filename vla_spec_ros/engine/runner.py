@@ -20,11 +20,13 @@ import torch
 
 from ..actions import ActionTokenizer
 from ..config import EngineConfig, VLAConfig
-from ..models.layers import KVCache, StepBatch, fuse_projections
+from ..models.attention import KVCache, StepBatch
+from ..models.layers import LayerKernels, fuse_projections
 from ..models.vla import OpenVLA
 from ..preprocess import check_image, preprocess_pixels
 from ..prompt import PromptTokenizer
 from .frame_upload import FrameUploader, device_ids
+from .kernel_choice import select_layer_kernels, with_attention_backend
 from .packed_forward import GraphedFunction, PackedForward
 from .parallel_towers import ParallelTowers
 from .result import Frame
@@ -52,10 +54,9 @@ class ModelRunner:
         self.device = torch.device(engine_cfg.device)
         self.action_tokenizer = ActionTokenizer(cfg.llm.vocab_size, cfg.pad_to_multiple_of,
                                                 cfg.n_action_bins)
-        self.kernel = select_rope_kernel(engine_cfg, self.device)   # fused RoPE + KV write
-        # The fused (residual add +) RMSNorm comes with the same switch; both are passed per
-        # forward, so runners sharing one model keep their own choice.
-        self.norm_kernel = select_norm_kernel(engine_cfg, self.device)
+        # Fused RoPE + KV write and norm (``use_kernels``), passed per forward, so runners
+        # sharing one model keep their own choice.
+        self.kernels = select_layer_kernels(engine_cfg, self.device)
         self.use_cuda_graphs = engine_cfg.use_cuda_graphs   # EngineConfig: CUDA devices only
         at = self.action_tokenizer
         self._action_mask = torch.full((cfg.llm.vocab_size,), float('-inf'), dtype=self.dtype,
@@ -137,12 +138,13 @@ class ModelRunner:
 
     def new_ring(self, capacity: int, config: EngineConfig) -> 'RingRunner':
         return RingRunner(self, capacity, config.restrict_to_action_tokens,
-                          is_dense=config.attention_backend == 'dense')
+                          is_dense=config.attention_backend == 'dense',
+                          kernels=with_attention_backend(self.kernels, config))
 
     @torch.no_grad()
     def forward(self, embeds: torch.Tensor, batch: StepBatch, cache: KVCache) -> torch.Tensor:
         """(T, H) packed input embeddings -> final-normed hidden states (T, H)."""
-        return self.lm.forward_hidden(embeds, batch, cache, self.kernel, self.norm_kernel)
+        return self.lm.forward_hidden(embeds, batch, cache, self.kernels)
 
     @torch.no_grad()
     def greedy(self, hidden: torch.Tensor, restrict_to_action_tokens: bool) -> torch.Tensor:
@@ -164,9 +166,11 @@ class RingRunner:
     """
 
     def __init__(self, runner: ModelRunner, capacity: int, restrict_to_action_tokens: bool,
-                 is_dense: bool = False):
+                 is_dense: bool = False, kernels: LayerKernels | None = None):
         self.runner = runner
         self.is_dense = is_dense     # the reference: one (T x ring) mask instead of segments
+        # The runner's kernels, plus the segment attention kernel with attention_backend ring.
+        self.kernels = runner.kernels if kernels is None else kernels
         self.scratch_slot = capacity
         self.cache = runner.new_cache(capacity + 1)
         self.restrict_to_action_tokens = restrict_to_action_tokens
@@ -181,8 +185,7 @@ class RingRunner:
             x = torch.cat([dense['prefill_embeds'], x], dim=0)
         if self.is_dense:
             batch = dense_batch(batch, self.cache.num_slots)
-        hidden = runner.lm.forward_hidden(x, batch, self.cache, runner.kernel,
-                                          runner.norm_kernel)
+        hidden = runner.lm.forward_hidden(x, batch, self.cache, self.kernels)
         # Greedy rows: each prefill's last real row, then every segment row (padding included).
         rows = torch.cat([hidden.index_select(0, ints['prefill_last']), hidden[lp:]]) \
             if lp else hidden
@@ -231,41 +234,3 @@ def dense_batch(batch: StepBatch, num_slots: int) -> StepBatch:
     return StepBatch(positions=batch.positions, slot_mapping=batch.slot_mapping,
                      attn_mask=mask, kv_limit=num_slots, copy_src=batch.copy_src,
                      copy_dst=batch.copy_dst)
-
-
-def kernels_enabled(config: EngineConfig, device) -> bool:
-    """Whether the fused Triton kernels run: "auto" on CUDA only (when triton imports); "on"
-    forces them (on CPU that needs TRITON_INTERPRET=1, which the tests use to run the kernel
-    path against the reference; otherwise a ValueError); "off" never."""
-    if config.use_kernels == 'off':
-        return False
-    from ..kernels import is_triton_available
-    on_cuda = getattr(device, 'type', str(device)) == 'cuda'
-    if config.use_kernels == 'auto' and not (on_cuda and is_triton_available()):
-        return False
-    if not is_triton_available():
-        raise ValueError('use_kernels: "on" needs triton on CUDA (or TRITON_INTERPRET=1)')
-    return True
-
-
-def select_norm_kernel(config: EngineConfig, device):
-    """The fused (residual add +) RMSNorm kernel when enabled, else None (plain torch)."""
-    if not kernels_enabled(config, device):
-        return None
-    from ..kernels import rms_norm_triton
-    return rms_norm_triton      # model-internal shapes: the unchecked launch
-
-
-def select_rope_kernel(config: EngineConfig, device):
-    """The fused RoPE + KV-write kernel when enabled (``kernels_enabled``), else None."""
-    if not kernels_enabled(config, device):
-        return None
-    from ..kernels import rope_kv_write
-
-    def kernel(q, k, v, positions, cos, sin, k_cache, v_cache, slot_mapping):
-        # Index checks would read indices back to the host (a sync) on every layer; the
-        # engine's planner already guarantees in-range slots, unique except the scratch slot
-        # that padding rows share (its content is never read by a real row).
-        return rope_kv_write(q, k, v, positions, cos, sin, k_cache, v_cache, slot_mapping,
-                             use_triton=True, check_indices=False)
-    return kernel

@@ -25,8 +25,10 @@ from torch import nn
 
 from ..config import LlamaConfig
 from ..validation import require_int_fields
+from .attention import KVCache, StepBatch
 from .checkpoint import CheckpointError, _check_safetensors_file, load_state_dict, weight_files
-from .layers import KVCache, LlamaDecoderLayer, RopeRows, RopeTables, StepBatch
+from .layers import LlamaDecoderLayer
+from .rope import RopeRows, RopeTables
 
 RANDOM_DRAFT = 'random'         # draft_path value for a seeded random (deliberately poor) head
 DEFAULT_DRAFT_SUBFOLDER = 'draft'

@@ -10,7 +10,9 @@ import torch
 from torch import nn
 
 from ..config import LlamaConfig
-from .layers import KVCache, LlamaDecoderLayer, RMSNorm, RopeRows, RopeTables, StepBatch
+from .attention import KVCache, StepBatch
+from .layers import PLAIN, LayerKernels, LlamaDecoderLayer, RMSNorm
+from .rope import RopeRows, RopeTables
 
 
 class LlamaBackbone(nn.Module):
@@ -37,15 +39,17 @@ class LlamaForCausalLM(nn.Module):
         return KVCache.for_config(self.cfg, num_slots, self.lm_head.weight)
 
     def forward_hidden(self, inputs_embeds: torch.Tensor, batch: StepBatch, cache: KVCache,
-                       kernel=None, norm_kernel=None) -> torch.Tensor:
+                       kernels: LayerKernels = PLAIN) -> torch.Tensor:
         """inputs_embeds: (T, H) packed tokens -> final-normed hidden states (T, H).
-        ``kernel`` / ``norm_kernel``: the fused RoPE + KV write / RMSNorm (None = plain)."""
+        ``kernels``: the fused kernels to use (default none: plain torch). Each layer leaves
+        its MLP's residual add to the next norm (``forward_deferred``)."""
         rope = RopeRows.gather(self.rope(inputs_embeds.dtype, inputs_embeds.device),
                                batch.positions)
-        x = inputs_embeds
+        x, delta = inputs_embeds, None
         for i, layer in enumerate(self.model.layers):
-            x = layer(x, batch, rope, cache.k[i], cache.v[i], kernel, norm_kernel)
-        return self.model.norm.forward(x, norm_kernel)
+            x, delta = layer.forward_deferred(x, delta, batch, rope, cache.k[i], cache.v[i],
+                                              kernels)
+        return self.model.norm.add_and_norm(x, delta, kernels.rms_norm)[1]
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head(hidden)

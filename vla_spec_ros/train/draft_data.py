@@ -38,7 +38,7 @@ from safetensors.torch import save_file
 
 from ..engine.ar import run_ar
 from ..engine.result import Frame
-from ..models.layers import StepBatch
+from ..models.attention import StepBatch
 
 IMAGE_SUFFIXES = ('.png', '.jpg', '.jpeg')
 DATA_FORMAT = 'vla-spec-draft-data'

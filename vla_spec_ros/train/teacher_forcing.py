@@ -1,6 +1,6 @@
 """Batched teacher-forced forward of the OpenVLA model, for behaviour-cloning training.
 
-The engine runs one packed sequence over a slot-addressed KV cache (models/layers.py); training
+The engine runs one packed sequence over a slot-addressed KV cache (models/attention.py); training
 wants (B, T) batches with autograd and no cache. This module runs the SAME modules and weights
 (vision towers, projector, embeddings, each Llama layer's projections, norms and MLP) with
 batched causal attention. Sequences are right-padded: with causal attention a pad token after a
@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 
 from ..config import VLAConfig
-from ..models.layers import apply_rope
+from ..models.rope import apply_rope
 from ..models.vla import OpenVLA
 from ..preprocess import normalize_per_tower
 

@@ -1,0 +1,57 @@
+"""Which fused kernels a forward uses (``LayerKernels``), from the engine configuration.
+
+``use_kernels`` ("auto": on CUDA when Triton imports; "on": forced, which on a CPU needs
+``TRITON_INTERPRET=1``, what the tests use to run the kernel paths against the references;
+"off": plain torch) switches the fused RoPE + KV write and the fused (residual add +)
+RMSNorm. ``attention_backend`` "ring" adds the segment attention kernel, which reads each
+segment's KV slots in place instead of gathering them; it needs Triton on CUDA or the
+interpreter whatever ``use_kernels`` says, and is never chosen by "auto" (not measured yet).
+"""
+from __future__ import annotations
+
+from dataclasses import replace
+
+from ..config import EngineConfig
+from ..models.layers import PLAIN, LayerKernels
+
+
+def kernels_enabled(config: EngineConfig, device) -> bool:
+    """Whether the fused RoPE and norm kernels run (``use_kernels``, see the module doc)."""
+    if config.use_kernels == 'off':
+        return False
+    from ..kernels import is_triton_available
+    on_cuda = getattr(device, 'type', str(device)) == 'cuda'
+    if config.use_kernels == 'auto' and not (on_cuda and is_triton_available()):
+        return False
+    if not is_triton_available():
+        raise ValueError('use_kernels: "on" needs triton on CUDA (or TRITON_INTERPRET=1)')
+    return True
+
+
+def select_layer_kernels(config: EngineConfig, device) -> LayerKernels:
+    """The model runner's kernels: fused RoPE + KV write and norm when enabled, else none."""
+    if not kernels_enabled(config, device):
+        return PLAIN
+    from ..kernels import rms_norm_triton, rope_kv_write
+
+    def rope_kernel(q, k, v, positions, cos, sin, k_cache, v_cache, slot_mapping):
+        # Index checks would read indices back to the host (a sync) on every layer; the
+        # engine's planner already guarantees in-range slots, unique except the scratch slot
+        # that padding rows share (its content is never read by a real row).
+        return rope_kv_write(q, k, v, positions, cos, sin, k_cache, v_cache, slot_mapping,
+                             use_triton=True, check_indices=False)
+    # The norm gets model-internal shapes only: the unchecked launch.
+    return LayerKernels(rope_kv_write=rope_kernel, rms_norm=rms_norm_triton)
+
+
+def with_attention_backend(kernels: LayerKernels, config: EngineConfig) -> LayerKernels:
+    """``kernels`` plus the segment attention kernel when ``attention_backend`` is "ring"."""
+    if config.attention_backend != 'ring':
+        return kernels
+    from ..kernels import is_triton_available, segment_attention_triton
+    if not is_triton_available():
+        raise ValueError('attention_backend: "ring" needs triton on CUDA (or '
+                         'TRITON_INTERPRET=1 on a CPU)')
+    # The planner's slots are in range by construction and every row attends to at least
+    # one slot (padding rows to the scratch slot): the unchecked launch, no host sync.
+    return replace(kernels, segment_attention=segment_attention_triton)
