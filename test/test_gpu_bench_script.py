@@ -82,3 +82,35 @@ def test_gpu_bench_times_the_pipelined_rows_at_each_prefill_setting(tmp_path):
     assert 'ar x2 prefills' not in modes
     assert record['failures'] == []
     assert all(r['num_actions'] == 4 and r['streams'] == 2 for r in record['rows'])
+
+
+def test_attention_ab_part_times_both_backends_with_the_reference_tokens(monkeypatch):
+    """``--parts attention`` (run here in-process on the tiny preset, float64): both sides
+    built, each row timed and its tokens equal to the eager AR reference; the ring side
+    really launches the segment attention kernel (under the CPU interpreter). The fused RoPE
+    and norm kernels are left off on both sides here: interpreted, they would take minutes."""
+    import argparse
+    import gpu_parts
+    from gpu_setup import build_model
+    from vla_spec_ros import kernels
+    monkeypatch.setenv('TRITON_INTERPRET', '1')
+    settings = {label: {**extra, 'use_kernels': 'off'}
+                for label, extra in gpu_parts.AB_SETTINGS['attention'].items()}
+    monkeypatch.setitem(gpu_parts.AB_SETTINGS, 'attention', settings)
+    launches = []
+    kernel = kernels.segment_attention_triton
+    monkeypatch.setattr(kernels, 'segment_attention_triton',
+                        lambda *a, **k: launches.append(1) or kernel(*a, **k))
+    monkeypatch.setattr(gpu_parts, 'time_pieces', lambda *a, **k: {'stub': 0.0})
+    weights = build_model('tiny', 'cpu', 'float64', 0)
+    args = argparse.Namespace(frames=2, warmup=1, seed=0, graphs='off', device='cpu',
+                              dtype='float64')
+    out = gpu_parts.run_ab(args, weights, sorted(weights.norm_stats)[0], 'attention')
+    assert list(out) == ['segments', 'ring']
+    assert out['ring']['options']['attention_backend'] == 'ring'
+    for label, side in out.items():
+        assert set(side['rows']) == {'ar', 'pipeline', 'pipeline_spec@3.5'}
+        for mode, row in side['rows'].items():
+            assert row['reference_agreement'] == 1.0, (label, mode)
+            assert row['num_actions'] == 2 and row['step_ms'] > 0
+    assert launches       # the ring side ran the kernel
