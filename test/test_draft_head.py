@@ -21,6 +21,7 @@ from vla_spec_ros.engine.eagle_drafter import EagleDrafter, load_draft_for
 from vla_spec_ros.models.checkpoint import CheckpointError, load_model
 from vla_spec_ros.models.draft import (DraftConfig, EagleDraftHead, load_draft,
                                        new_draft_head, save_draft)
+from vla_spec_ros.models.layers import PLAIN
 from vla_spec_ros.models.random_checkpoint import make_checkpoint
 
 # The EAGLE / Spec-VLA state-dict keys of a one-layer draft (reference §1), embedding excluded.
@@ -244,7 +245,8 @@ def test_num_layers_and_config_from_json(verifier, tmp_path):
 def _runner(verifier):
     return types.SimpleNamespace(model=verifier, dtype=torch.float64,
                                  device=torch.device('cpu'), action_dim=7,
-                                 max_prefix_len=lambda num_instruction_tokens: 64)
+                                 max_prefix_len=lambda num_instruction_tokens: 64,
+                                 kernels=PLAIN)
 
 
 def test_load_draft_for_resolves_draft_path(verifier, head, checkpoint, tmp_path):

@@ -86,21 +86,31 @@ def test_ring_attention_backend_gives_the_reference_tokens(folder, monkeypatch):
     kernel = kernels.segment_attention_triton
     monkeypatch.setattr(kernels, 'segment_attention_triton', counting)
     runner = plain.engine.runner
-    for mode in ('pipeline', 'pipeline_spec'):
+
+    def run(mode, backend):
         cfg = EngineConfig(mode=mode, dtype='float64', use_kernels='off',
-                           attention_backend='ring', max_prefills_per_step=2,
+                           attention_backend=backend, max_prefills_per_step=2,
                            draft_path='random', tree_max_nodes=12)
         draft = load_draft_for(runner, cfg, None) if cfg.is_speculative else None
         engine = Engine(runner, plain.engine.norm_stats, cfg, draft=draft)
-        assert engine.strategy.verifier.kernels.segment_attention is counting
-        before = len(launches)
         for f in frames:
             engine.submit(f)
-        got = {fin.request_id: fin.result.tokens for fin in engine.run_until_idle()}
-        assert [got[i] for i in sorted(got)] == expected, mode
+        finished = sorted(engine.run_until_idle(), key=lambda fin: fin.request_id)
+        return engine, [fin.result.tokens for fin in finished], \
+            [fin.result.stats['accepted_lengths'] for fin in finished]
+    num_layers = len(runner.lm.model.layers)
+    for mode in ('pipeline', 'pipeline_spec'):
+        before = len(launches)
+        engine, tokens, accepted = run(mode, 'ring')
+        assert engine.strategy.verifier.kernels.segment_attention is counting
+        assert tokens == expected, mode
         # One launch per layer of every step that has segments (all but the first).
-        num_layers = len(runner.lm.model.layers)
         assert len(launches) - before >= num_layers * (engine.num_verifier_forwards - 1)
+        if mode == 'pipeline_spec':
+            # The drafter's forwards use the kernel too, and propose the same trees: every
+            # request accepts what it accepts with gathered attention.
+            assert engine.strategy.drafter.kernels.segment_attention is counting
+            assert accepted == run(mode, 'segments')[2]
 
 
 def test_ring_attention_backend_without_triton_backend_is_refused(folder, monkeypatch):

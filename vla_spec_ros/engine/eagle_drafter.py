@@ -27,9 +27,11 @@ import torch
 
 from ..config import EngineConfig
 from ..models.draft import DEFAULT_DRAFT_SUBFOLDER, RANDOM_DRAFT, load_draft, new_draft_head
+from ..models.layers import PLAIN, LayerKernels, fuse_projections
 from ..validation import check_int
 from .draft_tree import ROOT, DraftTree
 from .drafter import DraftBegin, Drafter
+from .kernel_choice import with_attention_backend
 from .packed_forward import PackedForward, inference_mode
 from .step_inputs import (PrefillRows, chain_rows, next_power_of_two, pack_step,
                           power_of_two_buckets, round_up, tree_rows)
@@ -89,8 +91,10 @@ class EagleDrafter(Drafter):
     """
 
     def __init__(self, runner, head, num_lanes: int = 1, max_instruction_tokens: int = 128,
-                 use_cuda_graphs: bool = False, pad_shapes: bool | None = None):
+                 use_cuda_graphs: bool = False, pad_shapes: bool | None = None,
+                 kernels: LayerKernels = PLAIN):
         self.head = head
+        self.kernels = kernels      # the draft layers' fused kernels (default: plain torch)
         self.action_dim = int(runner.action_dim)
         self.num_lanes = check_int('num_lanes', num_lanes, minimum=1)
         self.hidden_size = head.cfg.hidden_size
@@ -120,9 +124,12 @@ class EagleDrafter(Drafter):
         # tree level, and capturing each cost 125 ms per pipelined step on the 7B shape
         # (bench/README.md). Tree-level buckets are built by ``capture_graphs``, update
         # buckets on first use.
+        # The draft layers use the verifier's kernels (fused RoPE + KV write and norms with
+        # ``use_kernels``, the segment attention kernel with ``attention_backend`` ring).
         return cls(runner, head, num_lanes=config.max_inflight if config.is_pipelined else 1,
                    max_instruction_tokens=config.max_instruction_tokens,
-                   use_cuda_graphs=config.use_cuda_graphs)
+                   use_cuda_graphs=config.use_cuda_graphs,
+                   kernels=with_attention_backend(runner.kernels, config))
 
     # ---- the packed draft forward ------------------------------------------------------------
 
@@ -141,7 +148,7 @@ class EagleDrafter(Drafter):
             sources = torch.cat([head.embed(ints['prefill_token']), dense['prefix_embeds']])
             x = torch.cat([sources.index_select(0, ints['prefix_inputs']), x])
         features = dense['features'].index_select(0, ints['feature_rows'])
-        hidden = head(x, features, batch, self.cache)
+        hidden = head(x, features, batch, self.cache, self.kernels)
         out = hidden.index_select(0, ints['out_rows'])
         if 'out_lanes' in ints:
             self._root_hidden.index_copy_(0, ints['out_lanes'], out)
@@ -417,6 +424,8 @@ def load_draft_for(runner, engine_config: EngineConfig,
                               device=runner.device)
     else:
         head = load_draft(Path(path).expanduser(), runner.model, runner.dtype, runner.device)
+    if runner.device.type == 'cuda':
+        fuse_projections(head)      # q/k/v and gate/up: one product each, as the verifier's
     return EagleDrafter.for_engine(runner, head, engine_config)
 
 

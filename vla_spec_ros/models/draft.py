@@ -27,7 +27,7 @@ from ..config import LlamaConfig
 from ..validation import require_int_fields
 from .attention import KVCache, StepBatch
 from .checkpoint import CheckpointError, _check_safetensors_file, load_state_dict, weight_files
-from .layers import LlamaDecoderLayer
+from .layers import PLAIN, LayerKernels, LlamaDecoderLayer
 from .rope import RopeRows, RopeTables
 
 RANDOM_DRAFT = 'random'         # draft_path value for a seeded random (deliberately poor) head
@@ -157,7 +157,7 @@ class EagleDraftHead(nn.Module):
         return self.embed_tokens.forward(token_ids)
 
     def forward(self, inputs_embeds: torch.Tensor, features: torch.Tensor, batch: StepBatch,
-                cache: KVCache) -> torch.Tensor:
+                cache: KVCache, kernels: LayerKernels = PLAIN) -> torch.Tensor:
         """inputs_embeds (T, H) = e_{p+1}, features (T, H) = f_p -> draft features (T, H).
 
         The output at position p is the draft's estimate of f_{p+1}. K/V go to
@@ -168,7 +168,7 @@ class EagleDraftHead(nn.Module):
         x = F.linear(torch.cat([inputs_embeds, features], dim=-1), self.fc.weight, self.fc.bias)
         rope = RopeRows.gather(self.rope(x.dtype, x.device), batch.positions)
         for i, layer in enumerate(self.layers):
-            x = layer.forward(x, batch, rope, cache.k[i], cache.v[i])
+            x = layer.forward(x, batch, rope, cache.k[i], cache.v[i], kernels)
         return x            # no final norm (EAGLE): features are already normalised
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
