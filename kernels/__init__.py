@@ -5,6 +5,8 @@ write), with ``rope_kv_write_ref`` (oracle), ``rope_kv_write_triton`` (unchecked
 validating wrapper taking ``use_triton``.
 ``rms_norm``: Llama's RMSNorm, optionally with the residual add before it, in one launch per
 norm (``rms_norm_ref``, ``rms_norm_triton``, ``rms_norm``).
+``silu_mul``: the SwiGLU activation ``silu(gate) * up`` in one launch (``silu_mul_ref``,
+``silu_mul_triton``, ``silu_mul``).
 ``segment_attention``: each segment's queries over its own KV slots, read in place from the
 slot-addressed cache (no gathered K/V copies), under the segment's mask
 (``segment_attention_ref``, ``segment_attention_triton``, ``segment_attention``).
@@ -18,10 +20,12 @@ from .rms_norm import rms_norm, rms_norm_ref, rms_norm_triton
 from .rope_kv_write import rope_kv_write, rope_kv_write_ref, rope_kv_write_triton
 from .segment_attention import (segment_attention, segment_attention_ref,
                                 segment_attention_triton)
+from .silu_mul import silu_mul, silu_mul_ref, silu_mul_triton
 
 __all__ = [
     'HAS_TRITON', 'is_interpret_mode', 'is_triton_available',
     'rms_norm', 'rms_norm_ref', 'rms_norm_triton',
     'rope_kv_write', 'rope_kv_write_ref', 'rope_kv_write_triton',
     'segment_attention', 'segment_attention_ref', 'segment_attention_triton',
+    'silu_mul', 'silu_mul_ref', 'silu_mul_triton',
 ]

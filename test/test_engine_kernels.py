@@ -1,6 +1,7 @@
 """The fused-kernel paths inside the engine (Triton under TRITON_INTERPRET=1 on CPU) give the
-plain AR reference's tokens: RoPE + KV write and norms in AR and pipelined modes, the segment
-attention kernel (``attention_backend: ring``) in the pipelined modes."""
+plain AR reference's tokens: RoPE + KV write, norms and the SwiGLU activation in AR and
+pipelined modes, the segment attention kernel (``attention_backend: ring``) in the pipelined
+modes."""
 from dataclasses import replace
 
 import numpy as np
@@ -33,13 +34,19 @@ def test_kernel_path_matches_reference_tokens(folder, monkeypatch):
     kernels = fused.engine.runner.kernels
     assert kernels.rope_kv_write is not None and plain.engine.runner.kernels.rope_kv_write is None
     assert kernels.rms_norm is not None and plain.engine.runner.kernels.rms_norm is None
-    # The fused norm really runs: count its launches through the engine's forwards.
-    launches = []
+    assert kernels.silu_mul is not None and plain.engine.runner.kernels.silu_mul is None
+    # The fused norm and activation really run: count their launches through the forwards.
+    launches, activations = [], []
 
     def counting(*args, **kwargs):
         launches.append(len(args) + len(kwargs) > 3)      # True: with the residual add
         return kernels.rms_norm(*args, **kwargs)
-    monkeypatch.setattr(fused.engine.runner, 'kernels', replace(kernels, rms_norm=counting))
+
+    def counting_activation(gate, up):
+        activations.append(gate.shape[0])
+        return kernels.silu_mul(gate, up)
+    monkeypatch.setattr(fused.engine.runner, 'kernels', replace(
+        kernels, rms_norm=counting, silu_mul=counting_activation))
     for mode in ('ar', 'pipeline'):
         engine = Engine(fused.engine.runner, fused.engine.norm_stats,
                         EngineConfig(mode=mode, dtype='float64', use_kernels='on'))
@@ -52,6 +59,7 @@ def test_kernel_path_matches_reference_tokens(folder, monkeypatch):
     num_layers = len(fused.engine.runner.lm.model.layers)
     assert launches.count(False) > 0
     assert launches.count(True) == 2 * num_layers * launches.count(False)
+    assert len(activations) == num_layers * launches.count(False)     # one per layer
 
 
 def test_kernels_on_without_triton_backend_is_refused(folder, monkeypatch):

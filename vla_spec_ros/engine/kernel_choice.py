@@ -2,10 +2,11 @@
 
 ``use_kernels`` ("auto": on CUDA when Triton imports; "on": forced, which on a CPU needs
 ``TRITON_INTERPRET=1``, what the tests use to run the kernel paths against the references;
-"off": plain torch) switches the fused RoPE + KV write and the fused (residual add +)
-RMSNorm. ``attention_backend`` "ring" adds the segment attention kernel, which reads each
-segment's KV slots in place instead of gathering them; it needs Triton on CUDA or the
-interpreter whatever ``use_kernels`` says, and is never chosen by "auto" (not measured yet).
+"off": plain torch) switches the fused RoPE + KV write, the fused (residual add +) RMSNorm
+and the fused ``silu(gate) * up``. ``attention_backend`` "ring" adds the segment attention
+kernel, which reads each segment's KV slots in place instead of gathering them; it needs
+Triton on CUDA or the interpreter whatever ``use_kernels`` says, and is never chosen by
+"auto" (not measured yet).
 """
 from __future__ import annotations
 
@@ -29,10 +30,11 @@ def kernels_enabled(config: EngineConfig, device) -> bool:
 
 
 def select_layer_kernels(config: EngineConfig, device) -> LayerKernels:
-    """The model runner's kernels: fused RoPE + KV write and norm when enabled, else none."""
+    """The model runner's kernels: fused RoPE + KV write, norm and SwiGLU activation when
+    enabled, else none."""
     if not kernels_enabled(config, device):
         return PLAIN
-    from ..kernels import rms_norm_triton, rope_kv_write
+    from ..kernels import rms_norm_triton, rope_kv_write, silu_mul_triton
 
     def rope_kernel(q, k, v, positions, cos, sin, k_cache, v_cache, slot_mapping):
         # Index checks would read indices back to the host (a sync) on every layer; the
@@ -40,8 +42,9 @@ def select_layer_kernels(config: EngineConfig, device) -> LayerKernels:
         # that padding rows share (its content is never read by a real row).
         return rope_kv_write(q, k, v, positions, cos, sin, k_cache, v_cache, slot_mapping,
                              use_triton=True, check_indices=False)
-    # The norm gets model-internal shapes only: the unchecked launch.
-    return LayerKernels(rope_kv_write=rope_kernel, rms_norm=rms_norm_triton)
+    # The norm and the activation get model-internal shapes only: the unchecked launches.
+    return LayerKernels(rope_kv_write=rope_kernel, rms_norm=rms_norm_triton,
+                        silu_mul=silu_mul_triton)
 
 
 def with_attention_backend(kernels: LayerKernels, config: EngineConfig) -> LayerKernels:

@@ -33,12 +33,14 @@ class LayerKernels:
     rope_kv_write: ``kernels/rope_kv_write`` contract (rotated q back, k/v in the cache);
     rms_norm: ``kernels/rms_norm.rms_norm_ref`` contract (with or without the residual add);
     segment_attention: ``kernels/segment_attention.segment_attention_ref`` contract, the
-    segments of ``attend_segments`` read straight from the KV buffer (no gathered copies).
+    segments of ``attend_segments`` read straight from the KV buffer (no gathered copies);
+    silu_mul: ``kernels/silu_mul.silu_mul_ref`` contract, the MLP's ``silu(gate) * up``.
     """
 
     rope_kv_write: Callable | None = None
     rms_norm: Callable | None = None
     segment_attention: Callable | None = None
+    silu_mul: Callable | None = None
 
 
 PLAIN = LayerKernels()
@@ -160,11 +162,14 @@ class SwiGLU(nn.Module):
         self.down_proj = nn.Linear(intermediate, hidden, bias=False)
         self.fused: FusedLinears | None = None
 
-    def forward(self, x):
+    def forward(self, x, kernel=None):
+        """``kernel``: the fused ``silu(gate) * up`` (None = plain torch)."""
         gate_up = self.fused(x) if self.fused is not None else None
         gate, up = gate_up if gate_up is not None else (_linear(self.gate_proj, x),
                                                         _linear(self.up_proj, x))
-        return _linear(self.down_proj, F.silu(gate) * up)
+        hidden = kernel(gate, up) if kernel is not None and not torch.is_grad_enabled() \
+            else F.silu(gate) * up
+        return _linear(self.down_proj, hidden)
 
 
 class LlamaDecoderLayer(nn.Module):
@@ -202,4 +207,4 @@ class LlamaDecoderLayer(nn.Module):
         x, h = self.post_attention_layernorm.add_and_norm(
             x, self.self_attn.forward(h, batch, rope, k_cache, v_cache, kernels),
             kernels.rms_norm)
-        return x, self.mlp.forward(h)
+        return x, self.mlp.forward(h, kernels.silu_mul)
