@@ -2,14 +2,16 @@
 # Everything a GPU machine is for, from a bare checkout, in parts that each fit one 10-minute
 # command budget (a 7B model is built once per part):
 #
-#   bash bench/gpu_suite.sh tests     CUDA kernel / CUDA-graph tests + the Triton kernel sweep
+#   bash bench/gpu_suite.sh tests     CUDA kernel / CUDA-graph tests + the Triton kernel sweeps
+#                                     (RoPE + KV write; segment attention vs gather + SDPA)
 #   bash bench/gpu_suite.sh graph-tests  the CUDA-graph tests alone
 #   bash bench/gpu_suite.sh table-on  7B table, CUDA graphs on, 1 and 4 streams, + profile
 #   bash bench/gpu_suite.sh table     7B table, CUDA graphs on then off, 1 and 4 streams
 #   bash bench/gpu_suite.sh table-off 7B table, CUDA graphs off, 1 and 4 streams
 #   bash bench/gpu_suite.sh fidelity  host-thread sweep, then the bf16 bin distance vs HF eager,
 #                                     200 frames, kernels off/on
-#   bash bench/gpu_suite.sh kernels-ab  norm-kernel tests, then fused kernels off vs on: pieces
+#   bash bench/gpu_suite.sh kernels-ab  norm / activation kernel tests, then fused kernels
+#                                     (RoPE + KV write, norms, SwiGLU activation) off vs on: pieces
 #                                     and ar / pipeline / pipeline_spec rows, graphs on
 #   bash bench/gpu_suite.sh fidelity-bins  the same with greedy over action tokens only on both
 #                                     sides, so that every disagreement has a bin distance
@@ -57,7 +59,7 @@ for part in "$@"; do
         tests)
             bounded python3 -m pytest -q -p no:cacheprovider test/test_kernels.py \
                 test/test_rms_norm_kernel.py test/test_segment_attention_kernel.py \
-                test/test_engine_kernels.py \
+                test/test_silu_mul_kernel.py test/test_engine_kernels.py \
                 test/test_cuda_graphs.py 2>&1 \
                 | tee "$RESULTS/log-tests.txt" || status=1
             bounded python3 bench/kernels_sweep.py 2>&1 | tee "$RESULTS/kernels-sweep.txt" || status=1 ;;
@@ -82,7 +84,8 @@ for part in "$@"; do
                 | tee "$RESULTS/log-fidelity.txt" || status=1 ;;
         kernels-ab)
             bounded python3 -m pytest -q -p no:cacheprovider test/test_rms_norm_kernel.py \
-                test/test_engine_kernels.py 2>&1 | tee "$RESULTS/log-kernel-tests.txt" || status=1
+                test/test_silu_mul_kernel.py test/test_engine_kernels.py 2>&1 \
+                | tee "$RESULTS/log-kernel-tests.txt" || status=1
             bounded $GPU --graphs on --parts kernels --baselines '' --frames 12 --warmup 6 2>&1 \
                 | tee "$RESULTS/log-kernels-ab.txt" || status=1 ;;
         fidelity-bins)

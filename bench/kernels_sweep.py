@@ -1,9 +1,11 @@
-"""Block-size / num_warps sweep of the engine's Triton kernel against its torch reference.
+"""Block-size / num_warps sweeps of the engine's Triton kernels against their torch references.
 
 llm.c ``dev/cuda`` style: every configuration is first validated against the reference, then
 timed; the table prints the time per call and the speed-up over the reference. Shapes default to
-an OpenVLA-7B-like layer (32 q and kv heads, head_dim 128, bf16) over a 4096-slot KV ring, with a
-decode-only step, a mixed pipelined step and a prefill-sized step.
+an OpenVLA-7B-like layer (32 q and kv heads, head_dim 128, bf16) over a 4096-slot KV ring:
+``rope_kv_write`` with a decode-only step, a mixed pipelined step and a prefill-sized step;
+``segment_attention`` against the engine's gather + SDPA path (``attend_segments``) with one
+decode segment (AR), eight (pipeline) and four 50-node trees (pipeline_spec).
 
     python3 bench/kernels_sweep.py                    # CUDA required; on CPU prints and exits 0
     python3 bench/kernels_sweep.py --interpret-smoke  # tiny CPU run under TRITON_INTERPRET=1,
@@ -96,6 +98,70 @@ def sweep_rope(kernels, shape, block_hs, num_warps_list, time_fn):
                   f"x{ref_ms / ms:5.2f} vs ref  {'ok' if is_ok else 'MISMATCH'}")
 
 
+def make_segment_inputs(num_segments, num_rows, num_cols, num_heads, head_dim, num_slots,
+                        dtype, device):
+    """A segments-layout step: each segment reads ``num_cols`` distinct ring slots under a
+    random mask whose first column is always allowed (every row attends somewhere)."""
+    gen = torch.Generator(device='cpu').manual_seed(1)
+
+    def randn(*shape):
+        return torch.randn(*shape, generator=gen).to(device=device, dtype=dtype)
+    kv_index = torch.stack([torch.randperm(num_slots, generator=gen)[:num_cols]
+                            for _ in range(num_segments)]).to(device)
+    seg_mask = torch.rand(num_segments, num_rows, num_cols, generator=gen) < 0.8
+    seg_mask[:, :, 0] = True
+    return dict(q=randn(num_segments * num_rows, num_heads, head_dim),
+                k_cache=randn(num_slots, num_heads, head_dim),
+                v_cache=randn(num_slots, num_heads, head_dim), kv_index=kv_index,
+                seg_mask=seg_mask.to(device))
+
+
+def gather_sdpa(q, k_cache, v_cache, kv_index, seg_mask):
+    """The engine's path without the kernel (``models/attention.attend_segments``): gather
+    each segment's K/V, one batched masked SDPA call, the output back to rows."""
+    import torch.nn.functional as F
+    num_segments, num_rows, num_cols = seg_mask.shape
+    num_heads, head_dim = q.shape[1], q.shape[2]
+    queries = q.view(num_segments, num_rows, num_heads, head_dim).transpose(1, 2)
+    shape = (num_segments, num_cols, k_cache.shape[1], head_dim)
+    keys = k_cache.index_select(0, kv_index.view(-1)).view(shape).transpose(1, 2)
+    values = v_cache.index_select(0, kv_index.view(-1)).view(shape).transpose(1, 2)
+    out = F.scaled_dot_product_attention(queries, keys, values, attn_mask=seg_mask[:, None])
+    return out.transpose(1, 2).reshape(num_segments * num_rows, num_heads, head_dim)
+
+
+def sweep_segment_attention(kernels, shape, block_ms, block_ns, num_warps_list, time_fn):
+    inputs = make_segment_inputs(**shape)
+    expected = kernels.segment_attention_ref(**inputs)
+    base_ms = time_fn(lambda: gather_sdpa(**inputs))
+    is_base_ok = torch.allclose(gather_sdpa(**inputs).float(), expected.float(), rtol=2e-2,
+                                atol=2e-2)
+    print(f"segment_attention S={shape['num_segments']} Q={shape['num_rows']} "
+          f"K={shape['num_cols']} H={shape['num_heads']} D={shape['head_dim']} "
+          f"{shape['dtype']}: gather + SDPA {base_ms * 1e3:.1f} us "
+          f"{'ok' if is_base_ok else 'MISMATCH'}")
+    for block_m in block_ms:
+        for block_n in block_ns:
+            for num_warps in num_warps_list:
+                def launch():
+                    return kernels.segment_attention_triton(
+                        **inputs, block_m=block_m, block_n=block_n, num_warps=num_warps)
+                try:
+                    is_ok = torch.allclose(launch().float(), expected.float(), rtol=2e-2,
+                                           atol=2e-2)
+                    ms = time_fn(launch)
+                except Exception as exc:        # e.g. out of shared memory at this tile
+                    print(f"  block_m={block_m:3d} block_n={block_n:3d} "
+                          f"num_warps={num_warps}: failed ({type(exc).__name__})")
+                    continue
+                print(f"  block_m={block_m:3d} block_n={block_n:3d} num_warps={num_warps}: "
+                      f"{ms * 1e3:8.1f} us  x{base_ms / ms:5.2f} vs gather + SDPA  "
+                      f"{'ok' if is_ok else 'MISMATCH'}")
+
+
+SEGMENT_SHAPES = [(1, 1, 300), (8, 1, 300), (4, 50, 350)]   # AR, pipeline, pipeline_spec
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument('--interpret-smoke', action='store_true',
@@ -112,6 +178,10 @@ def main(argv=None):
         shape = dict(num_tokens=4, num_q_heads=4, num_kv_heads=2, head_dim=16, num_slots=32,
                      dtype=torch.float32, device='cpu')
         sweep_rope(kernels, shape, [1, 2], [4], wall_time_ms)
+        sweep_segment_attention(kernels, dict(num_segments=2, num_rows=3, num_cols=20,
+                                              num_heads=2, head_dim=16, num_slots=64,
+                                              dtype=torch.float32, device='cpu'),
+                                [16], [16], [4], wall_time_ms)
         return 0
     if not torch.cuda.is_available():
         print('kernels_sweep: CUDA is required for timings; nothing to do on CPU '
@@ -126,6 +196,12 @@ def main(argv=None):
         shape = dict(num_tokens=num_tokens, num_q_heads=32, num_kv_heads=32, head_dim=128,
                      num_slots=4096, dtype=torch.bfloat16, device='cuda')
         sweep_rope(kernels, shape, [1, 2, 4, 8, 16], [1, 2, 4, 8], cuda_time_ms)
+    for num_segments, num_rows, num_cols in SEGMENT_SHAPES:
+        shape = dict(num_segments=num_segments, num_rows=num_rows, num_cols=num_cols,
+                     num_heads=32, head_dim=128, num_slots=4096, dtype=torch.bfloat16,
+                     device='cuda')
+        sweep_segment_attention(kernels, shape, [16, 32, 64], [16, 32, 64], [2, 4, 8],
+                                cuda_time_ms)
     return 0
 
 

@@ -114,3 +114,17 @@ def test_attention_ab_part_times_both_backends_with_the_reference_tokens(monkeyp
             assert row['reference_agreement'] == 1.0, (label, mode)
             assert row['num_actions'] == 2 and row['step_ms'] > 0
     assert launches       # the ring side ran the kernel
+
+
+def test_kernels_sweep_smoke_run_validates_every_configuration():
+    """``bench/kernels_sweep.py --interpret-smoke``: every swept configuration of both kernels
+    agrees with its reference (and gather + SDPA with the segment attention reference)."""
+    pytest.importorskip('triton', reason='triton is not installed')
+    done = subprocess.run([sys.executable, str(BENCH / 'kernels_sweep.py'), '--interpret-smoke'],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert 'MISMATCH' not in done.stdout and 'failed' not in done.stdout
+    lines = done.stdout.splitlines()
+    assert sum(line.strip().startswith('block_h=') for line in lines) == 2
+    assert sum(line.strip().startswith('block_m=') for line in lines) == 1
+    assert any(line.startswith('segment_attention') and line.endswith(' ok') for line in lines)
