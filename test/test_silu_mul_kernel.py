@@ -73,14 +73,21 @@ def test_kernel_matches_reference_on_random_shapes(interpret, dtype):
 
 @needs_triton
 def test_kernel_rounds_like_the_two_torch_operations(interpret):
-    """In bf16 the kernel rounds SiLU's output before the product, as ``F.silu(g) * u``
-    does: against a one-rounding product it disagrees somewhere, against the two-rounding
-    reference it is within the interpreter's truncation."""
-    gate, up = fused_halves(7, 16, 256, torch.bfloat16)
+    """The kernel rounds SiLU's output to the io dtype before the product, as
+    ``F.silu(g) * u`` does. In float16 (which the interpreter rounds to nearest, like torch;
+    bf16 it truncates) it then equals the two-rounding reference on all but a few elements
+    (exp differing in the last float32 bit), and disagrees with a one-rounding product on a
+    quarter of them, as the two references disagree with each other."""
+    gate, up = fused_halves(7, 64, 512, torch.float16)
     got = silu_mul_triton(gate, up)
-    assert_close(got, silu_mul_ref(gate, up))
-    single = (gate.float() / (1 + torch.exp(-gate.float())) * up.float()).to(torch.bfloat16)
-    assert not torch.equal(silu_mul_ref(gate, up), single)
+    two_roundings = silu_mul_ref(gate, up)
+    one_rounding = (gate.float() / (1 + torch.exp(-gate.float())) * up.float()).half()
+
+    def mismatch(a, b):
+        return (a != b).float().mean().item()
+    assert mismatch(got, two_roundings) < 0.005
+    assert mismatch(two_roundings, one_rounding) > 0.1
+    assert mismatch(got, one_rounding) > 0.1
 
 
 @needs_triton

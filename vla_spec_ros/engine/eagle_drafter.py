@@ -129,7 +129,7 @@ class EagleDrafter(Drafter):
         return cls(runner, head, num_lanes=config.max_inflight if config.is_pipelined else 1,
                    max_instruction_tokens=config.max_instruction_tokens,
                    use_cuda_graphs=config.use_cuda_graphs,
-                   kernels=with_attention_backend(runner.kernels, config))
+                   kernels=with_attention_backend(runner.kernels, config, runner.device))
 
     # ---- the packed draft forward ------------------------------------------------------------
 

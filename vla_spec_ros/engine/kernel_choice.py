@@ -12,20 +12,32 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import torch
+
 from ..config import EngineConfig
 from ..models.layers import PLAIN, LayerKernels
 
 
+def can_run_triton(device) -> bool:
+    """Whether Triton kernels can run on the engine's ``device``: a CUDA device with Triton,
+    or any device under the CPU interpreter (``TRITON_INTERPRET=1``). A CUDA machine does not
+    make a CPU engine able to launch them."""
+    from ..kernels import HAS_TRITON, is_interpret_mode
+    on_cuda = getattr(device, 'type', str(device)) == 'cuda'
+    return HAS_TRITON and ((on_cuda and torch.cuda.is_available()) or is_interpret_mode())
+
+
 def kernels_enabled(config: EngineConfig, device) -> bool:
-    """Whether the fused RoPE and norm kernels run (``use_kernels``, see the module doc)."""
+    """Whether the fused RoPE, norm and SwiGLU-activation kernels run (``use_kernels``, see
+    the module doc)."""
     if config.use_kernels == 'off':
         return False
-    from ..kernels import is_triton_available
     on_cuda = getattr(device, 'type', str(device)) == 'cuda'
-    if config.use_kernels == 'auto' and not (on_cuda and is_triton_available()):
+    if config.use_kernels == 'auto' and not (on_cuda and can_run_triton(device)):
         return False
-    if not is_triton_available():
-        raise ValueError('use_kernels: "on" needs triton on CUDA (or TRITON_INTERPRET=1)')
+    if not can_run_triton(device):
+        raise ValueError(f'use_kernels: "on" needs triton on a CUDA device (or '
+                         f'TRITON_INTERPRET=1); the engine runs on {device}')
     return True
 
 
@@ -47,14 +59,15 @@ def select_layer_kernels(config: EngineConfig, device) -> LayerKernels:
                         silu_mul=silu_mul_triton)
 
 
-def with_attention_backend(kernels: LayerKernels, config: EngineConfig) -> LayerKernels:
+def with_attention_backend(kernels: LayerKernels, config: EngineConfig,
+                           device) -> LayerKernels:
     """``kernels`` plus the segment attention kernel when ``attention_backend`` is "ring"."""
     if config.attention_backend != 'ring':
         return kernels
-    from ..kernels import is_triton_available, segment_attention_triton
-    if not is_triton_available():
-        raise ValueError('attention_backend: "ring" needs triton on CUDA (or '
-                         'TRITON_INTERPRET=1 on a CPU)')
+    if not can_run_triton(device):
+        raise ValueError(f'attention_backend: "ring" needs triton on a CUDA device (or '
+                         f'TRITON_INTERPRET=1); the engine runs on {device}')
+    from ..kernels import segment_attention_triton
     # The planner's slots are in range by construction and every row attends to at least
     # one slot (padding rows to the scratch slot): the unchecked launch, no host sync.
     return replace(kernels, segment_attention=segment_attention_triton)

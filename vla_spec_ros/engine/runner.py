@@ -54,8 +54,8 @@ class ModelRunner:
         self.device = torch.device(engine_cfg.device)
         self.action_tokenizer = ActionTokenizer(cfg.llm.vocab_size, cfg.pad_to_multiple_of,
                                                 cfg.n_action_bins)
-        # Fused RoPE + KV write and norm (``use_kernels``), passed per forward, so runners
-        # sharing one model keep their own choice.
+        # Fused RoPE + KV write, norms and SwiGLU activation (``use_kernels``), passed per
+        # forward, so runners sharing one model keep their own choice.
         self.kernels = select_layer_kernels(engine_cfg, self.device)
         self.use_cuda_graphs = engine_cfg.use_cuda_graphs   # EngineConfig: CUDA devices only
         at = self.action_tokenizer
@@ -139,7 +139,7 @@ class ModelRunner:
     def new_ring(self, capacity: int, config: EngineConfig) -> 'RingRunner':
         return RingRunner(self, capacity, config.restrict_to_action_tokens,
                           is_dense=config.attention_backend == 'dense',
-                          kernels=with_attention_backend(self.kernels, config))
+                          kernels=with_attention_backend(self.kernels, config, self.device))
 
     @torch.no_grad()
     def forward(self, embeds: torch.Tensor, batch: StepBatch, cache: KVCache) -> torch.Tensor:
