@@ -12,6 +12,7 @@ import torch
 from vla_spec_ros import VLAPolicy
 from vla_spec_ros.config import EngineConfig
 from vla_spec_ros.engine.ar import causal_batch, decode_ar
+from vla_spec_ros.engine import eagle_drafter
 from vla_spec_ros.engine.draft_tree import build_dynamic_tree
 from vla_spec_ros.engine.eagle_drafter import EagleDrafter
 from vla_spec_ros.engine.tree_growth import TreeGrowth
@@ -460,7 +461,7 @@ def test_batched_pruned_drafting_equals_the_reference(runner, confident_head, co
     assert batched.num_forward_passes == 4 + max(calls) - 1
 
 
-def test_captured_level_shapes_cover_serving(policy, runner, confident_head):
+def test_captured_level_shapes_cover_serving(policy, runner, confident_head, monkeypatch):
     """``capture_graphs`` builds (with padded shapes) every tree-level bucket that trees over
     one prompt length meet: serving frames of that prompt through pipeline_spec then finds
     every level forward's bucket already built. Building them touches no request state."""
@@ -474,16 +475,16 @@ def test_captured_level_shapes_cover_serving(policy, runner, confident_head):
     built = drafter.capture_graphs(prefix_len, cfg.tree_depth, cfg.tree_top_k)
     assert built == 3           # 1, 2 and 4 requests, one 128-slot bucket for this prompt
     assert drafter.num_forward_passes == 0 and not drafter._states
-    level_step, missing, calls = drafter._level_step, [], []
+    level_layout, missing, calls = eagle_drafter.level_layout, [], []
 
     def checking(*args):
-        step = level_step(*args)
+        step, num_rows = level_layout(*args)
         calls.append(step)
         if not drafter.forward.has_bucket(step, {'features': drafter._sources},
                                           {'top_k': cfg.tree_top_k}):
             missing.append(step.key)
-        return step
-    drafter._level_step = checking
+        return step, num_rows
+    monkeypatch.setattr(eagle_drafter, 'level_layout', checking)
     engine = Engine(runner, policy.engine.norm_stats, cfg, draft=drafter)
     rng = np.random.default_rng(4)
     for i in range(12):

@@ -29,12 +29,13 @@ from ..config import EngineConfig
 from ..models.draft import DEFAULT_DRAFT_SUBFOLDER, RANDOM_DRAFT, load_draft, new_draft_head
 from ..models.layers import PLAIN, LayerKernels, fuse_projections
 from ..validation import check_int
-from .draft_tree import ROOT, DraftTree
+from .draft_layout import (DRAFT_COLS_BUCKET, DRAFT_FEATURES_BUCKET, FedNodes, LaneAdvance,
+                           LaneBegin, LevelMember, level_layout, level_step, update_layout)
+from .draft_tree import DraftTree
 from .drafter import DraftBegin, Drafter
 from .kernel_choice import with_attention_backend
 from .packed_forward import PackedForward, inference_mode
-from .step_inputs import (PrefillRows, chain_rows, next_power_of_two, pack_step,
-                          power_of_two_buckets, round_up, tree_rows)
+from .step_inputs import next_power_of_two, power_of_two_buckets, round_up
 from .tree_growth import TreeGrowth
 
 # Proposals kept per request after each update: any tree_top_k (a run-time tunable, at most
@@ -42,13 +43,6 @@ from .tree_growth import TreeGrowth
 MAX_TOP_K = 32
 # Draft scratch per request: (tree_depth - 1) frontier levels of at most tree_top_k nodes.
 MAX_SCRATCH = (16 - 1) * MAX_TOP_K
-# Shape buckets of the draft forwards when shapes are padded (``pad_shapes``, on with CUDA
-# graphs): prompt blocks to a multiple of 64 rows, gathered draft KV to a multiple of 128
-# slots, the verifier features an update reads to a multiple of 256 rows; segment counts and
-# accepted-path rows to powers of two, a tree level's rows to top_k.
-DRAFT_PROMPT_BUCKET = 64
-DRAFT_COLS_BUCKET = 128
-DRAFT_FEATURES_BUCKET = 256
 
 
 @dataclass
@@ -59,18 +53,6 @@ class _DraftState:
     # The draft's top MAX_TOP_K after the root, best first: (1, MAX_TOP_K) log-probabilities
     # (float32) and token ids (int64).
     root_proposals: tuple[np.ndarray, np.ndarray] | None
-
-
-class _FedNodes:
-    """One growing tree's candidates fed to the draft so far, as a tree of their own (the
-    draft scratch layout): local node 0 is the root (its draft state is the last stable
-    position stable_len - 1), local node k sits in lane slot stable_len - 1 + k."""
-
-    def __init__(self, num_candidates: int, root_token: int):
-        self.local_of = np.zeros(num_candidates, dtype=np.int64)    # candidate -> local node
-        self.row_of = np.zeros(num_candidates, dtype=np.int64)      # candidate -> last row
-        self.parents = [-1]                                         # local tree
-        self.tokens = [root_token]
 
 
 class EagleDrafter(Drafter):
@@ -85,9 +67,10 @@ class EagleDrafter(Drafter):
     the roots stay on the device (``_root_hidden``, one row per lane).
 
     With ``pad_shapes`` (default: ``use_cuda_graphs``) every draft forward is padded to a
-    shape bucket (``DRAFT_*_BUCKET``): a few shapes serve all requests, so each CUDA graph is
-    captured on a bucket's first use and replayed afterwards. Padding rows write the scratch
-    slot and the spare root row (lane ``num_lanes``) only; the trees are the same.
+    shape bucket (``draft_layout.DRAFT_*_BUCKET``): a few shapes serve all requests, so each
+    CUDA graph is captured on a bucket's first use and replayed afterwards. Padding rows
+    write the scratch slot and the spare root row (lane ``num_lanes``) only; the trees are
+    the same.
     """
 
     def __init__(self, runner, head, num_lanes: int = 1, max_instruction_tokens: int = 128,
@@ -177,41 +160,16 @@ class EagleDrafter(Drafter):
         if not begins and not advances:
             return
         self._check_rows('features', features, None)
-        pad = self.pad_shapes
         lengths = [self._check_begin(begin, begins[:b]) for b, begin in enumerate(begins)]
         if len(begins) > len(self._free_lanes):
             raise RuntimeError(f'all {self.num_lanes} draft lanes are in use')
-        # Prompt blocks: each prompt's rows, padded to a shared bucket when shapes are padded.
-        block_rows = round_up(max(lengths), DRAFT_PROMPT_BUCKET) if pad and begins else None
-        prefills, feature_rows, out_rows, out_lanes, prefix_inputs = [], [], [], [], []
         free_lanes = list(self._free_lanes)
-        new_states, padded_embeds, block_start = [], [], 0
-        for b, (begin, length) in enumerate(zip(begins, lengths)):
-            lane = free_lanes.pop(0)
-            state = _DraftState(lane, length, int(begin.root_token), None)
+        new_states = []
+        for begin, length in zip(begins, lengths):
+            state = _DraftState(free_lanes.pop(0), length, int(begin.root_token), None)
             new_states.append((begin.request_id, state))
-            prefills.append(PrefillRows(lane * self.lane_len, self.scratch_slot, length))
-            block = block_rows or length
-            padding = block - length
-            feature_rows += list(begin.feature_rows) + [0] * padding
-            out_rows.append(block_start + length - 1)
-            out_lanes.append(lane)
-            # Input rows: e_1..e_{L-1} of this prompt, then its root's embedding (``_step``'s
-            # sources: the roots' embeddings, then every prompt block's rows).
-            first = len(begins) + block_start
-            prefix_inputs += list(range(first + 1, first + length)) + [b] + [0] * padding
-            padded_embeds.append(begin.prefix_embeds)
-            if padding:
-                padded_embeds.append(begin.prefix_embeds.new_zeros(padding, self.hidden_size))
-            block_start += block
-        lp = block_start
-        num_rows = max((len(a.path_tokens) for a in advances), default=1)
-        num_segments = len(advances)
-        if pad:
-            num_rows = next_power_of_two(num_rows)
-            num_segments = next_power_of_two(num_segments) if num_segments else 0
-        segments, advanced = [], []
-        for s, adv in enumerate(advances):
+        advanced = []
+        for adv in advances:
             state = self._state(adv.request_id)
             path = [int(t) for t in adv.path_tokens]
             if not path or path[0] != state.root_token:
@@ -221,41 +179,34 @@ class EagleDrafter(Drafter):
                 raise ValueError(f'path_features: expected {len(path)} rows, got '
                                  f'{len(adv.feature_rows)}')
             self._check_position(state.stable_len + len(path) - 1)
-            # New stable positions: f(path[i]) with the embedding of the token decided after it.
-            segments.append(chain_rows(state.lane * self.lane_len, self.scratch_slot,
-                                       state.stable_len, path[1:] + [int(adv.bonus)]))
-            feature_rows += list(adv.feature_rows) + [0] * (num_rows - len(path))
-            out_rows.append(lp + s * num_rows + len(path) - 1)
-            out_lanes.append(state.lane)
-            advanced.append((state, len(path), int(adv.bonus)))
-        # Padding segments: their rows read feature row 0; their outputs go to the spare root.
-        padding_segments = num_segments - len(advances)
-        feature_rows += [0] * (padding_segments * num_rows)
-        out_rows += [0] * padding_segments
-        out_lanes += [self.num_lanes] * padding_segments
-        extras = {'feature_rows': feature_rows, 'out_rows': out_rows, 'out_lanes': out_lanes}
-        if begins:
-            extras['prefill_token'] = [state.root_token for _, state in new_states]
-            extras['prefix_inputs'] = prefix_inputs
-        num_cols = round_up(max((seg.num_cols for seg in segments), default=1),
-                            DRAFT_COLS_BUCKET) if pad else None
-        step = pack_step(prefills, segments, self.scratch_slot, num_segments=num_segments,
-                         num_rows=num_rows, num_cols=num_cols, extras=extras,
-                         prefill_rows=block_rows)
-        if pad and features.shape[0] % DRAFT_FEATURES_BUCKET:
+            advanced.append((state, path, adv))
+        layout = update_layout(
+            [LaneBegin(state.lane, length, begin.feature_rows, state.root_token)
+             for begin, length, (_, state) in zip(begins, lengths, new_states)],
+            [LaneAdvance(state.lane, state.stable_len, path, adv.feature_rows, int(adv.bonus))
+             for state, path, adv in advanced],
+            self.lane_len, self.scratch_slot, self.num_lanes, self.pad_shapes)
+        step = layout.step
+        if self.pad_shapes and features.shape[0] % DRAFT_FEATURES_BUCKET:
             features = torch.cat([features, features.new_zeros(
                 -features.shape[0] % DRAFT_FEATURES_BUCKET, features.shape[1])])
         dense = {'features': features}
         if begins:
+            padded_embeds = []
+            for begin, padding in zip(begins, layout.prompt_padding):
+                padded_embeds.append(begin.prefix_embeds)
+                if padding:
+                    padded_embeds.append(begin.prefix_embeds.new_zeros(padding,
+                                                                       self.hidden_size))
             dense['prefix_embeds'] = torch.cat(padded_embeds) if len(padded_embeds) > 1 \
                 else padded_embeds[0]
         values, tokens, _ = self._run(step, dense, self.max_top_k)
         self._free_lanes = free_lanes
         for request_id, state in new_states:
             self._states[request_id] = state
-        for (state, count, bonus) in advanced:
-            state.stable_len += count
-            state.root_token = bonus
+        for state, path, adv in advanced:
+            state.stable_len += len(path)
+            state.root_token = int(adv.bonus)
         for r, state in enumerate([st for _, st in new_states] + [a[0] for a in advanced]):
             state.root_proposals = (values[r:r + 1], tokens[r:r + 1])
 
@@ -301,40 +252,25 @@ class EagleDrafter(Drafter):
             growth = TreeGrowth(state.root_token, depth, top_k, min_prob)
             growth.expand(*state.root_proposals)    # depth 1: the root's draft output, no forward
             growths.append(growth)
-        # Per request, the candidates fed so far as a tree of their own (``_FedNodes``). Each
-        # level feeds the newest frontier with the tree attention of ``tree_rows``; a node's
+        # Per request, the candidates fed so far as a tree of their own (``FedNodes``). Each
+        # level feeds the newest frontiers (engine/draft_layout.level_layout); a node's
         # feature is its parent's draft output: the lane's root row, or a row of the previous
         # level's forward.
-        fed = [_FedNodes(g.capacity, state.root_token) for g, state in zip(growths, states)]
+        fed = [FedNodes(g.capacity, state.root_token) for g, state in zip(growths, states)]
         num_roots = self.num_lanes + 1
         num_previous = 0        # rows of the previous level's output, after the roots
         while True:
             members = [i for i, growth in enumerate(growths) if not growth.is_done]
             if not members:
                 return [growth.tree(max_nodes) for growth in growths]
-            num_rows = max(growths[i].frontier.size for i in members)
-            num_segments = len(members)
-            if self.pad_shapes:     # a frontier holds at most top_k nodes
-                num_rows, num_segments = top_k, next_power_of_two(num_segments)
-            segments = []
-            feature_rows = np.zeros(num_segments * num_rows, dtype=np.int64)
-            for s, i in enumerate(members):
-                growth, state, nodes = growths[i], states[i], fed[i]
-                frontier = growth.frontier
-                parents = growth.parents[frontier]
-                first = len(nodes.parents)
-                nodes.local_of[frontier] = np.arange(first, first + frontier.size)
-                nodes.parents += nodes.local_of[parents].tolist()
-                nodes.tokens += growth.tokens[frontier].tolist()
-                # Attention: the stable prefix, the node's ancestors and the node itself.
-                segments.append(tree_rows(state.lane * self.lane_len, self.scratch_slot,
-                                          state.stable_len - 1, nodes.parents, nodes.tokens,
-                                          rows=range(first, len(nodes.parents))))
-                feature_rows[s * num_rows:s * num_rows + frontier.size] = np.where(
-                    parents == ROOT, state.lane, num_roots + nodes.row_of[parents])
-            num_cols = round_up(max(seg.num_cols for seg in segments), DRAFT_COLS_BUCKET) \
-                if self.pad_shapes else None
-            step = self._level_step(segments, feature_rows, num_segments, num_rows, num_cols)
+            level = []
+            for i in members:
+                frontier = growths[i].frontier
+                level.append(LevelMember(fed[i], states[i].lane, states[i].stable_len,
+                                         frontier, growths[i].parents[frontier],
+                                         growths[i].tokens[frontier]))
+            step, num_rows = level_layout(level, num_roots, top_k, self.lane_len,
+                                          self.scratch_slot, self.pad_shapes)
             # Padded: the whole sources buffer (one shape); else the roots and the rows in use.
             source = self._sources if self.pad_shapes else \
                 self._sources[:num_roots + num_previous]
@@ -348,15 +284,6 @@ class EagleDrafter(Drafter):
                 rows = slice(s * num_rows, s * num_rows + growth.frontier.size)
                 fed[i].row_of[growth.frontier] = np.arange(rows.start, rows.stop)
                 growth.expand(values[rows], tokens[rows])
-
-    def _level_step(self, segments, feature_rows, num_segments: int, num_rows: int,
-                    num_cols: int | None):
-        """The packed input of one tree level (every row's parent output in ``feature_rows``,
-        read from the sources buffer; every row's top-k read back)."""
-        return pack_step([], segments, self.scratch_slot, num_segments=num_segments,
-                         num_rows=num_rows, num_cols=num_cols,
-                         extras={'feature_rows': feature_rows,
-                                 'out_rows': np.arange(num_segments * num_rows)})
 
     @inference_mode
     def capture_graphs(self, prefix_len: int, tree_depth: int, top_k: int) -> int:
@@ -374,8 +301,8 @@ class EagleDrafter(Drafter):
         for num_segments in power_of_two_buckets(self.num_lanes):
             for num_cols in range(DRAFT_COLS_BUCKET, round_up(largest, DRAFT_COLS_BUCKET) + 1,
                                   DRAFT_COLS_BUCKET):
-                step = self._level_step([], np.zeros(num_segments * top_k, dtype=np.int64),
-                                        num_segments, top_k, num_cols)
+                step = level_step([], np.zeros(num_segments * top_k, dtype=np.int64),
+                                  num_segments, top_k, num_cols, self.scratch_slot)
                 self.forward(step, {'features': self._sources}, {'top_k': top_k})
         return self.forward.num_buckets - before
 
