@@ -114,3 +114,12 @@ def test_level_layout_padded():
     assert num_rows == 4 and step.mask.shape == (1, 4, 128)
     assert step.extras['feature_rows'].tolist() == [0, 0, 0, 0]
     assert step.slot_mapping.tolist() == [3, SCRATCH, SCRATCH, SCRATCH]
+
+
+def test_layout_imports_without_torch():
+    """Host bookkeeping stays plain Python and numpy: importing it loads no torch."""
+    import subprocess
+    import sys
+    code = ('import sys, vla_spec_ros.engine.draft_layout; '
+            'sys.exit(1 if "torch" in sys.modules else 0)')
+    assert subprocess.run([sys.executable, '-c', code]).returncode == 0
