@@ -69,6 +69,10 @@ def test_update_layout_pads_path_segments_to_the_spare_root():
     assert step.extras['out_rows'].tolist() == [2, 4, 9, 0]
     assert step.extras['out_lanes'].tolist() == [0, 1, 3, NUM_LANES]
     assert 'prefix_inputs' not in step.extras and step.prefill_blocks == ()
+    # Each path's feature rows, padded with row 0 to its segment's 4 rows; the padding
+    # segment's 4 rows read row 0 too.
+    assert step.extras['feature_rows'].tolist() == [0, 1, 2, 0, 0, 0, 0, 0, 0, 1, 0, 0,
+                                                    0, 0, 0, 0]
 
 
 def test_level_layout_feeds_frontiers_with_their_parents_outputs():
@@ -106,20 +110,31 @@ def test_level_layout_feeds_frontiers_with_their_parents_outputs():
 
 
 def test_level_layout_padded():
-    a = FedNodes(num_candidates=4, root_token=5)
-    member = LevelMember(a, lane=0, stable_len=3, frontier=np.array([1]),
-                         parents=np.array([ROOT]), tokens=np.array([9]))
-    step, num_rows = level_layout([member] * 1, NUM_LANES + 1, top_k=4, lane_len=LANE_LEN,
-                                  scratch_slot=SCRATCH, pad=True)
-    assert num_rows == 4 and step.mask.shape == (1, 4, 128)
-    assert step.extras['feature_rows'].tolist() == [0, 0, 0, 0]
-    assert step.slot_mapping.tolist() == [3, SCRATCH, SCRATCH, SCRATCH]
-
-
-def test_layout_imports_without_torch():
-    """Host bookkeeping stays plain Python and numpy: importing it loads no torch."""
-    import subprocess
-    import sys
-    code = ('import sys, vla_spec_ros.engine.draft_layout; '
-            'sys.exit(1 if "torch" in sys.modules else 0)')
-    assert subprocess.run([sys.executable, '-c', code]).returncode == 0
+    """Padded: a frontier's rows to top_k, the segment count to a power of two; padding rows
+    read feature row 0 and write the scratch slot."""
+    a = FedNodes(num_candidates=8, root_token=5)
+    member_a = LevelMember(a, lane=2, stable_len=3, frontier=np.array([1]),
+                           parents=np.array([ROOT]), tokens=np.array([9]))
+    b = FedNodes(num_candidates=8, root_token=6)
+    b.local_of[1], b.row_of[1] = 1, 6
+    b.parents, b.tokens = [-1, 0], [6, 7]
+    member_b = LevelMember(b, lane=1, stable_len=5, frontier=np.array([2, 3, 4]),
+                           parents=np.array([1, 1, 1]), tokens=np.array([10, 11, 12]))
+    c = FedNodes(num_candidates=8, root_token=8)
+    member_c = LevelMember(c, lane=3, stable_len=4, frontier=np.array([1, 2]),
+                           parents=np.array([ROOT, ROOT]), tokens=np.array([13, 14]))
+    num_roots = NUM_LANES + 1
+    step, num_rows = level_layout([member_a, member_b, member_c], num_roots, top_k=4,
+                                  lane_len=LANE_LEN, scratch_slot=SCRATCH, pad=True)
+    assert num_rows == 4 and step.mask.shape == (4, 4, 128)     # 3 trees -> 4 segments
+    assert step.extras['feature_rows'].tolist() == [
+        2, 0, 0, 0,                                         # A: lane 2's root row
+        num_roots + 6, num_roots + 6, num_roots + 6, 0,     # B: the previous level's row 6
+        3, 3, 0, 0,                                         # C: lane 3's root row
+        0, 0, 0, 0]                                         # the padding segment
+    assert step.slot_mapping.tolist() == [
+        203, SCRATCH, SCRATCH, SCRATCH,                     # A: slot stable_len - 1 + 1
+        106, 107, 108, SCRATCH,                             # B: stable_len - 1 + 2 ..
+        304, 305, SCRATCH, SCRATCH,                         # C: stable_len - 1 + 1 ..
+        SCRATCH, SCRATCH, SCRATCH, SCRATCH]
+    assert step.extras['out_rows'].tolist() == list(range(16))

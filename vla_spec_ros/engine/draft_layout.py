@@ -125,7 +125,9 @@ def update_layout(begins: Sequence[LaneBegin], advances: Sequence[LaneAdvance], 
 class FedNodes:
     """One growing tree's candidates fed to the draft so far, as a tree of their own (the
     draft scratch layout): local node 0 is the root (its draft state is the last stable
-    position stable_len - 1), local node k sits in lane slot stable_len - 1 + k."""
+    position stable_len - 1), local node k sits in lane slot stable_len - 1 + k.
+    ``level_layout`` records each fed frontier (``local_of``, ``parents``, ``tokens``); the
+    drafter records ``row_of`` once the level's forward has run."""
 
     def __init__(self, num_candidates: int, root_token: int):
         self.local_of = np.zeros(num_candidates, dtype=np.int64)    # candidate -> local node

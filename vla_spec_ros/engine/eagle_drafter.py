@@ -179,12 +179,12 @@ class EagleDrafter(Drafter):
                 raise ValueError(f'path_features: expected {len(path)} rows, got '
                                  f'{len(adv.feature_rows)}')
             self._check_position(state.stable_len + len(path) - 1)
-            advanced.append((state, path, adv))
+            advanced.append((state, path, int(adv.bonus)))
         layout = update_layout(
             [LaneBegin(state.lane, length, begin.feature_rows, state.root_token)
              for begin, length, (_, state) in zip(begins, lengths, new_states)],
-            [LaneAdvance(state.lane, state.stable_len, path, adv.feature_rows, int(adv.bonus))
-             for state, path, adv in advanced],
+            [LaneAdvance(state.lane, state.stable_len, path, adv.feature_rows, bonus)
+             for (state, path, bonus), adv in zip(advanced, advances)],
             self.lane_len, self.scratch_slot, self.num_lanes, self.pad_shapes)
         step = layout.step
         if self.pad_shapes and features.shape[0] % DRAFT_FEATURES_BUCKET:
@@ -204,9 +204,9 @@ class EagleDrafter(Drafter):
         self._free_lanes = free_lanes
         for request_id, state in new_states:
             self._states[request_id] = state
-        for state, path, adv in advanced:
+        for state, path, bonus in advanced:
             state.stable_len += len(path)
-            state.root_token = int(adv.bonus)
+            state.root_token = bonus
         for r, state in enumerate([st for _, st in new_states] + [a[0] for a in advanced]):
             state.root_proposals = (values[r:r + 1], tokens[r:r + 1])
 
