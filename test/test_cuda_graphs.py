@@ -134,6 +134,26 @@ def test_graphs_with_several_prefills_per_step(setup, mode):
     assert forward.num_graph_replays > 0
 
 
+@pytest.mark.parametrize('mode', ['pipeline', 'pipeline_spec'])
+def test_ring_attention_in_graphs_gives_the_reference_tokens(setup, mode):
+    """``attention_backend: ring`` (the segment attention kernel, compiled for the GPU) inside
+    the verifier's and the drafter's CUDA graphs: the reference tokens in float64, steps
+    replayed, and the kernel in both the verifier's and the drafter's bundle."""
+    from vla_spec_ros.engine.eagle_drafter import load_draft_for
+    _, graphed, frames, expected = setup
+    runner = graphed.engine.runner
+    cfg = EngineConfig(mode=mode, dtype='float64', device='cuda', use_cuda_graphs=True,
+                       attention_backend='ring', draft_path='random', tree_depth=3,
+                       tree_top_k=2, tree_max_nodes=6)
+    draft = load_draft_for(runner, cfg, None) if cfg.is_speculative else None
+    engine = Engine(runner, graphed.engine.norm_stats, cfg, draft=draft)
+    assert engine.strategy.verifier.kernels.segment_attention is not None
+    if draft is not None:
+        assert draft.kernels.segment_attention is not None
+    assert run_saturating(engine, frames) == expected
+    assert engine.strategy.verifier.forward.num_graph_replays > 0
+
+
 def test_graphed_draft_forwards_equal_eager(setup):
     """Graph replay of the padded draft forwards gives the trees of the same padded shapes
     run eagerly, bit for bit (padding itself is checked against tight shapes on CPU)."""
