@@ -10,7 +10,7 @@ Inside a layer, sub-modules are called through ``forward`` and projections throu
 on a CPU, where the engine's forwards on small models are bound by per-operation overhead (a
 draft forward on the embedded model: about a tenth less time). Hooks on a layer's sub-modules
 therefore do not run, nor do the verifier's layers' own hooks (``forward_hidden`` calls each
-layer's ``forward_deferred``); a model's top-level hooks do.
+layer's ``forward_deferred``).
 """
 from __future__ import annotations
 
