@@ -216,6 +216,24 @@ def _manual_projector(x, w):
     return h @ w['projector.fc3.weight'].T + w['projector.fc3.bias']
 
 
+@pytest.mark.parametrize('size', [(64, 64), (70, 53)])
+def test_patch_embedding_is_the_strided_convolution(size):
+    """The patch projection as one product over the cut-up image equals timm's strided
+    convolution, including the pixels dropped beyond the last whole patch."""
+    from vla_spec_ros.config import VisionTowerConfig
+    from vla_spec_ros.models.vision import PatchEmbed
+    torch.manual_seed(0)
+    cfg = VisionTowerConfig(kind='siglip', image_size=64, patch_size=16, embed_dim=24,
+                            depth=2, num_heads=2, mlp_dim=48)
+    embed = PatchEmbed(cfg).double()
+    pixels = torch.randn(2, 3, *size, dtype=torch.float64)
+    expected = F.conv2d(pixels, embed.proj.weight, embed.proj.bias, stride=16)
+    expected = expected.flatten(2).transpose(1, 2)                     # (B, P, D)
+    got = embed(pixels)
+    assert got.shape == expected.shape == (2, (size[0] // 16) * (size[1] // 16), 24)
+    torch.testing.assert_close(got, expected, rtol=1e-12, atol=1e-12)
+
+
 def test_vision_backbone_is_second_to_last_block_without_prefix(policies, raw_weights):
     policy = policies['float64']
     cfg = policy.model_config
