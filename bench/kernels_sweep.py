@@ -117,17 +117,12 @@ def make_segment_inputs(num_segments, num_rows, num_cols, num_heads, head_dim, n
 
 
 def gather_sdpa(q, k_cache, v_cache, kv_index, seg_mask):
-    """The engine's path without the kernel (``models/attention.attend_segments``): gather
-    each segment's K/V, one batched masked SDPA call, the output back to rows."""
-    import torch.nn.functional as F
-    num_segments, num_rows, num_cols = seg_mask.shape
-    num_heads, head_dim = q.shape[1], q.shape[2]
-    queries = q.view(num_segments, num_rows, num_heads, head_dim).transpose(1, 2)
-    shape = (num_segments, num_cols, k_cache.shape[1], head_dim)
-    keys = k_cache.index_select(0, kv_index.view(-1)).view(shape).transpose(1, 2)
-    values = v_cache.index_select(0, kv_index.view(-1)).view(shape).transpose(1, 2)
-    out = F.scaled_dot_product_attention(queries, keys, values, attn_mask=seg_mask[:, None])
-    return out.transpose(1, 2).reshape(num_segments * num_rows, num_heads, head_dim)
+    """The engine's own path without the kernel: ``models/attention.attend_segments`` on a
+    step of segments only (each segment's K/V gathered, one batched masked SDPA call)."""
+    from vla_spec_ros.models.attention import StepBatch, attend_segments
+    unused = kv_index.new_zeros(0)          # positions / slots: read by the KV write only
+    return attend_segments(q, k_cache, v_cache, StepBatch(
+        positions=unused, slot_mapping=unused, kv_index=kv_index, seg_mask=seg_mask))
 
 
 def sweep_segment_attention(kernels, shape, block_ms, block_ns, num_warps_list, time_fn):

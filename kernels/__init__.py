@@ -15,7 +15,7 @@ slot-addressed cache (no gathered K/V copies), under the segment's mask
 Installed as ``vla_spec_ros.kernels``; imports inside this folder stay relative so the source
 tree's top-level ``kernels`` package works too.
 """
-from ._triton_util import HAS_TRITON, is_interpret_mode, is_triton_available
+from ._triton_util import HAS_TRITON, can_launch_on, is_interpret_mode, is_triton_available
 from .rms_norm import rms_norm, rms_norm_ref, rms_norm_triton
 from .rope_kv_write import rope_kv_write, rope_kv_write_ref, rope_kv_write_triton
 from .segment_attention import (segment_attention, segment_attention_ref,
@@ -23,7 +23,7 @@ from .segment_attention import (segment_attention, segment_attention_ref,
 from .silu_mul import silu_mul, silu_mul_ref, silu_mul_triton
 
 __all__ = [
-    'HAS_TRITON', 'is_interpret_mode', 'is_triton_available',
+    'HAS_TRITON', 'can_launch_on', 'is_interpret_mode', 'is_triton_available',
     'rms_norm', 'rms_norm_ref', 'rms_norm_triton',
     'rope_kv_write', 'rope_kv_write_ref', 'rope_kv_write_triton',
     'segment_attention', 'segment_attention_ref', 'segment_attention_triton',

@@ -35,11 +35,17 @@ def is_triton_available() -> bool:
     return HAS_TRITON and (torch.cuda.is_available() or is_interpret_mode())
 
 
+def can_launch_on(device) -> bool:
+    """Whether a Triton launch can run on ``device``: a CUDA device with Triton, or any device
+    under the CPU interpreter. (A GPU in the machine does not make CPU tensors launchable.)"""
+    return HAS_TRITON and (torch.device(device).type == 'cuda' or is_interpret_mode())
+
+
 def check_can_launch(device: torch.device) -> None:
     """Raise ValueError (field ``use_triton``) when a Triton launch cannot run on ``device``."""
     if not HAS_TRITON:
         raise ValueError('use_triton=True but triton is not importable')
-    if device.type != 'cuda' and not is_interpret_mode():
+    if not can_launch_on(device):
         raise ValueError(
             f'use_triton=True needs CUDA tensors or TRITON_INTERPRET=1 (tensors are on {device})')
 
@@ -47,6 +53,13 @@ def check_can_launch(device: torch.device) -> None:
 def next_power_of_2(n: int) -> int:
     """Smallest power of two >= n (n >= 1); tl.arange extents must be powers of two."""
     return 1 << max(0, int(n) - 1).bit_length()
+
+
+def as_rows(x: torch.Tensor) -> torch.Tensor:
+    """(..., H) -> (N, H) view for row-wise kernels (a copy only when the rows cannot be
+    addressed by one stride)."""
+    flat = x.reshape(-1, x.shape[-1])
+    return flat if flat.stride(-1) == 1 else flat.contiguous()
 
 
 def compute_dtype(dtype: torch.dtype):

@@ -24,8 +24,8 @@ Layout as in rope_kv_write.py: ``rms_norm_ref`` (plain torch, the oracle), ``rms
 """
 import torch
 
-from ._triton_util import (HAS_TRITON, LazyJit, check_can_launch, compute_dtype, next_power_of_2,
-                           tl, triton)
+from ._triton_util import (HAS_TRITON, LazyJit, as_rows, check_can_launch, compute_dtype,
+                           next_power_of_2, tl, triton)
 
 LOW_PRECISION = (torch.float16, torch.bfloat16)
 
@@ -80,19 +80,13 @@ if HAS_TRITON:
     _rms_norm_kernel = LazyJit(_rms_norm_body)
 
 
-def _rows(x: torch.Tensor) -> torch.Tensor:
-    """(..., H) -> (N, H) view (a copy only when the rows cannot be addressed by one stride)."""
-    flat = x.reshape(-1, x.shape[-1])
-    return flat if flat.stride(-1) == 1 else flat.contiguous()
-
-
 def rms_norm_triton(x, weight, eps: float, residual=None, *, num_warps=None):
     """Triton launch with the contract of ``rms_norm_ref``; inputs are NOT checked."""
     shape = x.shape
-    x2 = _rows(x)
+    x2 = as_rows(x)
     num_rows, num_cols = x2.shape
     out = torch.empty((num_rows, num_cols), dtype=x.dtype, device=x.device)
-    res2 = _rows(residual) if residual is not None else x2
+    res2 = as_rows(residual) if residual is not None else x2
     total = torch.empty_like(out) if residual is not None else out
     if num_rows:
         block = next_power_of_2(num_cols)

@@ -19,7 +19,7 @@ Layout as in rope_kv_write.py: ``silu_mul_ref`` (plain torch, the oracle), ``sil
 import torch
 import torch.nn.functional as F
 
-from ._triton_util import HAS_TRITON, LazyJit, check_can_launch, compute_dtype, tl
+from ._triton_util import HAS_TRITON, LazyJit, as_rows, check_can_launch, compute_dtype, tl
 
 BLOCK = 1024        # columns per program: a 7B row (11,008) is 11 programs
 
@@ -46,16 +46,10 @@ if HAS_TRITON:
     _silu_mul_kernel = LazyJit(_silu_mul_body)
 
 
-def _rows(x: torch.Tensor) -> torch.Tensor:
-    """(..., I) -> (N, I) view (a copy only when the rows cannot be addressed by one stride)."""
-    flat = x.reshape(-1, x.shape[-1])
-    return flat if flat.stride(-1) == 1 else flat.contiguous()
-
-
 def silu_mul_triton(gate, up, *, num_warps=4):
     """Triton launch with the contract of ``silu_mul_ref``; inputs are NOT checked. Returns a
     new contiguous tensor of gate's shape. No host sync: CUDA-graph capturable."""
-    g2, u2 = _rows(gate), _rows(up)
+    g2, u2 = as_rows(gate), as_rows(up)
     num_rows, num_cols = g2.shape
     out = torch.empty((num_rows, num_cols), dtype=gate.dtype, device=gate.device)
     if out.numel():

@@ -246,7 +246,7 @@ def _runner(verifier):
     return types.SimpleNamespace(model=verifier, dtype=torch.float64,
                                  device=torch.device('cpu'), action_dim=7,
                                  max_prefix_len=lambda num_instruction_tokens: 64,
-                                 kernels=PLAIN)
+                                 kernels_for=lambda config: PLAIN)
 
 
 def test_load_draft_for_resolves_draft_path(verifier, head, checkpoint, tmp_path):

@@ -33,7 +33,6 @@ from .draft_layout import (DRAFT_COLS_BUCKET, DRAFT_FEATURES_BUCKET, FedNodes, L
                            LaneBegin, LevelMember, level_layout, level_step, update_layout)
 from .draft_tree import DraftTree
 from .drafter import DraftBegin, Drafter
-from .kernel_choice import with_attention_backend
 from .packed_forward import PackedForward, inference_mode
 from .step_inputs import next_power_of_two, power_of_two_buckets, round_up
 from .tree_growth import TreeGrowth
@@ -112,7 +111,7 @@ class EagleDrafter(Drafter):
         return cls(runner, head, num_lanes=config.max_inflight if config.is_pipelined else 1,
                    max_instruction_tokens=config.max_instruction_tokens,
                    use_cuda_graphs=config.use_cuda_graphs,
-                   kernels=with_attention_backend(runner.kernels, config, runner.device))
+                   kernels=runner.kernels_for(config))
 
     # ---- the packed draft forward ------------------------------------------------------------
 

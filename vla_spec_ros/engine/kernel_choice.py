@@ -12,30 +12,19 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-import torch
-
 from ..config import EngineConfig
 from ..models.layers import PLAIN, LayerKernels
-
-
-def can_run_triton(device) -> bool:
-    """Whether Triton kernels can run on the engine's ``device``: a CUDA device with Triton,
-    or any device under the CPU interpreter (``TRITON_INTERPRET=1``). A CUDA machine does not
-    make a CPU engine able to launch them."""
-    from ..kernels import HAS_TRITON, is_interpret_mode
-    on_cuda = getattr(device, 'type', str(device)) == 'cuda'
-    return HAS_TRITON and ((on_cuda and torch.cuda.is_available()) or is_interpret_mode())
 
 
 def kernels_enabled(config: EngineConfig, device) -> bool:
     """Whether the fused RoPE, norm and SwiGLU-activation kernels run (``use_kernels``, see
     the module doc)."""
+    from ..kernels import can_launch_on
     if config.use_kernels == 'off':
         return False
-    on_cuda = getattr(device, 'type', str(device)) == 'cuda'
-    if config.use_kernels == 'auto' and not (on_cuda and can_run_triton(device)):
-        return False
-    if not can_run_triton(device):
+    if config.use_kernels == 'auto':
+        return getattr(device, 'type', str(device)) == 'cuda' and can_launch_on(device)
+    if not can_launch_on(device):
         raise ValueError(f'use_kernels: "on" needs triton on a CUDA device (or '
                          f'TRITON_INTERPRET=1); the engine runs on {device}')
     return True
@@ -64,10 +53,10 @@ def with_attention_backend(kernels: LayerKernels, config: EngineConfig,
     """``kernels`` plus the segment attention kernel when ``attention_backend`` is "ring"."""
     if config.attention_backend != 'ring':
         return kernels
-    if not can_run_triton(device):
+    from ..kernels import can_launch_on, segment_attention_triton
+    if not can_launch_on(device):
         raise ValueError(f'attention_backend: "ring" needs triton on a CUDA device (or '
                          f'TRITON_INTERPRET=1); the engine runs on {device}')
-    from ..kernels import segment_attention_triton
     # The planner's slots are in range by construction and every row attends to at least
     # one slot (padding rows to the scratch slot): the unchecked launch, no host sync.
     return replace(kernels, segment_attention=segment_attention_triton)

@@ -136,10 +136,15 @@ class ModelRunner:
     def new_cache(self, num_slots: int) -> KVCache:
         return self.lm.new_kv_cache(num_slots)
 
+    def kernels_for(self, config: EngineConfig) -> LayerKernels:
+        """The kernels of one engine's forwards (its ring's and its drafter's): the runner's,
+        plus the segment attention kernel with ``attention_backend: ring``."""
+        return with_attention_backend(self.kernels, config, self.device)
+
     def new_ring(self, capacity: int, config: EngineConfig) -> 'RingRunner':
         return RingRunner(self, capacity, config.restrict_to_action_tokens,
                           is_dense=config.attention_backend == 'dense',
-                          kernels=with_attention_backend(self.kernels, config, self.device))
+                          kernels=self.kernels_for(config))
 
     @torch.no_grad()
     def forward(self, embeds: torch.Tensor, batch: StepBatch, cache: KVCache) -> torch.Tensor:
@@ -166,11 +171,10 @@ class RingRunner:
     """
 
     def __init__(self, runner: ModelRunner, capacity: int, restrict_to_action_tokens: bool,
-                 is_dense: bool = False, kernels: LayerKernels | None = None):
+                 is_dense: bool, kernels: LayerKernels):
         self.runner = runner
         self.is_dense = is_dense     # the reference: one (T x ring) mask instead of segments
-        # The runner's kernels, plus the segment attention kernel with attention_backend ring.
-        self.kernels = runner.kernels if kernels is None else kernels
+        self.kernels = kernels       # ``ModelRunner.kernels_for`` the engine's configuration
         self.scratch_slot = capacity
         self.cache = runner.new_cache(capacity + 1)
         self.restrict_to_action_tokens = restrict_to_action_tokens

@@ -145,9 +145,10 @@ def attend_segments(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
                     v[rows].transpose(0, 1)[None], is_causal=True, enable_gqa=gqa)
                 parts.append(out[0].transpose(0, 1))                          # (Lb, Hq, D)
                 start += block
-    if batch.kv_index is not None and batch.kv_index.shape[0] and kernel is not None:
+    has_segments = batch.kv_index is not None and batch.kv_index.shape[0] > 0
+    if has_segments and kernel is not None:
         parts.append(kernel(q[lp:], k_cache, v_cache, batch.kv_index, batch.seg_mask))
-    elif batch.kv_index is not None and batch.kv_index.shape[0]:
+    elif has_segments:
         num_segments, num_rows = batch.seg_mask.shape[:2]
         num_cols = batch.kv_index.shape[1]
         queries = q[lp:].view(num_segments, num_rows, num_heads, head_dim).transpose(1, 2)
