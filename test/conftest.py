@@ -19,3 +19,10 @@ def one_torch_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(previous)
+
+
+@pytest.fixture
+def interpret(monkeypatch):
+    """Triton kernels run in the CPU interpreter for this test only. Kernels are jitted at
+    launch time (kernels/_triton_util.LazyJit), so the switch holds whatever was imported."""
+    monkeypatch.setenv('TRITON_INTERPRET', '1')

@@ -19,29 +19,9 @@ except ImportError:  # installed layout: the folder ships as vla_spec_ros.kernel
     from vla_spec_ros.kernels.rope_kv_write import (rope_kv_write, rope_kv_write_ref,
                                                     rope_kv_write_triton)
 
-needs_triton = pytest.mark.skipif(not _triton_util.HAS_TRITON, reason='triton is not importable')
-needs_cuda = pytest.mark.skipif(not (_triton_util.HAS_TRITON and torch.cuda.is_available()),
-                                reason='needs triton and a CUDA device')
+from kernel_checks import assert_close, needs_cuda, needs_triton
 
 FLOAT_DTYPES = [torch.float32, torch.float64, torch.bfloat16]
-
-
-@pytest.fixture
-def interpret(monkeypatch):
-    monkeypatch.setenv('TRITON_INTERPRET', '1')
-
-
-def assert_close(actual, expected):
-    """Dtype-aware tolerance |a - e| <= atol + rtol * |e| (llm.c grows it with magnitude).
-
-    bf16 allows two units in the last place: Triton's CPU interpreter truncates float32 ->
-    bf16 where torch rounds to nearest, so one ulp of disagreement is expected there.
-    """
-    tolerances = {torch.float64: (1e-12, 1e-12), torch.float32: (1e-5, 1e-6),
-                  torch.bfloat16: (2 * 2.0 ** -7, 2.0 ** -7), torch.float16: (2e-3, 1e-3)}
-    rtol, atol = tolerances[expected.dtype]
-    assert actual.dtype == expected.dtype
-    torch.testing.assert_close(actual, expected, rtol=rtol, atol=atol)
 
 
 def hf_rope_tables(max_pos, head_dim, dtype, theta=10000.0):

@@ -212,6 +212,17 @@ def policy(tmp_path_factory):
     return VLAPolicy.from_pretrained(str(folder), dtype='float64')
 
 
+def verifier_with_random_kv(runner, capacity: int, seed: int):
+    """A float64 ring runner whose whole KV cache holds seeded random values (a history every
+    call with the same seed shares)."""
+    verifier = runner.new_ring(capacity, EngineConfig(dtype='float64'))
+    gen = torch.Generator().manual_seed(seed)
+    for k, v in zip(verifier.cache.k, verifier.cache.v):
+        k.copy_(torch.randn(k.shape, generator=gen, dtype=k.dtype))
+        v.copy_(torch.randn(v.shape, generator=gen, dtype=v.dtype))
+    return verifier
+
+
 def test_padding_changes_no_real_row(policy):
     """The padded shapes graphs replay (more segments, rows, slots, prompt rows, moves) give
     the same tokens and hidden states on every real row as the tight shapes."""
@@ -227,12 +238,8 @@ def test_padding_changes_no_real_row(policy):
     prefill = PrefillRows(ring.span(2).start, 300, 23)
     results = []
     for padded in (False, True):
-        verifier = runner.new_ring(300, EngineConfig(dtype='float64'))
         # Identical history in both caches (random KV), then one step.
-        gen = torch.Generator().manual_seed(1)
-        for k, v in zip(verifier.cache.k, verifier.cache.v):
-            k.copy_(torch.randn(k.shape, generator=gen, dtype=k.dtype))
-            v.copy_(torch.randn(v.shape, generator=gen, dtype=v.dtype))
+        verifier = verifier_with_random_kv(runner, 300, seed=1)
         sizes = dict(num_segments=4, num_rows=8, num_cols=96, prefill_rows=64,
                      moves=[(5, 6)], num_moves=8) if padded else dict(moves=[(5, 6)])
         step = pack_step([prefill], segments, verifier.scratch_slot, **sizes)
@@ -262,11 +269,7 @@ def test_padding_changes_no_real_row_with_two_prompts(policy):
     segments = [tree_rows(ring.span(0).start, 300, 20, [NO_PARENT, 0, 0, 1], [5, 6, 7, 8])]
     results = []
     for padded in (False, True):
-        verifier = runner.new_ring(300, EngineConfig(dtype='float64'))
-        gen = torch.Generator().manual_seed(1)
-        for k, v in zip(verifier.cache.k, verifier.cache.v):
-            k.copy_(torch.randn(k.shape, generator=gen, dtype=k.dtype))
-            v.copy_(torch.randn(v.shape, generator=gen, dtype=v.dtype))
+        verifier = verifier_with_random_kv(runner, 300, seed=1)
         sizes = dict(num_segments=2, num_rows=8, num_cols=96, prefill_rows=64) if padded \
             else {}
         step = pack_step(prefills, segments, verifier.scratch_slot, **sizes)
@@ -282,10 +285,7 @@ def test_padding_changes_no_real_row_with_two_prompts(policy):
 def test_padding_steps_touch_no_request_kv(policy):
     """The padding-only steps that build graph buckets write the scratch slot only."""
     runner = policy.engine.runner
-    verifier = runner.new_ring(200, EngineConfig(dtype='float64'))
-    gen = torch.Generator().manual_seed(2)
-    for k in verifier.cache.k + verifier.cache.v:
-        k.copy_(torch.randn(k.shape, generator=gen, dtype=k.dtype))
+    verifier = verifier_with_random_kv(runner, 200, seed=2)
     before = [k[:200].clone() for k in verifier.cache.k + verifier.cache.v]
     for sizes in (((64,), 0, 1, 128, 0), ((), 4, 8, 128, 12), ((64,), 2, 1, 256, 0),
                   ((64, 64), 2, 1, 128, 0)):

@@ -7,33 +7,13 @@ import pytest
 import torch
 
 try:
-    from kernels import _triton_util
     from kernels.rms_norm import rms_norm, rms_norm_ref, rms_norm_triton
 except ImportError:  # installed layout: the folder ships as vla_spec_ros.kernels
-    from vla_spec_ros.kernels import _triton_util
     from vla_spec_ros.kernels.rms_norm import rms_norm, rms_norm_ref, rms_norm_triton
 
 from vla_spec_ros.models.layers import RMSNorm
 
-needs_triton = pytest.mark.skipif(not _triton_util.HAS_TRITON, reason='triton is not importable')
-needs_cuda = pytest.mark.skipif(not (_triton_util.HAS_TRITON and torch.cuda.is_available()),
-                                reason='needs triton and a CUDA device')
-
-# bf16: two units in the last place (the CPU interpreter truncates float32 -> bf16 where torch
-# rounds to nearest, and the kernel's sum of squares runs in another order).
-TOLERANCES = {torch.float64: (1e-12, 1e-12), torch.float32: (1e-5, 1e-6),
-              torch.bfloat16: (2 * 2.0 ** -7, 2.0 ** -7), torch.float16: (2e-3, 1e-3)}
-
-
-@pytest.fixture
-def interpret(monkeypatch):
-    monkeypatch.setenv('TRITON_INTERPRET', '1')
-
-
-def assert_close(actual, expected):
-    rtol, atol = TOLERANCES[expected.dtype]
-    assert actual.dtype == expected.dtype and actual.shape == expected.shape
-    torch.testing.assert_close(actual, expected, rtol=rtol, atol=atol)
+from kernel_checks import assert_close, needs_cuda, needs_triton
 
 
 def make_case(seed, dtype, device='cpu'):

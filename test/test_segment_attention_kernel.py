@@ -16,18 +16,15 @@ import torch
 import torch.nn.functional as F
 
 try:
-    from kernels import _triton_util
     from kernels.segment_attention import (default_launch, segment_attention,
                                            segment_attention_ref, segment_attention_triton)
 except ImportError:  # installed layout: the folder ships as vla_spec_ros.kernels
-    from vla_spec_ros.kernels import _triton_util
     from vla_spec_ros.kernels.segment_attention import (default_launch, segment_attention,
                                                         segment_attention_ref,
                                                         segment_attention_triton)
 
-needs_triton = pytest.mark.skipif(not _triton_util.HAS_TRITON, reason='triton is not importable')
-needs_cuda = pytest.mark.skipif(not (_triton_util.HAS_TRITON and torch.cuda.is_available()),
-                                reason='needs triton and a CUDA device')
+import kernel_checks
+from kernel_checks import needs_cuda, needs_triton
 
 FLOAT_DTYPES = [torch.float64, torch.float32, torch.bfloat16]
 
@@ -36,24 +33,14 @@ def dtype_id(dtype):
     return str(dtype).replace('torch.', '')
 
 
-# |a - e| <= atol + rtol * |e|. bf16: two units in the last place (the CPU interpreter truncates
-# float32 -> bf16 where torch rounds to nearest; on CUDA p @ v takes TF32 probabilities).
-# float32: the sums run in another order (blocks with rescaling, inside tl.dot) over up to a
-# few hundred slots.
-TOLERANCES = {torch.float64: (1e-12, 1e-12), torch.float32: (1e-5, 1e-5),
-              torch.bfloat16: (2 * 2.0 ** -7, 2.0 ** -7), torch.float16: (2e-3, 1e-3)}
-
-
-@pytest.fixture
-def interpret(monkeypatch):
-    monkeypatch.setenv('TRITON_INTERPRET', '1')
+# The shared table (bf16: on CUDA p @ v also takes TF32 probabilities), with a looser float32
+# atol: the sums run in another order (blocks with rescaling, inside tl.dot) over up to a few
+# hundred slots.
+TOLERANCES = {**kernel_checks.TOLERANCES, torch.float32: (1e-5, 1e-5)}
 
 
 def assert_close(actual, expected):
-    rtol, atol = TOLERANCES[expected.dtype]
-    assert actual.dtype == expected.dtype and actual.shape == expected.shape
-    assert not actual.isnan().any()
-    torch.testing.assert_close(actual, expected, rtol=rtol, atol=atol)
+    kernel_checks.assert_close(actual, expected, TOLERANCES)
 
 
 def make_case(seed, dtype, num_segments, num_rows, num_cols, num_q_heads, num_kv_heads,

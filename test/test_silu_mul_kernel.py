@@ -8,33 +8,24 @@ import pytest
 import torch
 
 try:
-    from kernels import _triton_util
     from kernels.silu_mul import BLOCK, silu_mul, silu_mul_ref, silu_mul_triton
 except ImportError:  # installed layout: the folder ships as vla_spec_ros.kernels
-    from vla_spec_ros.kernels import _triton_util
     from vla_spec_ros.kernels.silu_mul import BLOCK, silu_mul, silu_mul_ref, silu_mul_triton
 
 from vla_spec_ros.models.layers import SwiGLU
 
-needs_triton = pytest.mark.skipif(not _triton_util.HAS_TRITON, reason='triton is not importable')
-needs_cuda = pytest.mark.skipif(not (_triton_util.HAS_TRITON and torch.cuda.is_available()),
-                                reason='needs triton and a CUDA device')
+import kernel_checks
+from kernel_checks import needs_cuda, needs_triton
 
-# bf16: two units in the last place (the CPU interpreter truncates float32 -> bf16 where torch
-# rounds to nearest; on CUDA Triton's exp differs from torch's by float32 ulps).
-TOLERANCES = {torch.float64: (1e-13, 1e-13), torch.float32: (1e-6, 1e-6),
-              torch.bfloat16: (2 * 2.0 ** -7, 2.0 ** -7), torch.float16: (2e-3, 1e-3)}
-
-
-@pytest.fixture
-def interpret(monkeypatch):
-    monkeypatch.setenv('TRITON_INTERPRET', '1')
+# Tighter than the shared table in float64 / float32: each output is one exp, a division
+# and a product, no sum whose order could differ (on CUDA Triton's exp differs from torch's by
+# float32 ulps).
+TOLERANCES = {**kernel_checks.TOLERANCES, torch.float64: (1e-13, 1e-13),
+              torch.float32: (1e-6, 1e-6)}
 
 
 def assert_close(actual, expected):
-    rtol, atol = TOLERANCES[expected.dtype]
-    assert actual.dtype == expected.dtype and actual.shape == expected.shape
-    torch.testing.assert_close(actual, expected, rtol=rtol, atol=atol)
+    kernel_checks.assert_close(actual, expected, TOLERANCES)
 
 
 def fused_halves(seed, rows, cols, dtype, device='cpu'):
