@@ -13,7 +13,6 @@ import math
 
 import pytest
 import torch
-import torch.nn.functional as F
 
 try:
     from kernels.segment_attention import (default_launch, segment_attention,
@@ -22,6 +21,8 @@ except ImportError:  # installed layout: the folder ships as vla_spec_ros.kernel
     from vla_spec_ros.kernels.segment_attention import (default_launch, segment_attention,
                                                         segment_attention_ref,
                                                         segment_attention_triton)
+
+from vla_spec_ros.models.attention import StepBatch, attend_segments
 
 import kernel_checks
 from kernel_checks import needs_cuda, needs_triton
@@ -66,19 +67,12 @@ def make_case(seed, dtype, num_segments, num_rows, num_cols, num_q_heads, num_kv
     return {name: x.to(device) for name, x in case.items()}
 
 
-def gather_sdpa(q, k_cache, v_cache, kv_index, seg_mask, scale=None):
-    """What ``attend_segments`` runs today: gathered K/V copies, then SDPA with the mask."""
-    num_segments, num_rows, num_cols = seg_mask.shape
-    num_q_heads, head_dim = q.shape[1:]
-    num_kv_heads = k_cache.shape[1]
-    queries = q.reshape(num_segments, num_rows, num_q_heads, head_dim).transpose(1, 2)
-    flat = kv_index.reshape(-1)
-    kv_shape = (num_segments, num_cols, num_kv_heads, head_dim)
-    keys = k_cache.index_select(0, flat).view(kv_shape).transpose(1, 2)       # (S, Hkv, K, D)
-    values = v_cache.index_select(0, flat).view(kv_shape).transpose(1, 2)
-    out = F.scaled_dot_product_attention(queries, keys, values, attn_mask=seg_mask[:, None],
-                                         scale=scale, enable_gqa=num_kv_heads != num_q_heads)
-    return out.transpose(1, 2).reshape(num_segments * num_rows, num_q_heads, head_dim)
+def gather_sdpa(q, k_cache, v_cache, kv_index, seg_mask):
+    """What the engine runs without the kernel: ``attend_segments`` on a step of segments only
+    (gathered K/V copies, then SDPA with the mask)."""
+    unused = kv_index.new_zeros(0)          # positions / slots: read by the KV write only
+    return attend_segments(q, k_cache, v_cache, StepBatch(
+        positions=unused, slot_mapping=unused, kv_index=kv_index, seg_mask=seg_mask))
 
 
 def per_row_softmax(q, k_cache, v_cache, kv_index, seg_mask, scale):
@@ -111,7 +105,7 @@ def test_reference_equals_gather_and_sdpa(heads, seed):
     assert expected.abs().max() > 0.1
     torch.testing.assert_close(segment_attention_ref(**case), expected, rtol=1e-12, atol=1e-12)
     torch.testing.assert_close(segment_attention_ref(**case, scale=0.7),
-                               gather_sdpa(**case, scale=0.7), rtol=1e-12, atol=1e-12)
+                               per_row_softmax(**case, scale=0.7), rtol=1e-12, atol=1e-12)
 
 
 def test_reference_equals_per_row_softmax_and_zeroes_empty_rows():
