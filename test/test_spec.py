@@ -82,6 +82,27 @@ def test_strict_speculation_with_random_draft_equals_ar(policy, frames_and_refer
     assert tokens_by_request(out) == reference[:count]      # S3 tokens, S5 per-stream order
 
 
+def test_step_stats_split_drafting_into_forwards_and_host_work(policy, frames_and_reference):
+    """The drafting time of a step splits into the draft forwards (upload to host read,
+    timed by the drafter) and the drafter's host bookkeeping, both accounted per step; a
+    mode that does not draft runs no draft forward (its root-only trees are host work)."""
+    frames, _ = frames_and_reference
+    engine = make_engine(policy, 'random', mode='pipeline_spec', tree_depth=3, tree_top_k=4,
+                         tree_max_nodes=12)
+    run_stream(engine, frames[:6])
+    stats, draft = engine.strategy.stats, engine.strategy.drafter
+    assert draft.num_forward_passes > 0 and draft.forward_s > 0
+    assert stats.draft_forward_s == pytest.approx(draft.forward_s)
+    assert 0 < stats.draft_forward_s < stats.draft_s
+    assert stats.draft_host_s == pytest.approx(stats.draft_s - stats.draft_forward_s)
+    per_step = stats.per_step_ms()
+    assert per_step['draft_host_ms'] == pytest.approx(
+        stats.draft_host_s / stats.num_steps * 1e3)
+    plain = make_engine(policy, None, mode='pipeline')
+    run_stream(plain, frames[:3])
+    assert plain.strategy.stats.draft_forward_s == 0.0
+
+
 def confident_random_draft(policy, cfg):
     """The seeded random draft head, sharpened (``helpers.sharpen_draft_head``)."""
     draft = load_draft_for(policy.engine.runner, cfg.replace(draft_path='random'), None)

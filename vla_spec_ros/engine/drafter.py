@@ -49,6 +49,7 @@ class Drafter:
     """
 
     num_forward_passes: int = 0     # draft forwards so far (stats)
+    forward_s: float = 0.0          # seconds inside them, up to their host reads (stats)
 
     def update(self, begins: Sequence[DraftBegin], advances: Sequence[DraftAdvance],
                features: torch.Tensor) -> None:

@@ -19,6 +19,7 @@ position offset is deliberately not reproduced):
 from __future__ import annotations
 
 import os
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -98,6 +99,7 @@ class EagleDrafter(Drafter):
         self._states: dict[int, _DraftState] = {}
         self._free_lanes = list(range(self.num_lanes))
         self.num_forward_passes = 0
+        self.forward_s = 0.0
 
     @classmethod
     def for_engine(cls, runner, head, config: EngineConfig) -> 'EagleDrafter':
@@ -147,8 +149,10 @@ class EagleDrafter(Drafter):
         """-> (log-probabilities (rows, top_k) float32, token ids (rows, top_k) int64, hidden
         states on the device)."""
         self.num_forward_passes += 1
+        start = time.perf_counter()
         out = self.forward(step, dense, {'top_k': top_k})
         topk = out['topk'].cpu().numpy()               # the forward's one device -> host read
+        self.forward_s += time.perf_counter() - start
         return topk[0], topk[1].astype(np.int64), out['hidden']
 
     # ---- lifecycle ----------------------------------------------------------------------------
