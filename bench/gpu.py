@@ -162,7 +162,7 @@ def run_table(args, weights, key, baselines, report) -> list:
                     rows.append((name, use_graphs, streams, row))
             eagle = ['spec', 'pipeline_spec'] if 'eagle' in groups else []
             for mode, prefills in with_prefill_settings(eagle, prefill_settings):
-                from vla_spec_ros.engine.eagle_drafter import load_draft_for
+                from vla_spec_ros.engine.draft_choice import load_draft_for
                 ecfg = EngineConfig(mode=mode, draft_path='random',
                                     **dict(base, max_prefills_per_step=prefills))
                 engine = Engine(runner, weights.norm_stats, ecfg,

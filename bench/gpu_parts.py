@@ -67,7 +67,7 @@ def _fidelity_engine(runner, weights, mode: str, ref, options: dict, seed: int):
     if mode in ('ar', 'pipeline'):
         return engine_for(runner, weights, mode, options)
     if weights.source is not None:
-        from vla_spec_ros.engine.eagle_drafter import load_draft_for
+        from vla_spec_ros.engine.draft_choice import load_draft_for
         cfg = EngineConfig(mode=mode, **options)
         return Engine(runner, weights.norm_stats, cfg,
                       draft=load_draft_for(runner, cfg, Path(weights.source)))

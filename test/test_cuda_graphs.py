@@ -51,7 +51,7 @@ def run_saturating(engine, frames):
 
 @pytest.mark.parametrize('mode', ['ar', 'pipeline', 'spec', 'pipeline_spec'])
 def test_graph_replay_equals_eager_and_reference(setup, mode):
-    from vla_spec_ros.engine.eagle_drafter import load_draft_for
+    from vla_spec_ros.engine.draft_choice import load_draft_for
     eager, graphed, frames, expected = setup
     for policy, use_graphs in ((eager, False), (graphed, True)):
         cfg = EngineConfig(mode=mode, dtype='float64', device='cuda',
@@ -78,7 +78,7 @@ def test_graph_replay_equals_eager_and_reference(setup, mode):
 def test_graphs_captured_before_serving(setup, mode):
     """capture_graphs builds every step shape up front: serving then only replays, and the
     padding-only capture steps leave the tokens exact."""
-    from vla_spec_ros.engine.eagle_drafter import load_draft_for
+    from vla_spec_ros.engine.draft_choice import load_draft_for
     _, graphed, frames, expected = setup
     cfg = EngineConfig(mode=mode, dtype='float64', device='cuda', use_cuda_graphs=True,
                        draft_path='random', tree_depth=3, tree_top_k=2, tree_max_nodes=6)
@@ -104,7 +104,7 @@ def test_graphs_with_several_prefills_per_step(setup, mode):
     """Two streams always waiting, two prompts per step, from different 64-row prompt buckets:
     the replayed buckets with two prefill blocks give the reference tokens, and once every
     prompt length was captured before serving, serving captures nothing."""
-    from vla_spec_ros.engine.eagle_drafter import load_draft_for
+    from vla_spec_ros.engine.draft_choice import load_draft_for
     from vla_spec_ros.engine.packed import PROMPT_ROWS_BUCKET
     from vla_spec_ros.engine.step_inputs import round_up
     eager, graphed, frames, expected = setup
@@ -139,7 +139,7 @@ def test_ring_attention_in_graphs_gives_the_reference_tokens(setup, mode):
     """``attention_backend: ring`` (the segment attention kernel, compiled for the GPU) inside
     the verifier's and the drafter's CUDA graphs: the reference tokens in float64, steps
     replayed, and the kernel in both the verifier's and the drafter's bundle."""
-    from vla_spec_ros.engine.eagle_drafter import load_draft_for
+    from vla_spec_ros.engine.draft_choice import load_draft_for
     _, graphed, frames, expected = setup
     runner = graphed.engine.runner
     cfg = EngineConfig(mode=mode, dtype='float64', device='cuda', use_cuda_graphs=True,

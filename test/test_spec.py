@@ -4,13 +4,15 @@ Strict speculation (relax_threshold = 0) must reproduce the AR tokens for any tr
 deliberately bad (random) draft head and with a perfect (oracle) one; the oracle must decide all
 action_dim tokens in one prefill + one verify. Relaxed acceptance keeps the drafted tokens.
 """
+import dataclasses
+
 import numpy as np
 import pytest
 
 from vla_spec_ros.config import EngineConfig
 from vla_spec_ros.engine.engine import Engine
 from vla_spec_ros.engine.result import Frame
-from vla_spec_ros.engine.eagle_drafter import load_draft_for
+from vla_spec_ros.engine.draft_choice import load_draft_for
 from vla_spec_ros.models.random_checkpoint import make_checkpoint
 from vla_spec_ros.testing import OracleDrafter
 
@@ -66,6 +68,8 @@ def make_engine(policy, draft, **options):
     runner = policy.engine.runner
     if draft == 'random':
         draft = load_draft_for(runner, cfg.replace(draft_path='random'), None)
+    elif draft is None and cfg.is_speculative:      # the drafter cfg.draft_path names
+        draft = load_draft_for(runner, cfg, None)
     return Engine(runner, policy.engine.norm_stats, cfg, draft=draft)
 
 
@@ -349,3 +353,54 @@ def record_level_frontiers(monkeypatch) -> list:
         return expand(growth, values, tokens)
     monkeypatch.setattr(TreeGrowth, 'expand', recording)
     return sizes
+
+
+# ---- temporal drafting: each stream's previous action (engine/previous_action_drafter.py)
+
+def temporal_stream(frames, reference, repeats: int):
+    """One camera showing each frame ``repeats`` times in a row (a robot holding still, then
+    moving on): consecutive actions are equal within a run and differ across runs."""
+    picks = [i for i in range(len(frames) // repeats) for _ in range(repeats)]
+    stream = [dataclasses.replace(frames[i], stream_id='cam') for i in picks]
+    return stream, [reference[i] for i in picks]
+
+
+@pytest.mark.parametrize('mode', ['spec', 'pipeline_spec'])
+def test_previous_action_draft_gives_ar_tokens_and_accepts_repeated_actions(
+        policy, frames_and_reference, mode):
+    """S3 with temporal drafting: the AR tokens for every frame, in stream order, and no
+    draft forward. With tree_depth = action_dim - 1, a frame whose whole action the stream
+    already decided takes the prefill plus one verification: in spec every repeat after a
+    run's first frame; in pipeline_spec frame j of a run is admitted while frame j - 1, one
+    step ahead, is still deciding, so each gains at least one token per step on the frame
+    before it (at most max(2, action_dim - j) forwards) until the run settles at 2."""
+    frames, reference = frames_and_reference
+    repeats = 8
+    stream, expected = temporal_stream(frames, reference, repeats)
+    action_dim = policy.model_config.action_dim
+    engine = make_engine(policy, None, mode=mode, draft_path='previous_action',
+                         tree_depth=action_dim - 1)
+    draft = engine.strategy.drafter
+    out = run_stream(engine, stream)
+    assert tokens_by_request(out) == expected
+    assert draft.num_forward_passes == 0 and engine.strategy.stats.draft_forward_s == 0.0
+    by_id = sorted(out, key=lambda f: f.request_id)
+    runs = [[f.result.stats['forward_passes'] for f in by_id[i:i + repeats]]
+            for i in range(0, len(by_id), repeats)]
+    for passes in runs:
+        if mode == 'spec':
+            assert passes[1:] == [2] * (repeats - 1), passes
+        else:
+            assert all(p <= max(2, action_dim - j) for j, p in enumerate(passes)), passes
+            assert passes[-2:] == [2, 2], passes
+    assert draft.previous_action('cam') == tuple(expected[-1])
+
+
+def test_resetting_a_stream_forgets_its_previous_action(policy, frames_and_reference):
+    frames, reference = frames_and_reference
+    stream, _ = temporal_stream(frames, reference, repeats=2)
+    engine = make_engine(policy, None, mode='spec', draft_path='previous_action')
+    run_stream(engine, stream[:2])
+    assert engine.strategy.drafter.previous_action('cam') is not None
+    engine.reset('cam')
+    assert engine.strategy.drafter.previous_action('cam') is None

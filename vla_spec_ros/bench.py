@@ -173,7 +173,7 @@ def run_bench(model: str, modes: list[str], num_frames: int, warmup: int, device
                            **base_cfg, **(tree or {}))
         draft = None
         if cfg.is_speculative:
-            from .engine.eagle_drafter import load_draft_for
+            from .engine.draft_choice import load_draft_for
             draft = load_draft_for(runner, cfg, Path(policy.source))
         engine = Engine(runner, policy.engine.norm_stats, cfg, draft=draft)
         rows.append(bench_engine(engine, frames, warmup))

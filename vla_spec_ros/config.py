@@ -258,8 +258,10 @@ class EngineConfig:
     rotate_180: bool = _option(False, 'Rotate the image by 180 degrees first (LIBERO agent '
                                'view)')
     # Speculative decoding (Spec-VLA defaults: 50 nodes incl. root / depth 4 / top-k 8).
-    draft_path: str | None = _option(None, 'EAGLE draft-head folder for the spec modes; '
-                                     'empty = none')
+    draft_path: str | None = _option(None, 'Drafter of the spec modes: an EAGLE draft-head '
+                                     'folder, "random" (a seeded random head, for tests) or '
+                                     '"previous_action" (each stream\'s previous action, no '
+                                     'draft model); empty = the checkpoint\'s draft/ folder')
     relax_threshold: int = _option(0, 'Relaxed acceptance: accept a draft bin within this many '
                                    'bins of the verifier (0 = exact)', is_tunable=True,
                                    minimum=0, maximum=255, unit='bins')
@@ -329,7 +331,8 @@ class EngineConfig:
                                                    or self.device.startswith('cuda')),
                  'device', f'{self.device!r}: expected "cpu" or "cuda[:N]"')
         _require(self.draft_path is None or isinstance(self.draft_path, str), 'draft_path',
-                 f'expected a folder path or None, got {self.draft_path!r}')
+                 f'expected a folder path, "random", "previous_action" or None, got '
+                 f'{self.draft_path!r}')
         # 2. Rules between fields.
         _require(not self.use_cuda_graphs or self.device.startswith('cuda'), 'use_cuda_graphs',
                  f'CUDA graphs need device "cuda", got {self.device!r}')

@@ -77,7 +77,7 @@ class VLAPolicy:
         runner = ModelRunner(model, cfg, tokenizer, config)
         draft = None
         if config.is_speculative:
-            from .engine.eagle_drafter import load_draft_for
+            from .engine.draft_choice import load_draft_for
             draft = load_draft_for(runner, config, folder)
         return cls(Engine(runner, norm_stats, config, draft=draft), str(folder))
 

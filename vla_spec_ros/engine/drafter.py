@@ -4,17 +4,19 @@ Per engine step the speculative strategy (engine/packed.py) asks the drafter for
 verifies (``propose_batch``), then hands back what the verifier decided (``update``: new
 prompts and accepted paths, with the verifier's features). Two implementations:
 ``engine/eagle_drafter.EagleDrafter`` runs the EAGLE draft head, batched across in-flight
-requests; ``vla_spec_ros.testing.OracleDrafter``, a test and benchmark double, proposes the
-AR reference tokens.
+requests; ``engine/previous_action_drafter.PreviousActionDrafter`` proposes each stream's
+previous action (temporal drafting, no draft model); ``vla_spec_ros.testing.OracleDrafter``, a
+test and benchmark double, proposes the AR reference tokens.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
-
-import torch
+from typing import TYPE_CHECKING, Sequence
 
 from .draft_tree import DraftTree
+
+if TYPE_CHECKING:       # annotations only: the interface itself needs no torch
+    import torch
 
 
 @dataclass(frozen=True)
@@ -26,6 +28,7 @@ class DraftBegin:
     prefix_embeds: torch.Tensor
     feature_rows: Sequence[int]
     root_token: int
+    stream_id: str = ''             # the request's camera stream (temporal drafting)
 
 
 @dataclass(frozen=True)
@@ -64,6 +67,15 @@ class Drafter:
 
     def release(self, request_id: int) -> None:
         raise NotImplementedError
+
+    def observe_action(self, stream_id: str, tokens: Sequence[int],
+                       request_id: int | None = None) -> None:
+        """Every action the engine emits (its ``action_dim`` tokens, the request's id), per
+        stream in submission order; a drafter that drafts from past actions keeps what it
+        needs (default: nothing)."""
+
+    def forget_stream(self, stream_id: str | None) -> None:
+        """The stream (None: every stream) was reset: forget what ``observe_action`` gave."""
 
     def capture_graphs(self, prefix_len: int, tree_depth: int, top_k: int) -> int:
         """Build, before serving, the forward shapes that trees over a prompt of

@@ -18,17 +18,14 @@ position offset is deliberately not reproduced):
 """
 from __future__ import annotations
 
-import os
 import time
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 import torch
 
 from ..config import EngineConfig
-from ..models.draft import DEFAULT_DRAFT_SUBFOLDER, RANDOM_DRAFT, load_draft, new_draft_head
-from ..models.layers import PLAIN, LayerKernels, fuse_projections
+from ..models.layers import PLAIN, LayerKernels
 from ..validation import check_int
 from .draft_layout import (DRAFT_COLS_BUCKET, DRAFT_FEATURES_BUCKET, FedNodes, LaneAdvance,
                            LaneBegin, LevelMember, level_layout, level_step, update_layout)
@@ -332,31 +329,4 @@ class EagleDrafter(Drafter):
                              f'max_position_embeddings {self.max_positions}')
 
 
-def load_draft_for(runner, engine_config: EngineConfig,
-                   checkpoint_folder: str | os.PathLike | None) -> EagleDrafter:
-    """``EngineConfig.draft_path`` -> an ``EagleDrafter`` over ``runner``'s verifier.
-
-    draft_path: a draft folder; ``"random"`` (a seeded random head from ``engine_config.seed``:
-    a deliberately poor draft for tests and demos); or None, meaning
-    ``<checkpoint_folder>/draft/`` when that folder exists.
-    """
-    path = engine_config.draft_path
-    if path is None:
-        default = Path(checkpoint_folder) / DEFAULT_DRAFT_SUBFOLDER \
-            if checkpoint_folder is not None else None
-        if default is None or not default.is_dir():
-            raise ValueError(f'draft_path: mode {engine_config.mode!r} needs a draft head; set '
-                             f'draft_path to a draft folder or "{RANDOM_DRAFT}" (no '
-                             f'{DEFAULT_DRAFT_SUBFOLDER}/ folder in {checkpoint_folder})')
-        path = str(default)
-    if path == RANDOM_DRAFT:
-        head = new_draft_head(runner.model, seed=engine_config.seed, dtype=runner.dtype,
-                              device=runner.device)
-    else:
-        head = load_draft(Path(path).expanduser(), runner.model, runner.dtype, runner.device)
-    if runner.device.type == 'cuda':
-        fuse_projections(head)      # q/k/v and gate/up: one product each, as the verifier's
-    return EagleDrafter.for_engine(runner, head, engine_config)
-
-
-__all__ = ['EagleDrafter', 'load_draft_for']
+__all__ = ['EagleDrafter']

@@ -129,6 +129,8 @@ class PackedStrategy:
         return self._released(self.scheduler.drop_waiting(stream_id))
 
     def reset(self, stream_id: str | None = None) -> list[Request]:
+        if self.drafter is not None:
+            self.drafter.forget_stream(stream_id)
         return self._released(self.scheduler.reset(stream_id))
 
     def abort_all(self) -> list[Request]:
@@ -209,7 +211,7 @@ class PackedStrategy:
             if self.is_speculative and not is_done:
                 begins.append(DraftBegin(request.request_id, prefill_embeds[p],
                                          range(block_start, block_start + request.prefix_len),
-                                         token))
+                                         token, request.stream_id))
             block_start += block
         offset = len(work.prefills)
         # 7. verify every tree, keep its accepted path
@@ -226,8 +228,12 @@ class PackedStrategy:
             t0 = time.perf_counter()
             self.drafter.update(begins, advances, hidden)
             stats.draft_s += time.perf_counter() - t0
-        # 9. emit in per-stream submission order
+        # 9. emit in per-stream submission order (the drafter sees every emitted action)
         finished = sched.pop_finished()
+        if self.drafter is not None:
+            for request in finished:
+                self.drafter.observe_action(request.stream_id, request.tokens,
+                                            request.request_id)
         if self.drafter is not None:
             stats.draft_forward_s += self.drafter.forward_s - draft_forward_before
         stats.num_steps += 1

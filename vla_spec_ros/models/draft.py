@@ -9,7 +9,7 @@ holds only ``fc.*`` and ``layers.*`` (the EAGLE / Spec-VLA key names).
 
 A draft folder holds ``config.json`` (Hugging Face Llama keys, as EAGLE's ``EConfig`` and
 Spec-VLA's ``llama_2_chat_7B_config.json`` use) and ``model.safetensors``. Pickle weights
-(``pytorch_model.bin``) are refused (S8). ``engine.eagle_drafter.load_draft_for`` turns an
+(``pytorch_model.bin``) are refused (S8). ``engine.draft_choice.load_draft_for`` turns an
 ``EngineConfig``'s ``draft_path`` into a ready ``Drafter`` for the engine.
 """
 from __future__ import annotations

@@ -1,0 +1,149 @@
+"""Temporal drafting (engine/previous_action_drafter.py), plain Python: the chains it proposes
+from each stream's newest decided tokens, its bookkeeping, and its errors. Expected trees are
+derived by hand from the rule "after d decided tokens, propose newest[d], newest[d+1], ... up
+to the first position no frame of the stream has decided", where newest[i] is the token of
+the highest request id that decided position i."""
+import pytest
+
+from vla_spec_ros.engine.draft_tree import NO_PARENT
+from vla_spec_ros.engine.drafter import DraftAdvance, DraftBegin
+from vla_spec_ros.engine.previous_action_drafter import PreviousActionDrafter
+
+ACTION_DIM = 7
+PREVIOUS = (11, 12, 13, 14, 15, 16, 17)
+
+
+def begin(request_id, root, stream='cam'):
+    return DraftBegin(request_id, None, range(0), root, stream)
+
+
+def chain(tree):
+    """(root, drafted tokens) of a chain tree, after checking it is a chain."""
+    assert tree.parents == (NO_PARENT,) + tuple(range(tree.num_nodes - 1))
+    assert tree.depths == tuple(range(tree.num_nodes))
+    assert tree.scores == (0.0,) * tree.num_nodes
+    return tree.tokens[0], tree.tokens[1:]
+
+
+def test_a_stream_without_an_action_gets_the_root_alone():
+    draft = PreviousActionDrafter(ACTION_DIM)
+    assert draft.previous_action('cam') is None
+    draft.update([begin(0, 99)], [], None)
+    assert chain(draft.propose(0, depth=6, top_k=8, max_nodes=50)) == (99, ())
+    assert draft.previous_action('cam') == (99,) + (None,) * 6
+
+
+def test_the_chain_continues_the_previous_action_after_the_decided_tokens():
+    draft = PreviousActionDrafter(ACTION_DIM)
+    draft.observe_action('cam', PREVIOUS)
+    draft.update([begin(0, 11)], [], None)                  # the prefill decided 1 token
+    assert chain(draft.propose(0, depth=6, top_k=8, max_nodes=50)) == (11, PREVIOUS[1:])
+    # Verified: root 11 then 12 accepted, bonus 40: three tokens decided, root 40.
+    draft.update([], [DraftAdvance(0, [11, 12], [0, 1], 40)], None)
+    assert chain(draft.propose(0, depth=6, top_k=8, max_nodes=50)) == (40, (14, 15, 16, 17))
+
+
+def test_depth_and_max_nodes_bound_the_chain():
+    draft = PreviousActionDrafter(ACTION_DIM)
+    draft.observe_action('cam', PREVIOUS)
+    draft.update([begin(0, 5)], [], None)
+    assert chain(draft.propose(0, depth=2, top_k=8, max_nodes=50)) == (5, (12, 13))
+    assert chain(draft.propose(0, depth=6, top_k=8, max_nodes=4)) == (5, (12, 13, 14))
+    # top_k and min_prob have nothing to act on: the chain carries no probabilities.
+    assert chain(draft.propose(0, depth=6, top_k=1, max_nodes=50, min_prob=0.99)) == \
+        (5, PREVIOUS[1:])
+
+
+def test_each_request_drafts_from_its_own_stream_and_the_newest_action():
+    draft = PreviousActionDrafter(ACTION_DIM)
+    draft.observe_action('left', PREVIOUS)
+    draft.observe_action('right', tuple(range(100, 107)))
+    draft.update([begin(0, 1, 'left'), begin(1, 2, 'right'), begin(2, 3, 'new')], [], None)
+    trees = draft.propose_batch([0, 1, 2], [6, 6, 6], top_k=8, max_nodes=50)
+    assert [chain(t) for t in trees] == [(1, PREVIOUS[1:]), (2, (101, 102, 103, 104, 105, 106)),
+                                         (3, ())]
+    # A newer action of the stream is used from the next proposal on, also by a request
+    # already in flight.
+    draft.observe_action('left', tuple(range(20, 27)))
+    assert chain(draft.propose(0, depth=6, top_k=8, max_nodes=50)) == \
+        (1, (21, 22, 23, 24, 25, 26))
+
+
+def test_frames_in_flight_together_draft_from_the_newest_decided_tokens():
+    """Pipelining: frame 1 of a stream is admitted while frame 0 is still deciding. Frame 1
+    drafts from what frame 0 has decided so far (and frame 0, once frame 1 is ahead at a
+    position, from frame 1's token there); the chain stops at the first undecided
+    position."""
+    draft = PreviousActionDrafter(ACTION_DIM)
+    draft.observe_action('cam', PREVIOUS, request_id=-1)       # an older frame's action
+    draft.update([begin(0, 30)], [], None)                     # frame 0 decided position 0
+    draft.update([], [DraftAdvance(0, [30, 31], [0, 1], 32)], None)    # ... and 1, 2
+    draft.update([begin(1, 40)], [], None)                     # frame 1 decided position 0
+    # Frame 1 after 1 decided token: frame 0's positions 1, 2, then the older action's.
+    assert chain(draft.propose(1, depth=6, top_k=8, max_nodes=50)) == \
+        (40, (31, 32, 14, 15, 16, 17))
+    # Frame 1 moves ahead to positions 1..4: frame 0 (3 decided) drafts frame 1's 3, 4.
+    draft.update([], [DraftAdvance(1, [40, 41, 42, 43], range(4), 44)], None)
+    assert chain(draft.propose(0, depth=6, top_k=8, max_nodes=50)) == (32, (43, 44, 16, 17))
+    # An older frame's action, reported late, never overwrites a newer frame's tokens.
+    draft.observe_action('cam', (7,) * ACTION_DIM, request_id=0)
+    assert draft.previous_action('cam') == (40, 41, 42, 43, 44, 7, 7)
+    # A stream whose frames decided only positions 0..2 so far: the chain stops at 3.
+    draft.update([begin(2, 50, 'other')], [], None)
+    draft.update([], [DraftAdvance(2, [50, 51], [0, 1], 52)], None)
+    draft.update([begin(3, 60, 'other')], [], None)
+    assert chain(draft.propose(3, depth=6, top_k=8, max_nodes=50)) == (60, (51, 52))
+
+
+def test_forgetting_a_stream_drops_its_action_only():
+    draft = PreviousActionDrafter(ACTION_DIM)
+    draft.observe_action('left', PREVIOUS)
+    draft.observe_action('right', PREVIOUS)
+    draft.forget_stream('left')
+    assert draft.previous_action('left') is None and draft.previous_action('right') == PREVIOUS
+    draft.forget_stream(None)
+    assert draft.previous_action('right') is None
+
+
+def test_a_finished_request_past_the_previous_action_gets_the_root_alone():
+    draft = PreviousActionDrafter(ACTION_DIM)
+    draft.observe_action('cam', PREVIOUS)
+    draft.update([begin(0, 11)], [], None)
+    draft.update([], [DraftAdvance(0, [11, 12, 13, 14, 15, 16], range(6), 17)], None)
+    assert chain(draft.propose(0, depth=6, top_k=8, max_nodes=50)) == (17, ())
+
+
+def test_release_forgets_the_request():
+    draft = PreviousActionDrafter(ACTION_DIM)
+    draft.update([begin(0, 11)], [], None)
+    draft.release(0)
+    draft.release(0)                                    # twice is harmless
+    with pytest.raises(ValueError, match='no draft state'):
+        draft.propose(0, depth=6, top_k=8, max_nodes=50)
+    draft.update([begin(0, 11)], [], None)              # the id may begin again
+
+
+def test_errors_name_what_is_wrong():
+    draft = PreviousActionDrafter(ACTION_DIM)
+    with pytest.raises(ValueError, match='action_dim'):
+        PreviousActionDrafter(0)
+    with pytest.raises(ValueError, match='an action has 7 tokens'):
+        draft.observe_action('cam', (1, 2, 3))
+    draft.update([begin(0, 11)], [], None)
+    with pytest.raises(ValueError, match='already has a draft state'):
+        draft.update([begin(0, 11)], [], None)
+    with pytest.raises(ValueError, match='must start with the current root 11'):
+        draft.update([], [DraftAdvance(0, [12], [0], 13)], None)
+    with pytest.raises(ValueError, match='exceed the action'):
+        draft.update([], [DraftAdvance(0, [11] + [1] * 6, range(7), 13)], None)
+    with pytest.raises(ValueError, match='no draft state'):
+        draft.update([], [DraftAdvance(5, [1], [0], 2)], None)
+    with pytest.raises(ValueError, match='depth'):
+        draft.propose(0, depth=0, top_k=8, max_nodes=50)
+    with pytest.raises(ValueError, match='max_nodes'):
+        draft.propose(0, depth=2, top_k=8, max_nodes=1)
+    with pytest.raises(ValueError, match='depths'):
+        draft.propose_batch([0], [2, 2], top_k=8, max_nodes=50)
+    # A failed update changed nothing: the request still drafts from its first root.
+    draft.observe_action('cam', PREVIOUS)
+    assert chain(draft.propose(0, depth=6, top_k=8, max_nodes=50)) == (11, PREVIOUS[1:])
