@@ -14,7 +14,7 @@ import pytest
 from vla_spec_ros.sim.demos import (
     ACTION_MASK, action_norm_stats, choose_instruction, collect_demos, episode_seed,
     evaluate_scripted, load_demos)
-from vla_spec_ros.sim.frames import benchmark_frames
+from vla_spec_ros.sim.frames import benchmark_frames, episode_frames
 from vla_spec_ros.sim.metaworld_env import (
     DEFAULT_TASK_NAMES, TASKS, get_task, make_env, sim_unavailable_reason, to_metaworld_action,
     to_vla_action)
@@ -255,8 +255,36 @@ def test_benchmark_frames_take_the_tasks_in_turn():
     assert not np.array_equal(frames[0].image, frames[len(trained)].image)
 
 
+@needs_sim
+def test_episode_frames_follow_each_task_step_by_step():
+    """`--frames-from metaworld-episodes`: per stream, runs of ceil(num / streams / 6)
+    consecutive control steps of one task, the tasks in turn; streams round robin, each with
+    its own episodes; seeded.
+    Consecutive steps of a run are the expert's path one step apart: each frame is closer to
+    its successor than the frames of different runs are to each other."""
+    phrasings = [get_task(name).instructions[0] for name in DEFAULT_TASK_NAMES]
+    two = episode_frames(2, 32, seed=2, unnorm_key='metaworld_scripted', num_streams=2)
+    assert [(f.stream_id, f.instruction) for f in two] == \
+        [('stream0', phrasings[0]), ('stream1', phrasings[0])]
+    stream = episode_frames(7, 32, seed=2, unnorm_key='metaworld_scripted')
+    # 7 frames: runs of ceil(7 / 6) = 2 steps
+    assert [f.instruction for f in stream] == \
+        [phrasings[0]] * 2 + [phrasings[1]] * 2 + [phrasings[2]] * 2 + [phrasings[3]]
+    assert {f.stream_id for f in stream} == {'stream0'}
+    again = episode_frames(2, 32, seed=2, unnorm_key='metaworld_scripted', num_streams=2)
+    assert all(np.array_equal(a.image, b.image) for a, b in zip(two, again))
+
+    def distance(a, b):
+        return np.abs(a.image.astype(int) - b.image.astype(int)).mean()
+    within = max(distance(stream[i], stream[i + 1]) for i in (0, 2, 4))
+    across = min(distance(stream[i], stream[j]) for i in (0, 2, 4) for j in (0, 2, 4) if i < j)
+    assert within < across
+
+
 def test_benchmark_frames_without_the_simulator_say_how_to_install_it(monkeypatch):
     from vla_spec_ros.sim import metaworld_env
     monkeypatch.setattr(metaworld_env, 'sim_unavailable_reason', lambda: 'no mujoco here')
     with pytest.raises(RuntimeError, match='install.sh sim.*no mujoco here'):
         benchmark_frames(3, 64, seed=1, unnorm_key=None)
+    with pytest.raises(RuntimeError, match='install.sh sim.*no mujoco here'):
+        episode_frames(3, 64, seed=1, unnorm_key=None)

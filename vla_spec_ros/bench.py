@@ -57,7 +57,7 @@ class BenchRow:
     inflight_per_step: float = NAN  # requests advanced per step (prefill included)
 
 
-FRAME_SOURCES = ('random', 'metaworld')
+FRAME_SOURCES = ('random', 'metaworld', 'metaworld-episodes')
 
 
 def make_frames(num: int, image_size: int, seed: int, unnorm_key: str,
@@ -65,10 +65,16 @@ def make_frames(num: int, image_size: int, seed: int, unnorm_key: str,
     """The benchmark's frames. ``random``: uniform noise images (any model, no simulator);
     ``metaworld``: held-out Meta-World observations of the embedded model's tasks
     (``sim.frames.benchmark_frames``), the images that model is trained on: its draft head is
-    surer of them than of noise, so speculation is measured as a robot would see it."""
+    surer of them than of noise, so speculation is measured as a robot would see it, the tasks
+    taken in turn frame by frame; ``metaworld-episodes``: each stream a robot's camera, runs
+    of consecutive control steps of one task after another (``sim.frames.episode_frames``),
+    what temporal drafting (``draft_path: previous_action``) drafts from."""
     if source == 'metaworld':
         from .sim.frames import benchmark_frames
         return benchmark_frames(num, image_size, seed, unnorm_key, num_streams)
+    if source == 'metaworld-episodes':
+        from .sim.frames import episode_frames
+        return episode_frames(num, image_size, seed, unnorm_key, num_streams)
     if source != 'random':
         raise ValueError(f'frame source {source!r}: expected one of {FRAME_SOURCES}')
     rng = np.random.default_rng(seed)

@@ -127,9 +127,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument('--model', default=None, help='checkpoint folder (overrides --preset)')
     p.add_argument('--modes', default='hf,ar,pipeline')
     p.add_argument('--frames', type=int, default=30)
-    p.add_argument('--frames-from', default='random', choices=('random', 'metaworld'),
+    p.add_argument('--frames-from', default='random',
+                   choices=('random', 'metaworld', 'metaworld-episodes'),
                    help='random: uniform noise images; metaworld: held-out Meta-World '
-                   'observations of the embedded model\'s tasks (needs the simulator)')
+                   'observations of the embedded model\'s tasks, the tasks in turn frame by '
+                   'frame; metaworld-episodes: each stream consecutive control steps of one '
+                   'task after another, as a robot\'s camera (both need the simulator)')
     p.add_argument('--warmup', type=int, default=3)
     p.add_argument('--streams', type=int, default=1,
                    help='cameras: frames go to the streams in turn, each stream has one '

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import dataclasses
 
+import numpy as np
+
 from ..engine.result import Frame
 
 # Environment seeds of benchmark frames: far from the demonstrations' episode seeds (32-bit
@@ -52,4 +54,45 @@ def benchmark_frames(num: int, image_size: int, seed: int, unnorm_key: str | Non
             for i, frame in enumerate(in_turn[:num])]
 
 
-__all__ = ['HELD_OUT_SEED', 'sim_frames', 'benchmark_frames']
+def episode_frames(num: int, image_size: int, seed: int, unnorm_key: str | None,
+                   num_streams: int = 1) -> list[Frame]:
+    """`num` frames as robots' cameras see them: each stream a run of consecutive control
+    steps of the scripted expert's path (held-out seeds), ``ceil(num / num_streams / 6)``
+    steps from each of the six tasks in turn (a new task: a new episode and instruction),
+    each run starting at a seeded random step of its episode so that the runs cover every
+    phase (reach, grasp, push, ...) and not only the start (an episode shorter than a run
+    gives its whole path, and the tasks go round again). Frame i belongs to stream
+    ``i % num_streams``, as in `bench.make_frames`. Consecutive frames of a stream are the
+    consecutive observations temporal drafting (``draft_path: previous_action``) relies on;
+    `benchmark_frames` takes the tasks in turn frame by frame instead."""
+    from .metaworld_env import DEFAULT_TASK_NAMES, get_task, make_env, sim_unavailable_reason
+    reason = sim_unavailable_reason()
+    if reason is not None:
+        raise RuntimeError(f'Meta-World frames need the simulator (bash scripts/install.sh '
+                           f'sim): {reason}')
+    per_stream = -(-num // num_streams)
+    run = -(-per_stream // len(DEFAULT_TASK_NAMES))
+    rng = np.random.default_rng(seed)
+    streams = []
+    for s in range(num_streams):
+        frames = []
+        t = 0
+        while len(frames) < per_stream:         # a short episode gives a short run: go on
+            task = get_task(DEFAULT_TASK_NAMES[t % len(DEFAULT_TASK_NAMES)])
+            episode_seed = HELD_OUT_SEED + seed * 1000 + s * 100 + t
+            t += 1
+            with make_env(task.name, seed=episode_seed, image_size=image_size) as env:
+                images = [env.reset(episode_seed)]
+                is_done = False
+                while not is_done:                  # the whole episode: the run's start
+                    image, _, is_done, _ = env.step(env.expert_action())   # is uniform in it
+                    images.append(image)
+            start = int(rng.integers(0, max(len(images) - run, 0) + 1))
+            images = images[start:start + run]
+            frames += [Frame(image, task.instructions[0], unnorm_key, f'stream{s}')
+                       for image in images]
+        streams.append(frames)
+    return [streams[i % num_streams][i // num_streams] for i in range(num)]
+
+
+__all__ = ['HELD_OUT_SEED', 'sim_frames', 'benchmark_frames', 'episode_frames']
