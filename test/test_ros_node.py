@@ -472,6 +472,47 @@ def test_pipeline_mode_finishes_without_new_frames_and_matches_ar(pipeline_node,
             m.header.stamp)]), rtol=1e-12)
 
 
+# ---- temporal drafting behind the node ------------------------------------------------------
+
+@pytest.fixture(scope='module')
+def temporal_node(ros, pipeline_node):
+    """pipeline_spec drafting with each stream's previous action (``draft_path:
+    previous_action``), loaded by the node from its parameters like any drafter."""
+    context, executor, probe_node = ros
+    overrides = {'model_path': 'tiny', 'mode': 'pipeline_spec', 'draft_path': 'previous_action',
+                 'tree_depth': 6, 'restrict_to_action_tokens': True, 'enabled': True,
+                 'instruction': INSTRUCTION, 'unnorm_key': UNNORM_KEY,
+                 'control_period': CONTROL_PERIOD, 'max_linear_speed': 10.0,
+                 'max_angular_speed': 20.0, 'max_action_age': 10.0}
+    node = VLASpecNode(node_name='vla_spec_temporal', context=context, parameter_overrides=[
+        Parameter(k, value=v) for k, v in overrides.items()])
+    executor.add_node(node)
+    yield node, Probe(probe_node, 'vla_spec_temporal')
+    executor.remove_node(node)
+    node.destroy_node()
+
+
+def test_previous_action_drafting_accepts_a_repeated_frame_in_one_verification(
+        temporal_node, reference):
+    """A camera showing one scene: every answer is the AR action, and once the frame's action
+    is the stream's previous one, one verification accepts all six drafted tokens (acceptance
+    length 3.5 = (1 + 6) / 2 per frame: the prefill's token, then six in one verification)."""
+    node, probe = temporal_node
+    _, frames, expected, _ = reference
+    assert type(node.serving.engine.strategy.drafter).__name__ == 'PreviousActionDrafter'
+    for _ in range(2):                  # the stream's previous action becomes this frame's
+        _send_and_get_twist(probe, probe.raw_image(frames[1]))
+    before = node.stats_snapshot()
+    for _ in range(3):
+        twist = _send_and_get_twist(probe, probe.raw_image(frames[1]))
+        np.testing.assert_allclose(twist_values(twist), expected_twist(expected['rgb'][1]),
+                                   rtol=1e-12)
+    after = node.stats_snapshot()
+    steps = after['verify_steps'] - before['verify_steps']
+    tokens = after['accepted_tokens'] - before['accepted_tokens']
+    assert (steps, tokens) == (6, 21), (steps, tokens)
+
+
 # ---- pure pieces of node.py -----------------------------------------------------------------
 
 def test_latest_frame_slot():
