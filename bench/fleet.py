@@ -40,9 +40,14 @@ def robot_names(count: int) -> list[str]:
     return [f'arm{i}' for i in range(count)]
 
 
-def camera_frames(num_robots: int, per_robot: int, seed: int) -> list[tuple[str, list]]:
-    """(instruction, frames) per robot: a Meta-World task per robot, frames from resets with
-    different seeds (random images when the simulator is not installed)."""
+def camera_frames(num_robots: int, per_robot: int, seed: int,
+                  kind: str = 'resets') -> list[tuple[str, list]]:
+    """(instruction, frames) per robot, a Meta-World task per robot (random images when the
+    simulator is not installed). ``resets``: frames from resets with different seeds (a new
+    placement every frame); ``episode``: consecutive control steps of the scripted expert's
+    path (a robot's camera watching its arm move; a finished episode starts the next one), what
+    temporal drafting (``draft_path: previous_action``) drafts from. The camera loops over
+    them."""
     from vla_spec_ros.sim.demos import choose_instruction
     from vla_spec_ros.sim.metaworld_env import (DEFAULT_TASK_NAMES, get_task, make_env,
                                                 sim_unavailable_reason)
@@ -51,12 +56,22 @@ def camera_frames(num_robots: int, per_robot: int, seed: int) -> list[tuple[str,
     for i in range(num_robots):
         task = get_task(DEFAULT_TASK_NAMES[i % len(DEFAULT_TASK_NAMES)])
         instruction = choose_instruction(task, seed + i)
-        if sim_unavailable_reason() is None:
-            env = make_env(task.name, seed=seed + i)
-            frames = [env.reset(seed=seed + 100 * i + k) for k in range(per_robot)]
-        else:
+        if sim_unavailable_reason() is not None:
             rng = np.random.default_rng(seed + i)
             frames = [rng.integers(0, 256, (64, 64, 3), np.uint8) for _ in range(per_robot)]
+        elif kind == 'resets':
+            with make_env(task.name, seed=seed + i) as env:    # one renderer alive at a time
+                frames = [env.reset(seed=seed + 100 * i + k) for k in range(per_robot)]
+        else:
+            with make_env(task.name, seed=seed + i) as env:
+                episode = 0
+                frames = [env.reset(seed=seed + 100 * i)]
+                while len(frames) < per_robot:
+                    image, _, is_done, _ = env.step(env.expert_action())
+                    frames.append(image)
+                    if is_done and len(frames) < per_robot:
+                        episode += 1
+                        frames.append(env.reset(seed=seed + 100 * i + episode))
         out.append((instruction, frames))
     return out
 
@@ -243,6 +258,10 @@ def main(argv=None) -> int:
     parser.add_argument('--seconds', type=float, default=30.0)
     parser.add_argument('--warmup-seconds', type=float, default=5.0)
     parser.add_argument('--camera-hz', type=float, default=30.0)
+    parser.add_argument('--camera-frames', default='resets', choices=('resets', 'episode'),
+                        help='resets: a new placement every frame (8 frames, looped); episode: '
+                        'consecutive control steps of the expert (90 frames, looped), as a '
+                        'robot\'s camera sees its arm move')
     parser.add_argument('--max-action-age', type=float, default=1.0)
     parser.add_argument('--soak-seconds', type=float, default=0.0,
                         help='one long run (first --robots and --modes value) sampled over time')
@@ -261,7 +280,8 @@ def main(argv=None) -> int:
 
     counts = [int(x) for x in args.robots.split(',')]
     modes = [m.strip() for m in args.modes.split(',')]
-    frames_by_robot = camera_frames(max(counts), 8, args.seed)
+    frames_by_robot = camera_frames(max(counts), 8 if args.camera_frames == 'resets' else 90,
+                                    args.seed, args.camera_frames)
     domain = 200 + os.getpid() % 30
     os.environ['ROS_DOMAIN_ID'] = str(domain)
     os.environ['ROS_AUTOMATIC_DISCOVERY_RANGE'] = 'LOCALHOST'
