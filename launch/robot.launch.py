@@ -24,8 +24,8 @@ DEFAULT_PARAMS_FILE = os.path.normpath(
 # (name, default, description). Empty strings mean "not overridden".
 ARGUMENTS = (
     ('model_path', '', 'Checkpoint folder or preset name; empty = the params_file value'),
-    ('draft_path', '', 'EAGLE draft-head folder or "previous_action"; empty = the params_file '
-                       'value'),
+    ('draft_path', '', 'EAGLE draft-head folder, "random" or "previous_action"; empty = the '
+                       'params_file value'),
     ('unnorm_key', '', 'Dataset statistics key; empty = the params_file value'),
     ('mode', '', 'ar, pipeline, spec or pipeline_spec; empty = the params_file value'),
     ('params_file', DEFAULT_PARAMS_FILE, 'YAML parameter file of the node'),

@@ -35,17 +35,18 @@ def test_a_stream_without_an_action_gets_the_root_alone():
 
 def test_the_chain_continues_the_previous_action_after_the_decided_tokens():
     draft = PreviousActionDrafter(ACTION_DIM)
-    draft.observe_action('cam', PREVIOUS)
+    draft.observe_action('cam', PREVIOUS, request_id=-1)     # an older frame's action
     draft.update([begin(0, 11)], [], None)                  # the prefill decided 1 token
     assert chain(draft.propose(0, depth=6, top_k=8, max_nodes=50)) == (11, PREVIOUS[1:])
     # Verified: root 11 then 12 accepted, bonus 40: three tokens decided, root 40.
     draft.update([], [DraftAdvance(0, [11, 12], [0, 1], 40)], None)
+    assert draft.previous_action('cam') == (11, 12, 40, 14, 15, 16, 17)    # frame 0 is newer
     assert chain(draft.propose(0, depth=6, top_k=8, max_nodes=50)) == (40, (14, 15, 16, 17))
 
 
 def test_depth_and_max_nodes_bound_the_chain():
     draft = PreviousActionDrafter(ACTION_DIM)
-    draft.observe_action('cam', PREVIOUS)
+    draft.observe_action('cam', PREVIOUS, request_id=-1)
     draft.update([begin(0, 5)], [], None)
     assert chain(draft.propose(0, depth=2, top_k=8, max_nodes=50)) == (5, (12, 13))
     assert chain(draft.propose(0, depth=6, top_k=8, max_nodes=4)) == (5, (12, 13, 14))
@@ -56,15 +57,15 @@ def test_depth_and_max_nodes_bound_the_chain():
 
 def test_each_request_drafts_from_its_own_stream_and_the_newest_action():
     draft = PreviousActionDrafter(ACTION_DIM)
-    draft.observe_action('left', PREVIOUS)
-    draft.observe_action('right', tuple(range(100, 107)))
+    draft.observe_action('left', PREVIOUS, request_id=-2)
+    draft.observe_action('right', tuple(range(100, 107)), request_id=-1)
     draft.update([begin(0, 1, 'left'), begin(1, 2, 'right'), begin(2, 3, 'new')], [], None)
     trees = draft.propose_batch([0, 1, 2], [6, 6, 6], top_k=8, max_nodes=50)
     assert [chain(t) for t in trees] == [(1, PREVIOUS[1:]), (2, (101, 102, 103, 104, 105, 106)),
                                          (3, ())]
     # A newer action of the stream is used from the next proposal on, also by a request
     # already in flight.
-    draft.observe_action('left', tuple(range(20, 27)))
+    draft.observe_action('left', tuple(range(20, 27)), request_id=10)
     assert chain(draft.propose(0, depth=6, top_k=8, max_nodes=50)) == \
         (1, (21, 22, 23, 24, 25, 26))
 
@@ -97,8 +98,8 @@ def test_frames_in_flight_together_draft_from_the_newest_decided_tokens():
 
 def test_forgetting_a_stream_drops_its_action_only():
     draft = PreviousActionDrafter(ACTION_DIM)
-    draft.observe_action('left', PREVIOUS)
-    draft.observe_action('right', PREVIOUS)
+    draft.observe_action('left', PREVIOUS, request_id=-2)
+    draft.observe_action('right', PREVIOUS, request_id=-1)
     draft.forget_stream('left')
     assert draft.previous_action('left') is None and draft.previous_action('right') == PREVIOUS
     draft.forget_stream(None)
@@ -107,7 +108,7 @@ def test_forgetting_a_stream_drops_its_action_only():
 
 def test_a_finished_request_past_the_previous_action_gets_the_root_alone():
     draft = PreviousActionDrafter(ACTION_DIM)
-    draft.observe_action('cam', PREVIOUS)
+    draft.observe_action('cam', PREVIOUS, request_id=-1)
     draft.update([begin(0, 11)], [], None)
     draft.update([], [DraftAdvance(0, [11, 12, 13, 14, 15, 16], range(6), 17)], None)
     assert chain(draft.propose(0, depth=6, top_k=8, max_nodes=50)) == (17, ())
@@ -128,10 +129,14 @@ def test_errors_name_what_is_wrong():
     with pytest.raises(ValueError, match='action_dim'):
         PreviousActionDrafter(0)
     with pytest.raises(ValueError, match='an action has 7 tokens'):
-        draft.observe_action('cam', (1, 2, 3))
+        draft.observe_action('cam', (1, 2, 3), request_id=0)
     draft.update([begin(0, 11)], [], None)
     with pytest.raises(ValueError, match='already has a draft state'):
         draft.update([begin(0, 11)], [], None)
+    with pytest.raises(ValueError, match='stream_id: temporal drafting needs the stream'):
+        draft.update([DraftBegin(1, None, range(0), 11)], [], None)
+    with pytest.raises(ValueError, match='num_decided|no draft state'):
+        draft.num_decided(1)
     with pytest.raises(ValueError, match='must start with the current root 11'):
         draft.update([], [DraftAdvance(0, [12], [0], 13)], None)
     with pytest.raises(ValueError, match='exceed the action'):
@@ -145,5 +150,20 @@ def test_errors_name_what_is_wrong():
     with pytest.raises(ValueError, match='depths'):
         draft.propose_batch([0], [2, 2], top_k=8, max_nodes=50)
     # A failed update changed nothing: the request still drafts from its first root.
-    draft.observe_action('cam', PREVIOUS)
+    draft.observe_action('cam', PREVIOUS, request_id=-1)
     assert chain(draft.propose(0, depth=6, top_k=8, max_nodes=50)) == (11, PREVIOUS[1:])
+
+
+def test_the_match_script_counts_verifications_as_the_engine_accepts():
+    """bench/temporal_match.py's arithmetic: after the prefill's token, each verification
+    accepts the previous action up to its first wrong token and adds the verifier's own."""
+    import sys
+    from pathlib import Path
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / 'bench'))
+    from temporal_match import verifications
+    same = (1, 2, 3, 4, 5, 6, 7)
+    assert verifications(same, same) == 1                           # all six in one
+    assert verifications(same, (0, 9, 9, 9, 9, 9, 9)) == 6           # AR: nothing drafted right
+    # position 3 wrong: positions 1, 2 accepted and 3 is the bonus; then 4, 5, 6 accepted
+    assert verifications(same, (1, 2, 3, 0, 5, 6, 7)) == 2
+    assert verifications(same, (1, 0, 3, 4, 5, 6, 7)) == 2           # bonus at 2, then 3..7

@@ -492,25 +492,40 @@ def temporal_node(ros, pipeline_node):
     node.destroy_node()
 
 
+def _settled_stats(node, quiet_s=0.2, timeout_s=5.0) -> dict:
+    """The node's stats once no frame's stats are still being recorded (two reads ``quiet_s``
+    apart agree)."""
+    deadline = time.monotonic() + timeout_s
+    snapshot = node.stats_snapshot()
+    while time.monotonic() < deadline:
+        time.sleep(quiet_s)
+        again = node.stats_snapshot()
+        if (again['verify_steps'], again['accepted_tokens']) == \
+                (snapshot['verify_steps'], snapshot['accepted_tokens']):
+            return again
+        snapshot = again
+    raise AssertionError('the node\'s stats kept changing')
+
+
 def test_previous_action_drafting_accepts_a_repeated_frame_in_one_verification(
         temporal_node, reference):
     """A camera showing one scene: every answer is the AR action, and once the frame's action
-    is the stream's previous one, one verification accepts all six drafted tokens (acceptance
-    length 3.5 = (1 + 6) / 2 per frame: the prefill's token, then six in one verification)."""
+    is the stream's previous one, one verification accepts the five drafted tokens and adds its
+    bonus token: per frame two steps, 1 + 6 tokens. The node records a frame's stats just
+    after publishing its twist, so the counters are read once they settle."""
     node, probe = temporal_node
     _, frames, expected, _ = reference
     assert type(node.serving.engine.strategy.drafter).__name__ == 'PreviousActionDrafter'
     for _ in range(2):                  # the stream's previous action becomes this frame's
         _send_and_get_twist(probe, probe.raw_image(frames[1]))
-    before = node.stats_snapshot()
+    before = _settled_stats(node)       # the second frame's stats land after its twist
     for _ in range(3):
         twist = _send_and_get_twist(probe, probe.raw_image(frames[1]))
         np.testing.assert_allclose(twist_values(twist), expected_twist(expected['rgb'][1]),
                                    rtol=1e-12)
-    after = node.stats_snapshot()
-    steps = after['verify_steps'] - before['verify_steps']
-    tokens = after['accepted_tokens'] - before['accepted_tokens']
-    assert (steps, tokens) == (6, 21), (steps, tokens)
+    after = _settled_stats(node)
+    assert (after['verify_steps'] - before['verify_steps'],
+            after['accepted_tokens'] - before['accepted_tokens']) == (6, 21)
 
 
 # ---- pure pieces of node.py -----------------------------------------------------------------

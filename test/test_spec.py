@@ -88,8 +88,7 @@ def test_strict_speculation_with_random_draft_equals_ar(policy, frames_and_refer
 
 def test_step_stats_split_drafting_into_forwards_and_host_work(policy, frames_and_reference):
     """The drafting time of a step splits into the draft forwards (upload to host read,
-    timed by the drafter) and the drafter's host bookkeeping, both accounted per step; a
-    mode that does not draft runs no draft forward (its root-only trees are host work)."""
+    timed by the drafter) and the drafter's host bookkeeping, both accounted per step."""
     frames, _ = frames_and_reference
     engine = make_engine(policy, 'random', mode='pipeline_spec', tree_depth=3, tree_top_k=4,
                          tree_max_nodes=12)
@@ -102,9 +101,6 @@ def test_step_stats_split_drafting_into_forwards_and_host_work(policy, frames_an
     per_step = stats.per_step_ms()
     assert per_step['draft_host_ms'] == pytest.approx(
         stats.draft_host_s / stats.num_steps * 1e3)
-    plain = make_engine(policy, None, mode='pipeline')
-    run_stream(plain, frames[:3])
-    assert plain.strategy.stats.draft_forward_s == 0.0
 
 
 def confident_random_draft(policy, cfg):
@@ -369,7 +365,8 @@ def temporal_stream(frames, reference, repeats: int):
 def test_previous_action_draft_gives_ar_tokens_and_accepts_repeated_actions(
         policy, frames_and_reference, mode):
     """S3 with temporal drafting: the AR tokens for every frame, in stream order, and no
-    draft forward. With tree_depth = action_dim - 1, a frame whose whole action the stream
+    draft forward. With tree_depth >= action_dim - 2 (after the prefill's token, five drafts
+    and the verifier's bonus token finish the action), a frame whose whole action the stream
     already decided takes the prefill plus one verification: in spec every repeat after a
     run's first frame; in pipeline_spec frame j of a run is admitted while frame j - 1, one
     step ahead, is still deciding, so each gains at least one token per step on the frame
@@ -404,3 +401,60 @@ def test_resetting_a_stream_forgets_its_previous_action(policy, frames_and_refer
     assert engine.strategy.drafter.previous_action('cam') is not None
     engine.reset('cam')
     assert engine.strategy.drafter.previous_action('cam') is None
+
+
+def record_chains(draft) -> list:
+    """(request id, tokens decided before, drafted tokens) of every chain ``draft`` proposes
+    from now on."""
+    chains, propose = [], draft.propose_batch
+
+    def recording(request_ids, *args, **kwargs):
+        decided = [draft.num_decided(rid) for rid in request_ids]
+        trees = propose(request_ids, *args, **kwargs)
+        chains.extend((rid, d, t.tokens[1:]) for rid, d, t in zip(request_ids, decided, trees))
+        return trees
+    draft.propose_batch = recording
+    return chains
+
+
+@pytest.mark.parametrize('mode', ['spec', 'pipeline_spec'])
+def test_previous_action_drafts_follow_each_stream(policy, frames_and_reference, mode):
+    """Two cameras, interleaved, each repeating its own scenes: every drafted token is one that
+    another frame of the same stream decided at that action position, and each scene's last
+    repeat is decided in the prefill plus one verification."""
+    frames, reference = frames_and_reference
+    picks = [(i // 8 * 2 + i % 2) for i in range(32)]         # cam0: 0,0,2,2.. cam1: 1,1,3..
+    stream = [dataclasses.replace(frames[k], stream_id=f'cam{k % 2}') for k in picks]
+    expected = [reference[k] for k in picks]
+    engine = make_engine(policy, None, mode=mode, draft_path='previous_action', tree_depth=5)
+    chains = record_chains(engine.strategy.drafter)
+    out = run_stream(engine, stream)
+    assert tokens_by_request(out) == expected
+    decided_by = {fin.request_id: (fin.frame.stream_id, fin.result.tokens) for fin in out}
+    assert any(drafted for _, _, drafted in chains)
+    for rid, decided, drafted in chains:
+        own_stream, tokens = decided_by[rid]
+        others = [t for r, (s, t) in decided_by.items() if s == own_stream and r != rid]
+        for position, token in enumerate(drafted, start=decided):
+            assert any(t[position] == token for t in others), (rid, position)
+    passes = {}
+    for fin in out:
+        passes.setdefault(fin.frame.stream_id, []).append(fin.result.stats['forward_passes'])
+    assert set(passes) == {'cam0', 'cam1'}
+    for counts in passes.values():          # per stream, runs of 4 repeats of one scene
+        assert counts[3::4] == [2] * (len(counts) // 4), counts
+
+
+def test_resetting_every_stream_or_a_failed_step_forgets_every_previous_action(
+        policy, frames_and_reference):
+    frames, reference = frames_and_reference
+    stream = [dataclasses.replace(frames[i], stream_id=f'cam{i % 2}') for i in range(4)]
+    engine = make_engine(policy, None, mode='pipeline_spec', draft_path='previous_action')
+    draft = engine.strategy.drafter
+    run_stream(engine, stream)
+    assert draft.previous_action('cam0') and draft.previous_action('cam1')
+    engine.reset()
+    assert draft.previous_action('cam0') is None and draft.previous_action('cam1') is None
+    run_stream(engine, stream)
+    engine.strategy.abort_all()             # what the engine does after a failed step
+    assert draft.previous_action('cam0') is None and draft.previous_action('cam1') is None

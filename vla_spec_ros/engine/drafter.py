@@ -28,7 +28,7 @@ class DraftBegin:
     prefix_embeds: torch.Tensor
     feature_rows: Sequence[int]
     root_token: int
-    stream_id: str = ''             # the request's camera stream (temporal drafting)
+    stream_id: str = ''             # the request's camera stream (temporal drafting needs it)
 
 
 @dataclass(frozen=True)
@@ -68,11 +68,10 @@ class Drafter:
     def release(self, request_id: int) -> None:
         raise NotImplementedError
 
-    def observe_action(self, stream_id: str, tokens: Sequence[int],
-                       request_id: int | None = None) -> None:
-        """Every action the engine emits (its ``action_dim`` tokens, the request's id), per
-        stream in submission order; a drafter that drafts from past actions keeps what it
-        needs (default: nothing)."""
+    def observe_action(self, stream_id: str, tokens: Sequence[int], request_id: int) -> None:
+        """Every action as soon as the engine has decided it (its ``action_dim`` tokens, the
+        request's id; frames of a stream may finish out of submission order): a drafter that
+        drafts from past actions keeps what it needs (default: nothing)."""
 
     def forget_stream(self, stream_id: str | None) -> None:
         """The stream (None: every stream) was reset: forget what ``observe_action`` gave."""
@@ -83,9 +82,9 @@ class Drafter:
         return 0
 
     def begin(self, request_id: int, prefix_embeds: torch.Tensor,
-              prefix_features: torch.Tensor, root_token: int) -> None:
+              prefix_features: torch.Tensor, root_token: int, stream_id: str = '') -> None:
         self.update([DraftBegin(request_id, prefix_embeds, _row_range(prefix_features),
-                                root_token)], [], prefix_features)
+                                root_token, stream_id)], [], prefix_features)
 
     def advance(self, request_id: int, path_tokens: Sequence[int], path_features: torch.Tensor,
                 bonus: int) -> None:

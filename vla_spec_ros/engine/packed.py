@@ -208,6 +208,8 @@ class PackedStrategy:
             request.forward_passes += 1
             request.accepted_lengths.append(1)
             is_done = sched.on_tokens(request.request_id, [token])
+            if is_done:
+                self._decided(request)
             if self.is_speculative and not is_done:
                 begins.append(DraftBegin(request.request_id, prefill_embeds[p],
                                          range(block_start, block_start + request.prefix_len),
@@ -228,12 +230,8 @@ class PackedStrategy:
             t0 = time.perf_counter()
             self.drafter.update(begins, advances, hidden)
             stats.draft_s += time.perf_counter() - t0
-        # 9. emit in per-stream submission order (the drafter sees every emitted action)
+        # 9. emit in per-stream submission order
         finished = sched.pop_finished()
-        if self.drafter is not None:
-            for request in finished:
-                self.drafter.observe_action(request.stream_id, request.tokens,
-                                            request.request_id)
         if self.drafter is not None:
             stats.draft_forward_s += self.drafter.forward_s - draft_forward_before
         stats.num_steps += 1
@@ -344,5 +342,12 @@ class PackedStrategy:
                                        [hidden_row + n for n in path], acc.bonus_token)
         elif self.drafter is not None:
             self.drafter.release(request.request_id)
-        self.scheduler.on_tokens(request.request_id, [int(t) for t in emitted])
+        if self.scheduler.on_tokens(request.request_id, [int(t) for t in emitted]):
+            self._decided(request)
         return advance
+
+    def _decided(self, request: Request) -> None:
+        """A request's whole action is decided: the drafter sees it now, not when it is
+        emitted (an action may wait there for an earlier frame of its stream)."""
+        if self.drafter is not None:
+            self.drafter.observe_action(request.stream_id, request.tokens, request.request_id)

@@ -2,7 +2,7 @@
 
 A robot's camera frames follow one another at the control rate, and the actions a policy
 decides for consecutive frames are mostly the same bins: on the embedded Meta-World model,
-88 % of the action tokens of consecutive frames along an expert's path are identical
+85 % of the action tokens of consecutive frames along an expert's path are identical
 (docs/speculation.md, Temporal drafting). ``PreviousActionDrafter`` proposes, for a request
 that has decided ``d`` of its ``action_dim`` tokens, the chain ``previous[d], previous[d+1],
 ...`` where ``previous[i]`` is the stream's newest decided token at action position ``i``:
@@ -16,15 +16,17 @@ work, a few microseconds of host work per request).
 Selected with ``draft_path: previous_action``. Plain Python (no torch).
 
 Contract with the speculative strategy (engine/packed.py): ``update`` as for every drafter
-(``DraftBegin.stream_id`` names the request's stream); ``observe_action`` with every action
-the engine emits (the tokens of a request's last verification reach the drafter only there);
+(``DraftBegin.stream_id`` names the request's stream, required here); ``observe_action`` with
+every action as soon as it is decided (the tokens of a request's last verification reach the
+drafter only there, before the action may wait for an earlier frame of its stream);
 ``forget_stream`` when a stream is reset (a new episode: its last action says nothing about
 the next). Newer frames win: a position keeps the token of the highest request id that decided
 it. The chain stops at the first position no request of the stream has decided yet; a stream
 with nothing decided gets the root alone (a plain decode step). The chain is certain by
 construction (log-probability 0 per node), so ``tree_min_prob`` never prunes it;
 ``tree_top_k`` is unused; ``tree_depth`` and ``tree_max_nodes`` bound its length as for any
-tree (``tree_depth`` = ``action_dim`` - 1 lets one verification accept a whole action).
+tree (``tree_depth`` >= ``action_dim`` - 2 lets one verification accept a whole action: after
+the prefill's token, five drafts and the verifier's own token).
 """
 from __future__ import annotations
 
@@ -54,6 +56,9 @@ class PreviousActionDrafter(Drafter):
             if begin.request_id in self._decided:
                 raise ValueError(f'request_id: {begin.request_id} already has a draft state; '
                                  'release it first')
+            if not isinstance(begin.stream_id, str) or not begin.stream_id:
+                raise ValueError(f'stream_id: temporal drafting needs the stream of request '
+                                 f'{begin.request_id}, got {begin.stream_id!r}')
         for adv in advances:
             self._check_known(adv.request_id)
             path = [int(t) for t in adv.path_tokens]
@@ -104,15 +109,13 @@ class PreviousActionDrafter(Drafter):
         self._decided.pop(request_id, None)
         self._roots.pop(request_id, None)
 
-    def observe_action(self, stream_id: str, tokens: Sequence[int],
-                       request_id: int | None = None) -> None:
-        """``request_id`` (default: newer than every frame seen) orders it among the frames
-        of its stream."""
+    def observe_action(self, stream_id: str, tokens: Sequence[int], request_id: int) -> None:
+        """``request_id`` orders the action among the frames of its stream (newer wins)."""
         tokens = [int(t) for t in tokens]
         if len(tokens) != self.action_dim:
             raise ValueError(f'tokens: an action has {self.action_dim} tokens, got '
                              f'{len(tokens)}')
-        self._record(stream_id, float('inf') if request_id is None else request_id, 0, tokens)
+        self._record(stream_id, int(request_id), 0, tokens)
 
     def forget_stream(self, stream_id: str | None) -> None:
         if stream_id is None:
@@ -121,6 +124,11 @@ class PreviousActionDrafter(Drafter):
             self._newest.pop(str(stream_id), None)
 
     # ---- inspection ---------------------------------------------------------------------------
+
+    def num_decided(self, request_id: int) -> int:
+        """Tokens the request has decided so far (its chain starts at this position)."""
+        self._check_known(request_id)
+        return self._decided[request_id]
 
     def previous_action(self, stream_id: str) -> tuple[int | None, ...] | None:
         """The stream's newest decided token at each action position (None where no frame has
