@@ -179,3 +179,32 @@ def test_graphs_refused_off_cuda():
         EngineConfig(device='cpu', use_cuda_graphs=True)
     with pytest.raises(ValueError, match='use_cuda_graphs'):
         EngineConfig(device='cuda', use_cuda_graphs=True, attention_backend='dense')
+
+
+@pytest.mark.parametrize('mode', ['spec', 'pipeline_spec'])
+def test_previous_action_drafting_in_graphs_gives_the_reference_tokens(setup, mode):
+    """Temporal drafting (``draft_path: previous_action``, no draft forward) with the verifier
+    graphed at the chain's tree size (``tree_max_nodes`` 6): each scene shown three times in a
+    row, the reference tokens, graphs replayed, and the repeats accepted from the previous
+    action."""
+    from vla_spec_ros.engine.draft_choice import load_draft_for
+    eager, graphed, frames, expected = setup
+    picks = [i for i in range(6) for _ in range(3)]
+    stream = [Frame(frames[i].image, frames[i].instruction, frames[i].unnorm_key, 'cam')
+              for i in picks]
+    runner = graphed.engine.runner
+    cfg = EngineConfig(mode=mode, dtype='float64', device='cuda', use_cuda_graphs=True,
+                       draft_path='previous_action', tree_depth=5, tree_max_nodes=6)
+    engine = Engine(runner, graphed.engine.norm_stats, cfg,
+                    draft=load_draft_for(runner, cfg, None))
+    engine.capture_graphs(stream[0])
+    pending, out = list(stream), {}
+    while pending or engine.has_work():
+        if pending and not engine.has_waiting():
+            engine.submit(pending.pop(0))
+        for fin in engine.step():
+            assert fin.error is None, fin.error
+            out[fin.request_id] = fin.result
+    assert [out[i].tokens for i in sorted(out)] == [expected[i] for i in picks]
+    assert engine.strategy.verifier.forward.num_graph_replays > 0
+    assert min(result.stats['forward_passes'] for result in out.values()) < 7
