@@ -191,6 +191,13 @@ def test_bench_passes_the_tree_options_to_the_speculative_modes(checkpoint, tmp_
     assert record['rows'][0]['forwards_per_action'] == pytest.approx(7.0)
 
 
+def test_bench_merges_the_previous_action_into_the_draft_trees(checkpoint, tmp_path):
+    record = _quiet_bench(checkpoint, tmp_path, '--modes', 'spec', '--frames', '2',
+                          '--warmup', '1', '--draft-path', 'random', '--draft-previous-action')
+    assert record['tree'] == {'draft_previous_action': True}
+    assert record['rows'][0]['num_actions'] == 2
+
+
 def test_bench_two_streams_admit_two_frames_per_step(checkpoint, tmp_path):
     """``--streams 2 --max-prefills-per-step 2 --max-inflight 14``: each stream has a frame
     waiting whenever its last one was admitted, so every step while frames remain admits

@@ -167,3 +167,89 @@ def test_the_match_script_counts_verifications_as_the_engine_accepts():
     # position 3 wrong: positions 1, 2 accepted and 3 is the bonus; then 4, 5, 6 accepted
     assert verifications(same, (1, 2, 3, 0, 5, 6, 7)) == 2
     assert verifications(same, (1, 0, 3, 4, 5, 6, 7)) == 2           # bonus at 2, then 3..7
+
+
+# ---- the previous action merged into a draft model's trees (engine/temporal_merge.py) --------
+
+def test_merge_chain_follows_existing_nodes_and_appends_the_rest():
+    from vla_spec_ros.engine.draft_tree import DraftTree
+    from vla_spec_ros.engine.temporal_merge import merge_chain
+    # root 5 -> 7 (node 1) -> 9 (node 3); root 5 -> 8 (node 2)
+    tree = DraftTree(tokens=(5, 7, 8, 9), parents=(NO_PARENT, 0, 0, 1), depths=(0, 1, 1, 2),
+                     scores=(0.0, -0.5, -1.0, -1.5))
+    merged = merge_chain(tree, [7, 9, 10])          # follows 1 and 3, appends 10 below 3
+    assert merged.tokens == (5, 7, 8, 9, 10)
+    assert merged.parents == (NO_PARENT, 0, 0, 1, 3)
+    assert merged.depths == (0, 1, 1, 2, 3)
+    assert merged.scores == (0.0, -0.5, -1.0, -1.5, -1.5)
+    merged = merge_chain(tree, [8, 1, 2])           # follows 2, appends a path of two
+    assert merged.tokens[4:] == (1, 2) and merged.parents[4:] == (2, 4)
+    assert merged.depths[4:] == (2, 3) and merged.scores[4:] == (-1.0, -1.0)
+    merged = merge_chain(tree, [6])                 # a new child of the root
+    assert merged.tokens[4:] == (6,) and merged.parents[4:] == (0,)
+    assert merge_chain(tree, []) is tree and merge_chain(tree, [7, 9]) is tree
+
+
+class _FixedTrees:
+    """A stand-in draft model: every tree is root -> 100 -> 101 (or the root alone when the
+    node budget is 2 or less), and it records its calls; ``refuse`` makes update raise."""
+
+    num_forward_passes, forward_s = 3, 0.25
+
+    def __init__(self):
+        self.calls, self.updates, self.refuse = [], [], False
+
+    def propose_batch(self, request_ids, depths, top_k, max_nodes, min_prob=0.0):
+        from vla_spec_ros.engine.draft_tree import chain_tree
+        self.calls.append((list(request_ids), max_nodes))
+        return [chain_tree(900 + r, [100, 101][:max_nodes - 1]) for r in request_ids]
+
+    def update(self, begins, advances, features):
+        if self.refuse:
+            raise RuntimeError('no lane left')
+        self.updates.append((list(begins), list(advances)))
+
+    def release(self, request_id):
+        pass
+
+    def observe_action(self, stream_id, tokens, request_id):
+        pass
+
+    def forget_stream(self, stream_id):
+        pass
+
+
+def test_with_previous_action_leaves_room_for_the_chain_and_merges_it():
+    from vla_spec_ros.engine.temporal_merge import WithPreviousAction
+    model = _FixedTrees()
+    draft = WithPreviousAction(model, ACTION_DIM)
+    draft.update([begin(0, 900, 'a'), begin(1, 901, 'b')], [], None)
+    draft.observe_action('a', PREVIOUS, request_id=-1)
+    trees = draft.propose_batch([0, 1], [6, 6], top_k=8, max_nodes=9)
+    # Request 0 drafts a 6-token chain: the model gets 9 - 6 = 3 nodes; request 1 (stream b,
+    # nothing decided) none: the model gets all 9. One model call per budget.
+    assert sorted(model.calls) == [([0], 3), ([1], 9)]
+    assert trees[0].tokens == (900, 100, 101) + PREVIOUS[1:]
+    assert trees[0].parents == (NO_PARENT, 0, 1, 0, 3, 4, 5, 6, 7)
+    assert trees[1].tokens == (901, 100, 101)
+    assert all(t.num_nodes <= 9 for t in trees)
+    # A budget too small for the model's two nodes plus the whole chain: the chain is cut.
+    trees = draft.propose_batch([0], [6], top_k=8, max_nodes=4)
+    assert trees[0].num_nodes == 4 and trees[0].tokens == (900, 100, 12, 13)
+    assert (draft.num_forward_passes, draft.forward_s) == (3, 0.25)   # the model's
+
+
+def test_with_previous_action_updates_both_or_neither():
+    from vla_spec_ros.engine.temporal_merge import WithPreviousAction
+    model = _FixedTrees()
+    draft = WithPreviousAction(model, ACTION_DIM)
+    with pytest.raises(ValueError, match='stream_id'):      # the chain's check: model untouched
+        draft.update([DraftBegin(0, None, range(0), 5)], [], None)
+    assert model.updates == []
+    model.refuse = True                                     # the model refuses: chain untouched
+    with pytest.raises(RuntimeError, match='no lane'):
+        draft.update([begin(0, 5)], [], None)
+    assert draft.temporal.previous_action('cam') is None
+    model.refuse = False
+    draft.update([begin(0, 5)], [], None)
+    assert len(model.updates) == 1 and draft.temporal.num_decided(0) == 1

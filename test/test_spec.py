@@ -458,3 +458,32 @@ def test_resetting_every_stream_or_a_failed_step_forgets_every_previous_action(
     run_stream(engine, stream)
     engine.strategy.abort_all()             # what the engine does after a failed step
     assert draft.previous_action('cam0') is None and draft.previous_action('cam1') is None
+
+
+@pytest.mark.parametrize('mode', ['spec', 'pipeline_spec'])
+def test_previous_action_merged_into_draft_head_trees(policy, frames_and_reference, mode):
+    """``draft_previous_action``: the (random) draft head's trees with the previous action
+    merged in give the AR tokens, never exceed tree_max_nodes, and on repeated scenes take
+    fewer verifier forwards than the head alone (which drafts badly on purpose)."""
+    frames, reference = frames_and_reference
+    stream, expected = temporal_stream(frames, reference, repeats=4)
+    options = dict(mode=mode, tree_depth=5, tree_top_k=2, tree_max_nodes=10)
+    forwards = {}
+    for merged in (False, True):
+        cfg = EngineConfig(dtype='float64', draft_path='random', draft_previous_action=merged,
+                           **options)
+        draft = load_draft_for(policy.engine.runner, cfg, None)
+        assert type(draft).__name__ == ('WithPreviousAction' if merged else 'EagleDrafter')
+        trees = record_trees(draft)
+        engine = make_engine(policy, draft, draft_previous_action=merged, **options)
+        out = run_stream(engine, stream)
+        assert tokens_by_request(out) == expected
+        assert max(t.num_nodes for t in trees) <= options['tree_max_nodes']
+        forwards[merged] = sum(fin.result.stats['forward_passes'] for fin in out)
+        assert draft.num_forward_passes > 0         # the head drafts in both
+    assert forwards[True] < forwards[False]
+
+
+def test_draft_previous_action_with_draft_path_previous_action_is_refused():
+    with pytest.raises(ValueError, match='draft_previous_action'):
+        EngineConfig(mode='spec', draft_path='previous_action', draft_previous_action=True)

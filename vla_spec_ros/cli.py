@@ -70,6 +70,8 @@ def cmd_bench(args) -> int:
     tree = {name: getattr(args, name) for name in ('tree_depth', 'tree_top_k', 'tree_max_nodes',
                                                    'tree_min_prob')
             if getattr(args, name) is not None}
+    if args.draft_previous_action:
+        tree['draft_previous_action'] = True
     sweep = [int(v) for v in args.sweep_inflight.split(',')] if args.sweep_inflight else None
     rows = run_bench(args.model or args.preset, modes, args.frames, args.warmup, args.device,
                      args.dtype, args.seed, args.draft_path, args.streams, args.out, command,
@@ -152,6 +154,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument('--tree-max-nodes', type=int, default=None)
     p.add_argument('--tree-min-prob', type=float, default=None,
                    help='draft tree confidence pruning (EngineConfig.tree_min_prob)')
+    p.add_argument('--draft-previous-action', action='store_true',
+                   help='merge each stream\'s previous action into the draft head\'s trees '
+                   '(EngineConfig.draft_previous_action)')
     p.add_argument('--sweep-inflight', default=None,
                    help='comma-separated max_inflight values: time pipeline steps at each, '
                    'with segment and dense attention')

@@ -262,6 +262,9 @@ class EngineConfig:
                                      'folder, "random" (a seeded random head, for tests) or '
                                      '"previous_action" (each stream\'s previous action, no '
                                      'draft model); empty = the checkpoint\'s draft/ folder')
+    draft_previous_action: bool = _option(False, 'Also draft each stream\'s previous action: its '
+                                          'chain is merged into every draft-head tree (spec '
+                                          'modes)')
     relax_threshold: int = _option(0, 'Relaxed acceptance: accept a draft bin within this many '
                                    'bins of the verifier (0 = exact)', is_tunable=True,
                                    minimum=0, maximum=255, unit='bins')
@@ -340,6 +343,10 @@ class EngineConfig:
                  'max_prefills_per_step',
                  f'{self.max_prefills_per_step} exceeds max_inflight {self.max_inflight} (a '
                  'prefilled frame is in flight)')
+        _require(not (self.draft_previous_action and self.draft_path == 'previous_action'),
+                 'draft_previous_action', 'draft_path "previous_action" already drafts the '
+                 'previous action alone; draft_previous_action merges it into a draft head\'s '
+                 'trees')
         _require(not (self.use_cuda_graphs and self.attention_backend == 'dense'),
                  'use_cuda_graphs', 'the dense reference attention is never graphed; use '
                  'attention_backend "segments" or "auto"')

@@ -6,6 +6,9 @@
   tests and demos);
 - ``"previous_action"``: a ``PreviousActionDrafter`` (temporal drafting: each stream's
   previous action, no draft model).
+
+With ``draft_previous_action`` a draft head's trees get the previous action merged in
+(engine/temporal_merge.py).
 """
 from __future__ import annotations
 
@@ -18,6 +21,7 @@ from ..models.layers import fuse_projections
 from .drafter import Drafter
 from .eagle_drafter import EagleDrafter
 from .previous_action_drafter import PREVIOUS_ACTION_DRAFT, PreviousActionDrafter
+from .temporal_merge import WithPreviousAction
 
 
 def load_draft_for(runner, engine_config: EngineConfig,
@@ -48,7 +52,10 @@ def load_draft_for(runner, engine_config: EngineConfig,
         head = load_draft(Path(path).expanduser(), runner.model, runner.dtype, runner.device)
     if runner.device.type == 'cuda':
         fuse_projections(head)      # q/k/v and gate/up: one product each, as the verifier's
-    return EagleDrafter.for_engine(runner, head, engine_config)
+    drafter = EagleDrafter.for_engine(runner, head, engine_config)
+    if engine_config.draft_previous_action:
+        return WithPreviousAction(drafter, runner.action_dim)
+    return drafter
 
 
 __all__ = ['load_draft_for']

@@ -52,6 +52,23 @@ class PreviousActionDrafter(Drafter):
 
     def update(self, begins, advances, features) -> None:
         begins, advances = list(begins), list(advances)
+        self.check_update(begins, advances)
+        for begin in begins:
+            self._stream_of[begin.request_id] = str(begin.stream_id)
+            self._decided[begin.request_id] = 1         # the prefill decided the first token
+            self._roots[begin.request_id] = int(begin.root_token)
+            self._record(begin.stream_id, begin.request_id, 0, [begin.root_token])
+        for adv in advances:
+            # The accepted drafts (len(path) - 1) and the bonus token are now decided, at the
+            # positions after the root's.
+            decided = self._decided[adv.request_id]
+            self._record(self._stream_of[adv.request_id], adv.request_id, decided,
+                         [*list(adv.path_tokens)[1:], adv.bonus])
+            self._decided[adv.request_id] = decided + len(adv.path_tokens)
+            self._roots[adv.request_id] = int(adv.bonus)
+
+    def check_update(self, begins, advances) -> None:
+        """What ``update`` refuses, checked without changing anything."""
         for begin in begins:
             if begin.request_id in self._decided:
                 raise ValueError(f'request_id: {begin.request_id} already has a draft state; '
@@ -68,19 +85,6 @@ class PreviousActionDrafter(Drafter):
             if self._decided[adv.request_id] + len(path) > self.action_dim:
                 raise ValueError(f'path_tokens: {len(path)} more tokens exceed the action of '
                                  f'{self.action_dim} for request {adv.request_id}')
-        for begin in begins:
-            self._stream_of[begin.request_id] = str(begin.stream_id)
-            self._decided[begin.request_id] = 1         # the prefill decided the first token
-            self._roots[begin.request_id] = int(begin.root_token)
-            self._record(begin.stream_id, begin.request_id, 0, [begin.root_token])
-        for adv in advances:
-            # The accepted drafts (len(path) - 1) and the bonus token are now decided, at the
-            # positions after the root's.
-            decided = self._decided[adv.request_id]
-            self._record(self._stream_of[adv.request_id], adv.request_id, decided,
-                         [*list(adv.path_tokens)[1:], adv.bonus])
-            self._decided[adv.request_id] = decided + len(adv.path_tokens)
-            self._roots[adv.request_id] = int(adv.bonus)
 
     def propose_batch(self, request_ids, depths, top_k, max_nodes,
                       min_prob=0.0) -> list[DraftTree]:
