@@ -45,6 +45,7 @@ from gpu_setup import (TARGET_ACCEPTANCE, build_model, build_runner, eager_refer
                        engine_for, engine_options, load_checkpoint, run_all, time_pieces)
 from vla_spec_ros.bench import BenchRow, bench_engine, bench_hf, environment, make_frames
 from vla_spec_ros.config import EngineConfig
+from vla_spec_ros.engine.draft_choice import load_draft_for
 from vla_spec_ros.engine.engine import Engine
 from vla_spec_ros.testing import OracleDrafter
 
@@ -162,7 +163,6 @@ def run_table(args, weights, key, baselines, report) -> list:
                     rows.append((name, use_graphs, streams, row))
             eagle = ['spec', 'pipeline_spec'] if 'eagle' in groups else []
             for mode, prefills in with_prefill_settings(eagle, prefill_settings):
-                from vla_spec_ros.engine.draft_choice import load_draft_for
                 ecfg = EngineConfig(mode=mode, draft_path='random',
                                     **dict(base, max_prefills_per_step=prefills))
                 engine = Engine(runner, weights.norm_stats, ecfg,
@@ -170,6 +170,20 @@ def run_table(args, weights, key, baselines, report) -> list:
                 name = row_name(f'{mode}+eagle(random head)', prefills)
                 row = attempt(f'{name} graphs={use_graphs} streams={streams}',
                               lambda e=engine: bench_engine(e, frames, args.warmup))
+                if row is not None:
+                    row.mode = name
+                    rows.append((row.mode, use_graphs, streams, row))
+            temporal = ['spec', 'pipeline_spec'] if 'temporal' in groups else []
+            repeated = repeated_frames(frames, streams, TEMPORAL_REPEATS)
+            for mode, prefills in with_prefill_settings(temporal, prefill_settings):
+                tcfg = EngineConfig(mode=mode, draft_path='previous_action', tree_depth=5,
+                                    tree_max_nodes=6,
+                                    **dict(base, max_prefills_per_step=prefills))
+                engine = Engine(runner, weights.norm_stats, tcfg,
+                                draft=load_draft_for(runner, tcfg, None))
+                name = row_name(f'{mode}+previous action (frames x{TEMPORAL_REPEATS})', prefills)
+                row = attempt(f'{name} graphs={use_graphs} streams={streams}',
+                              lambda e=engine: bench_engine(e, repeated, args.warmup))
                 if row is not None:
                     row.mode = name
                     rows.append((row.mode, use_graphs, streams, row))
@@ -194,6 +208,20 @@ def run_table(args, weights, key, baselines, report) -> list:
                         'ratio_vs_hf_compiled': r.actions_per_s / compiled.actions_per_s
                         if compiled is not None else float('nan')})
     return records
+
+
+# Temporal drafting rows: each camera shows each frame this many times in a row (random
+# weights act differently on every random frame; a repeated frame is the case where the
+# previous action is right, a robot holding still), so the rows time the drafter with real
+# acceptance and no draft forward.
+TEMPORAL_REPEATS = 4
+
+
+def repeated_frames(frames: list, streams: int, repeats: int) -> list:
+    """``frames`` (frame i of stream i % streams) with each stream's frames shown ``repeats``
+    times in a row, the same count and stream of each position."""
+    return [frames[(i // (streams * repeats)) * streams + i % streams]
+            for i in range(len(frames))]
 
 
 def with_prefill_settings(labels: list[str], settings: list[int]):
@@ -248,7 +276,9 @@ def main(argv=None) -> int:
     ap.add_argument('--rows', default='ar,pipeline,oracle',
                     help='row groups besides HF: ar, pipeline, oracle (spec modes with the '
                     'oracle draft), eagle (spec modes with a random EAGLE head at the default '
-                    'tree: acceptance near 1, it measures what drafting costs)')
+                    'tree: acceptance near 1, it measures what drafting costs), temporal (spec '
+                    'modes drafting the previous action, tree depth 5 / 6 nodes, on frames '
+                    'each shown 4 times in a row)')
     ap.add_argument('--baselines', default='eager,compiled',
                     help='HF baselines: eager, compiled (static cache + torch.compile)')
     ap.add_argument('--compile-backend', default='inductor',

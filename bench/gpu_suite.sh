@@ -19,6 +19,8 @@
 #                                     device preprocessing, graphs, fused kernels
 #   bash bench/gpu_suite.sh table-long  7B table, graphs on then off, 1 stream, 40 timed frames
 #                                     (the pipeline's fill and drain weigh less than with 12)
+#   bash bench/gpu_suite.sh table-temporal  ar, pipeline and the spec modes drafting the
+#                                        previous action (frames each shown 4 times in a row)
 #   bash bench/gpu_suite.sh table-eagle  spec / pipeline_spec with a random EAGLE head at the
 #                                     default tree, graphs on, 1 stream, 40 timed frames: what
 #                                     drafting costs per step (the oracle rows draft for free)
@@ -104,6 +106,11 @@ for part in "$@"; do
                 --rows eagle --baselines eager \
                 --progress-file "$RESULTS/rows-table-eagle.json" 2>&1 \
                 | tee "$RESULTS/log-table-eagle.txt" || status=1 ;;
+        table-temporal)
+            bounded $GPU --graphs on --streams 1 --frames 40 --warmup 6 --parts table \
+                --rows ar,pipeline,temporal --baselines eager \
+                --progress-file "$RESULTS/rows-table-temporal.json" 2>&1 \
+                | tee "$RESULTS/log-table-temporal.txt" || status=1 ;;
         table-streams)
             bounded $GPU --graphs on --streams 4 --frames 40 --warmup 6 --parts table \
                 --rows ar,pipeline,oracle --baselines eager --max-prefills-per-step 1,2 \
@@ -115,7 +122,7 @@ for part in "$@"; do
                 | tee "$RESULTS/log-attention-tests.txt" || status=1
             bounded $GPU --graphs on --parts attention --baselines '' --frames 12 --warmup 6 \
                 2>&1 | tee "$RESULTS/log-attention-ab.txt" || status=1 ;;
-        *) echo "unknown part: $part (tests, graph-tests, table, table-on, table-off, kernels-ab, fidelity, fidelity-bins, engine-tests, table-long, table-eagle, table-streams, attention-ab)"; exit 2 ;;
+        *) echo "unknown part: $part (tests, graph-tests, table, table-on, table-off, kernels-ab, fidelity, fidelity-bins, engine-tests, table-long, table-eagle, table-temporal, table-streams, attention-ab)"; exit 2 ;;
     esac
     echo "== part $part: $(( $(date +%s) - start )) s"
 done

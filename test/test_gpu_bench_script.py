@@ -40,11 +40,12 @@ def test_histogram_refuses_mismatched_inputs():
 
 
 def test_gpu_bench_runs_on_cpu_and_every_path_matches_the_reference(tmp_path):
-    """Table (both HF baselines, ar, the oracle spec rows and the random EAGLE head rows that
-    time drafting) and the fidelity part."""
+    """Table (both HF baselines, ar, the oracle spec rows, the random EAGLE head rows that
+    time drafting and the temporal drafting rows) and the fidelity part."""
     cmd = [sys.executable, str(BENCH / 'gpu.py'), '--preset', 'tiny', '--device', 'cpu',
            '--dtype', 'float32', '--frames', '2', '--warmup', '1', '--streams', '1',
-           '--rows', 'ar,oracle,eagle', '--parts', 'table,fidelity', '--fidelity-frames', '3',
+           '--rows', 'ar,oracle,eagle,temporal', '--parts', 'table,fidelity',
+           '--fidelity-frames', '3',
            '--fidelity-kernels', 'off', '--compile-backend', 'eager', '--out', str(tmp_path),
            '--progress-file', str(tmp_path / 'rows.json')]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
@@ -58,6 +59,9 @@ def test_gpu_bench_runs_on_cpu_and_every_path_matches_the_reference(tmp_path):
             'pipeline_spec+eagle(random head)'} <= set(modes)
     eagle = next(r for r in record['rows'] if r['mode'] == 'spec+eagle(random head)')
     assert eagle['draft_ms'] > 0        # the draft head's forwards are timed
+    temporal = next(r for r in record['rows'] if r['mode'] == 'spec+previous action (frames x4)')
+    assert temporal['forwards_per_action'] < 7 and temporal['draft_host_ms'] >= 0
+    assert 'pipeline_spec+previous action (frames x4)' in modes
     assert all(r['actions_per_s'] > 0 and r['ratio_vs_hf_compiled'] > 0 for r in record['rows'])
     assert record['failures'] == []
     for label, h in record['fidelity'].items():      # float32 on CPU: every token equal to HF
