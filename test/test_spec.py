@@ -487,3 +487,23 @@ def test_previous_action_merged_into_draft_head_trees(policy, frames_and_referen
 def test_draft_previous_action_with_draft_path_previous_action_is_refused():
     with pytest.raises(ValueError, match='draft_previous_action'):
         EngineConfig(mode='spec', draft_path='previous_action', draft_previous_action=True)
+
+
+def test_relaxing_against_the_previous_action_is_bounded(policy):
+    """Relaxed acceptance against the previous action holds the robot's previous bins while
+    the policy's stay within r: above MAX_RELAX_WITH_PREVIOUS_ACTION bins it is refused, at
+    load and as a run-time change, with the reason; other drafters and modes keep any r."""
+    from vla_spec_ros.config import MAX_RELAX_WITH_PREVIOUS_ACTION as limit
+    for drafting in (dict(draft_path='previous_action'),
+                     dict(draft_path='random', draft_previous_action=True)):
+        EngineConfig(mode='pipeline_spec', relax_threshold=limit, **drafting)
+        with pytest.raises(ValueError, match='relax_threshold.*hold its previous'):
+            EngineConfig(mode='pipeline_spec', relax_threshold=limit + 1, **drafting)
+    EngineConfig(mode='spec', draft_path='random', relax_threshold=255)
+    EngineConfig(mode='pipeline', draft_path='previous_action', relax_threshold=255)
+    engine = make_engine(policy, None, mode='spec', draft_path='previous_action')
+    with pytest.raises(ValueError, match='relax_threshold'):
+        engine.set_tunables(relax_threshold=32)
+    assert engine.config.relax_threshold == 0
+    engine.set_tunables(relax_threshold=limit)
+    assert engine.config.relax_threshold == limit

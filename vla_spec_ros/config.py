@@ -343,6 +343,16 @@ class EngineConfig:
                  'max_prefills_per_step',
                  f'{self.max_prefills_per_step} exceeds max_inflight {self.max_inflight} (a '
                  'prefilled frame is in flight)')
+        drafts_previous_action = self.draft_previous_action or \
+            self.draft_path == 'previous_action'
+        _require(not (self.is_speculative and drafts_previous_action
+                      and self.relax_threshold > MAX_RELAX_WITH_PREVIOUS_ACTION),
+                 'relax_threshold', f'{self.relax_threshold} bins while drafting the previous '
+                 'action: a bin within r of the verifier\'s is kept, so the robot would hold '
+                 'its previous action\'s bins until the policy moves more than r bins away '
+                 '(closed-loop success fell to 0.72 at 32 bins and 0 at 255 on the embedded '
+                 f'model, docs/speculation.md); at most {MAX_RELAX_WITH_PREVIOUS_ACTION} with '
+                 'temporal drafting')
         _require(not (self.draft_previous_action and self.draft_path == 'previous_action'),
                  'draft_previous_action', 'draft_path "previous_action" already drafts the '
                  'previous action alone; draft_previous_action merges it into a draft head\'s '
@@ -370,6 +380,12 @@ class EngineConfig:
 
 
 # Options that may change between frames without reloading (ROS `param set` tunables).
+# Relaxed acceptance against the previous action is hysteresis: the robot keeps its previous
+# bin while the policy's stays within r. The largest r at which the embedded model's closed
+# loop kept every episode (bench/results/demo/relax-previous-action-20261123: 1.00 up to 8
+# bins, 0.72 at 32, 0.00 at 255).
+MAX_RELAX_WITH_PREVIOUS_ACTION = 8
+
 TUNABLE_ENGINE_FIELDS = tuple(f.name for f in dataclasses.fields(EngineConfig)
                               if f.metadata['option'].is_tunable)
 
@@ -379,4 +395,5 @@ def config_to_dict(cfg) -> dict:
 
 
 __all__ = ['VisionTowerConfig', 'LlamaConfig', 'VLAConfig', 'EngineConfig', 'PRESETS', 'preset',
-           'MODES', 'DTYPES', 'TUNABLE_ENGINE_FIELDS', 'EngineOption', 'engine_option']
+           'MODES', 'DTYPES', 'TUNABLE_ENGINE_FIELDS', 'EngineOption', 'engine_option',
+           'MAX_RELAX_WITH_PREVIOUS_ACTION']
