@@ -432,7 +432,7 @@ def test_bookkeeping_modules_import_no_torch():
     engine_dir = pathlib.Path(__file__).resolve().parents[1] / 'vla_spec_ros' / 'engine'
     for name in ('kv_ring.py', 'step_plan.py', 'scheduler.py', 'request.py', 'draft_tree.py',
                  'step_inputs.py', 'draft_layout.py', 'drafter.py', 'previous_action_drafter.py',
-                 'temporal_merge.py'):
+                 'temporal_merge.py', 'step_stats.py'):
         tree = ast.parse((engine_dir / name).read_text())
         # Imports under ``if TYPE_CHECKING:`` serve annotations only and never run.
         annotation_only = {id(inner) for node in ast.walk(tree) if isinstance(node, ast.If)
