@@ -74,6 +74,26 @@ def test_strict_speculative_decoding_reproduces_ar_on_simulator_frames():
     assert np.mean(forwards) < 7      # the trained draft is accepted at least sometimes
 
 
+def test_previous_action_drafting_on_consecutive_simulator_frames():
+    """float64, r = 0, the expert's path one control step apart (what a robot's camera sees):
+    temporal drafting gives exactly the AR tokens, and the previous frame's action is accepted
+    often enough that a frame takes fewer verifier forwards than the head-less AR's 7 (with no
+    draft forward at all)."""
+    frames = _episode_frames(12)
+    ar = VLAPolicy.from_pretrained(NAME, dtype='float64')
+    temporal = VLAPolicy.from_pretrained(NAME, dtype='float64', mode='spec',
+                                         draft_path='previous_action', tree_depth=5)
+    instruction = 'close the drawer'
+    forwards = []
+    for image in frames:
+        got = temporal.predict(image, instruction)
+        assert got.tokens == ar.predict(image, instruction).tokens
+        forwards.append(got.stats['forward_passes'])
+    assert temporal.engine.strategy.drafter.num_forward_passes == 0
+    assert forwards[0] == 7                 # the first frame has no previous action
+    assert np.mean(forwards[1:]) < 4
+
+
 def test_shipped_model_closes_the_drawer_in_the_simulator():
     """Behaviour, not numbers: the model drives the arm to success on held-out placements of
     its easiest task (in process; the ROS path is test_closed_loop.py)."""
