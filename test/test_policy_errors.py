@@ -67,6 +67,14 @@ def test_submit_rejects_bad_input_and_queues_nothing(policy, pipeline_engine, im
         assert engine.step() == []
 
 
+@pytest.mark.parametrize('stream_id', ['', None, 3])
+def test_submit_rejects_a_frame_without_a_stream(policy, pipeline_engine, stream_id):
+    for engine in _engines(policy, pipeline_engine):
+        with pytest.raises(ValueError, match='stream_id: a non-empty string'):
+            engine.submit(Frame(GOOD_IMAGE, INSTRUCTION, 'bridge_orig', stream_id))
+        assert not engine.has_work() and not engine.has_waiting()
+
+
 def test_unnorm_key_errors_list_the_available_keys(policy):
     for key in ('libero_10', None):
         with pytest.raises(ValueError) as info:

@@ -62,6 +62,9 @@ class Engine:
 
         At most ``max_streams`` streams may have unfinished frames at once: a frame of a new
         stream beyond that is refused (the node sizes it to its number of robots)."""
+        if not isinstance(frame.stream_id, str) or not frame.stream_id:
+            raise ValueError(f'stream_id: a non-empty string naming the camera stream, got '
+                             f'{frame.stream_id!r}')
         active = self.strategy.scheduler.active_streams
         if frame.stream_id not in active and len(active) >= self._config.max_streams:
             raise ValueError(f'stream_id: {frame.stream_id!r} would be stream {len(active) + 1} '
