@@ -161,32 +161,24 @@ def run_table(args, weights, key, baselines, report) -> list:
                 if row is not None:
                     row.mode = name
                     rows.append((name, use_graphs, streams, row))
-            eagle = ['spec', 'pipeline_spec'] if 'eagle' in groups else []
-            for mode, prefills in with_prefill_settings(eagle, prefill_settings):
-                ecfg = EngineConfig(mode=mode, draft_path='random',
-                                    **dict(base, max_prefills_per_step=prefills))
-                engine = Engine(runner, weights.norm_stats, ecfg,
-                                draft=load_draft_for(runner, ecfg, None))
-                name = row_name(f'{mode}+eagle(random head)', prefills)
-                row = attempt(f'{name} graphs={use_graphs} streams={streams}',
-                              lambda e=engine: bench_engine(e, frames, args.warmup))
-                if row is not None:
-                    row.mode = name
-                    rows.append((row.mode, use_graphs, streams, row))
-            temporal = ['spec', 'pipeline_spec'] if 'temporal' in groups else []
-            repeated = repeated_frames(frames, streams, TEMPORAL_REPEATS)
-            for mode, prefills in with_prefill_settings(temporal, prefill_settings):
-                tcfg = EngineConfig(mode=mode, draft_path='previous_action', tree_depth=5,
-                                    tree_max_nodes=6,
-                                    **dict(base, max_prefills_per_step=prefills))
-                engine = Engine(runner, weights.norm_stats, tcfg,
-                                draft=load_draft_for(runner, tcfg, None))
-                name = row_name(f'{mode}+previous action (frames x{TEMPORAL_REPEATS})', prefills)
-                row = attempt(f'{name} graphs={use_graphs} streams={streams}',
-                              lambda e=engine: bench_engine(e, repeated, args.warmup))
-                if row is not None:
-                    row.mode = name
-                    rows.append((row.mode, use_graphs, streams, row))
+            # Spec rows with a real drafter: (group, row label, drafter options, frames).
+            drafted = [('eagle', 'eagle(random head)', dict(draft_path='random'), frames),
+                       ('temporal', f'previous action (frames x{TEMPORAL_REPEATS})',
+                        dict(draft_path='previous_action', tree_depth=5, tree_max_nodes=6),
+                        repeated_frames(frames, streams, TEMPORAL_REPEATS))]
+            for group, label, drafting, row_frames in drafted:
+                modes = ['spec', 'pipeline_spec'] if group in groups else []
+                for mode, prefills in with_prefill_settings(modes, prefill_settings):
+                    cfg = EngineConfig(mode=mode, **drafting,
+                                       **dict(base, max_prefills_per_step=prefills))
+                    engine = Engine(runner, weights.norm_stats, cfg,
+                                    draft=load_draft_for(runner, cfg, None))
+                    name = row_name(f'{mode}+{label}', prefills)
+                    row = attempt(f'{name} graphs={use_graphs} streams={streams}',
+                                  lambda e=engine, f=row_frames: bench_engine(e, f, args.warmup))
+                    if row is not None:
+                        row.mode = name
+                        rows.append((name, use_graphs, streams, row))
             print(f'{setting}, {streams} stream(s) done', flush=True)
     # The compiled baseline runs last: torch.compile leaves process-wide state behind
     # (compile workers, dynamo hooks, its CUDA-graph pool) that slowed every later row's host
