@@ -415,19 +415,25 @@ def test_failures_publish_zero_and_report(fault_node, reference, fault, reason):
 
 # ---- a pipelined engine behind the node --------------------------------------------------
 
-@pytest.fixture(scope='module')
-def pipeline_node(ros, fault_node):
+def _enabled_node(ros, node_name: str, **engine_overrides):
+    """A node loading 'tiny' with ``engine_overrides``, enabled with the test instruction;
+    yields (node, probe) and tears the node down."""
     context, executor, probe_node = ros
-    overrides = {'model_path': 'tiny', 'mode': 'pipeline', 'restrict_to_action_tokens': True,
-                 'enabled': True, 'instruction': INSTRUCTION, 'unnorm_key': UNNORM_KEY,
+    overrides = {'model_path': 'tiny', 'restrict_to_action_tokens': True, 'enabled': True,
+                 'instruction': INSTRUCTION, 'unnorm_key': UNNORM_KEY,
                  'control_period': CONTROL_PERIOD, 'max_linear_speed': 10.0,
-                 'max_angular_speed': 20.0, 'max_action_age': 10.0}
-    node = VLASpecNode(node_name='vla_spec_pipeline', context=context, parameter_overrides=[
+                 'max_angular_speed': 20.0, 'max_action_age': 10.0, **engine_overrides}
+    node = VLASpecNode(node_name=node_name, context=context, parameter_overrides=[
         Parameter(k, value=v) for k, v in overrides.items()])
     executor.add_node(node)
-    yield node, Probe(probe_node, 'vla_spec_pipeline')
+    yield node, Probe(probe_node, node_name)
     executor.remove_node(node)
     node.destroy_node()
+
+
+@pytest.fixture(scope='module')
+def pipeline_node(ros, fault_node):
+    yield from _enabled_node(ros, 'vla_spec_pipeline', mode='pipeline')
 
 
 def test_warm_up_fills_the_pipeline_before_ready_and_leaves_nothing_behind(pipeline_node):
@@ -478,18 +484,8 @@ def test_pipeline_mode_finishes_without_new_frames_and_matches_ar(pipeline_node,
 def temporal_node(ros, pipeline_node):
     """pipeline_spec drafting with each stream's previous action (``draft_path:
     previous_action``), loaded by the node from its parameters like any drafter."""
-    context, executor, probe_node = ros
-    overrides = {'model_path': 'tiny', 'mode': 'pipeline_spec', 'draft_path': 'previous_action',
-                 'tree_depth': 6, 'restrict_to_action_tokens': True, 'enabled': True,
-                 'instruction': INSTRUCTION, 'unnorm_key': UNNORM_KEY,
-                 'control_period': CONTROL_PERIOD, 'max_linear_speed': 10.0,
-                 'max_angular_speed': 20.0, 'max_action_age': 10.0}
-    node = VLASpecNode(node_name='vla_spec_temporal', context=context, parameter_overrides=[
-        Parameter(k, value=v) for k, v in overrides.items()])
-    executor.add_node(node)
-    yield node, Probe(probe_node, 'vla_spec_temporal')
-    executor.remove_node(node)
-    node.destroy_node()
+    yield from _enabled_node(ros, 'vla_spec_temporal', mode='pipeline_spec',
+                             draft_path='previous_action', tree_depth=6)
 
 
 def _settled_stats(node, quiet_s=0.2, timeout_s=5.0) -> dict:
