@@ -77,7 +77,6 @@ class WithPreviousAction(Drafter):
                       min_prob=0.0) -> list[DraftTree]:
         chains = [t.tokens[1:] for t in self.temporal.propose_batch(
             request_ids, depths, top_k, max_nodes, min_prob)]
-        merged = []
         # One model call per chain length: every request of a call gets the same node budget.
         by_budget: dict[int, list[int]] = {}
         for i, chain in enumerate(chains):
@@ -89,9 +88,8 @@ class WithPreviousAction(Drafter):
                                              min_prob)
             for i, tree in zip(members, batch):
                 trees[i] = tree
-        for tree, chain in zip(trees, chains):
-            merged.append(merge_chain(tree, chain[:max(0, max_nodes - tree.num_nodes)]))
-        return merged
+        return [merge_chain(tree, chain[:max(0, max_nodes - tree.num_nodes)])
+                for tree, chain in zip(trees, chains)]
 
     def release(self, request_id) -> None:
         self.temporal.release(request_id)
