@@ -1,19 +1,24 @@
 """Image checks and OpenVLA preprocessing (docs/openvla.md, Image preprocessing).
 
-RGB uint8 (H, W, 3) -> optional 180° rotation (LIBERO agent view) -> optional center crop
-(90% of the area, resized back bilinearly, for checkpoints trained with crop augmentation) ->
-per tower: bicubic antialiased resize to the model size ("resize-naive": aspect ratio not kept),
-rounded to uint8 as PIL does, scaled to [0, 1] and normalised with the tower's mean/std ->
-(6, S, S) float tensor, DINOv2 channels first.
+RGB uint8 (H, W, 3) -> optional 180° rotation (LIBERO agent view) -> optional centre crop
+(90 % of the area, sampled bilinearly to S x S and converted back to uint8 with the arithmetic
+of OpenVLA's evaluation code, for checkpoints trained with crop augmentation) -> resize to
+S x S with Pillow's bicubic filter, exactly as OpenVLA's Hugging Face processor does
+("resize-naive": aspect ratio not kept; a frame already S x S is not resampled) -> scaled to
+[0, 1] and normalised with each tower's mean/std -> (6, S, S) float tensor, DINOv2 channels
+first.
+
+Everything up to the uint8 S x S image (``model_pixels``) runs on the host, in numpy and
+Pillow, and is bit for bit what OpenVLA feeds its towers. Only the normalisation runs on the
+tensor's device.
 """
 from __future__ import annotations
 
 import functools
-import math
 
 import numpy as np
 import torch
-import torch.nn.functional as F
+from PIL import Image
 
 from .config import VLAConfig
 
@@ -38,12 +43,72 @@ def check_image(image) -> np.ndarray:
     return image
 
 
-def _resize_uint8(x: torch.Tensor, size: int, mode: str) -> torch.Tensor:
-    """x (3, H, W) float in [0, 255] -> (3, size, size), rounded and clipped like PIL."""
-    if x.shape[-2:] != (size, size):
-        x = F.interpolate(x[None], size=(size, size), mode=mode, antialias=True,
-                          align_corners=False)[0]
-    return x.round().clamp(0, 255)
+def resize_bicubic(image: np.ndarray, size: int) -> np.ndarray:
+    """(H, W, 3) uint8 -> (size, size, 3) uint8 by Pillow's ``Image.resize(..., BICUBIC)``: the
+    call OpenVLA's processor makes (two separable passes with fixed-point weights, rounded
+    and clipped to uint8 between them). A frame already at the size is returned as is, as
+    Pillow returns a copy of it."""
+    if image.shape[:2] == (size, size):
+        return image
+    resized = Image.fromarray(np.ascontiguousarray(image), 'RGB').resize(
+        (size, size), Image.Resampling.BICUBIC)
+    return np.array(resized)           # writable, for torch.from_numpy
+
+
+def crop_center(image: np.ndarray, size: int, area: float = CROP_AREA) -> np.ndarray:
+    """(H, W, 3) uint8 -> (size, size, 3) uint8: the central box covering ``area`` of the
+    image (sides sqrt(area) of the frame's), as OpenVLA's evaluation code computes it.
+
+    That code converts the frame to float32 in [0, 1] (``v * float32(1 / 255)``), samples the
+    box bilinearly at size x size points spread corner to corner over it (TensorFlow's
+    ``crop_and_resize``: no antialiasing), and converts back to uint8 by truncating
+    ``x * 255.5`` after clipping to [0, 1]. This replays those float32 operations in the same
+    order, so the pixels are the same bit for bit.
+    """
+    h, w = image.shape[:2]
+    side = np.clip(np.sqrt(np.float32(area)), np.float32(0), np.float32(1))
+    start = (np.float32(1) - side) / np.float32(2)
+    end = start + side
+    x = image.astype(np.float32) * np.float32(1.0 / 255.0)
+    rows, row_lerp, row_valid = _sample_points(start, end, h, size)
+    cols, col_lerp, col_valid = _sample_points(start, end, w, size)
+    top, bottom = x[rows[0]], x[rows[1]]                        # (size, W, 3)
+    col_lerp = col_lerp[None, :, None]
+    top = top[:, cols[0]] + (top[:, cols[1]] - top[:, cols[0]]) * col_lerp
+    bottom = bottom[:, cols[0]] + (bottom[:, cols[1]] - bottom[:, cols[0]]) * col_lerp
+    out = top + (bottom - top) * row_lerp[:, None, None]
+    out[~row_valid] = 0                                         # outside the frame: black
+    out[:, ~col_valid] = 0
+    out = np.clip(out, np.float32(0), np.float32(1)) * np.float32(255.5)
+    return np.clip(out, 0, 255).astype(np.uint8)                # truncates, as a C cast does
+
+
+def _sample_points(start: np.float32, end: np.float32, length: int, size: int):
+    """Source coordinates of ``size`` samples over [start, end] (fractions of a side of
+    ``length`` pixels), as float32: (floor, ceil) indices, the interpolation weight, and
+    whether the point lies inside the frame."""
+    last = np.float32(length - 1)
+    if size > 1:
+        scale = (end - start) * last / np.float32(size - 1)
+        points = start * last + np.arange(size, dtype=np.float32) * scale
+    else:
+        points = np.full(1, 0.5 * float(start + end) * (length - 1), np.float32)
+    valid = (points >= 0) & (points <= last)
+    safe = np.where(valid, points, np.float32(0))
+    low = np.floor(safe).astype(np.int64)
+    high = np.ceil(safe).astype(np.int64)
+    return (low, high), (safe - low.astype(np.float32)).astype(np.float32), valid
+
+
+def model_pixels(image: np.ndarray, size: int, *, center_crop: bool = False,
+                 rotate_180: bool = False) -> np.ndarray:
+    """(H, W, 3) uint8 -> (size, size, 3) uint8: the pixels OpenVLA's processor turns into
+    tensors (before the scaling to [0, 1] and the normalisation)."""
+    if rotate_180:
+        image = image[::-1, ::-1]
+    if center_crop:
+        image = crop_center(image, size)
+    return resize_bicubic(image, size)
 
 
 def preprocess_image(image: np.ndarray, cfg: VLAConfig, *, center_crop: bool = False,
@@ -60,23 +125,28 @@ def preprocess_pixels(image: torch.Tensor, cfg: VLAConfig, *, center_crop: bool 
                       rotate_180: bool = False) -> torch.Tensor:
     """(H, W, 3) uint8 tensor -> (6, S, S) float64, on the tensor's own device.
 
-    The engine uploads the camera's uint8 frame and runs this on the GPU, so preprocessing
-    costs no host time and needs no synchronisation. The arithmetic is float64 on every
-    device; without a resize (frames at the model size) CPU and CUDA agree bit for bit, with
-    one the resampling may differ in the last bits, which moves a pixel by one uint8 level
-    only when it lands on a rounding tie.
+    A frame already S x S without a centre crop is only rotated, scaled and normalised, on
+    its device: the engine uploads the camera's uint8 frame and this costs no host time. Any
+    other frame is resized on the host (``model_pixels``, Pillow) and its S x S result is put
+    on the device: from the host frame a ``FrameUploader`` upload carries (``host_source``,
+    no copy back, the small result uploaded through the same uploader), else from the
+    tensor's own memory (on the CPU, none copied). Either way CPU and device get the same
+    uint8 pixels; the normalisation (float64 on every device) may differ in the last bit.
     """
-    if rotate_180:
-        image = image.flip(0, 1)
-    x = image.permute(2, 0, 1).to(torch.float64)
     size = cfg.image_size
-    if center_crop:
-        h, w = x.shape[1:]
-        side = math.sqrt(CROP_AREA)
-        ch, cw = max(1, round(h * side)), max(1, round(w * side))
-        top, left = (h - ch) // 2, (w - cw) // 2
-        x = _resize_uint8(x[:, top:top + ch, left:left + cw], size, 'bilinear')
-    x = _resize_uint8(x, size, 'bicubic') / 255.0
+    if center_crop or tuple(image.shape[:2]) != (size, size):
+        source = getattr(image, 'host_source', None)
+        host = source.image if source is not None else image.cpu().numpy()
+        resized = model_pixels(host, size, center_crop=center_crop, rotate_180=rotate_180)
+        if source is not None:
+            image = source.upload(resized)
+        elif image.device.type == 'cpu':
+            image = torch.from_numpy(np.ascontiguousarray(resized))
+        else:
+            image = torch.from_numpy(np.ascontiguousarray(resized)).to(image.device)
+    elif rotate_180:
+        image = image.flip(0, 1)
+    x = image.permute(2, 0, 1).to(torch.float64) / 255.0
     return normalize_per_tower(x, cfg)
 
 

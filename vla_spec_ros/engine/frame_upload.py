@@ -7,7 +7,10 @@ forward, and the host can no longer prepare anything while the GPU works. So:
 - ``FrameUploader`` copies a uint8 frame into a pinned staging buffer it keeps per frame shape
   and uploads it non-blocking (preprocessing then runs on the device, preprocess.py). Before
   it rewrites a staging buffer it waits for that buffer's previous upload (an event), which
-  has in practice finished long before.
+  has in practice finished long before. The device tensor carries its host frame and the
+  uploader (``host_source``): a frame that needs resizing is resized on the host from it with
+  Pillow, as OpenVLA's processor does (no copy back from the device), and its S x S result
+  goes up through the same uploader (``preprocess.preprocess_pixels``).
 - ``device_ids`` keeps the prompt ids of recent instructions on the device: an instruction
   rarely changes between frames, so its one blocking upload is paid when it does.
 
@@ -19,12 +22,20 @@ from __future__ import annotations
 
 import functools
 from collections import OrderedDict
+from typing import Callable, NamedTuple
 
 import numpy as np
 import torch
 
 MAX_FRAME_SHAPES = 4        # staging buffers kept (one per camera resolution in use)
 MAX_INSTRUCTIONS = 32       # prompt id tensors kept
+
+
+class HostSource(NamedTuple):
+    """Where a device frame came from: its host pixels, and how to upload more pixels the
+    same way (``FrameUploader.upload``)."""
+    image: np.ndarray
+    upload: Callable[[np.ndarray], torch.Tensor]
 
 
 class FrameUploader:
@@ -53,6 +64,7 @@ class FrameUploader:
         np.copyto(host_np, image)
         pixels = host.to(self.device, non_blocking=True)
         uploaded.record(torch.cuda.current_stream(self.device))   # the copy's stream
+        pixels.host_source = HostSource(image, self.upload)
         return pixels
 
 
