@@ -169,7 +169,7 @@ def test_several_prefills_follow_the_plain_attention_rule(seed, prefill_rows):
         assert step.slot_mapping[packed_row] == plan.slot_mapping[plan_row]
     # Each prompt's last real row decides its first token; padding rows write the scratch.
     ends = np.cumsum((0,) + step.prefill_blocks)[:-1] + [n - 1 for _, n in prompts]
-    assert step.extras['prefill_last'].tolist() == ends.tolist()
+    assert step.extras['prefill_read'].tolist() == ends.tolist()
     real = set(rows)
     assert all(step.slot_mapping[r] == ring.capacity
                for r in range(step.positions.shape[0]) if r not in real)

@@ -364,24 +364,51 @@ def temporal_stream(frames, reference, repeats: int):
 @pytest.mark.parametrize('mode', ['spec', 'pipeline_spec'])
 def test_previous_action_draft_gives_ar_tokens_and_accepts_repeated_actions(
         policy, frames_and_reference, mode):
-    """S3 with temporal drafting: the AR tokens for every frame, in stream order, and no
-    draft forward. With tree_depth >= action_dim - 2 (after the prefill's token, five drafts
-    and the verifier's bonus token finish the action), a frame whose whole action the stream
-    already decided takes the prefill plus one verification: in spec every repeat after a
-    run's first frame; in pipeline_spec frame j of a run is admitted while frame j - 1, one
-    step ahead, is still deciding, so each gains at least one token per step on the frame
-    before it (at most max(2, action_dim - j) forwards) until the run settles at 2."""
+    """S3 with temporal drafting and speculative prefill: the AR tokens for every frame, in
+    stream order, no draft forward, and a frame whose whole action the stream already decided
+    is decided by the one forward that prefills it (the chain rides the prefill): every
+    repeat after a run's first frame in spec; in pipeline_spec frame j of a run may be
+    admitted while frame j - 1 is still deciding (its chain then stops where the stream's
+    knowledge stops), and the run settles at one forward per frame."""
     frames, reference = frames_and_reference
     repeats = 8
     stream, expected = temporal_stream(frames, reference, repeats)
-    action_dim = policy.model_config.action_dim
-    engine = make_engine(policy, None, mode=mode, draft_path='previous_action',
-                         tree_depth=action_dim - 1)
+    engine = make_engine(policy, None, mode=mode, draft_path='previous_action')
     draft = engine.strategy.drafter
     out = run_stream(engine, stream)
     assert tokens_by_request(out) == expected
     assert draft.num_forward_passes == 0 and engine.strategy.stats.draft_forward_s == 0.0
     by_id = sorted(out, key=lambda f: f.request_id)
+    runs = [[f.result.stats['forward_passes'] for f in by_id[i:i + repeats]]
+            for i in range(0, len(by_id), repeats)]
+    action_dim = policy.model_config.action_dim
+    for passes in runs:
+        if mode == 'spec':
+            assert passes[1:] == [1] * (repeats - 1), passes
+        else:
+            assert all(p <= max(2, action_dim - j) for j, p in enumerate(passes)), passes
+            assert passes[-2:] == [1, 1], passes
+    accepted = [f.result.stats['prefill_accepted'] for f in by_id]
+    assert accepted[0] == 0 and max(accepted) == action_dim - 1
+    assert draft.previous_action('cam') == tuple(expected[-1])
+
+
+@pytest.mark.parametrize('mode', ['spec', 'pipeline_spec'])
+def test_previous_action_draft_without_speculative_prefill_verifies_after_the_prefill(
+        policy, frames_and_reference, mode):
+    """With ``speculative_prefill: false`` the prefill decides one token and the chain is
+    verified in the next step: a repeated frame takes the prefill plus one verification (the
+    chain's depth is derived: the rest of the action in one tree)."""
+    frames, reference = frames_and_reference
+    repeats = 8
+    stream, expected = temporal_stream(frames, reference, repeats)
+    action_dim = policy.model_config.action_dim
+    engine = make_engine(policy, None, mode=mode, draft_path='previous_action',
+                         speculative_prefill=False, tree_depth=1)
+    out = run_stream(engine, stream)
+    assert tokens_by_request(out) == expected
+    by_id = sorted(out, key=lambda f: f.request_id)
+    assert all(f.result.stats['prefill_accepted'] == 0 for f in by_id)
     runs = [[f.result.stats['forward_passes'] for f in by_id[i:i + repeats]]
             for i in range(0, len(by_id), repeats)]
     for passes in runs:
@@ -390,7 +417,6 @@ def test_previous_action_draft_gives_ar_tokens_and_accepts_repeated_actions(
         else:
             assert all(p <= max(2, action_dim - j) for j, p in enumerate(passes)), passes
             assert passes[-2:] == [2, 2], passes
-    assert draft.previous_action('cam') == tuple(expected[-1])
 
 
 def test_resetting_a_stream_forgets_its_previous_action(policy, frames_and_reference):
@@ -421,7 +447,7 @@ def record_chains(draft) -> list:
 def test_previous_action_drafts_follow_each_stream(policy, frames_and_reference, mode):
     """Two cameras, interleaved, each repeating its own scenes: every drafted token is one that
     another frame of the same stream decided at that action position, and each scene's last
-    repeat is decided in the prefill plus one verification."""
+    repeat is decided by its prefill alone (speculative prefill)."""
     frames, reference = frames_and_reference
     picks = [(i // 8 * 2 + i % 2) for i in range(32)]         # cam0: 0,0,2,2.. cam1: 1,1,3..
     stream = [dataclasses.replace(frames[k], stream_id=f'cam{k % 2}') for k in picks]
@@ -442,7 +468,7 @@ def test_previous_action_drafts_follow_each_stream(policy, frames_and_reference,
         passes.setdefault(fin.frame.stream_id, []).append(fin.result.stats['forward_passes'])
     assert set(passes) == {'cam0', 'cam1'}
     for counts in passes.values():          # per stream, runs of 4 repeats of one scene
-        assert counts[3::4] == [2] * (len(counts) // 4), counts
+        assert counts[3::4] == [1] * (len(counts) // 4), counts
 
 
 def test_resetting_every_stream_or_a_failed_step_forgets_every_previous_action(

@@ -265,6 +265,11 @@ class EngineConfig:
     draft_previous_action: bool = _option(False, 'Also draft each stream\'s previous action: its '
                                           'chain is merged into every draft-head tree (spec '
                                           'modes)')
+    # Speculative prefill: a drafter whose draft needs no verifier features (the previous
+    # action) puts a new frame's draft after its prompt, and the prefill forward verifies it.
+    speculative_prefill: bool = _option(True, 'Spec modes: verify a draft that needs no '
+                                        'verifier features (the previous action) inside the '
+                                        'forward that prefills the frame')
     relax_threshold: int = _option(0, 'Relaxed acceptance: accept a draft bin within this many '
                                    'bins of the verifier (0 = exact)', is_tunable=True,
                                    minimum=0, maximum=255, unit='bins')

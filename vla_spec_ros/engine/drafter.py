@@ -21,14 +21,20 @@ if TYPE_CHECKING:       # annotations only: the interface itself needs no torch
 
 @dataclass(frozen=True)
 class DraftBegin:
-    """After a prefill: the prompt's embeddings (L, H), the rows of the features tensor that
-    hold the verifier's f_0..f_{L-1}, and a1 (the verifier's argmax at L-1)."""
+    """After a prefill: the prefix's embeddings (L, H), the rows of the features tensor that
+    hold the verifier's f_0..f_{L-1}, and the root (the verifier's argmax at L-1).
+
+    With speculative prefill the prefill block also carried a drafted chain: the ``m`` chain
+    tokens it accepted are ``decided_before_root`` (the request's first m action tokens), the
+    prefix is the prompt followed by those tokens (their embeddings and verifier features are
+    its last m rows), and the root is the token the verifier decided after them."""
 
     request_id: int
     prefix_embeds: torch.Tensor
     feature_rows: Sequence[int]
     root_token: int
     stream_id: str = ''             # the request's camera stream (temporal drafting needs it)
+    decided_before_root: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -67,6 +73,26 @@ class Drafter:
 
     def release(self, request_id: int) -> None:
         raise NotImplementedError
+
+    @property
+    def has_prefill_draft(self) -> bool:
+        """Whether ``prefill_draft`` can propose anything (the engine then reserves room for
+        a chain in every prefill block)."""
+        return False
+
+    def prefill_draft(self, stream_id: str, max_len: int) -> list[int]:
+        """The first ``max_len`` (at most) action tokens a new frame of ``stream_id`` is
+        expected to decide, known before its prefill (no verifier features needed): the engine
+        appends them to the frame's prefill block and the one forward that prefills the frame
+        verifies them too (speculative prefill). Default: none (a draft head needs the
+        prefill's features before it can draft)."""
+        return []
+
+    @property
+    def derives_depth(self) -> bool:
+        """True when the drafter's trees are bounded by what it knows, not by ``tree_depth``
+        (the previous action's chain): the engine then asks for every remaining token."""
+        return False
 
     def observe_action(self, stream_id: str, tokens: Sequence[int], request_id: int) -> None:
         """Every action as soon as the engine has decided it (its ``action_dim`` tokens, the

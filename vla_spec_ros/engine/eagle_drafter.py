@@ -221,7 +221,9 @@ class EagleDrafter(Drafter):
             raise ValueError(f'prefix_features: expected {length} rows, got '
                              f'{len(begin.feature_rows)}')
         self._check_position(length - 1)
-        if length > self.lane_len - self.action_dim - 1 - MAX_SCRATCH:
+        # The longest prefix: a prompt of max_prefix_len rows plus the action tokens a
+        # speculative prefill decided before the root (at most action_dim - 1).
+        if length > self.lane_len - 2 - MAX_SCRATCH:
             raise ValueError(f'prefix_embeds: {length} rows exceed the draft lane')
         return length
 

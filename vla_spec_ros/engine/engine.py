@@ -157,6 +157,7 @@ class Engine:
             action=action, is_valid=is_valid, invalid_reason=reason,
             stats={'mode': self._config.mode, 'forward_passes': request.forward_passes,
                    'accepted_lengths': list(request.accepted_lengths),
+                   'prefill_accepted': request.prefill_accepted,
                    'latency_s': now - request.submit_time,
                    'compute_s': now - (request.start_time or request.submit_time),
                    'unnorm_key': request.unnorm_key})

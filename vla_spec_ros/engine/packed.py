@@ -18,6 +18,13 @@ compaction), 5 ONE verifier forward (one upload, one read of the greedy tokens),
 bookkeeping, 7 acceptance of every tree and the compaction it implies, 8 one batched draft
 update for the new prefixes and every accepted path, 9 finished requests in per-stream order.
 
+Speculative prefill (``speculative_prefill``, spec modes, a drafter whose draft needs no
+verifier features: the previous action): an admitted frame's prefill block carries its
+stream's draft after the prompt, as causal rows of the same block. The prompt's last row and
+every chain row are read back: the chain is accepted like any chain tree (S3 / S4), its KV is
+already contiguous after the prompt (no compaction; rejected rows are overwritten later), and a
+frame whose action repeats is decided by the one forward that prefills it.
+
 The strategy returns finished requests; the engine turns them into actions. It never reaches
 back into the engine.
 """
@@ -58,6 +65,11 @@ class PackedStrategy:
             raise ValueError(f'mode {config.mode!r} needs a draft head (draft_path)')
         self.max_inflight = config.max_inflight if config.is_pipelined else 1
         self.max_prefills = config.max_prefills_per_step if config.is_pipelined else 1
+        # Speculative prefill: the longest chain a prefill block carries (0 = off). The last
+        # action token comes from the last chain row, so action_dim - 1 drafts decide it all.
+        self.max_prefill_draft = runner.action_dim - 1 if (
+            self.is_speculative and config.speculative_prefill
+            and drafter is not None and drafter.has_prefill_draft) else 0
         # Ring scratch per request: a verified tree writes all its nodes before compaction.
         self.scratch = config.tree_max_nodes if self.is_speculative else 1
         max_prefix = runner.max_prefix_len(config.max_instruction_tokens)
@@ -133,8 +145,12 @@ class PackedStrategy:
             for request in work.prefills:
                 request.tunables = cfg
                 request.start_time = t0
+                # Speculative prefill: the stream's draft rides after the prompt.
+                chain = self.drafter.prefill_draft(request.stream_id, self.max_prefill_draft) \
+                    if self.max_prefill_draft else ()
                 prefills.append(PrefillRows(self.ring.span(request.request_id).start,
-                                            self.ring.capacity, request.prefix_len))
+                                            self.ring.capacity, request.prefix_len,
+                                            tuple(chain)))
             prefill_embeds = [prompt.embeds for prompt in runner.prepare_prompts(
                 [r.frame for r in work.prefills], cfg, [r.input_ids for r in work.prefills])]
             stats.vision_s += time.perf_counter() - t0
@@ -162,22 +178,27 @@ class PackedStrategy:
         tokens, hidden = self.verifier.run(host, prefill_embeds)
         stats.verifier_s += time.perf_counter() - t0
         self.num_verifier_forwards += 1
-        # 6. each prefill decides its request's first action token
+        # 6. each prefill decides its request's first action token (and, with speculative
+        #    prefill, verifies the chain it carried: the accepted tokens' KV already follows
+        #    the prompt, so the request continues from there)
         begins, advances = [], []
-        block_start = 0
-        for p, (request, block) in enumerate(zip(work.prefills, host.prefill_blocks)):
-            token = tokens[p]
-            request.forward_passes += 1
-            request.accepted_lengths.append(1)
-            is_done = sched.on_tokens(request.request_id, [token])
+        block_start, reads = 0, host.reads_per_prefill
+        for p, (request, rows, block) in enumerate(zip(work.prefills, prefills,
+                                                       host.prefill_blocks)):
+            emitted = self._after_prefill(request, rows.chain,
+                                          tokens[p * reads:p * reads + rows.num_read])
+            is_done = sched.on_tokens(request.request_id, list(emitted))
             if is_done:
                 self._decided(request)
             if self.is_speculative and not is_done:
-                begins.append(DraftBegin(request.request_id, prefill_embeds[p],
-                                         range(block_start, block_start + request.prefix_len),
-                                         token, request.stream_id))
+                # The drafter's prefix: the prompt, then the accepted chain tokens.
+                num_prefix = request.prefix_len + len(emitted) - 1
+                begins.append(DraftBegin(
+                    request.request_id, self._prefix_embeds(prefill_embeds[p], emitted[:-1]),
+                    range(block_start, block_start + num_prefix), emitted[-1],
+                    request.stream_id, tuple(emitted[:-1])))
             block_start += block
-        offset = len(work.prefills)
+        offset = len(work.prefills) * reads
         # 7. verify every tree, keep its accepted path
         num_rows = host.num_rows
         for s, request in enumerate(work.decode):
@@ -201,6 +222,32 @@ class PackedStrategy:
         stats.total_s += time.perf_counter() - start
         return finished
 
+    def _after_prefill(self, request: Request, chain: tuple[int, ...],
+                       picks: list[int]) -> tuple[int, ...]:
+        """The tokens a prefill decides: its prompt's greedy token alone, or, with a drafted
+        chain, the chain's accepted tokens and the verifier's token after them (acceptance
+        S3 / S4 over the chain as a tree rooted at the prompt's last row)."""
+        request.forward_passes += 1
+        if not chain:
+            emitted = (picks[0],)
+        else:
+            at = self.runner.action_tokenizer
+            acc = accept(chain_tree(request.input_ids[-1], chain), picks,
+                         relax_threshold=request.tunables.relax_threshold,
+                         is_action_token=at.is_action_token, token_to_bin=at.token_to_bin)
+            emitted = truncate(acc, request.num_remaining)
+            request.prefill_accepted = acc.num_accepted
+        request.accepted_lengths.append(len(emitted))
+        return tuple(int(t) for t in emitted)
+
+    def _prefix_embeds(self, prompt: torch.Tensor, accepted: tuple[int, ...]) -> torch.Tensor:
+        """The drafter's prefix embeddings (L + m, H): the prompt's, then the accepted chain
+        tokens' (read after the step's one sync, so this copy waits for nothing)."""
+        if not accepted:
+            return prompt
+        ids = torch.tensor(accepted, dtype=torch.long, device=prompt.device)
+        return torch.cat([prompt, self.runner.embed_tokens(ids).to(prompt.dtype)])
+
     def capture_graphs(self, prefix_len: int) -> int:
         """Build every verifier shape bucket a request of ``prefix_len`` prompt tokens can
         meet, and the drafter's tree-level buckets (CUDA graphs: captured now, not in the
@@ -212,7 +259,7 @@ class PackedStrategy:
         largest = prefix_len + self.runner.action_dim + self.scratch
         before = self.verifier.forward.num_buckets
         segment_counts = [0] + power_of_two_buckets(max(self.max_inflight - 1, 1))
-        prompt_rows = round_up(prefix_len, PROMPT_ROWS_BUCKET)
+        prompt_rows = round_up(prefix_len + self.max_prefill_draft, PROMPT_ROWS_BUCKET)
         for num_prefills in range(self.max_prefills + 1):
             for num_segments in segment_counts:
                 if not num_prefills and not num_segments:
@@ -223,7 +270,8 @@ class PackedStrategy:
                                               num_cols, 0)
                     step = padding_step((prompt_rows,) * num_prefills, sizes['num_segments'],
                                         sizes['num_rows'], sizes['num_cols'],
-                                        sizes['num_moves'], self.verifier.scratch_slot)
+                                        sizes['num_moves'], self.verifier.scratch_slot,
+                                        sizes['chain_per_prefill'])
                     embeds = [self.verifier.cache.k[0].new_zeros(
                         prompt_rows, self.runner.cfg.llm.hidden_size)] * num_prefills
                     self.verifier.run(step, embeds)
@@ -241,7 +289,9 @@ class PackedStrategy:
         groups: dict[tuple[int, int, float], tuple[list[int], list[int]]] = {}
         for request in decode:
             cfg = request.tunables
-            depth = min(cfg.tree_depth, request.num_remaining - 1)
+            # The previous action's chain is as long as the stream knows (derives_depth).
+            depth = request.num_remaining - 1 if self.drafter is not None \
+                and self.drafter.derives_depth else min(cfg.tree_depth, request.num_remaining - 1)
             if self.is_speculative and depth >= 1:
                 ids, depths = groups.setdefault(
                     (cfg.tree_top_k, cfg.tree_max_nodes, cfg.tree_min_prob), ([], []))
@@ -261,7 +311,7 @@ class PackedStrategy:
         if not self.runner.use_cuda_graphs:
             return dict(num_segments=len(segments), num_rows=num_rows,
                         num_cols=round_up(num_cols, 16), num_moves=num_moves)
-        return self._graph_sizes([p.length for p in prefills], len(segments), num_rows,
+        return self._graph_sizes([p.prompt_len for p in prefills], len(segments), num_rows,
                                  num_cols, num_moves)
 
     def _graph_sizes(self, prefix_lens: list[int], num_segments: int, num_rows: int,
@@ -270,15 +320,17 @@ class PackedStrategy:
         the step padded to the longest one's multiple of 64 rows, segment counts to powers of
         two, rows to a power of two (in the speculative modes every tree to the largest
         configured tree), gathered KV to a multiple of 128 slots, compaction moves to their
-        most for the segment count."""
+        most for the segment count; with speculative prefill every block has room for the
+        longest chain and reads its rows back."""
         num_segments = next_power_of_two(num_segments) if num_segments else 0
         if self.is_speculative:
             num_rows = max(num_rows, self.config.tree_max_nodes)
             num_moves = max(num_moves, num_segments * self.config.tree_depth)
         return dict(num_segments=num_segments, num_rows=next_power_of_two(num_rows),
                     num_cols=round_up(num_cols, KV_COLS_BUCKET), num_moves=num_moves,
-                    prefill_rows=round_up(max(prefix_lens), PROMPT_ROWS_BUCKET)
-                    if prefix_lens else None)
+                    prefill_rows=round_up(max(prefix_lens) + self.max_prefill_draft,
+                                          PROMPT_ROWS_BUCKET) if prefix_lens else None,
+                    chain_per_prefill=self.max_prefill_draft)
 
     def _after_verify(self, request: Request, tree: DraftTree, picks: list[int],
                       hidden_row: int) -> DraftAdvance | None:

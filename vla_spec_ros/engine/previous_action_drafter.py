@@ -24,9 +24,14 @@ the next). Newer frames win: a position keeps the token of the highest request i
 it. The chain stops at the first position no request of the stream has decided yet; a stream
 with nothing decided gets the root alone (a plain decode step). The chain is certain by
 construction (log-probability 0 per node), so ``tree_min_prob`` never prunes it;
-``tree_top_k`` is unused; ``tree_depth`` and ``tree_max_nodes`` bound its length as for any
-tree (``tree_depth`` >= ``action_dim`` - 2 lets one verification accept a whole action: after
-the prefill's token, five drafts and the verifier's own token).
+``tree_top_k`` is unused; ``tree_depth`` does not bound it (``derives_depth``: the engine asks
+for every remaining token, the chain stops where the stream's knowledge stops), only
+``tree_max_nodes`` does.
+
+Speculative prefill: ``prefill_draft`` gives a new frame's chain from position 0 before its
+prefill, so the forward that prefills the frame verifies it too; a frame whose action repeats
+is decided in that one forward. ``DraftBegin.decided_before_root`` then carries the chain
+tokens the prefill accepted.
 """
 from __future__ import annotations
 
@@ -54,10 +59,12 @@ class PreviousActionDrafter(Drafter):
         begins, advances = list(begins), list(advances)
         self.check_update(begins, advances)
         for begin in begins:
+            # The prefill decided the accepted chain (speculative prefill) and the root.
+            decided = [*begin.decided_before_root, begin.root_token]
             self._stream_of[begin.request_id] = str(begin.stream_id)
-            self._decided[begin.request_id] = 1         # the prefill decided the first token
+            self._decided[begin.request_id] = len(decided)
             self._roots[begin.request_id] = int(begin.root_token)
-            self._record(begin.stream_id, begin.request_id, 0, [begin.root_token])
+            self._record(begin.stream_id, begin.request_id, 0, decided)
         for adv in advances:
             # The accepted drafts (len(path) - 1) and the bonus token are now decided, at the
             # positions after the root's.
@@ -76,6 +83,9 @@ class PreviousActionDrafter(Drafter):
             if not isinstance(begin.stream_id, str) or not begin.stream_id:
                 raise ValueError(f'stream_id: temporal drafting needs the stream of request '
                                  f'{begin.request_id}, got {begin.stream_id!r}')
+            if len(begin.decided_before_root) + 1 > self.action_dim:
+                raise ValueError(f'decided_before_root: {len(begin.decided_before_root)} tokens '
+                                 f'and the root exceed the action of {self.action_dim}')
         for adv in advances:
             self._check_known(adv.request_id)
             path = [int(t) for t in adv.path_tokens]
@@ -107,6 +117,25 @@ class PreviousActionDrafter(Drafter):
                 chain.append(newest[position][1])
             trees.append(chain_tree(self._roots[request_id], chain))
         return trees
+
+    @property
+    def has_prefill_draft(self) -> bool:
+        return True
+
+    def prefill_draft(self, stream_id: str, max_len: int) -> list[int]:
+        """The stream's newest decided tokens from action position 0, up to ``max_len`` and up
+        to the first position no frame of the stream has decided (empty for a new stream)."""
+        max_len = check_int('max_len', max_len, minimum=0)
+        chain = []
+        for entry in self._newest.get(str(stream_id), ())[:max_len]:
+            if entry is None:
+                break
+            chain.append(entry[1])
+        return chain
+
+    @property
+    def derives_depth(self) -> bool:
+        return True
 
     def release(self, request_id) -> None:
         self._stream_of.pop(request_id, None)

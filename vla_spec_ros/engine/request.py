@@ -35,6 +35,7 @@ class Request:
     tokens: list[int] = field(default_factory=list)         # decided so far, in order
     forward_passes: int = 0                                 # verifier forwards it rode in
     accepted_lengths: list[int] = field(default_factory=list)
+    prefill_accepted: int = 0       # drafted tokens its prefill accepted (speculative prefill)
     # KV compaction of the last accepted tree path, (src, dst) physical ring slots: applied at
     # the start of every layer of the request's next verifier forward (before any KV write).
     pending_moves: list[tuple[int, int]] = field(default_factory=list)

@@ -186,20 +186,27 @@ class RingRunner:
         x = runner.embed_tokens(ints['token_ids'])
         lp = batch.num_prefill
         if lp:
-            x = torch.cat([dense['prefill_embeds'], x], dim=0)
+            prompts = dense['prefill_embeds']
+            if 'prefill_chain_rows' in ints:     # speculative prefill: drafted chain rows
+                prompts = prompts.index_copy(0, ints['prefill_chain_rows'],
+                                             runner.embed_tokens(ints['prefill_chain_ids']))
+            x = torch.cat([prompts, x], dim=0)
         if self.is_dense:
             batch = dense_batch(batch, self.cache.num_slots)
         hidden = runner.lm.forward_hidden(x, batch, self.cache, self.kernels)
-        # Greedy rows: each prefill's last real row, then every segment row (padding included).
-        rows = torch.cat([hidden.index_select(0, ints['prefill_last']), hidden[lp:]]) \
+        # Greedy rows: each prefill's read rows (its last real row, then any drafted chain rows,
+        # padded), then every segment row (padding included).
+        rows = torch.cat([hidden.index_select(0, ints['prefill_read']), hidden[lp:]]) \
             if lp else hidden
         return {'hidden': hidden, 'tokens': runner.greedy(rows, self.restrict_to_action_tokens)}
 
     def run(self, step: HostStep, prefill_embeds: Sequence[torch.Tensor] = ()):
-        """-> (greedy tokens as a list: one per prefill (its next token), then one per segment
-        row, hidden states (T, H) on the device, valid until the next ``run``).
-        ``prefill_embeds``: one (L, H) tensor per prefill block; a block longer than its
-        tensor (padded) is filled with zero rows."""
+        """-> (greedy tokens as a list: ``step.reads_per_prefill`` per prefill (its read rows,
+        ``pack_step``), then one per segment row, hidden states (T, H) on the device, valid
+        until the next ``run``).
+        ``prefill_embeds``: one (L, H) tensor per prefill block (its prompt); a block longer
+        than its tensor (a drafted chain, padding) is filled with zero rows, and the chain
+        rows' embeddings are written over them on the device (``pack_step``)."""
         dense = {}
         if step.num_prefill:
             if len(prefill_embeds) != len(step.prefill_blocks):

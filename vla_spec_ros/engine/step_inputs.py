@@ -42,11 +42,24 @@ from .draft_tree import NO_PARENT
 
 @dataclass(frozen=True)
 class PrefillRows:
-    """A fresh request's prompt: causal rows at logical slots / positions 0 .. length-1."""
+    """A fresh request's prompt of ``prompt_len`` rows (the caller brings their embeddings),
+    optionally followed by a drafted ``chain`` of token ids (speculative prefill): causal rows
+    at logical slots / positions 0 .. length-1. The greedy tokens of the prompt's last row and
+    of every chain row are read back (``num_read``): the first decides the request's first
+    action token, each one after verifies the chain token before it."""
 
     base: int
     modulus: int
-    length: int
+    prompt_len: int
+    chain: tuple[int, ...] = ()
+
+    @property
+    def length(self) -> int:
+        return self.prompt_len + len(self.chain)
+
+    @property
+    def num_read(self) -> int:
+        return 1 + len(self.chain)
 
 
 @dataclass(frozen=True, eq=False)
@@ -177,6 +190,14 @@ class HostStep:
         return (self.prefill_blocks, *self.mask.shape, self.copy_src.shape[0],
                 tuple((name, a.shape[0]) for name, a in self.extras.items()))
 
+    @property
+    def reads_per_prefill(self) -> int:
+        """Greedy tokens read back per prefill block (``prefill_read`` holds that many rows
+        per block, a block's own reads first, then its last read repeated as padding)."""
+        if not self.prefill_blocks:
+            return 0
+        return self.extras['prefill_read'].shape[0] // len(self.prefill_blocks)
+
     def int_arrays(self) -> list[tuple[str, np.ndarray]]:
         """The int64 arrays in upload order (the mask travels after them as bytes)."""
         return [('token_ids', self.token_ids), ('positions', self.positions),
@@ -203,13 +224,22 @@ def pack_step(prefills: Sequence[PrefillRows], segments: Sequence[SegmentRows],
               scratch_slot: int, num_segments: int | None = None, num_rows: int | None = None,
               num_cols: int | None = None, moves: Sequence[tuple[int, int]] = (),
               num_moves: int | None = None, extras: dict | None = None,
-              prefill_rows: int | None = None) -> HostStep:
+              prefill_rows: int | None = None,
+              chain_per_prefill: int | None = None) -> HostStep:
     """Lay ``prefills`` and ``segments`` end to end; pad to the given sizes (default: tight).
 
     ``prefill_rows`` >= every prefill's length pads each prefill block to that many rows at
     its end: causal attention keeps the real rows blind to the padding rows, which write to
-    the scratch slot. The extra ``prefill_last`` (one per prefill) holds the row of each
-    prefill's last real token (its logits decide the request's first action token).
+    the scratch slot.
+
+    Drafted chains (speculative prefill): the extras ``prefill_chain_ids`` /
+    ``prefill_chain_rows`` say which token's embedding each chain row takes (the device writes
+    them over the block's input rows). Tight (``chain_per_prefill`` None) they list the real
+    chain rows only; with ``chain_per_prefill`` (fixed shapes for CUDA graphs) every block
+    has that many entries, the ones past its chain naming token 0 on its padding rows (which
+    write the scratch slot). Per prefill, 1 + the longest chain (or ``chain_per_prefill``)
+    entries of ``prefill_read`` name the rows whose greedy tokens are read back: the prompt's
+    last row and the chain rows, then the last real row repeated as padding.
     """
     prefills, segments = list(prefills), list(segments)
     q = max([s.num_rows for s in segments], default=1) if num_rows is None else num_rows
@@ -220,6 +250,11 @@ def pack_step(prefills: Sequence[PrefillRows], segments: Sequence[SegmentRows],
         raise ValueError(f'pack_step: {len(segments)} segments / {len(moves)} moves do not fit '
                          f'the padded sizes {num_s} / {num_m} (rows {q}, cols {k})')
     lengths = [p.length for p in prefills]
+    num_chain = max([len(p.chain) for p in prefills], default=0) \
+        if chain_per_prefill is None else chain_per_prefill
+    num_entries = None if chain_per_prefill is None else chain_per_prefill   # None: tight
+    if any(len(p.chain) > num_chain for p in prefills):
+        raise ValueError(f'pack_step: chain_per_prefill {num_chain} < a prefill\'s chain')
     if prefill_rows is not None and any(n > prefill_rows for n in lengths):
         raise ValueError(f'pack_step: prefill_rows {prefill_rows} < a prefill length '
                          f'{max(lengths)}')
@@ -227,12 +262,20 @@ def pack_step(prefills: Sequence[PrefillRows], segments: Sequence[SegmentRows],
     lp = sum(blocks)
     positions = np.zeros(lp + num_s * q, dtype=np.int64)
     slot_mapping = np.full(lp + num_s * q, scratch_slot, dtype=np.int64)
-    prefill_last, start = [], 0
+    prefill_read, chain_ids, chain_rows, start = [], [], [], 0
     for prefill, block in zip(prefills, blocks):
         length = prefill.length
         positions[start:start + length] = np.arange(length)
         slot_mapping[start:start + length] = (prefill.base + np.arange(length)) % prefill.modulus
-        prefill_last.append(start + length - 1)
+        last = start + length - 1
+        prefill_read += list(range(last - prefill.num_read + 1, last + 1))
+        prefill_read += [last] * (num_chain + 1 - prefill.num_read)
+        entries = len(prefill.chain) if num_entries is None else num_entries
+        if prefill.prompt_len + entries > block:
+            raise ValueError(f'pack_step: a prefill block of {block} rows has no room for '
+                             f'{entries} chain rows after its {prefill.prompt_len}-row prompt')
+        chain_ids += [*prefill.chain, *[0] * (entries - len(prefill.chain))]
+        chain_rows += range(start + prefill.prompt_len, start + prefill.prompt_len + entries)
         start += block
     token_ids = np.zeros(num_s * q, dtype=np.int64)
     kv_index = np.full((num_s, k), scratch_slot, dtype=np.int64)
@@ -259,13 +302,17 @@ def pack_step(prefills: Sequence[PrefillRows], segments: Sequence[SegmentRows],
         copy_src[:len(moves)], copy_dst[:len(moves)] = zip(*moves)
     extras = {name: np.asarray(a, dtype=np.int64) for name, a in (extras or {}).items()}
     if prefills:
-        extras['prefill_last'] = np.array(prefill_last, dtype=np.int64)
+        extras['prefill_read'] = np.array(prefill_read, dtype=np.int64)
+        if chain_ids:
+            extras['prefill_chain_ids'] = np.array(chain_ids, dtype=np.int64)
+            extras['prefill_chain_rows'] = np.array(chain_rows, dtype=np.int64)
     return HostStep(blocks, token_ids, positions, slot_mapping, kv_index, mask, copy_src,
                     copy_dst, extras)
 
 
 def padding_step(prefill_blocks: Sequence[int], num_segments: int, num_rows: int,
-                 num_cols: int, num_moves: int, scratch_slot: int) -> HostStep:
+                 num_cols: int, num_moves: int, scratch_slot: int,
+                 chain_per_prefill: int = 0) -> HostStep:
     """A step of the given padded shape made only of padding rows: every row writes to and
     reads from the scratch slot, moves copy scratch onto itself. Running it changes no
     request's KV, so it can build (capture) a shape bucket before real work needs it."""
@@ -278,5 +325,11 @@ def padding_step(prefill_blocks: Sequence[int], num_segments: int, num_rows: int
         step.slot_mapping = np.concatenate([np.full(lp, scratch_slot, np.int64),
                                             step.slot_mapping])
         step.prefill_blocks = prefill_blocks
-        step.extras['prefill_last'] = np.zeros(len(prefill_blocks), dtype=np.int64)
+        num = len(prefill_blocks)
+        step.extras['prefill_read'] = np.zeros(num * (1 + chain_per_prefill), dtype=np.int64)
+        if chain_per_prefill:
+            starts = np.cumsum((0,) + prefill_blocks[:-1])
+            step.extras['prefill_chain_ids'] = np.zeros(num * chain_per_prefill, np.int64)
+            step.extras['prefill_chain_rows'] = (starts[:, None] + np.arange(
+                chain_per_prefill)).ravel().astype(np.int64)
     return step

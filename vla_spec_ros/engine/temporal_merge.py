@@ -91,6 +91,14 @@ class WithPreviousAction(Drafter):
         return [merge_chain(tree, chain[:max(0, max_nodes - tree.num_nodes)])
                 for tree, chain in zip(trees, chains)]
 
+    @property
+    def has_prefill_draft(self) -> bool:
+        return True
+
+    def prefill_draft(self, stream_id: str, max_len: int) -> list[int]:
+        """The chain part needs no features: it rides the prefill (speculative prefill)."""
+        return self.temporal.prefill_draft(stream_id, max_len)
+
     def release(self, request_id) -> None:
         self.temporal.release(request_id)
         self.model.release(request_id)
