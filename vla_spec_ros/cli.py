@@ -1,5 +1,5 @@
-"""The ``vla-spec`` command: make-checkpoint, predict, bench, train-draft (and the simulator
-commands once their dependencies are installed)."""
+"""The ``vla-spec`` command: make-checkpoint, predict, bench, fidelity, train-draft (and the
+simulator commands once their dependencies are installed)."""
 from __future__ import annotations
 
 import argparse
@@ -191,6 +191,13 @@ def build_parser() -> argparse.ArgumentParser:
     from .harness import demo as demo_job
     demo_job.add_arguments(p)
     p.set_defaults(func=demo_job.run)
+
+    p = sub.add_parser('fidelity', help='how far float32 / bfloat16 runs are from a float64 '
+                       'reference: pixels (against OpenVLA\'s processor), vision features, '
+                       'action tokens')
+    from . import fidelity
+    fidelity.add_arguments(p)
+    p.set_defaults(func=fidelity.run)
 
     p = sub.add_parser('train-demo-vla', help='train the embedded Meta-World model (and its '
                        'draft head) from scripted demonstrations')
