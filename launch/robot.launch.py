@@ -1,7 +1,11 @@
 """Launch the vla_spec node for a real robot (MoveIt Servo + a ros2_control gripper).
 
     ros2 launch vla_spec_ros robot.launch.py model_path:=/models/openvla-7b-libero-goal \\
-        draft_path:=/models/draft unnorm_key:=libero_goal mode:=pipeline_spec
+        unnorm_key:=libero_goal
+
+runs the default configuration (config/robot.yaml): pipelined speculation drafting each
+camera's previous action, exact (AR's tokens), no draft model needed; `draft_path:=<folder>`
+uses a trained EAGLE head instead, `mode:=ar` the plain reference.
 
 Defaults plug into MoveIt Servo (`/servo_node/delta_twist_cmds`, TwistStamped) and a
 forward command controller for the gripper (`/gripper_controller/commands`,
@@ -24,10 +28,11 @@ DEFAULT_PARAMS_FILE = os.path.normpath(
 # (name, default, description). Empty strings mean "not overridden".
 ARGUMENTS = (
     ('model_path', '', 'Checkpoint folder or preset name; empty = the params_file value'),
-    ('draft_path', '', 'EAGLE draft-head folder, "random" or "previous_action"; empty = the '
-                       'params_file value'),
+    ('draft_path', '', '"previous_action" (the default: no draft model), an EAGLE draft-head '
+                       'folder, "checkpoint" or "random"; empty = the params_file value'),
     ('unnorm_key', '', 'Dataset statistics key; empty = the params_file value'),
-    ('mode', '', 'ar, pipeline, spec or pipeline_spec; empty = the params_file value'),
+    ('mode', '', 'ar, pipeline, spec or pipeline_spec (the default in config/robot.yaml); '
+                 'empty = the params_file value'),
     ('params_file', DEFAULT_PARAMS_FILE, 'YAML parameter file of the node'),
     ('namespace', '', 'Namespace of the node (one per robot)'),
     ('node_name', 'vla_spec', 'Name of the node'),

@@ -252,9 +252,11 @@ def _runner(verifier):
 
 def test_load_draft_for_resolves_draft_path(verifier, head, checkpoint, tmp_path):
     runner = _runner(verifier)
-    config = EngineConfig(mode='spec', dtype='float64')
-    with pytest.raises(ValueError, match='draft_path'):
+    config = EngineConfig(mode='spec', dtype='float64', draft_path='checkpoint')
+    with pytest.raises(ValueError, match='draft_path.*has none'):
         load_draft_for(runner, config, tmp_path)
+    with pytest.raises(ValueError, match='draft_path.*has none'):
+        load_draft_for(runner, config, None)
     folder = tmp_path / 'ckpt'
     folder.mkdir()
     shutil.copytree(save_draft(head, tmp_path / 'saved'), folder / 'draft')

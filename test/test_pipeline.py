@@ -282,7 +282,7 @@ def test_reset_one_stream_then_all(policy, frames, reference):
 def test_error_inside_step_is_reported_not_raised(policy, frames, reference, monkeypatch, mode):
     runner = policy.engine.runner
     if mode == 'ar':
-        engine = Engine(runner, policy.engine.norm_stats, EngineConfig(dtype='float64'))
+        engine = Engine(runner, policy.engine.norm_stats, EngineConfig(mode='ar', dtype='float64'))
     else:
         engine = make_engine(policy)
     verifier = engine.strategy.verifier

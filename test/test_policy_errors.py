@@ -144,10 +144,21 @@ def test_set_tunables_rejects_load_time_fields(policy):
         policy.engine.set_tunables(dtype='float64')
 
 
-def test_engine_config_defaults_are_the_reference():
+def test_engine_config_defaults_are_exact_and_need_no_draft_model():
+    """The default is the fastest exact configuration: pipelined speculation drafting each
+    stream's previous action (no draft model), strict acceptance, greedy over the whole
+    vocabulary (OpenVLA parity)."""
+    from vla_spec_ros.engine.draft_choice import load_draft_for
+    from vla_spec_ros.engine.previous_action_drafter import PreviousActionDrafter
     cfg = EngineConfig()
-    assert cfg.mode == 'ar' and cfg.restrict_to_action_tokens is False
-    assert cfg.relax_threshold == 0
+    assert cfg.mode == 'pipeline_spec' and cfg.draft_path is None
+    assert cfg.speculative_prefill is True
+    assert cfg.restrict_to_action_tokens is False and cfg.relax_threshold == 0
+    assert isinstance(load_draft_for(_StubRunner(), cfg, None), PreviousActionDrafter)
+
+
+class _StubRunner:
+    action_dim = 7
 
 
 # ---- validity of actions ---------------------------------------------------------------------

@@ -263,8 +263,10 @@ def test_relaxed_acceptance_in_the_prefill_keeps_the_drafted_bins(tmp_path_facto
             return list(self.scripts[stream_id].popleft()[:max_len])
 
     for r in (0, 255):
+        # draft_path 'random': this double drafts the AR tokens' neighbours, not the previous
+        # action, so the bound on r for previous-action drafting does not concern it.
         engine = make_engine(policy, OffByOne({'cam': off}), mode='spec', relax_threshold=r,
-                             restrict_to_action_tokens=True)
+                             restrict_to_action_tokens=True, draft_path='random')
         out = by_request(run_saturating(engine, frames))
         for fin, ref, drafted in zip(out, reference, off):
             if r == 0:
@@ -311,7 +313,8 @@ def test_speculative_prefill_is_off_without_a_feature_free_draft(policy):
     assert make_engine(policy, head, mode='spec').strategy.max_prefill_draft == 0
     merged = load_draft_for(policy.engine.runner,
                             cfg.replace(draft_previous_action=True), None)
-    engine = make_engine(policy, merged, mode='spec', draft_previous_action=True)
+    engine = make_engine(policy, merged, mode='spec', draft_path='random',
+                         draft_previous_action=True)
     assert engine.strategy.max_prefill_draft == ACTION_DIM - 1
     off = make_engine(policy, mode='spec', draft_path='previous_action',
                       speculative_prefill=False)

@@ -244,7 +244,9 @@ class EngineConfig:
     checks them all, then the rules that tie fields together.
     """
 
-    mode: str = _option('ar', 'Decoding mode', choices=MODES)
+    # The default is the fastest exact configuration measured on the node (README): pipelined
+    # speculation drafting each stream's previous action (no draft model, r = 0: AR's tokens).
+    mode: str = _option('pipeline_spec', 'Decoding mode', choices=MODES)
     device: str = _option('cpu', 'Torch device: cpu or cuda[:N]')
     dtype: str = _option('float32', 'Model weights and activations dtype', choices=DTYPES)
     # Greedy over the whole vocabulary is the reference (S1); this option restricts argmax to
@@ -258,10 +260,11 @@ class EngineConfig:
     rotate_180: bool = _option(False, 'Rotate the image by 180 degrees first (LIBERO agent '
                                'view)')
     # Speculative decoding (Spec-VLA defaults: 50 nodes incl. root / depth 4 / top-k 8).
-    draft_path: str | None = _option(None, 'Drafter of the spec modes: an EAGLE draft-head '
-                                     'folder, "random" (a seeded random head, for tests) or '
-                                     '"previous_action" (each stream\'s previous action, no '
-                                     'draft model); empty = the checkpoint\'s draft/ folder')
+    draft_path: str | None = _option(None, 'Drafter of the spec modes: "previous_action" (each '
+                                     'stream\'s previous action, no draft model), an EAGLE '
+                                     'draft-head folder, "checkpoint" (the checkpoint\'s '
+                                     'draft/ folder) or "random" (a seeded random head, for '
+                                     'tests); empty = previous_action')
     draft_previous_action: bool = _option(False, 'Also draft each stream\'s previous action: its '
                                           'chain is merged into every draft-head tree (spec '
                                           'modes)')
@@ -273,7 +276,8 @@ class EngineConfig:
     relax_threshold: int = _option(0, 'Relaxed acceptance: accept a draft bin within this many '
                                    'bins of the verifier (0 = exact)', is_tunable=True,
                                    minimum=0, maximum=255, unit='bins')
-    tree_depth: int = _option(4, 'Draft tree depth', is_tunable=True, minimum=1, maximum=16)
+    tree_depth: int = _option(4, 'Draft tree depth (draft heads; the previous action\'s chain '
+                              'derives its own)', is_tunable=True, minimum=1, maximum=16)
     tree_top_k: int = _option(8, 'Draft tree top-k per expanded node', is_tunable=True,
                               minimum=1, maximum=32)
     tree_max_nodes: int = _option(50, 'Draft tree size, root included', is_tunable=True,
@@ -349,7 +353,7 @@ class EngineConfig:
                  f'{self.max_prefills_per_step} exceeds max_inflight {self.max_inflight} (a '
                  'prefilled frame is in flight)')
         drafts_previous_action = self.draft_previous_action or \
-            self.draft_path == 'previous_action'
+            self.draft_path in (None, 'previous_action')
         _require(not (self.is_speculative and drafts_previous_action
                       and self.relax_threshold > MAX_RELAX_WITH_PREVIOUS_ACTION),
                  'relax_threshold', f'{self.relax_threshold} bins while drafting the previous '
@@ -358,10 +362,11 @@ class EngineConfig:
                  '(closed-loop success fell to 0.72 at 32 bins and 0 at 255 on the embedded '
                  f'model, docs/speculation.md); at most {MAX_RELAX_WITH_PREVIOUS_ACTION} with '
                  'temporal drafting')
-        _require(not (self.draft_previous_action and self.draft_path == 'previous_action'),
-                 'draft_previous_action', 'draft_path "previous_action" already drafts the '
-                 'previous action alone; draft_previous_action merges it into a draft head\'s '
-                 'trees')
+        _require(not (self.draft_previous_action
+                      and self.draft_path in (None, 'previous_action')),
+                 'draft_previous_action', 'draft_path "previous_action" (the default) already '
+                 'drafts the previous action alone; draft_previous_action merges it into a '
+                 'draft head\'s trees: set draft_path to a draft folder or "checkpoint"')
         _require(not (self.use_cuda_graphs and self.attention_backend == 'dense'),
                  'use_cuda_graphs', 'the dense reference attention is never graphed; use '
                  'attention_backend "segments" or "auto"')

@@ -1,11 +1,12 @@
 """Which drafter an engine's ``draft_path`` selects, loaded and ready for the engine.
 
-- a draft folder (EAGLE / Spec-VLA layout, models/draft.py), or None for the checkpoint's own
-  ``draft/`` folder: an ``EagleDrafter`` running that head;
+- ``"previous_action"``, the default (None): a ``PreviousActionDrafter`` (temporal drafting:
+  each stream's previous action, no draft model, works with every checkpoint, and its draft
+  rides the prefill: engine/packed.py, speculative prefill);
+- a draft folder (EAGLE / Spec-VLA layout, models/draft.py), or ``"checkpoint"`` for the
+  checkpoint's own ``draft/`` folder: an ``EagleDrafter`` running that head;
 - ``"random"``: an ``EagleDrafter`` over a seeded random head (a deliberately poor draft, for
-  tests and demos);
-- ``"previous_action"``: a ``PreviousActionDrafter`` (temporal drafting: each stream's
-  previous action, no draft model).
+  tests and demos).
 
 With ``draft_previous_action`` a draft head's trees get the previous action merged in
 (engine/temporal_merge.py).
@@ -16,7 +17,8 @@ import os
 from pathlib import Path
 
 from ..config import EngineConfig
-from ..models.draft import DEFAULT_DRAFT_SUBFOLDER, RANDOM_DRAFT, load_draft, new_draft_head
+from ..models.draft import (CHECKPOINT_DRAFT, DEFAULT_DRAFT_SUBFOLDER, RANDOM_DRAFT, load_draft,
+                            new_draft_head)
 from ..models.layers import fuse_projections
 from .drafter import Drafter
 from .eagle_drafter import EagleDrafter
@@ -28,22 +30,22 @@ def load_draft_for(runner, engine_config: EngineConfig,
                    checkpoint_folder: str | os.PathLike | None) -> Drafter:
     """``EngineConfig.draft_path`` -> the drafter for an engine over ``runner``'s verifier.
 
-    draft_path: a draft folder; ``"random"`` (a seeded random head from ``engine_config.seed``:
-    a deliberately poor draft for tests and demos); ``"previous_action"`` (temporal
-    drafting, no head); or None, meaning ``<checkpoint_folder>/draft/`` when that folder
-    exists.
+    draft_path: ``"previous_action"`` or None (temporal drafting, no head: the default); a
+    draft folder; ``"checkpoint"``, meaning ``<checkpoint_folder>/draft/`` (refused when that
+    folder does not exist); ``"random"`` (a seeded random head from ``engine_config.seed``: a
+    deliberately poor draft for tests and demos).
     """
     path = engine_config.draft_path
-    if path == PREVIOUS_ACTION_DRAFT:
+    if path is None or path == PREVIOUS_ACTION_DRAFT:
         return PreviousActionDrafter(runner.action_dim)
-    if path is None:
+    if path == CHECKPOINT_DRAFT:
         default = Path(checkpoint_folder) / DEFAULT_DRAFT_SUBFOLDER \
             if checkpoint_folder is not None else None
         if default is None or not default.is_dir():
-            raise ValueError(f'draft_path: mode {engine_config.mode!r} needs a draft head; set '
-                             f'draft_path to a draft folder, "{RANDOM_DRAFT}" or '
-                             f'"{PREVIOUS_ACTION_DRAFT}" (no '
-                             f'{DEFAULT_DRAFT_SUBFOLDER}/ folder in {checkpoint_folder})')
+            raise ValueError(f'draft_path: "{CHECKPOINT_DRAFT}" names the checkpoint\'s '
+                             f'{DEFAULT_DRAFT_SUBFOLDER}/ folder, but {checkpoint_folder} has '
+                             f'none; set draft_path to a draft folder, "{RANDOM_DRAFT}" or '
+                             f'"{PREVIOUS_ACTION_DRAFT}" (the default, no draft model)')
         path = str(default)
     if path == RANDOM_DRAFT:
         head = new_draft_head(runner.model, seed=engine_config.seed, dtype=runner.dtype,

@@ -31,6 +31,7 @@ from .layers import PLAIN, LayerKernels, LlamaDecoderLayer
 from .rope import RopeRows, RopeTables
 
 RANDOM_DRAFT = 'random'         # draft_path value for a seeded random (deliberately poor) head
+CHECKPOINT_DRAFT = 'checkpoint'  # draft_path value for the checkpoint's own draft/ folder
 DEFAULT_DRAFT_SUBFOLDER = 'draft'
 # Keys EAGLE / Spec-VLA checkpoints may carry that the head does not use: their own copy of the
 # token embedding (replaced by the verifier's at load, as Spec-VLA does) and old HF RoPE buffers.
@@ -271,4 +272,4 @@ def load_draft(folder: str | os.PathLike, verifier_model, dtype: torch.dtype | N
 
 
 __all__ = ['DraftConfig', 'EagleDraftHead', 'new_draft_head', 'save_draft', 'load_draft',
-           'RANDOM_DRAFT', 'DEFAULT_DRAFT_SUBFOLDER']
+           'RANDOM_DRAFT', 'CHECKPOINT_DRAFT', 'DEFAULT_DRAFT_SUBFOLDER']
