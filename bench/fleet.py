@@ -2,8 +2,11 @@
 
 The node runs as its own process (`python -m vla_spec_ros.ros.node`, the embedded model by
 default); this process plays the robots: one camera per robot publishing Meta-World frames at
-`--camera-hz` (each robot its own task and instruction), and it counts each robot's twists and
-reads the node's /diagnostics (latency p50/p99 from image receipt to publish, frames dropped).
+`--camera-hz` from a thread of its own (each robot its own task and instruction; each frame
+stamped with its publish time, which its twist carries back), and it matches every twist to its
+frame: frames answered and frame -> twist latency (publish -> receipt, both here) per robot. It
+also reads the node's /diagnostics: latency from image receipt to publish, frames dropped, and
+where a frame's time went on the node (queue, convert, wait, steps, publish: p50 and p99).
 
     python bench/fleet.py --robots 1,2,4 --modes ar,pipeline,pipeline_spec --seconds 30
     python bench/fleet.py --robots 2 --modes pipeline_spec --soak-seconds 1800
@@ -117,6 +120,13 @@ class Robots:
         self.zeros = {r: 0 for r in robots}
         self.published = 0          # camera ticks (one frame per robot each)
         self.diagnostics = {}
+        # (sec, nanosec) stamp -> publish time (monotonic), and per robot each answered
+        # frame's latency, from `measure_from` on (the warm-up is not counted).
+        self._sent: dict = {}
+        self.latencies = {r: [] for r in robots}
+        self.measure_from = float('inf')
+        self._period = 1.0 / camera_hz
+        self._stop = threading.Event()
         qos = QoSProfile(depth=10, reliability=ReliabilityPolicy.RELIABLE)
         self._pubs = {r: self.node.create_publisher(Image, f'/{r}/image', qos) for r in robots}
         self._frames = dict(zip(robots, frames))
@@ -126,10 +136,32 @@ class Robots:
             self.node.create_subscription(TwistStamped, f'/{robot}/twist',
                                           lambda m, r=robot: self._on_twist(r, m), qos)
         self.node.create_subscription(DiagnosticArray, '/diagnostics', self._on_diag, 10)
-        self.node.create_timer(1.0 / camera_hz, self._publish)
+        # A camera of its own thread, on a fixed schedule: an rclpy timer on a busy 2-core
+        # machine fired at a third of the asked rate.
+        self._camera = threading.Thread(target=self._camera_loop, daemon=True)
+        self._camera.start()
+
+    def stop(self):
+        self._stop.set()
+        self._camera.join(timeout=5.0)
+
+    def _camera_loop(self):
+        next_tick = time.monotonic()
+        while not self._stop.is_set():
+            self._publish()
+            next_tick += self._period
+            delay = next_tick - time.monotonic()
+            if delay > 0:
+                self._stop.wait(delay)
+            else:                           # behind: skip the missed ticks, as a camera does
+                next_tick = time.monotonic()
 
     def _publish(self):
         stamp = self.node.get_clock().now().to_msg()
+        sent = time.monotonic()
+        with self._lock:
+            if sent >= self.measure_from:
+                self._sent[(stamp.sec, stamp.nanosec)] = sent
         for robot, pub in self._pubs.items():
             frames = self._frames[robot]
             pub.publish(self._to_image(frames[self._tick % len(frames)], 'rgb8', stamp=stamp))
@@ -138,6 +170,7 @@ class Robots:
             self.published = self._tick
 
     def _on_twist(self, robot, msg):
+        received = time.monotonic()
         t = msg.twist
         is_zero = not any((t.linear.x, t.linear.y, t.linear.z,
                            t.angular.x, t.angular.y, t.angular.z))
@@ -146,6 +179,14 @@ class Robots:
                 self.zeros[robot] += 1
             else:
                 self.actions[robot] += 1
+                sent = self._sent.get((msg.header.stamp.sec, msg.header.stamp.nanosec))
+                if sent is not None:
+                    self.latencies[robot].append(received - sent)
+
+    def timed_frames(self) -> int:
+        """Camera ticks since ``measure_from`` (each a frame per robot)."""
+        with self._lock:
+            return len(self._sent)
 
     def _on_diag(self, msg):
         with self._lock:
@@ -201,6 +242,7 @@ def run_one(args, context, num_robots: int, mode: str, frames_by_robot,
         start_actions, _, start_diag = bench.counts()
         start_frames = bench.frames_published()
         start = time.monotonic()
+        bench.measure_from = start
         duration = args.soak_seconds or args.seconds
         samples = []
         while time.monotonic() - start < duration:
@@ -210,9 +252,12 @@ def run_one(args, context, num_robots: int, mode: str, frames_by_robot,
                 samples.append(on_sample(time.monotonic() - start, rss_mb(process.pid),
                                          actions, zeros, diag))
         elapsed = time.monotonic() - start
+        bench.measure_from = float('inf')       # frames from now on are not timed
+        time.sleep(min(1.0, args.max_action_age))   # the last timed frames' answers
         actions, zeros, diag = bench.counts()
         camera_hz = (bench.frames_published() - start_frames) / elapsed
     finally:
+        bench.stop()
         executor.shutdown(timeout_sec=10.0)
         spinner.join(timeout=10.0)
         bench.node.destroy_node()
@@ -222,6 +267,9 @@ def run_one(args, context, num_robots: int, mode: str, frames_by_robot,
         except subprocess.TimeoutExpired:
             process.kill()
     per_robot = {r: (actions[r] - start_actions[r]) / elapsed for r in robots}
+    timed = bench.timed_frames()
+    latencies = {r: np.asarray(bench.latencies[r]) * 1e3 for r in robots}
+    stages = {r: {key: _float(diag.get(r, {}), key) for key in STAGE_KEYS} for r in robots}
     dropped = {r: _float(diag.get(r, {}), 'frames_dropped')
                - _float(start_diag.get(r, {}), 'frames_dropped') for r in robots}
     return {'robots': num_robots, 'mode': mode, 'max_prefills_per_step': max_prefills,
@@ -230,13 +278,30 @@ def run_one(args, context, num_robots: int, mode: str, frames_by_robot,
             'latency_p50_ms': {r: _float(diag.get(r, {}), 'latency_p50_ms') for r in robots},
             'latency_p99_ms': {r: _float(diag.get(r, {}), 'latency_p99_ms') for r in robots},
             'frames_dropped': dropped, 'zero_twists': zeros, 'camera_hz': camera_hz,
-            'samples': samples}
+            'frames_timed': timed,
+            'answered': {r: len(latencies[r]) / timed if timed else float('nan')
+                         for r in robots},
+            'frame_to_twist_ms': {r: _quantiles(latencies[r]) for r in robots},
+            'node_stages_ms': stages, 'samples': samples}
+
+
+NODE_STAGES = ('queue', 'convert', 'wait', 'steps', 'publish')     # diagnostics.FRAME_STAGES
+STAGE_KEYS = tuple(f'{stage}_p{q}_ms' for stage in NODE_STAGES for q in (50, 99))
+
+
+def _quantiles(values_ms) -> dict:
+    if not len(values_ms):
+        return dict.fromkeys(('p50', 'p99', 'mean', 'max'), float('nan'))
+    return {'p50': float(np.percentile(values_ms, 50)),
+            'p99': float(np.percentile(values_ms, 99)),
+            'mean': float(np.mean(values_ms)), 'max': float(np.max(values_ms))}
 
 
 def table(rows) -> str:
-    lines = ['| robots | mode | actions/s per robot (min–max) | total actions/s | '
-             'latency p50 / p99 ms (worst robot) | frames dropped/s | camera Hz achieved |',
-             '|---|---|---|---|---|---|---|']
+    lines = ['| robots | mode | actions/s per robot (min–max) | total actions/s | frames '
+             'answered (worst robot) | frame → twist p50 / p99 / mean ms (worst robot) | '
+             'node: receipt → publish p50 / p99 ms | frames dropped/s | camera Hz achieved |',
+             '|---|---|---|---|---|---|---|---|---|']
     for row in rows:
         rates = list(row['actions_per_s'].values())
         p50 = max(row['latency_p50_ms'].values())
@@ -244,9 +309,31 @@ def table(rows) -> str:
         dropped = sum(row['frames_dropped'].values()) / row['seconds']
         prefills = row.get('max_prefills_per_step', 1)
         mode = row['mode'] if prefills == 1 else f'{row["mode"]} x{prefills} prefills'
+        answered = min(row.get('answered', {}).values(), default=float('nan'))
+        e2e = row.get('frame_to_twist_ms', {}).values()
+        worst = max(e2e, key=lambda q: q['p99'], default=None)
+        e2e_text = 'n/a' if worst is None else \
+            f'{worst["p50"]:.0f} / {worst["p99"]:.0f} / {worst["mean"]:.0f}'
         lines.append(f'| {row["robots"]} | {mode} | {min(rates):.1f}–{max(rates):.1f} '
-                     f'| {row["total_actions_per_s"]:.1f} | {p50:.0f} / {p99:.0f} '
+                     f'| {row["total_actions_per_s"]:.1f} | {answered:.1%} | {e2e_text} '
+                     f'| {p50:.0f} / {p99:.0f} '
                      f'| {dropped:.1f} | {row.get("camera_hz", float("nan")):.1f} |')
+    return '\n'.join(lines)
+
+
+def stage_table(rows) -> str:
+    """Where a frame's time went on the node (its /diagnostics, worst robot per stage)."""
+    stages = NODE_STAGES
+    lines = ['| robots | mode | ' + ' | '.join(f'{s} p50 / p99 ms' for s in stages) + ' |',
+             '|---|---|' + '---|' * len(stages)]
+    for row in rows:
+        per_robot = row.get('node_stages_ms', {}).values()
+        cells = []
+        for stage in stages:
+            p50 = max((d[f'{stage}_p50_ms'] for d in per_robot), default=float('nan'))
+            p99 = max((d[f'{stage}_p99_ms'] for d in per_robot), default=float('nan'))
+            cells.append(f'{p50:.1f} / {p99:.1f}')
+        lines.append(f'| {row["robots"]} | {row["mode"]} | ' + ' | '.join(cells) + ' |')
     return '\n'.join(lines)
 
 
@@ -340,8 +427,10 @@ def main(argv=None) -> int:
                  f'{growth:+.2f} %']
         print(f'memory growth after warm-up: {growth:+.2f} %')
     else:
-        text.append(table(rows))
+        text += [table(rows), '', 'Where a frame\'s time went on the node (its diagnostics):',
+                 '', stage_table(rows)]
         print(table(rows))
+        print(stage_table(rows))
     (out / f'{kind}-{stamp}.md').write_text('\n'.join(text) + '\n')
     print(f'wrote {out / f"{kind}-{stamp}.md"}')
     return 0

@@ -15,7 +15,8 @@ import pytest
 from vla_spec_ros.config import TUNABLE_ENGINE_FIELDS, EngineConfig, engine_option
 from vla_spec_ros.ros import command as cmd
 from vla_spec_ros.ros import params
-from vla_spec_ros.ros.diagnostics import ERROR, OK, WARN, InferenceStats, level_for, percentile
+from vla_spec_ros.ros.diagnostics import (ERROR, FRAME_STAGES, OK, WARN, InferenceStats,
+                                          frame_stages, level_for, percentile)
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
@@ -325,6 +326,32 @@ def test_stats_lifetime_acceptance_counters_outlive_the_window():
     snap = stats.snapshot(10.0)
     assert snap['acceptance_length'] == pytest.approx(7.0)      # window: the last 4 steps
     assert snap['verify_steps'] == 15 and snap['accepted_tokens'] == 70
+
+
+def test_frame_stages_split_a_frames_latency_and_sum_to_it():
+    # receipt 10.000, taken 10.004, converted 10.005; the engine: 30 ms from submit to
+    # decided of which 24 ms from admission; published at 10.037.
+    stages = frame_stages(10.0, 10.004, 10.005, 0.030, 0.024, 10.037)
+    assert list(stages) == list(FRAME_STAGES)
+    expected = {'queue': 0.004, 'convert': 0.001, 'wait': 0.006, 'steps': 0.024,
+                'publish': 0.002}
+    assert stages == pytest.approx(expected)
+    assert sum(stages.values()) == pytest.approx(10.037 - 10.0)
+    # Two clocks (the node's and the engine's) never give a negative stage.
+    assert min(frame_stages(0.0, 0.0, 0.0, 0.01, 0.011, 0.009).values()) >= 0.0
+
+
+def test_stats_report_each_stage_p50_and_p99():
+    stats = InferenceStats(window_s=10.0)
+    for i in range(100):
+        stages = {stage: 0.001 * (i + 1) * (k + 1) for k, stage in enumerate(FRAME_STAGES)}
+        stats.record_action(float(i) * 0.01, 0.02, [7], stages)
+    stats.record_action(1.1, 0.02, [7])           # a frame without stages counts elsewhere
+    snap = stats.snapshot(1.2)
+    for k, stage in enumerate(FRAME_STAGES):
+        assert snap[f'{stage}_p50_ms'] == pytest.approx(50.0 * (k + 1))
+        assert snap[f'{stage}_p99_ms'] == pytest.approx(99.0 * (k + 1))
+    assert math.isnan(InferenceStats().snapshot(0.0)['steps_p99_ms'])
 
 
 def test_stats_rate_latency_and_levels():

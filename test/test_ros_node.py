@@ -32,6 +32,7 @@ if HAS_ROS and HAS_TORCH:
 
     from ros_probe import Probe, ros_graph, Recorder, is_zero, stamp_s, twist_values, wait_until
     from vla_spec_ros.image_messages import rgb_to_compressed
+    from vla_spec_ros.ros.diagnostics import FRAME_STAGES
     from vla_spec_ros.ros.node import VLASpecNode
     from vla_spec_ros.ros.robot_channel import LatestFrameSlot
 
@@ -231,6 +232,10 @@ def test_diagnostics_report_rate_latency_and_mode(main_node):
     for key in ('action_rate_hz', 'latency_p50_ms', 'latency_p99_ms', 'acceptance_length',
                 'frames_dropped', 'frames_stale', 'last_error'):
         assert key in values, key
+    # Where the frames' time went: each stage's p50 and p99, together about the latency.
+    stages = [float(values[f'{stage}_p50_ms']) for stage in FRAME_STAGES]
+    assert all(v >= 0.0 for v in stages) and float(values['steps_p50_ms']) > 0.0
+    assert float(values['queue_p99_ms']) >= float(values['queue_p50_ms'])
     assert values['mode'] == 'pipeline_spec'                # the default configuration
     assert float(values['latency_p99_ms']) >= float(values['latency_p50_ms']) > 0.0
     assert float(values['acceptance_length']) >= 1.0        # tokens per verifier forward

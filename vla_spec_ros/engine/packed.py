@@ -70,8 +70,16 @@ class PackedStrategy:
         self.max_prefill_draft = runner.action_dim - 1 if (
             self.is_speculative and config.speculative_prefill
             and drafter is not None and drafter.has_prefill_draft) else 0
-        # Ring scratch per request: a verified tree writes all its nodes before compaction.
-        self.scratch = config.tree_max_nodes if self.is_speculative else 1
+        # Ring scratch per request: a verified tree writes all its nodes before compaction. The
+        # previous action's chain (derived depth) has at most action_dim nodes, root included
+        # (fewer if tree_max_nodes says so): the ring and the graph buckets are sized for that.
+        self.derives_depth = self.is_speculative and drafter.derives_depth
+        if not self.is_speculative:
+            self.scratch = 1
+        elif self.derives_depth:
+            self.scratch = runner.action_dim
+        else:
+            self.scratch = config.tree_max_nodes
         max_prefix = runner.max_prefix_len(config.max_instruction_tokens)
         capacity = self.max_inflight * (max_prefix + runner.action_dim + self.scratch)
         self.ring = KVRing(capacity)
@@ -85,7 +93,8 @@ class PackedStrategy:
     # ---- requests ----------------------------------------------------------------------------
 
     def config_changed(self, config: EngineConfig) -> None:
-        if self.is_speculative and config.tree_max_nodes > self.scratch:
+        if self.is_speculative and not self.derives_depth \
+                and config.tree_max_nodes > self.scratch:
             raise ValueError(f'tree_max_nodes: {config.tree_max_nodes} exceeds the ring scratch '
                              f'of {self.scratch} slots per request reserved at load time')
         self.config = config
@@ -290,8 +299,8 @@ class PackedStrategy:
         for request in decode:
             cfg = request.tunables
             # The previous action's chain is as long as the stream knows (derives_depth).
-            depth = request.num_remaining - 1 if self.drafter is not None \
-                and self.drafter.derives_depth else min(cfg.tree_depth, request.num_remaining - 1)
+            depth = request.num_remaining - 1 if self.derives_depth \
+                else min(cfg.tree_depth, request.num_remaining - 1)
             if self.is_speculative and depth >= 1:
                 ids, depths = groups.setdefault(
                     (cfg.tree_top_k, cfg.tree_max_nodes, cfg.tree_min_prob), ([], []))
@@ -324,7 +333,7 @@ class PackedStrategy:
         longest chain and reads its rows back."""
         num_segments = next_power_of_two(num_segments) if num_segments else 0
         if self.is_speculative:
-            num_rows = max(num_rows, self.config.tree_max_nodes)
+            num_rows = max(num_rows, self.scratch)
             num_moves = max(num_moves, num_segments * self.config.tree_depth)
         return dict(num_segments=num_segments, num_rows=next_power_of_two(num_rows),
                     num_cols=round_up(num_cols, KV_COLS_BUCKET), num_moves=num_moves,

@@ -28,6 +28,25 @@ def percentile(values, q: float) -> float:
     return ordered[rank - 1]
 
 
+# Where a frame's time goes on the node, in order (seconds each; they sum to its latency):
+#   queue    receipt (executor callback) -> the worker takes it (the worker was stepping)
+#   convert  image message -> RGB array, Frame built
+#   wait     submitted -> admitted by the engine (earlier frames in flight, a full pipeline)
+#   steps    admitted -> its action decided (the packed steps it rode in, vision included)
+#   publish  decided -> its twist published (emitted after earlier frames, safety check)
+FRAME_STAGES = ('queue', 'convert', 'wait', 'steps', 'publish')
+
+
+def frame_stages(receipt_s: float, taken_s: float, converted_s: float, engine_latency_s: float,
+                 engine_compute_s: float, published_s: float) -> dict:
+    """FRAME_STAGES of one frame from its node timestamps (one monotonic clock) and the
+    engine's own durations (submit -> decided, admitted -> decided)."""
+    wait = max(0.0, engine_latency_s - engine_compute_s)
+    return {'queue': taken_s - receipt_s, 'convert': converted_s - taken_s, 'wait': wait,
+            'steps': engine_compute_s,
+            'publish': max(0.0, published_s - converted_s - engine_latency_s)}
+
+
 class InferenceStats:
     """Counts frames, drops, stale results and holds; windows latency / rate / acceptance."""
 
@@ -38,6 +57,8 @@ class InferenceStats:
         self._publish_times: deque = deque(maxlen=max_samples)   # monotonic seconds
         self._latencies: deque = deque(maxlen=max_samples)       # seconds
         self._accepted: deque = deque(maxlen=max_samples)        # tokens per verify step
+        # Where each published frame's time went (FRAME_STAGES, seconds), one dict per frame.
+        self._stages: deque = deque(maxlen=max_samples)
         self.num_frames_received = 0
         self.num_frames_dropped = 0
         self.num_frames_stale = 0
@@ -62,11 +83,16 @@ class InferenceStats:
         with self._lock:
             self.num_frames_submitted += 1
 
-    def record_action(self, now_s: float, latency_s: float, accepted_lengths=()) -> None:
+    def record_action(self, now_s: float, latency_s: float, accepted_lengths=(),
+                      stages: dict | None = None) -> None:
+        """One published action: its receipt -> publish latency, the tokens each verifier
+        forward decided, and (optional) the seconds it spent in each of FRAME_STAGES."""
         with self._lock:
             self.num_actions_published += 1
             self._publish_times.append(now_s)
             self._latencies.append(latency_s)
+            if stages is not None:
+                self._stages.append(stages)
             self._accepted.extend(float(a) for a in accepted_lengths)
             self.num_verify_steps += len(accepted_lengths)
             self.num_accepted_tokens += int(sum(accepted_lengths))
@@ -92,6 +118,7 @@ class InferenceStats:
             recent = [t for t in self._publish_times if now_s - t <= self._window_s]
             latencies = list(self._latencies)
             accepted = list(self._accepted)
+            stages = list(self._stages)
             snap = {
                 'frames_received': self.num_frames_received,
                 'frames_submitted': self.num_frames_submitted,
@@ -113,6 +140,11 @@ class InferenceStats:
         snap['latency_p50_ms'] = 1e3 * percentile(latencies, 50) if latencies else float('nan')
         snap['latency_p99_ms'] = 1e3 * percentile(latencies, 99) if latencies else float('nan')
         snap['acceptance_length'] = sum(accepted) / len(accepted) if accepted else float('nan')
+        for stage in FRAME_STAGES:
+            values = [s[stage] for s in stages if stage in s]
+            for q in (50, 99):
+                snap[f'{stage}_p{q}_ms'] = 1e3 * percentile(values, q) if values \
+                    else float('nan')
         return snap
 
 
@@ -144,5 +176,5 @@ def _format(value) -> str:
     return str(value).lower() if isinstance(value, bool) else str(value)
 
 
-__all__ = ['InferenceStats', 'percentile', 'level_for', 'diagnostic_status', 'OK', 'WARN',
-           'ERROR']
+__all__ = ['InferenceStats', 'FRAME_STAGES', 'frame_stages', 'percentile', 'level_for',
+           'diagnostic_status', 'OK', 'WARN', 'ERROR']

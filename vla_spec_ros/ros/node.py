@@ -50,9 +50,13 @@ def refuse_unknown_overrides(node) -> None:
 
 
 def load_for_node(node, values: dict, policy=None):
-    """Validate the parameter values, then load the policy (unless one is given)."""
+    """Validate the parameter values, set the process's torch threads (``torch_threads``),
+    then load the policy (unless one is given)."""
     engine_config, settings = params.settings_from_parameters(values)
     params.robot_settings(settings, values)          # each robot's own values, validated
+    if settings.torch_threads:
+        import torch
+        torch.set_num_threads(settings.torch_threads)
     if policy is None:
         node.get_logger().info(f'loading {settings.model_path!r} (mode {engine_config.mode}, '
                                f'device {engine_config.device})')

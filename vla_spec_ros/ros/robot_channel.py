@@ -16,6 +16,7 @@ Publishing is gated by `is_active` (a lifecycle node keeps it False until activa
 """
 from __future__ import annotations
 
+import math
 import threading
 import time
 from dataclasses import dataclass
@@ -26,7 +27,7 @@ from std_msgs.msg import Float64MultiArray, String
 from std_srvs.srv import SetBool, Trigger
 
 from vla_spec_ros.ros import command as cmd
-from vla_spec_ros.ros.diagnostics import InferenceStats, diagnostic_status
+from vla_spec_ros.ros.diagnostics import InferenceStats, diagnostic_status, frame_stages
 from vla_spec_ros.ros.qos import (COMMAND_QOS, IMAGE_QOS, INSTRUCTION_QOS,
                                   INSTRUCTION_VOLATILE_QOS)
 
@@ -47,6 +48,10 @@ class FrameInfo:
     stamp_s: float          # header stamp in seconds, 0.0 when the driver did not stamp
     receipt_s: float        # node clock at receipt
     receipt_mono: float     # time.monotonic() at receipt, for latency
+    # time.monotonic() when the worker took the frame and when it had converted it (NaN until
+    # then): where the frame's time went (diagnostics.FRAME_STAGES)
+    taken_mono: float = float('nan')
+    converted_mono: float = float('nan')
 
 
 class LatestFrameSlot:
@@ -227,9 +232,13 @@ class RobotChannel:
                       is_stale_result=kind in (cmd.REASON_STALE, cmd.REASON_FUTURE))
             return
         self.publish_command(command, info.stamp)
-        accepted = finished.result.stats.get('accepted_lengths', ())
-        self.stats.record_action(time.monotonic(), time.monotonic() - info.receipt_mono,
-                                 accepted)
+        stats = finished.result.stats
+        now = time.monotonic()
+        stages = None if math.isnan(info.converted_mono) else frame_stages(
+            info.receipt_mono, info.taken_mono, info.converted_mono,
+            stats.get('latency_s', 0.0), stats.get('compute_s', 0.0), now)
+        self.stats.record_action(now, now - info.receipt_mono,
+                                 stats.get('accepted_lengths', ()), stages)
 
     def publish_command(self, command: cmd.Command, stamp) -> None:
         if not self.is_active:

@@ -15,7 +15,9 @@ so a robot with a fast camera cannot starve a slow one.
 """
 from __future__ import annotations
 
+import dataclasses
 import threading
+import time
 
 from sensor_msgs.msg import CompressedImage
 
@@ -90,6 +92,7 @@ class InferenceWorker:
             channel.hold(reason, force=True)
 
     def _submit(self, channel, msg, info) -> None:
+        taken = time.monotonic()
         settings = channel.settings
         if not (settings.enabled and channel.is_active):
             return
@@ -108,6 +111,7 @@ class InferenceWorker:
         except ValueError as exc:
             channel.hold(f'{cmd.REASON_BAD_INPUT}: image {exc}', force=True)
             return
+        info = dataclasses.replace(info, taken_mono=taken, converted_mono=time.monotonic())
         frame = Frame(image, settings.instruction, settings.unnorm_key_or_none,
                       channel.stream_id, user_data=info)
         with self.engine_lock:
