@@ -477,7 +477,8 @@ def test_demo_defaults_are_the_quick_run_and_full_is_everything():
     parser = argparse.ArgumentParser()
     demo.add_arguments(parser)
     plan = demo.resolve_options(parser.parse_args([]))
-    assert plan['parts'] == ['lockstep', 'speed', 'delay']
+    assert plan['parts'] == ['stream', 'lockstep', 'speed', 'delay']
+    assert (plan['stream_hz'], plan['stream_seconds']) == (30.0, 10.0)
     assert (plan['episodes'], plan['delay_episodes']) == (1, 1)
     assert plan['delays'] == [0, 1, 2, 4, 8] and plan['one_in_flight_delays'] == [2, 4, 8]
     assert plan['configs'] == [('ar', 0), ('pipeline', 0), ('spec', 0), ('pipeline_spec', 0)]
@@ -553,7 +554,8 @@ def test_demo_run_end_to_end(ros_domain, tmp_path, capsys):
     parser = argparse.ArgumentParser()
     demo.add_arguments(parser)
     args = parser.parse_args(['--model', model, '--unnorm-key', key, '--tasks', TASK,
-                              '--parts', 'lockstep,speed,delay,relax', '--episodes', '1',
+                              '--parts', 'stream,lockstep,speed,delay,relax', '--episodes', '1',
+                              '--stream-seconds', '1',
                               '--max-steps', '3', '--modes', 'ar,spec', '--delays', '0,2',
                               '--rates', '30', '--speed-frames', '3', '--relax-sweep', '0,8',
                               '--relax-episodes', '1', '--workers', '1', '--draft-path',
@@ -577,6 +579,14 @@ def test_demo_run_end_to_end(ros_domain, tmp_path, capsys):
         assert rows[1]['acceptance_length'] * rows[1]['forwards_per_action'] == \
             pytest.approx(7.0)
     assert [b['mode'] for b in data['speed']['bench_rows']] == ['hf', 'ar', 'spec']
+    assert data['speed']['bench_frame_source'] == 'metaworld-episodes'
+    stream = data['stream']
+    assert [(r['mode'], r['where']) for r in stream['rows']] == [
+        ('ar', 'ROS 2 node (DDS)'), ('spec', 'ROS 2 node (DDS)'),
+        ('hf', 'model only (not on the node)')]
+    assert stream['num_frames'] == 30 and all(r['num_answered'] > 0 for r in stream['rows'])
+    assert stream['rows'][1]['drafter'] == 'random' and not stream['rows'][1]['is_default']
+    assert 'the default configuration was not run' in out
     assert set(data['speed']['paced']['30.0']) == {'hf', 'ar', 'spec'}   # HF placed too
     delays = [(p['point']['action_delay'], p['point']['delay_frames'])
               for p in data['delay']['points']]

@@ -1,23 +1,32 @@
 """`vla-spec demo`: what the package's two techniques do for real-time control, on the embedded
 Meta-World model.
 
-Parts (`--parts`, default `lockstep,speed,delay`; `--full` adds `relax` and sets 20 episodes
-per task everywhere):
+Parts (`--parts`, default `stream,lockstep,speed,delay`; `--full` adds `relax` and sets 20
+episodes per task everywhere):
 
+- stream: the speed measurement. Every decoding mode behind the real ROS 2 node, fed by a
+  camera that publishes consecutive control steps of the scripted expert's episodes at
+  `--stream-hz` for `--stream-seconds` (streaming.py): frames answered, frame -> twist latency
+  p50 / p99 and actions/s; the Hugging Face baseline model only at the same rate on the same
+  frames (it is not a node mode). The speculative modes draft with the engine's default
+  drafter unless `--draft-path` says otherwise; the default configuration is labelled.
 - lockstep: every decoding mode drives the simulated arm through the real ROS 2 node and the
   simulator bridge in lock-step (closed_loop.run_closed_loop): success rate, and whether each
-  strict mode (r = 0) followed AR's trajectories episode for episode. Its steps/s measure the
-  whole loop, simulator included; beside them the node's own rate (1 / mean frame -> command
-  latency over DDS) and the model-only rate.
-- speed: model only. `vla-spec bench`'s rows (actions/s and the ratio to the Hugging Face AR
-  baseline measured in the same run), and each mode fed from a camera at each `--rates` rate
-  (speed.paced_latency): observation -> action latency, and whether it keeps up.
+  strict mode (r = 0) followed AR's trajectories episode for episode. Lock-step has no camera
+  (a frame exists only once the previous action was applied), so pipelining has nothing to
+  overlap there: this part measures success, not speed.
+- speed: model only, on consecutive control steps. `vla-spec bench --frames-from
+  metaworld-episodes` rows (actions/s and the ratio to the Hugging Face AR baseline measured in
+  the same run, verifier forwards per action), and each mode fed from a camera at each
+  `--rates` rate (speed.paced_latency): observation -> action latency, and whether it keeps up.
 - delay: success rate against action delay d (in control periods), in delayed lock-step
   (bridge_logic.DelayedLockstep): deterministic and independent of this machine's speed. AR's
   actions (the strict modes give the same tokens); every frame answered d periods later, and,
-  for d >= 2, one frame in flight (a model that is busy skips frames). Each mode's latency
-  (model only at each rate, and on the node) is placed on that curve: d = ceil(latency *
-  rate), one frame in flight unless it answered (nearly) every camera frame.
+  for d >= 2, one frame in flight (a model that is busy skips frames). Each mode's streaming
+  latency on the node is placed on that curve (d = ceil(latency * rate), one frame in flight
+  unless it answered (nearly) every camera frame), beside its model-only latency at each rate
+  and the OpenVLA-7B latencies recorded on an H100 (demo_results.reference_7b; not measured by
+  this demo).
 - relax: the relaxation trade-off: `spec` with a draft tree whose acceptance is below its
   ceiling (`--relax-tree`, default depth 6, top-k 1, 7 nodes), success rate, acceptance length
   and verifier forwards per action at every r, and the distance in bins between each relaxed
@@ -33,6 +42,7 @@ record, demo_results.py its files and plots.
 """
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import os
 import platform
@@ -45,12 +55,15 @@ from pathlib import Path
 
 from vla_spec_ros.config import DTYPES, MODES
 from vla_spec_ros.sim.bridge_logic import DELAY_HOLDS
-from vla_spec_ros.harness.demo_results import load_record, print_report, write_results
+from vla_spec_ros.harness.demo_results import (load_record, print_report, reference_7b,
+                                               write_results)
+from vla_spec_ros.harness.streaming import DEFAULT_STREAM_HZ, DEFAULT_STREAM_SECONDS
 from vla_spec_ros.sim.metaworld_env import DEFAULT_TASK_NAMES, get_task
 
 SPECULATIVE_MODES = ('spec', 'pipeline_spec')
-PARTS = ('lockstep', 'speed', 'delay', 'relax')
-DEFAULT_PARTS = ('lockstep', 'speed', 'delay')
+PARTS = ('stream', 'lockstep', 'speed', 'delay', 'relax')
+DEFAULT_PARTS = ('stream', 'lockstep', 'speed', 'delay')
+MAX_STREAM_SECONDS = 600.0
 FULL_EPISODES = 20
 IN_PROCESS_PATH = ('in process: sim.demos.run_episode with bridge_logic.DelayedLockstep, '
                    'policy.predict (the same actions as the ROS bridge path, '
@@ -70,7 +83,11 @@ def add_arguments(parser) -> None:
     parser.add_argument('--episodes', type=int, default=None,
                         help='lock-step episodes per task (default 1; --full 20)')
     parser.add_argument('--modes', default='ar,pipeline,spec,pipeline_spec',
-                        help='decoding modes of the lock-step and speed parts')
+                        help='decoding modes of the stream, lock-step and speed parts')
+    parser.add_argument('--stream-hz', type=float, default=DEFAULT_STREAM_HZ,
+                        help='stream part: the camera rate (Hz)')
+    parser.add_argument('--stream-seconds', type=float, default=DEFAULT_STREAM_SECONDS,
+                        help='stream part: timed seconds per mode (after a 1.5 s warm-up)')
     parser.add_argument('--relax-thresholds', default='0',
                         help='lock-step part: relaxation thresholds (bins) of the speculative '
                         'modes')
@@ -107,7 +124,9 @@ def add_arguments(parser) -> None:
     parser.add_argument('--dtype', default='float32', choices=list(DTYPES))
     parser.add_argument('--device', default='cpu', help='cpu or cuda[:N]')
     parser.add_argument('--draft-path', default=None,
-                        help='draft head folder or "random" (default: the model\'s draft/)')
+                        help='drafter of the speculative modes (default: the engine\'s, each '
+                        'stream\'s previous action); "checkpoint" for the model\'s draft/ '
+                        'EAGLE head, a draft head folder or "random"')
     parser.add_argument('--unnorm-key', default=None,
                         help='default: metaworld_scripted, or the checkpoint\'s only key')
     parser.add_argument('--restrict-to-action-tokens', action='store_true',
@@ -218,6 +237,12 @@ def resolve_options(args) -> dict:
     rates = _floats(args.rates, '--rates')
     for rate in rates:
         check_control_rate(rate, '--rates')
+    stream_hz = check_control_rate(args.stream_hz, '--stream-hz')
+    stream_seconds = args.stream_seconds
+    if (isinstance(stream_seconds, bool) or not isinstance(stream_seconds, (int, float))
+            or not 1.0 <= stream_seconds <= MAX_STREAM_SECONDS):
+        raise ValueError(f'--stream-seconds: expected seconds in [1, {MAX_STREAM_SECONDS:g}], '
+                         f'got {stream_seconds!r}')
     plan = {
         'parts': list(parts), 'tasks': tasks, 'modes': modes, 'configs': configs,
         'episodes': count(args.episodes, '--episodes', 1),
@@ -229,6 +254,7 @@ def resolve_options(args) -> dict:
         'max_steps': check_max_steps(args.max_steps, '--max-steps'),
         'workers': _positive(args.workers, '--workers', 1),
         'speed_frames': _positive(args.speed_frames, '--speed-frames', 1),
+        'stream_hz': stream_hz, 'stream_seconds': float(stream_seconds),
         'threads': _positive(args.threads, '--threads', 1),
     }
     return plan
@@ -266,7 +292,7 @@ def _expert_rates(task_names, episodes: int, seed: int, max_steps: int) -> dict:
             'num_episodes': episodes * len(per_task)}
 
 
-def _run_lockstep(args, plan, unnorm_key) -> dict:
+def _run_lockstep(args, plan, unnorm_key, cache) -> dict:
     from tqdm import tqdm
 
     from vla_spec_ros.harness.closed_loop import run_closed_loop
@@ -308,24 +334,63 @@ def _run_lockstep(args, plan, unnorm_key) -> dict:
     return lock
 
 
-def _run_speed(args, plan, unnorm_key) -> dict:
+def _camera_frames(args, plan, unnorm_key, cache: dict) -> list:
+    """The stream's frames (consecutive control steps, streaming.stream_frames), rendered once
+    for the stream and speed parts; enough for the stream's warm-up and timed frames and for
+    the speed part's paced rows."""
+    if 'frames' not in cache:
+        from vla_spec_ros.harness import streaming
+        from vla_spec_ros.policy import VLAPolicy
+        size = VLAPolicy.from_pretrained(args.model).model_config.image_size
+        warmup, timed = streaming.frame_counts(plan['stream_hz'], plan['stream_seconds'])
+        needed = max(warmup + timed if 'stream' in plan['parts'] else 0,
+                     plan['speed_frames'] + 3)
+        cache['frames'] = streaming.stream_frames(plan['tasks'], needed, size, args.seed,
+                                                  unnorm_key)
+    return cache['frames']
+
+
+def _run_stream(args, plan, unnorm_key, cache) -> dict:
+    from tqdm import tqdm
+
+    from vla_spec_ros.harness import streaming
+    frames = _camera_frames(args, plan, unnorm_key, cache)
+    bar = tqdm(total=len(plan['modes']) + 1, desc=f'streaming at {plan["stream_hz"]:g} Hz',
+               unit='mode', dynamic_ncols=True)
+
+    def on_row(row):
+        bar.update(1)
+        bar.set_postfix(mode=row['mode'], p50=f"{row['latency_p50_ms']:.0f} ms",
+                        answered=f"{100 * row['answered_fraction']:.0f}%")
+    try:
+        return streaming.run_stream(
+            args.model, plan['modes'], plan['tasks'], rate_hz=plan['stream_hz'],
+            seconds=plan['stream_seconds'], seed=args.seed, unnorm_key=unnorm_key,
+            dtype=args.dtype, device=args.device, draft_path=args.draft_path,
+            restrict_to_action_tokens=args.restrict_to_action_tokens,
+            log_level=None if args.verbose else 'error', frames=frames, on_row=on_row)
+    finally:
+        bar.close()
+
+
+def _run_speed(args, plan, unnorm_key, cache) -> dict:
     from tqdm import tqdm
 
     from vla_spec_ros.harness import speed
-    from vla_spec_ros.sim.frames import sim_frames
+    from vla_spec_ros.harness.streaming import mode_drafter
     from vla_spec_ros.policy import VLAPolicy
     steps = tqdm(total=1 + len(plan['rates']), desc='model-only speed', unit='part',
                  dynamic_ncols=True)
     try:
         rows = speed.model_speed_rows(args.model, plan['modes'], plan['speed_frames'],
-                                      args.device, args.dtype, args.draft_path)
+                                      args.device, args.dtype, args.draft_path,
+                                      frame_source=speed.BENCH_FRAME_SOURCE)
         steps.update(1)
         policy = VLAPolicy.from_pretrained(args.model, dtype=args.dtype, device=args.device,
                                            restrict_to_action_tokens=(
                                                args.restrict_to_action_tokens))
-        size = policy.model_config.image_size
-        frames = sim_frames(plan['tasks'], max(1, plan['speed_frames'] // len(plan['tasks']) + 1),
-                            size, unnorm_key=unnorm_key, stream_id=speed.PACED_STREAM)
+        frames = [dataclasses.replace(f, stream_id=speed.PACED_STREAM)
+                  for f in _camera_frames(args, plan, unnorm_key, cache)]
         paced = {}
         for rate in plan['rates']:
             paced[str(rate)] = speed.paced_rows(policy, ['hf'] + plan['modes'], frames, rate,
@@ -334,7 +399,10 @@ def _run_speed(args, plan, unnorm_key) -> dict:
     finally:
         steps.close()
     return {'bench_rows': [asdict(r) for r in rows], 'bench_frames': plan['speed_frames'],
-            'paced': paced}
+            'bench_frame_source': speed.BENCH_FRAME_SOURCE,
+            'drafter': {m: mode_drafter(m, args.draft_path) for m in plan['modes']},
+            'paced_frames': 'the first frames of the stream part\'s camera (consecutive '
+                            'control steps)', 'paced': paced}
 
 
 def _sweep_common(args, plan, unnorm_key) -> dict:
@@ -345,7 +413,7 @@ def _sweep_common(args, plan, unnorm_key) -> dict:
                                 'restrict_to_action_tokens': args.restrict_to_action_tokens})
 
 
-def _run_delay(args, plan, unnorm_key) -> dict:
+def _run_delay(args, plan, unnorm_key, cache) -> dict:
     from vla_spec_ros.harness import inprocess
     points = inprocess.delay_points(plan['delays'], args.delay_hold,
                                     plan['one_in_flight_delays'])
@@ -355,7 +423,7 @@ def _run_delay(args, plan, unnorm_key) -> dict:
             'path': IN_PROCESS_PATH, 'points': [r.to_dict() for r in reports]}
 
 
-def _run_relax(args, plan, unnorm_key) -> dict:
+def _run_relax(args, plan, unnorm_key, cache) -> dict:
     from vla_spec_ros.harness import inprocess
     points = inprocess.relax_points(plan['relax_sweep'], tuple(plan['relax_tree']))
     reports = inprocess.run_sweep(points, plan['tasks'], plan['relax_episodes'],
@@ -376,9 +444,10 @@ def run(args) -> int:
         record, stem = load_record(report), report.stem
         if args.latencies_from:
             other = load_record(args.latencies_from)
-            if 'speed' not in other:
-                raise ValueError(f'--latencies-from: {args.latencies_from} has no speed part')
-            for part in ('speed', 'lockstep'):
+            if 'speed' not in other and 'stream' not in other:
+                raise ValueError(f'--latencies-from: {args.latencies_from} has neither a '
+                                 'speed nor a stream part')
+            for part in ('stream', 'speed', 'lockstep'):
                 record.pop(part, None)
                 if part in other:
                     record[part] = other[part]
@@ -405,18 +474,29 @@ def run(args) -> int:
               'created': time.strftime('%Y-%m-%d %H:%M:%S'), 'model': args.model,
               'tasks': plan['tasks'], 'seed': args.seed, 'max_steps': plan['max_steps'],
               'dtype': args.dtype, 'device': args.device, 'parts': plan['parts'],
-              'machine': machine_info()}
+              'machine': machine_info(), 'part_wall_s': {}}
+    if 'delay' in plan['parts']:
+        record['reference_7b'] = reference_7b()
     key = _unnorm_key(args)
-    # Model-only first (quietest machine), then the ROS loop, then the sweeps.
-    runners = {'speed': _run_speed, 'lockstep': _run_lockstep, 'delay': _run_delay,
-               'relax': _run_relax}
+    # Model-only first (quietest machine), then the node at the camera rate, then the ROS
+    # lock-step loop, then the sweeps.
+    runners = {'stream': _run_stream, 'speed': _run_speed, 'lockstep': _run_lockstep,
+               'delay': _run_delay, 'relax': _run_relax}
     stem = f'demo-{time.strftime("%Y%m%d-%H%M%S")}'
-    for part in ('speed', 'lockstep', 'delay', 'relax'):
+    cache: dict = {}
+    for part in ('speed', 'stream', 'lockstep', 'delay', 'relax'):
         if part in plan['parts']:
-            record[part] = runners[part](args, plan, key)
+            part_start = time.perf_counter()
+            record[part] = runners[part](args, plan, key, cache)
+            record['part_wall_s'][part] = time.perf_counter() - part_start
             record['wall_s'] = time.perf_counter() - start
             paths = write_results(args.out, record, stem)   # a long run keeps each part
-    print_report(record, paths)
+    try:
+        record['machine']['load_avg_at_end'] = [round(x, 2) for x in os.getloadavg()]
+    except OSError:
+        pass
+    paths = write_results(args.out, record, stem)
+    print_report(record, paths)           # its last lines: the summary
     print(f'wall time {record["wall_s"]:.0f} s')
     return 0
 

@@ -1,13 +1,17 @@
 """The demo's tables, from its record (the JSON `vla-spec demo` writes): pure functions of
 that record, used for the printed report, the Markdown file and `--report` re-rendering.
-Where the delay part's curve and each mode's latency meet (`placements`) is computed here too,
-so a recorded run can be placed again with another run's latencies."""
+Where the delay part's curve and each mode's latency meet (`placements`, `stream_placements`,
+`reference_placements`) is computed here too, so a recorded run can be placed again with
+another run's latencies."""
 from __future__ import annotations
 
 import math
 
 # A mode "keeps up" with a camera when it answers at least this share of its frames.
 KEEPS_UP_FRACTION = 0.95
+# streaming.WHERE_MODEL (this module imports nothing of the harness that needs ROS or torch).
+WHERE_MODEL = 'model only (not on the node)'
+REFERENCE_7B_TITLE = 'recorded on an H100, OpenVLA-7B shape, not measured by this demo'
 
 
 def measured(value) -> float:
@@ -52,6 +56,59 @@ def _bench_by_mode(record) -> dict:
     return {r['mode']: r for r in (record.get('speed') or {}).get('bench_rows', [])}
 
 
+def mode_label(row: dict) -> str:
+    """'pipeline_spec (default: previous-action draft)', 'spec (previous-action draft)', 'ar'."""
+    drafter = row.get('drafter') or '-'
+    draft = '' if drafter == '-' else (
+        'previous-action draft' if drafter == 'previous action' else f'draft {drafter}')
+    if row.get('is_default'):
+        return f"{row['mode']} (default{': ' + draft if draft else ''})"
+    return f"{row['mode']} ({draft})" if draft else row['mode']
+
+
+def _stream_rows(record: dict) -> tuple[dict | None, list]:
+    stream = record.get('stream') or {}
+    rows = stream.get('rows', [])
+    ar = next((r for r in rows if r['mode'] == 'ar' and r['where'] != WHERE_MODEL), None)
+    return ar, rows
+
+
+def format_stream_table(record: dict) -> str:
+    """mode | where | frames answered | p50 | p99 | ×AR p50 | actions/s (+ forwards/action)."""
+    ar, rows = _stream_rows(record)
+    head = ['mode', 'where', 'frames answered', 'p50 ms', 'p99 ms', '×AR p50', 'actions/s',
+            'forwards/action']
+    out = []
+    for r in rows:
+        ratio = (measured(r['latency_p50_ms']) / measured(ar['latency_p50_ms'])
+                 if ar is not None else math.nan)
+        out.append([mode_label(r), r['where'],
+                    f"{r['num_answered']}/{r['num_frames']} "
+                    f"({100 * measured(r['answered_fraction']):.0f}%)",
+                    _fmt(r['latency_p50_ms'], 1), _fmt(r['latency_p99_ms'], 1),
+                    _fmt(ratio), _fmt(r['actions_per_s'], 1),
+                    _fmt(r.get('forwards_per_action'))])
+    return _table(head, out)
+
+
+def _stream_caption(record: dict) -> str:
+    stream = record['stream']
+    loads = [r['load_avg_1m'] for r in stream['rows'] if r.get('load_avg_1m')]
+    held = sum((r.get('node') or {}).get('holds', 0) for r in stream['rows'])
+    text = (f"A camera publishing at {stream['rate_hz']:g} Hz for {stream['seconds']:g} s per "
+            f"mode ({stream['num_frames']} timed frames after a {stream['warmup_s']:g} s "
+            f"warm-up): {stream['frames']}. The node keeps the newest frame and drops those it "
+            'had no time for; each twist carries its image\'s stamp, so latency is image '
+            'published -> its twist received (both in this process, DDS in between). '
+            f"max_action_age {stream['max_action_age_s']:g} s ({held} hold(s)). The Hugging "
+            'Face baseline is not a node mode: measured model only, same frames and rate.')
+    if loads:
+        text += (' Load average (1 min) during the rows: '
+                 f"{min(min(x) for x in loads):.1f}-{max(max(x) for x in loads):.1f} on "
+                 f"{record['machine'].get('cpu_count', '?')} cores.")
+    return text + '\n'
+
+
 def format_lockstep_table(record: dict) -> str:
     lock = record['lockstep']
     bench = _bench_by_mode(record)
@@ -89,8 +146,12 @@ def format_speed_table(record: dict) -> str:
             'acceptance length'] + [f'@ {float(r):g} Hz: latency p50 ms, frames answered'
                                     for r in rates]
     rows = []
+    drafter = speed.get('drafter', {})
     for b in speed['bench_rows']:
-        cells = [b['mode'], _fmt(b['actions_per_s'], 1), _fmt(b['ratio_vs_hf']),
+        label = b['mode']
+        if drafter.get(b['mode'], '-') != '-':
+            label = mode_label({'mode': b['mode'], 'drafter': drafter[b['mode']]})
+        cells = [label, _fmt(b['actions_per_s'], 1), _fmt(b['ratio_vs_hf']),
                  _fmt(b['latency_p50_ms'], 1), _fmt(b['forwards_per_action']),
                  _fmt(b['acceptance_length'])]
         for rate in rates:
@@ -131,9 +192,23 @@ def success_at(curve: dict, frames: str, delay: int) -> tuple[float, str]:
     return (1 - w) * points[lo] + w * points[hi], '~'
 
 
+def place(curve: dict, latency_ms, rate_hz: float, keeps_up: bool) -> dict | None:
+    """A latency on the delay curve at `rate_hz`: d = ceil(latency × rate) (at least 1), on
+    the every-frame curve when the mode keeps up with the camera, else one frame in flight;
+    None where no latency was measured."""
+    latency = measured(latency_ms)
+    if math.isnan(latency):
+        return None
+    delay = max(1, math.ceil(latency * 1e-3 * rate_hz - 1e-9))
+    frames = 'every' if keeps_up else 'one_in_flight'
+    success, mark = success_at(curve, frames, delay)
+    return {'latency_p50_ms': latency, 'delay': delay, 'success': success, 'mark': mark,
+            'frames': frames}
+
+
 def placements(record: dict) -> list[dict]:
     """Each mode's latency placed on the delay curve at each rate: model only (paced camera)
-    and, where the lock-step part ran, on the node."""
+    and, where the lock-step part ran, on the node in lock-step."""
     if 'delay' not in record or 'speed' not in record:
         return []
     curve = delay_curve(record)
@@ -144,19 +219,59 @@ def placements(record: dict) -> list[dict]:
         rate = float(rate_key)
         for mode, paced in per_mode.items():
             keeps_up = paced['answered_fraction'] >= KEEPS_UP_FRACTION
-            frames = 'every' if keeps_up else 'one_in_flight'
-            entry = {'mode': mode, 'rate_hz': rate, 'frames': frames,
+            entry = {'mode': mode, 'rate_hz': rate,
+                     'frames': 'every' if keeps_up else 'one_in_flight',
                      'answered_fraction': paced['answered_fraction']}
             for source, latency in (('model', paced['latency_p50_ms']),
                                     ('node', node.get(mode, {}).get('latency_p50_ms'))):
-                latency = measured(latency)
-                if math.isnan(latency):
-                    continue
-                delay = max(1, math.ceil(latency * 1e-3 * rate - 1e-9))
-                success, mark = success_at(curve, frames, delay)
-                entry[source] = {'latency_p50_ms': latency, 'delay': delay,
-                                 'success': success, 'mark': mark}
+                spot = place(curve, latency, rate, keeps_up)
+                if spot is not None:
+                    entry[source] = {k: v for k, v in spot.items() if k != 'frames'}
             out.append(entry)
+    return out
+
+
+def stream_placements(record: dict) -> list[dict]:
+    """Each streaming row placed on the delay curve at the camera rate, by its latency p50 on
+    the node (the Hugging Face row by its model-only latency, labelled so)."""
+    if 'delay' not in record or not (record.get('stream') or {}).get('rows'):
+        return []
+    curve, rate = delay_curve(record), float(record['stream']['rate_hz'])
+    out = []
+    for row in record['stream']['rows']:
+        spot = place(curve, row['latency_p50_ms'], rate,
+                     measured(row['answered_fraction']) >= KEEPS_UP_FRACTION)
+        if spot is not None:
+            out.append(dict(spot, mode=row['mode'], label=mode_label(row), where=row['where'],
+                            rate_hz=rate, answered_fraction=row['answered_fraction'],
+                            is_default=bool(row.get('is_default'))))
+    return out
+
+
+def curve_rate(record: dict) -> float | None:
+    """The rate at which modes are drawn on the curve: the streaming part's camera rate, else
+    the middle of the speed part's rates."""
+    if (record.get('stream') or {}).get('rate_hz'):
+        return float(record['stream']['rate_hz'])
+    rates = sorted(float(r) for r in (record.get('speed') or {}).get('paced', {}))
+    return rates[len(rates) // 2] if rates else None
+
+
+def reference_placements(record: dict) -> list[dict]:
+    """The recorded OpenVLA-7B latencies (record['reference_7b'], not measured by this run) on
+    this run's curve at `curve_rate`: every frame answered when the recorded throughput is at
+    least the camera rate, else one frame in flight."""
+    reference, rate = record.get('reference_7b') or {}, curve_rate(record)
+    if 'delay' not in record or not reference.get('rows') or rate is None:
+        return []
+    curve = delay_curve(record)
+    out = []
+    for row in reference['rows']:
+        spot = place(curve, row['latency_ms'], rate, row['actions_per_s'] >= rate)
+        if spot is not None:
+            out.append(dict(spot, mode=row['mode'], label=row['label'], rate_hz=rate,
+                            latency_kind=row['latency_kind'],
+                            actions_per_s=row['actions_per_s']))
     return out
 
 
@@ -173,6 +288,31 @@ def format_delay_table(record: dict) -> str:
     text = _table(head, rows)
     text += (f"\n{_episodes(delay['episodes'])} per task and point, hold "
              f"{delay['hold']}, {delay['path']}\n")
+    rule = ('d = ceil(latency × rate); one frame in flight when the mode answered fewer than '
+            f'{100 * KEEPS_UP_FRACTION:.0f}% of the camera frames (~ interpolated, > beyond the '
+            'largest delay measured)')
+    streamed = stream_placements(record)
+    if streamed:
+        head = ['mode', 'where', 'frames answered', 'latency p50 ms', 'd', 'success at d']
+        rows = [[p['label'], p['where'], f"{100 * measured(p['answered_fraction']):.0f}% "
+                 f"({p['frames'].replace('_', ' ')})", _fmt(p['latency_p50_ms'], 1),
+                 p['delay'], p['mark'] + _fmt(p['success'])] for p in streamed]
+        text += (f"\nEach mode on the curve by its streaming latency at "
+                 f"{streamed[0]['rate_hz']:g} Hz (the streaming table): {rule}:\n\n"
+                 + _table(head, rows))
+    reference = reference_placements(record)
+    if reference:
+        source = record['reference_7b']
+        head = ['configuration', 'latency ms', 'which latency', 'actions/s', 'd',
+                'success at d']
+        rows = [[p['label'], _fmt(p['latency_p50_ms'], 1), p['latency_kind'],
+                 _fmt(p['actions_per_s'], 1), p['delay'], p['mark'] + _fmt(p['success'])]
+                for p in reference]
+        text += (f"\nOpenVLA-7B, {REFERENCE_7B_TITLE}: the latencies of `{source['file']}` "
+                 f"({source['device']}, {source['dtype']}, {source['weights']}) placed on this "
+                 f"run's curve at {reference[0]['rate_hz']:g} Hz (every frame answered when "
+                 f"the recorded actions/s reach the camera rate, else one in flight). "
+                 f"{source['note']}\n\n" + _table(head, rows))
     places = placements(record)
     if places:
         head = ['mode', 'rate Hz', 'frames answered', 'model-only latency p50 ms', 'd',
@@ -187,10 +327,9 @@ def format_delay_table(record: dict) -> str:
                           [_fmt(s['latency_p50_ms'], 1), s['delay'],
                            s['mark'] + _fmt(s['success'])])
             rows.append(cells)
-        text += ('\nEach mode on the curve: d = ceil(latency × rate); one frame in flight '
-                 'when the mode answered fewer than '
-                 f'{100 * KEEPS_UP_FRACTION:.0f}% of the camera frames (~ interpolated, '
-                 '> beyond the largest delay measured):\n\n' + _table(head, rows))
+        text += (f'\nEach mode by its model-only latency at each rate (and its lock-step '
+                 f'latency on the node, one frame in flight by construction): {rule}:\n\n'
+                 + _table(head, rows))
     return text
 
 
@@ -213,34 +352,95 @@ def format_relax_table(record: dict) -> str:
             f"{relax['path']}\n")
 
 
+def _stream_cell(row: dict, ar: dict | None) -> str:
+    text = (f"p50 {_fmt(row['latency_p50_ms'], 1)} ms, p99 {_fmt(row['latency_p99_ms'], 1)} ms, "
+            f"{_fmt(row['actions_per_s'], 1)} actions/s, "
+            f"{100 * measured(row['answered_fraction']):.0f}% of frames answered")
+    if ar is not None and row is not ar:
+        ratio = measured(row['latency_p50_ms']) / measured(ar['latency_p50_ms'])
+        text += f' (p50 ×{_fmt(ratio)} AR\'s)'
+    return text
+
+
+def format_summary(record: dict) -> str:
+    """The closing lines: the default configuration against AR and the Hugging Face baseline
+    at the camera rate, and where each lands on the delay curve ('' without a stream part)."""
+    ar, rows = _stream_rows(record)
+    if not rows:
+        return ''
+    stream = record['stream']
+    default = next((r for r in rows if r.get('is_default')), None)
+    hf = next((r for r in rows if r['mode'] == 'hf'), None)
+    lines = [f"Summary, camera at {stream['rate_hz']:g} Hz, consecutive control steps:"]
+    if default is not None:
+        lines.append(f'- default configuration, {mode_label(default)}, r = 0, on the ROS 2 '
+                     f'node: {_stream_cell(default, ar)}')
+    else:
+        lines.append('- the default configuration was not run (see --modes, --draft-path)')
+    if ar is not None:
+        lines.append(f'- ar on the ROS 2 node: {_stream_cell(ar, None)}')
+    if hf is not None:
+        lines.append(f'- Hugging Face baseline, {WHERE_MODEL}: {_stream_cell(hf, ar)}')
+    spots = sorted((p for p in stream_placements(record)
+                    if p['is_default'] or p['mode'] in ('ar', 'hf')),
+                   key=lambda p: (not p['is_default'], p['mode'] != 'ar'))
+    if spots:
+        lines.append('- on the delay curve (success at d periods late): ' + ', '.join(
+            f"{'default' if p['is_default'] else p['mode']} d = {p['delay']} "
+            f"({p['mark']}{_fmt(p['success'])})" for p in spots))
+    reference = reference_placements(record)
+    if reference:
+        lines.append(f'- OpenVLA-7B ({REFERENCE_7B_TITLE}): ' + ', '.join(
+            f"{p['label']} {_fmt(p['latency_p50_ms'], 0)} ms, d = {p['delay']} "
+            f"({p['mark']}{_fmt(p['success'])})" for p in reference))
+    return '\n'.join(lines) + '\n'
+
+
 def format_report(record: dict) -> str:
     """Every table of a run, in the order a reader wants them."""
     tasks = record['tasks']
     out = []
+    if 'stream' in record:
+        out += [f"## Streaming: the ROS 2 node fed by a camera at "
+                f"{record['stream']['rate_hz']:g} Hz (the speed measurement)\n",
+                format_stream_table(record), _stream_caption(record)]
     if 'lockstep' in record:
         lock = record['lockstep']
         out += [f"## Lock-step through the ROS 2 node and the simulator bridge "
-                f"({_episodes(lock['episodes'])} per task and mode)\n",
+                f"({_episodes(lock['episodes'])} per task and mode): success\n",
                 format_lockstep_table(record),
-                'steps/s: the whole loop, rendering and DDS included (simulator-bound); node '
-                'actions/s: 1 / mean frame -> command latency (one frame in flight); '
-                'model-only actions/s: the speed table below.\n',
+                'Lock-step has no camera: the next frame exists only once the previous action '
+                'was applied, so one frame is in flight and pipelining has nothing to overlap; '
+                'this table measures success (and that the strict modes follow AR), not speed '
+                '(the streaming table is the speed measurement). steps/s: the whole loop, '
+                'rendering and DDS included (simulator-bound); node actions/s: 1 / mean frame '
+                '-> command latency; model-only actions/s: the speed table below.\n',
                 format_task_table(lock['rows'], tasks,
                                   lambda r: f"{r['mode']} r={r['relax_threshold']}")]
     if 'speed' in record:
+        speed = record['speed']
+        source = speed.get('bench_frame_source', 'random')
         out += ['## Model only (no ROS, no simulator)\n', format_speed_table(record),
-                f"`vla-spec bench` workload ({record['speed']['bench_frames']} frames, a camera "
-                'faster than inference) for actions/s and × HF (the Hugging Face AR baseline, '
-                'same run); the @ Hz columns feed Meta-World frames at that camera rate the way '
-                'the node does (the newest frame replaces a waiting one).\n']
+                f"`vla-spec bench --frames-from {source}` workload ({speed['bench_frames']} "
+                'frames, a camera faster than inference) for actions/s, × HF (the Hugging Face '
+                'AR baseline, same run), the saturated latency and verifier forwards per '
+                'action; the @ Hz columns feed '
+                + (speed.get('paced_frames', 'Meta-World frames') + ' ')
+                + 'at that camera rate the way the node does (the newest frame replaces a '
+                'waiting one).\n']
     if 'delay' in record:
         out += ['## Success against action delay (delayed lock-step, AR actions)\n',
                 format_delay_table(record)]
     if 'relax' in record:
         out += ['## Relaxed acceptance: the trade-off\n', format_relax_table(record)]
+    summary = format_summary(record)
+    if summary:
+        out += ['## Summary\n', summary]
     return '\n'.join(out)
 
 
-__all__ = ['KEEPS_UP_FRACTION', 'measured', 'format_report', 'format_lockstep_table',
+__all__ = ['KEEPS_UP_FRACTION', 'WHERE_MODEL', 'REFERENCE_7B_TITLE', 'measured',
+           'format_report', 'format_summary', 'format_stream_table', 'format_lockstep_table',
            'format_speed_table', 'format_delay_table', 'format_relax_table', 'format_task_table',
-           'placements', 'delay_curve', 'success_at', 'same_as_ar']
+           'mode_label', 'place', 'placements', 'stream_placements', 'reference_placements',
+           'curve_rate', 'delay_curve', 'success_at', 'same_as_ar']

@@ -7,7 +7,26 @@ import math
 import time
 from pathlib import Path
 
-from vla_spec_ros.harness.demo_report import delay_curve, format_report, measured, placements
+from vla_spec_ros.harness.demo_report import (REFERENCE_7B_TITLE, WHERE_MODEL, curve_rate,
+                                              delay_curve, format_report, measured, placements,
+                                              reference_placements, stream_placements)
+
+# OpenVLA-7B latencies recorded on an H100 (bench/README.md, "Current code, graphs on"), placed
+# on the demo's delay curve for scale; the file ships in the repository, and the demo copies
+# the rows below into its record (so `--report` needs no file).
+REFERENCE_7B_FILE = 'bench/results/h100/20261123-final2/gpu-openvla-7b-cuda-20261123-093348.json'
+# (mode in that file, CUDA graphs, label, latency field, what that latency is)
+REFERENCE_7B_ROWS = (
+    ('hf', False, 'HF eager', 'latency_p50_ms',
+     'p50 per frame (transformers generate, as OpenVLA ships)'),
+    ('hf_compiled', False, 'HF compiled', 'latency_p50_ms',
+     'p50 per frame (StaticCache + torch.compile)'),
+    ('ar', True, 'ar (this engine)', 'ms_per_action',
+     'ms per action, one at a time (its p50 in that table, {p50:.0f} ms, includes a frame '
+     'waiting behind the previous one)'),
+    ('pipeline_spec@3.0', True, 'pipeline_spec (this engine, draft accepted 3 tokens/forward)',
+     'latency_p50_ms', 'p50, camera faster than inference'),
+)
 
 
 def _pyplot():
@@ -22,12 +41,13 @@ def _pyplot():
 
 
 def plot_delay(path: Path, record: dict, plt) -> None:
-    """Left: success against delay, each mode placed at the first rate. Right: the success
-    each mode's model-only latency implies at every rate measured."""
+    """Left: success against delay, with each mode placed at one rate (`curve_rate`): by its
+    streaming latency on the node (HF: model only), and the recorded OpenVLA-7B latencies;
+    without a stream part, by model-only and lock-step latency. Right: the success each mode's
+    model-only latency implies at every rate measured."""
     curve = delay_curve(record)
-    rates = list(record.get('speed', {}).get('paced', {}))
     places = placements(record)
-    fig, (ax, ax_rate) = plt.subplots(1, 2, figsize=(13, 4.8),
+    fig, (ax, ax_rate) = plt.subplots(1, 2, figsize=(14, 6.8),
                                       gridspec_kw={'width_ratios': [3, 2]})
     styles = {'every': ('o-', 'every frame answered (pipelined)'),
               'one_in_flight': ('s--', 'one frame in flight')}
@@ -36,10 +56,21 @@ def plot_delay(path: Path, record: dict, plt) -> None:
         if points:
             ax.plot([d for d, _ in points], [s for _, s in points], style, color='gray'
                     if frames == 'one_in_flight' else 'black', label=label)
-    modes = list(dict.fromkeys(p['mode'] for p in places))
+    modes = list(dict.fromkeys([p['mode'] for p in places]
+                               + [p['mode'] for p in stream_placements(record)]))
     color = {mode: f'C{i}' for i, mode in enumerate(modes)}
-    if rates:
-        rate = sorted(float(r) for r in rates)[len(rates) // 2]      # the middle rate
+    rate = curve_rate(record)
+    streamed = stream_placements(record)
+    if streamed:
+        for i, p in enumerate(streamed):
+            on_node = p['where'] != WHERE_MODEL
+            ax.plot(p['delay'] + (i - len(streamed) / 2) * 0.06, measured(p['success']),
+                    '^' if on_node else 'v', markersize=10, color=color[p['mode']],
+                    label=f"{p['label']} ({'node' if on_node else 'model only'}, "
+                    f"{p['latency_p50_ms']:.0f} ms)")
+        title = (f'Placed at {rate:g} Hz (1 period = {1e3 / rate:.0f} ms) by streaming '
+                 'latency: ^ on the node, v model only')
+    elif rate is not None:
         for i, p in enumerate(q for q in places if q['rate_hz'] == rate):
             for source, marker in (('model', 'v'), ('node', '^')):
                 s = p.get(source)
@@ -48,12 +79,21 @@ def plot_delay(path: Path, record: dict, plt) -> None:
                 ax.plot(s['delay'] + (i - len(modes) / 2) * 0.05, s['success'], marker,
                         markersize=9, color=color[p['mode']], label=f"{p['mode']} ({source}, "
                         f"{s['latency_p50_ms']:.0f} ms)")
-        ax.set_title(f'Modes placed at {rate:g} Hz (1 period = {1e3 / rate:.0f} ms): '
-                     'v model only, ^ on the node', fontsize=10)
+        title = (f'Modes placed at {rate:g} Hz (1 period = {1e3 / rate:.0f} ms): v model '
+                 'only, ^ on the node (lock-step)')
+    reference = reference_placements(record)
+    for i, p in enumerate(reference):
+        ax.plot(p['delay'] + (i - len(reference) / 2) * 0.06, measured(p['success']), '*',
+                markersize=13, markerfacecolor='none', color=f'C{len(modes) + i}',
+                label=f"7B H100 recorded: {p['label']} ({p['latency_p50_ms']:.0f} ms)")
+    if rate is not None:
+        if reference:
+            title += f'\n* OpenVLA-7B, {REFERENCE_7B_TITLE}'
+        ax.set_title(title, fontsize=9)
     ax.set(xlabel='action delay d (control periods)', ylabel='success rate',
            ylim=(-0.05, 1.05))
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=7, loc='lower left')
+    ax.legend(fontsize=7, loc='upper center', bbox_to_anchor=(0.5, -0.12), ncol=2)
     for i, mode in enumerate(modes):      # equal values would hide a line: small offsets
         rows = sorted((p for p in places if p['mode'] == mode and 'model' in p),
                       key=lambda p: p['rate_hz'])
@@ -66,7 +106,8 @@ def plot_delay(path: Path, record: dict, plt) -> None:
                 ylim=(-0.05, 1.05))
     ax_rate.set_title('What each mode\'s model-only latency implies', fontsize=10)
     ax_rate.grid(alpha=0.3)
-    ax_rate.legend(fontsize=8, loc='lower left')
+    if ax_rate.get_lines():
+        ax_rate.legend(fontsize=8, loc='lower left')
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
@@ -163,6 +204,37 @@ def write_results(out_dir, record: dict, stem: str | None = None) -> dict:
     return paths
 
 
+def reference_7b(root: Path | None = None) -> dict:
+    """The REFERENCE_7B_ROWS of REFERENCE_7B_FILE (under `root`, default this checkout), for
+    the record; 'rows' is empty with a reason when the file is not there (an installed
+    package without the repository)."""
+    root = Path(__file__).resolve().parents[2] if root is None else Path(root)
+    path = root / REFERENCE_7B_FILE
+    out = {'file': REFERENCE_7B_FILE, 'title': REFERENCE_7B_TITLE, 'rows': []}
+    if not path.is_file():
+        out['missing'] = f'{path} not found (not a repository checkout)'
+        return out
+    data = json.loads(path.read_text())
+    out.update(device=data['environment']['cuda'], dtype=data['dtype'],
+               preset=data['preset'], command=data['command'],
+               weights='random weights of the OpenVLA-7B shape',
+               note='Random weights cannot train a draft head: that run\'s speculative rows '
+                    'draft with an oracle chain tuned to 3 accepted tokens per verifier '
+                    'forward and costing no draft forward (bench/README.md), not the previous '
+                    'action; ar and pipeline_spec ran with CUDA graphs, one stream.')
+    for mode, graphs, label, field, kind in REFERENCE_7B_ROWS:
+        row = next((r for r in data['rows'] if r['mode'] == mode and r['graphs'] == graphs
+                    and r['streams'] == 1), None)
+        if row is None:
+            raise ValueError(f'{path}: no {mode} row with graphs {graphs}')
+        out['rows'].append({'mode': mode.split('@')[0], 'label': label,
+                            'latency_ms': row[field],
+                            'latency_kind': kind.format(p50=row['latency_p50_ms']),
+                            'actions_per_s': row['actions_per_s'],
+                            'latency_p50_ms': row['latency_p50_ms']})
+    return out
+
+
 def load_record(path) -> dict:
     return json.loads(Path(path).read_text())
 
@@ -174,4 +246,5 @@ def print_report(record: dict, paths: dict | None = None) -> None:
         print('results: ' + ', '.join(str(p) for p in paths.values() if p is not None))
 
 
-__all__ = ['write_results', 'load_record', 'print_report', 'plot_delay', 'plot_relax']
+__all__ = ['REFERENCE_7B_FILE', 'reference_7b', 'write_results', 'load_record', 'print_report',
+           'plot_delay', 'plot_relax']

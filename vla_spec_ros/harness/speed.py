@@ -1,7 +1,8 @@
 """Model-only speed for the demo: the `vla-spec bench` rows, and latency at a camera rate.
 
-`model_speed_rows` is `bench.run_bench` (a camera faster than inference, actions/s and the
-ratio to the Hugging Face AR baseline measured in the same run). `paced_latency` feeds the
+`model_speed_rows` is `bench.run_bench` on consecutive control steps (`--frames-from
+metaworld-episodes`; a camera faster than inference, actions/s and the ratio to the Hugging
+Face AR baseline measured in the same run). `paced_latency` feeds the
 engine the way the ROS node does, from a camera at a fixed rate: whenever the engine loop comes
 round, the newest frame (if it is new) replaces any frame still waiting, then the engine steps.
 It reports observation-to-action latency (capture to action) and the share of camera frames
@@ -18,6 +19,9 @@ import numpy as np
 from vla_spec_ros.validation import check_number
 
 PACED_STREAM = 'paced'
+# `vla-spec bench --frames-from`: consecutive control steps of the scripted expert, as a
+# robot's camera sees them (the default drafter drafts each frame with the previous action).
+BENCH_FRAME_SOURCE = 'metaworld-episodes'
 
 
 def paced_latency(engine, frames, rate_hz: float, num_frames: int | None = None) -> dict:
@@ -123,11 +127,14 @@ def paced_rows(policy, modes, frames, rate_hz: float, num_frames: int,
 
 
 def model_speed_rows(model: str, modes, num_frames: int, device: str, dtype: str,
-                     draft_path: str | None = None, seed: int = 1, warmup: int = 3) -> list:
-    """`bench.run_bench` rows (hf first) for the demo's speed table."""
+                     draft_path: str | None = None, seed: int = 1, warmup: int = 3,
+                     frame_source: str = BENCH_FRAME_SOURCE) -> list:
+    """`bench.run_bench` rows (hf first) for the demo's speed table, on `frame_source` frames
+    (default: consecutive control steps, what the default drafter drafts from)."""
     from vla_spec_ros.bench import run_bench
     return run_bench(model, ['hf'] + [m for m in modes if m != 'hf'], num_frames, warmup,
-                     device, dtype, seed, draft_path)
+                     device, dtype, seed, draft_path, frame_source=frame_source)
 
 
-__all__ = ['paced_latency', 'paced_rows', 'engine_for', 'model_speed_rows']
+__all__ = ['PACED_STREAM', 'BENCH_FRAME_SOURCE', 'paced_latency', 'paced_rows', 'engine_for',
+           'model_speed_rows']
