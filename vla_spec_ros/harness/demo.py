@@ -279,7 +279,23 @@ def machine_info() -> dict:
         info['load_avg_at_start'] = [round(x, 2) for x in os.getloadavg()]
     except OSError:
         pass
+    info['git'] = _git_state()
     return info
+
+
+def _git_state() -> str | None:
+    """The checkout's commit, and how many files differ from it (None outside a checkout)."""
+    import subprocess
+    root = Path(__file__).resolve().parents[2]
+    try:
+        commit = subprocess.run(['git', 'rev-parse', '--short', 'HEAD'], cwd=root, text=True,
+                                capture_output=True, timeout=10, check=True).stdout.strip()
+        changed = subprocess.run(['git', 'status', '--porcelain', '--untracked-files=no'],
+                                 cwd=root, text=True, capture_output=True, timeout=10,
+                                 check=True).stdout.splitlines()
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return commit + (f' + {len(changed)} changed files' if changed else '')
 
 
 # ---- running ---------------------------------------------------------------------------------

@@ -156,7 +156,10 @@ def run_unit(unit: dict) -> dict:
     options = dict(unit['engine_options'], **point.engine_options())
     policy = _policy(unit['model'], tuple(sorted(options.items())), unit['draft_path'])
     key, task = unit['unnorm_key'], get_task(unit['task'])
-    tokenizer = policy.engine.runner.action_tokenizer
+    runner = policy.engine.runner
+    # The runner's action codec (is_action_token, token_to_bin); older runners named it
+    # action_tokenizer.
+    tokenizer = getattr(runner, 'codec', None) or runner.action_tokenizer
     out = {'episodes': [], 'num_actions': 0, 'num_steps': 0, 'num_forwards': 0,
            'num_verify_steps': 0, 'num_accepted_tokens': 0, 'num_invalid': 0,
            'num_token_mismatches': 0, 'bin_distances': [], 'worker_s': 0.0,
