@@ -55,7 +55,7 @@ def check_fast_paths(runner, norm_stats, frames, base: dict, hf) -> dict:
     ref_list = eager_reference(runner, frames, base)
     report = {}
     for mode in ('ar', 'pipeline', 'spec', 'pipeline_spec'):
-        draft = OracleDrafter(lambda rid: ref_list[rid], runner.action_dim, 0.3, seed=1) \
+        draft = OracleDrafter(lambda rid: ref_list[rid], runner.max_action_tokens, 0.3, seed=1) \
             if mode in ('spec', 'pipeline_spec') else None
         engine = Engine(runner, norm_stats, EngineConfig(mode=mode, tree_depth=5,
                                                          tree_top_k=1, tree_max_nodes=6,
@@ -85,7 +85,7 @@ def roofline(runner, row: BenchRow) -> dict:
     params = sum(p.numel() for p in runner.model.parameters())
     nbytes = params * next(runner.model.parameters()).element_size()
     # FLOPs of one action: every weight is used once per token of prefill + 6 decodes.
-    num_tokens = runner.cfg.num_patches + 20 + runner.action_dim - 1
+    num_tokens = runner.cfg.num_patches + 20 + runner.max_action_tokens - 1
     flops_per_action = 2 * params * num_tokens
     forwards_per_s = row.forwards_per_action * row.actions_per_s \
         if np.isfinite(row.forwards_per_action) else 7 * row.actions_per_s

@@ -36,7 +36,7 @@ def run_fidelity(args, weights, key, hf) -> dict:
         options = engine_options(args, use_graphs, use_kernels=kernels,
                                  restrict_to_action_tokens=action_only)
         runner = build_runner(weights, options)
-        at = runner.action_tokenizer
+        at = runner.codec
         ref = None
         setting = (f'kernels={kernels} graphs={"on" if use_graphs else "off"}'
                    + (' action tokens only' if action_only else ''))

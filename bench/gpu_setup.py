@@ -177,9 +177,9 @@ def time_pieces(runner, frames, base: dict, repeats: int = 20) -> dict:
 
 def spec_engine(runner, norm_stats, mode: str, target: float, ref, base: dict, seed: int):
     """An engine of ``mode`` with the oracle chain draft tuned to acceptance ``target``."""
-    depth = runner.action_dim - 2
-    rate = acceptance_error_rate(target, depth, runner.action_dim)
-    draft = OracleDrafter(ref.__getitem__, runner.action_dim, rate, seed=seed)
+    depth = runner.max_action_tokens - 2
+    rate = acceptance_error_rate(target, depth, runner.max_action_tokens)
+    draft = OracleDrafter(ref.__getitem__, runner.max_action_tokens, rate, seed=seed)
     ecfg = EngineConfig(mode=mode, tree_depth=depth, tree_top_k=1, tree_max_nodes=depth + 1,
                         **base)
     return Engine(runner, norm_stats, ecfg, draft=draft)

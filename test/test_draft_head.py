@@ -245,7 +245,7 @@ def test_num_layers_and_config_from_json(verifier, tmp_path):
 
 def _runner(verifier):
     return types.SimpleNamespace(model=verifier, dtype=torch.float64,
-                                 device=torch.device('cpu'), action_dim=7,
+                                 device=torch.device('cpu'), max_action_tokens=7,
                                  max_prefix_len=lambda num_instruction_tokens: 64,
                                  kernels_for=lambda config: PLAIN)
 

@@ -47,7 +47,7 @@ def context(runner):
     prompt = runner.prepare_prompt(Frame(image, 'open the top drawer'),
                                    EngineConfig(dtype='float64'))
     embeds = prompt.embeds
-    tokens, _ = decode_ar(runner, embeds, runner.action_dim)
+    tokens, _ = decode_ar(runner, embeds, runner.max_action_tokens)
     # One causal forward over prefix + a1..a6: rows are f_0..f_{L+5}.
     full = torch.cat([embeds, runner.embed_tokens(torch.tensor(tokens[:-1]))])
     features = runner.forward(full, causal_batch(0, full.shape[0], runner.device),
@@ -213,7 +213,7 @@ def prompt_context(runner, seed, instruction):
     """(prefix embeddings, verifier features along prefix + AR tokens, AR tokens)."""
     image = np.random.default_rng(seed).integers(0, 256, (60, 80, 3), dtype=np.uint8)
     embeds = runner.prepare_prompt(Frame(image, instruction), EngineConfig(dtype='float64')).embeds
-    tokens, _ = decode_ar(runner, embeds, runner.action_dim)
+    tokens, _ = decode_ar(runner, embeds, runner.max_action_tokens)
     full = torch.cat([embeds, runner.embed_tokens(torch.tensor(tokens[:-1]))])
     features = runner.forward(full, causal_batch(0, full.shape[0], runner.device),
                               runner.new_cache(full.shape[0]))

@@ -158,7 +158,7 @@ def test_engine_config_defaults_are_exact_and_need_no_draft_model():
 
 
 class _StubRunner:
-    action_dim = 7
+    max_action_tokens = 7
 
 
 # ---- validity of actions ---------------------------------------------------------------------
@@ -169,7 +169,7 @@ def restricted(folder):
 
 
 def test_restrict_to_action_tokens_gives_valid_actions(restricted):
-    at = restricted.engine.runner.action_tokenizer
+    at = restricted.engine.runner.codec
     rng = np.random.default_rng(5)
     for i in range(3):
         image = rng.integers(0, 256, (50 + i, 70, 3), dtype=np.uint8)
@@ -186,7 +186,7 @@ def test_restrict_to_action_tokens_gives_valid_actions(restricted):
 
 def test_restricted_first_token_is_argmax_over_action_ids(restricted):
     runner = restricted.engine.runner
-    at = runner.action_tokenizer
+    at = runner.codec
     prompt = runner.prepare_prompt(Frame(GOOD_IMAGE, INSTRUCTION), restricted.config)
     length = prompt.embeds.shape[0]
     hidden = runner.forward(prompt.embeds, causal_batch(0, length, runner.device),
@@ -198,7 +198,7 @@ def test_restricted_first_token_is_argmax_over_action_ids(restricted):
 
 
 def test_unrestricted_non_action_tokens_are_flagged(policy):
-    at = policy.engine.runner.action_tokenizer
+    at = policy.engine.runner.codec
     rng = np.random.default_rng(6)
     seen_invalid = False
     for _ in range(4):

@@ -126,10 +126,12 @@ def test_release_forgets_the_request():
 
 def test_errors_name_what_is_wrong():
     draft = PreviousActionDrafter(ACTION_DIM)
-    with pytest.raises(ValueError, match='action_dim'):
+    with pytest.raises(ValueError, match='max_tokens'):
         PreviousActionDrafter(0)
-    with pytest.raises(ValueError, match='an action has 7 tokens'):
-        draft.observe_action('cam', (1, 2, 3), request_id=0)
+    with pytest.raises(ValueError, match='an action has 1 to 7 tokens'):
+        draft.observe_action('cam', tuple(range(8)), request_id=0)
+    with pytest.raises(ValueError, match='an action has 1 to 7 tokens'):
+        draft.observe_action('cam', (), request_id=0)
     draft.update([begin(0, 11)], [], None)
     with pytest.raises(ValueError, match='already has a draft state'):
         draft.update([begin(0, 11)], [], None)

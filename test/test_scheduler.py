@@ -405,7 +405,7 @@ def test_submit_rejects_a_prefill_larger_than_the_ring():
 def test_bad_input_is_rejected_with_the_field_name():
     with pytest.raises(ValueError, match='max_inflight'):
         Scheduler(0, ACTION_DIM, KVRing(10))
-    with pytest.raises(ValueError, match='action_dim'):
+    with pytest.raises(ValueError, match='max_tokens'):
         Scheduler(1, 0, KVRing(10))
     with pytest.raises(ValueError, match='max_prefills'):
         Scheduler(2, ACTION_DIM, KVRing(10), max_prefills=0)

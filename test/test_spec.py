@@ -186,7 +186,7 @@ def test_relaxed_acceptance_keeps_drafted_tokens(policy):
                     'libero_goal') for _ in range(6)]
     ar = make_engine(policy, None, mode='ar', restrict_to_action_tokens=True)
     reference = [f.result.tokens for f in run_stream(ar, frames)]
-    at = policy.engine.runner.action_tokenizer
+    at = policy.engine.runner.codec
     for r, expect_relaxed in ((0, False), (255, True)):
         oracle = OracleDrafter(lambda rid: reference[rid], 7, error_rate=1.0)
         engine = make_engine(policy, oracle, mode='spec', relax_threshold=r, tree_depth=6,
@@ -235,7 +235,7 @@ def test_tunables_apply_from_the_next_admitted_frame(tmp_path_factory):
     frames = [Frame(rng.integers(0, 256, (40, 40, 3), dtype=np.uint8), 'open the drawer',
                     'bridge_orig') for _ in range(5)]
     reference = ar_reference_tokens(policy, frames)
-    at = policy.engine.runner.action_tokenizer
+    at = policy.engine.runner.codec
     # Every draft token is a wrong action token: strict decoding rejects them all, r = 255
     # accepts them all, so the two thresholds give different tokens.
     draft = OracleDrafter(reference.__getitem__, 7, error_rate=1.0,

@@ -252,7 +252,7 @@ def test_relaxed_acceptance_in_the_prefill_keeps_the_drafted_bins(tmp_path_facto
                                        restrict_to_action_tokens=True)
     frames = drifting_stream('cam', seed=4, instruction='open the drawer', num=4)
     reference = ar_reference_tokens(policy, frames)
-    at = policy.engine.runner.action_tokenizer
+    at = policy.engine.runner.codec
 
     def one_bin_off(token):             # neighbouring action tokens are neighbouring bins
         return token + 1 if token < at.last_action_id else token - 1

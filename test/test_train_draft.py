@@ -162,7 +162,7 @@ def contexts(runner, observations):
         for i in range(len(obs)):
             image, instruction = obs[i]
             embeds = runner.prepare_prompt(Frame(image, instruction), EngineConfig()).embeds
-            tokens, _ = decode_ar(runner, embeds, runner.action_dim)
+            tokens, _ = decode_ar(runner, embeds, runner.max_action_tokens)
             # One causal forward over the prefix + a1..a6 (not incremental decoding).
             full = torch.cat([embeds, runner.embed_tokens(torch.tensor(tokens[:-1]))])
             features = runner.forward(full, causal_batch(0, full.shape[0], runner.device),
@@ -185,7 +185,7 @@ def measure(runner, head, contexts):
         while num < len(chain) and chain[num] == tokens[num + 1]:
             num += 1
         accepted.append(num)
-        for j in range(1, runner.action_dim):           # root a_j: the draft predicts a_{j+1}
+        for j in range(1, runner.max_action_tokens):    # root a_j: the draft predicts a_{j+1}
             hits += drafter.propose(rid, 1, 1, 2).tokens[1] == tokens[j]
             total += 1
             drafter.advance(rid, [tokens[j - 1]], features[length + j - 1:length + j],

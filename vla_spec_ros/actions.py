@@ -6,6 +6,9 @@ maps bin k (1..256 from ``digitize``) to token ``V - k`` where ``V = vocab_size 
 pad_to_multiple_of`` (32000 for OpenVLA-7B): larger values get smaller ids. Decoding reads
 ``idx = V - t - 1`` and returns ``bin_centers[idx]`` (255 centres). A token outside the action
 range is never clamped into an action: the result is marked invalid instead.
+
+``ActionTokenizer`` is the engine's codec for OpenVLA checkpoints (action_codec.ActionCodec):
+a fixed length of ``action_dim`` tokens per frame, one bin each.
 """
 from __future__ import annotations
 
@@ -14,6 +17,8 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
+from .action_codec import ActionCodec
+
 
 class UnnormKeyError(ValueError):
     """unnorm_key missing/unknown for the checkpoint's norm_stats."""
@@ -21,13 +26,20 @@ class UnnormKeyError(ValueError):
 
 @dataclass(frozen=True)
 class DecodedActions:
-    normalized: np.ndarray      # float64 (action_dim,), NaN where the token is not an action
+    normalized: np.ndarray      # float64 (codec.action_shape), NaN where not an action token
     is_valid: bool
     invalid_reason: str | None
 
 
-class ActionTokenizer:
-    def __init__(self, vocab_size: int, pad_to_multiple_of: int, n_bins: int = 256):
+class ActionTokenizer(ActionCodec):
+    """OpenVLA's bins: ``action_dim`` tokens per frame, one per action dimension."""
+
+    def __init__(self, vocab_size: int, pad_to_multiple_of: int, n_bins: int = 256,
+                 action_dim: int = 7):
+        if action_dim < 1:
+            raise ValueError(f'action_dim: must be >= 1, got {action_dim}')
+        self.max_tokens = action_dim
+        self.action_shape = (action_dim,)
         self.text_vocab_size = vocab_size - pad_to_multiple_of     # OpenVLA's V
         if self.text_vocab_size < n_bins:
             raise ValueError(f'vocab_size {vocab_size} - pad_to_multiple_of '
@@ -40,6 +52,9 @@ class ActionTokenizer:
 
     def is_action_token(self, token: int) -> bool:
         return self.first_action_id <= int(token) <= self.last_action_id
+
+    def action_token_range(self) -> tuple[int, int]:
+        return self.first_action_id, self.last_action_id
 
     def token_to_bin(self, token: int) -> int:
         """Bin index 0..n_bins-1; |bin(a) - bin(b)| == |a - b| for action tokens."""
@@ -96,11 +111,12 @@ class ActionStats:
         return np.clip(np.where(self.mask, scaled, a), -1.0, 1.0)
 
     def unnormalize(self, normalized: np.ndarray) -> np.ndarray:
-        """a = 0.5 (x + 1) (q99 - q01) + q01 where mask, else x (e.g. the gripper)."""
+        """a = 0.5 (x + 1) (q99 - q01) + q01 where mask, else x (e.g. the gripper); x is one
+        step (D,) or a chunk (..., D)."""
         x = np.asarray(normalized, dtype=np.float64)
-        if x.shape != self.q01.shape:
-            raise ValueError(f'action has {x.shape[0]} dims, statistics have '
-                             f'{self.q01.shape[0]}')
+        if x.ndim < 1 or x.shape[-1] != self.q01.shape[0]:
+            raise ValueError(f'action has {x.shape[-1] if x.ndim else 0} dims, statistics '
+                             f'have {self.q01.shape[0]}')
         return np.where(self.mask, 0.5 * (x + 1.0) * (self.q99 - self.q01) + self.q01, x)
 
 

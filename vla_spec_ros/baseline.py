@@ -79,7 +79,7 @@ class HFBaseline:
                                                                           attn_implementation)
         self._generate_kwargs = {}
         if action_tokens_only:
-            at = runner.action_tokenizer
+            at = runner.codec
             self._generate_kwargs['suppress_tokens'] = [
                 t for t in range(runner.cfg.llm.vocab_size)
                 if not at.first_action_id <= t <= at.last_action_id]
@@ -89,7 +89,7 @@ class HFBaseline:
             max_prompt_len = max_prompt_len or runner.max_prefix_len(
                 engine_config.max_instruction_tokens)
             self.cache = StaticCache(config=self.model.config,
-                                     max_cache_len=max_prompt_len + runner.action_dim)
+                                     max_cache_len=max_prompt_len + runner.max_action_tokens)
             compile_config = CompileConfig(fullgraph=True, mode='reduce-overhead',
                                            backend=compile_backend)
             # generate() compiles only on accelerators unless told to compile everywhere
@@ -110,12 +110,12 @@ class HFBaseline:
         if self.variant == 'compiled':
             self.cache.reset()          # the one static cache, reused frame after frame
         out = self.model.generate(inputs_embeds=embeds, attention_mask=mask,
-                                  max_new_tokens=self.runner.action_dim,
+                                  max_new_tokens=self.runner.max_action_tokens,
                                   do_sample=False,
                                   num_beams=1, eos_token_id=None,
                                   pad_token_id=self.runner.cfg.pad_token_id,
                                   **self._generate_kwargs)
-        return [int(t) for t in out[0, -self.runner.action_dim:]]
+        return [int(t) for t in out[0, -self.runner.max_action_tokens:]]
 
     def timed(self, image: np.ndarray, instruction: str) -> tuple[list[int], float]:
         start = time.perf_counter()

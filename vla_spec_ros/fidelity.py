@@ -167,7 +167,7 @@ def measure(model: str, frames: list[Frame], dtypes, devices, reference: str = '
             [one_pass_pixels(im, size, rotate_180) for im in images], expected)
 
     ref = _run_stages(ref_policy, frames, center_crop, rotate_180, key)
-    at = ref_policy.engine.runner.action_tokenizer
+    at = ref_policy.engine.runner.codec
     runs = []
     for device in devices:
         for dtype in dtypes:

@@ -56,7 +56,7 @@ def reference_tokens(runner: ModelRunner, frames, engine_config) -> list[tuple[i
     out = []
     for frame in frames:
         prompt = runner.prepare_prompt(frame, engine_config)
-        tokens, _ = decode_ar(runner, prompt.embeds, runner.action_dim,
+        tokens, _ = decode_ar(runner, prompt.embeds, runner.max_action_tokens,
                               engine_config.restrict_to_action_tokens)
-        out.append(tuple(tokens))
+        out.append(runner.codec.cut((), tokens))     # up to the codec's end marker, if any
     return out

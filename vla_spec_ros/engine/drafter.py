@@ -95,7 +95,7 @@ class Drafter:
         return False
 
     def observe_action(self, stream_id: str, tokens: Sequence[int], request_id: int) -> None:
-        """Every action as soon as the engine has decided it (its ``action_dim`` tokens, the
+        """Every action as soon as the engine has decided it (its tokens, the
         request's id; frames of a stream may finish out of submission order): a drafter that
         drafts from past actions keeps what it needs (default: nothing)."""
 

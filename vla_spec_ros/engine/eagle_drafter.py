@@ -75,11 +75,11 @@ class EagleDrafter(Drafter):
                  kernels: LayerKernels = PLAIN):
         self.head = head
         self.kernels = kernels      # the draft layers' fused kernels (default: plain torch)
-        self.action_dim = int(runner.action_dim)
+        self.max_tokens = int(runner.max_action_tokens)
         self.num_lanes = check_int('num_lanes', num_lanes, minimum=1)
         self.hidden_size = head.cfg.hidden_size
         self.max_positions = head.cfg.max_position_embeddings
-        self.lane_len = (runner.max_prefix_len(max_instruction_tokens) + self.action_dim + 1
+        self.lane_len = (runner.max_prefix_len(max_instruction_tokens) + self.max_tokens + 1
                          + MAX_SCRATCH)
         self.scratch_slot = self.num_lanes * self.lane_len
         self.cache = head.new_kv_cache(self.scratch_slot + 1)
@@ -222,7 +222,7 @@ class EagleDrafter(Drafter):
                              f'{len(begin.feature_rows)}')
         self._check_position(length - 1)
         # The longest prefix: a prompt of max_prefix_len rows plus the action tokens a
-        # speculative prefill decided before the root (at most action_dim - 1).
+        # speculative prefill decided before the root (at most max_tokens - 1).
         if length > self.lane_len - 2 - MAX_SCRATCH:
             raise ValueError(f'prefix_embeds: {length} rows exceed the draft lane')
         return length
@@ -299,7 +299,7 @@ class EagleDrafter(Drafter):
         if not self.pad_shapes:
             return 0
         before = self.forward.num_buckets
-        largest = prefix_len + self.action_dim + (tree_depth - 1) * top_k
+        largest = prefix_len + self.max_tokens + (tree_depth - 1) * top_k
         for num_segments in power_of_two_buckets(self.num_lanes):
             for num_cols in range(DRAFT_COLS_BUCKET, round_up(largest, DRAFT_COLS_BUCKET) + 1,
                                   DRAFT_COLS_BUCKET):

@@ -74,13 +74,13 @@ class Engine:
         input_ids = self.runner.validate_instruction(frame.instruction)
         key = resolve_unnorm_key(self.norm_stats, frame.unnorm_key)
         prefix_len = self.runner.prefix_len(input_ids)
-        action_dim = self.runner.action_dim
-        longest = prefix_len + action_dim + self._config.tree_depth
+        max_tokens = self.runner.max_action_tokens
+        longest = prefix_len + max_tokens + self._config.tree_depth
         if longest > self.runner.cfg.llm.max_position_embeddings:
             raise ValueError(f'prompt needs {longest} positions; the model has '
                              f'{self.runner.cfg.llm.max_position_embeddings}')
-        request = Request(next(self._ids), frame.stream_id, prefix_len, action_dim,
-                          prefix_len + action_dim + self.strategy.scratch, frame=frame,
+        request = Request(next(self._ids), frame.stream_id, prefix_len, max_tokens,
+                          prefix_len + max_tokens + self.strategy.scratch, frame=frame,
                           input_ids=input_ids, unnorm_key=key, submit_time=time.perf_counter())
         self.strategy.submit(request)
         return request.request_id
@@ -143,7 +143,7 @@ class Engine:
 
     def finish(self, request: Request) -> FinishedAction:
         """Tokens -> ActionResult (de-tokenise, un-normalise, validity check)."""
-        decoded = self.runner.action_tokenizer.decode(request.tokens)
+        decoded = self.runner.codec.decode(request.tokens)
         stats = self._stats[request.unnorm_key]
         action = stats.unnormalize(np.nan_to_num(decoded.normalized, nan=0.0))
         is_valid, reason = decoded.is_valid, decoded.invalid_reason

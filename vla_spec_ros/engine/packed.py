@@ -66,25 +66,25 @@ class PackedStrategy:
         self.max_inflight = config.max_inflight if config.is_pipelined else 1
         self.max_prefills = config.max_prefills_per_step if config.is_pipelined else 1
         # Speculative prefill: the longest chain a prefill block carries (0 = off). The last
-        # action token comes from the last chain row, so action_dim - 1 drafts decide it all.
-        self.max_prefill_draft = runner.action_dim - 1 if (
+        # token comes from the last chain row, so max_action_tokens - 1 drafts decide it all.
+        self.max_prefill_draft = runner.max_action_tokens - 1 if (
             self.is_speculative and config.speculative_prefill
             and drafter is not None and drafter.has_prefill_draft) else 0
         # Ring scratch per request: a verified tree writes all its nodes before compaction. The
-        # previous action's chain (derived depth) has at most action_dim nodes, root included
-        # (fewer if tree_max_nodes says so): the ring and the graph buckets are sized for that.
+        # previous action's chain (derived depth) has at most max_action_tokens nodes, root
+        # included (fewer if tree_max_nodes says so): ring and graph buckets are sized for it.
         self.derives_depth = self.is_speculative and drafter.derives_depth
         if not self.is_speculative:
             self.scratch = 1
         elif self.derives_depth:
-            self.scratch = runner.action_dim
+            self.scratch = runner.max_action_tokens
         else:
             self.scratch = config.tree_max_nodes
         max_prefix = runner.max_prefix_len(config.max_instruction_tokens)
-        capacity = self.max_inflight * (max_prefix + runner.action_dim + self.scratch)
+        capacity = self.max_inflight * (max_prefix + runner.max_action_tokens + self.scratch)
         self.ring = KVRing(capacity)
         self.verifier = runner.new_ring(capacity, config)
-        self.scheduler = Scheduler(self.max_inflight, runner.action_dim, self.ring,
+        self.scheduler = Scheduler(self.max_inflight, runner.max_action_tokens, self.ring,
                                    self.max_prefills)
         self.num_verifier_forwards = 0
         self.stats = StepStats()
@@ -196,7 +196,8 @@ class PackedStrategy:
                                                        host.prefill_blocks)):
             emitted = self._after_prefill(request, rows.chain,
                                           tokens[p * reads:p * reads + rows.num_read])
-            is_done = sched.on_tokens(request.request_id, list(emitted))
+            is_done = sched.on_tokens(request.request_id, list(emitted),
+                                      runner.codec.is_complete(emitted))
             if is_done:
                 self._decided(request)
             if self.is_speculative and not is_done:
@@ -237,17 +238,17 @@ class PackedStrategy:
         chain, the chain's accepted tokens and the verifier's token after them (acceptance
         S3 / S4 over the chain as a tree rooted at the prompt's last row)."""
         request.forward_passes += 1
+        codec = self.runner.codec
         if not chain:
-            emitted = (picks[0],)
+            emitted = (int(picks[0]),)
         else:
-            at = self.runner.action_tokenizer
             acc = accept(chain_tree(request.input_ids[-1], chain), picks,
                          relax_threshold=request.tunables.relax_threshold,
-                         is_action_token=at.is_action_token, token_to_bin=at.token_to_bin)
-            emitted = truncate(acc, request.num_remaining)
-            request.prefill_accepted = acc.num_accepted
+                         is_action_token=codec.is_action_token, token_to_bin=codec.token_to_bin)
+            emitted = codec.cut((), truncate(acc, request.num_remaining))
+            request.prefill_accepted = min(acc.num_accepted, len(emitted))
         request.accepted_lengths.append(len(emitted))
-        return tuple(int(t) for t in emitted)
+        return emitted
 
     def _prefix_embeds(self, prompt: torch.Tensor, accepted: tuple[int, ...]) -> torch.Tensor:
         """The drafter's prefix embeddings (L + m, H): the prompt's, then the accepted chain
@@ -265,7 +266,7 @@ class PackedStrategy:
         if not self.runner.use_cuda_graphs:
             return 0
         self._captured_prompt_buckets.add(round_up(prefix_len, PROMPT_ROWS_BUCKET))
-        largest = prefix_len + self.runner.action_dim + self.scratch
+        largest = prefix_len + self.runner.max_action_tokens + self.scratch
         before = self.verifier.forward.num_buckets
         segment_counts = [0] + power_of_two_buckets(max(self.max_inflight - 1, 1))
         prompt_rows = round_up(prefix_len + self.max_prefill_draft, PROMPT_ROWS_BUCKET)
@@ -344,14 +345,15 @@ class PackedStrategy:
     def _after_verify(self, request: Request, tree: DraftTree, picks: list[int],
                       hidden_row: int) -> DraftAdvance | None:
         """Acceptance (S3/S4) of one tree; records tokens; returns the draft update, if any."""
-        at = self.runner.action_tokenizer
+        codec = self.runner.codec
         acc = accept(tree, picks, relax_threshold=request.tunables.relax_threshold,
-                     is_action_token=at.is_action_token, token_to_bin=at.token_to_bin)
-        emitted = truncate(acc, request.num_remaining)
+                     is_action_token=codec.is_action_token, token_to_bin=codec.token_to_bin)
+        emitted = codec.cut(request.tokens, truncate(acc, request.num_remaining))
+        is_final = codec.is_complete(request.tokens + list(emitted))
         request.forward_passes += 1
         request.accepted_lengths.append(len(emitted))
         advance = None
-        if request.num_remaining - len(emitted) > 0:
+        if not is_final:
             # Compact the accepted path's KV: node i sits at logical history_len + i; the path
             # must occupy history_len, history_len + 1, ... The copy runs at the start of every
             # layer of the next verifier forward (gathered first: overlap-safe).
@@ -365,7 +367,7 @@ class PackedStrategy:
                                        [hidden_row + n for n in path], acc.bonus_token)
         elif self.drafter is not None:
             self.drafter.release(request.request_id)
-        if self.scheduler.on_tokens(request.request_id, [int(t) for t in emitted]):
+        if self.scheduler.on_tokens(request.request_id, list(emitted), is_final):
             self._decided(request)
         return advance
 

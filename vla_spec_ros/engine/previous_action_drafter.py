@@ -4,9 +4,9 @@ A robot's camera frames follow one another at the control rate, and the actions 
 decides for consecutive frames are mostly the same bins: on the embedded Meta-World model,
 85 % of the action tokens of consecutive frames along an expert's path are identical
 (docs/speculation.md, Temporal drafting). ``PreviousActionDrafter`` proposes, for a request
-that has decided ``d`` of its ``action_dim`` tokens, the chain ``previous[d], previous[d+1],
-...`` where ``previous[i]`` is the stream's newest decided token at action position ``i``:
-the previous frame's action, or, while frames of the stream are in flight together
+that has decided ``d`` of its tokens, the chain ``previous[d], previous[d+1], ...`` where
+``previous[i]`` is the stream's newest decided token at action position ``i``: the previous
+frame's action, or, while frames of the stream are in flight together
 (pipelining), the part of a newer frame's action already decided (a frame admitted one step
 earlier is one step ahead). The verifier checks the chain like any draft tree: with
 ``relax_threshold`` 0 the tokens are exactly greedy decoding's, whatever it proposes; what the
@@ -45,8 +45,9 @@ PREVIOUS_ACTION_DRAFT = 'previous_action'   # the draft_path value that selects 
 
 
 class PreviousActionDrafter(Drafter):
-    def __init__(self, action_dim: int):
-        self.action_dim = check_int('action_dim', action_dim, minimum=1)
+    def __init__(self, max_tokens: int):
+        # Action positions a frame may decide (the codec's max_tokens: OpenVLA's action_dim).
+        self.max_tokens = check_int('max_tokens', max_tokens, minimum=1)
         self._stream_of: dict[int, str] = {}        # request id -> its stream
         self._decided: dict[int, int] = {}          # request id -> tokens decided so far
         self._roots: dict[int, int] = {}            # request id -> its last decided token
@@ -83,18 +84,18 @@ class PreviousActionDrafter(Drafter):
             if not isinstance(begin.stream_id, str) or not begin.stream_id:
                 raise ValueError(f'stream_id: temporal drafting needs the stream of request '
                                  f'{begin.request_id}, got {begin.stream_id!r}')
-            if len(begin.decided_before_root) + 1 > self.action_dim:
+            if len(begin.decided_before_root) + 1 > self.max_tokens:
                 raise ValueError(f'decided_before_root: {len(begin.decided_before_root)} tokens '
-                                 f'and the root exceed the action of {self.action_dim}')
+                                 f'and the root exceed the action of {self.max_tokens}')
         for adv in advances:
             self._check_known(adv.request_id)
             path = [int(t) for t in adv.path_tokens]
             if not path or path[0] != self._roots[adv.request_id]:
                 raise ValueError(f'path_tokens: must start with the current root '
                                  f'{self._roots[adv.request_id]}, got {path[:1]}')
-            if self._decided[adv.request_id] + len(path) > self.action_dim:
+            if self._decided[adv.request_id] + len(path) > self.max_tokens:
                 raise ValueError(f'path_tokens: {len(path)} more tokens exceed the action of '
-                                 f'{self.action_dim} for request {adv.request_id}')
+                                 f'{self.max_tokens} for request {adv.request_id}')
 
     def propose_batch(self, request_ids, depths, top_k, max_nodes,
                       min_prob=0.0) -> list[DraftTree]:
@@ -145,8 +146,8 @@ class PreviousActionDrafter(Drafter):
     def observe_action(self, stream_id: str, tokens: Sequence[int], request_id: int) -> None:
         """``request_id`` orders the action among the frames of its stream (newer wins)."""
         tokens = [int(t) for t in tokens]
-        if len(tokens) != self.action_dim:
-            raise ValueError(f'tokens: an action has {self.action_dim} tokens, got '
+        if not 1 <= len(tokens) <= self.max_tokens:
+            raise ValueError(f'tokens: an action has 1 to {self.max_tokens} tokens, got '
                              f'{len(tokens)}')
         self._record(stream_id, int(request_id), 0, tokens)
 
@@ -171,7 +172,7 @@ class PreviousActionDrafter(Drafter):
             None if entry is None else entry[1] for entry in newest)
 
     def _record(self, stream_id, request_id, first: int, tokens) -> None:
-        newest = self._newest.setdefault(str(stream_id), [None] * self.action_dim)
+        newest = self._newest.setdefault(str(stream_id), [None] * self.max_tokens)
         for position, token in enumerate(tokens, start=first):
             entry = newest[position]
             if entry is None or entry[0] <= request_id:

@@ -23,7 +23,7 @@ class Request:
     request_id: int         # increases with submission order, over all streams
     stream_id: str
     prefix_len: int         # prefill tokens (BOS + image patches + instruction text)
-    num_tokens_needed: int  # tokens to decide (action_dim)
+    num_tokens_needed: int  # most tokens to decide (the codec's max_tokens)
     num_slots: int
     # What the engine needs to run and report the request (unused by the scheduler).
     frame: Any = None

@@ -11,9 +11,10 @@ import numpy as np
 class ActionResult:
     """One decided action.
 
-    tokens:     the ``action_dim`` generated token ids
-    normalized: float64 (action_dim,) in [-1, 1]; NaN where a token is not an action token
-    action:     float64 (action_dim,) un-normalised with the dataset's q01/q99 (EEF_POS:
+    tokens:     the generated token ids (OpenVLA's bins: ``action_dim`` of them)
+    normalized: float64 (codec.action_shape, e.g. (action_dim,)) in [-1, 1]; NaN where a token
+                is not an action token
+    action:     float64, the same shape, un-normalised with the dataset's q01/q99 (EEF_POS:
                 dx, dy, dz in m, droll, dpitch, dyaw in rad, gripper 1 = open, 0 = closed)
     is_valid:   False when a token is not an action token or a value is not finite; such a
                 result must never be executed (the ROS node publishes zero motion instead)

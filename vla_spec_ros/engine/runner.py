@@ -18,6 +18,7 @@ from typing import Sequence
 
 import torch
 
+from ..action_codec import ActionCodec
 from ..actions import ActionTokenizer
 from ..config import EngineConfig, VLAConfig
 from ..models.attention import KVCache, StepBatch
@@ -44,7 +45,7 @@ class PreparedPrompt:
 
 class ModelRunner:
     def __init__(self, model: OpenVLA, cfg: VLAConfig, tokenizer: PromptTokenizer,
-                 engine_cfg: EngineConfig):
+                 engine_cfg: EngineConfig, codec: ActionCodec | None = None):
         self.model = model
         if torch.device(engine_cfg.device).type == 'cuda':
             fuse_projections(model.language_model)  # q/k/v and gate/up: one product each
@@ -52,16 +53,21 @@ class ModelRunner:
         self.tokenizer = tokenizer
         self.dtype = TORCH_DTYPES[engine_cfg.dtype]
         self.device = torch.device(engine_cfg.device)
-        self.action_tokenizer = ActionTokenizer(cfg.llm.vocab_size, cfg.pad_to_multiple_of,
-                                                cfg.n_action_bins)
+        # How generated tokens become actions (action_codec.py); OpenVLA's bins by default.
+        self.codec = codec if codec is not None else ActionTokenizer(
+            cfg.llm.vocab_size, cfg.pad_to_multiple_of, cfg.n_action_bins, cfg.action_dim)
         # Fused RoPE + KV write, norms and SwiGLU activation (``use_kernels``), passed per
         # forward, so runners sharing one model keep their own choice.
         self.kernels = select_layer_kernels(engine_cfg, self.device)
         self.use_cuda_graphs = engine_cfg.use_cuda_graphs   # EngineConfig: CUDA devices only
-        at = self.action_tokenizer
+        action_ids = self.codec.action_token_range()
+        if engine_cfg.restrict_to_action_tokens and action_ids is None:
+            raise ValueError(f'restrict_to_action_tokens: the codec '
+                             f'{type(self.codec).__name__} has no contiguous action-token range')
         self._action_mask = torch.full((cfg.llm.vocab_size,), float('-inf'), dtype=self.dtype,
                                        device=self.device)
-        self._action_mask[at.first_action_id:at.last_action_id + 1] = 0
+        if action_ids is not None:
+            self._action_mask[action_ids[0]:action_ids[1] + 1] = 0
         # On a GPU the two vision towers run side by side (same values, engine/
         # parallel_towers.py); on a CPU one after the other, as the model defines them.
         self.image_embeddings = ParallelTowers(model, self.device) \
@@ -71,8 +77,10 @@ class ModelRunner:
         self._frames = FrameUploader(self.device)
 
     @property
-    def action_dim(self) -> int:
-        return self.cfg.action_dim
+    def max_action_tokens(self) -> int:
+        """Most tokens one frame decodes (the codec's): what the ring, the draft lanes and a
+        speculative prefill's chain are sized by."""
+        return self.codec.max_tokens
 
     @property
     def lm(self):

@@ -21,7 +21,8 @@ Contracts:
   Liveness: in-flight requests always advance, so the ring eventually empties, and every
   request fits in an empty ring (checked at ``submit``).
 - A request admitted at step s gains its first token in step s; with plain decoding it gains
-  one token per step and finishes in step s + action_dim - 1 (depth D = action_dim steps).
+  one token per step and finishes in step s + max_tokens - 1 at the latest (depth D =
+  max_tokens steps; a codec's end marker may finish it sooner).
   Speculation gains >= 1 token per step, so it finishes no later; since frames of a stream are
   admitted in order, holding a frame behind its predecessor never delays it past that bound.
 - Finished requests are emitted in submission order per stream (S2); across streams in the
@@ -62,10 +63,10 @@ class Scheduler:
     the forward pass, reports ``on_tokens`` for every request of the step, then ``pop_finished``.
     """
 
-    def __init__(self, max_inflight: int, action_dim: int, ring: KVRing, max_prefills: int = 1):
+    def __init__(self, max_inflight: int, max_tokens: int, ring: KVRing, max_prefills: int = 1):
         self.max_inflight = check_int('max_inflight', max_inflight, minimum=1)
         self.max_prefills = check_int('max_prefills', max_prefills, minimum=1)
-        self.action_dim = check_int('action_dim', action_dim, minimum=1)
+        self.max_tokens = check_int('max_tokens', max_tokens, minimum=1)
         self.ring = ring
         self._requests: dict[int, Request] = {}        # every request not yet emitted/dropped
         self._waiting: deque[Request] = deque()
@@ -104,9 +105,9 @@ class Scheduler:
         if self._last_request_id is not None and request.request_id <= self._last_request_id:
             raise ValueError(f'request_id: {request.request_id} must exceed the last submitted '
                              f'id {self._last_request_id}')
-        if request.num_tokens_needed != self.action_dim:
-            raise ValueError(f'num_tokens_needed: {request.num_tokens_needed} != action_dim '
-                             f'{self.action_dim}')
+        if request.num_tokens_needed != self.max_tokens:
+            raise ValueError(f'num_tokens_needed: {request.num_tokens_needed} != max_tokens '
+                             f'{self.max_tokens}')
         if request.num_slots > self.ring.capacity:
             raise ValueError(f'num_slots: request {request.request_id} needs {request.num_slots} '
                              f'slots (prefix_len {request.prefix_len}) but the KV ring holds '
@@ -137,8 +138,9 @@ class Scheduler:
             self._inflight[head.request_id] = head
         return ScheduledStep(prefills=prefills, decode=decode)
 
-    def on_tokens(self, request_id: int, tokens: Sequence[int]) -> bool:
-        """Append newly decided ``tokens`` to the request; True when it just finished.
+    def on_tokens(self, request_id: int, tokens: Sequence[int], is_final: bool = False) -> bool:
+        """Append newly decided ``tokens`` to the request; True when it just finished: it has
+        ``num_tokens_needed`` tokens, or ``is_final`` (its codec's end marker came first).
 
         A finished request's ring span is released at once; its KV is no longer read.
         """
@@ -152,7 +154,7 @@ class Scheduler:
                              f'{num_tokens} of {request.num_tokens_needed} (truncate to '
                              'num_remaining)')
         request.tokens.extend(tokens)
-        if num_tokens < request.num_tokens_needed:
+        if num_tokens < request.num_tokens_needed and not is_final:
             return False
         del self._inflight[request_id]
         self.ring.release(request_id)

@@ -53,9 +53,9 @@ class WithPreviousAction(Drafter):
     the model is asked for ``max_nodes`` minus the chain's length (at least 2: the root and one
     candidate), and the chain is cut to what then fits."""
 
-    def __init__(self, model: Drafter, action_dim: int):
+    def __init__(self, model: Drafter, max_tokens: int):
         self.model = model
-        self.temporal = PreviousActionDrafter(action_dim)
+        self.temporal = PreviousActionDrafter(max_tokens)
 
     @property
     def num_forward_passes(self) -> int:

@@ -164,7 +164,7 @@ class DraftSample:
 def verifier_sample(runner, engine_config, image: np.ndarray, instruction: str) -> DraftSample:
     """Run the AR reference on one observation, keeping its inputs and features."""
     prompt = runner.prepare_prompt(Frame(image, instruction), engine_config)
-    tokens, features = run_ar(runner, prompt.embeds, runner.action_dim,
+    tokens, features = run_ar(runner, prompt.embeds, runner.max_action_tokens,
                               engine_config.restrict_to_action_tokens)
     return DraftSample(prompt.embeds, features, torch.tensor(tokens))
 

@@ -1,0 +1,64 @@
+"""The action-codec protocol: how a model family's generated tokens become actions.
+
+The engine never asks what an action is; it asks its codec (plain Python, no torch):
+
+- how many tokens a frame may decode (``max_tokens``: the KV ring, the draft lanes and the
+  speculative-prefill chain are sized by it) and when a frame's tokens are complete (all
+  ``max_tokens`` of them for a fixed-length codec; for a variable-length codec, the
+  ``end_token`` marker, kept as the frame's last token, or ``max_tokens`` at the latest);
+- which token ids are action tokens (``is_action_token``: greedy decoding may be restricted
+  to them, ``action_token_range``) and how far apart two of them are (``token_to_bin``:
+  relaxed acceptance compares bins, never raw ids);
+- what the tokens mean (``decode``: normalised values of shape ``action_shape``, one step
+  ``(D,)`` or a chunk ``(K, D)``, NaN and an invalid flag where a token is not an action);
+  un-normalisation with the dataset's statistics stays with ``actions.ActionStats``.
+
+OpenVLA's 256 uniform bins per dimension (``actions.ActionTokenizer``) are one codec: a
+fixed length of ``action_dim`` tokens. A FAST-style codec (pi0-FAST: a variable number of
+compressed tokens ended by a marker) fits the same protocol through ``end_token``.
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+
+class ActionCodec:
+    """Tokens <-> actions for one model family (see the module docstring)."""
+
+    max_tokens: int                         # most tokens one frame decodes
+    end_token: int | None = None            # a frame ends at this token (variable length)
+    action_shape: tuple[int, ...] = ()      # what one frame decodes to: (D,) or (K, D)
+
+    def is_action_token(self, token: int) -> bool:
+        raise NotImplementedError
+
+    def token_to_bin(self, token: int) -> int:
+        """The bin of an action token: relaxed acceptance accepts a draft within r bins."""
+        raise NotImplementedError
+
+    def decode(self, tokens: Sequence[int]):
+        """A frame's tokens -> ``actions.DecodedActions`` (normalised, ``action_shape``)."""
+        raise NotImplementedError
+
+    def action_token_range(self) -> tuple[int, int] | None:
+        """(first, last) ids of the action tokens, a contiguous range, for greedy decoding
+        restricted to them; None when the codec's action tokens are not one range."""
+        return None
+
+    def is_complete(self, tokens: Sequence[int]) -> bool:
+        """Whether a frame that decided ``tokens`` is done."""
+        return len(tokens) >= self.max_tokens or (
+            self.end_token is not None and bool(tokens) and int(tokens[-1]) == self.end_token)
+
+    def cut(self, decided: Sequence[int], new_tokens: Sequence[int]) -> tuple[int, ...]:
+        """Of the tokens a step decided after ``decided``, those the frame keeps: up to its
+        end marker (included) and to ``max_tokens`` in all."""
+        kept = []
+        for token in new_tokens[:max(0, self.max_tokens - len(decided))]:
+            kept.append(int(token))
+            if self.end_token is not None and int(token) == self.end_token:
+                break
+        return tuple(kept)
+
+
+__all__ = ['ActionCodec']
