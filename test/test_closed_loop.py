@@ -454,7 +454,7 @@ def test_demo_report_files_and_report_again(tmp_path, monkeypatch, capsys):
     out = capsys.readouterr().out
     assert 'matplotlib is not installed' in out
     assert demo_report.format_lockstep_table(record) in out
-    # Another run's latencies placed on this run's curve: <name>-placed.*
+    # Another run's latencies placed on this run's curve: <name>-placed-<other name>.*
     other = demo_record()
     other['speed']['paced']['30.0']['ar']['latency_p50_ms'] = 100.0      # 3 periods
     del other['lockstep'], other['delay'], other['relax']
@@ -463,12 +463,12 @@ def test_demo_report_files_and_report_again(tmp_path, monkeypatch, capsys):
     args = parser.parse_args(['--report', str(paths['json']), '--latencies-from',
                               str(other_file)])
     assert demo.run(args) == 0
-    placed = json.loads((tmp_path / 'demo-x-placed.json').read_text())
+    placed = json.loads((tmp_path / 'demo-x-placed-other.json').read_text())
     assert placed['latencies_from']['file'] == 'other.json' and 'lockstep' not in placed
     (ar,) = [p for p in demo_report.placements(placed) if p['mode'] == 'ar']
     assert ar['model']['delay'] == 3 and 'node' not in ar
-    assert 'Latencies (speed and lock-step parts) from other.json' in (
-        tmp_path / 'demo-x-placed.md').read_text()
+    assert 'Latencies (stream, speed and lock-step parts) from other.json' in (
+        tmp_path / 'demo-x-placed-other.md').read_text()
     with pytest.raises(ValueError, match='--latencies-from'):
         demo.run(parser.parse_args(['--latencies-from', str(other_file)]))
 

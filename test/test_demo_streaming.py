@@ -163,7 +163,7 @@ def test_report_files_of_a_stream_record_and_report_again(tmp_path, capsys):
     args = parser.parse_args(['--report', str(paths['json']), '--latencies-from',
                               str(other_file)])
     assert demo.run(args) == 0
-    placed = json.loads((tmp_path / 'demo-s-placed.json').read_text())
+    placed = json.loads((tmp_path / 'demo-s-placed-other.json').read_text())
     (ar,) = [p for p in demo_report.stream_placements(placed) if p['mode'] == 'ar']
     assert ar['delay'] == 3
 

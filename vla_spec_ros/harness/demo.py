@@ -144,8 +144,8 @@ def add_arguments(parser) -> None:
                         help='print and plot a recorded demo-*.json again (runs nothing)')
     parser.add_argument('--latencies-from', default=None, metavar='FILE.json',
                         help='with --report: place the latencies of another recorded run (its '
-                        'speed and lock-step parts) on this run\'s curves; written beside the '
-                        'report as <name>-placed.*')
+                        'stream, speed and lock-step parts) on this run\'s curves; written '
+                        'beside the report as <name>-placed-<other name>.*')
 
 
 # ---- options ---------------------------------------------------------------------------------
@@ -463,14 +463,14 @@ def run(args) -> int:
             if 'speed' not in other and 'stream' not in other:
                 raise ValueError(f'--latencies-from: {args.latencies_from} has neither a '
                                  'speed nor a stream part')
-            for part in ('stream', 'speed', 'lockstep'):
+            for part in ('stream', 'speed', 'lockstep', 'reference_7b'):
                 record.pop(part, None)
                 if part in other:
                     record[part] = other[part]
             record['latencies_from'] = {'file': Path(args.latencies_from).name,
                                         'command': other['command'],
                                         'created': other['created']}
-            stem += '-placed'
+            stem += f'-placed-{Path(args.latencies_from).stem}'
         paths = write_results(report.parent, record, stem)
         print_report(record, paths)
         return 0

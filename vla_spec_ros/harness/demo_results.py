@@ -190,7 +190,7 @@ def write_results(out_dir, record: dict, stem: str | None = None) -> dict:
     md = [f'# vla-spec demo ({record["created"]})', '', f'command: `{record["command"]}`', '']
     if record.get('latencies_from'):
         source = record['latencies_from']
-        md += [f'Latencies (speed and lock-step parts) from {source["file"]} '
+        md += [f'Latencies (stream, speed and lock-step parts) from {source["file"]} '
                f'(`{source["command"]}`, {source["created"]}).', '']
     md += [f'model {record["model"]}, max {record["max_steps"]} steps, seed {record["seed"]}, '
            f'parts {", ".join(record["parts"])}, wall time {record.get("wall_s", 0):.0f} s', '',
