@@ -45,7 +45,6 @@ from gpu_setup import (TARGET_ACCEPTANCE, build_model, build_runner, eager_refer
                        engine_for, engine_options, load_checkpoint, run_all, time_pieces)
 from vla_spec_ros.bench import BenchRow, bench_engine, bench_hf, environment, make_frames
 from vla_spec_ros.config import EngineConfig
-from vla_spec_ros.engine.draft_choice import load_draft_for
 from vla_spec_ros.engine.engine import Engine
 from vla_spec_ros.testing import OracleDrafter
 
@@ -171,8 +170,7 @@ def run_table(args, weights, key, baselines, report) -> list:
                 for mode, prefills in with_prefill_settings(modes, prefill_settings):
                     cfg = EngineConfig(mode=mode, **drafting,
                                        **dict(base, max_prefills_per_step=prefills))
-                    engine = Engine(runner, weights.norm_stats, cfg,
-                                    draft=load_draft_for(runner, cfg, None))
+                    engine = Engine(runner, weights.norm_stats, cfg)
                     name = row_name(f'{mode}+{label}', prefills)
                     row = attempt(f'{name} graphs={use_graphs} streams={streams}',
                                   lambda e=engine, f=row_frames: bench_engine(e, f, args.warmup))

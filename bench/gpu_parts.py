@@ -67,10 +67,8 @@ def _fidelity_engine(runner, weights, mode: str, ref, options: dict, seed: int):
     if mode in ('ar', 'pipeline'):
         return engine_for(runner, weights, mode, options)
     if weights.source is not None:
-        from vla_spec_ros.engine.draft_choice import load_draft_for
-        cfg = EngineConfig(mode=mode, **options)
-        return Engine(runner, weights.norm_stats, cfg,
-                      draft=load_draft_for(runner, cfg, Path(weights.source)))
+        cfg = EngineConfig(mode=mode, draft_path='checkpoint', **options)
+        return Engine(runner, weights.norm_stats, cfg)
     return engine_for(runner, weights, f'{mode}@3.0', options, ref, seed)
 
 

@@ -105,7 +105,8 @@ def graphs_setting(args, position: int) -> bool:
 
 def build_runner(weights: Weights, options: dict) -> ModelRunner:
     """A runner with the device, dtype, CUDA-graph and kernel choice of ``options``."""
-    return ModelRunner(weights.model, weights.cfg, weights.tokenizer, EngineConfig(**options))
+    return ModelRunner(weights.model, weights.cfg, weights.tokenizer, EngineConfig(**options),
+                       checkpoint_folder=weights.source)
 
 
 def eager_reference(runner, frames, options: dict) -> list:

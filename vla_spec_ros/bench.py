@@ -177,12 +177,7 @@ def run_bench(model: str, modes: list[str], num_frames: int, warmup: int, device
         cfg = EngineConfig(mode=mode, draft_path=draft_path, max_streams=max(4, num_streams),
                            max_prefills_per_step=max_prefills_per_step, **pipelining,
                            **base_cfg, **(tree or {}))
-        draft = None
-        if cfg.is_speculative:
-            from .engine.draft_choice import load_draft_for
-            draft = load_draft_for(runner, cfg, Path(policy.source))
-        engine = Engine(runner, policy.engine.norm_stats, cfg, draft=draft)
-        rows.append(bench_engine(engine, frames, warmup))
+        rows.append(bench_engine(Engine(runner, policy.engine.norm_stats, cfg), frames, warmup))
     for backend in ('segments', 'dense') if sweep_inflight else ():
         for max_inflight in sweep_inflight:
             cfg = EngineConfig(mode='pipeline', max_inflight=max_inflight,

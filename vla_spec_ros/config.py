@@ -388,6 +388,17 @@ class EngineConfig:
     def is_pipelined(self) -> bool:
         return self.mode in ('pipeline', 'pipeline_spec')
 
+    @property
+    def num_inflight(self) -> int:
+        """Requests in flight at once in this mode: max_inflight when pipelined, else 1 (the
+        ring, the draft lanes and the node's warm-up are sized by it)."""
+        return self.max_inflight if self.is_pipelined else 1
+
+    @property
+    def num_prefills_per_step(self) -> int:
+        """Frames one step may admit in this mode: max_prefills_per_step when pipelined."""
+        return self.max_prefills_per_step if self.is_pipelined else 1
+
 
 # Options that may change between frames without reloading (ROS `param set` tunables).
 # Relaxed acceptance against the previous action is hysteresis: the robot keeps its previous

@@ -74,12 +74,8 @@ class VLAPolicy:
                                       'dataset_statistics.json')
             norm_stats = json.loads(stats_file.read_text())
         tokenizer = PromptTokenizer.from_folder(folder, config.max_instruction_tokens)
-        runner = ModelRunner(model, cfg, tokenizer, config)
-        draft = None
-        if config.is_speculative:
-            from .engine.draft_choice import load_draft_for
-            draft = load_draft_for(runner, config, folder)
-        return cls(Engine(runner, norm_stats, config, draft=draft), str(folder))
+        runner = ModelRunner(model, cfg, tokenizer, config, checkpoint_folder=folder)
+        return cls(Engine(runner, norm_stats, config), str(folder))
 
     @property
     def config(self) -> EngineConfig:

@@ -107,7 +107,7 @@ class EagleDrafter(Drafter):
         # buckets on first use.
         # The draft layers use the verifier's kernels (fused RoPE + KV write and norms with
         # ``use_kernels``, the segment attention kernel with ``attention_backend`` ring).
-        return cls(runner, head, num_lanes=config.max_inflight if config.is_pipelined else 1,
+        return cls(runner, head, num_lanes=config.num_inflight,
                    max_instruction_tokens=config.max_instruction_tokens,
                    use_cuda_graphs=config.use_cuda_graphs,
                    kernels=runner.kernels_for(config))

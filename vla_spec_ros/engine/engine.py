@@ -24,8 +24,16 @@ from .runner import ModelRunner
 
 
 class Engine:
+    """The one place an engine is put together: a loaded model's runner (shared by every
+    engine over that model), the dataset statistics and one EngineConfig; the drafter is the
+    one ``config.draft_path`` names (engine/draft_choice.py) unless ``draft`` is given (tests
+    and benchmarks pass doubles)."""
+
     def __init__(self, runner: ModelRunner, norm_stats: dict, config: EngineConfig,
                  draft=None):
+        if draft is None and config.is_speculative:
+            from .draft_choice import load_draft_for
+            draft = load_draft_for(runner, config, runner.checkpoint_folder)
         self.runner = runner
         self.norm_stats = norm_stats
         self._config = config
@@ -65,7 +73,7 @@ class Engine:
         if not isinstance(frame.stream_id, str) or not frame.stream_id:
             raise ValueError(f'stream_id: a non-empty string naming the camera stream, got '
                              f'{frame.stream_id!r}')
-        active = self.strategy.scheduler.active_streams
+        active = self.strategy.active_streams
         if frame.stream_id not in active and len(active) >= self._config.max_streams:
             raise ValueError(f'stream_id: {frame.stream_id!r} would be stream {len(active) + 1} '
                              f'with unfinished frames; max_streams is '
@@ -80,7 +88,7 @@ class Engine:
             raise ValueError(f'prompt needs {longest} positions; the model has '
                              f'{self.runner.cfg.llm.max_position_embeddings}')
         request = Request(next(self._ids), frame.stream_id, prefix_len, max_tokens,
-                          prefix_len + max_tokens + self.strategy.scratch, frame=frame,
+                          self.strategy.slots_for(prefix_len), frame=frame,
                           input_ids=input_ids, unnorm_key=key, submit_time=time.perf_counter())
         self.strategy.submit(request)
         return request.request_id
@@ -91,12 +99,12 @@ class Engine:
     @property
     def num_inflight(self) -> int:
         """Requests admitted (prefill done) and not yet finished."""
-        return self.strategy.scheduler.num_inflight
+        return self.strategy.num_inflight
 
     @property
     def waiting_streams(self) -> frozenset:
         """Streams with a submitted frame not yet started."""
-        return self.strategy.scheduler.waiting_streams
+        return self.strategy.waiting_streams
 
     def has_waiting(self) -> bool:
         """True while a submitted frame has not started (its prefill is not done)."""

@@ -63,8 +63,8 @@ class PackedStrategy:
         self.drafter = drafter
         if self.is_speculative and drafter is None:
             raise ValueError(f'mode {config.mode!r} needs a draft head (draft_path)')
-        self.max_inflight = config.max_inflight if config.is_pipelined else 1
-        self.max_prefills = config.max_prefills_per_step if config.is_pipelined else 1
+        self.max_inflight = config.num_inflight
+        self.max_prefills = config.num_prefills_per_step
         # Speculative prefill: the longest chain a prefill block carries (0 = off). The last
         # token comes from the last chain row, so max_action_tokens - 1 drafts decide it all.
         self.max_prefill_draft = runner.max_action_tokens - 1 if (
@@ -107,6 +107,23 @@ class PackedStrategy:
 
     def has_waiting(self) -> bool:
         return self.scheduler.num_waiting > 0
+
+    def slots_for(self, prefix_len: int) -> int:
+        """Ring slots a request with a prompt of ``prefix_len`` rows holds while in flight:
+        its prompt, its tokens and the tree scratch of its verifications."""
+        return prefix_len + self.runner.max_action_tokens + self.scratch
+
+    @property
+    def active_streams(self) -> tuple[str, ...]:
+        return self.scheduler.active_streams
+
+    @property
+    def waiting_streams(self) -> frozenset:
+        return self.scheduler.waiting_streams
+
+    @property
+    def num_inflight(self) -> int:
+        return self.scheduler.num_inflight
 
     def drop_waiting(self, stream_id: str) -> list[Request]:
         return self._released(self.scheduler.drop_waiting(stream_id))

@@ -45,8 +45,12 @@ class PreparedPrompt:
 
 class ModelRunner:
     def __init__(self, model: OpenVLA, cfg: VLAConfig, tokenizer: PromptTokenizer,
-                 engine_cfg: EngineConfig, codec: ActionCodec | None = None):
+                 engine_cfg: EngineConfig, codec: ActionCodec | None = None,
+                 checkpoint_folder=None):
         self.model = model
+        # Where the weights came from (None: built in memory); the drafter chosen by an
+        # engine's draft_path "checkpoint" is looked up there.
+        self.checkpoint_folder = checkpoint_folder
         if torch.device(engine_cfg.device).type == 'cuda':
             fuse_projections(model.language_model)  # q/k/v and gate/up: one product each
         self.cfg = cfg
