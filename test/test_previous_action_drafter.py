@@ -214,7 +214,7 @@ class _FixedTrees:
     def release(self, request_id):
         pass
 
-    def observe_action(self, stream_id, tokens, request_id):
+    def observe_action(self, stream_id, tokens, request_id, step=None):
         pass
 
     def forget_stream(self, stream_id):
@@ -255,3 +255,39 @@ def test_with_previous_action_updates_both_or_neither():
     model.refuse = False
     draft.update([begin(0, 5)], [], None)
     assert len(model.updates) == 1 and draft.temporal.num_decided(0) == 1
+
+
+# ---- chunks: the previous chunk shifted by the control steps between two frames ----------
+
+CHUNK = (1, 2, 3, 4, 5, 6)          # K = 3 steps of D = 2 tokens: steps (1, 2), (3, 4), (5, 6)
+
+
+def test_a_chunk_is_shifted_by_the_steps_between_frames_and_its_last_step_repeated():
+    draft = PreviousActionDrafter(6, step_tokens=2)
+    assert draft.num_steps == 3
+    draft.observe_action('cam', CHUNK, request_id=0, step=10)
+    assert draft.prefill_draft('cam', 6, step=10) == [1, 2, 3, 4, 5, 6]     # same step
+    assert draft.prefill_draft('cam', 6, step=11) == [3, 4, 5, 6, 5, 6]     # one step on
+    assert draft.prefill_draft('cam', 6, step=12) == [5, 6, 5, 6, 5, 6]
+    assert draft.prefill_draft('cam', 6, step=30) == [5, 6, 5, 6, 5, 6]     # long after
+    assert draft.prefill_draft('cam', 6) == [5, 6, 5, 6, 5, 6]      # step unknown: hold
+    assert draft.prefill_draft('cam', 3, step=11) == [3, 4, 5]
+
+
+def test_a_newer_frame_in_flight_drafts_the_steps_it_has_decided():
+    draft = PreviousActionDrafter(6, step_tokens=2)
+    draft.observe_action('cam', CHUNK, request_id=0, step=10)
+    # Frame 1 (step 12) decided its first step and one token of its second.
+    draft.update([DraftBegin(1, None, range(0), 9, 'cam', decided_before_root=(7, 8),
+                             step=12)], [], None)
+    # A frame at step 13: step 13 from frame 1 (dimension 0 decided, dimension 1 not yet:
+    # frame 1's newest step for it), then nothing newer: frame 1's latest steps held.
+    assert draft.prefill_draft('cam', 6, step=13) == [9, 8, 9, 8, 9, 8]
+    # Frame 1 itself, 3 tokens decided: step 13's dimension 1 comes from nobody at step 13
+    # (frame 0 covers 10..12), so its own latest step for dimension 1 is held.
+    assert chain(draft.propose(1, depth=6, top_k=1, max_nodes=50)) == (9, (8, 9, 8))
+
+
+def test_chunk_steps_must_divide_the_frame():
+    with pytest.raises(ValueError, match='step_tokens'):
+        PreviousActionDrafter(7, step_tokens=2)

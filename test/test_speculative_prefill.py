@@ -180,7 +180,7 @@ class ScriptedChains(PreviousActionDrafter):
         super().__init__(ACTION_DIM)
         self.scripts = {s: collections.deque(v) for s, v in scripts.items()}
 
-    def prefill_draft(self, stream_id, max_len):
+    def prefill_draft(self, stream_id, max_len, step=None):
         tokens, wrong_at = self.scripts[stream_id].popleft()
         chain = list(tokens[:max_len])
         if wrong_at is not None:
@@ -259,7 +259,7 @@ def test_relaxed_acceptance_in_the_prefill_keeps_the_drafted_bins(tmp_path_facto
     off = [tuple(one_bin_off(t) for t in ref) for ref in reference]
 
     class OffByOne(ScriptedChains):
-        def prefill_draft(self, stream_id, max_len):
+        def prefill_draft(self, stream_id, max_len, step=None):
             return list(self.scripts[stream_id].popleft()[:max_len])
 
     for r in (0, 255):

@@ -29,6 +29,12 @@ class ActionCodec:
     end_token: int | None = None            # a frame ends at this token (variable length)
     action_shape: tuple[int, ...] = ()      # what one frame decodes to: (D,) or (K, D)
 
+    @property
+    def step_tokens(self) -> int:
+        """Tokens per control step: a chunk of K steps decodes K * step_tokens (temporal
+        drafting shifts a previous chunk by whole steps). Default: one step per frame."""
+        return self.max_tokens
+
     def is_action_token(self, token: int) -> bool:
         raise NotImplementedError
 

@@ -8,7 +8,8 @@ pad_to_multiple_of`` (32000 for OpenVLA-7B): larger values get smaller ids. Deco
 range is never clamped into an action: the result is marked invalid instead.
 
 ``ActionTokenizer`` is the engine's codec for OpenVLA checkpoints (action_codec.ActionCodec):
-a fixed length of ``action_dim`` tokens per frame, one bin each.
+a fixed length of ``action_dim`` tokens per frame, one bin each; a chunked checkpoint (``chunk``
+K > 1) decodes K control steps per frame, ``K * action_dim`` tokens, step after step.
 """
 from __future__ import annotations
 
@@ -32,14 +33,19 @@ class DecodedActions:
 
 
 class ActionTokenizer(ActionCodec):
-    """OpenVLA's bins: ``action_dim`` tokens per frame, one per action dimension."""
+    """OpenVLA's bins: ``action_dim`` tokens per control step, one per action dimension;
+    ``chunk`` steps per frame (1: OpenVLA's one step, shape (action_dim,); K > 1: shape
+    (K, action_dim))."""
 
     def __init__(self, vocab_size: int, pad_to_multiple_of: int, n_bins: int = 256,
-                 action_dim: int = 7):
+                 action_dim: int = 7, chunk: int = 1):
         if action_dim < 1:
             raise ValueError(f'action_dim: must be >= 1, got {action_dim}')
-        self.max_tokens = action_dim
-        self.action_shape = (action_dim,)
+        if chunk < 1:
+            raise ValueError(f'chunk: must be >= 1, got {chunk}')
+        self.action_dim, self.chunk = action_dim, chunk
+        self.max_tokens = action_dim * chunk
+        self.action_shape = (action_dim,) if chunk == 1 else (chunk, action_dim)
         self.text_vocab_size = vocab_size - pad_to_multiple_of     # OpenVLA's V
         if self.text_vocab_size < n_bins:
             raise ValueError(f'vocab_size {vocab_size} - pad_to_multiple_of '
@@ -56,6 +62,10 @@ class ActionTokenizer(ActionCodec):
     def action_token_range(self) -> tuple[int, int]:
         return self.first_action_id, self.last_action_id
 
+    @property
+    def step_tokens(self) -> int:
+        return self.action_dim
+
     def token_to_bin(self, token: int) -> int:
         """Bin index 0..n_bins-1; |bin(a) - bin(b)| == |a - b| for action tokens."""
         if not self.is_action_token(token):
@@ -69,10 +79,14 @@ class ActionTokenizer(ActionCodec):
         return self.text_vocab_size - np.digitize(a, self.bins)
 
     def decode(self, tokens: Sequence[int]) -> DecodedActions:
+        """Tokens (``max_tokens`` of a frame, or one step's ``action_dim``) -> normalised
+        values in their step layout: (action_dim,) or (chunk, action_dim)."""
         t = np.asarray(tokens, dtype=np.int64)
         is_action = (t >= self.first_action_id) & (t <= self.last_action_id)
         idx = np.clip(self.text_vocab_size - t - 1, 0, self.n_bins - 2)
         values = np.where(is_action, self.bin_centers[idx], np.nan)
+        if self.chunk > 1 and t.size == self.max_tokens:
+            values = values.reshape(self.action_shape)
         if is_action.all():
             return DecodedActions(values, True, None)
         bad = [int(x) for x in t[~is_action]]

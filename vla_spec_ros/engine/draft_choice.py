@@ -37,7 +37,7 @@ def load_draft_for(runner, engine_config: EngineConfig,
     """
     path = engine_config.draft_path
     if path is None or path == PREVIOUS_ACTION_DRAFT:
-        return PreviousActionDrafter(runner.max_action_tokens)
+        return PreviousActionDrafter(runner.max_action_tokens, runner.codec.step_tokens)
     if path == CHECKPOINT_DRAFT:
         default = Path(checkpoint_folder) / DEFAULT_DRAFT_SUBFOLDER \
             if checkpoint_folder is not None else None
@@ -56,7 +56,7 @@ def load_draft_for(runner, engine_config: EngineConfig,
         fuse_projections(head)      # q/k/v and gate/up: one product each, as the verifier's
     drafter = EagleDrafter.for_engine(runner, head, engine_config)
     if engine_config.draft_previous_action:
-        return WithPreviousAction(drafter, runner.max_action_tokens)
+        return WithPreviousAction(drafter, runner.max_action_tokens, runner.codec.step_tokens)
     return drafter
 
 

@@ -35,6 +35,7 @@ class DraftBegin:
     root_token: int
     stream_id: str = ''             # the request's camera stream (temporal drafting needs it)
     decided_before_root: tuple[int, ...] = ()
+    step: int | None = None         # the control step of the frame's image, when known
 
 
 @dataclass(frozen=True)
@@ -80,12 +81,12 @@ class Drafter:
         a chain in every prefill block)."""
         return False
 
-    def prefill_draft(self, stream_id: str, max_len: int) -> list[int]:
-        """The first ``max_len`` (at most) action tokens a new frame of ``stream_id`` is
-        expected to decide, known before its prefill (no verifier features needed): the engine
-        appends them to the frame's prefill block and the one forward that prefills the frame
-        verifies them too (speculative prefill). Default: none (a draft head needs the
-        prefill's features before it can draft)."""
+    def prefill_draft(self, stream_id: str, max_len: int, step: int | None = None) -> list[int]:
+        """The first ``max_len`` (at most) action tokens a new frame of ``stream_id`` (image
+        taken at control ``step``, when known) is expected to decide, known before its
+        prefill (no verifier features needed): the engine appends them to the frame's prefill
+        block and the one forward that prefills the frame verifies them too (speculative
+        prefill). Default: none (a draft head needs the prefill's features first)."""
         return []
 
     @property
@@ -94,10 +95,12 @@ class Drafter:
         (the previous action's chain): the engine then asks for every remaining token."""
         return False
 
-    def observe_action(self, stream_id: str, tokens: Sequence[int], request_id: int) -> None:
-        """Every action as soon as the engine has decided it (its tokens, the
-        request's id; frames of a stream may finish out of submission order): a drafter that
-        drafts from past actions keeps what it needs (default: nothing)."""
+    def observe_action(self, stream_id: str, tokens: Sequence[int], request_id: int,
+                       step: int | None = None) -> None:
+        """Every action as soon as the engine has decided it (its tokens, the request's id,
+        the control step of its image when known; frames of a stream may finish out of
+        submission order): a drafter that drafts from past actions keeps what it needs
+        (default: nothing)."""
 
     def forget_stream(self, stream_id: str | None) -> None:
         """The stream (None: every stream) was reset: forget what ``observe_action`` gave."""

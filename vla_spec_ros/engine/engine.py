@@ -89,7 +89,8 @@ class Engine:
                              f'{self.runner.cfg.llm.max_position_embeddings}')
         request = Request(next(self._ids), frame.stream_id, prefix_len, max_tokens,
                           self.strategy.slots_for(prefix_len), frame=frame,
-                          input_ids=input_ids, unnorm_key=key, submit_time=time.perf_counter())
+                          input_ids=input_ids, unnorm_key=key, control_step=frame.control_step,
+                          submit_time=time.perf_counter())
         self.strategy.submit(request)
         return request.request_id
 

@@ -172,7 +172,8 @@ class PackedStrategy:
                 request.tunables = cfg
                 request.start_time = t0
                 # Speculative prefill: the stream's draft rides after the prompt.
-                chain = self.drafter.prefill_draft(request.stream_id, self.max_prefill_draft) \
+                chain = self.drafter.prefill_draft(request.stream_id, self.max_prefill_draft,
+                                                   request.control_step) \
                     if self.max_prefill_draft else ()
                 prefills.append(PrefillRows(self.ring.span(request.request_id).start,
                                             self.ring.capacity, request.prefix_len,
@@ -223,7 +224,7 @@ class PackedStrategy:
                 begins.append(DraftBegin(
                     request.request_id, self._prefix_embeds(prefill_embeds[p], emitted[:-1]),
                     range(block_start, block_start + num_prefix), emitted[-1],
-                    request.stream_id, tuple(emitted[:-1])))
+                    request.stream_id, tuple(emitted[:-1]), request.control_step))
             block_start += block
         offset = len(work.prefills) * reads
         # 7. verify every tree, keep its accepted path
@@ -392,4 +393,5 @@ class PackedStrategy:
         """A request's whole action is decided: the drafter sees it now, not when it is
         emitted (an action may wait there for an earlier frame of its stream)."""
         if self.drafter is not None:
-            self.drafter.observe_action(request.stream_id, request.tokens, request.request_id)
+            self.drafter.observe_action(request.stream_id, request.tokens, request.request_id,
+                                        request.control_step)

@@ -35,6 +35,7 @@ tokens the prefill accepted.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Sequence
 
 from ..validation import check_int
@@ -44,15 +45,42 @@ from .drafter import Drafter
 PREVIOUS_ACTION_DRAFT = 'previous_action'   # the draft_path value that selects this drafter
 
 
+# Frames of a stream kept to draft from (the newest, by request id): enough for a chunk's
+# worth of shifted steps and the frames in flight together.
+MIN_FRAMES_KEPT = 8
+
+
+@dataclass
+class _FrameTokens:
+    """What one frame of a stream decided so far, and the control step its image was taken
+    at (None when unknown: such a frame is drafted from, and drafts, by position only)."""
+
+    request_id: int
+    step: int | None
+    tokens: list = field(default_factory=list)
+
+
 class PreviousActionDrafter(Drafter):
-    def __init__(self, max_tokens: int):
-        # Action positions a frame may decide (the codec's max_tokens: OpenVLA's action_dim).
+    """Each stream's previous action (or chunk) as the draft; see the module docstring.
+
+    ``max_tokens``: tokens one frame decides (the codec's); ``step_tokens``: tokens per
+    control step (a chunk of K steps has max_tokens = K * step_tokens; default one step per
+    frame).
+    """
+
+    def __init__(self, max_tokens: int, step_tokens: int | None = None):
         self.max_tokens = check_int('max_tokens', max_tokens, minimum=1)
-        self._stream_of: dict[int, str] = {}        # request id -> its stream
-        self._decided: dict[int, int] = {}          # request id -> tokens decided so far
-        self._roots: dict[int, int] = {}            # request id -> its last decided token
-        # stream -> per action position, (request id, token) of the newest frame deciding it
-        self._newest: dict[str, list[tuple[int, int] | None]] = {}
+        self.step_tokens = self.max_tokens if step_tokens is None else check_int(
+            'step_tokens', step_tokens, minimum=1, maximum=self.max_tokens)
+        if self.max_tokens % self.step_tokens:
+            raise ValueError(f'step_tokens: {self.step_tokens} does not divide max_tokens '
+                             f'{self.max_tokens} (a chunk is whole control steps)')
+        self.num_steps = self.max_tokens // self.step_tokens
+        self.max_frames_kept = max(MIN_FRAMES_KEPT, 2 * self.num_steps)
+        self._frame_of: dict[int, _FrameTokens] = {}    # request id -> its frame (in flight)
+        self._stream_of: dict[int, str] = {}            # request id -> its stream
+        self._roots: dict[int, int] = {}                # request id -> its last decided token
+        self._frames: dict[str, dict[int, _FrameTokens]] = {}  # stream -> request id -> frame
 
     # ---- the drafter interface ---------------------------------------------------------------
 
@@ -61,24 +89,22 @@ class PreviousActionDrafter(Drafter):
         self.check_update(begins, advances)
         for begin in begins:
             # The prefill decided the accepted chain (speculative prefill) and the root.
-            decided = [*begin.decided_before_root, begin.root_token]
+            frame = self._frame(str(begin.stream_id), begin.request_id, begin.step)
+            frame.tokens = [int(t) for t in (*begin.decided_before_root, begin.root_token)]
+            self._frame_of[begin.request_id] = frame
             self._stream_of[begin.request_id] = str(begin.stream_id)
-            self._decided[begin.request_id] = len(decided)
             self._roots[begin.request_id] = int(begin.root_token)
-            self._record(begin.stream_id, begin.request_id, 0, decided)
         for adv in advances:
             # The accepted drafts (len(path) - 1) and the bonus token are now decided, at the
             # positions after the root's.
-            decided = self._decided[adv.request_id]
-            self._record(self._stream_of[adv.request_id], adv.request_id, decided,
-                         [*list(adv.path_tokens)[1:], adv.bonus])
-            self._decided[adv.request_id] = decided + len(adv.path_tokens)
+            frame = self._frame_of[adv.request_id]
+            frame.tokens += [*[int(t) for t in list(adv.path_tokens)[1:]], int(adv.bonus)]
             self._roots[adv.request_id] = int(adv.bonus)
 
     def check_update(self, begins, advances) -> None:
         """What ``update`` refuses, checked without changing anything."""
         for begin in begins:
-            if begin.request_id in self._decided:
+            if begin.request_id in self._frame_of:
                 raise ValueError(f'request_id: {begin.request_id} already has a draft state; '
                                  'release it first')
             if not isinstance(begin.stream_id, str) or not begin.stream_id:
@@ -93,7 +119,7 @@ class PreviousActionDrafter(Drafter):
             if not path or path[0] != self._roots[adv.request_id]:
                 raise ValueError(f'path_tokens: must start with the current root '
                                  f'{self._roots[adv.request_id]}, got {path[:1]}')
-            if self._decided[adv.request_id] + len(path) > self.max_tokens:
+            if len(self._frame_of[adv.request_id].tokens) + len(path) > self.max_tokens:
                 raise ValueError(f'path_tokens: {len(path)} more tokens exceed the action of '
                                  f'{self.max_tokens} for request {adv.request_id}')
 
@@ -108,14 +134,10 @@ class PreviousActionDrafter(Drafter):
         for request_id, depth in zip(request_ids, depths):
             depth = check_int('depth', depth, minimum=1)
             self._check_known(request_id)
-            decided = self._decided[request_id]
-            newest = self._newest.get(self._stream_of[request_id], ())
-            chain = []
-            for position in range(decided, min(decided + depth, decided + max_nodes - 1,
-                                               len(newest))):
-                if newest[position] is None:
-                    break
-                chain.append(newest[position][1])
+            frame = self._frame_of[request_id]
+            decided = len(frame.tokens)
+            chain = self._chain(self._stream_of[request_id], frame.step, decided,
+                                min(decided + depth, decided + max_nodes - 1, self.max_tokens))
             trees.append(chain_tree(self._roots[request_id], chain))
         return trees
 
@@ -123,63 +145,114 @@ class PreviousActionDrafter(Drafter):
     def has_prefill_draft(self) -> bool:
         return True
 
-    def prefill_draft(self, stream_id: str, max_len: int) -> list[int]:
-        """The stream's newest decided tokens from action position 0, up to ``max_len`` and up
-        to the first position no frame of the stream has decided (empty for a new stream)."""
+    def prefill_draft(self, stream_id: str, max_len: int, step: int | None = None) -> list[int]:
+        """A new frame's chain from action position 0 (``step``: its control step), up to
+        ``max_len`` and to the first position nothing is known for (empty for a new
+        stream)."""
         max_len = check_int('max_len', max_len, minimum=0)
-        chain = []
-        for entry in self._newest.get(str(stream_id), ())[:max_len]:
-            if entry is None:
-                break
-            chain.append(entry[1])
-        return chain
+        return self._chain(str(stream_id), step, 0, min(max_len, self.max_tokens))
 
     @property
     def derives_depth(self) -> bool:
         return True
 
     def release(self, request_id) -> None:
+        """The request's own state goes; its tokens stay with its stream to draft from."""
+        self._frame_of.pop(request_id, None)
         self._stream_of.pop(request_id, None)
-        self._decided.pop(request_id, None)
         self._roots.pop(request_id, None)
 
-    def observe_action(self, stream_id: str, tokens: Sequence[int], request_id: int) -> None:
-        """``request_id`` orders the action among the frames of its stream (newer wins)."""
+    def observe_action(self, stream_id: str, tokens: Sequence[int], request_id: int,
+                       step: int | None = None) -> None:
+        """A decided action (or chunk): ``request_id`` orders it among the frames of its
+        stream (newer wins), ``step`` is the control step of its image when known."""
         tokens = [int(t) for t in tokens]
         if not 1 <= len(tokens) <= self.max_tokens:
             raise ValueError(f'tokens: an action has 1 to {self.max_tokens} tokens, got '
                              f'{len(tokens)}')
-        self._record(stream_id, int(request_id), 0, tokens)
+        frame = self._frame(str(stream_id), int(request_id), step)
+        frame.tokens = tokens
 
     def forget_stream(self, stream_id: str | None) -> None:
         if stream_id is None:
-            self._newest.clear()
+            self._frames.clear()
         else:
-            self._newest.pop(str(stream_id), None)
+            self._frames.pop(str(stream_id), None)
 
     # ---- inspection ---------------------------------------------------------------------------
 
     def num_decided(self, request_id: int) -> int:
         """Tokens the request has decided so far (its chain starts at this position)."""
         self._check_known(request_id)
-        return self._decided[request_id]
+        return len(self._frame_of[request_id].tokens)
 
     def previous_action(self, stream_id: str) -> tuple[int | None, ...] | None:
         """The stream's newest decided token at each action position (None where no frame has
-        decided it yet), which its next drafts continue; None for a stream with nothing."""
-        newest = self._newest.get(str(stream_id))
-        return None if newest is None else tuple(
-            None if entry is None else entry[1] for entry in newest)
+        decided it yet); None for a stream with nothing."""
+        frames = self._newest_first(str(stream_id))
+        if not frames:
+            return None
+        return tuple(next((f.tokens[p] for f in frames if len(f.tokens) > p), None)
+                     for p in range(self.max_tokens))
 
-    def _record(self, stream_id, request_id, first: int, tokens) -> None:
-        newest = self._newest.setdefault(str(stream_id), [None] * self.max_tokens)
-        for position, token in enumerate(tokens, start=first):
-            entry = newest[position]
-            if entry is None or entry[0] <= request_id:
-                newest[position] = (request_id, int(token))
+    # ---- the rule -----------------------------------------------------------------------------
+
+    def _chain(self, stream_id: str, step: int | None, first: int, end: int) -> list[int]:
+        """Draft tokens for positions first .. end-1 of a frame at control ``step``, up to the
+        first position with nothing to draft.
+
+        Position p is step j = p // step_tokens, dimension d = p % step_tokens of the frame's
+        chunk, i.e. control step ``step + j``. Its draft is, newest frame first, the token a
+        frame of known step s_r decided for that very control step (its position
+        ``(step + j - s_r) * step_tokens + d``: the previous chunk shifted by the steps between
+        the two images); failing that, the newest frame's latest decided step for dimension
+        d (the last known step repeated: with one step per frame, the previous action)."""
+        frames = self._newest_first(stream_id)
+        chain = []
+        for position in range(first, end):
+            j, d = divmod(position, self.step_tokens)
+            token = None
+            if step is not None:
+                for frame in frames:
+                    if frame.step is None:
+                        continue
+                    i = step + j - frame.step
+                    p = i * self.step_tokens + d
+                    if 0 <= i < self.num_steps and p < len(frame.tokens):
+                        token = frame.tokens[p]
+                        break
+            if token is None:
+                for frame in frames:
+                    n = len(frame.tokens)
+                    if n > d:
+                        token = frame.tokens[(n - 1 - d) // self.step_tokens * self.step_tokens
+                                             + d]
+                        break
+            if token is None:
+                break
+            chain.append(token)
+        return chain
+
+    def _frame(self, stream_id: str, request_id: int, step) -> _FrameTokens:
+        """The stream's record of ``request_id`` (made if new; the oldest beyond
+        ``max_frames_kept`` are dropped)."""
+        frames = self._frames.setdefault(stream_id, {})
+        frame = frames.get(request_id)
+        if frame is None:
+            frame = frames[request_id] = _FrameTokens(request_id,
+                                                      None if step is None else int(step))
+            if len(frames) > self.max_frames_kept:
+                del frames[min(frames)]
+        elif step is not None:
+            frame.step = int(step)
+        return frame
+
+    def _newest_first(self, stream_id: str) -> list[_FrameTokens]:
+        frames = self._frames.get(stream_id, {})
+        return [frames[r] for r in sorted(frames, reverse=True)]
 
     def _check_known(self, request_id) -> None:
-        if request_id not in self._decided:
+        if request_id not in self._frame_of:
             raise ValueError(f'request_id: {request_id} has no draft state (begin() first)')
 
 

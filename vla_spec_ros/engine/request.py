@@ -29,6 +29,7 @@ class Request:
     frame: Any = None
     input_ids: list[int] = field(default_factory=list)
     unnorm_key: str | None = None
+    control_step: int | None = None        # the frame's (Frame.control_step)
     submit_time: float = 0.0
     start_time: float | None = None
     # Decoding state.

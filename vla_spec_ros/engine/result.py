@@ -38,6 +38,10 @@ class Frame:
     unnorm_key: str | None = None
     stream_id: str = 'default'
     user_data: Any = None       # returned untouched with the result (e.g. the image stamp)
+    # The control step the image was taken at (the node: its stamp / control_period), when
+    # known: temporal drafting of a chunked model shifts the previous chunk by the steps
+    # between two frames.
+    control_step: int | None = None
 
 
 def describe_error(exc: BaseException) -> str:

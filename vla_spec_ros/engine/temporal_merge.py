@@ -53,9 +53,9 @@ class WithPreviousAction(Drafter):
     the model is asked for ``max_nodes`` minus the chain's length (at least 2: the root and one
     candidate), and the chain is cut to what then fits."""
 
-    def __init__(self, model: Drafter, max_tokens: int):
+    def __init__(self, model: Drafter, max_tokens: int, step_tokens: int | None = None):
         self.model = model
-        self.temporal = PreviousActionDrafter(max_tokens)
+        self.temporal = PreviousActionDrafter(max_tokens, step_tokens)
 
     @property
     def num_forward_passes(self) -> int:
@@ -95,17 +95,18 @@ class WithPreviousAction(Drafter):
     def has_prefill_draft(self) -> bool:
         return True
 
-    def prefill_draft(self, stream_id: str, max_len: int) -> list[int]:
+    def prefill_draft(self, stream_id: str, max_len: int, step: int | None = None) -> list[int]:
         """The chain part needs no features: it rides the prefill (speculative prefill)."""
-        return self.temporal.prefill_draft(stream_id, max_len)
+        return self.temporal.prefill_draft(stream_id, max_len, step)
 
     def release(self, request_id) -> None:
         self.temporal.release(request_id)
         self.model.release(request_id)
 
-    def observe_action(self, stream_id: str, tokens: Sequence[int], request_id: int) -> None:
-        self.temporal.observe_action(stream_id, tokens, request_id)
-        self.model.observe_action(stream_id, tokens, request_id)
+    def observe_action(self, stream_id: str, tokens: Sequence[int], request_id: int,
+                       step: int | None = None) -> None:
+        self.temporal.observe_action(stream_id, tokens, request_id, step)
+        self.model.observe_action(stream_id, tokens, request_id, step)
 
     def forget_stream(self, stream_id: str | None) -> None:
         self.temporal.forget_stream(stream_id)
