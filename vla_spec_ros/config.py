@@ -6,6 +6,8 @@ sizes) live in plan objects elsewhere, never written back onto a config.
 
 Dimensions of the ``openvla-7b`` preset follow docs/openvla.md, Architecture (DINOv2-L/14 with 4
 registers + SigLIP So400m/14 at 224 px, fused-GELU-MLP projector, Llama-2-7B with vocab 32064).
+Single-tower models (one SigLIP or DINOv2 tower, two-layer GELU-MLP projector) leave
+``VLAConfig.fused_featurizer`` as None.
 """
 from __future__ import annotations
 
@@ -55,8 +57,10 @@ class VisionTowerConfig:
         for name in ('image_size', 'patch_size', 'embed_dim', 'depth', 'num_heads', 'mlp_dim'):
             _require(int(getattr(self, name)) > 0, name, 'must be > 0')
         _require(self.depth >= 2, 'depth', 'needs >= 2 blocks (OpenVLA reads block depth-2)')
-        _require(self.image_size % self.patch_size == 0, 'image_size',
-                 'must be a multiple of patch_size')
+        # Pixels beyond the last whole patch are dropped, as timm's strided convolution drops
+        # them (SigLIP So400m/14 at 384 px sees 27 x 27 patches of 14).
+        _require(self.image_size >= self.patch_size, 'image_size',
+                 f'{self.image_size} is smaller than patch_size {self.patch_size}')
         _require(self.embed_dim % self.num_heads == 0, 'embed_dim',
                  'must be divisible by num_heads')
         _require(self.num_register_tokens >= 0, 'num_register_tokens', 'must be >= 0')
@@ -110,10 +114,16 @@ class LlamaConfig:
 
 @dataclass(frozen=True)
 class VLAConfig:
-    """An OpenVLA-architecture model: fused DINOv2+SigLIP → 3-layer GELU MLP → Llama."""
+    """An OpenVLA-architecture model: vision tower(s) → GELU MLP projector → Llama.
+
+    Fused (OpenVLA-7B): ``featurizer`` DINOv2 and ``fused_featurizer`` SigLIP read the same
+    image, their patch features are concatenated, and the projector has three layers. Single
+    tower (Prismatic's ``siglip-vit-so400m`` style): ``fused_featurizer`` is None, the one
+    ``featurizer`` is SigLIP or DINOv2, and the projector has two layers.
+    """
 
     featurizer: VisionTowerConfig
-    fused_featurizer: VisionTowerConfig
+    fused_featurizer: VisionTowerConfig | None
     llm: LlamaConfig
     n_action_bins: int = 256
     pad_to_multiple_of: int = 64
@@ -122,10 +132,21 @@ class VLAConfig:
 
     def __post_init__(self):
         f, g = self.featurizer, self.fused_featurizer
-        _require(f.kind == 'dinov2', 'featurizer.kind', 'OpenVLA fuses DINOv2 first')
-        _require(g.kind == 'siglip', 'fused_featurizer.kind', 'OpenVLA fuses SigLIP second')
-        _require(f.image_size == g.image_size and f.patch_size == g.patch_size,
-                 'fused_featurizer', 'both towers must see the same image and patch sizes')
+        _require(isinstance(f, VisionTowerConfig), 'featurizer',
+                 f'expected a VisionTowerConfig, got {type(f).__name__}')
+        _require(g is None or isinstance(g, VisionTowerConfig), 'fused_featurizer',
+                 f'expected a VisionTowerConfig or None (one tower), got {type(g).__name__}')
+        _require(isinstance(self.llm, LlamaConfig), 'llm',
+                 f'expected a LlamaConfig, got {type(self.llm).__name__}')
+        if g is not None:
+            _require(f.kind == 'dinov2', 'featurizer.kind',
+                     f'{f.kind!r} in a fused backbone: OpenVLA fuses DINOv2 first')
+            _require(g.kind == 'siglip', 'fused_featurizer.kind',
+                     f'{g.kind!r}: OpenVLA fuses SigLIP second')
+            _require(f.image_size == g.image_size and f.patch_size == g.patch_size,
+                     'fused_featurizer', f'both towers must see the same image and patch '
+                     f'sizes, got {f.image_size}/{f.patch_size} and '
+                     f'{g.image_size}/{g.patch_size}')
         _require(self.n_action_bins >= 2, 'n_action_bins', 'must be >= 2')
         _require(self.pad_to_multiple_of >= 0, 'pad_to_multiple_of', 'must be >= 0')
         _require(self.action_dim > 0, 'action_dim', 'must be > 0')
@@ -133,17 +154,35 @@ class VLAConfig:
                  f'vocab_size - pad_to_multiple_of = {self.text_vocab_size} leaves no room for '
                  f'{self.n_action_bins} action bins plus special tokens')
 
+    # Facts of the vision backbone, derived from the tower(s) here and nowhere else.
+    @property
+    def is_fused(self) -> bool:
+        """Two towers (OpenVLA's ``use_fused_vision_backbone``), else one."""
+        return self.fused_featurizer is not None
+
+    @property
+    def towers(self) -> tuple[VisionTowerConfig, ...]:
+        """The towers in input-channel order: (featurizer,) or (featurizer, fused)."""
+        return (self.featurizer,) if self.fused_featurizer is None \
+            else (self.featurizer, self.fused_featurizer)
+
+    @property
+    def pixel_channels(self) -> int:
+        """Channels of ``pixel_values``: 3 per tower, each normalised with its tower's stats."""
+        return 3 * len(self.towers)
+
     @property
     def image_size(self) -> int:
-        return self.featurizer.image_size
+        return self.featurizer.image_size       # every tower's (checked)
 
     @property
     def num_patches(self) -> int:
-        return self.featurizer.num_patches
+        return self.featurizer.num_patches      # every tower's (same image and patch sizes)
 
     @property
     def vision_dim(self) -> int:
-        return self.featurizer.embed_dim + self.fused_featurizer.embed_dim
+        """Width of the backbone's output: the towers' widths added (features concatenated)."""
+        return sum(tower.embed_dim for tower in self.towers)
 
     @property
     def text_vocab_size(self) -> int:
@@ -151,12 +190,22 @@ class VLAConfig:
         return self.llm.vocab_size - self.pad_to_multiple_of
 
 
+def dinov2_vit_l(image_size: int = 224) -> VisionTowerConfig:
+    """DINOv2-L/14 with 4 registers (timm ``vit_large_patch14_reg4_dinov2.lvd142m``)."""
+    return VisionTowerConfig('dinov2', image_size, 14, 1024, 24, 16, 4096,
+                             num_register_tokens=4, mean=DINOV2_MEAN, std=DINOV2_STD)
+
+
+def siglip_so400m(image_size: int = 224) -> VisionTowerConfig:
+    """SigLIP So400m/14 (timm ``vit_so400m_patch14_siglip_224`` / ``_384``)."""
+    return VisionTowerConfig('siglip', image_size, 14, 1152, 27, 16, 4304,
+                             mean=SIGLIP_MEAN, std=SIGLIP_STD)
+
+
 def _openvla_7b() -> VLAConfig:
     return VLAConfig(
-        featurizer=VisionTowerConfig('dinov2', 224, 14, 1024, 24, 16, 4096,
-                                     num_register_tokens=4, mean=DINOV2_MEAN, std=DINOV2_STD),
-        fused_featurizer=VisionTowerConfig('siglip', 224, 14, 1152, 27, 16, 4304,
-                                           mean=SIGLIP_MEAN, std=SIGLIP_STD),
+        featurizer=dinov2_vit_l(224),
+        fused_featurizer=siglip_so400m(224),
         llm=LlamaConfig(hidden_size=4096, num_layers=32, num_heads=32, intermediate_size=11008,
                         vocab_size=32064),
         pad_token_id=32000,
@@ -170,6 +219,19 @@ def _tiny() -> VLAConfig:
                                      mean=DINOV2_MEAN, std=DINOV2_STD),
         fused_featurizer=VisionTowerConfig('siglip', 56, 14, 48, 3, 2, 96,
                                            mean=SIGLIP_MEAN, std=SIGLIP_STD),
+        llm=LlamaConfig(hidden_size=64, num_layers=2, num_heads=4, intermediate_size=160,
+                        vocab_size=1088, max_position_embeddings=512),
+        pad_token_id=1024,
+    )
+
+
+def _tiny_siglip() -> VLAConfig:
+    """``tiny`` with a single SigLIP tower (no DINOv2, two-layer projector): the layout of
+    Prismatic's ``siglip-vit-so400m`` backbones, for tests."""
+    return VLAConfig(
+        featurizer=VisionTowerConfig('siglip', 56, 14, 48, 3, 2, 96,
+                                     mean=SIGLIP_MEAN, std=SIGLIP_STD),
+        fused_featurizer=None,
         llm=LlamaConfig(hidden_size=64, num_layers=2, num_heads=4, intermediate_size=160,
                         vocab_size=1088, max_position_embeddings=512),
         pad_token_id=1024,
@@ -196,6 +258,7 @@ def _metaworld_demo() -> VLAConfig:
 PRESETS = {
     'openvla-7b': _openvla_7b,
     'tiny': _tiny,
+    'tiny-siglip': _tiny_siglip,
     'metaworld-demo': _metaworld_demo,
 }
 

@@ -5,8 +5,8 @@ RGB uint8 (H, W, 3) -> optional 180° rotation (LIBERO agent view) -> optional c
 of OpenVLA's evaluation code, for checkpoints trained with crop augmentation) -> resize to
 S x S with Pillow's bicubic filter, exactly as OpenVLA's Hugging Face processor does
 ("resize-naive": aspect ratio not kept; a frame already S x S is not resampled) -> scaled to
-[0, 1] and normalised with each tower's mean/std -> (6, S, S) float tensor, DINOv2 channels
-first.
+[0, 1] and normalised with each tower's mean/std -> (C, S, S) float tensor: C = 6 for the fused
+backbone (DINOv2's channels first, then SigLIP's), C = 3 for a single tower (its own mean/std).
 
 Everything up to the uint8 S x S image (``model_pixels``) runs on the host, in numpy and
 Pillow, and is bit for bit what OpenVLA feeds its towers. Only the normalisation runs on the
@@ -114,7 +114,8 @@ def model_pixels(image: np.ndarray, size: int, *, center_crop: bool = False,
 def preprocess_image(image: np.ndarray, cfg: VLAConfig, *, center_crop: bool = False,
                      rotate_180: bool = False, dtype=torch.float32, device='cpu'
                      ) -> torch.Tensor:
-    """(H, W, 3) uint8 RGB -> (6, S, S) pixel values in ``dtype``, computed on the CPU."""
+    """(H, W, 3) uint8 RGB -> (C, S, S) pixel values in ``dtype`` (C = ``cfg.pixel_channels``),
+    computed on the CPU."""
     image = check_image(image)
     x = preprocess_pixels(torch.from_numpy(np.ascontiguousarray(image)), cfg,
                           center_crop=center_crop, rotate_180=rotate_180)
@@ -123,7 +124,8 @@ def preprocess_image(image: np.ndarray, cfg: VLAConfig, *, center_crop: bool = F
 
 def preprocess_pixels(image: torch.Tensor, cfg: VLAConfig, *, center_crop: bool = False,
                       rotate_180: bool = False) -> torch.Tensor:
-    """(H, W, 3) uint8 tensor -> (6, S, S) float64, on the tensor's own device.
+    """(H, W, 3) uint8 tensor -> (C, S, S) float64 (C = ``cfg.pixel_channels``), on the
+    tensor's own device.
 
     A frame already S x S without a centre crop is only rotated, scaled and normalised, on
     its device: the engine uploads the camera's uint8 frame and this costs no host time. Any
@@ -151,13 +153,14 @@ def preprocess_pixels(image: torch.Tensor, cfg: VLAConfig, *, center_crop: bool 
 
 
 def normalize_per_tower(x: torch.Tensor, cfg: VLAConfig) -> torch.Tensor:
-    """x (..., 3, S, S) float64 in [0, 1] -> (..., 6, S, S): DINOv2's mean/std on channels
-    0-2, SigLIP's on 3-5 (the fused backbone's input layout)."""
+    """x (..., 3, S, S) float64 in [0, 1] -> (..., C, S, S), each tower's mean/std on its
+    three channels in ``cfg.towers`` order: fused, DINOv2's on 0-2 and SigLIP's on 3-5
+    (C = 6); a single tower, its own on 0-2 (C = 3)."""
     towers = []
-    for tower in (cfg.featurizer, cfg.fused_featurizer):
+    for tower in cfg.towers:
         mean, std = _tower_constants(tuple(tower.mean), tuple(tower.std), x.dtype, x.device)
         towers.append((x - mean) / std)
-    return torch.cat(towers, dim=-3)
+    return towers[0] if len(towers) == 1 else torch.cat(towers, dim=-3)
 
 
 @functools.lru_cache(maxsize=16)

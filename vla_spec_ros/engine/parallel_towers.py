@@ -9,6 +9,9 @@ the same values as ``OpenVLA.image_embeddings`` (the reference, used on a CPU), 
 
 The fork and join are stream waits, which CUDA-graph capture records as graph branches: the
 runner's vision graph captures and replays this function as it is.
+
+A single-tower model (``use_fused_vision_backbone`` false) has nothing to run side by side:
+``ParallelTowers`` then calls ``model.image_embeddings`` and makes no side stream.
 """
 from __future__ import annotations
 
@@ -22,10 +25,14 @@ class ParallelTowers:
         if torch.device(device).type != 'cuda':
             raise ValueError(f'ParallelTowers: a CUDA device is needed, got {device}')
         self.model = model
-        self.side = torch.cuda.Stream(device)
+        self.is_fused = model.cfg.is_fused
+        self.side = torch.cuda.Stream(device) if self.is_fused else None
 
     def __call__(self, pixel_values: torch.Tensor) -> torch.Tensor:
-        """(B, 6, S, S) normalised pixels -> (B, P, hidden), as ``model.image_embeddings``."""
+        """(B, 6, S, S) normalised pixels -> (B, P, hidden), as ``model.image_embeddings``;
+        one tower's (B, 3, S, S) goes straight to ``model.image_embeddings``."""
+        if not self.is_fused:
+            return self.model.image_embeddings(pixel_values)
         backbone = self.model.vision_backbone
         main = torch.cuda.current_stream(pixel_values.device)
         # Fork: the side stream starts after everything queued so far (the pixels, and the

@@ -3,8 +3,13 @@
 OpenVLA's fused backbone (docs/openvla.md, Architecture): DINOv2-L/14 with 4 registers and SigLIP
 So400m/14 each return the output of their SECOND-TO-LAST block, without the final LayerNorm,
 with DINOv2's CLS and register tokens dropped; the patch features are concatenated along the
-feature axis. Only the blocks that run are built: the last block, ``norm`` and SigLIP's
-``attn_pool`` exist in checkpoints but are unused (see ``unused_vision_keys``).
+feature axis. A single-tower backbone (``use_fused_vision_backbone`` false: SigLIP or DINOv2
+alone) returns its one tower's features. Only the blocks that run are built: the last block,
+``norm`` and SigLIP's ``attn_pool`` exist in checkpoints but are unused (see
+``unused_vision_keys``).
+
+The projector follows the Hugging Face port (``PrismaticProjector``): three Linear layers with
+a 4x first expansion for a fused backbone, two for a single tower.
 """
 from __future__ import annotations
 
@@ -118,17 +123,37 @@ class ViTTower(nn.Module):
         return x[:, self.cfg.num_prefix_tokens:]
 
 
-class FusedVisionBackbone(nn.Module):
+class VisionBackbone(nn.Module):
+    """One tower (``featurizer``) or OpenVLA's fused pair (``featurizer`` DINOv2 +
+    ``fused_featurizer`` SigLIP); attribute names are the checkpoint's."""
+
     def __init__(self, cfg: VLAConfig):
         super().__init__()
+        self.is_fused = cfg.is_fused
         self.featurizer = ViTTower(cfg.featurizer)
-        self.fused_featurizer = ViTTower(cfg.fused_featurizer)
+        if cfg.is_fused:
+            self.fused_featurizer = ViTTower(cfg.fused_featurizer)
 
     def forward(self, pixel_values: torch.Tensor) -> torch.Tensor:
-        """pixel_values (B, 6, S, S): channels 0-2 DINOv2, 3-5 SigLIP -> (B, P, D1 + D2)."""
+        """Fused: (B, 6, S, S), channels 0-2 DINOv2, 3-5 SigLIP -> (B, P, D1 + D2).
+        One tower: (B, 3, S, S) -> (B, P, D)."""
+        if not self.is_fused:
+            return self.featurizer(pixel_values)
         a = self.featurizer(pixel_values[:, :3])
         b = self.fused_featurizer(pixel_values[:, 3:])
         return torch.cat([a, b], dim=-1)
+
+
+class GeluMLPProjector(nn.Module):
+    """Prismatic's ``gelu-mlp`` (single tower): fc1 (D -> llm) -> GELU -> fc2 (llm -> llm)."""
+
+    def __init__(self, vision_dim: int, llm_dim: int):
+        super().__init__()
+        self.fc1 = nn.Linear(vision_dim, llm_dim)
+        self.fc2 = nn.Linear(llm_dim, llm_dim)
+
+    def forward(self, x):
+        return self.fc2(F.gelu(self.fc1(x)))
 
 
 class FusedGeluMLPProjector(nn.Module):
@@ -144,11 +169,20 @@ class FusedGeluMLPProjector(nn.Module):
         return self.fc3(F.gelu(self.fc2(F.gelu(self.fc1(x)))))
 
 
+def make_projector(cfg: VLAConfig) -> nn.Module:
+    """The projector ``cfg``'s backbone calls for (the Hugging Face port switches on
+    ``use_fused_vision_backbone`` the same way)."""
+    cls = FusedGeluMLPProjector if cfg.is_fused else GeluMLPProjector
+    return cls(cfg.vision_dim, cfg.llm.hidden_size)
+
+
+TOWER_PREFIXES = ('vision_backbone.featurizer.', 'vision_backbone.fused_featurizer.')
+
+
 def unused_vision_keys(cfg: VLAConfig) -> dict[str, tuple[int, ...]]:
     """Checkpoint keys OpenVLA stores but never uses, with their shapes (for writing/checks)."""
     keys: dict[str, tuple[int, ...]] = {}
-    for prefix, tower in (('vision_backbone.featurizer.', cfg.featurizer),
-                          ('vision_backbone.fused_featurizer.', cfg.fused_featurizer)):
+    for prefix, tower in zip(TOWER_PREFIXES, cfg.towers):
         d, m, last = tower.embed_dim, tower.mlp_dim, f'blocks.{tower.depth - 1}.'
         block = {
             'norm1.weight': (d,), 'norm1.bias': (d,),

@@ -1,4 +1,4 @@
-"""The OpenVLA assembly: fused vision backbone -> projector -> Llama.
+"""The OpenVLA assembly: vision backbone (fused or one tower) -> projector -> Llama.
 
 Sequence layout (docs/openvla.md, Architecture): ``[BOS] + projected patches + text tokens after
 BOS``, logical positions 0..L-1. Attribute names match the checkpoint prefixes
@@ -11,19 +11,20 @@ from torch import nn
 
 from ..config import VLAConfig
 from .llama import LlamaForCausalLM
-from .vision import FusedGeluMLPProjector, FusedVisionBackbone
+from .vision import VisionBackbone, make_projector
 
 
 class OpenVLA(nn.Module):
     def __init__(self, cfg: VLAConfig):
         super().__init__()
         self.cfg = cfg
-        self.vision_backbone = FusedVisionBackbone(cfg)
-        self.projector = FusedGeluMLPProjector(cfg.vision_dim, cfg.llm.hidden_size)
+        self.vision_backbone = VisionBackbone(cfg)
+        self.projector = make_projector(cfg)
         self.language_model = LlamaForCausalLM(cfg.llm)
 
     def image_embeddings(self, pixel_values: torch.Tensor) -> torch.Tensor:
-        """(B, 6, S, S) normalised pixels -> (B, num_patches, hidden) projected patches."""
+        """(B, C, S, S) normalised pixels (C = ``cfg.pixel_channels``: 6 fused, 3 for one
+        tower) -> (B, num_patches, hidden) projected patches."""
         return self.projector(self.vision_backbone(pixel_values))
 
     def prompt_embeddings(self, patches: torch.Tensor, input_ids: torch.Tensor) -> torch.Tensor:
