@@ -98,3 +98,32 @@ def test_the_shifted_previous_chunk_is_accepted_fully_partly_or_not(base):
     assert accepted[-2:] == [CHUNK * 7 - 1] * 2          # the repeat: its prefill decides it
     assert [f.result.stats['forward_passes'] for f in out[-2:]] == [1, 1]
     assert accepted[0] == 0 and min(accepted) == 0
+
+
+def test_a_chunked_checkpoint_declares_its_chunk_and_the_policy_decodes_it(tmp_path):
+    import dataclasses
+
+    from vla_spec_ros import VLAPolicy
+    from vla_spec_ros.config import preset
+    folder = make_checkpoint(dataclasses.replace(preset('tiny'), action_chunk=2),
+                             tmp_path / 'chunked', seed=4)
+    policy = VLAPolicy.from_pretrained(str(folder), dtype='float64')
+    assert policy.model_config.action_chunk == 2
+    assert policy.engine.runner.max_action_tokens == 14
+    image = np.random.default_rng(0).integers(0, 256, (32, 32, 3), dtype=np.uint8)
+    result = policy.predict(image, 'open the drawer', 'bridge_orig')
+    assert len(result.tokens) == 14 and result.normalized.shape == (2, 7)
+    assert result.action.shape == (2, 7)
+    with pytest.raises(ValueError, match='action_chunk'):
+        dataclasses.replace(preset('tiny'), action_chunk=0)
+
+
+def test_training_targets_are_the_next_steps_of_the_episode():
+    from vla_spec_ros.train.train_demo_vla import chunk_actions
+    actions = np.arange(10, dtype=np.float32)[:, None] * np.ones((1, 2), np.float32)
+    episodes = np.array([0, 0, 0, 0, 1, 1, 1, 2, 2, 2])
+    chunked = chunk_actions(actions, episodes, 3)
+    assert chunked.shape == (10, 3, 2)
+    assert chunked[:, :, 0].tolist() == [[0, 1, 2], [1, 2, 3], [2, 3, 3], [3, 3, 3],
+                                         [4, 5, 6], [5, 6, 6], [6, 6, 6],
+                                         [7, 8, 9], [8, 9, 9], [9, 9, 9]]

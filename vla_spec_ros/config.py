@@ -129,6 +129,9 @@ class VLAConfig:
     pad_to_multiple_of: int = 64
     pad_token_id: int = 32000
     action_dim: int = 7
+    # Control steps one frame decodes (a chunked policy: action_chunk * action_dim tokens, step
+    # after step); OpenVLA's checkpoints decode one.
+    action_chunk: int = 1
 
     def __post_init__(self):
         f, g = self.featurizer, self.fused_featurizer
@@ -150,6 +153,8 @@ class VLAConfig:
         _require(self.n_action_bins >= 2, 'n_action_bins', 'must be >= 2')
         _require(self.pad_to_multiple_of >= 0, 'pad_to_multiple_of', 'must be >= 0')
         _require(self.action_dim > 0, 'action_dim', 'must be > 0')
+        _require(isinstance(self.action_chunk, int) and self.action_chunk >= 1, 'action_chunk',
+                 f'must be an int >= 1, got {self.action_chunk!r}')
         _require(self.text_vocab_size - self.n_action_bins >= 3, 'llm.vocab_size',
                  f'vocab_size - pad_to_multiple_of = {self.text_vocab_size} leaves no room for '
                  f'{self.n_action_bins} action bins plus special tokens')

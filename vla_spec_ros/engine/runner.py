@@ -59,7 +59,8 @@ class ModelRunner:
         self.device = torch.device(engine_cfg.device)
         # How generated tokens become actions (action_codec.py); OpenVLA's bins by default.
         self.codec = codec if codec is not None else ActionTokenizer(
-            cfg.llm.vocab_size, cfg.pad_to_multiple_of, cfg.n_action_bins, cfg.action_dim)
+            cfg.llm.vocab_size, cfg.pad_to_multiple_of, cfg.n_action_bins, cfg.action_dim,
+            cfg.action_chunk)
         # Fused RoPE + KV write, norms and SwiGLU activation (``use_kernels``), passed per
         # forward, so runners sharing one model keep their own choice.
         self.kernels = select_layer_kernels(engine_cfg, self.device)

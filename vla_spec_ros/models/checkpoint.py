@@ -135,6 +135,8 @@ def config_to_json(cfg: VLAConfig, norm_stats: dict, torch_dtype: str = 'float32
         'pad_token_id': cfg.pad_token_id,
         'pad_to_multiple_of': cfg.pad_to_multiple_of,
         'n_action_bins': cfg.n_action_bins,
+        # Not an OpenVLA key: control steps per frame of a chunked policy (absent means 1).
+        'action_chunk': cfg.action_chunk,
         'norm_stats': norm_stats,
         'text_config': {
             'model_type': 'llama', 'vocab_size': llm.vocab_size,
@@ -239,6 +241,7 @@ def config_from_json(data: dict, source: str = 'config.json') -> VLAConfig:
             max_position_embeddings=int(text['max_position_embeddings']))
         return VLAConfig(featurizer=featurizer, fused_featurizer=fused, llm=llm,
                          n_action_bins=int(data.get('n_action_bins', 256)),
+                         action_chunk=int(data.get('action_chunk', 1)),
                          pad_to_multiple_of=pad_multiple, pad_token_id=pad_id)
     except (KeyError, TypeError) as exc:
         raise CheckpointError(f'{source}: malformed model configuration ({exc!r})') from exc

@@ -5,7 +5,9 @@ One command, fixed seed:
   2. tokenizer: BPE learned from the tasks' instruction prompts (prompt.build_instruction_
      tokenizer), the last 256 of its 512 ids reserved for the action bins;
   3. behaviour cloning of the ``metaworld-demo`` preset (same OpenVLA model code as inference):
-     OpenVLA's objective, cross-entropy on the 7 action tokens given image + prompt, with the
+     OpenVLA's objective, cross-entropy on the 7 action tokens given image + prompt (with
+     ``--chunk K``: the 7 K tokens of the next K control steps of the episode, the last step
+     repeated past its end), with the
      actions normalised by the dataset's q01/q99 and binned by ``ActionTokenizer``; random-shift
      image augmentation; AdamW, linear warmup, cosine decay; a held-out 5 % of the episodes for
      token accuracy and bin error;
@@ -19,6 +21,7 @@ torch version and thread count (CPU kernels reduce in thread-dependent order).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import os
@@ -58,11 +61,12 @@ class DemoTrainConfig:
     save_every: int = 500
     draft_steps: int = 1500
     draft_samples: int = 4000
+    chunk: int = 1                  # control steps one frame decodes (1: OpenVLA's one step)
     seed: int = 0
 
     def __post_init__(self):
         require_int_fields(self, ('steps', 'batch_size', 'log_every', 'save_every',
-                                  'val_every_nth_episode', 'draft_samples'), 1)
+                                  'val_every_nth_episode', 'draft_samples', 'chunk'), 1)
         require_int_fields(self, ('warmup_steps', 'max_shift', 'draft_steps'), 0)
         for name in ('lr', 'grad_clip'):
             if not getattr(self, name) > 0:
@@ -87,22 +91,36 @@ class DemoTensors:
     """The dataset as training tensors, split by episode into train and held-out parts."""
 
     images: torch.Tensor            # (N, S, S, 3) uint8
-    action_tokens: np.ndarray       # (N, 7) int64
+    action_tokens: np.ndarray       # (N, 7 * chunk) int64
     prompt_ids: list                # per sample: prompt ids (BOS first)
     train_index: np.ndarray
     val_index: np.ndarray
 
 
+def chunk_actions(actions: np.ndarray, episode_index: np.ndarray, chunk: int) -> np.ndarray:
+    """(N, D) actions in episode order -> (N, chunk, D): each transition's action and the next
+    chunk - 1 of its episode, the episode's last action repeated past its end."""
+    out = np.empty((len(actions), chunk, actions.shape[1]), dtype=actions.dtype)
+    starts = np.flatnonzero(np.r_[True, episode_index[1:] != episode_index[:-1]])
+    ends = np.r_[starts[1:], len(actions)]
+    for start, end in zip(starts, ends):
+        for k in range(chunk):
+            rows = np.minimum(np.arange(start, end) + k, end - 1)
+            out[start:end, k] = actions[rows]
+    return out
+
+
 def prepare_tensors(demos, tokenizer: PromptTokenizer, action_tokenizer: ActionTokenizer,
-                    stats: ActionStats, image_size: int, val_every_nth_episode: int
-                    ) -> DemoTensors:
+                    stats: ActionStats, image_size: int, val_every_nth_episode: int,
+                    chunk: int = 1) -> DemoTensors:
     if demos.images.shape[1:3] != (image_size, image_size):
         raise ValueError(f'--data: images are {demos.images.shape[1:3]} pixels; the '
                          f'{PRESET} preset needs {image_size} x {image_size} (collect with '
                          f'--image-size {image_size})')
     by_text = {text: tokenizer.encode(text) for text in np.unique(demos.instructions)}
     prompt_ids = [by_text[text] for text in demos.instructions]
-    tokens = action_tokenizer.encode(stats.normalize(demos.actions))
+    actions = chunk_actions(demos.actions, demos.episode_index, chunk)
+    tokens = action_tokenizer.encode(stats.normalize(actions)).reshape(len(actions), -1)
     is_val = demos.episode_index % val_every_nth_episode == 0
     return DemoTensors(torch.from_numpy(demos.images), tokens.astype(np.int64), prompt_ids,
                        np.flatnonzero(~is_val), np.flatnonzero(is_val))
@@ -139,7 +157,8 @@ def evaluate(model, data: DemoTensors, cfg, pad_id: int, batch_size: int = 256) 
     model.train()
     if count == 0:
         return {}
-    return {'val_loss': sum(losses) / count, 'val_token_accuracy': correct / (count * 7),
+    return {'val_loss': sum(losses) / count,
+            'val_token_accuracy': correct / (count * data.action_tokens.shape[1]),
             'val_mean_bin_error': (bin_err / count).tolist()}
 
 
@@ -154,17 +173,18 @@ def _save_state(path: Path, step: int, model, optimizer, generator: torch.Genera
 
 def train_vla(args, cfg: DemoTrainConfig, demos, out: Path, work_dir: Path) -> dict:
     torch.manual_seed(cfg.seed)
-    vla_cfg = preset(PRESET)
+    vla_cfg = dataclasses.replace(preset(PRESET), action_chunk=cfg.chunk)
     task_instructions = sorted({text for text in demos.instructions})
     tok = build_instruction_tokenizer(task_instructions, vla_cfg.pad_token_id,
                                       vla_cfg.n_action_bins)
     tokenizer = PromptTokenizer(tok)
     action_tokenizer = ActionTokenizer(vla_cfg.llm.vocab_size, vla_cfg.pad_to_multiple_of,
-                                       vla_cfg.n_action_bins)
+                                       vla_cfg.n_action_bins, vla_cfg.action_dim,
+                                       vla_cfg.action_chunk)
     (dataset_name, entry), = demos.norm_stats.items()
     stats = ActionStats.from_norm_stats(entry, dataset_name)
     data = prepare_tensors(demos, tokenizer, action_tokenizer, stats, vla_cfg.image_size,
-                           cfg.val_every_nth_episode)
+                           cfg.val_every_nth_episode, cfg.chunk)
     model = build_model(vla_cfg, torch.float32, 'cpu', cfg.seed).train()
     decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
     no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
