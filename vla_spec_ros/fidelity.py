@@ -81,10 +81,10 @@ def one_pass_pixels(image: np.ndarray, size: int, rotate_180: bool = False) -> n
 
 def levels(pixels: torch.Tensor, cfg) -> np.ndarray:
     """(6, S, S) normalised pixels -> the uint8 levels (S, S, 3) behind the SigLIP channels."""
-    tower = cfg.fused_featurizer
+    tower = cfg.towers[-1]
     std = torch.tensor(tower.std, dtype=torch.float64)[:, None, None]
     mean = torch.tensor(tower.mean, dtype=torch.float64)[:, None, None]
-    x = pixels[3:].detach().to('cpu', torch.float64) * std + mean
+    x = pixels[-3:].detach().to('cpu', torch.float64) * std + mean
     return np.rint(x.numpy() * 255.0).clip(0, 255).astype(np.uint8).transpose(1, 2, 0)
 
 
