@@ -4,7 +4,8 @@
 pure-Python ``rosbags`` package; no ROS installation, no rclpy, no torch) holding
 
     <image_topic>        sensor_msgs/msg/Image, rgb8, one per recorded frame
-    <instruction_topic>  std_msgs/msg/String, written only when the instruction changes
+    <instruction_topic>  std_msgs/msg/String, written when the instruction changes and again
+                         at the start of every split file
 
 Every message is logged at the frame's stamp (``stamp_ns``, also the image's header stamp), and
 the instruction is written just before the frame that first uses it, so a reader that pairs
@@ -16,18 +17,36 @@ Contracts:
 - Rate: at most one frame per ``min_period_s`` of stamp time; a frame stamped before the last
   recorded one is not recorded (the bag stays in time order).
 - Size: ``bytes_used`` is a conservative estimate of the bag's size on disk (a fixed container
-  allowance, then per message its serialised bytes plus the storage's per-message overhead).
+  allowance per split file, then per message its serialised bytes plus the storage's
+  per-message overhead).
   A frame (with its instruction) whose cost would take ``bytes_used`` past ``max_bytes`` is not
   recorded, and from then on ``is_full`` is True and nothing more is recorded.
-- The bag is complete only after ``close()`` (or leaving the ``with`` block): the storage
-  index and ``metadata.yaml`` are written there, so a process killed before then leaves a bag
-  that cannot be read. ``close()`` is idempotent.
+- Splits (``split_s``): the bag is a series of files, ``<name>_0.mcap``, ``<name>_1.mcap``,
+  ... as ``ros2 bag record --max-bag-duration`` writes them. A split that holds messages is
+  closed once it has been open ``split_s`` seconds (checked on every ``record`` and by
+  ``close_split_if_due``, which the node calls from a timer so that a camera that stopped does
+  not keep its last split open); each closed split is a complete file (index and summary
+  written) and ``metadata.yaml`` is rewritten (atomically: a temporary file renamed) to list
+  every closed split. A process killed (SIGKILL, power loss of the process) therefore leaves a
+  bag that standard readers (``ros2 bag play``, rosbags' ``AnyReader``, the ``mcap`` package's
+  reader, ``vla-spec train-draft --bag``) read up to its last closed split: at most the last
+  ``split_s`` seconds are lost. The open split is written in ``.<name>_<k>.open/`` and moved
+  next to the others when it closes; a killed process leaves that folder behind, unlisted.
+  Each split is readable on its own: it starts with the instruction in force.
+  ``split_s=None`` writes one file, closed by ``close()`` only (a killed process then leaves
+  no readable bag).
+- The bag is complete after ``close()`` (or leaving the ``with`` block): the open split is
+  closed and ``metadata.yaml`` written. ``close()`` is idempotent.
 - Storage: ``'mcap'`` (the default, as in ``ros2 bag record`` since Iron) or ``'sqlite3'``.
 - One lock guards every method, so a worker thread may record while another thread closes.
 """
 from __future__ import annotations
 
+import os
+import shutil
 import threading
+import time
+from io import StringIO
 from pathlib import Path
 
 import numpy as np
@@ -39,6 +58,7 @@ DEFAULT_INSTRUCTION_TOPIC = '/instruction'
 IMAGE_TYPE = 'sensor_msgs/msg/Image'
 STRING_TYPE = 'std_msgs/msg/String'
 STORAGES = ('mcap', 'sqlite3')
+EXTENSIONS = {'mcap': '.mcap', 'sqlite3': '.db3'}
 ROSBAG2_VERSION = 9
 
 # Size model per storage: (fixed container allowance, per-message overhead, allocation unit).
@@ -64,11 +84,14 @@ def _rosbags():
 
 
 class FrameRecorder:
-    """Records (frame, instruction) pairs into a new rosbag2 directory; see the module doc."""
+    """Records (frame, instruction) pairs into a new rosbag2 directory; see the module doc.
+
+    ``clock`` (seconds, monotonic) times the splits; tests pass their own."""
 
     def __init__(self, directory, *, min_period_s: float = 0.0, max_bytes: int | None = None,
                  storage: str = 'mcap', image_topic: str = DEFAULT_IMAGE_TOPIC,
-                 instruction_topic: str = DEFAULT_INSTRUCTION_TOPIC, frame_id: str = ''):
+                 instruction_topic: str = DEFAULT_INSTRUCTION_TOPIC, frame_id: str = '',
+                 split_s: float | None = None, clock=time.monotonic):
         path = Path(directory).expanduser()
         if path.exists():
             raise ValueError(f'directory: {path} exists already; a bag is written into a new '
@@ -76,6 +99,8 @@ class FrameRecorder:
         if storage not in STORAGES:
             raise ValueError(f'storage: {storage!r} is not one of {STORAGES}')
         min_period_s = check_number('min_period_s', min_period_s, minimum=0.0, unit='s')
+        if split_s is not None:
+            split_s = check_number('split_s', split_s, above=0.0, unit='s')
         for name, topic in (('image_topic', image_topic),
                             ('instruction_topic', instruction_topic)):
             if not isinstance(topic, str) or not topic.startswith('/') or topic.endswith('/'):
@@ -87,30 +112,30 @@ class FrameRecorder:
                                       or max_bytes <= self._reserve):
             raise ValueError(f'max_bytes: must be an integer above the {storage} container '
                              f'allowance of {self._reserve} bytes (or None), got {max_bytes}')
-        plugin, writer_cls, self._typestore = _rosbags()
+        self._plugin, self._writer_cls, self._typestore = _rosbags()
         self.path = path
         self.storage = storage
         self.image_topic, self.instruction_topic = image_topic, instruction_topic
         self.frame_id = str(frame_id)
         self.min_period_ns = int(round(float(min_period_s) * 1e9))
         self.max_bytes = None if max_bytes is None else int(max_bytes)
-        self.bytes_used = self._reserve
+        self.split_s = split_s
+        self._clock = clock
+        self.bytes_used = 0
         self.frames_recorded = 0
         self.instructions_recorded = 0
+        self.files: list[str] = []          # closed splits, as listed in metadata.yaml
+        self._split_info: list[dict] = []   # their rosbag2 metadata
         self._is_full = False
         self._last_stamp: int | None = None
         self._last_instruction: str | None = None
         self._lock = threading.Lock()
-        self._writer = writer_cls(path, version=ROSBAG2_VERSION,
-                                  storage_plugin=getattr(plugin, storage.upper()))
-        self._writer.open()
+        self._writer = None
+        path.mkdir(parents=True)
         try:
-            self._image_conn = self._writer.add_connection(image_topic, IMAGE_TYPE,
-                                                           typestore=self._typestore)
-            self._text_conn = self._writer.add_connection(instruction_topic, STRING_TYPE,
-                                                          typestore=self._typestore)
+            self._open_split()
         except Exception:
-            self._writer.close()
+            shutil.rmtree(path, ignore_errors=True)
             raise
 
     # ---- state --------------------------------------------------------------------------------
@@ -123,6 +148,95 @@ class FrameRecorder:
     @property
     def closed(self) -> bool:
         return self._writer is None
+
+    # ---- splits -------------------------------------------------------------------------------
+
+    def _split_name(self, index: int) -> str:
+        return f'{self.path.name}_{index}'
+
+    def _open_split(self) -> None:
+        """A new split in its hidden folder (a rosbags bag of its own until it is closed)."""
+        index = len(self.files)
+        folder = self.path / f'.{self._split_name(index)}.open'
+        writer = self._writer_cls(folder, version=ROSBAG2_VERSION,
+                                  storage_plugin=getattr(self._plugin, self.storage.upper()))
+        writer.open()
+        try:
+            self._image_conn = writer.add_connection(self.image_topic, IMAGE_TYPE,
+                                                     typestore=self._typestore)
+            self._text_conn = writer.add_connection(self.instruction_topic, STRING_TYPE,
+                                                    typestore=self._typestore)
+        except Exception:
+            writer.close()
+            raise
+        self._writer, self._split_folder = writer, folder
+        self._split_messages = 0
+        self._split_opened = self._clock()
+        self.bytes_used += self._reserve
+
+    def _close_split(self, *, keep_empty: bool) -> None:
+        """Close the open split; move its file next to the others and list it in
+        metadata.yaml (an empty split only with ``keep_empty``: the bag's only file)."""
+        writer, folder, self._writer = self._writer, self._split_folder, None
+        writer.close()
+        if not self._split_messages and not keep_empty:
+            shutil.rmtree(folder, ignore_errors=True)
+            return
+        name = self._split_name(len(self.files)) + EXTENSIONS[self.storage]
+        info = _load_yaml(folder / 'metadata.yaml')['rosbag2_bagfile_information']
+        os.replace(folder / (folder.name + EXTENSIONS[self.storage]), self.path / name)
+        self.files.append(name)
+        self._split_info.append(info)
+        self._write_metadata()
+        shutil.rmtree(folder, ignore_errors=True)
+
+    def _write_metadata(self) -> None:
+        """metadata.yaml listing every closed split, replaced atomically."""
+        infos = self._split_info
+        starts = [i['starting_time']['nanoseconds_since_epoch'] for i in infos
+                  if i['message_count']]
+        ends = [i['starting_time']['nanoseconds_since_epoch'] + i['duration']['nanoseconds']
+                for i in infos if i['message_count']]
+        start = min(starts) if starts else infos[0]['starting_time']['nanoseconds_since_epoch']
+        topics: dict = {}
+        for info in infos:
+            for entry in info['topics_with_message_count']:
+                name = entry['topic_metadata']['name']
+                if name in topics:
+                    topics[name]['message_count'] += entry['message_count']
+                else:
+                    topics[name] = {'topic_metadata': dict(entry['topic_metadata']),
+                                    'message_count': entry['message_count']}
+        files = []
+        for name, info in zip(self.files, infos):
+            entry = dict(info['files'][0])
+            entry['path'] = name
+            files.append(entry)
+        merged = dict(infos[0])
+        merged.update({
+            'relative_file_paths': list(self.files),
+            'duration': {'nanoseconds': max(ends) - start if ends else 0},
+            'starting_time': {'nanoseconds_since_epoch': start},
+            'message_count': sum(i['message_count'] for i in infos),
+            'topics_with_message_count': list(topics.values()),
+            'files': files,
+        })
+        _dump_yaml(self.path / 'metadata.yaml', {'rosbag2_bagfile_information': merged})
+
+    def _roll_if_due(self) -> None:
+        if (self._writer is not None and self.split_s is not None and self._split_messages
+                and self._clock() - self._split_opened >= self.split_s):
+            self._close_split(keep_empty=False)
+            self._open_split()
+            self._last_instruction = None      # each split starts with the instruction
+
+    def close_split_if_due(self) -> bool:
+        """Close the open split when it holds messages and has been open ``split_s``
+        seconds (a new one opens); returns whether it did."""
+        with self._lock:
+            count = len(self.files)
+            self._roll_if_due()
+            return len(self.files) > count
 
     # ---- recording ----------------------------------------------------------------------------
 
@@ -167,6 +281,7 @@ class FrameRecorder:
                     stamp_ns < self._last_stamp
                     or stamp_ns - self._last_stamp < self.min_period_ns):
                 return False
+            self._roll_if_due()
             image = self._typestore.serialize_cdr(self._image_message(frame, stamp_ns),
                                                   IMAGE_TYPE)
             text = None
@@ -181,18 +296,19 @@ class FrameRecorder:
                 self._writer.write(self._text_conn, stamp_ns, text)
                 self._last_instruction = instruction
                 self.instructions_recorded += 1
+                self._split_messages += 1
             self._writer.write(self._image_conn, stamp_ns, image)
+            self._split_messages += 1
             self.bytes_used += cost
             self.frames_recorded += 1
             self._last_stamp = stamp_ns
             return True
 
     def close(self) -> None:
-        """Finish the bag (index, metadata.yaml). Safe to call more than once."""
+        """Close the open split and finish metadata.yaml. Safe to call more than once."""
         with self._lock:
-            writer, self._writer = self._writer, None
-            if writer is not None:
-                writer.close()
+            if self._writer is not None:
+                self._close_split(keep_empty=not self.files)
 
     def __enter__(self) -> 'FrameRecorder':
         return self
@@ -202,5 +318,23 @@ class FrameRecorder:
 
     def __repr__(self) -> str:
         return (f'FrameRecorder({str(self.path)!r}, storage={self.storage!r}, '
-                f'frames={self.frames_recorded}, bytes_used={self.bytes_used}, '
-                f'full={self._is_full})')
+                f'frames={self.frames_recorded}, files={len(self.files)}, '
+                f'bytes_used={self.bytes_used}, full={self._is_full})')
+
+
+def _load_yaml(path: Path) -> dict:
+    from ruamel.yaml import YAML
+    return YAML(typ='safe').load(path.read_text('utf8'))
+
+
+def _dump_yaml(path: Path, data: dict) -> None:
+    """Write ``data`` to ``path`` through a temporary file renamed over it (a reader, or a
+    process killed meanwhile, sees the old file or the new one, never a part)."""
+    from ruamel.yaml import YAML
+    yaml = YAML(typ='safe')
+    yaml.default_flow_style = False
+    text = StringIO()
+    yaml.dump(data, text)
+    tmp = path.with_name(path.name + '.tmp')
+    tmp.write_text(text.getvalue(), 'utf8')
+    os.replace(tmp, path)

@@ -4,17 +4,31 @@
 it) and is unit-tested without rclpy. `diagnostic_status` turns a snapshot into a
 diagnostic_msgs/DiagnosticStatus (the layout diagnostic_updater would publish: name, level,
 message, hardware_id, key/value pairs), imported lazily.
+
+Overload. A robot's frames that the engine never acts on are counted where they are dropped:
+replaced in the robot's one-frame slot before the worker took them, or replaced while waiting
+for admission (latest wins). Over the window each robot reports `answered_fraction` (actions
+published / frames received), `dropped_fraction` and `action_age_max_ms` (the oldest image an
+action was published for: never above `max_action_age`). `engine_summary` adds them up over
+the node's robots: the engine is `saturated` when more than SATURATION_DROPPED_FRACTION of the
+frames received in the window were dropped because it was busy; its status is then WARN with
+that number in the message (`engine_status`).
 """
 from __future__ import annotations
 
 import math
 import threading
+import time
 from collections import deque
 
 from vla_spec_ros.ros.command import FAILURE_REASONS, reason_kind
 from vla_spec_ros.validation import check_number
 
 OK, WARN, ERROR = 0, 1, 2          # diagnostic_msgs/DiagnosticStatus levels
+# The engine is saturated when more than this fraction of the frames received in the window
+# were dropped unanswered because it was busy with earlier ones.
+SATURATION_DROPPED_FRACTION = 0.1
+_MAX_WINDOW_EVENTS = 100_000       # bound on the per-window event queues (any camera rate)
 
 
 def percentile(values, q: float) -> float:
@@ -59,6 +73,11 @@ class InferenceStats:
         self._accepted: deque = deque(maxlen=max_samples)        # tokens per verify step
         # Where each published frame's time went (FRAME_STAGES, seconds), one dict per frame.
         self._stages: deque = deque(maxlen=max_samples)
+        # Monotonic seconds of each received and each dropped frame, and (time, image age) of
+        # each published action, over the last `window_s` (pruned as they are appended).
+        self._received_times: deque = deque(maxlen=_MAX_WINDOW_EVENTS)
+        self._dropped_times: deque = deque(maxlen=_MAX_WINDOW_EVENTS)
+        self._action_ages: deque = deque(maxlen=_MAX_WINDOW_EVENTS)
         self.num_frames_received = 0
         self.num_frames_dropped = 0
         self.num_frames_stale = 0
@@ -71,25 +90,43 @@ class InferenceStats:
         self.hold_reason: str | None = None
         self.last_error = ''
 
-    def record_received(self) -> None:
+    @property
+    def window_s(self) -> float:
+        return self._window_s
+
+    def _push(self, events: deque, now_s: float, item) -> None:
+        events.append(item)
+        while events and now_s - _event_time(events[0]) > self._window_s:
+            events.popleft()
+
+    def record_received(self, now_s: float | None = None) -> None:
+        now_s = time.monotonic() if now_s is None else now_s
         with self._lock:
             self.num_frames_received += 1
+            self._push(self._received_times, now_s, now_s)
 
-    def record_dropped(self, count: int = 1) -> None:
+    def record_dropped(self, count: int = 1, now_s: float | None = None) -> None:
+        """`count` frames dropped unanswered (replaced by a newer frame of the robot)."""
+        now_s = time.monotonic() if now_s is None else now_s
         with self._lock:
             self.num_frames_dropped += count
+            for _ in range(count):
+                self._push(self._dropped_times, now_s, now_s)
 
     def record_submitted(self) -> None:
         with self._lock:
             self.num_frames_submitted += 1
 
     def record_action(self, now_s: float, latency_s: float, accepted_lengths=(),
-                      stages: dict | None = None) -> None:
+                      stages: dict | None = None, age_s: float | None = None) -> None:
         """One published action: its receipt -> publish latency, the tokens each verifier
-        forward decided, and (optional) the seconds it spent in each of FRAME_STAGES."""
+        forward decided, (optional) the seconds it spent in each of FRAME_STAGES and the age
+        of its image when it was published (the age `max_action_age` bounds)."""
         with self._lock:
             self.num_actions_published += 1
             self._publish_times.append(now_s)
+            if age_s is not None:
+                self._push(self._action_ages, now_s, (now_s, age_s))
             self._latencies.append(latency_s)
             if stages is not None:
                 self._stages.append(stages)
@@ -119,6 +156,9 @@ class InferenceStats:
             latencies = list(self._latencies)
             accepted = list(self._accepted)
             stages = list(self._stages)
+            in_window = [sum(1 for t in events if now_s - t <= self._window_s)
+                         for events in (self._received_times, self._dropped_times)]
+            ages = [age for t, age in self._action_ages if now_s - t <= self._window_s]
             snap = {
                 'frames_received': self.num_frames_received,
                 'frames_submitted': self.num_frames_submitted,
@@ -140,12 +180,65 @@ class InferenceStats:
         snap['latency_p50_ms'] = 1e3 * percentile(latencies, 50) if latencies else float('nan')
         snap['latency_p99_ms'] = 1e3 * percentile(latencies, 99) if latencies else float('nan')
         snap['acceptance_length'] = sum(accepted) / len(accepted) if accepted else float('nan')
+        snap.update(_window_counts(in_window[0], len(recent), in_window[1]))
+        snap['action_age_max_ms'] = 1e3 * max(ages) if ages else float('nan')
         for stage in FRAME_STAGES:
             values = [s[stage] for s in stages if stage in s]
             for q in (50, 99):
                 snap[f'{stage}_p{q}_ms'] = 1e3 * percentile(values, q) if values \
                     else float('nan')
         return snap
+
+
+def _event_time(item) -> float:
+    return item[0] if isinstance(item, tuple) else item
+
+
+def _window_counts(received: int, actions: int, dropped: int) -> dict:
+    """Window counts and the fractions of the frames received that were answered / dropped."""
+    return {'frames_in_window': received, 'actions_in_window': actions,
+            'dropped_in_window': dropped,
+            'answered_fraction': actions / received if received else float('nan'),
+            'dropped_fraction': dropped / received if received else float('nan')}
+
+
+def engine_summary(snapshots: dict, window_s: float) -> dict:
+    """The node's engine over its robots' snapshots ({robot: snapshot}): window totals,
+    the answered fraction of the least-answered robot, and whether it is saturated."""
+    totals = _window_counts(*(sum(s[key] for s in snapshots.values()) for key in
+                              ('frames_in_window', 'actions_in_window', 'dropped_in_window')))
+    answered = {robot: s['answered_fraction'] for robot, s in snapshots.items()
+                if not math.isnan(s['answered_fraction'])}
+    worst = min(answered, key=answered.get) if answered else ''
+    dropped = totals['dropped_fraction']
+    ages = [s['action_age_max_ms'] for s in snapshots.values()
+            if not math.isnan(s['action_age_max_ms'])]
+    return dict(totals, robots=len(snapshots), window_s=window_s,
+                saturated=not math.isnan(dropped) and dropped > SATURATION_DROPPED_FRACTION,
+                least_answered_robot=worst,
+                least_answered_fraction=answered[worst] if worst else float('nan'),
+                action_age_max_ms=max(ages) if ages else float('nan'))
+
+
+def engine_status(summary: dict, *, name: str, hardware_id: str):
+    """engine_summary -> diagnostic_msgs/DiagnosticStatus: WARN while saturated."""
+    from diagnostic_msgs.msg import DiagnosticStatus, KeyValue
+
+    status = DiagnosticStatus()
+    status.name = name
+    status.hardware_id = hardware_id
+    if summary['saturated']:
+        status.level = bytes([WARN])
+        status.message = (
+            f'saturated: {summary["dropped_fraction"]:.0%} of the frames of the last '
+            f'{summary["window_s"]:.0f} s dropped while the engine was busy; answered '
+            f'{summary["answered_fraction"]:.0%} (least: {summary["least_answered_robot"] or "-"}'
+            f' {summary["least_answered_fraction"]:.0%})')
+    else:
+        status.level = bytes([OK])
+        status.message = 'keeping up' if summary['frames_in_window'] else 'no frames'
+    status.values = [KeyValue(key=k, value=_format(v)) for k, v in summary.items()]
+    return status
 
 
 def level_for(snapshot: dict) -> int:
@@ -177,4 +270,5 @@ def _format(value) -> str:
 
 
 __all__ = ['InferenceStats', 'FRAME_STAGES', 'frame_stages', 'percentile', 'level_for',
-           'diagnostic_status', 'OK', 'WARN', 'ERROR']
+           'diagnostic_status', 'engine_summary', 'engine_status',
+           'SATURATION_DROPPED_FRACTION', 'OK', 'WARN', 'ERROR']

@@ -132,6 +132,9 @@ NODE_PARAMETERS: tuple[ParameterSpec, ...] = (
        tunable=False, lo=0.0, hi=3600.0, unit='s'),
     _p('record_max_mb', 2048, 'Stop recording when the bag would exceed this size',
        tunable=False, lo=1, hi=1000000, unit='MB'),
+    _p('record_split_s', 10.0, 'Close the bag\'s current file and start the next after this '
+       'many seconds, so a killed node loses at most the last ones (0 = one file, readable '
+       'only after a clean shutdown)', tunable=False, lo=0.0, hi=86400.0, unit='s'),
 )
 
 # Parameters a robot of a multi-robot node may set for itself as `<robot>.<name>`; each starts
@@ -188,6 +191,7 @@ class NodeSettings:
     record_dir: str
     record_period: float
     record_max_mb: int
+    record_split_s: float
 
     def __post_init__(self):
         for field in dataclasses.fields(self):

@@ -8,7 +8,8 @@ owns everything that is per robot:
   outputs  twist (stamped with the image's stamp), gripper, action, GripperCommand goals
   services enable (SetBool), reset (Trigger: drops this robot's engine requests only)
   safety   staleness check, zero-twist holds with their reason, halt-message budget
-  stats    rate, latency, acceptance, drops (one /diagnostics status per robot)
+  stats    rate, latency, acceptance, drops, answered fraction, oldest action published
+           (one /diagnostics status per robot)
 
 Its settings are a NodeSettings built from the node's parameters overlaid with the robot's own
 (`<name>.frame_id`, ...; params.robot_settings). The node swaps them in on `ros2 param set`.
@@ -238,7 +239,8 @@ class RobotChannel:
             info.receipt_mono, info.taken_mono, info.converted_mono,
             stats.get('latency_s', 0.0), stats.get('compute_s', 0.0), now)
         self.stats.record_action(now, now - info.receipt_mono,
-                                 stats.get('accepted_lengths', ()), stages)
+                                 stats.get('accepted_lengths', ()), stages,
+                                 age_s=self.age_of(info))
 
     def publish_command(self, command: cmd.Command, stamp) -> None:
         if not self.is_active:

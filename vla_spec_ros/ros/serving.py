@@ -11,6 +11,7 @@ next submit (a request keeps the tunables it was submitted with).
 """
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 
@@ -19,7 +20,7 @@ from rcl_interfaces.msg import SetParametersResult
 from rclpy.parameter import Parameter
 
 from vla_spec_ros.engine.result import Frame
-from vla_spec_ros.ros import params
+from vla_spec_ros.ros import diagnostics, params
 from vla_spec_ros.ros.qos import COMMAND_QOS
 from vla_spec_ros.ros.robot_channel import RobotChannel
 from vla_spec_ros.ros.worker import InferenceWorker
@@ -209,12 +210,32 @@ class Serving:
             if channel.is_active:
                 channel.watchdog()
 
+    def engine_summary(self) -> dict:
+        """The engine over every robot's window: totals, least-answered robot, saturated."""
+        now = time.monotonic()
+        snapshots = {channel.label: channel.stats.snapshot(now) for channel in self.channels}
+        return diagnostics.engine_summary(snapshots, self.channels[0].stats.window_s)
+
     def _publish_diagnostics(self) -> None:
+        """One status per robot, then the engine's (saturated: WARN); also closes the
+        recorders' due splits, so a robot whose camera stopped has its last frames on disk."""
         array = DiagnosticArray()
         array.header.stamp = self.node.get_clock().now().to_msg()
         array.status = [channel.diagnostic(self.engine.config.mode)
                         for channel in self.channels]
+        array.status.append(diagnostics.engine_status(
+            self.engine_summary(), name=f'{self.node.get_fully_qualified_name()}: engine',
+            hardware_id=self.settings.model_path))
         self._diag_pub.publish(array)
+        for robot, recorder in self.recorders.items():
+            if recorder is not None and not recorder.closed:
+                try:
+                    recorder.close_split_if_due()
+                except Exception as exc:       # a full disk must not take the node down
+                    self.node.get_logger().error(
+                        f'recording of {robot or self.node.get_name()} stopped: {exc}')
+                    with contextlib.suppress(Exception):
+                        recorder.close()
 
     # ---- recording --------------------------------------------------------------------------
 
@@ -228,7 +249,9 @@ class Serving:
 def make_recorder(settings, robot: str):
     """The frame recorder of `record_dir`, or None when recording is off. Each start writes a
     new bag, `<record_dir>/[<robot>/]vla_spec_<UTC time>`, so a restart never overwrites one.
-    A bag is complete once closed (node shutdown, lifecycle cleanup)."""
+    Its files are split every `record_split_s` (the diagnostics timer closes a due split), so
+    a killed node leaves a bag readable up to its last closed split; a clean shutdown or a
+    lifecycle cleanup closes the last one."""
     if not settings.record_dir:
         return None
     import os
@@ -243,7 +266,8 @@ def make_recorder(settings, robot: str):
         run += 1
         directory = os.path.join(parent, f'{name}_{run}')
     return FrameRecorder(directory, min_period_s=settings.record_period,
-                         max_bytes=settings.record_max_mb * 1024 * 1024)
+                         max_bytes=settings.record_max_mb * 1024 * 1024,
+                         split_s=settings.record_split_s or None)
 
 
 __all__ = ['Serving', 'make_recorder']

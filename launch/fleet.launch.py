@@ -1,0 +1,218 @@
+"""Launch a fleet of vla_spec engines: one node per GPU or machine, each serving its robots.
+
+    ros2 launch vla_spec_ros fleet.launch.py fleet_file:=/etc/vla/fleet.yaml
+    ros2 launch vla_spec_ros fleet.launch.py fleet_file:=... engines:=vla_gpu1   # one machine
+
+`fleet_file` (config/fleet.yaml shows the layout) names the engines, each with its `device`,
+its `robots` and its own parameters, the values every engine shares and each robot's own
+parameters and topic remappings. Each engine is one `vla-spec-node` with the `robots`
+parameter; every engine node runs in the fleet's namespace, so robot `arm0`'s topics are
+`/arm0/image`, `/arm0/twist`, ... (or `/<namespace>/arm0/...`) whichever engine serves it.
+Engines are started with `respawn` (after `respawn_delay` seconds): a crashed engine comes back
+and serves its robots again from their next frames; meanwhile only its robots stop (their
+controllers see no command; see docs/fleet.md).
+
+`engines:=a,b` starts only those engines of the file (one launch per machine, each naming
+its own); empty starts them all. `respawn:=false` turns respawning off (debugging).
+
+`launch` and `launch_ros` are imported inside `generate_launch_description` only; the options
+of each engine node come from the pure functions `load_fleet` and `engine_options`, which the
+tests turn into `vla-spec-node --ros-args ...` where `launch` is not installed.
+"""
+import os
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+# Installed: share/vla_spec_ros/{launch,config}/; in the source tree: launch/ and config/.
+DEFAULT_FLEET_FILE = os.path.normpath(os.path.join(HERE, '..', 'config', 'fleet.yaml'))
+DEFAULT_PARAMS_FILE = os.path.normpath(os.path.join(HERE, '..', 'config', 'robot.yaml'))
+
+# (name, default, description). Empty strings mean "not overridden".
+ARGUMENTS = (
+    ('fleet_file', DEFAULT_FLEET_FILE, 'YAML file of the fleet: engines, their devices and '
+     'robots, shared and per-robot parameters'),
+    ('engines', '', 'Comma-separated engine names of fleet_file to start here; empty = all'),
+    ('respawn', 'true', 'Start a dead engine again after respawn_delay'),
+    ('respawn_delay', '', 'Seconds before a dead engine is started again; empty = the '
+     'fleet_file value'),
+)
+
+# A robot's topic -> the node's own (relative) name of it, `<robot>/<topic>`.
+ROBOT_TOPICS = ('image', 'image/compressed', 'instruction', 'twist', 'gripper', 'action')
+FLEET_KEYS = ('namespace', 'params_file', 'respawn_delay', 'parameters', 'engines', 'robots')
+ENGINE_KEYS = ('device', 'robots', 'parameters')
+DEFAULT_RESPAWN_DELAY = 2.0
+
+
+def _is_name(text) -> bool:
+    """A ROS name token: a letter, then letters, digits or _."""
+    return (isinstance(text, str) and text[:1].isalpha() and text.isascii()
+            and text.replace('_', 'a').isalnum())
+
+
+def _mapping(value, where: str) -> dict:
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise ValueError(f'{where}: expected a mapping, got {value!r}')
+    return value
+
+
+def _unknown(keys, known, where: str) -> None:
+    unknown = sorted(set(keys) - set(known))
+    if unknown:
+        raise ValueError(f'{where}: unknown keys {unknown}; known: {list(known)}')
+
+
+def _parameter_names():
+    """(node parameters, per-robot parameters), or None where the package is not importable."""
+    try:
+        from vla_spec_ros.ros import params
+    except ImportError:
+        return None
+    return set(params.PARAMETERS_BY_NAME), set(params.ROBOT_PARAMETERS)
+
+
+def check_fleet(data) -> dict:
+    """The fleet file's `fleet:` mapping, validated: engine and robot names, each robot on
+    exactly one engine, per-robot sections only for served robots, known keys and parameter
+    names. Returns it with every optional key filled in. ValueError names the problem."""
+    fleet = _mapping(_mapping(data, 'fleet_file').get('fleet'), 'fleet')
+    _unknown(fleet, FLEET_KEYS, 'fleet')
+    namespace = fleet.get('namespace') or ''
+    if namespace and not all(_is_name(part) for part in namespace.strip('/').split('/')):
+        raise ValueError(f'fleet.namespace: {namespace!r} is not a valid namespace')
+    delay = fleet.get('respawn_delay', DEFAULT_RESPAWN_DELAY)
+    if isinstance(delay, bool) or not isinstance(delay, (int, float)) or delay < 0:
+        raise ValueError(f'fleet.respawn_delay: expected seconds >= 0, got {delay!r}')
+    names = _parameter_names()
+    shared = _mapping(fleet.get('parameters'), 'fleet.parameters')
+    engines = _mapping(fleet.get('engines'), 'fleet.engines')
+    if not engines:
+        raise ValueError('fleet.engines: no engine listed')
+    served = {}
+    checked_engines = {}
+    for engine, spec in engines.items():
+        where = f'fleet.engines.{engine}'
+        if not _is_name(engine):
+            raise ValueError(f'{where}: not a valid node name (a letter, then letters, digits '
+                             'or _)')
+        spec = _mapping(spec, where)
+        _unknown(spec, ENGINE_KEYS, where)
+        robots = spec.get('robots') or []
+        if isinstance(robots, str) or not robots:
+            raise ValueError(f'{where}.robots: expected a non-empty list of robot names')
+        for robot in robots:
+            if not _is_name(robot):
+                raise ValueError(f'{where}.robots: {robot!r} is not a valid name')
+            if robot in served:
+                raise ValueError(f'{where}.robots: {robot} is also served by {served[robot]}; '
+                                 'each robot needs exactly one engine')
+            served[robot] = engine
+        own = _mapping(spec.get('parameters'), f'{where}.parameters')
+        for key in ('robots', 'device'):
+            if key in own or key in shared:
+                raise ValueError(f'{where}.parameters: set {key!r} as the engine\'s own key')
+        device = spec.get('device')
+        if device is not None and not (isinstance(device, str) and device):
+            raise ValueError(f'{where}.device: expected cpu, cuda or cuda:N, got {device!r}')
+        checked_engines[engine] = {'device': device, 'robots': list(robots), 'parameters': own}
+    if names is not None:
+        for where, values in [('fleet.parameters', shared)] + [
+                (f'fleet.engines.{e}.parameters', s['parameters'])
+                for e, s in checked_engines.items()]:
+            _unknown(values, sorted(names[0]), where)
+    robots = _mapping(fleet.get('robots'), 'fleet.robots')
+    checked_robots = {}
+    for robot, spec in robots.items():
+        where = f'fleet.robots.{robot}'
+        if robot not in served:
+            raise ValueError(f'{where}: no engine serves {robot} (served: {sorted(served)})')
+        spec = dict(_mapping(spec, where))
+        topics = _mapping(spec.pop('topics', None), f'{where}.topics')
+        _unknown(topics, ROBOT_TOPICS, f'{where}.topics')
+        for topic, target in topics.items():
+            if not (isinstance(target, str) and target.startswith('/')):
+                raise ValueError(f'{where}.topics.{topic}: expected an absolute topic name, '
+                                 f'got {target!r}')
+        if names is not None:
+            _unknown(spec, sorted(names[1]), where)
+        checked_robots[robot] = {'parameters': spec, 'topics': topics}
+    return {'namespace': namespace, 'params_file': fleet.get('params_file') or '',
+            'respawn_delay': float(delay), 'parameters': shared, 'engines': checked_engines,
+            'robots': checked_robots}
+
+
+def load_fleet(path: str) -> dict:
+    """Read and check a fleet file (see check_fleet)."""
+    import yaml
+
+    with open(path, encoding='utf8') as stream:
+        return check_fleet(yaml.safe_load(stream))
+
+
+def selected_engines(fleet: dict, engines_argument: str) -> list:
+    """The engines to start here: those named in `engines_argument` (comma-separated), or all
+    of them when it is empty; an unknown name raises ValueError."""
+    wanted = [name.strip() for name in engines_argument.split(',') if name.strip()]
+    unknown = sorted(set(wanted) - set(fleet['engines']))
+    if unknown:
+        raise ValueError(f'engines: {unknown} not in the fleet file (it has '
+                         f'{list(fleet["engines"])})')
+    return wanted or list(fleet['engines'])
+
+
+def engine_options(fleet: dict, engine: str, *, respawn: bool = True,
+                   respawn_delay: float | None = None) -> dict:
+    """The launch_ros Node options of one engine: name, namespace, parameters (the params
+    file, then one mapping: shared values, the engine's own, its device and robots, each
+    robot's `<robot>.<name>` values), remappings of its robots' topics, respawn."""
+    spec = fleet['engines'][engine]
+    values = dict(fleet['parameters'])
+    values.update(spec['parameters'])
+    if spec['device'] is not None:
+        values['device'] = spec['device']
+    values['robots'] = list(spec['robots'])
+    remappings = []
+    for robot in spec['robots']:
+        own = fleet['robots'].get(robot, {'parameters': {}, 'topics': {}})
+        values.update((f'{robot}.{name}', value) for name, value in own['parameters'].items())
+        remappings += [(f'{robot}/{topic}', target) for topic, target in own['topics'].items()]
+    return {'name': engine, 'namespace': fleet['namespace'],
+            'parameters': [fleet['params_file'] or DEFAULT_PARAMS_FILE, values],
+            'remappings': remappings, 'respawn': respawn,
+            'respawn_delay': fleet['respawn_delay'] if respawn_delay is None else respawn_delay}
+
+
+def fleet_options(values: dict) -> list:
+    """Launch argument values (strings) -> the options of every engine to start here."""
+    fleet = load_fleet(values['fleet_file'])
+    flag = values.get('respawn', 'true').strip().lower()
+    if flag not in ('true', 'false'):
+        raise ValueError(f'respawn: expected true or false, got {values["respawn"]!r}')
+    delay = values.get('respawn_delay', '').strip()
+    try:
+        delay = float(delay) if delay else None
+    except ValueError:
+        raise ValueError(f'respawn_delay: expected seconds, got {delay!r}') from None
+    if delay is not None and delay < 0:
+        raise ValueError(f'respawn_delay: expected seconds >= 0, got {delay}')
+    return [engine_options(fleet, engine, respawn=flag == 'true', respawn_delay=delay)
+            for engine in selected_engines(fleet, values.get('engines', ''))]
+
+
+def _launch_engines(context, *args, **kwargs):
+    from launch.substitutions import LaunchConfiguration
+    from launch_ros.actions import Node
+
+    values = {name: LaunchConfiguration(name).perform(context) for name, _, _ in ARGUMENTS}
+    return [Node(package='vla_spec_ros', executable='vla-spec-node', output='screen',
+                 emulate_tty=True, **options) for options in fleet_options(values)]
+
+
+def generate_launch_description():
+    from launch import LaunchDescription
+    from launch.actions import DeclareLaunchArgument, OpaqueFunction
+
+    declared = [DeclareLaunchArgument(name, default_value=default, description=description)
+                for name, default, description in ARGUMENTS]
+    return LaunchDescription(declared + [OpaqueFunction(function=_launch_engines)])
