@@ -80,7 +80,8 @@ def one_pass_pixels(image: np.ndarray, size: int, rotate_180: bool = False) -> n
 
 
 def levels(pixels: torch.Tensor, cfg) -> np.ndarray:
-    """(6, S, S) normalised pixels -> the uint8 levels (S, S, 3) behind the SigLIP channels."""
+    """(3 or 6, S, S) normalised pixels -> the uint8 levels (S, S, 3) behind the last tower's
+    channels (SigLIP's in a fused model)."""
     tower = cfg.towers[-1]
     std = torch.tensor(tower.std, dtype=torch.float64)[:, None, None]
     mean = torch.tensor(tower.mean, dtype=torch.float64)[:, None, None]
