@@ -317,6 +317,12 @@ class EngineConfig:
     mode: str = _option('pipeline_spec', 'Decoding mode', choices=MODES)
     device: str = _option('cpu', 'Torch device: cpu or cuda[:N]')
     dtype: str = _option('float32', 'Model weights and activations dtype', choices=DTYPES)
+    # FP8 weights (models/fp8.py): e4m3 with per-output-channel scales for the decoder's
+    # q/k/v/o and gate/up/down projections, torch._scaled_mm on CUDA (sm_89+, dtype bfloat16),
+    # the dequantised reference on a CPU (tests and fidelity, not speed).
+    weight_dtype: str = _option('auto', 'Decoder projection weights: auto (= dtype) or fp8 '
+                                '(e4m3, one scale per output channel; CUDA: sm_89+ and dtype '
+                                'bfloat16)', choices=('auto', 'fp8'))
     # Greedy over the whole vocabulary is the reference (S1); this option restricts argmax to
     # the action tokens. Off by default for parity with OpenVLA.
     restrict_to_action_tokens: bool = _option(

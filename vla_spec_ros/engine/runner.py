@@ -22,6 +22,7 @@ from ..action_codec import ActionCodec
 from ..actions import ActionTokenizer
 from ..config import EngineConfig, VLAConfig
 from ..models.attention import KVCache, StepBatch
+from ..models.fp8 import apply_weight_dtype
 from ..models.layers import LayerKernels, fuse_projections
 from ..models.vla import OpenVLA
 from ..preprocess import check_image, preprocess_pixels
@@ -51,6 +52,10 @@ class ModelRunner:
         # Where the weights came from (None: built in memory); the drafter chosen by an
         # engine's draft_path "checkpoint" is looked up there.
         self.checkpoint_folder = checkpoint_folder
+        # weight_dtype fp8: the decoder's projections quantised in place (models/fp8.py),
+        # before the fusion below fuses them; runners sharing the model must agree.
+        apply_weight_dtype(model.language_model, engine_cfg.weight_dtype,
+                           TORCH_DTYPES[engine_cfg.dtype], torch.device(engine_cfg.device))
         if torch.device(engine_cfg.device).type == 'cuda':
             fuse_projections(model.language_model)  # q/k/v and gate/up: one product each
         self.cfg = cfg

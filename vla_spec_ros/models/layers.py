@@ -23,6 +23,7 @@ from torch import nn
 
 from ..config import LlamaConfig
 from .attention import StepBatch, attend_packed, attend_segments, write_kv_and_rope
+from .fp8 import Fp8Linear, FusedFp8Linears
 
 
 @dataclass(frozen=True)
@@ -79,8 +80,11 @@ class RMSNorm(nn.Module):
         return self.weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps))
 
 
-def _linear(linear: nn.Linear, x: torch.Tensor) -> torch.Tensor:
-    """``linear(x)`` without ``nn.Module.__call__`` (the same ``F.linear``)."""
+def _linear(linear: nn.Linear | Fp8Linear, x: torch.Tensor) -> torch.Tensor:
+    """``linear(x)`` without ``nn.Module.__call__`` (the same ``F.linear``; a projection
+    quantised by ``weight_dtype: fp8`` runs its own forward, models/fp8.py)."""
+    if type(linear) is Fp8Linear:
+        return linear.forward(x)
     return F.linear(x, linear.weight, linear.bias)
 
 
@@ -118,12 +122,18 @@ class FusedLinears:
 
 
 def fuse_projections(module: nn.Module) -> None:
-    """Fuse q/k/v and gate/up projections of every Llama layer in ``module`` (inference)."""
+    """Fuse q/k/v and gate/up projections of every Llama layer in ``module`` (inference);
+    FP8 projections (models/fp8.py) fuse into one FP8 product."""
     for sub in module.modules():
         if isinstance(sub, LlamaAttention):
-            sub.fused = FusedLinears([sub.q_proj, sub.k_proj, sub.v_proj])
+            linears = [sub.q_proj, sub.k_proj, sub.v_proj]
         elif isinstance(sub, SwiGLU):
-            sub.fused = FusedLinears([sub.gate_proj, sub.up_proj])
+            linears = [sub.gate_proj, sub.up_proj]
+        else:
+            continue
+        fp8 = [type(lin) is Fp8Linear for lin in linears]
+        sub.fused = FusedFp8Linears(linears) if all(fp8) else \
+            FusedLinears(linears) if not any(fp8) else None
 
 
 class LlamaAttention(nn.Module):

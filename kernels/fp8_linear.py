@@ -1,0 +1,129 @@
+"""FP8 linear layer: e4m3 weights with one scale per output channel, activations quantised per
+token, the product through ``torch._scaled_mm`` on GPUs with FP8 tensor cores.
+
+Quantisation (``quantize_rows``): each row of a tensor gets the scale ``amax(|row|) / 448``
+(448 is e4m3's largest finite value) in float32, and the row divided by it, clamped to
+[-448, 448] and rounded to ``torch.float8_e4m3fn``. Weights (N, K) are quantised once at load,
+one scale per output channel; activations (T, K) are quantised at every call, one scale per
+token. Per token, not per tensor: a row's quantisation depends on that row alone, so a token's
+output is the same whatever else shares the packed step (speculative verification and the
+pipeline batch rows differently from AR, and still give AR's tokens).
+
+The product of a row ``x`` and an output channel ``w`` is ``sum(xq * wq) * sx * sw``:
+- ``fp8_linear_ref`` (plain torch, the oracle, any device): dequantises both operands
+  (``q.to(compute dtype) * scale``) and multiplies them with ``F.linear`` in float32 (float64
+  for float64 inputs), rounding the result to the input dtype once. The weights are dequantised
+  on every call (nothing is cached: the weights stay one byte per element); it exists for tests,
+  CPU runs and fidelity measurements, not for speed.
+- ``fp8_linear_scaled_mm`` (the launch, no checks): ``torch._scaled_mm`` with row-wise scales,
+  fp8 products accumulated in float32 by the tensor cores, scaled, rounded to bf16.
+- ``fp8_linear`` (the validating wrapper) with ``use_scaled_mm`` choosing between them.
+
+``_scaled_mm`` constraints (torch 2.13, ``_meta_registrations._check_scaled_mm_sizes`` and
+the CUDA dispatch): both operands e4m3; the first (T, K) row-major, the second (K, N)
+column-major (a row-major (N, K) weight transposed is one); K and N multiples of 16 on CUDA (T
+is free); row-wise scales float32, ``scale_a`` (T, 1) and ``scale_b`` (1, N), contiguous; on
+sm_89, or sm_90 with a cuBLAS older than 12.9, the row-wise kernel writes bf16 (newer builds
+also fp16) only, hence bf16 activations on CUDA (``scaled_mm_unsupported_reason``).
+"""
+import torch
+import torch.nn.functional as F
+
+FP8_DTYPE = torch.float8_e4m3fn
+FP8_MAX = 448.0                      # torch.finfo(torch.float8_e4m3fn).max
+_TINY = torch.finfo(torch.float32).tiny
+MIN_CAPABILITY = (8, 9)              # FP8 tensor cores: Ada (sm_89), Hopper (sm_90) and later
+
+
+def quantize_rows(x: torch.Tensor):
+    """(..., K) floating -> ``(q, scale)``: ``q`` e4m3 of x's shape, ``scale`` float32 (..., 1)
+    with ``x ~= q * scale`` row by row (an all-zero row gets the smallest normal scale and
+    zeros)."""
+    x32 = x.to(torch.float32)
+    scale = (x32.abs().amax(dim=-1, keepdim=True) / FP8_MAX).clamp_min(_TINY)
+    q = (x32 / scale).clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE)
+    return q, scale
+
+
+def dequantize_rows(q: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``q * scale`` in ``dtype``; ``scale`` broadcasts over the last dim ((..., 1) or (N, 1))."""
+    return q.to(dtype) * scale.to(dtype)
+
+
+def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def fp8_linear_ref(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor):
+    """Plain torch: x (..., K) floating, weight (N, K) e4m3, weight_scale (N,) float32 ->
+    (..., N) in x's dtype: x quantised per token, both operands dequantised, then ``F.linear``
+    in float32 (float64 for float64 x)."""
+    dtype = _compute_dtype(x.dtype)
+    xq, x_scale = quantize_rows(x)
+    w = dequantize_rows(weight, weight_scale[:, None], dtype)
+    return F.linear(dequantize_rows(xq, x_scale, dtype), w).to(x.dtype)
+
+
+def fp8_linear_scaled_mm(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor,
+                         *, use_fast_accum: bool = False):
+    """``torch._scaled_mm`` with the contract of ``fp8_linear_ref``; inputs are NOT checked
+    (``fp8_linear`` checks them). x (..., K), weight (N, K) row-major e4m3, weight_scale (N,)
+    float32 contiguous. No host sync: CUDA-graph capturable."""
+    rows = x.reshape(-1, x.shape[-1])
+    xq, x_scale = quantize_rows(rows)
+    out = torch._scaled_mm(xq, weight.t(), scale_a=x_scale, scale_b=weight_scale.view(1, -1),
+                           out_dtype=x.dtype, use_fast_accum=use_fast_accum)
+    return out.view(*x.shape[:-1], weight.shape[0])
+
+
+def scaled_mm_unsupported_reason(weight: torch.Tensor, dtype: torch.dtype):
+    """Why ``fp8_linear_scaled_mm`` cannot run a (N, K) e4m3 ``weight`` with ``dtype``
+    activations on the weight's device, or None when it can."""
+    if weight.device.type != 'cuda':
+        return f'the weights are on {weight.device}, not a CUDA device'
+    capability = torch.cuda.get_device_capability(weight.device)
+    if capability < MIN_CAPABILITY:
+        return (f'{torch.cuda.get_device_name(weight.device)} is sm_{capability[0]}'
+                f'{capability[1]}: FP8 tensor cores need sm_89 or later')
+    if dtype != torch.bfloat16:
+        return f'the row-wise scaled product writes bfloat16 on CUDA, activations are {dtype}'
+    n, k = weight.shape
+    if n % 16 or k % 16:
+        return f'weight ({n}, {k}): both dims must be multiples of 16'
+    if weight.stride() != (k, 1):
+        return f'weight ({n}, {k}) is not row-major (strides {weight.stride()})'
+    return None
+
+
+def check_fp8_weight(weight: torch.Tensor, weight_scale: torch.Tensor) -> None:
+    """Raise ValueError unless weight is (N, K) e4m3 and weight_scale (N,) float32 beside it."""
+    if not isinstance(weight, torch.Tensor) or weight.dtype != FP8_DTYPE or weight.dim() != 2:
+        raise ValueError(f'weight must be a 2-dim {FP8_DTYPE} tensor, got '
+                         f'{getattr(weight, "dtype", type(weight).__name__)} '
+                         f'{tuple(getattr(weight, "shape", ()))}')
+    if (not isinstance(weight_scale, torch.Tensor) or weight_scale.dtype != torch.float32
+            or tuple(weight_scale.shape) != (weight.shape[0],)
+            or weight_scale.device != weight.device):
+        raise ValueError(f'weight_scale must be float32 ({weight.shape[0]},) on '
+                         f'{weight.device}, got {getattr(weight_scale, "dtype", None)} '
+                         f'{tuple(getattr(weight_scale, "shape", ()))}')
+
+
+def fp8_linear(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor, *,
+               use_scaled_mm: bool = False) -> torch.Tensor:
+    """Validated FP8 linear; ``use_scaled_mm`` selects ``torch._scaled_mm`` (CUDA, sm_89+,
+    bf16 activations, dims multiples of 16), else the dequantised reference. A request the
+    device path cannot serve raises ValueError naming why (never a silent fallback)."""
+    check_fp8_weight(weight, weight_scale)
+    if not isinstance(x, torch.Tensor) or not x.dtype.is_floating_point or x.dim() < 1 \
+            or x.dtype == FP8_DTYPE:
+        raise ValueError('x must be a floating tensor with at least one dim')
+    if x.shape[-1] != weight.shape[1] or x.device != weight.device:
+        raise ValueError(f'x (..., {x.shape[-1]}) on {x.device} does not match weight '
+                         f'{tuple(weight.shape)} on {weight.device}')
+    if use_scaled_mm:
+        reason = scaled_mm_unsupported_reason(weight, x.dtype)
+        if reason is not None:
+            raise ValueError(f'use_scaled_mm=True: {reason}')
+        return fp8_linear_scaled_mm(x.contiguous(), weight, weight_scale)
+    return fp8_linear_ref(x, weight, weight_scale)

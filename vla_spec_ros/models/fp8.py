@@ -1,0 +1,179 @@
+"""FP8 weights for the Llama decoder's projections (EngineConfig ``weight_dtype: fp8``).
+
+``quantize_decoder_`` replaces, in place, every decoder layer's q/k/v/o and gate/up/down
+``nn.Linear`` by an ``Fp8Linear``: e4m3 weights with one float32 scale per output channel
+(``amax(|row|) / 448``), the arithmetic of ``kernels/fp8_linear.py`` (activations quantised per
+token at every call). The embeddings, ``lm_head``, the vision towers, the projector and any
+draft head keep the model dtype. State-dict keys stay those of the layer (``...q_proj.weight``
+now e4m3, plus ``...q_proj.weight_scale``).
+
+Each ``Fp8Linear`` decides its path once, at quantisation, from where its weights live:
+``torch._scaled_mm`` when ``kernels.scaled_mm_unsupported_reason`` has no objection (CUDA,
+sm_89+, bf16, dims multiples of 16), else the dequantised reference. On a CPU the reference is
+the path (dequantising the weights at every call, nothing cached: for tests and fidelity, not
+speed). On CUDA a projection that cannot take the device path runs the reference with a
+warning naming it; a device or dtype that cannot run FP8 at all is refused by
+``apply_weight_dtype`` before anything is quantised.
+
+A model object holds one kind of weights: the runners sharing it must agree on
+``weight_dtype`` (``apply_weight_dtype`` refuses a second runner that would change, or not
+see, the first one's arithmetic). Benchmarks comparing the two load the weights twice.
+"""
+from __future__ import annotations
+
+import warnings
+
+import torch
+from torch import nn
+
+from ..kernels import (FP8_DTYPE, fp8_linear_ref, fp8_linear_scaled_mm, quantize_rows,
+                       scaled_mm_unsupported_reason)
+from ..kernels.fp8_linear import MIN_CAPABILITY
+
+WEIGHT_DTYPES = ('auto', 'fp8')
+ATTENTION_PROJECTIONS = ('q_proj', 'k_proj', 'v_proj', 'o_proj')
+MLP_PROJECTIONS = ('gate_proj', 'up_proj', 'down_proj')
+
+
+class Fp8Linear(nn.Module):
+    """A bias-free linear layer with (N, K) e4m3 ``weight`` and (N,) float32 ``weight_scale``
+    buffers (inference only: there are no gradients through it)."""
+
+    def __init__(self, weight: torch.Tensor, weight_scale: torch.Tensor, use_scaled_mm: bool):
+        super().__init__()
+        self.register_buffer('weight', weight)
+        self.register_buffer('weight_scale', weight_scale)
+        self.in_features, self.out_features = weight.shape[1], weight.shape[0]
+        self.use_scaled_mm = use_scaled_mm
+
+    @classmethod
+    def from_linear(cls, linear: nn.Linear, activation_dtype: torch.dtype) -> 'Fp8Linear':
+        """``linear``'s weights quantised per output channel (a bias is refused)."""
+        if linear.bias is not None:
+            raise ValueError('weight_dtype: fp8 quantises bias-free projections only')
+        q, scale = quantize_rows(linear.weight.detach())
+        q, scale = q.contiguous(), scale.reshape(-1).contiguous()
+        return cls(q, scale, scaled_mm_unsupported_reason(q, activation_dtype) is None)
+
+    def dequantized_weight(self, dtype: torch.dtype) -> torch.Tensor:
+        return self.weight.to(dtype) * self.weight_scale.to(dtype)[:, None]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.use_scaled_mm:
+            return fp8_linear_scaled_mm(x, self.weight, self.weight_scale)
+        return fp8_linear_ref(x, self.weight, self.weight_scale)
+
+    def extra_repr(self) -> str:
+        return (f'in_features={self.in_features}, out_features={self.out_features}, '
+                f'{"_scaled_mm" if self.use_scaled_mm else "dequantised reference"}')
+
+
+class FusedFp8Linears:
+    """``layers.FusedLinears`` for ``Fp8Linear``: several projections of one input as one
+    product (one activation quantisation, one ``_scaled_mm``). The rows of the weights and
+    their scales are concatenated (per-output-channel scales make the fused product equal to
+    the separate ones) and each projection's buffers re-pointed at its rows; ``__call__``
+    returns None when a buffer was replaced since (the caller then runs the projections one by
+    one: a stale copy is never used)."""
+
+    def __init__(self, linears: list[Fp8Linear]):
+        self.linears = linears
+        self.sizes = [lin.out_features for lin in linears]
+        self.fused = Fp8Linear(torch.cat([lin.weight for lin in linears], dim=0),
+                               torch.cat([lin.weight_scale for lin in linears], dim=0),
+                               all(lin.use_scaled_mm for lin in linears))
+        start = 0
+        for lin, size in zip(linears, self.sizes):
+            lin.weight = self.fused.weight[start:start + size]
+            lin.weight_scale = self.fused.weight_scale[start:start + size]
+            start += size
+
+    def __call__(self, x: torch.Tensor):
+        start = 0
+        for lin, size in zip(self.linears, self.sizes):
+            if lin.weight.data_ptr() != self.fused.weight[start:].data_ptr() \
+                    or lin.weight_scale.data_ptr() != self.fused.weight_scale[start:].data_ptr():
+                return None
+            start += size
+        return self.fused.forward(x).split(self.sizes, dim=-1)
+
+
+def quantize_decoder_(language_model: nn.Module, activation_dtype: torch.dtype) -> list[str]:
+    """Replace every decoder layer's projections by ``Fp8Linear`` in place (``language_model``:
+    ``models.llama.LlamaForCausalLM``); layers already quantised are left as they are.
+    Projection fusions are dropped (they held the old weights; ``fuse_projections`` makes new
+    ones). Returns the names of the projections that run the reference although their weights
+    are on a CUDA device (warned about)."""
+    on_reference = []
+    for i, layer in enumerate(language_model.model.layers):
+        for block, names in ((layer.self_attn, ATTENTION_PROJECTIONS),
+                             (layer.mlp, MLP_PROJECTIONS)):
+            for name in names:
+                linear = getattr(block, name)
+                if not isinstance(linear, Fp8Linear):
+                    linear = Fp8Linear.from_linear(linear, activation_dtype)
+                    setattr(block, name, linear)
+                    block.fused = None
+                if linear.weight.device.type == 'cuda' and not linear.use_scaled_mm:
+                    reason = scaled_mm_unsupported_reason(linear.weight, activation_dtype)
+                    on_reference.append(f'layers.{i}.{name}: {reason}')
+    if on_reference:
+        warnings.warn('weight_dtype fp8: these projections run the dequantised reference, not '
+                      'torch._scaled_mm: ' + '; '.join(on_reference), RuntimeWarning,
+                      stacklevel=2)
+    return on_reference
+
+
+def is_quantized(language_model: nn.Module) -> bool:
+    """Whether any decoder projection of ``language_model`` holds FP8 weights."""
+    return any(isinstance(m, Fp8Linear) for m in language_model.modules())
+
+
+def check_weight_dtype(weight_dtype: str, dtype: torch.dtype, device: torch.device) -> None:
+    """Raise ValueError (naming ``weight_dtype``) where ``weight_dtype`` cannot run with the
+    model ``dtype`` on ``device``: fp8 on CUDA needs sm_89+ (FP8 tensor cores), bfloat16
+    activations (the row-wise scaled product writes bf16) and a working ``_scaled_mm``
+    (probed once on a 16 x 16 product)."""
+    if weight_dtype not in WEIGHT_DTYPES:
+        raise ValueError(f'weight_dtype: {weight_dtype!r} not in {WEIGHT_DTYPES}')
+    if weight_dtype != 'fp8' or device.type != 'cuda':
+        return
+    capability = torch.cuda.get_device_capability(device)
+    if capability < MIN_CAPABILITY:
+        raise ValueError(f'weight_dtype: fp8 needs FP8 tensor cores (sm_89 or later); '
+                         f'{torch.cuda.get_device_name(device)} is sm_{capability[0]}'
+                         f'{capability[1]}: use "auto"')
+    if dtype != torch.bfloat16:
+        raise ValueError(f'weight_dtype: fp8 on CUDA needs dtype bfloat16 (torch._scaled_mm\'s '
+                         f'row-wise scaled product writes bf16), got {dtype}')
+    try:
+        probe = torch.ones(16, 16, device=device)
+        q, scale = quantize_rows(probe)
+        fp8_linear_scaled_mm(probe.to(dtype), q, scale.reshape(-1))
+    except RuntimeError as exc:
+        raise ValueError(f'weight_dtype: fp8: torch._scaled_mm with row-wise scales fails on '
+                         f'{device}: {exc}') from exc
+
+
+def apply_weight_dtype(language_model: nn.Module, weight_dtype: str, dtype: torch.dtype,
+                       device: torch.device) -> None:
+    """What a runner does at load: check the option, then quantise the decoder for 'fp8'
+    (idempotent: a model another fp8 runner quantised is used as it is). Refuses 'auto' on a
+    model that holds FP8 weights, and 'fp8' on a model a runner already serves in its own
+    dtype (quantising it would change that runner's arithmetic)."""
+    check_weight_dtype(weight_dtype, dtype, device)
+    served = getattr(language_model, '_served_weight_dtype', None)
+    if weight_dtype == 'auto' and is_quantized(language_model):
+        raise ValueError('weight_dtype: "auto" on a model whose decoder holds FP8 weights '
+                         '(another runner loaded it with "fp8"): load the weights again')
+    if served is not None and served != weight_dtype:
+        raise ValueError(f'weight_dtype: {weight_dtype!r} on a model another runner serves '
+                         f'with {served!r}: one model object holds one kind of weights; load '
+                         'the weights again (or copy the model) for the other')
+    if weight_dtype == 'fp8':
+        quantize_decoder_(language_model, dtype)
+    language_model._served_weight_dtype = weight_dtype
+
+
+__all__ = ['Fp8Linear', 'FusedFp8Linears', 'WEIGHT_DTYPES', 'apply_weight_dtype',
+           'check_weight_dtype', 'is_quantized', 'quantize_decoder_', 'FP8_DTYPE']
