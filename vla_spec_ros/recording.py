@@ -27,11 +27,13 @@ Contracts:
   ``close_split_if_due``, which the node calls from a timer so that a camera that stopped does
   not keep its last split open); each closed split is a complete file (index and summary
   written) and ``metadata.yaml`` is rewritten (atomically: a temporary file renamed) to list
-  every closed split. A process killed (SIGKILL, power loss of the process) therefore leaves a
-  bag that standard readers (``ros2 bag play``, rosbags' ``AnyReader``, the ``mcap`` package's
-  reader, ``vla-spec train-draft --bag``) read up to its last closed split: at most the last
-  ``split_s`` seconds are lost. The open split is written in ``.<name>_<k>.open/`` and moved
-  next to the others when it closes; a killed process leaves that folder behind, unlisted.
+  every closed split. A process killed (SIGKILL, a crash) therefore leaves a bag that standard
+  readers (rosbags' ``AnyReader``, the ``mcap`` package's reader, ``vla-spec train-draft
+  --bag``; rosbag2's own reader takes the same layout) read up to its last closed split: about
+  the last ``split_s`` seconds are lost. Files are not fsynced: a power loss may also lose what
+  the operating system had not written yet. The open split is written in
+  ``.<name>_<k>.open/`` and moved next to the others when it closes; a killed process leaves
+  that folder behind, unlisted.
   Each split is readable on its own: it starts with the instruction in force.
   ``split_s=None`` writes one file, closed by ``close()`` only (a killed process then leaves
   no readable bag).
