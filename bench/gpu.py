@@ -23,7 +23,14 @@ JSON + Markdown to ``--out``.
 - ``kernels``: ``use_kernels`` off, then on: the model pieces and the ar / pipeline /
   pipeline_spec rows (bench/gpu_parts.py);
 - ``attention``: the same with ``attention_backend`` segments, then ring (fused kernels on
-  for both).
+  for both);
+- ``fp8``: ``weight_dtype`` auto, then fp8 (the weights loaded again and quantised): the model
+  pieces and the ar / pipeline / pipeline_spec rows of each, the step-time ratio, and the bin
+  distance of fp8's AR tokens from auto's on ``--fidelity-frames`` frames.
+
+``--rows prefill`` (with the table part) times spec / pipeline_spec drafting the previous action
+with ``speculative_prefill`` on and off, on frames each shown 4 times in a row and on
+episode-like frames (runs of 8 steps of one drifting scene).
 
 The roofline columns use the H100 floor (bench/README.md) scaled to the preset: weight bytes
 streamed per forward and FLOPs per action from the parameter count.
@@ -31,6 +38,7 @@ streamed per forward and FLOPs per action from the parameter count.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 import time
@@ -40,7 +48,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from gpu_parts import run_ab, run_fidelity, run_profile, run_thread_sweep
+from gpu_parts import format_fp8, run_ab, run_fidelity, run_fp8, run_profile, run_thread_sweep
 from gpu_setup import (TARGET_ACCEPTANCE, build_model, build_runner, eager_reference,
                        engine_for, engine_options, load_checkpoint, run_all, time_pieces)
 from vla_spec_ros.bench import BenchRow, bench_engine, bench_hf, environment, make_frames
@@ -161,10 +169,17 @@ def run_table(args, weights, key, baselines, report) -> list:
                     row.mode = name
                     rows.append((name, use_graphs, streams, row))
             # Spec rows with a real drafter: (group, row label, drafter options, frames).
+            temporal = dict(draft_path='previous_action', tree_depth=5, tree_max_nodes=6)
             drafted = [('eagle', 'eagle(random head)', dict(draft_path='random'), frames),
-                       ('temporal', f'previous action (frames x{TEMPORAL_REPEATS})',
-                        dict(draft_path='previous_action', tree_depth=5, tree_max_nodes=6),
+                       ('temporal', f'previous action (frames x{TEMPORAL_REPEATS})', temporal,
                         repeated_frames(frames, streams, TEMPORAL_REPEATS))]
+            for prefill in (True, False):
+                state = dict(temporal, speculative_prefill=prefill)
+                name = f'previous action, prefill {"on" if prefill else "off"}'
+                drafted += [('prefill', f'{name} (frames x{TEMPORAL_REPEATS})', state,
+                             repeated_frames(frames, streams, TEMPORAL_REPEATS)),
+                            ('prefill', f'{name} (episode-like x{EPISODE_RUN})', state,
+                             episode_like_frames(frames, streams, EPISODE_RUN))]
             for group, label, drafting, row_frames in drafted:
                 modes = ['spec', 'pipeline_spec'] if group in groups else []
                 for mode, prefills in with_prefill_settings(modes, prefill_settings):
@@ -212,6 +227,25 @@ def repeated_frames(frames: list, streams: int, repeats: int) -> list:
     times in a row, the same count and stream of each position."""
     return [frames[(i // (streams * repeats)) * streams + i % streams]
             for i in range(len(frames))]
+
+
+# Episode-like rows: each camera's frames come in runs of this many control steps of one
+# scene that drifts a pixel per step (consecutive frames alike but not equal, as a robot's
+# camera sees an episode), then the next scene and instruction.
+EPISODE_RUN = 8
+
+
+def episode_like_frames(frames: list, streams: int, run: int) -> list:
+    """``frames`` (frame i of stream i % streams) turned into runs of ``run`` steps per stream:
+    the run's first frame with its image shifted one more pixel sideways each step; the same
+    count, stream and instruction pattern as ``frames``."""
+    out = []
+    for i in range(len(frames)):
+        step_of_stream = i // streams
+        first = (step_of_stream - step_of_stream % run) * streams + i % streams
+        image = np.roll(frames[first].image, step_of_stream % run, axis=1)
+        out.append(dataclasses.replace(frames[first], image=image))
+    return out
 
 
 def with_prefill_settings(labels: list[str], settings: list[int]):
@@ -268,16 +302,19 @@ def main(argv=None) -> int:
                     'oracle draft), eagle (spec modes with a random EAGLE head at the default '
                     'tree: acceptance near 1, it measures what drafting costs), temporal (spec '
                     'modes drafting the previous action, tree depth 5 / 6 nodes, on frames '
-                    'each shown 4 times in a row)')
+                    'each shown 4 times in a row), prefill (the same with speculative_prefill '
+                    'on and off, on repeated and on episode-like frames)')
     ap.add_argument('--baselines', default='eager,compiled',
                     help='HF baselines: eager, compiled (static cache + torch.compile)')
     ap.add_argument('--compile-backend', default='inductor',
                     help='torch.compile backend of the compiled HF baseline (tests: eager)')
     ap.add_argument('--parts', default='table',
-                    help='table, fidelity, profile, threads, kernels, attention (any of)')
+                    help='table, fidelity, profile, threads, kernels, attention, fp8 (any '
+                    'of)')
     ap.add_argument('--thread-sweep', default='16,4,1',
                     help='intra-op thread counts of the threads part')
-    ap.add_argument('--fidelity-frames', type=int, default=200)
+    ap.add_argument('--fidelity-frames', type=int, default=200,
+                    help='frames of the fidelity part and of the fp8 part\'s bin distance')
     ap.add_argument('--fidelity-kernels', default='off,on')
     ap.add_argument('--fidelity-action-only', action='store_true',
                     help='greedy over action tokens only, on both sides (random weights '
@@ -291,7 +328,8 @@ def main(argv=None) -> int:
         print('--device cuda requested but CUDA is not available', file=sys.stderr)
         return 2
     parts = set(args.parts.split(','))
-    unknown = parts - {'table', 'fidelity', 'profile', 'threads', 'kernels', 'attention'}
+    unknown = parts - {'table', 'fidelity', 'profile', 'threads', 'kernels', 'attention',
+                       'fp8'}
     if unknown:
         print(f'--parts: unknown {sorted(unknown)}', file=sys.stderr)
         return 2
@@ -328,19 +366,23 @@ def main(argv=None) -> int:
         if 'attention' in parts else {}
     fidelity = run_fidelity(args, weights, key, baselines['hf']) \
         if 'fidelity' in parts else {}
+    fp8 = run_fp8(args, weights, key) \
+        if 'fp8' in parts else {}
     profiled = run_profile(args, weights, key, out, stamp) \
         if 'profile' in parts else {}
     table = format_table(records) if records else ''
     from gpu_fidelity import format_histogram_rows
     fidelity_table = format_histogram_rows(fidelity) if fidelity else ''
+    fp8_table = format_fp8(fp8) if fp8 else ''
     print(table)
     print(fidelity_table)
+    print(fp8_table)
     command = 'python bench/gpu.py ' + ' '.join(argv if argv is not None else sys.argv[1:])
     record = {'command': command, 'preset': args.preset, 'device': args.device,
               'dtype': args.dtype, 'environment': environment(), **report,
               'floor_ms': FLOOR_MS, 'rows': records, 'fidelity': fidelity,
               'profile': profiled, 'threads': threads, 'kernels_ab': kernel_ab,
-              'attention_ab': attention_ab}
+              'attention_ab': attention_ab, 'fp8': fp8}
     label = Path(args.checkpoint).name if args.checkpoint else args.preset
     name = f'gpu-{label}-{args.device}-{stamp}'
     (out / f'{name}.json').write_text(json.dumps(record, indent=2))
@@ -350,7 +392,9 @@ def main(argv=None) -> int:
         f'ms per piece (median): {json.dumps(report["pieces_ms"])}\n\n'
         f'failures: {report["failures"]}\n\n{table}\n\n'
         + (f'bin distance against HF eager, {args.fidelity_frames} frames:\n\n'
-           f'{fidelity_table}\n' if fidelity else ''))
+           f'{fidelity_table}\n' if fidelity else '')
+        + (f'\nweight_dtype fp8 against auto ({args.fidelity_frames} frames for the bin '
+           f'distance):\n\n{fp8_table}\n' if fp8 else ''))
     return 0
 
 

@@ -1,7 +1,7 @@
 """The optional parts of bench/gpu.py (``--parts``), each on the weights the table uses:
 bf16 fidelity against HF eager, the host-thread sweep, two A/B comparisons (fused kernels off
-vs on; segment attention gathered vs read in place by the ring kernel), and one
-torch.profiler run."""
+vs on; segment attention gathered vs read in place by the ring kernel), FP8 weights against
+the model dtype (speed and bin distance), and one torch.profiler run."""
 from __future__ import annotations
 
 from dataclasses import asdict
@@ -11,7 +11,7 @@ import numpy as np
 import torch
 
 from gpu_setup import (build_runner, eager_reference, engine_for, engine_options,
-                       graphs_setting, run_all, time_pieces)
+                       graphs_setting, run_all, second_copy, time_pieces)
 from vla_spec_ros.bench import bench_engine, make_frames
 from vla_spec_ros.config import EngineConfig
 from vla_spec_ros.engine.engine import Engine
@@ -140,6 +140,77 @@ def run_ab(args, weights, key, part: str) -> dict:
         out[label] = {'options': extra, 'pieces_ms': pieces, 'rows': rows}
         print(f'{part} {label}: pieces {pieces}', flush=True)
     return out
+
+
+FP8_MODES = ('ar', 'pipeline', 'pipeline_spec@3.5')
+
+
+def run_fp8(args, weights, key) -> dict:
+    """``weight_dtype`` auto (the given weights), then fp8 (a second copy of them, its decoder
+    quantised at load, freed after its side), CUDA graphs as the last ``--graphs`` setting,
+    1 stream: per side the model pieces and the ar / pipeline / pipeline_spec@3.5 rows (each
+    with the share of frames equal to its side's own eager AR reference), then the AR tokens
+    of ``--fidelity-frames`` frames (greedy over action tokens only with
+    ``--fidelity-action-only``); fp8's step time over auto's per mode, and the bin distance
+    of fp8's tokens from auto's (0 / 1 / 2 / 3+ bins)."""
+    from gpu_fidelity import bin_distance_histogram, tokens_per_frame
+    size = weights.cfg.image_size
+    frames = make_frames(args.frames + args.warmup, size, args.seed, key)
+    fidelity_frames = make_frames(args.fidelity_frames, size, args.seed + 1000, key)
+    use_graphs = graphs_setting(args, -1)
+    out, tokens = {'sides': {}}, {}
+    for label in ('auto', 'fp8'):
+        side = weights if label == 'auto' else second_copy(args, weights, label)
+        options = engine_options(args, use_graphs, weight_dtype=label)
+        runner = build_runner(side, options)
+        pieces = time_pieces(runner, make_frames(2, size, 3, key), options)
+        ref = eager_reference(runner, frames, options)
+        rows = {}
+        for mode in FP8_MODES:
+            engine = engine_for(runner, side, mode, options, ref, args.seed)
+            row = bench_engine(engine, frames, args.warmup)
+            del engine          # one ring and one set of graphs alive at a time (run_ab)
+            got = [fin.result.tokens for fin in run_all(
+                engine_for(runner, side, mode, options, ref, args.seed), frames)]
+            rows[mode] = {**asdict(row), 'reference_agreement':
+                          float(np.mean([a == b for a, b in zip(got, ref)]))}
+            print(f'fp8 part, weight_dtype {label} {mode}: {row.actions_per_s:.2f} actions/s, '
+                  f'{row.step_ms:.2f} ms/step (verifier {row.verifier_ms:.2f}), p50 '
+                  f'{row.latency_p50_ms:.1f} ms, frames with the reference tokens: '
+                  f'{rows[mode]["reference_agreement"]:.0%}', flush=True)
+        fidelity_options = dict(options, restrict_to_action_tokens=args.fidelity_action_only)
+        tokens[label] = tokens_per_frame(run_all(
+            engine_for(runner, side, 'ar', fidelity_options), fidelity_frames))
+        out['sides'][label] = {'pieces_ms': pieces, 'rows': rows}
+        codec = runner.codec
+        print(f'fp8 part, weight_dtype {label}: pieces {pieces}', flush=True)
+        del runner, side
+    out['step_ms_ratio'] = {mode: out['sides']['fp8']['rows'][mode]['step_ms']
+                            / out['sides']['auto']['rows'][mode]['step_ms']
+                            for mode in FP8_MODES}
+    out['bin_distance'] = bin_distance_histogram(tokens['fp8'], tokens['auto'],
+                                                 codec.first_action_id, codec.last_action_id)
+    out['action_tokens_only'] = bool(args.fidelity_action_only)
+    print(f'fp8 / auto step time: {out["step_ms_ratio"]}; bin distance of fp8 from auto '
+          f'({args.fidelity_frames} frames): {out["bin_distance"]}', flush=True)
+    return out
+
+
+def format_fp8(result: dict) -> str:
+    """Markdown: per mode the step time and rate of each side and their ratio, then the bin
+    distance row."""
+    from gpu_fidelity import format_histogram_rows
+    auto, fp8 = (result['sides'][label]['rows'] for label in ('auto', 'fp8'))
+    lines = ['| mode | auto ms/step | fp8 ms/step | fp8 / auto | auto actions/s | '
+             'fp8 actions/s | fp8 frames = its AR |', '|---|---|---|---|---|---|---|']
+    for mode in FP8_MODES:
+        lines.append(f'| {mode} | {auto[mode]["step_ms"]:.2f} | {fp8[mode]["step_ms"]:.2f} | '
+                     f'{result["step_ms_ratio"][mode]:.2f} | {auto[mode]["actions_per_s"]:.2f} '
+                     f'| {fp8[mode]["actions_per_s"]:.2f} | '
+                     f'{100 * fp8[mode]["reference_agreement"]:.0f} % |')
+    label = 'fp8 AR vs auto AR' + (', action tokens only' if result['action_tokens_only']
+                                   else '')
+    return '\n'.join(lines) + '\n\n' + format_histogram_rows({label: result['bin_distance']})
 
 
 def run_profile(args, weights, key, out: Path, stamp: str) -> dict:

@@ -83,14 +83,24 @@ def build_model(name: str, device: str, dtype: str, seed: int) -> Weights:
     return Weights(model.eval(), cfg, tokenizer, synthetic_norm_stats(cfg.action_dim))
 
 
-def load_checkpoint(source: str, device: str, dtype: str) -> Weights:
+def load_checkpoint(source: str, device: str, dtype: str, weight_dtype: str = 'auto') -> Weights:
     """A real checkpoint (a folder, or a name such as metaworld-demo) with its own tokenizer
-    and dataset statistics."""
+    and dataset statistics (``weight_dtype`` fp8: its decoder quantised at load)."""
     from vla_spec_ros.policy import VLAPolicy
-    policy = VLAPolicy.from_pretrained(source, device=device, dtype=dtype)
+    policy = VLAPolicy.from_pretrained(source, device=device, dtype=dtype,
+                                       weight_dtype=weight_dtype)
     runner = policy.engine.runner
     return Weights(runner.model, runner.cfg, runner.tokenizer, policy.engine.norm_stats,
                    policy.source)
+
+
+def second_copy(args, weights: Weights, weight_dtype: str) -> Weights:
+    """The same weights loaded again for runners with another ``weight_dtype`` (a model object
+    holds one kind of weights, models/fp8.py): the preset rebuilt from the same seed on the
+    same device, or the checkpoint read again."""
+    if weights.source is not None:
+        return load_checkpoint(weights.source, args.device, args.dtype, weight_dtype)
+    return build_model(args.preset, args.device, args.dtype, args.seed)
 
 
 def engine_options(args, use_graphs: bool, **extra) -> dict:

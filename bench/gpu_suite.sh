@@ -29,6 +29,14 @@
 #   bash bench/gpu_suite.sh attention-ab  segment-attention kernel tests, then attention_backend
 #                                     segments vs ring (fused kernels on): pieces and ar /
 #                                     pipeline / pipeline_spec rows, graphs on
+#   bash bench/gpu_suite.sh fp8       FP8 tests (test_fp8.py, _scaled_mm against the reference),
+#                                     then weight_dtype auto vs fp8: pieces and ar / pipeline /
+#                                     pipeline_spec rows, graphs on, the step-time ratio, and the
+#                                     bin distance of fp8's AR tokens from bf16's, 200 frames
+#                                     (greedy over action tokens on both sides)
+#   bash bench/gpu_suite.sh table-prefill  spec / pipeline_spec drafting the previous action with
+#                                     speculative_prefill on vs off, on frames each shown 4 times
+#                                     and on episode-like frames, graphs on, 1 stream, 40 frames
 #
 # Several parts may be given at once (``table-on tests``). Results go to $RESULTS (default
 # bench/results/gpu); each part's log is written beside them. With SUITE_SECONDS=N the parts
@@ -122,7 +130,18 @@ for part in "$@"; do
                 | tee "$RESULTS/log-attention-tests.txt" || status=1
             bounded $GPU --graphs on --parts attention --baselines '' --frames 12 --warmup 6 \
                 2>&1 | tee "$RESULTS/log-attention-ab.txt" || status=1 ;;
-        *) echo "unknown part: $part (tests, graph-tests, table, table-on, table-off, kernels-ab, fidelity, fidelity-bins, engine-tests, table-long, table-eagle, table-temporal, table-streams, attention-ab)"; exit 2 ;;
+        fp8)
+            bounded python3 -m pytest -q -p no:cacheprovider -rs test/test_fp8.py 2>&1 \
+                | tee "$RESULTS/log-fp8-tests.txt" || status=1
+            bounded $GPU --graphs on --parts fp8 --baselines '' --frames 12 --warmup 6 \
+                --fidelity-frames 200 --fidelity-action-only 2>&1 \
+                | tee "$RESULTS/log-fp8.txt" || status=1 ;;
+        table-prefill)
+            bounded $GPU --graphs on --streams 1 --frames 40 --warmup 6 --parts table \
+                --rows prefill --baselines eager \
+                --progress-file "$RESULTS/rows-table-prefill.json" 2>&1 \
+                | tee "$RESULTS/log-table-prefill.txt" || status=1 ;;
+        *) echo "unknown part: $part (tests, graph-tests, table, table-on, table-off, kernels-ab, fidelity, fidelity-bins, engine-tests, table-long, table-eagle, table-temporal, table-streams, attention-ab, fp8, table-prefill)"; exit 2 ;;
     esac
     echo "== part $part: $(( $(date +%s) - start )) s"
 done

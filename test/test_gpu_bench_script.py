@@ -132,3 +132,33 @@ def test_kernels_sweep_smoke_run_validates_every_configuration():
     assert sum(line.strip().startswith('block_h=') for line in lines) == 2
     assert sum(line.strip().startswith('block_m=') for line in lines) == 1
     assert any(line.startswith('segment_attention') and line.endswith(' ok') for line in lines)
+
+
+def test_gpu_bench_fp8_part_and_prefill_rows_run_on_cpu(tmp_path):
+    """``--parts fp8`` (FP8 weights through the dequantised reference on a CPU: both sides'
+    rows with their own AR tokens, the step-time ratio and the bin distance of fp8 from auto)
+    and ``--rows prefill`` (speculative_prefill on and off, repeated and episode-like frames),
+    as bench/gpu_suite.sh fp8 and table-prefill run them on a GPU."""
+    cmd = [sys.executable, str(BENCH / 'gpu.py'), '--preset', 'tiny', '--device', 'cpu',
+           '--dtype', 'float32', '--frames', '2', '--warmup', '1', '--streams', '1',
+           '--rows', 'prefill', '--parts', 'table,fp8', '--baselines', 'eager',
+           '--fidelity-frames', '3', '--fidelity-action-only', '--out', str(tmp_path)]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    record = json.loads(next(tmp_path.glob('gpu-tiny-cpu-*.json')).read_text())
+    assert record['failures'] == []
+    modes = {r['mode'] for r in record['rows']}
+    for mode in ('spec', 'pipeline_spec'):
+        for state in ('on', 'off'):
+            for frames in ('frames x4', 'episode-like x8'):
+                assert f'{mode}+previous action, prefill {state} ({frames})' in modes
+    fp8 = record['fp8']
+    assert set(fp8['sides']) == {'auto', 'fp8'}
+    for side in fp8['sides'].values():
+        for mode, row in side['rows'].items():
+            assert row['reference_agreement'] == 1.0 and row['num_actions'] == 2, mode
+    assert set(fp8['step_ms_ratio']) == {'ar', 'pipeline', 'pipeline_spec@3.5'}
+    assert all(r > 0 for r in fp8['step_ms_ratio'].values())
+    assert fp8['bin_distance']['tokens'] == 21 and fp8['action_tokens_only']
+    markdown = next(tmp_path.glob('gpu-tiny-cpu-*.md')).read_text()
+    assert 'weight_dtype fp8 against auto' in markdown and 'fp8 AR vs auto AR' in markdown
