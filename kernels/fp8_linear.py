@@ -69,10 +69,10 @@ def fp8_linear_scaled_mm(x: torch.Tensor, weight: torch.Tensor, weight_scale: to
     """``torch._scaled_mm`` with the contract of ``fp8_linear_ref``; inputs are NOT checked
     (``fp8_linear`` checks them). x (..., K), weight (N, K) row-major e4m3, weight_scale (N,)
     float32 contiguous. No host sync: CUDA-graph capturable."""
-    rows = x.reshape(-1, x.shape[-1])
-    xq, x_scale = quantize_rows(rows)
-    out = torch._scaled_mm(xq, weight.t(), scale_a=x_scale, scale_b=weight_scale.view(1, -1),
-                           out_dtype=x.dtype, use_fast_accum=use_fast_accum)
+    xq, x_scale = quantize_rows(x.reshape(-1, x.shape[-1]))
+    out = torch._scaled_mm(xq.contiguous(), weight.t(), scale_a=x_scale,
+                           scale_b=weight_scale.view(1, -1), out_dtype=x.dtype,
+                           use_fast_accum=use_fast_accum)
     return out.view(*x.shape[:-1], weight.shape[0])
 
 

@@ -79,7 +79,9 @@ class FusedFp8Linears:
     def __init__(self, linears: list[Fp8Linear]):
         self.linears = linears
         self.sizes = [lin.out_features for lin in linears]
-        self.fused = Fp8Linear(torch.cat([lin.weight for lin in linears], dim=0),
+        # Concatenated as bytes: every device concatenates uint8, not every one float8.
+        weight = torch.cat([lin.weight.view(torch.uint8) for lin in linears], dim=0)
+        self.fused = Fp8Linear(weight.view(FP8_DTYPE),
                                torch.cat([lin.weight_scale for lin in linears], dim=0),
                                all(lin.use_scaled_mm for lin in linears))
         start = 0
