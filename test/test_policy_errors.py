@@ -160,6 +160,9 @@ def test_engine_config_defaults_are_exact_and_need_no_draft_model():
 class _StubRunner:
     max_action_tokens = 7
 
+    class codec:            # OpenVLA's one step per frame
+        step_tokens = 7
+
 
 # ---- validity of actions ---------------------------------------------------------------------
 
