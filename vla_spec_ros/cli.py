@@ -62,6 +62,11 @@ def cmd_predict(args) -> int:
 
 def cmd_bench(args) -> int:
     from .bench import format_table, run_bench
+    if args.threads < 0:
+        raise ValueError(f'--threads: must be >= 0, got {args.threads}')
+    if args.threads:
+        import torch
+        torch.set_num_threads(args.threads)
     modes = [m.strip() for m in args.modes.split(',') if m.strip()]
     bad = [m for m in modes if m not in MODES + ('hf',)]
     if bad:
@@ -146,6 +151,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help='requests in flight in the pipeline modes (default: EngineConfig\'s); '
                    'with several prefills per step, about that many times action_dim lets '
                    'the pipeline admit them')
+    p.add_argument('--threads', type=int, default=1,
+                   help='torch CPU threads for every row, HF\'s included (default 1, as the '
+                   'node\'s torch_threads; 0 = torch\'s default, one per core)')
     p.add_argument('--seed', type=int, default=0)
     p.add_argument('--out', default=None, help='write JSON + markdown results here')
     p.add_argument('--tree-depth', type=int, default=None,
