@@ -26,10 +26,12 @@ setup(
                       'opencv-python-headless', 'Pillow', 'tqdm'],
     extras_require={
         # ROS 2 from PyPI wheels, for machines without a ROS distro install; rosbags (pure
-        # Python) reads and writes bags: train-draft --bag, recording.FrameRecorder.
+        # Python) reads and writes bags: train-draft --bag, recording.FrameRecorder;
+        # trajectory_msgs: a chunked model's ~/trajectory (docs/chunks.md).
         'ros': ['ros-kilted-rclpy[fastrtps]', 'ros-kilted-sensor-msgs',
                 'ros-kilted-geometry-msgs', 'ros-kilted-std-msgs', 'ros-kilted-std-srvs',
-                'ros-kilted-diagnostic-msgs', 'ros-kilted-lifecycle-msgs', 'rosbags>=0.11,<0.12'],
+                'ros-kilted-diagnostic-msgs', 'ros-kilted-lifecycle-msgs',
+                'ros-kilted-trajectory-msgs', 'rosbags>=0.11,<0.12'],
         'sim': ['metaworld==3.1.1', 'matplotlib'],
         'kernels': ['triton'],
         # colcon: test_colcon_build; ament_cmake + rosidl generators (with cmake and a C/C++

@@ -1,9 +1,10 @@
 """ROS 2 side of vla_spec_ros: the `vla_spec` node (plain and managed) and its pure helpers.
 
 Without rclpy: `params` (parameter table and its one mapping onto EngineConfig + NodeSettings),
-`command` (action -> twist / gripper and the safety rules), `diagnostics` (counters). Image
+`command` (action -> twist / gripper and the safety rules), `chunk_schedule` (which step of a
+chunked model's chunks is due when, docs/chunks.md), `diagnostics` (counters). Image
 messages <-> numpy live one level up in `image_messages` (the bag reader uses them too). With
 rclpy and the message packages: `qos`, `robot_channel` (one robot's interfaces), `worker` (the
-inference thread), `serving` (a loaded node's parts), `node` and `lifecycle_node`. See
-docs/architecture.md.
+inference thread), `step_clock` (the thread publishing chunk steps on time), `serving` (a
+loaded node's parts), `node` and `lifecycle_node`. See docs/architecture.md.
 """

@@ -13,6 +13,9 @@ Safety: disabled, an engine error, an invalid action (non-action token, NaN / In
 observation, or a stamp from the future give a zero twist and *hold* the gripper (no gripper
 command is sent, so a forward command controller keeps its last position); the reason string
 goes to the log and /diagnostics.
+
+A chunked model's steps go through `decide_command` one at a time, each with its own age
+(chunk_schedule.py, docs/chunks.md).
 """
 from __future__ import annotations
 
@@ -36,6 +39,8 @@ REASON_ENGINE_ERROR = 'engine error'
 REASON_INVALID = 'invalid action'
 REASON_NON_FINITE = 'non-finite action'
 REASON_BAD_INPUT = 'bad input'
+# A chunked model's newest chunk has no step left and no newer chunk arrived (docs/chunks.md).
+REASON_CHUNK_END = 'chunk ran out'
 
 # Holds caused by a failure (diagnostics level ERROR) rather than by a state (WARN).
 FAILURE_REASONS = (REASON_ENGINE_ERROR, REASON_INVALID, REASON_NON_FINITE, REASON_BAD_INPUT)
@@ -107,24 +112,32 @@ def command_from_action(action: np.ndarray, settings: NodeSettings) -> Command:
                    tuple(float(v) for v in action))
 
 
+def observation_time(stamp_s: float, receipt_s: float, settings: NodeSettings) -> float:
+    """When the observation was made (node clock seconds): its header stamp or its receipt
+    time (stamp_source). A zero header stamp (driver that does not stamp) falls back to the
+    receipt time."""
+    if settings.stamp_source == 'header' and stamp_s > 0.0:
+        return stamp_s
+    return receipt_s
+
+
 def observation_age(now_s: float, stamp_s: float, receipt_s: float,
                     settings: NodeSettings) -> float:
-    """Seconds since the observation, from its header stamp or its receipt (stamp_source).
-
-    A zero header stamp (driver that does not stamp) falls back to the receipt time.
-    """
-    if settings.stamp_source == 'header' and stamp_s > 0.0:
-        return now_s - stamp_s
-    return now_s - receipt_s
+    """Seconds since the observation, from its header stamp or its receipt (stamp_source)."""
+    return now_s - observation_time(stamp_s, receipt_s, settings)
 
 
-def freshness_reason(age_s: float | None, settings: NodeSettings) -> str | None:
-    """None when an observation of this age may be acted on, else why not."""
+def freshness_reason(age_s: float | None, settings: NodeSettings, *,
+                     max_age_s: float | None = None) -> str | None:
+    """None when an observation of this age may be acted on, else why not. `max_age_s`
+    (default max_action_age) is the limit; a chunk's image may be older than a single
+    action's (chunk_schedule.chunk_age_limit)."""
     if age_s is None:
         return REASON_NO_IMAGE
-    if age_s > settings.max_action_age:
-        return (f'{REASON_STALE}: age {age_s:.3f} s > max_action_age '
-                f'{settings.max_action_age:.3f} s')
+    limit = settings.max_action_age if max_age_s is None else max_age_s
+    if age_s > limit:
+        name = 'max_action_age' if max_age_s is None else 'the chunk limit'
+        return f'{REASON_STALE}: age {age_s:.3f} s > {name} {limit:.3f} s'
     # A stamp far in the future means the camera's clock is not the node's (sim time vs wall
     # time); acting on such frames would defeat the age check, so they are held too.
     if age_s < -settings.max_action_age:
@@ -133,11 +146,12 @@ def freshness_reason(age_s: float | None, settings: NodeSettings) -> str | None:
     return None
 
 
-def hold_reason_now(is_enabled: bool, age_s: float | None, settings: NodeSettings) -> str | None:
+def hold_reason_now(is_enabled: bool, age_s: float | None, settings: NodeSettings, *,
+                    max_age_s: float | None = None) -> str | None:
     """What the watchdog holds for when no action is due: disabled or no fresh image."""
     if not is_enabled:
         return REASON_DISABLED
-    return freshness_reason(age_s, settings)
+    return freshness_reason(age_s, settings, max_age_s=max_age_s)
 
 
 def decide_command(result, *, error: str | None, is_enabled: bool, age_s: float | None,
@@ -170,5 +184,6 @@ def decide_command(result, *, error: str | None, is_enabled: bool, age_s: float 
 
 
 __all__ = ['Command', 'zero_command', 'reason_kind', 'velocities_from_action',
-           'gripper_position', 'command_from_action', 'observation_age', 'freshness_reason',
-           'hold_reason_now', 'decide_command', 'FAILURE_REASONS', 'ACTION_DIM']
+           'gripper_position', 'command_from_action', 'observation_time', 'observation_age',
+           'freshness_reason', 'hold_reason_now', 'decide_command', 'FAILURE_REASONS',
+           'ACTION_DIM', 'REASON_CHUNK_END']

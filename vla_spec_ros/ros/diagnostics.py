@@ -9,10 +9,11 @@ Overload. A robot's frames that the engine never acts on are counted where they 
 replaced in the robot's one-frame slot before the worker took them, or replaced while waiting
 for admission (latest wins). Over the window each robot reports `answered_fraction` (actions
 published / frames received), `dropped_fraction` and `action_age_max_ms` (the oldest image an
-action was published for: never above `max_action_age`). `engine_summary` adds them up over
-the node's robots: the engine is `saturated` when more than SATURATION_DROPPED_FRACTION of the
-frames received in the window were dropped because it was busy; its status is then WARN with
-that number in the message (`engine_status`).
+action was published for: never above `max_action_age`; for a chunked model, the image age when
+its chunk arrived, which may reach the chunk limit, docs/chunks.md). `engine_summary` adds them
+up over the node's robots: the engine is `saturated` when more than SATURATION_DROPPED_FRACTION
+of the frames received in the window were dropped because it was busy; its status is then WARN
+with that number in the message (`engine_status`).
 """
 from __future__ import annotations
 
@@ -87,6 +88,15 @@ class InferenceStats:
         self.num_errors = 0
         self.num_verify_steps = 0          # over the node's lifetime (the window forgets)
         self.num_accepted_tokens = 0
+        # Chunked models (docs/chunks.md): steps published on the control clock, steps whose
+        # slot passed unpublished, chunks that arrived while the previous one still had steps,
+        # zero twists because the newest chunk ran out; how late after its slot's start each
+        # step went out (seconds).
+        self.num_chunk_steps_published = 0
+        self.num_chunk_steps_skipped = 0
+        self.num_chunks_replaced = 0
+        self.num_chunk_run_outs = 0
+        self._step_lateness: deque = deque(maxlen=max_samples)
         self.hold_reason: str | None = None
         self.last_error = ''
 
@@ -135,6 +145,27 @@ class InferenceStats:
             self.num_accepted_tokens += int(sum(accepted_lengths))
             self.hold_reason = None
 
+    def record_chunk(self, *, replaced: bool) -> None:
+        """A chunk was accepted; `replaced`: the previous one still had steps left."""
+        with self._lock:
+            self.num_chunks_replaced += int(replaced)
+
+    def record_chunk_step(self, *, published: bool, num_skipped: int,
+                          lateness_s: float | None = None) -> None:
+        """A chunk step was decided (`published`, or held by the safety decision) after
+        `num_skipped` steps whose slots passed; `lateness_s`: publish time - slot start."""
+        with self._lock:
+            self.num_chunk_steps_published += int(published)
+            self.num_chunk_steps_skipped += num_skipped
+            if published and lateness_s is not None:
+                self._step_lateness.append(lateness_s)
+
+    def record_chunk_run_out(self, num_skipped: int = 0) -> None:
+        """The newest chunk ran out (a zero twist follows, recorded by record_hold)."""
+        with self._lock:
+            self.num_chunk_run_outs += 1
+            self.num_chunk_steps_skipped += num_skipped
+
     def record_hold(self, reason: str, *, is_stale_result: bool = False) -> None:
         with self._lock:
             self.num_holds += 1
@@ -159,6 +190,7 @@ class InferenceStats:
             in_window = [sum(1 for t in events if now_s - t <= self._window_s)
                          for events in (self._received_times, self._dropped_times)]
             ages = [age for t, age in self._action_ages if now_s - t <= self._window_s]
+            lateness = list(self._step_lateness)
             snap = {
                 'frames_received': self.num_frames_received,
                 'frames_submitted': self.num_frames_submitted,
@@ -169,6 +201,10 @@ class InferenceStats:
                 'errors': self.num_errors,
                 'verify_steps': self.num_verify_steps,
                 'accepted_tokens': self.num_accepted_tokens,
+                'chunk_steps_published': self.num_chunk_steps_published,
+                'chunk_steps_skipped': self.num_chunk_steps_skipped,
+                'chunks_replaced': self.num_chunks_replaced,
+                'chunk_run_outs': self.num_chunk_run_outs,
                 'hold_reason': self.hold_reason or '',
                 'last_error': self.last_error,
             }
@@ -182,6 +218,9 @@ class InferenceStats:
         snap['acceptance_length'] = sum(accepted) / len(accepted) if accepted else float('nan')
         snap.update(_window_counts(in_window[0], len(recent), in_window[1]))
         snap['action_age_max_ms'] = 1e3 * max(ages) if ages else float('nan')
+        for q in (50, 99):
+            snap[f'step_late_p{q}_ms'] = 1e3 * percentile(lateness, q) if lateness \
+                else float('nan')
         for stage in FRAME_STAGES:
             values = [s[stage] for s in stages if stage in s]
             for q in (50, 99):

@@ -7,14 +7,16 @@ A thin adapter over the engine's streaming interface (the ros2/examples idioms):
                    NodeSettings (+ each robot's own settings)
   robot_channel.py one robot's topics, services, safety state and publishing
   worker.py        the inference thread: newest frame of each robot -> engine -> channels
+  chunk_schedule.py, step_clock.py
+                   a chunked model's steps, one per control period (docs/chunks.md)
   serving.py       channels + worker + timers + parameter callbacks of a loaded node
   node.py          this file: load the model, build the serving, `main`
   lifecycle_node.py the same as a managed (lifecycle) node
 
 Topics of a single-robot node (the default): ~/image or ~/image/compressed, ~/instruction in;
-~/twist, ~/gripper, ~/action out; ~/enable, ~/reset services. With `robots: [a, b]` each robot
-has a/image, a/instruction, a/twist, ... and a.enabled, a.frame_id, ... parameters.
-/diagnostics carries one status per robot.
+~/twist, ~/gripper, ~/action (+ ~/trajectory for a chunked model) out; ~/enable, ~/reset
+services. With `robots: [a, b]` each robot has a/image, a/instruction, a/twist, ... and
+a.enabled, a.frame_id, ... parameters. /diagnostics carries one status per robot.
 """
 from __future__ import annotations
 

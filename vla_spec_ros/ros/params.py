@@ -25,6 +25,7 @@ from vla_spec_ros.validation import check_int, check_number
 
 IMAGE_TRANSPORTS = ('raw', 'compressed')
 STAMP_SOURCES = ('header', 'receipt')
+CHUNK_BLENDS = ('latest', 'ensemble')      # chunk_schedule.BLENDS
 
 # EngineConfig fields without a parameter, and why (from their EngineOption).
 ENGINE_FIELDS_NOT_EXPOSED = {f.name: f.metadata['option'].not_a_parameter
@@ -109,6 +110,13 @@ NODE_PARAMETERS: tuple[ParameterSpec, ...] = (
        '(e.g. /gripper_controller/gripper_cmd); empty = none', tunable=False),
     _p('gripper_max_effort', 10.0, 'max_effort of GripperCommand goals', tunable=True, lo=0.0,
        hi=10000.0, unit='N'),
+    # --- chunked models (action_chunk > 1): one step per control period, docs/chunks.md -------
+    _p('chunk_blend', 'latest', 'Chunked models: how a new chunk takes over: latest (the '
+       'newest chunk from its first due step) or ensemble (the weighted mean of the due step '
+       'of every chunk covering it)', tunable=True, choices=CHUNK_BLENDS),
+    _p('chunk_ensemble_decay', 0.5, 'chunk_blend ensemble: the j-th newest chunk (0 = the '
+       'newest) weighs exp(-decay * j); 0 = plain mean, negative favours older chunks (ACT)',
+       tunable=True, lo=-10.0, hi=10.0),
     # --- safety and diagnostics ------------------------------------------------------------
     _p('max_action_age', 0.5, 'Never publish an action whose image is older than this; '
        'publish zero twist instead', tunable=True, lo=0.01, hi=60.0, unit='s'),
@@ -143,8 +151,8 @@ ROBOT_PARAMETERS = (
     'instruction', 'unnorm_key', 'enabled', 'frame_id', 'control_period', 'linear_scale',
     'angular_scale', 'max_linear_speed', 'max_angular_speed', 'gripper_binarize',
     'gripper_threshold', 'gripper_invert', 'gripper_open_position', 'gripper_closed_position',
-    'gripper_action_name', 'gripper_max_effort', 'max_action_age', 'stamp_source',
-    'num_halt_messages')
+    'gripper_action_name', 'gripper_max_effort', 'chunk_blend', 'chunk_ensemble_decay',
+    'max_action_age', 'stamp_source', 'num_halt_messages')
 
 
 # Engine parameters (from EngineConfig) first, then the node's own.
@@ -182,6 +190,8 @@ class NodeSettings:
     gripper_closed_position: float
     gripper_action_name: str
     gripper_max_effort: float
+    chunk_blend: str
+    chunk_ensemble_decay: float
     max_action_age: float
     stamp_source: str
     num_halt_messages: int

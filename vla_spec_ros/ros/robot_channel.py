@@ -5,7 +5,9 @@ parameter: `<name>/image`, `<name>/twist`, ... one RobotChannel each) from one e
 owns everything that is per robot:
 
   inputs   image (raw or compressed; depth-1 slot, latest wins), instruction
-  outputs  twist (stamped with the image's stamp), gripper, action, GripperCommand goals
+  outputs  twist (stamped with the image's stamp), gripper, action, GripperCommand goals;
+           with a chunked model, one step per control period (chunk_schedule.py) and each
+           chunk as a MultiDOFJointTrajectory on trajectory
   services enable (SetBool), reset (Trigger: drops this robot's engine requests only)
   safety   staleness check, zero-twist holds with their reason, halt-message budget
   stats    rate, latency, acceptance, drops, answered fraction, oldest action published
@@ -27,6 +29,7 @@ from sensor_msgs.msg import CompressedImage, Image
 from std_msgs.msg import Float64MultiArray, String
 from std_srvs.srv import SetBool, Trigger
 
+from vla_spec_ros.ros import chunk_schedule as chunks
 from vla_spec_ros.ros import command as cmd
 from vla_spec_ros.ros.diagnostics import InferenceStats, diagnostic_status, frame_stages
 from vla_spec_ros.ros.qos import (COMMAND_QOS, IMAGE_QOS, INSTRUCTION_QOS,
@@ -37,6 +40,11 @@ try:  # not on PyPI; used where a ROS distribution provides it
     from rclpy.action import ActionClient
 except ImportError:
     GripperCommand = None
+
+try:  # ros-kilted-trajectory-msgs on PyPI; a chunked model's ~/trajectory needs it
+    from trajectory_msgs.msg import MultiDOFJointTrajectory, MultiDOFJointTrajectoryPoint
+except ImportError:
+    MultiDOFJointTrajectory = MultiDOFJointTrajectoryPoint = None
 
 LOG_THROTTLE_S = 2.0
 
@@ -99,10 +107,14 @@ class RobotChannel:
     `on_instruction(channel, text)` and `on_enable(channel, flag) -> (ok, message)` route the
     topic and service to the node, which owns the parameters; `on_reset(channel) -> int`
     drops this robot's engine requests.
+
+    `chunk_steps`: the model's action_chunk K. With K > 1 a finished frame's chunk is kept in
+    `schedule` and its steps are published by `publish_due_step`, which the node's step clock
+    calls at every slot start (`on_chunk()` wakes it when a chunk arrives).
     """
 
     def __init__(self, node, name: str, settings, *, wakeup: threading.Event,
-                 on_instruction, on_enable, on_reset):
+                 on_instruction, on_enable, on_reset, chunk_steps: int = 1, on_chunk=None):
         self.node = node
         self.name = name
         self.stream_id = name or 'default'
@@ -116,6 +128,11 @@ class RobotChannel:
         self._num_halts_sent = 0
         self._last_gripper_goal: float | None = None
         self._on_instruction, self._on_enable, self._on_reset = on_instruction, on_enable, on_reset
+        self.chunk_steps = int(chunk_steps)
+        self.schedule = chunks.ChunkSchedule()
+        self._chunk_lock = threading.RLock()      # schedule + the steps' publishing order
+        self._on_chunk = on_chunk
+        self._trajectory_live = False             # a trajectory was sent and not stopped yet
 
         prefix = f'{name}/' if name else '~/'
         self.twist_pub = node.create_publisher(TwistStamped, prefix + 'twist', COMMAND_QOS)
@@ -123,6 +140,10 @@ class RobotChannel:
                                                  COMMAND_QOS)
         self.action_pub = node.create_publisher(Float64MultiArray, prefix + 'action',
                                                 COMMAND_QOS)
+        self.trajectory_pub = None
+        if self.is_chunked and MultiDOFJointTrajectory is not None:
+            self.trajectory_pub = node.create_publisher(MultiDOFJointTrajectory,
+                                                        prefix + 'trajectory', COMMAND_QOS)
         self._gripper_client = self._make_gripper_client()
         if settings.image_transport == 'compressed':
             self._image_sub = node.create_subscription(
@@ -139,6 +160,10 @@ class RobotChannel:
     @property
     def label(self) -> str:
         return self.name or self.node.get_name()
+
+    @property
+    def is_chunked(self) -> bool:
+        return self.chunk_steps > 1
 
     # ---- callbacks (executor thread) ------------------------------------------------------
 
@@ -163,6 +188,7 @@ class RobotChannel:
     def _on_reset_srv(self, request, response):
         num_dropped = self._on_reset(self)
         num_queued = self.slot.clear()
+        self.clear_chunks()
         response.success = True
         response.message = (f'dropped {num_dropped} engine requests and {num_queued} '
                             'queued frames')
@@ -177,20 +203,45 @@ class RobotChannel:
     def age_of(self, info: FrameInfo) -> float:
         return cmd.observation_age(self.now_s(), info.stamp_s, info.receipt_s, self.settings)
 
+    def age_limit(self, settings) -> float | None:
+        """The oldest image worth acting on: None (max_action_age) for a single-step model;
+        for a chunked one, max_action_age + (K - 1) control periods (its last step may still
+        be due, chunk_schedule.py)."""
+        return chunks.chunk_age_limit(self.chunk_steps, settings) if self.is_chunked else None
+
+    def control_step(self, info: FrameInfo, settings) -> int | None:
+        """The control step the image was taken at, for a chunked model's temporal drafting
+        (Frame.control_step): its header stamp, else its receipt time, over control_period;
+        None for a single-step model."""
+        if not self.is_chunked:
+            return None
+        time_s = info.stamp_s if info.stamp_s > 0.0 else info.receipt_s
+        return round(time_s / settings.control_period)
+
     def watchdog(self) -> None:
         """Zero twist when disabled, without a fresh image or without an instruction."""
         settings, newest = self.settings, self.newest
         age = None if newest is None else self.age_of(newest)
-        reason = cmd.hold_reason_now(settings.enabled, age, settings)
+        reason = cmd.hold_reason_now(settings.enabled, age, settings,
+                                     max_age_s=self.age_limit(settings))
         if reason is None and not settings.instruction:
             reason = cmd.REASON_NO_INSTRUCTION
         if reason is not None:
             self.publish_zero(reason, force=False)
 
-    def hold(self, reason: str, *, force: bool, is_stale_result: bool = False) -> None:
-        """Record a hold and publish a zero twist (see publish_zero)."""
+    def hold(self, reason: str, *, force: bool, is_stale_result: bool = False,
+             keep_chunk: bool = False) -> None:
+        """Record a hold and publish a zero twist (see publish_zero). A chunked model's
+        chunks are dropped, unless `keep_chunk` (one step refused: the next may be fine)."""
+        if not keep_chunk:
+            self.clear_chunks()
         self.stats.record_hold(reason, is_stale_result=is_stale_result)
         self.publish_zero(reason, force=force)
+
+    def clear_chunks(self) -> None:
+        """Forget the chunks being executed (disable, deactivate, reset, a failure)."""
+        with self._chunk_lock:
+            self.schedule.clear()
 
     def publish_zero(self, reason: str, *, force: bool) -> None:
         """Zero twist, gripper held. States (disabled, stale camera, no instruction) publish
@@ -207,9 +258,12 @@ class RobotChannel:
                 return
             self._num_halts_sent += 1
         self.stats.set_hold_reason(reason)
-        self.twist_pub.publish(twist_message(cmd.ZERO3, cmd.ZERO3,
-                                             self.node.get_clock().now().to_msg(),
-                                             settings.frame_id))
+        now = self.node.get_clock().now().to_msg()
+        self.twist_pub.publish(twist_message(cmd.ZERO3, cmd.ZERO3, now, settings.frame_id))
+        if self._trajectory_live and self.trajectory_pub is not None:
+            # An empty trajectory tells a trajectory controller to stop (trajectory_msgs).
+            self._trajectory_live = False
+            self.trajectory_pub.publish(trajectory_message((), now, settings.frame_id, 0.0))
         log, text = self.node.get_logger(), f'{self.label}: zero twist: {reason}'
         if kind in cmd.FAILURE_REASONS:
             log.error(text, throttle_duration_sec=LOG_THROTTLE_S)
@@ -222,6 +276,9 @@ class RobotChannel:
 
     def handle_finished(self, finished) -> None:
         """The safety decision (S7) for one finished frame of this robot, then publish."""
+        if self.is_chunked:
+            self._handle_chunk(finished)
+            return
         info: FrameInfo = finished.frame.user_data
         settings = self.settings
         command = cmd.decide_command(finished.result, error=finished.error,
@@ -241,6 +298,89 @@ class RobotChannel:
         self.stats.record_action(now, now - info.receipt_mono,
                                  stats.get('accepted_lengths', ()), stages,
                                  age_s=self.age_of(info))
+
+    def _handle_chunk(self, finished) -> None:
+        """A chunked model's frame: check the whole chunk (chunk_schedule.decide_chunk), keep
+        it, publish it as a trajectory and publish its step that is due now."""
+        info: FrameInfo = finished.frame.user_data
+        settings = self.settings
+        with self._chunk_lock:
+            now = self.now_s()
+            decision = chunks.decide_chunk(
+                finished.result, error=finished.error,
+                is_enabled=settings.enabled and self.is_active,
+                age_s=cmd.observation_age(now, info.stamp_s, info.receipt_s, settings),
+                num_steps=self.chunk_steps, settings=settings)
+            if decision.hold_reason is not None:
+                kind = cmd.reason_kind(decision.hold_reason)
+                self.hold(decision.hold_reason, force=True,
+                          is_stale_result=kind in (cmd.REASON_STALE, cmd.REASON_FUTURE))
+                return
+            chunk = chunks.Chunk(decision.actions,
+                                 cmd.observation_time(info.stamp_s, info.receipt_s, settings),
+                                 settings.control_period, info.stamp)
+            accepted, replaced = self.schedule.add(chunk, now)
+            if not accepted:
+                self.node.get_logger().warning(
+                    f'{self.label}: chunk ignored: its image is not newer than the chunk '
+                    'being executed (camera clock stepped back?)',
+                    throttle_duration_sec=LOG_THROTTLE_S)
+                return
+            self._publish_trajectory(chunk, decision.commands, settings)
+            self._publish_due(now, from_clock=False)
+        self.stats.record_chunk(replaced=replaced)
+        stats = finished.result.stats
+        mono = time.monotonic()
+        stages = None if math.isnan(info.converted_mono) else frame_stages(
+            info.receipt_mono, info.taken_mono, info.converted_mono,
+            stats.get('latency_s', 0.0), stats.get('compute_s', 0.0), mono)
+        self.stats.record_action(mono, mono - info.receipt_mono,
+                                 stats.get('accepted_lengths', ()), stages,
+                                 age_s=self.age_of(info))
+        if self._on_chunk is not None:
+            self._on_chunk()
+
+    def publish_due_step(self, now_s: float | None = None) -> float | None:
+        """Publish the step due at `now_s` (node clock; default now), if any and not yet
+        decided; returns when the next one is due (node clock seconds) or None."""
+        if not self.is_chunked:
+            return None
+        with self._chunk_lock:
+            return self._publish_due(self.now_s() if now_s is None else now_s, from_clock=True)
+
+    def _publish_due(self, now_s: float, *, from_clock: bool) -> float | None:
+        settings = self.settings
+        if not (settings.enabled and self.is_active):
+            self.schedule.clear()
+            return None
+        due = self.schedule.due(now_s, blend=settings.chunk_blend,
+                                decay=settings.chunk_ensemble_decay,
+                                max_age_s=settings.max_action_age)
+        if isinstance(due, chunks.RunOut):
+            self.stats.record_chunk_run_out(due.num_skipped)
+            self.hold(f'{cmd.REASON_CHUNK_END}: the {due.chunk.num_steps} steps of the image '
+                      f'at {due.chunk.start_s:.3f} s are done and no newer chunk arrived',
+                      force=True)
+        elif due is not None:
+            command = cmd.decide_command(chunks.StepAction(due.action), error=None,
+                                         is_enabled=True, age_s=due.age_s, settings=settings)
+            if command.is_hold:
+                self.stats.record_chunk_step(published=False, num_skipped=due.num_skipped)
+                self.hold(command.hold_reason, force=True, keep_chunk=True)
+            else:
+                self.publish_command(command, offset_stamp(
+                    due.chunk.stamp, due.index * due.chunk.period_s))
+                late = self.now_s() - due.chunk.slot_start(due.index) if from_clock else None
+                self.stats.record_chunk_step(published=True, num_skipped=due.num_skipped,
+                                             lateness_s=late)
+        return self.schedule.next_wake_s()
+
+    def _publish_trajectory(self, chunk, commands, settings) -> None:
+        if self.trajectory_pub is None or not self.is_active:
+            return
+        self.trajectory_pub.publish(trajectory_message(commands, chunk.stamp, settings.frame_id,
+                                                       chunk.period_s))
+        self._trajectory_live = True
 
     def publish_command(self, command: cmd.Command, stamp) -> None:
         if not self.is_active:
@@ -292,8 +432,9 @@ class RobotChannel:
     def destroy(self) -> None:
         """Remove this channel's ROS entities (lifecycle cleanup)."""
         node = self.node
-        for pub in (self.twist_pub, self.gripper_pub, self.action_pub):
-            node.destroy_publisher(pub)
+        for pub in (self.twist_pub, self.gripper_pub, self.action_pub, self.trajectory_pub):
+            if pub is not None:
+                node.destroy_publisher(pub)
         for sub in [self._image_sub] + self._instruction_subs:
             node.destroy_subscription(sub)
         for srv in self._services:
@@ -311,4 +452,34 @@ def twist_message(linear, angular, stamp, frame_id: str) -> TwistStamped:
     return msg
 
 
-__all__ = ['FrameInfo', 'LatestFrameSlot', 'RobotChannel', 'twist_message']
+def offset_stamp(stamp, seconds: float):
+    """builtin_interfaces/Time `stamp` + `seconds` (>= 0), in whole nanoseconds."""
+    total = stamp.sec * 1_000_000_000 + stamp.nanosec + round(seconds * 1e9)
+    return type(stamp)(sec=total // 1_000_000_000, nanosec=total % 1_000_000_000)
+
+
+def trajectory_message(commands, stamp, frame_id: str, period_s: float):
+    """A chunk as trajectory_msgs/MultiDOFJointTrajectory: one joint named `frame_id`, one
+    point per step with the step's (scaled, limited) twist as its velocity and
+    time_from_start = i * period_s; no transforms (the node does not know the pose). No
+    commands: the empty trajectory, which stops a trajectory controller."""
+    from geometry_msgs.msg import Twist
+
+    msg = MultiDOFJointTrajectory()
+    msg.header.stamp = stamp
+    msg.header.frame_id = frame_id
+    msg.joint_names = [frame_id]
+    for i, command in enumerate(commands):
+        twist = Twist()
+        twist.linear.x, twist.linear.y, twist.linear.z = command.linear
+        twist.angular.x, twist.angular.y, twist.angular.z = command.angular
+        point = MultiDOFJointTrajectoryPoint(velocities=[twist])
+        nanoseconds = round(i * period_s * 1e9)
+        point.time_from_start.sec = nanoseconds // 1_000_000_000
+        point.time_from_start.nanosec = nanoseconds % 1_000_000_000
+        msg.points.append(point)
+    return msg
+
+
+__all__ = ['FrameInfo', 'LatestFrameSlot', 'RobotChannel', 'twist_message', 'offset_stamp',
+           'trajectory_message']

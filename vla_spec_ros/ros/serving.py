@@ -8,6 +8,9 @@ Parameter changes: `validate(changes)` (on-set callback, no side effects) refuse
 parameters and invalid values; `apply(changes)` (post-set callback) rebuilds the settings of
 every robot for the next frame and queues engine tunables, which the worker applies before its
 next submit (a request keeps the tunables it was submitted with).
+
+A chunked model (action_chunk K > 1) also gets the step clock (step_clock.py), which publishes
+each robot's chunk one step per control period (docs/chunks.md).
 """
 from __future__ import annotations
 
@@ -20,9 +23,10 @@ from rcl_interfaces.msg import SetParametersResult
 from rclpy.parameter import Parameter
 
 from vla_spec_ros.engine.result import Frame
-from vla_spec_ros.ros import diagnostics, params
+from vla_spec_ros.ros import diagnostics, params, robot_channel
 from vla_spec_ros.ros.qos import COMMAND_QOS
 from vla_spec_ros.ros.robot_channel import RobotChannel
+from vla_spec_ros.ros.step_clock import StepClock
 from vla_spec_ros.ros.worker import InferenceWorker
 
 WARM_UP_IMAGE_SIZE = 224
@@ -54,10 +58,18 @@ class Serving:
         self.recorders = {robot: make_recorder(settings, robot)
                           for robot, settings in per_robot.items()}
 
+        self.chunk_steps = chunk_steps_of(policy)
+        self.step_clock = StepClock(node) if self.chunk_steps > 1 else None
+        if self.step_clock is not None and robot_channel.MultiDOFJointTrajectory is None:
+            node.get_logger().warning(
+                f'action_chunk {self.chunk_steps}: trajectory_msgs is not importable, so no '
+                'trajectory topic; the steps are published on twist as usual')
         wakeup = threading.Event()
         self.channels = [RobotChannel(node, robot, settings, wakeup=wakeup,
                                       on_instruction=self._on_instruction,
-                                      on_enable=self._on_enable, on_reset=self._on_reset)
+                                      on_enable=self._on_enable, on_reset=self._on_reset,
+                                      chunk_steps=self.chunk_steps,
+                                      on_chunk=self.step_clock and self.step_clock.wake)
                          for robot, settings in per_robot.items()]
         for channel in self.channels:
             channel.is_active = is_active
@@ -68,6 +80,9 @@ class Serving:
         self.worker = InferenceWorker(self.engine, self.channels, self.engine_lock, wakeup,
                                       self._take_tunables, self._on_submitted)
         self.worker.start()
+        if self.step_clock is not None:
+            self.step_clock.channels = list(self.channels)
+            self.step_clock.start()
 
     # ---- state ------------------------------------------------------------------------------
 
@@ -85,6 +100,7 @@ class Serving:
             channel.is_active = is_active
             if not is_active:
                 channel.slot.clear()
+                channel.clear_chunks()
         if not is_active:
             with self.engine_lock:
                 self.engine.reset()
@@ -111,6 +127,8 @@ class Serving:
 
     def destroy(self) -> None:
         self.worker.stop()
+        if self.step_clock is not None:
+            self.step_clock.stop()
         for timer in self._timers:
             self.node.destroy_timer(timer)
         for channel in self.channels:
@@ -175,6 +193,7 @@ class Serving:
                     f'{channel.label}: {"enabled" if channel.settings.enabled else "disabled"}')
                 if not channel.settings.enabled:
                     channel.slot.clear()
+                    channel.clear_chunks()
 
     def _take_tunables(self) -> dict:
         with self._tunables_lock:
@@ -246,6 +265,12 @@ class Serving:
                             self.node.get_clock().now().nanoseconds)
 
 
+def chunk_steps_of(policy) -> int:
+    """The control steps one frame decides (the checkpoint's action_chunk; 1 when the policy
+    does not say, e.g. a wrapper in tests)."""
+    return int(getattr(getattr(policy, 'model_config', None), 'action_chunk', 1) or 1)
+
+
 def make_recorder(settings, robot: str):
     """The frame recorder of `record_dir`, or None when recording is off. Each start writes a
     new bag, `<record_dir>/[<robot>/]vla_spec_<UTC time>`, so a restart never overwrites one.
@@ -270,4 +295,4 @@ def make_recorder(settings, robot: str):
                          split_s=settings.record_split_s or None)
 
 
-__all__ = ['Serving', 'make_recorder']
+__all__ = ['Serving', 'make_recorder', 'chunk_steps_of']

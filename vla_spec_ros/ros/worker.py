@@ -99,7 +99,8 @@ class InferenceWorker:
         if not settings.instruction:
             channel.hold(cmd.REASON_NO_INSTRUCTION, force=False)
             return
-        stale = cmd.freshness_reason(channel.age_of(info), settings)
+        stale = cmd.freshness_reason(channel.age_of(info), settings,
+                                     max_age_s=channel.age_limit(settings))
         if stale is not None:          # already too old: do not spend compute on it
             channel.hold(stale, force=True, is_stale_result=True)
             return
@@ -113,7 +114,8 @@ class InferenceWorker:
             return
         info = dataclasses.replace(info, taken_mono=taken, converted_mono=time.monotonic())
         frame = Frame(image, settings.instruction, settings.unnorm_key_or_none,
-                      channel.stream_id, user_data=info)
+                      channel.stream_id, user_data=info,
+                      control_step=channel.control_step(info, settings))
         with self.engine_lock:
             pending = self._take_tunables()
             if pending:          # validated by settings_from_parameters when they were set
