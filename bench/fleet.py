@@ -81,7 +81,14 @@ def camera_frames(num_robots: int, per_robot: int, seed: int,
 
 def node_command(args, mode: str, robots: list[str], instructions: list[str],
                  max_prefills: int = 1) -> list[str]:
-    argv = [sys.executable, '-m', 'vla_spec_ros.ros.node', '--ros-args',
+    if args.switch_interval:
+        # The node's main under a shorter GIL switch interval (an experiment knob: how long a
+        # thread waiting for the GIL, the executor's, may wait for the busy worker).
+        launcher = ['-c', f'import sys; sys.setswitchinterval({args.switch_interval}); '
+                    'from vla_spec_ros.ros.node import main; sys.exit(main())']
+    else:
+        launcher = ['-m', 'vla_spec_ros.ros.node']
+    argv = [sys.executable, *launcher, '--ros-args',
             '-p', f'model_path:={args.model}', '-p', f'mode:={mode}',
             '-p', f'robots:=[{",".join(robots)}]', '-p', 'enabled:=true',
             '-p', f'max_action_age:={args.max_action_age}',
@@ -359,6 +366,9 @@ def main(argv=None) -> int:
     parser.add_argument('--param', action='append', default=[],
                         help='a further node parameter, name:=value (repeatable), e.g. '
                         'tree_min_prob:=0.3')
+    parser.add_argument('--switch-interval', type=float, default=0.0,
+                        help='run the node under this sys.setswitchinterval (seconds; 0 = '
+                        'Python\'s default, 5 ms)')
     parser.add_argument('--seed', type=int, default=0)
     parser.add_argument('--out', default=str(RESULTS))
     args = parser.parse_args(argv)
