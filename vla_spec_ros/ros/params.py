@@ -129,7 +129,8 @@ NODE_PARAMETERS: tuple[ParameterSpec, ...] = (
     _p('diagnostics_period', 1.0, 'Period of /diagnostics messages', tunable=False, lo=0.05,
        hi=60.0, unit='s'),
     # One thread keeps the other cores free for DDS, the executor and the camera: on a 2-core
-    # CPU it took the node's frame -> twist p99 from 235 to 69 ms (README, Latency tails).
+    # CPU it took the node's frame -> twist p99 from 235 to 69 ms (README, "What a robot gets
+    # by default").
     _p('torch_threads', 1, 'CPU threads of the engine\'s torch operations in this process (0 = '
        'torch\'s default, one per core)', tunable=False, lo=0, hi=1024),
     # --- recording (draft-head training data) ------------------------------------------------
