@@ -12,7 +12,11 @@ episodes per task everywhere):
   drafter unless `--draft-path` says otherwise; the default configuration is labelled.
 - lockstep: every decoding mode drives the simulated arm through the real ROS 2 node and the
   simulator bridge in lock-step (closed_loop.run_closed_loop): success rate, and whether each
-  strict mode (r = 0) followed AR's trajectories episode for episode. Lock-step has no camera
+  strict mode (r = 0) followed AR's trajectories episode for episode. Refused for a chunked
+  model (`action_chunk` > 1): the node publishes a chunk's steps on its own clock, one per
+  control period, while lock-step steps the arm once per answered frame, so the two disagree
+  on which step the arm executes; the delay part measures chunked models (time-aligned, in
+  process) and `--sim-mode realtime` runs them through the node. Lock-step has no camera
   (a frame exists only once the previous action was applied), so pipelining has nothing to
   overlap there: this part measures success, not speed.
 - speed: model only, on consecutive control steps. `vla-spec bench --frames-from
@@ -26,7 +30,12 @@ episodes per task everywhere):
   latency on the node is placed on that curve (d = ceil(latency * rate), one frame in flight
   unless it answered (nearly) every camera frame), beside its model-only latency at each rate
   and the OpenVLA-7B latencies recorded on an H100 (demo_results.reference_7b; not measured by
-  this demo).
+  this demo). `--delay-models A,B` runs the same curve for several checkpoints, e.g. the
+  single-step `metaworld-demo` beside the chunked `metaworld-demo-chunk4`, and reports them side
+  by side; the first one's curve is the one the modes are placed on. A chunked model executes
+  its chunks time-aligned (the chunk of period t's frame lands at t + d and starts at its step
+  d, the newest chunk wins, a chunk with no step left holds: bridge_logic module doc,
+  docs/chunks.md).
 - relax: the relaxation trade-off: `spec` with a draft tree whose acceptance is below its
   ceiling (`--relax-tree`, default depth 6, top-k 1, 7 nodes), success rate, acceptance length
   and verifier forwards per action at every r, and the distance in bins between each relaxed
@@ -100,6 +109,10 @@ def add_arguments(parser) -> None:
     parser.add_argument('--one-in-flight-delays', default='auto',
                         help='delay part: delays also run with one frame in flight (auto: '
                         'those of --delays >= 2, where the schedules differ; none: no such run)')
+    parser.add_argument('--delay-models', default=None, metavar='A,B',
+                        help='delay part: checkpoints whose curves are run and reported side by '
+                        'side, e.g. metaworld-demo,metaworld-demo-chunk4 (default: --model; '
+                        'the first one\'s curve places the modes\' latencies)')
     parser.add_argument('--delay-hold', default='previous', choices=list(DELAY_HOLDS),
                         help='delay part: what the arm does until an action lands')
     parser.add_argument('--delay-episodes', type=int, default=None,
@@ -256,8 +269,33 @@ def resolve_options(args) -> dict:
         'speed_frames': _positive(args.speed_frames, '--speed-frames', 1),
         'stream_hz': stream_hz, 'stream_seconds': float(stream_seconds),
         'threads': _positive(args.threads, '--threads', 1),
+        'delay_models': _check_unique(
+            _split(args.delay_models, '--delay-models') if getattr(args, 'delay_models', None)
+            else [args.model], '--delay-models'),
     }
     return plan
+
+
+def action_chunk(model: str) -> int:
+    """Control steps per answer of a checkpoint (its config.json `action_chunk`, default 1),
+    without loading it."""
+    import json
+
+    from vla_spec_ros.policy import resolve_checkpoint
+    config = json.loads((resolve_checkpoint(model) / 'config.json').read_text())
+    return int(config.get('action_chunk') or 1)
+
+
+def check_lockstep_model(model: str, sim_mode: str) -> None:
+    """Lock-step through the node needs a single-step model (module doc, lockstep part)."""
+    chunk = action_chunk(model)
+    if chunk > 1 and sim_mode == 'lockstep':
+        raise ValueError(
+            f'--parts lockstep: {model} is a chunked model (action_chunk {chunk}); lock-step '
+            'steps the arm once per answered frame while the node publishes a chunk\'s steps on '
+            'its clock, one per control period. Run its success against delay in process '
+            '(--parts delay: chunks executed time-aligned) or through the node with '
+            '--sim-mode realtime')
 
 
 def machine_info() -> dict:
@@ -430,13 +468,28 @@ def _sweep_common(args, plan, unnorm_key) -> dict:
 
 
 def _run_delay(args, plan, unnorm_key, cache) -> dict:
+    """The delay curve of each of `plan['delay_models']`: the first one's in 'points' (the
+    curve the modes are placed on), every one's in 'models' (model, action_chunk, points)."""
     from vla_spec_ros.harness import inprocess
+    from vla_spec_ros.harness.closed_loop import _resolve_unnorm_key
+    from vla_spec_ros.policy import VLAPolicy
     points = inprocess.delay_points(plan['delays'], args.delay_hold,
                                     plan['one_in_flight_delays'])
-    reports = inprocess.run_sweep(points, plan['tasks'], plan['delay_episodes'],
-                                  desc='delay: ', **_sweep_common(args, plan, unnorm_key))
+    curves = []
+    for model in plan['delay_models']:
+        key = unnorm_key if model == args.model else _resolve_unnorm_key(
+            VLAPolicy.from_pretrained(model), args.unnorm_key)
+        common = dict(_sweep_common(args, plan, key), model=model)
+        chunk = action_chunk(model)
+        label = f'delay {model}: ' if len(plan['delay_models']) > 1 else 'delay: '
+        reports = inprocess.run_sweep(points, plan['tasks'], plan['delay_episodes'],
+                                      desc=label, **common)
+        curves.append({'model': model, 'action_chunk': chunk, 'unnorm_key': key,
+                       'points': [r.to_dict() for r in reports]})
     return {'episodes': plan['delay_episodes'], 'hold': args.delay_hold, 'mode': 'ar',
-            'path': IN_PROCESS_PATH, 'points': [r.to_dict() for r in reports]}
+            'path': IN_PROCESS_PATH, 'model': curves[0]['model'],
+            'action_chunk': curves[0]['action_chunk'], 'points': curves[0]['points'],
+            'models': curves}
 
 
 def _run_relax(args, plan, unnorm_key, cache) -> dict:
@@ -480,6 +533,8 @@ def run(args) -> int:
     from vla_spec_ros.sim.metaworld_env import sim_unavailable_reason
 
     plan = resolve_options(args)       # every option checked before anything loads
+    if 'lockstep' in plan['parts']:
+        check_lockstep_model(args.model, args.sim_mode)
     reason = sim_unavailable_reason()
     if reason is not None:
         raise ValueError(f'the simulator is unavailable: {reason}')
@@ -517,4 +572,5 @@ def run(args) -> int:
     return 0
 
 
-__all__ = ['add_arguments', 'run', 'configurations', 'resolve_options', 'machine_info']
+__all__ = ['add_arguments', 'run', 'configurations', 'resolve_options', 'machine_info',
+           'action_chunk', 'check_lockstep_model']

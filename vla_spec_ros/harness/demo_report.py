@@ -163,15 +163,46 @@ def format_speed_table(record: dict) -> str:
     return _table(head, rows)
 
 
-def delay_curve(record: dict) -> dict:
-    """{'every': {d: success}, 'one_in_flight': {d: success}} (d = 0, 1 in both: identical)."""
+def delay_curve(record: dict, points: list | None = None) -> dict:
+    """{'every': {d: success}, 'one_in_flight': {d: success}} (d = 0, 1 in both: identical),
+    of the record's delay part (the first model's curve) or of `points`."""
     curve = {'every': {}, 'one_in_flight': {}}
-    for p in record['delay']['points']:
+    for p in record['delay']['points'] if points is None else points:
         curve[p['point']['delay_frames']][p['point']['action_delay']] = p['success_rate']
     for d, rate in curve['every'].items():
         if d <= 1:
             curve['one_in_flight'].setdefault(d, rate)
     return curve
+
+
+def model_label(entry: dict) -> str:
+    """'metaworld-demo-chunk4 (chunks of 4)' or 'metaworld-demo (single-step)'."""
+    chunk = int(entry.get('action_chunk') or 1)
+    return f"{entry['model']} ({'single-step' if chunk == 1 else f'chunks of {chunk}'})"
+
+
+def model_curves(record: dict) -> list[tuple[str, dict]]:
+    """(label, delay curve) of every model of the delay part (`--delay-models`); one entry
+    for a record of a single model or from before the option."""
+    delay = record['delay']
+    entries = delay.get('models') or [{'model': delay.get('model', record.get('model', '?')),
+                                       'action_chunk': delay.get('action_chunk', 1),
+                                       'points': delay['points']}]
+    return [(model_label(e), delay_curve(record, e['points'])) for e in entries]
+
+
+def format_delay_models_table(record: dict) -> str:
+    """Success per delay of each model side by side ('' with one model)."""
+    curves = model_curves(record)
+    if len(curves) < 2:
+        return ''
+    head = ['delay d (periods)']
+    for label, _ in curves:
+        head += [f'{label}: every frame', f'{label}: one in flight']
+    delays = sorted({d for _, c in curves for frames in c.values() for d in frames})
+    rows = [[d] + [_fmt(c[frames].get(d)) for _, c in curves
+                   for frames in ('every', 'one_in_flight')] for d in delays]
+    return _table(head, rows)
 
 
 def success_at(curve: dict, frames: str, delay: int) -> tuple[float, str]:
@@ -288,6 +319,18 @@ def format_delay_table(record: dict) -> str:
     text = _table(head, rows)
     text += (f"\n{_episodes(delay['episodes'])} per task and point, hold "
              f"{delay['hold']}, {delay['path']}\n")
+    if delay.get('model'):
+        text = f"{model_curves(record)[0][0]}:\n\n" + text
+    compared = format_delay_models_table(record)
+    if compared:
+        text += ('\nEvery model of the delay part (`--delay-models`), same episodes and '
+                 'schedule. A chunked model executes its chunks on the control clock: the chunk '
+                 'decided from period t\'s frame lands at t + d and starts at its step d (steps '
+                 '0 .. d-1 are past), the newest chunk wins, and when the newest chunk has no '
+                 'step left the arm holds (hold ' + delay['hold'] + '). With one frame in '
+                 'flight a single-step model acts on d-period-old information every step, a '
+                 'chunk executes its planned steps d .. 2d-1 on time (while d < K). The curves '
+                 'above place the modes by the first model\'s curve.\n\n' + compared)
     rule = ('d = ceil(latency × rate); one frame in flight when the mode answered fewer than '
             f'{100 * KEEPS_UP_FRACTION:.0f}% of the camera frames (~ interpolated, > beyond the '
             'largest delay measured)')
@@ -431,6 +474,11 @@ def format_report(record: dict) -> str:
     if 'delay' in record:
         out += ['## Success against action delay (delayed lock-step, AR actions)\n',
                 format_delay_table(record)]
+        curves = model_curves(record)
+        if len(curves) > 1:
+            for (label, _), entry in zip(curves, record['delay']['models']):
+                out += [f'Success per task, {label}:\n', format_task_table(
+                    entry['points'], tasks, lambda p: p['label'])]
     if 'relax' in record:
         out += ['## Relaxed acceptance: the trade-off\n', format_relax_table(record)]
     summary = format_summary(record)
@@ -443,4 +491,5 @@ __all__ = ['KEEPS_UP_FRACTION', 'WHERE_MODEL', 'REFERENCE_7B_TITLE', 'measured',
            'format_report', 'format_summary', 'format_stream_table', 'format_lockstep_table',
            'format_speed_table', 'format_delay_table', 'format_relax_table', 'format_task_table',
            'mode_label', 'place', 'placements', 'stream_placements', 'reference_placements',
-           'curve_rate', 'delay_curve', 'success_at', 'same_as_ar']
+           'curve_rate', 'delay_curve', 'success_at', 'same_as_ar', 'model_label',
+           'model_curves', 'format_delay_models_table']

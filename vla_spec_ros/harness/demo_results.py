@@ -8,8 +8,9 @@ import time
 from pathlib import Path
 
 from vla_spec_ros.harness.demo_report import (REFERENCE_7B_TITLE, WHERE_MODEL, curve_rate,
-                                              delay_curve, format_report, measured, placements,
-                                              reference_placements, stream_placements)
+                                              delay_curve, format_report, measured,
+                                              model_curves, placements, reference_placements,
+                                              stream_placements)
 
 # OpenVLA-7B latencies recorded on an H100 (bench/README.md, "Current code, graphs on"), placed
 # on the demo's delay curve for scale; the file ships in the repository, and the demo copies
@@ -51,11 +52,21 @@ def plot_delay(path: Path, record: dict, plt) -> None:
                                       gridspec_kw={'width_ratios': [3, 2]})
     styles = {'every': ('o-', 'every frame answered (pipelined)'),
               'one_in_flight': ('s--', 'one frame in flight')}
+    curves = model_curves(record)
     for frames, (style, label) in styles.items():
         points = sorted(curve[frames].items())
         if points:
             ax.plot([d for d, _ in points], [s for _, s in points], style, color='gray'
-                    if frames == 'one_in_flight' else 'black', label=label)
+                    if frames == 'one_in_flight' else 'black',
+                    label=label if len(curves) == 1 else f'{curves[0][0]}, {label}')
+    for i, (model, other) in enumerate(curves[1:]):       # --delay-models: the others
+        for frames, (style, label) in styles.items():
+            points = sorted(other[frames].items())
+            if points:
+                ax.plot([d for d, _ in points], [s for _, s in points], style,
+                        color=('tab:red', 'tab:purple', 'tab:olive')[i % 3],
+                        alpha=0.6 if frames == 'one_in_flight' else 1.0,
+                        label=f'{model}, {label}')
     modes = list(dict.fromkeys([p['mode'] for p in places]
                                + [p['mode'] for p in stream_placements(record)]))
     color = {mode: f'C{i}' for i, mode in enumerate(modes)}

@@ -6,6 +6,11 @@ lock-step schedule (`bridge_logic.DelayedLockstep`, applied by `demos.run_episod
 actions the bridge would apply (the node's gripper value clipped to [0, 1]), but call
 `policy.predict` directly: many episodes in little time, and in parallel worker processes.
 test/test_closed_loop.py checks that both paths apply the same actions for the same seed.
+A chunked checkpoint (`action_chunk` K > 1) answers a (K, 7) plan per frame; the schedule then
+executes each chunk time-aligned on the control clock (a chunk from period t's frame landing d
+periods later starts at its step d; the newest chunk wins; a chunk with no step left holds),
+the rule the VLA node follows with `chunk_blend: latest` (docs/chunks.md). Each frame carries
+its control step (`Frame.control_step`, the episode's period), as on the node.
 
 A sweep is a list of `SweepPoint`s (a decoding configuration plus a delay schedule); each
 point runs `episodes` episodes of every task and gives a `PointReport`: success overall and per
@@ -81,6 +86,11 @@ class PointReport:
     num_verify_steps: int = 0         # speculative modes: verifier steps with a tree
     num_accepted_tokens: int = 0      # tokens decided by those steps
     num_invalid: int = 0              # answers that were no valid action (episode ended)
+    model: str = ''                   # the checkpoint (folder, embedded or preset name)
+    action_chunk: int = 1             # control steps per answer (K; 1: single-step)
+    num_held: int = 0                 # simulator steps with a held action (no step due)
+    num_chunk_steps_skipped: int = 0  # chunk steps already past when their chunk landed
+    num_run_outs: int = 0             # the newest chunk had no step left: the arm held
     num_token_mismatches: int = 0     # compare_ar: tokens that differ from AR's
     # compare_ar: bin_distance_counts[dim][k] = tokens of dimension dim k bins from AR's.
     bin_distance_counts: list = field(default_factory=list)
@@ -139,11 +149,28 @@ def _policy(model: str, options: tuple, draft_path: str | None):
 
 
 def bridge_action(action: np.ndarray) -> np.ndarray:
-    """The 7-dim action the bridge applies for a node action: the gripper clipped to [0, 1]
-    (the node's gripper convention in `bridge_logic.matched_command_parameters`)."""
+    """The 7-dim action the bridge applies for a node action (or each step of a (K, 7) chunk):
+    the gripper clipped to [0, 1] (the node's gripper convention in
+    `bridge_logic.matched_command_parameters`)."""
     out = np.array(action, dtype=np.float64)
-    out[ACTION_DIM - 1] = min(max(out[ACTION_DIM - 1], 0.0), 1.0)
+    out[..., ACTION_DIM - 1] = np.clip(out[..., ACTION_DIM - 1], 0.0, 1.0)
     return out
+
+
+def predict_at(policy, image, instruction: str, unnorm_key, control_step: int):
+    """`policy.predict` for a frame taken at `control_step` (`Frame.control_step`: a chunked
+    model's drafter shifts the previous chunk by the steps between frames)."""
+    from vla_spec_ros.engine.result import Frame
+    from vla_spec_ros.policy import PREDICT_STREAM
+    engine = policy.engine
+    request_id = engine.submit(Frame(image, instruction, unnorm_key, PREDICT_STREAM,
+                                     control_step=int(control_step)))
+    for finished in engine.run_until_idle():
+        if finished.request_id == request_id:
+            if finished.error is not None:
+                raise RuntimeError(f'inference failed: {finished.error}')
+            return finished.result
+    raise RuntimeError('engine finished without producing the requested action')
 
 
 def run_unit(unit: dict) -> dict:
@@ -157,16 +184,19 @@ def run_unit(unit: dict) -> dict:
     policy = _policy(unit['model'], tuple(sorted(options.items())), unit['draft_path'])
     key, task = unit['unnorm_key'], get_task(unit['task'])
     runner = policy.engine.runner
-    # The runner's action codec (is_action_token, token_to_bin); older runners named it
-    # action_tokenizer.
-    tokenizer = getattr(runner, 'codec', None) or runner.action_tokenizer
+    tokenizer = runner.codec        # is_action_token, token_to_bin (action_codec.py)
+    chunk = int(policy.model_config.action_chunk)
     out = {'episodes': [], 'num_actions': 0, 'num_steps': 0, 'num_forwards': 0,
            'num_verify_steps': 0, 'num_accepted_tokens': 0, 'num_invalid': 0,
            'num_token_mismatches': 0, 'bin_distances': [], 'worker_s': 0.0,
-           'actions': [], 'tokens': []}
+           'action_chunk': chunk, 'num_held': 0, 'num_chunk_steps_skipped': 0,
+           'num_run_outs': 0, 'actions': [], 'tokens': [], 'sources': []}
 
-    def act(image, instruction):
-        result = policy.predict(image, instruction, key)
+    def act(image, instruction, period):
+        if chunk > 1:
+            result = predict_at(policy, image, instruction, key, period)
+        else:           # single-step: exactly the path the bridge comparison tests
+            result = policy.predict(image, instruction, key)
         stats = result.stats
         out['num_actions'] += 1
         out['num_forwards'] += int(stats['forward_passes'])
@@ -203,20 +233,27 @@ def run_unit(unit: dict) -> dict:
     from vla_spec_ros.sim.demos import run_episode
     for episode in range(unit['first'], unit['first'] + unit['count']):
         ep_seed = episode_seed(unit['seed'], task.name, episode)
-        applied = []
+        applied, sources = [], []
         out['actions'].append(applied)
+        out['sources'].append(sources)
         out['tokens'].append([])
+
+        def on_step(t, a, fresh, applied=applied, sources=sources):
+            applied.append(a.tolist())
+            sources.append(delay.source)
         start = time.perf_counter()
         result, _, _ = run_episode(
             env, act, ep_seed, choose_instruction(task, ep_seed), delay=delay,
-            on_step=(lambda t, a, fresh: applied.append(a.tolist()))
-            if unit['keep_actions'] else None)
+            on_step=on_step if unit['keep_actions'] else None, with_period=True)
         out['worker_s'] += time.perf_counter() - start
         out['num_steps'] += result.num_steps
+        out['num_held'] += delay.num_held
+        out['num_chunk_steps_skipped'] += delay.num_chunk_steps_skipped
+        out['num_run_outs'] += delay.num_run_outs
         out['episodes'].append(asdict(result))
     if not unit['keep_actions']:
-        out.pop('actions')
-        out.pop('tokens')
+        for name in ('actions', 'tokens', 'sources'):
+            out.pop(name)
     return out
 
 
@@ -233,8 +270,10 @@ def _units(point: SweepPoint, tasks, episodes: int, common: dict) -> list[dict]:
 
 def _merge(report: PointReport, part: dict) -> None:
     report.episodes.extend(EpisodeResult(**e) for e in part['episodes'])
+    report.action_chunk = part['action_chunk']
     for name in ('num_actions', 'num_steps', 'num_forwards', 'num_verify_steps',
-                 'num_accepted_tokens', 'num_invalid', 'num_token_mismatches'):
+                 'num_accepted_tokens', 'num_invalid', 'num_token_mismatches', 'num_held',
+                 'num_chunk_steps_skipped', 'num_run_outs'):
         setattr(report, name, getattr(report, name) + part[name])
     report.worker_s += part['worker_s']
     for row in part['bin_distances']:
@@ -258,8 +297,11 @@ def run_sweep(points, tasks, episodes: int, *, model: str = 'metaworld-demo',
     units in that many processes (each with `threads` torch threads). One tqdm bar per point.
     `engine_options` (dtype, device, restrict_to_action_tokens, ...) apply to every point.
 
+    A chunked `model` (action_chunk > 1) executes its chunks time-aligned (module doc).
+
     `keep_actions` (tests): the parts' applied actions and tokens per episode are returned in
-    `report.details` (not serialised)."""
+    `report.details`, and per episode the (frame period, chunk step) each applied action came
+    from (None: a hold; `DelayedLockstep.source`) in `report.step_sources` (not serialised)."""
     if not isinstance(episodes, int) or episodes < 1:
         raise ValueError(f'episodes: expected a positive int, got {episodes!r}')
     if not isinstance(workers, int) or workers < 1:
@@ -292,7 +334,7 @@ def run_sweep(points, tasks, episodes: int, *, model: str = 'metaworld-demo',
 
 def _run_point(point, tasks, episodes, common, pool, progress, desc) -> PointReport:
     units = _units(point, tasks, episodes, common)
-    report = PointReport(point)
+    report = PointReport(point, model=common['model'])
     bar = None
     if progress:
         from tqdm import tqdm
@@ -327,6 +369,7 @@ def _run_point(point, tasks, episodes, common, pool, progress, desc) -> PointRep
     if common['keep_actions']:
         report.details = [(a, t) for part in parts for a, t in zip(part['actions'],
                                                                    part['tokens'])]
+        report.step_sources = [s for part in parts for s in part['sources']]
     report.wall_s = time.perf_counter() - start
     report.success_rate = success_rate(report.episodes)
     report.success_rate_per_task = {
@@ -356,4 +399,4 @@ def relax_points(thresholds, tree: tuple[int, int, int], mode: str = 'spec') -> 
 
 
 __all__ = ['SweepPoint', 'PointReport', 'run_sweep', 'run_unit', 'delay_points',
-           'relax_points', 'bridge_action', 'EPISODES_PER_UNIT']
+           'relax_points', 'bridge_action', 'predict_at', 'EPISODES_PER_UNIT']

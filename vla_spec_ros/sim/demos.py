@@ -66,7 +66,7 @@ def choose_instruction(task: TaskSpec, seed: int) -> str:
 
 def run_episode(env: MetaWorldTask, policy: Policy, seed: int, instruction: str,
                 is_recording: bool = False, delay: DelayedLockstep | None = None,
-                on_step: Callable | None = None):
+                on_step: Callable | None = None, with_period: bool = False):
     """One episode from `env.reset(seed)` until success or `env.max_steps`.
 
     Returns (EpisodeResult, images (T, H, W, 3) uint8 | None, actions (T, 7) float32 | None);
@@ -75,8 +75,12 @@ def run_episode(env: MetaWorldTask, policy: Policy, seed: int, instruction: str,
     `delay` (a `bridge_logic.DelayedLockstep`, not with `is_recording`): delayed lock-step, the
     same schedule the bridge node applies; the policy is asked only for the frames `delay`
     wants, and may then answer None (no valid action: the episode ends unsuccessfully, as the
-    bridge ends it after republishing an unanswered frame). `on_step(period, action, is_fresh)`
-    sees every applied action.
+    bridge ends it after republishing an unanswered frame). A chunked policy (a (K, 7) plan
+    per frame) needs `delay` (d = 0 for none): it executes each chunk on the control clock,
+    time-aligned, latest chunk first (bridge_logic module doc). `on_step(period, action,
+    is_fresh)` sees every applied action; `delay.source` says which chunk step it was.
+    `with_period`: the policy is called as policy(image, instruction, period) (the control step
+    of the image, for a drafter that shifts the previous chunk).
     """
     if delay is not None and is_recording:
         raise ValueError("is_recording: not with a delay (the recorded pairs assume none)")
@@ -87,14 +91,18 @@ def run_episode(env: MetaWorldTask, policy: Policy, seed: int, instruction: str,
     is_success, is_done, period = False, False, 0
     while not is_done:
         is_fresh = True
+        args = (image, instruction, period) if with_period else (image, instruction)
         if delay is None:
-            action = np.asarray(policy(image, instruction), dtype=np.float32)
+            action = np.asarray(policy(*args), dtype=np.float32)
+            if action.ndim == 2 and action.shape[1:] == (ACTION_DIM,):
+                raise ValueError(f"policy: answered a chunk {action.shape}; run a chunked "
+                                 "policy with delay=DelayedLockstep() (executed time-aligned)")
             if action.shape != (ACTION_DIM,) or not np.all(np.isfinite(action)):
                 raise ValueError(f"policy: expected a finite ({ACTION_DIM},) action, got "
                                  f"{action}")
         else:
             if delay.wants_frame(period):
-                answer = policy(image, instruction)
+                answer = policy(*args)
                 if answer is None:
                     break
                 delay.answer(period, answer)
