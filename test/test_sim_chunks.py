@@ -6,7 +6,9 @@ import os
 import numpy as np
 import pytest
 
-from vla_spec_ros.sim.bridge_logic import DelayedLockstep, chunk_step_due
+from vla_spec_ros.sim.bridge_logic import (
+    AnswerPairs, DelayedLockstep, FrameRegistry, LockstepMatcher, RealtimeCommand,
+    chunk_step_due)
 
 K = 4
 
@@ -82,6 +84,55 @@ def test_single_actions_keep_the_single_step_rule():
         assert delay.source == (None if t < 2 else (t - 2, None))
     with pytest.raises(ValueError, match='chunk'):
         DelayedLockstep(0).answer(0, np.zeros((2, 6)))
+
+
+PERIOD_S = 0.1
+FRAME_NS = (1_000_000_007, 1_000_000_007 + 30_000_000)      # two frames 30 ms apart
+
+
+def step_stamp(frame_ns: int, index: int) -> int:
+    """The node's stamp of chunk step `index` (ros/robot_channel.offset_stamp)."""
+    return frame_ns + round(index * PERIOD_S * 1e9)
+
+
+def registry() -> FrameRegistry:
+    frames = FrameRegistry()
+    for stamp in FRAME_NS:
+        frames.add(stamp, 0.0)
+    return frames
+
+
+def test_registry_traces_chunk_step_stamps_back_to_their_frame():
+    frames = registry()
+    assert frames.frame_of(FRAME_NS[1]) == (FRAME_NS[1], 0)
+    assert frames.frame_of(step_stamp(FRAME_NS[0], 3)) is None      # without the period
+    assert frames.frame_of(step_stamp(FRAME_NS[0], 3), PERIOD_S) == (FRAME_NS[0], 3)
+    assert frames.frame_of(step_stamp(FRAME_NS[1], 2), PERIOD_S) == (FRAME_NS[1], 2)
+    assert frames.frame_of(FRAME_NS[0] + 12345, PERIOD_S) is None   # a hold
+
+
+def test_chunk_steps_pair_with_their_grippers_in_lockstep_and_real_time():
+    matcher = LockstepMatcher(AnswerPairs(registry(), chunk_period_s=PERIOD_S))
+    matcher.begin_frame(FRAME_NS[1])
+    # Frame 0's chunk: steps 1 and 2 (each with its gripper) arrive while frame 1 waits,
+    # then a hold (no gripper), then frame 1's step 0.
+    for index, gripper in ((1, 0.1), (2, 0.2)):
+        assert matcher.on_twist(step_stamp(FRAME_NS[0], index), (index, 0, 0), (0, 0, 0))
+        matcher.on_gripper(gripper)
+    assert not matcher.on_twist(FRAME_NS[1] + 12345, (0, 0, 0), (0, 0, 0))
+    assert matcher.on_twist(FRAME_NS[1], (7, 0, 0), (0, 0, 0))
+    matcher.on_gripper(0.7)
+    command = matcher.take()
+    assert (command.stamp_ns, command.step_index, command.linear[0],
+            command.gripper_position) == (FRAME_NS[1], 0, 7, 0.7)
+    assert matcher.num_other_answers == 2
+
+    state = RealtimeCommand(AnswerPairs(registry(), chunk_period_s=PERIOD_S), 0.5, 1.0)
+    state.begin_episode(FRAME_NS[0], 1.0)
+    for index, gripper in ((0, 0.0), (1, 0.1), (2, 0.2)):
+        state.on_twist(step_stamp(FRAME_NS[0], index), (index, 0, 0), (0, 0, 0), index * 0.1)
+        state.on_gripper(gripper)
+        assert state.command_at(index * 0.1) == ((index, 0, 0), (0, 0, 0), gripper, True)
 
 
 def test_chunked_random_model_in_process_executes_time_aligned_steps(tmp_path):

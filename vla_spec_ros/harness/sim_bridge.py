@@ -13,19 +13,22 @@ node's. Simplest gripper convention on the VLA node: gripper_binarize false, ope
 0.0 (the message then carries the model's gripper value clipped to [0, 1]).
 
 Twists answering published frames are paired with gripper messages in arrival order over the
-node's whole life (bridge_logic.AnswerPairs). sim_mode "lockstep": frame k is stepped only with
-the pair whose twist carries frame k's stamp (bridge_logic.LockstepMatcher); without it for
-`lockstep_timeout_s` the same frame is published again with the same stamp (counted) and nothing
-is stepped, and after `max_republish` republications the episode ends unsuccessfully
-(`is_unanswered`, end reason "unanswered"). With `action_delay` d > 0 (delayed lock-step,
-bridge_logic.DelayedLockstep) the action decided from period k's frame is applied at period
-k + d, `delay_hold` holding in between; with `delay_frames: one_in_flight` the frames of the
-periods in between are not published (the model would be busy) and the held action is applied
-at once. "realtime": a timer steps at `control_rate_hz` with
-the newest command younger than `command_timeout_s`, else zero motion with the gripper held
-(bridge_logic.RealtimeCommand); answers to a previous episode's frames are ignored. Latencies
-are recorded for this episode's frames only. The last frame of an episode (success or
-max_steps) is not published.
+node's whole life (bridge_logic.AnswerPairs); a chunked model's steps (stamped frame + i
+control periods) pair the same way. In lock-step a frame is stepped with the first step
+published for it (the rest of its chunk is counted, not applied: `vla-spec demo` refuses
+lock-step for chunked models); in real time every step is applied as it arrives.
+sim_mode "lockstep": frame k is stepped only with the pair whose twist carries frame k's stamp
+(bridge_logic.LockstepMatcher); without it for `lockstep_timeout_s` the same frame is published
+again with the same stamp (counted) and nothing is stepped, and after `max_republish`
+republications the episode ends unsuccessfully (`is_unanswered`, end reason "unanswered"). With
+`action_delay` d > 0 (delayed lock-step, bridge_logic.DelayedLockstep) the action decided from
+period k's frame is applied at period k + d, `delay_hold` holding in between; with
+`delay_frames: one_in_flight` the frames of the periods in between are not published (the model
+would be busy) and the held action is applied at once. "realtime": a timer steps at
+`control_rate_hz` with the newest command younger than `command_timeout_s`, else zero motion
+with the gripper held (bridge_logic.RealtimeCommand); answers to a previous episode's frames are
+ignored. Latencies are recorded for this episode's frames only. The last frame of an episode
+(success or max_steps) is not published.
 
 Simulator work runs in this node's callbacks (one mutually exclusive group) and in the caller of
 `start_episode` / `run_episode`, serialised by one lock. Call `run_episode` from a thread other
@@ -73,7 +76,8 @@ class SimBridgeNode(Node):
         self._envs: dict = {}      # (task, image_size, camera, max_steps) -> MetaWorldTask
         # One registry and one answer FIFO pair for the node's life (bridge_logic module doc).
         self._registry = logic.FrameRegistry()
-        self._answers = logic.AnswerPairs(self._registry)
+        # Chunk steps are stamped frame + i control periods (bridge_logic module doc).
+        self._answers = logic.AnswerPairs(self._registry, chunk_period_s=s.control_period)
         self._matcher = logic.LockstepMatcher(self._answers, s.max_republish)
         self._realtime = logic.RealtimeCommand(self._answers, s.command_timeout_s,
                                                s.gripper_open_position)
@@ -248,9 +252,11 @@ class SimBridgeNode(Node):
                                       throttle_duration_sec=2.0)
         stamp_ns = msg.header.stamp.sec * 1_000_000_000 + msg.header.stamp.nanosec
         with self._lock:
-            latency = self._registry.first_answer_latency(stamp_ns, received_s)
+            located = self._registry.frame_of(stamp_ns, self.settings.control_period)
+            latency = None if located is None else self._registry.first_answer_latency(
+                located[0], received_s)
             if (latency is not None and self._episode is not None
-                    and stamp_ns >= self._first_stamp_ns):   # not a previous episode's frame
+                    and located[0] >= self._first_stamp_ns):  # not a previous episode's frame
                 self._log.latencies_s.append(latency)
             if self.settings.sim_mode == 'realtime':
                 self._realtime.on_twist(stamp_ns, linear, angular, received_s)

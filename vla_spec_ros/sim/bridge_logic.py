@@ -19,10 +19,19 @@ whole life (not per frame, not per episode), the n-th twist whose stamp is a pub
 pairs with the n-th gripper message: `AnswerPairs` keeps one FIFO of each and pops pairs in
 order. Pairing by position inside a per-frame window would go wrong as soon as a gripper
 arrived after the next frame began (a late duplicate answer shifts every later pair by one).
+A chunked model's node publishes step i of a frame's chunk with the stamp frame stamp +
+round(i * control_period * 1e9) ns (ros/robot_channel.offset_stamp), each step with its gripper:
+`FrameRegistry.frame_of` recognises such stamps (the bridge's control_period equals the node's),
+so chunk steps pair like answers and `MatchedCommand` carries the frame stamp and step index.
 
 Two ways to turn a stream of commands into simulator steps:
 - lock-step (`LockstepMatcher`): frame k is stepped with the pair whose twist carries frame k's
   stamp; pairs answering other frames (late or duplicate answers) are counted, never applied.
+  With a chunked model that is the first step the node publishes for frame k (step 0, or the
+  step due when the chunk arrived); the chunk's later steps arrive on the node's clock and are
+  counted as other answers. `vla-spec demo` refuses lock-step for chunked models for that
+  reason (one step per frame is not the chunk's plan); its delay part executes chunks
+  time-aligned in process, and real time executes them as the node publishes them.
   A frame may be published again `max_republish` times, then the episode fails
   (`should_republish`): a held answer (e.g. an invalid token) repeats for the same frame.
 - real time (`RealtimeCommand`): every control period the newest twist is used when it was
@@ -70,6 +79,8 @@ ACTION_DIM = 7
 DELAY_HOLDS = ('previous', 'zero')
 DELAY_FRAMES = ('every', 'one_in_flight')
 MAX_ACTION_DELAY = 1000
+# Longest chunk whose step stamps `FrameRegistry.frame_of` traces back to their frame.
+MAX_CHUNK_STEPS = 256
 
 # Command conventions a VLA node and a bridge must share for the bridge to recover each action
 # exactly: unit scales, speed limits far above Meta-World's 1 cm steps (a clamp would change the
@@ -263,6 +274,24 @@ class FrameRegistry:
     def __contains__(self, stamp_ns: int) -> bool:
         return stamp_ns in self._published
 
+    def frame_of(self, stamp_ns: int, step_period_s: float | None = None,
+                 max_steps: int = MAX_CHUNK_STEPS) -> tuple[int, int] | None:
+        """(frame stamp, chunk step index) of a twist stamp: (stamp, 0) for a frame's own
+        stamp; with `step_period_s`, (frame, i) when stamp = frame + round(i * step_period_s *
+        1e9) ns for a registered frame (the node's stamp of chunk step i); else None."""
+        if stamp_ns in self._published:
+            return int(stamp_ns), 0
+        if not step_period_s or not self._published:
+            return None
+        oldest = next(iter(self._published))
+        for index in range(1, max_steps):
+            frame = int(stamp_ns) - round(index * step_period_s * 1e9)
+            if frame < oldest:
+                break
+            if frame in self._published:
+                return frame, index
+        return None
+
     def first_answer_latency(self, stamp_ns: int, received_s: float) -> float | None:
         """Seconds from the frame's first publication to this answer; None when the stamp is
         unknown or the frame was answered before."""
@@ -274,12 +303,14 @@ class FrameRegistry:
 
 @dataclass(frozen=True)
 class MatchedCommand:
-    """One answer: the twist stamped with a published frame's stamp and its gripper message."""
+    """One answer: the twist answering a published frame (stamped with the frame's stamp, or
+    for step i of a chunk the frame's stamp + i control periods) and its gripper message."""
 
-    stamp_ns: int
+    stamp_ns: int               # the frame's stamp
     linear: tuple
     angular: tuple
     gripper_position: float
+    step_index: int = 0         # the chunk step (0 for a single-step model)
 
     @property
     def is_finite(self) -> bool:
@@ -290,24 +321,28 @@ class MatchedCommand:
 class AnswerPairs:
     """FIFOs of answering twists and of gripper messages for the node's whole life (module doc).
 
-    Every twist whose stamp is a registered frame's goes in, finite or not, and so does every
-    gripper message (a NaN position for an unreadable one): dropping one side only would shift
-    every later pair. `max_pending` bounds each FIFO (the oldest entries go first) in case one
-    topic loses messages.
+    Every twist whose stamp is a registered frame's (or, with `chunk_period_s`, a chunk step's
+    of a registered frame) goes in, finite or not, and so does every gripper message (a NaN
+    position for an unreadable one): dropping one side only would shift every later pair.
+    `max_pending` bounds each FIFO (the oldest entries go first) in case one topic loses
+    messages.
     """
 
-    def __init__(self, registry: FrameRegistry, max_pending: int = 1024):
+    def __init__(self, registry: FrameRegistry, max_pending: int = 1024,
+                 chunk_period_s: float | None = None):
         check_int('max_pending', max_pending, minimum=1)
         self.registry = registry
-        self._twists: deque = deque(maxlen=max_pending)     # (stamp_ns, linear, angular)
+        self.chunk_period_s = chunk_period_s
+        self._twists: deque = deque(maxlen=max_pending)   # (frame, step, linear, angular)
         self._grippers: deque = deque(maxlen=max_pending)   # positions
 
     def on_twist(self, stamp_ns: int, linear, angular) -> bool:
         """Queue a twist; True when it answers a registered frame (so a gripper follows it)."""
-        if stamp_ns not in self.registry:
+        located = self.registry.frame_of(stamp_ns, self.chunk_period_s)
+        if located is None:
             return False                 # a hold: node-clock stamp, no gripper message
-        self._twists.append((int(stamp_ns), tuple(float(v) for v in linear),
-                             tuple(float(v) for v in angular)))
+        self._twists.append(located + (tuple(float(v) for v in linear),
+                                       tuple(float(v) for v in angular)))
         return True
 
     def on_gripper(self, position: float) -> None:
@@ -317,8 +352,9 @@ class AnswerPairs:
         """Every complete pair received so far, oldest first."""
         pairs = []
         while self._twists and self._grippers:
-            stamp_ns, linear, angular = self._twists.popleft()
-            pairs.append(MatchedCommand(stamp_ns, linear, angular, self._grippers.popleft()))
+            stamp_ns, index, linear, angular = self._twists.popleft()
+            pairs.append(MatchedCommand(stamp_ns, linear, angular, self._grippers.popleft(),
+                                        index))
         return pairs
 
 
@@ -562,6 +598,6 @@ class EpisodeLog:
 
 __all__ = ['SIM_MODES', 'BridgeSettings', 'DESCRIPTIONS', 'gripper_openness', 'action_from_twist',
            'next_stamp_ns', 'FrameRegistry', 'DelayedLockstep', 'chunk_step_due', 'check_delay',
-           'DELAY_HOLDS', 'DELAY_FRAMES', 'MatchedCommand', 'AnswerPairs', 'LockstepMatcher',
-           'RealtimeCommand', 'EpisodeCounters', 'EpisodeLog', 'END_SUCCESS', 'END_MAX_STEPS',
-           'END_TIMEOUT', 'END_UNANSWERED', 'END_STOPPED']
+           'DELAY_HOLDS', 'DELAY_FRAMES', 'MAX_CHUNK_STEPS', 'MatchedCommand', 'AnswerPairs',
+           'LockstepMatcher', 'RealtimeCommand', 'EpisodeCounters', 'EpisodeLog', 'END_SUCCESS',
+           'END_MAX_STEPS', 'END_TIMEOUT', 'END_UNANSWERED', 'END_STOPPED']
