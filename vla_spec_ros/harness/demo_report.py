@@ -329,8 +329,9 @@ def format_delay_table(record: dict) -> str:
                  '0 .. d-1 are past), the newest chunk wins, and when the newest chunk has no '
                  'step left the arm holds (hold ' + delay['hold'] + '). With one frame in '
                  'flight a single-step model acts on d-period-old information every step, a '
-                 'chunk executes its planned steps d .. 2d-1 on time (while d < K). The curves '
-                 'above place the modes by the first model\'s curve.\n\n' + compared)
+                 'chunk executes its planned steps d .. 2d-1 on time (those beyond its last '
+                 'step are holds). Latencies are placed on the first model\'s curve.\n\n'
+                 + compared)
     rule = ('d = ceil(latency × rate); one frame in flight when the mode answered fewer than '
             f'{100 * KEEPS_UP_FRACTION:.0f}% of the camera frames (~ interpolated, > beyond the '
             'largest delay measured)')
