@@ -12,7 +12,7 @@ import torch
 from vla_spec_ros.config import EngineConfig, VLAConfig, preset
 from vla_spec_ros.engine.ar import reference_tokens
 from vla_spec_ros.engine.engine import Engine
-from vla_spec_ros.engine.runner import TORCH_DTYPES, ModelRunner
+from vla_spec_ros.engine.device.runner import TORCH_DTYPES, ModelRunner
 from vla_spec_ros.models.checkpoint import init_random_
 from vla_spec_ros.models.random_checkpoint import synthetic_norm_stats
 from vla_spec_ros.models.vla import OpenVLA
@@ -136,7 +136,7 @@ def engine_for(runner, weights: Weights, label: str, options: dict, ref=None, se
 
 def time_pieces(runner, frames, base: dict, repeats: int = 20) -> dict:
     """Median ms of the model pieces one step is built from (synchronised wall clock)."""
-    from vla_spec_ros.engine.step_inputs import PrefillRows, chain_rows, pack_step
+    from vla_spec_ros.engine.device.step_inputs import PrefillRows, chain_rows, pack_step
     sync = torch.cuda.synchronize if runner.device.type == 'cuda' else (lambda: None)
     ring = runner.new_ring(4096, EngineConfig(**base))
     prompt = runner.prepare_prompt(frames[0], EngineConfig(**base))
@@ -171,7 +171,7 @@ def time_pieces(runner, frames, base: dict, repeats: int = 20) -> dict:
     if runner.device.type == 'cuda':
         # The vision towers as CUDA graphs: one after the other (the model's reference) and
         # side by side on two streams (what the runner uses on a GPU).
-        from vla_spec_ros.engine.packed_forward import GraphedFunction
+        from vla_spec_ros.engine.device.packed_forward import GraphedFunction
         pixels = preprocess_image(frames[0].image, runner.cfg, dtype=runner.dtype,
                                   device=runner.device)[None]
         for name, towers in (('vision_serial', runner.model.image_embeddings),

@@ -7,10 +7,10 @@ from the public fields and queries of ``DraftTree``, ``KVRing``, ``Scheduler`` a
 """
 from typing import Iterable
 
-from vla_spec_ros.engine.draft_tree import DraftTree
-from vla_spec_ros.engine.kv_ring import KVRing, RingSpan
-from vla_spec_ros.engine.scheduler import Scheduler
-from vla_spec_ros.engine.step_inputs import HostStep, ancestor_mask
+from vla_spec_ros.engine.drafting.draft_tree import DraftTree
+from vla_spec_ros.engine.scheduling.kv_ring import KVRing, RingSpan
+from vla_spec_ros.engine.scheduling.scheduler import Scheduler
+from vla_spec_ros.engine.device.step_inputs import HostStep, ancestor_mask
 
 
 # ---- draft trees ----------------------------------------------------------------------------

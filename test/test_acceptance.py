@@ -7,8 +7,8 @@ import random
 
 import pytest
 
-from vla_spec_ros.engine.acceptance import Acceptance, accept, truncate
-from vla_spec_ros.engine.draft_tree import DraftTree, chain_tree
+from vla_spec_ros.engine.drafting.acceptance import Acceptance, accept, truncate
+from vla_spec_ros.engine.drafting.draft_tree import DraftTree, chain_tree
 
 NUM_TEXT_TOKENS = 32064 - 64
 NUM_BINS = 256

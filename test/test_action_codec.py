@@ -14,10 +14,10 @@ from vla_spec_ros.action_codec import ActionCodec
 from vla_spec_ros.actions import ActionTokenizer, DecodedActions
 from vla_spec_ros.config import EngineConfig
 from vla_spec_ros.engine.ar import reference_tokens
-from vla_spec_ros.engine.draft_choice import load_draft_for
+from vla_spec_ros.engine.drafting.draft_choice import load_draft_for
 from vla_spec_ros.engine.engine import Engine
 from vla_spec_ros.engine.result import Frame
-from vla_spec_ros.engine.runner import ModelRunner
+from vla_spec_ros.engine.device.runner import ModelRunner
 from vla_spec_ros.models.random_checkpoint import make_checkpoint
 
 MODES = [dict(mode='ar'), dict(mode='pipeline'), dict(mode='spec'),

@@ -2,9 +2,10 @@
 reference's, in float64, in every mode (the verifier step and, in the speculative modes, the
 EAGLE draft forwards over their padded shape buckets).
 
-On CPU the engine runs the same static-buffer path that graphs replay (engine/packed_forward.py
-keeps one set of step buffers per shape bucket on every device); the CPU tests of every mode
-against the reference cover it. Here the capture and replay themselves are checked.
+On CPU the engine runs the same static-buffer path that graphs replay
+(engine/device/packed_forward.py keeps one set of step buffers per shape bucket on every device);
+the CPU tests of every mode against the reference cover it. Here the capture and replay themselves
+are checked.
 """
 import numpy as np
 import pytest
@@ -56,7 +57,7 @@ def run_saturating(engine, frames):
 
 @pytest.mark.parametrize('mode', ['ar', 'pipeline', 'spec', 'pipeline_spec'])
 def test_graph_replay_equals_eager_and_reference(setup, mode):
-    from vla_spec_ros.engine.draft_choice import load_draft_for
+    from vla_spec_ros.engine.drafting.draft_choice import load_draft_for
     eager, graphed, frames, expected = setup
     for policy, use_graphs in ((eager, False), (graphed, True)):
         cfg = EngineConfig(mode=mode, dtype='float64', device='cuda',
@@ -83,7 +84,7 @@ def test_graph_replay_equals_eager_and_reference(setup, mode):
 def test_graphs_captured_before_serving(setup, mode):
     """capture_graphs builds every step shape up front: serving then only replays, and the
     padding-only capture steps leave the tokens exact."""
-    from vla_spec_ros.engine.draft_choice import load_draft_for
+    from vla_spec_ros.engine.drafting.draft_choice import load_draft_for
     _, graphed, frames, expected = setup
     cfg = EngineConfig(mode=mode, dtype='float64', device='cuda', use_cuda_graphs=True,
                        draft_path='random', tree_depth=3, tree_top_k=2, tree_max_nodes=6)
@@ -109,9 +110,9 @@ def test_graphs_with_several_prefills_per_step(setup, mode):
     """Two streams always waiting, two prompts per step, from different 64-row prompt buckets:
     the replayed buckets with two prefill blocks give the reference tokens, and once every
     prompt length was captured before serving, serving captures nothing."""
-    from vla_spec_ros.engine.draft_choice import load_draft_for
+    from vla_spec_ros.engine.drafting.draft_choice import load_draft_for
     from vla_spec_ros.engine.packed import PROMPT_ROWS_BUCKET
-    from vla_spec_ros.engine.step_inputs import round_up
+    from vla_spec_ros.engine.device.step_inputs import round_up
     eager, graphed, frames, expected = setup
     rng = np.random.default_rng(5)
     long_frames = [Frame(rng.integers(0, 256, (48, 56, 3), dtype=np.uint8), LONG_INSTRUCTION,
@@ -144,7 +145,7 @@ def test_ring_attention_in_graphs_gives_the_reference_tokens(setup, mode):
     """``attention_backend: ring`` (the segment attention kernel, compiled for the GPU) inside
     the verifier's and the drafter's CUDA graphs: the reference tokens in float64, steps
     replayed, and the kernel in both the verifier's and the drafter's bundle."""
-    from vla_spec_ros.engine.draft_choice import load_draft_for
+    from vla_spec_ros.engine.drafting.draft_choice import load_draft_for
     _, graphed, frames, expected = setup
     runner = graphed.engine.runner
     cfg = EngineConfig(mode=mode, dtype='float64', device='cuda', use_cuda_graphs=True,
@@ -162,7 +163,7 @@ def test_ring_attention_in_graphs_gives_the_reference_tokens(setup, mode):
 def test_graphed_draft_forwards_equal_eager(setup):
     """Graph replay of the padded draft forwards gives the trees of the same padded shapes
     run eagerly, bit for bit (padding itself is checked against tight shapes on CPU)."""
-    from vla_spec_ros.engine.eagle_drafter import EagleDrafter
+    from vla_spec_ros.engine.drafting.eagle_drafter import EagleDrafter
     from vla_spec_ros.models.draft import new_draft_head
     eager_policy, _, frames, _ = setup
     runner = eager_policy.engine.runner
@@ -192,7 +193,7 @@ def test_previous_action_drafting_in_graphs_gives_the_reference_tokens(setup, mo
     graphed at the chain's tree size (``tree_max_nodes`` 6): each scene shown three times in a
     row, the reference tokens, graphs replayed, and the repeats accepted from the previous
     action."""
-    from vla_spec_ros.engine.draft_choice import load_draft_for
+    from vla_spec_ros.engine.drafting.draft_choice import load_draft_for
     eager, graphed, frames, expected = setup
     picks = [i for i in range(6) for _ in range(3)]
     stream = [Frame(frames[i].image, frames[i].instruction, frames[i].unnorm_key, 'cam')

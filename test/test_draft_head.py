@@ -17,8 +17,8 @@ from safetensors.torch import load_file, save_file
 
 from vla_spec_ros.config import EngineConfig
 from vla_spec_ros.engine.ar import causal_batch
-from vla_spec_ros.engine.draft_choice import load_draft_for
-from vla_spec_ros.engine.eagle_drafter import EagleDrafter
+from vla_spec_ros.engine.drafting.draft_choice import load_draft_for
+from vla_spec_ros.engine.drafting.eagle_drafter import EagleDrafter
 from vla_spec_ros.models.checkpoint import CheckpointError, load_model
 from vla_spec_ros.models.draft import (DraftConfig, EagleDraftHead, load_draft,
                                        new_draft_head, save_draft)

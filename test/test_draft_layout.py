@@ -1,11 +1,11 @@
-"""The row layout of the drafter's forwards (engine/draft_layout.py), plain Python and numpy:
-every index below is derived by hand from the layout's rules, not read off the code."""
+"""The row layout of the drafter's forwards (engine/drafting/draft_layout.py), plain Python and
+numpy: every index below is derived by hand from the layout's rules, not read off the code."""
 import numpy as np
 
-from vla_spec_ros.engine.draft_layout import (DRAFT_PROMPT_BUCKET, FedNodes, LaneAdvance,
-                                              LaneBegin, LevelMember, level_layout,
-                                              update_layout)
-from vla_spec_ros.engine.draft_tree import ROOT
+from vla_spec_ros.engine.drafting.draft_layout import (DRAFT_PROMPT_BUCKET, FedNodes, LaneAdvance,
+                                                       LaneBegin, LevelMember, level_layout,
+                                                       update_layout)
+from vla_spec_ros.engine.drafting.draft_tree import ROOT
 
 LANE_LEN, NUM_LANES = 100, 4
 SCRATCH = NUM_LANES * LANE_LEN

@@ -10,9 +10,9 @@ import random
 
 import pytest
 
-from vla_spec_ros.engine.draft_tree import (DraftTree, PartialTree, build_dynamic_tree,
-                                            chain_tree)
+from vla_spec_ros.engine.drafting.draft_tree import DraftTree, chain_tree
 
+from draft_tree_reference import PartialTree, build_dynamic_tree
 from helpers import root_to_leaf_paths, tree_mask
 
 ROOT_TOKEN = 7

@@ -12,15 +12,15 @@ import torch
 from vla_spec_ros import VLAPolicy
 from vla_spec_ros.config import EngineConfig
 from vla_spec_ros.engine.ar import causal_batch, decode_ar
-from vla_spec_ros.engine import eagle_drafter
-from vla_spec_ros.engine.draft_tree import build_dynamic_tree
-from vla_spec_ros.engine.eagle_drafter import EagleDrafter
-from vla_spec_ros.engine.tree_growth import TreeGrowth
+from vla_spec_ros.engine.drafting import eagle_drafter
+from vla_spec_ros.engine.drafting.eagle_drafter import EagleDrafter
+from vla_spec_ros.engine.drafting.tree_growth import TreeGrowth
 from vla_spec_ros.engine.result import Frame
 from vla_spec_ros.models.draft import new_draft_head
 from vla_spec_ros.models.random_checkpoint import make_checkpoint
 from vla_spec_ros.testing import OracleDrafter
 
+from draft_tree_reference import build_dynamic_tree
 from helpers import sharpen_draft_head
 
 
@@ -191,7 +191,7 @@ def test_batched_drafting_equals_one_request_at_a_time(runner, head, context, pa
     for rid, (tree, single) in enumerate(zip(trees, singles)):
         assert_same_tree(tree, single.propose(rid, depths[rid], 3, 10))
     # One update forward: request 0 accepts two drafts, request 2 none; a new prefix begins.
-    from vla_spec_ros.engine.drafter import DraftAdvance, DraftBegin
+    from vla_spec_ros.engine.drafting.drafter import DraftAdvance, DraftBegin
     source = torch.cat([features[:length], features[length:length + 3]])
     before = batched.num_forward_passes
     batched.release(1)
@@ -227,7 +227,7 @@ def test_update_begins_several_prompts_in_one_forward(runner, confident_head, pa
     request in flight: one forward, and every request's next trees are those of drafters
     that began it alone (also with padded shapes). A failing update (lanes exhausted, or one
     request twice) changes no lane and no draft state."""
-    from vla_spec_ros.engine.drafter import DraftAdvance, DraftBegin
+    from vla_spec_ros.engine.drafting.drafter import DraftAdvance, DraftBegin
     contexts = [prompt_context(runner, seed, text) for seed, text in
                 ((1, 'open the top drawer'), (2, 'push the blue block to the left of the table'),
                  (3, 'close it'))]
@@ -296,9 +296,10 @@ def _random_levels(rng, depth, top_k, width, vocab, kind):
 @pytest.mark.parametrize('min_prob', [0.0, 0.05, 0.3, 1.0])
 @pytest.mark.parametrize('kind', ['random', 'ties', 'inf'])
 def test_tree_growth_equals_the_reference_builder(kind, min_prob):
-    """The drafter's array form of the tree growth (engine/tree_growth.py) builds exactly the
-    tree of the plain reference (draft_tree.build_dynamic_tree): same nodes, same scores, and
-    with confidence pruning the same levels grown (frontiers of the same sizes)."""
+    """The drafter's array form of the tree growth (engine/drafting/tree_growth.py) builds
+    exactly the tree of the plain reference (draft_tree_reference.build_dynamic_tree): same
+    nodes, same scores, and with confidence pruning the same levels grown (frontiers of the same
+    sizes)."""
     rng = np.random.default_rng(0)
     for depth, top_k, max_nodes in [(1, 1, 2), (1, 4, 3), (2, 3, 7), (3, 2, 15), (4, 8, 50),
                                     (4, 8, 400), (5, 1, 6), (3, 5, 12)]:

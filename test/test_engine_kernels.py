@@ -79,7 +79,7 @@ def test_ring_attention_backend_gives_the_reference_tokens(folder, monkeypatch):
     too (and, with ``use_kernels: on``, through the RoPE, norm and activation kernels): every
     draft forward's output equals the plain draft head's."""
     from vla_spec_ros import VLAPolicy, kernels
-    from vla_spec_ros.engine.draft_choice import load_draft_for
+    from vla_spec_ros.engine.drafting.draft_choice import load_draft_for
     monkeypatch.setenv('TRITON_INTERPRET', '1')
     rng = np.random.default_rng(9)
     frames = [Frame(rng.integers(0, 256, (40, 52, 3), dtype=np.uint8), text, 'libero_goal',

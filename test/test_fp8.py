@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from vla_spec_ros.config import EngineConfig
 from vla_spec_ros.engine.engine import Engine
 from vla_spec_ros.engine.result import Frame
-from vla_spec_ros.engine.runner import ModelRunner
+from vla_spec_ros.engine.device.runner import ModelRunner
 from vla_spec_ros.kernels import (FP8_DTYPE, fp8_linear, fp8_linear_ref, fp8_linear_scaled_mm,
                                   quantize_rows, scaled_mm_unsupported_reason)
 from vla_spec_ros.models import fp8 as fp8_model

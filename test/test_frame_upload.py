@@ -1,12 +1,12 @@
-"""Frames and prompt ids reach the device without stalling the host (engine/frame_upload.py),
-and preprocessing on the device computes what the CPU reference computes (on the CPU too:
-test_openvla_pixels.py)."""
+"""Frames and prompt ids reach the device without stalling the host
+(engine/device/frame_upload.py), and preprocessing on the device computes what the CPU reference
+computes (on the CPU too: test_openvla_pixels.py)."""
 import numpy as np
 import pytest
 import torch
 
 from vla_spec_ros.config import preset
-from vla_spec_ros.engine.frame_upload import MAX_INSTRUCTIONS, FrameUploader, device_ids
+from vla_spec_ros.engine.device.frame_upload import MAX_INSTRUCTIONS, FrameUploader, device_ids
 from vla_spec_ros.preprocess import preprocess_image, preprocess_pixels
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(),
@@ -116,8 +116,8 @@ def test_device_preprocessing_with_a_resize_equals_the_cpu(options):
 def test_parallel_towers_equal_the_model_eager_and_graphed(tmp_path, dtype):
     """The two towers side by side (two streams; in a CUDA graph, two branches) give the
     sequential reference's values bit for bit."""
-    from vla_spec_ros.engine.packed_forward import GraphedFunction
-    from vla_spec_ros.engine.parallel_towers import ParallelTowers
+    from vla_spec_ros.engine.device.packed_forward import GraphedFunction
+    from vla_spec_ros.engine.device.parallel_towers import ParallelTowers
     from vla_spec_ros.models.checkpoint import load_model
     from vla_spec_ros.models.random_checkpoint import make_checkpoint
     folder = make_checkpoint('tiny', tmp_path / 'tiny', seed=8)
@@ -136,6 +136,6 @@ def test_parallel_towers_equal_the_model_eager_and_graphed(tmp_path, dtype):
 
 
 def test_parallel_towers_refuse_a_cpu():
-    from vla_spec_ros.engine.parallel_towers import ParallelTowers
+    from vla_spec_ros.engine.device.parallel_towers import ParallelTowers
     with pytest.raises(ValueError, match='CUDA'):
         ParallelTowers(None, 'cpu')

@@ -92,3 +92,41 @@ def test_imports_flow_one_way(path):
     bad = sorted(name for name in _imports(path)
                  if _layer(name) in forbidden or name.split('.')[0] in libraries)
     assert not bad, f'{module} (layer {layer!r}) imports {bad} against the layering'
+
+
+# Rooms inside the engine: the scheduling core is plain bookkeeping (no drafting, no device);
+# drafting may drive the device side (its own forwards) but not the scheduler; the device side
+# knows only the draft tree's node convention; no room imports the strategy or the facade
+# above it (engine/packed.py, engine/engine.py).
+ROOM_RULES = {
+    'scheduling': lambda name: _room(name) in ('drafting', 'device'),
+    'drafting': lambda name: _room(name) == 'scheduling',
+    'device': lambda name: _room(name) == 'scheduling' or (
+        _room(name) == 'drafting' and not name.startswith(
+            'vla_spec_ros.engine.drafting.draft_tree')),
+}
+TOP_OF_ENGINE = ('vla_spec_ros.engine.packed', 'vla_spec_ros.engine.engine')
+
+
+def _room(module: str) -> str | None:
+    parts = module.split('.')
+    return parts[2] if parts[:2] == ['vla_spec_ros', 'engine'] and len(parts) > 3 else None
+
+
+@pytest.mark.parametrize('room', sorted(ROOM_RULES))
+def test_engine_rooms_import_in_their_direction(room):
+    paths = sorted((PACKAGE_ROOT / 'engine' / room).glob('*.py'))
+    assert len(paths) > 3
+    for path in paths:
+        names = _imports(path)
+        bad = sorted(n for n in names if ROOM_RULES[room](n) or n.startswith(TOP_OF_ENGINE))
+        assert not bad, f'{_module_name(path)} (room {room!r}) imports {bad}'
+
+
+def test_test_oracles_are_not_shipped():
+    """The plain attention rule and the plain tree builder are test oracles (in test/)."""
+    oracles = {'plan_step', 'build_dynamic_tree', 'grow_dynamic_tree', 'PartialTree'}
+    for path in _sources():
+        defined = {node.name for node in ast.walk(ast.parse(path.read_text()))
+                   if isinstance(node, (ast.FunctionDef, ast.ClassDef))}
+        assert not defined & oracles, (path, defined & oracles)

@@ -7,8 +7,8 @@ import random
 
 import pytest
 
-from vla_spec_ros.engine.kv_ring import KVRing, RingSpan
-from vla_spec_ros.engine.step_plan import NO_PARENT, SegmentSpec, plan_step
+from vla_spec_ros.engine.scheduling.kv_ring import KVRing, RingSpan
+from step_plan import NO_PARENT, SegmentSpec, plan_step
 
 from helpers import can_allocate, live_spans
 

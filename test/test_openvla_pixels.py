@@ -11,7 +11,7 @@ import torch
 from PIL import Image
 
 from vla_spec_ros.config import preset
-from vla_spec_ros.engine.frame_upload import FrameUploader, HostSource
+from vla_spec_ros.engine.device.frame_upload import FrameUploader, HostSource
 from vla_spec_ros.preprocess import (crop_center, model_pixels, preprocess_image,
                                      preprocess_pixels)
 

@@ -1,5 +1,5 @@
 """The packed step's pieces against plain references, on random inputs (CPU):
-- the host packer (engine/step_inputs.py) against the plain-Python attention rule of
+- the host packer (engine/device/step_inputs.py) against the plain-Python attention rule of
   engine/step_plan.py, over random ring layouts (wrap-around included) and random trees;
 - segment attention against the dense-mask reference (float64);
 - padding (the fixed shapes CUDA graphs replay) changes no real row;
@@ -12,11 +12,11 @@ import pytest
 import torch
 
 from vla_spec_ros.config import EngineConfig
-from vla_spec_ros.engine.kv_ring import KVRing
-from vla_spec_ros.engine.runner import dense_batch
-from vla_spec_ros.engine.step_inputs import (NO_PARENT, PrefillRows, pack_step, padding_step,
-                                             tree_rows)
-from vla_spec_ros.engine.step_plan import SegmentSpec, plan_step
+from vla_spec_ros.engine.scheduling.kv_ring import KVRing
+from vla_spec_ros.engine.device.runner import dense_batch
+from vla_spec_ros.engine.device.step_inputs import (NO_PARENT, PrefillRows, pack_step,
+                                                    padding_step, tree_rows)
+from step_plan import SegmentSpec, plan_step
 from vla_spec_ros.models.attention import StepBatch, attend_packed, attend_segments
 from vla_spec_ros.models.layers import fuse_projections
 from vla_spec_ros.models.random_checkpoint import make_checkpoint

@@ -323,7 +323,7 @@ def test_dense_reference_attention_gives_the_same_tokens(mode, tmp_path_factory)
     the plain AR reference, on random frames, in every mode (the pipeline modes with two
     prompts of different lengths per step)."""
     from vla_spec_ros import VLAPolicy
-    from vla_spec_ros.engine.draft_choice import load_draft_for
+    from vla_spec_ros.engine.drafting.draft_choice import load_draft_for
     folder = make_checkpoint('tiny', tmp_path_factory.mktemp('dense') / 'tiny', seed=4)
     policy = VLAPolicy.from_pretrained(str(folder), dtype='float64')
     rng = np.random.default_rng(8)

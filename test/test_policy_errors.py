@@ -148,8 +148,8 @@ def test_engine_config_defaults_are_exact_and_need_no_draft_model():
     """The default is the fastest exact configuration: pipelined speculation drafting each
     stream's previous action (no draft model), strict acceptance, greedy over the whole
     vocabulary (OpenVLA parity)."""
-    from vla_spec_ros.engine.draft_choice import load_draft_for
-    from vla_spec_ros.engine.previous_action_drafter import PreviousActionDrafter
+    from vla_spec_ros.engine.drafting.draft_choice import load_draft_for
+    from vla_spec_ros.engine.drafting.previous_action_drafter import PreviousActionDrafter
     cfg = EngineConfig()
     assert cfg.mode == 'pipeline_spec' and cfg.draft_path is None
     assert cfg.speculative_prefill is True

@@ -1,13 +1,13 @@
-"""Temporal drafting (engine/previous_action_drafter.py), plain Python: the chains it proposes
-from each stream's newest decided tokens, its bookkeeping, and its errors. Expected trees are
-derived by hand from the rule "after d decided tokens, propose newest[d], newest[d+1], ... up
-to the first position no frame of the stream has decided", where newest[i] is the token of
-the highest request id that decided position i."""
+"""Temporal drafting (engine/drafting/previous_action_drafter.py), plain Python: the chains it
+proposes from each stream's newest decided tokens, its bookkeeping, and its errors. Expected trees
+are derived by hand from the rule "after d decided tokens, propose newest[d], newest[d+1], ... up
+to the first position no frame of the stream has decided", where newest[i] is the token of the
+highest request id that decided position i."""
 import pytest
 
-from vla_spec_ros.engine.draft_tree import NO_PARENT
-from vla_spec_ros.engine.drafter import DraftAdvance, DraftBegin
-from vla_spec_ros.engine.previous_action_drafter import PreviousActionDrafter
+from vla_spec_ros.engine.drafting.draft_tree import NO_PARENT
+from vla_spec_ros.engine.drafting.drafter import DraftAdvance, DraftBegin
+from vla_spec_ros.engine.drafting.previous_action_drafter import PreviousActionDrafter
 
 ACTION_DIM = 7
 PREVIOUS = (11, 12, 13, 14, 15, 16, 17)
@@ -171,11 +171,11 @@ def test_the_match_script_counts_verifications_as_the_engine_accepts():
     assert verifications(same, (1, 0, 3, 4, 5, 6, 7)) == 2           # bonus at 2, then 3..7
 
 
-# ---- the previous action merged into a draft model's trees (engine/temporal_merge.py) --------
+# ---- the previous action merged into a draft model's trees (engine/drafting/temporal_merge.py)
 
 def test_merge_chain_follows_existing_nodes_and_appends_the_rest():
-    from vla_spec_ros.engine.draft_tree import DraftTree
-    from vla_spec_ros.engine.temporal_merge import merge_chain
+    from vla_spec_ros.engine.drafting.draft_tree import DraftTree
+    from vla_spec_ros.engine.drafting.temporal_merge import merge_chain
     # root 5 -> 7 (node 1) -> 9 (node 3); root 5 -> 8 (node 2)
     tree = DraftTree(tokens=(5, 7, 8, 9), parents=(NO_PARENT, 0, 0, 1), depths=(0, 1, 1, 2),
                      scores=(0.0, -0.5, -1.0, -1.5))
@@ -202,7 +202,7 @@ class _FixedTrees:
         self.calls, self.updates, self.refuse = [], [], False
 
     def propose_batch(self, request_ids, depths, top_k, max_nodes, min_prob=0.0):
-        from vla_spec_ros.engine.draft_tree import chain_tree
+        from vla_spec_ros.engine.drafting.draft_tree import chain_tree
         self.calls.append((list(request_ids), max_nodes))
         return [chain_tree(900 + r, [100, 101][:max_nodes - 1]) for r in request_ids]
 
@@ -222,7 +222,7 @@ class _FixedTrees:
 
 
 def test_with_previous_action_leaves_room_for_the_chain_and_merges_it():
-    from vla_spec_ros.engine.temporal_merge import WithPreviousAction
+    from vla_spec_ros.engine.drafting.temporal_merge import WithPreviousAction
     model = _FixedTrees()
     draft = WithPreviousAction(model, ACTION_DIM)
     draft.update([begin(0, 900, 'a'), begin(1, 901, 'b')], [], None)
@@ -242,7 +242,7 @@ def test_with_previous_action_leaves_room_for_the_chain_and_merges_it():
 
 
 def test_with_previous_action_updates_both_or_neither():
-    from vla_spec_ros.engine.temporal_merge import WithPreviousAction
+    from vla_spec_ros.engine.drafting.temporal_merge import WithPreviousAction
     model = _FixedTrees()
     draft = WithPreviousAction(model, ACTION_DIM)
     with pytest.raises(ValueError, match='stream_id'):      # the chain's check: model untouched

@@ -10,9 +10,9 @@ import random
 
 import pytest
 
-from vla_spec_ros.engine.kv_ring import KVRing
-from vla_spec_ros.engine.request import Request
-from vla_spec_ros.engine.scheduler import ScheduledStep, Scheduler
+from vla_spec_ros.engine.scheduling.kv_ring import KVRing
+from vla_spec_ros.engine.scheduling.request import Request
+from vla_spec_ros.engine.scheduling.scheduler import ScheduledStep, Scheduler
 
 from helpers import can_allocate, inflight_ids, live_spans, num_held
 
@@ -429,11 +429,15 @@ def test_bad_input_is_rejected_with_the_field_name():
 
 
 def test_bookkeeping_modules_import_no_torch():
-    engine_dir = pathlib.Path(__file__).resolve().parents[1] / 'vla_spec_ros' / 'engine'
-    for name in ('kv_ring.py', 'step_plan.py', 'scheduler.py', 'request.py', 'draft_tree.py',
-                 'step_inputs.py', 'draft_layout.py', 'drafter.py', 'previous_action_drafter.py',
-                 'temporal_merge.py', 'step_stats.py'):
-        tree = ast.parse((engine_dir / name).read_text())
+    package = pathlib.Path(__file__).resolve().parents[1] / 'vla_spec_ros'
+    for path in ('engine/scheduling/kv_ring.py', 'engine/scheduling/scheduler.py',
+                 'engine/scheduling/request.py', 'engine/scheduling/step_stats.py',
+                 'engine/drafting/draft_tree.py', 'engine/device/step_inputs.py',
+                 'engine/drafting/draft_layout.py', 'engine/drafting/drafter.py',
+                 'engine/drafting/previous_action_drafter.py',
+                 'engine/drafting/temporal_merge.py', 'action_codec.py'):
+        name = pathlib.Path(path).name
+        tree = ast.parse((package / path).read_text())
         # Imports under ``if TYPE_CHECKING:`` serve annotations only and never run.
         annotation_only = {id(inner) for node in ast.walk(tree) if isinstance(node, ast.If)
                            and getattr(node.test, 'id', '') == 'TYPE_CHECKING'

@@ -17,7 +17,7 @@ from safetensors.torch import load_file, save_file
 
 from vla_spec_ros.config import (DINOV2_MEAN, DINOV2_STD, MODES, SIGLIP_MEAN, SIGLIP_STD,
                                  LlamaConfig, VisionTowerConfig, VLAConfig, preset)
-from vla_spec_ros.engine.frame_upload import FrameUploader
+from vla_spec_ros.engine.device.frame_upload import FrameUploader
 from vla_spec_ros.engine.result import Frame
 from vla_spec_ros.models.checkpoint import (CheckpointError, config_from_json, config_to_json,
                                             load_model, save_model)
@@ -472,7 +472,7 @@ def test_vla_spec_vision_must_agree_with_the_flag(folder):
 
 @needs_cuda
 def test_parallel_towers_with_one_tower_is_the_model(folder):
-    from vla_spec_ros.engine.parallel_towers import ParallelTowers
+    from vla_spec_ros.engine.device.parallel_towers import ParallelTowers
     model, cfg, _ = load_model(folder, torch.float64, 'cuda')
     towers = ParallelTowers(model, 'cuda')
     assert towers.side is None

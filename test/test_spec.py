@@ -12,7 +12,7 @@ import pytest
 from vla_spec_ros.config import EngineConfig
 from vla_spec_ros.engine.engine import Engine
 from vla_spec_ros.engine.result import Frame
-from vla_spec_ros.engine.draft_choice import load_draft_for
+from vla_spec_ros.engine.drafting.draft_choice import load_draft_for
 from vla_spec_ros.models.random_checkpoint import make_checkpoint
 from vla_spec_ros.testing import OracleDrafter
 
@@ -315,7 +315,7 @@ def test_padded_draft_shapes_propose_the_same_trees(policy, frames_and_reference
     top_k, gathered slots, features) propose every request's trees as the tight shapes do,
     through pipeline_spec with two prompts per step, and a handful of buckets serves every
     step."""
-    from vla_spec_ros.engine.eagle_drafter import EagleDrafter
+    from vla_spec_ros.engine.drafting.eagle_drafter import EagleDrafter
     frames, reference = frames_and_reference
     options = dict(mode='pipeline_spec', max_prefills_per_step=2, tree_depth=4, tree_top_k=4,
                    tree_max_nodes=20, tree_min_prob=0.05)   # pruned frontiers: padded levels
@@ -345,8 +345,8 @@ def test_padded_draft_shapes_propose_the_same_trees(policy, frames_and_reference
 def record_level_frontiers(monkeypatch) -> list:
     """The frontier size of every tree level fed to a draft forward from now on (the root's
     own expansion, from the last update's proposals, is not a level forward)."""
-    from vla_spec_ros.engine.draft_tree import ROOT
-    from vla_spec_ros.engine.tree_growth import TreeGrowth
+    from vla_spec_ros.engine.drafting.draft_tree import ROOT
+    from vla_spec_ros.engine.drafting.tree_growth import TreeGrowth
     sizes, expand = [], TreeGrowth.expand
 
     def recording(growth, values, tokens):
@@ -357,7 +357,8 @@ def record_level_frontiers(monkeypatch) -> list:
     return sizes
 
 
-# ---- temporal drafting: each stream's previous action (engine/previous_action_drafter.py)
+# ---- temporal drafting: each stream's previous action
+# (engine/drafting/previous_action_drafter.py)
 
 def temporal_stream(frames, reference, repeats: int):
     """One camera showing each frame ``repeats`` times in a row (a robot holding still, then

@@ -14,10 +14,10 @@ import pytest
 
 from vla_spec_ros.config import EngineConfig
 from vla_spec_ros.engine.engine import Engine
-from vla_spec_ros.engine.kv_ring import KVRing
-from vla_spec_ros.engine.previous_action_drafter import PreviousActionDrafter
+from vla_spec_ros.engine.scheduling.kv_ring import KVRing
+from vla_spec_ros.engine.drafting.previous_action_drafter import PreviousActionDrafter
 from vla_spec_ros.engine.result import Frame
-from vla_spec_ros.engine.step_inputs import PrefillRows, pack_step, padding_step, tree_rows
+from vla_spec_ros.engine.device.step_inputs import PrefillRows, pack_step, padding_step, tree_rows
 from vla_spec_ros.models.random_checkpoint import make_checkpoint
 
 from reference import ar_reference_tokens
@@ -89,7 +89,7 @@ def test_padding_steps_reserve_chain_rows_in_every_block():
 # ---- the drafter's chain (no torch) -------------------------------------------------------
 
 def test_prefill_draft_is_the_streams_newest_decided_prefix():
-    from vla_spec_ros.engine.drafter import DraftAdvance, DraftBegin
+    from vla_spec_ros.engine.drafting.drafter import DraftAdvance, DraftBegin
     draft = PreviousActionDrafter(ACTION_DIM)
     assert draft.has_prefill_draft and draft.derives_depth
     assert draft.prefill_draft('cam', 6) == []
@@ -163,7 +163,7 @@ def by_request(out):
 
 
 def make_engine(policy, drafter=None, **options):
-    from vla_spec_ros.engine.draft_choice import load_draft_for
+    from vla_spec_ros.engine.drafting.draft_choice import load_draft_for
     cfg = EngineConfig(dtype='float64', **options)
     runner = policy.engine.runner
     if drafter is None:
@@ -307,7 +307,7 @@ def test_padded_graph_shapes_give_the_same_tokens(policy, monkeypatch):
 def test_speculative_prefill_is_off_without_a_feature_free_draft(policy):
     """A draft head needs the prefill's features before it drafts: no chain rides its
     prefill; with draft_previous_action the chain part does."""
-    from vla_spec_ros.engine.draft_choice import load_draft_for
+    from vla_spec_ros.engine.drafting.draft_choice import load_draft_for
     cfg = EngineConfig(dtype='float64', mode='spec', draft_path='random')
     head = load_draft_for(policy.engine.runner, cfg, None)
     assert make_engine(policy, head, mode='spec').strategy.max_prefill_draft == 0
@@ -325,7 +325,7 @@ def test_speculative_prefill_is_off_without_a_feature_free_draft(policy):
 def test_merged_head_trees_continue_after_a_partly_accepted_prefill(policy, mode):
     """draft_previous_action: the chain rides the prefill, the head's draft lane begins from
     the prompt plus the accepted chain tokens, and its trees carry on: the AR tokens."""
-    from vla_spec_ros.engine.draft_choice import load_draft_for
+    from vla_spec_ros.engine.drafting.draft_choice import load_draft_for
     frames = interleave(*[drifting_stream(f'cam{s}', seed=30 + s, instruction='pick it up',
                                           num=8) for s in range(2)])
     reference = ar_reference_tokens(policy, frames)

@@ -19,7 +19,7 @@ import torch
 from vla_spec_ros import VLAPolicy
 from vla_spec_ros.config import EngineConfig
 from vla_spec_ros.engine.ar import causal_batch, decode_ar
-from vla_spec_ros.engine.eagle_drafter import EagleDrafter
+from vla_spec_ros.engine.drafting.eagle_drafter import EagleDrafter
 from vla_spec_ros.engine.result import Frame
 from vla_spec_ros.models.draft import load_draft, new_draft_head
 from vla_spec_ros.models.random_checkpoint import make_checkpoint

@@ -25,7 +25,7 @@ import torch
 
 from .config import VLAConfig
 from .engine.result import Frame
-from .engine.runner import ModelRunner
+from .engine.device.runner import ModelRunner
 
 
 def hf_llama_config(cfg: VLAConfig):

@@ -29,7 +29,7 @@ import torch
 import torch.nn.functional as F
 from PIL import Image
 
-from .engine.frame_upload import FrameUploader
+from .engine.device.frame_upload import FrameUploader
 from .engine.result import Frame
 from .preprocess import crop_center, preprocess_pixels
 

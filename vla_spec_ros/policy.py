@@ -18,7 +18,7 @@ import torch
 from .config import PRESETS, EngineConfig
 from .engine.engine import Engine
 from .engine.result import ActionResult, Frame
-from .engine.runner import TORCH_DTYPES, ModelRunner
+from .engine.device.runner import TORCH_DTYPES, ModelRunner
 from .models.checkpoint import CheckpointError, load_model
 from .prompt import PromptTokenizer
 

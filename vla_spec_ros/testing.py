@@ -9,8 +9,8 @@ from __future__ import annotations
 import random
 from typing import Callable, Sequence
 
-from .engine.draft_tree import DraftTree, chain_tree
-from .engine.drafter import Drafter
+from .engine.drafting.draft_tree import DraftTree, chain_tree
+from .engine.drafting.drafter import Drafter
 from .validation import check_int
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 
 from ..models.attention import StepBatch
-from .runner import ModelRunner
+from .device.runner import ModelRunner
 
 
 def causal_batch(start: int, count: int, device) -> StepBatch:

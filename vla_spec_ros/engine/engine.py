@@ -18,21 +18,21 @@ from ..actions import ActionStats, resolve_unnorm_key
 from ..config import TUNABLE_ENGINE_FIELDS, EngineConfig
 from ..preprocess import check_image
 from .packed import PackedStrategy
-from .request import Request
+from .scheduling.request import Request
 from .result import ActionResult, FinishedAction, Frame, describe_error
-from .runner import ModelRunner
+from .device.runner import ModelRunner
 
 
 class Engine:
     """The one place an engine is put together: a loaded model's runner (shared by every
     engine over that model), the dataset statistics and one EngineConfig; the drafter is the
-    one ``config.draft_path`` names (engine/draft_choice.py) unless ``draft`` is given (tests
-    and benchmarks pass doubles)."""
+    one ``config.draft_path`` names (engine/drafting/draft_choice.py) unless ``draft`` is given
+    (tests and benchmarks pass doubles)."""
 
     def __init__(self, runner: ModelRunner, norm_stats: dict, config: EngineConfig,
                  draft=None):
         if draft is None and config.is_speculative:
-            from .draft_choice import load_draft_for
+            from .drafting.draft_choice import load_draft_for
             draft = load_draft_for(runner, config, runner.checkpoint_folder)
         self.runner = runner
         self.norm_stats = norm_stats

@@ -13,10 +13,10 @@ A step (numbered as in ``step``): 1 schedule, 2 prompt embeddings of the admitte
 so that on a GPU the vision towers run while the host plans (in the speculative modes the
 first draft level's read waits for them, the GPU work being serial on one stream either way),
 3 draft trees for every in-flight request (one batched draft forward per tree level), 4 host
-plan (engine/step_inputs.py: positions, slots, per-segment KV spans and masks, last step's KV
-compaction), 5 ONE verifier forward (one upload, one read of the greedy tokens), 6 prefill
-bookkeeping, 7 acceptance of every tree and the compaction it implies, 8 one batched draft
-update for the new prefixes and every accepted path, 9 finished requests in per-stream order.
+plan (engine/device/step_inputs.py: positions, slots, per-segment KV spans and masks, last step's
+KV compaction), 5 ONE verifier forward (one upload, one read of the greedy tokens), 6 prefill
+bookkeeping, 7 acceptance of every tree and the compaction it implies, 8 one batched draft update
+for the new prefixes and every accepted path, 9 finished requests in per-stream order.
 
 Speculative prefill (``speculative_prefill``, spec modes, a drafter whose draft needs no
 verifier features: the previous action): an admitted frame's prefill block carries its
@@ -35,16 +35,15 @@ import time
 import torch
 
 from ..config import EngineConfig
-from .acceptance import accept, truncate
-from .draft_tree import DraftTree, chain_tree
-from .drafter import DraftAdvance, DraftBegin
-from .kv_ring import KVRing
-from .request import Request
-from .scheduler import Scheduler
-from .step_stats import StepStats
-from .step_inputs import (PrefillRows, next_power_of_two, pack_step, padding_step,
-                          power_of_two_buckets, round_up,
-                          tree_rows)
+from .drafting.acceptance import accept, truncate
+from .drafting.draft_tree import DraftTree, chain_tree
+from .drafting.drafter import DraftAdvance, DraftBegin
+from .scheduling.kv_ring import KVRing
+from .scheduling.request import Request
+from .scheduling.scheduler import Scheduler
+from .scheduling.step_stats import StepStats
+from .device.step_inputs import (PrefillRows, next_power_of_two, pack_step, padding_step,
+                                 power_of_two_buckets, round_up, tree_rows)
 
 
 # CUDA-graph shape buckets (see ``_graph_sizes``): prompt rows and gathered KV slots.

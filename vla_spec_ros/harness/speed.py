@@ -97,7 +97,7 @@ def engine_for(policy, mode: str, draft_path: str | None = None, **options):
     runner = policy.engine.runner
     draft = None
     if cfg.is_speculative:
-        from vla_spec_ros.engine.draft_choice import load_draft_for
+        from vla_spec_ros.engine.drafting.draft_choice import load_draft_for
         draft = load_draft_for(runner, cfg, Path(policy.source))
     return Engine(runner, policy.engine.norm_stats, cfg, draft=draft)
 

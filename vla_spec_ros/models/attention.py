@@ -29,7 +29,7 @@ class StepBatch:
     Attention comes in one of two layouts:
     - dense (the reference): ``attn_mask`` (T, S) bool, query t may read slot s of the first
       ``kv_limit`` slots. Cost grows with every slot of the buffer.
-    - segments (the engine's path, engine/step_inputs.py): rows 0 .. num_prefill-1 are fresh
+    - segments (the engine's path, engine/device/step_inputs.py): rows 0 .. num_prefill-1 are fresh
       requests' causal prompts, one block per request of ``prefill_blocks`` rows each, each
       attending to its own rows only; the remaining rows form ``kv_index.shape[0]`` segments of
       ``seg_mask.shape[1]`` rows each; segment s reads only the slots ``kv_index[s]`` (S, K)

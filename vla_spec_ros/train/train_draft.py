@@ -307,7 +307,7 @@ def _barrier(world_size: int) -> None:
 
 def _generate(args, folder, model, vla_cfg, engine_cfg, data_dir: Path, rank: int,
               world_size: int, progress: bool) -> None:
-    from ..engine.runner import ModelRunner
+    from ..engine.device.runner import ModelRunner
     from ..prompt import PromptTokenizer
     if args.bag is not None:
         from .bag_frames import load_bag_observations
@@ -328,7 +328,7 @@ def _train(args, rank: int, world_size: int, device: torch.device) -> dict:
     from tqdm import tqdm
 
     from ..config import EngineConfig
-    from ..engine.runner import TORCH_DTYPES
+    from ..engine.device.runner import TORCH_DTYPES
     from ..models.checkpoint import load_model
     from ..policy import resolve_checkpoint
     cfg = TrainDraftConfig(**{f.name: getattr(args, f.name)

@@ -37,7 +37,7 @@ from typing import Sequence
 
 import numpy as np
 
-from .draft_tree import NO_PARENT
+from ..drafting.draft_tree import NO_PARENT
 
 
 @dataclass(frozen=True)

@@ -38,7 +38,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Sequence
 
-from ..validation import check_int
+from ...validation import check_int
 from .draft_tree import DraftTree, chain_tree
 from .drafter import Drafter
 

@@ -18,20 +18,20 @@ from typing import Sequence
 
 import torch
 
-from ..action_codec import ActionCodec
-from ..actions import ActionTokenizer
-from ..config import EngineConfig, VLAConfig
-from ..models.attention import KVCache, StepBatch
-from ..models.fp8 import apply_weight_dtype
-from ..models.layers import LayerKernels, fuse_projections
-from ..models.vla import OpenVLA
-from ..preprocess import check_image, preprocess_pixels
-from ..prompt import PromptTokenizer
+from ...action_codec import ActionCodec
+from ...actions import ActionTokenizer
+from ...config import EngineConfig, VLAConfig
+from ...models.attention import KVCache, StepBatch
+from ...models.fp8 import apply_weight_dtype
+from ...models.layers import LayerKernels, fuse_projections
+from ...models.vla import OpenVLA
+from ...preprocess import check_image, preprocess_pixels
+from ...prompt import PromptTokenizer
 from .frame_upload import FrameUploader, device_ids
 from .kernel_choice import select_layer_kernels, with_attention_backend
 from .packed_forward import GraphedFunction, PackedForward
 from .parallel_towers import ParallelTowers
-from .result import Frame
+from ..result import Frame
 from .step_inputs import HostStep
 
 TORCH_DTYPES = {'float32': torch.float32, 'float64': torch.float64,
@@ -184,8 +184,8 @@ class ModelRunner:
 class RingRunner:
     """The verifier's packed step over one unified KV ring (one per engine).
 
-    Ring slots 0 .. capacity-1 belong to requests (engine/kv_ring.py); slot ``capacity`` is
-    the scratch slot that padding rows write to and no request ever reads.
+    Ring slots 0 .. capacity-1 belong to requests (engine/scheduling/kv_ring.py); slot ``capacity``
+    is the scratch slot that padding rows write to and no request ever reads.
     """
 
     def __init__(self, runner: ModelRunner, capacity: int, restrict_to_action_tokens: bool,

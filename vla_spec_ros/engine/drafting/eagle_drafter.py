@@ -2,9 +2,9 @@
 
 ``EagleDrafter`` keeps a lane of the draft KV cache per in-flight request and grows the
 EAGLE-2 dynamic trees of every in-flight request together: one batched draft forward per tree
-level for all of them. The trees grow as arrays (engine/tree_growth.py), bit for bit the trees
-of the plain reference builder (engine/draft_tree.py, the test oracle); each forward's top-k
-comes back in one read as numpy arrays, never as per-candidate Python objects.
+level for all of them. The trees grow as arrays (engine/drafting/tree_growth.py), bit for bit the
+trees of the plain reference builder (engine/drafting/draft_tree.py, the test oracle); each
+forward's top-k comes back in one read as numpy arrays, never as per-candidate Python objects.
 
 Draft positions (Spec-VLA layout, the full multimodal prefix included; Spec-VLA's text-only
 position offset is deliberately not reproduced):
@@ -24,15 +24,15 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from ..config import EngineConfig
-from ..models.layers import PLAIN, LayerKernels
-from ..validation import check_int
+from ...config import EngineConfig
+from ...models.layers import PLAIN, LayerKernels
+from ...validation import check_int
 from .draft_layout import (DRAFT_COLS_BUCKET, DRAFT_FEATURES_BUCKET, FedNodes, LaneAdvance,
                            LaneBegin, LevelMember, level_layout, level_step, update_layout)
 from .draft_tree import DraftTree
 from .drafter import DraftBegin, Drafter
-from .packed_forward import PackedForward, inference_mode
-from .step_inputs import next_power_of_two, power_of_two_buckets, round_up
+from ..device.packed_forward import PackedForward, inference_mode
+from ..device.step_inputs import next_power_of_two, power_of_two_buckets, round_up
 from .tree_growth import TreeGrowth
 
 # Proposals kept per request after each update: any tree_top_k (a run-time tunable, at most

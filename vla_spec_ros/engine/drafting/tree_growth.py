@@ -53,7 +53,8 @@ class TreeGrowth:
     def expand(self, logprobs, tokens) -> None:
         """Record the children of every frontier node: row j of ``logprobs`` / ``tokens`` is
         frontier node j's proposals, best first (at least ``top_k``; the first ``top_k`` are
-        read), log-probabilities <= 0 (the ``expand`` contract of ``build_dynamic_tree``).
+        read), log-probabilities <= 0 (the ``expand`` contract of the reference builder,
+        test/draft_tree_reference.py).
         The best ``top_k`` new candidates at or above the floor become the next frontier;
         none ends the growth."""
         if self.levels_left == 0:

@@ -21,7 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
-from vla_spec_ros.engine.draft_tree import ROOT, DraftTree
+from vla_spec_ros.engine.drafting.draft_tree import ROOT, DraftTree
 from vla_spec_ros.validation import check_int
 
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import torch
 
-from ..models.vla import OpenVLA
+from ...models.vla import OpenVLA
 
 
 class ParallelTowers:

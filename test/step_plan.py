@@ -27,8 +27,8 @@ from bisect import bisect_right
 from dataclasses import dataclass
 from typing import Sequence
 
-from .draft_tree import NO_PARENT
-from .kv_ring import KVRing
+from vla_spec_ros.engine.drafting.draft_tree import NO_PARENT
+from vla_spec_ros.engine.scheduling.kv_ring import KVRing
 
 SEGMENT_KINDS = ('prefill', 'tree')
 

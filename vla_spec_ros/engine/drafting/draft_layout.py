@@ -1,19 +1,19 @@
 """The row layout of the EAGLE drafter's forwards (host side, numpy only).
 
-Two kinds of draft forward (engine/eagle_drafter.py runs them):
+Two kinds of draft forward (engine/drafting/eagle_drafter.py runs them):
 - the **update**: every new prompt (one block of rows per prompt, causal inside it) and every
   accepted path (one segment per request, appending its stable positions), in one forward;
 - a **tree level**: every growing tree's newest frontier, one segment per tree, each node
   attending to its lane's stable prefix, its ancestors and itself.
 
-Here each forward becomes a ``HostStep`` (engine/step_inputs.py) plus the row indices the
+Here each forward becomes a ``HostStep`` (engine/device/step_inputs.py) plus the row indices the
 forward reads and writes: which verifier feature row feeds each input row, which embedding
 row (``prefix_inputs``), which output rows come back and which lanes store them as roots.
 With ``pad`` every forward is padded to a shape bucket (``DRAFT_*_BUCKET``) so that a few CUDA
 graphs serve all requests; padding rows write the draft cache's scratch slot and the spare
 root row only.
 
-Draft positions (the lane layout) are described in engine/eagle_drafter.py.
+Draft positions (the lane layout) are described in engine/drafting/eagle_drafter.py.
 """
 from __future__ import annotations
 
@@ -23,8 +23,8 @@ from typing import Sequence
 import numpy as np
 
 from .draft_tree import ROOT
-from .step_inputs import (HostStep, PrefillRows, chain_rows, next_power_of_two, pack_step,
-                          round_up, tree_rows)
+from ..device.step_inputs import (HostStep, PrefillRows, chain_rows, next_power_of_two, pack_step,
+                                  round_up, tree_rows)
 
 # Shape buckets of the draft forwards when shapes are padded (``pad``, on with CUDA graphs):
 # prompt blocks to a multiple of 64 rows, gathered draft KV to a multiple of 128 slots, the

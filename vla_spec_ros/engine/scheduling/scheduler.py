@@ -34,7 +34,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Sequence
 
-from ..validation import check_int
+from ...validation import check_int
 from .kv_ring import KVRing
 from .request import Request
 

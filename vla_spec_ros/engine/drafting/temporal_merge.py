@@ -1,13 +1,12 @@
 """A draft model's trees with each stream's previous action merged in (``draft_previous_action``).
 
-Temporal drafting (engine/previous_action_drafter.py) costs no draft forward and is right where
-the policy repeats itself; a draft head (EAGLE) is right where it predicts a change. Verified
-together they accept the longer of the two: ``WithPreviousAction`` asks the draft model for
-its tree with room left for the chain, then merges the chain in as a path from the root
-(``merge_chain``): where the tree already holds the chain's next token it follows that node,
-and from the first token it lacks, the rest of the chain hangs below as new nodes. The
-verifier checks the merged tree like any other: at ``relax_threshold`` 0 the tokens are
-greedy decoding's.
+Temporal drafting (engine/drafting/previous_action_drafter.py) costs no draft forward and is right
+where the policy repeats itself; a draft head (EAGLE) is right where it predicts a change. Verified
+together they accept the longer of the two: ``WithPreviousAction`` asks the draft model for its
+tree with room left for the chain, then merges the chain in as a path from the root
+(``merge_chain``): where the tree already holds the chain's next token it follows that node, and
+from the first token it lacks, the rest of the chain hangs below as new nodes. The verifier checks
+the merged tree like any other: at ``relax_threshold`` 0 the tokens are greedy decoding's.
 
 Plain Python (no torch): the draft model's forwards stay its own.
 """

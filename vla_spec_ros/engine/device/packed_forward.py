@@ -1,8 +1,8 @@
 """Device side of a packed forward: one upload per step, static buffers, CUDA graphs.
 
-``PackedForward`` turns a ``HostStep`` (engine/step_inputs.py) into device tensors and runs a
-model function on them. Per shape bucket (``HostStep.key`` plus the shapes of the dense
-inputs) it keeps:
+``PackedForward`` turns a ``HostStep`` (engine/device/step_inputs.py) into device tensors and runs
+a model function on them. Per shape bucket (``HostStep.key`` plus the shapes of the dense inputs)
+it keeps:
 - one pinned host byte buffer and one device byte buffer holding every index array and the
   mask: filling the host buffer is numpy work, and the whole step's metadata reaches the
   device in ONE non-blocking copy; the ``StepBatch`` views into the device buffer are built
@@ -27,7 +27,7 @@ from typing import Callable
 import numpy as np
 import torch
 
-from ..models.attention import StepBatch
+from ...models.attention import StepBatch
 from .step_inputs import HostStep
 
 MAX_BUCKETS = 64        # eager buckets kept (graph buckets are kept for the engine's life)

@@ -69,7 +69,8 @@ class Drafter:
                       max_nodes: int, min_prob: float = 0.0) -> list[DraftTree]:
         """One tree per request, rooted at its current root (node 0), at most depths[i] draft
         levels and ``max_nodes`` nodes including the root, none of them (the root aside) with
-        a cumulative draft probability below ``min_prob`` (``draft_tree.build_dynamic_tree``)."""
+        a cumulative draft probability below ``min_prob`` (EAGLE-2's rule,
+        docs/speculation.md)."""
         raise NotImplementedError
 
     def release(self, request_id: int) -> None:

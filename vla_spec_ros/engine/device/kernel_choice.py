@@ -12,14 +12,14 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from ..config import EngineConfig
-from ..models.layers import PLAIN, LayerKernels
+from ...config import EngineConfig
+from ...models.layers import PLAIN, LayerKernels
 
 
 def kernels_enabled(config: EngineConfig, device) -> bool:
     """Whether the fused RoPE, norm and SwiGLU-activation kernels run (``use_kernels``, see
     the module doc)."""
-    from ..kernels import can_launch_on
+    from ...kernels import can_launch_on
     if config.use_kernels == 'off':
         return False
     if config.use_kernels == 'auto':
@@ -35,7 +35,7 @@ def select_layer_kernels(config: EngineConfig, device) -> LayerKernels:
     enabled, else none."""
     if not kernels_enabled(config, device):
         return PLAIN
-    from ..kernels import rms_norm_triton, rope_kv_write, silu_mul_triton
+    from ...kernels import rms_norm_triton, rope_kv_write, silu_mul_triton
 
     def rope_kernel(q, k, v, positions, cos, sin, k_cache, v_cache, slot_mapping):
         # Index checks would read indices back to the host (a sync) on every layer; the
@@ -53,7 +53,7 @@ def with_attention_backend(kernels: LayerKernels, config: EngineConfig,
     """``kernels`` plus the segment attention kernel when ``attention_backend`` is "ring"."""
     if config.attention_backend != 'ring':
         return kernels
-    from ..kernels import can_launch_on, segment_attention_triton
+    from ...kernels import can_launch_on, segment_attention_triton
     if not can_launch_on(device):
         raise ValueError(f'attention_backend: "ring" needs triton on a CUDA device (or '
                          f'TRITON_INTERPRET=1); the engine runs on {device}')

@@ -9,17 +9,17 @@
   tests and demos).
 
 With ``draft_previous_action`` a draft head's trees get the previous action merged in
-(engine/temporal_merge.py).
+(engine/drafting/temporal_merge.py).
 """
 from __future__ import annotations
 
 import os
 from pathlib import Path
 
-from ..config import EngineConfig
-from ..models.draft import (CHECKPOINT_DRAFT, DEFAULT_DRAFT_SUBFOLDER, RANDOM_DRAFT, load_draft,
-                            new_draft_head)
-from ..models.layers import fuse_projections
+from ...config import EngineConfig
+from ...models.draft import (CHECKPOINT_DRAFT, DEFAULT_DRAFT_SUBFOLDER, RANDOM_DRAFT, load_draft,
+                             new_draft_head)
+from ...models.layers import fuse_projections
 from .drafter import Drafter
 from .eagle_drafter import EagleDrafter
 from .previous_action_drafter import PREVIOUS_ACTION_DRAFT, PreviousActionDrafter
