@@ -13,9 +13,9 @@ from vla_spec_ros.config import EngineConfig, VLAConfig, preset
 from vla_spec_ros.engine.ar import reference_tokens
 from vla_spec_ros.engine.engine import Engine
 from vla_spec_ros.engine.device.runner import TORCH_DTYPES, ModelRunner
-from vla_spec_ros.models.checkpoint import init_random_
-from vla_spec_ros.models.random_checkpoint import synthetic_norm_stats
-from vla_spec_ros.models.vla import OpenVLA
+from vla_spec_ros.models.openvla.checkpoint import init_random_
+from vla_spec_ros.models.openvla.random_checkpoint import synthetic_norm_stats
+from vla_spec_ros.models.openvla.vla import OpenVLA
 from vla_spec_ros.prompt import PromptTokenizer, build_tokenizer
 from vla_spec_ros.testing import OracleDrafter
 

@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # Installs the package with its ROS 2 wheels and the simulator on a fresh machine, then runs the
-# main job (the README's first set-up command), about 4 minutes on 2 CPU cores: the embedded
-# Meta-World model in lock-step through the real ROS 2 node and the simulator bridge once per
-# decoding mode, model-only speed against the Hugging Face baseline, and success against
-# action delay with each mode's latency placed on it.
+# main job (the README's first set-up command), about 5 minutes on 2 CPU cores: every decoding
+# mode behind the real ROS 2 node fed by a 30 Hz camera of consecutive control steps (the speed
+# measurement: frames answered, frame -> twist latency, against AR and the Hugging Face
+# baseline), the embedded Meta-World model in lock-step through the node and the simulator
+# bridge (success), model-only speed, and success against action delay with each mode's
+# streaming latency placed on it.
 # Extra arguments go to `vla-spec demo` (e.g. --full for the recorded sweeps, about two hours;
 # --verbose for the nodes' log lines).
 set -euo pipefail

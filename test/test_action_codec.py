@@ -18,7 +18,7 @@ from vla_spec_ros.engine.drafting.draft_choice import load_draft_for
 from vla_spec_ros.engine.engine import Engine
 from vla_spec_ros.engine.result import Frame
 from vla_spec_ros.engine.device.runner import ModelRunner
-from vla_spec_ros.models.random_checkpoint import make_checkpoint
+from vla_spec_ros.models.openvla.random_checkpoint import make_checkpoint
 
 MODES = [dict(mode='ar'), dict(mode='pipeline'), dict(mode='spec'),
          dict(mode='pipeline_spec'), dict(mode='spec', draft_path='random'),

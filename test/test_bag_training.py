@@ -23,7 +23,7 @@ from rosbags.typesys import Stores, get_typestore  # noqa: E402
 from test_train_draft import FAST  # noqa: E402
 
 from vla_spec_ros import VLAPolicy, cli  # noqa: E402
-from vla_spec_ros.models.random_checkpoint import make_checkpoint  # noqa: E402
+from vla_spec_ros.models.openvla.random_checkpoint import make_checkpoint  # noqa: E402
 from vla_spec_ros.recording import FrameRecorder  # noqa: E402
 from vla_spec_ros.train.bag_frames import BagFrames, load_bag_observations  # noqa: E402
 from vla_spec_ros.train.draft_data import read_manifest  # noqa: E402

@@ -10,7 +10,7 @@ from vla_spec_ros.engine.ar import reference_tokens
 from vla_spec_ros.engine.engine import Engine
 from vla_spec_ros.engine.result import Frame
 from vla_spec_ros.engine.device.runner import ModelRunner
-from vla_spec_ros.models.random_checkpoint import make_checkpoint
+from vla_spec_ros.models.openvla.random_checkpoint import make_checkpoint
 
 CHUNK = 3
 MODES = [dict(mode='ar'), dict(mode='pipeline'), dict(mode='spec'),

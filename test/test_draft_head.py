@@ -19,11 +19,11 @@ from vla_spec_ros.config import EngineConfig
 from vla_spec_ros.engine.ar import causal_batch
 from vla_spec_ros.engine.drafting.draft_choice import load_draft_for
 from vla_spec_ros.engine.drafting.eagle_drafter import EagleDrafter
-from vla_spec_ros.models.checkpoint import CheckpointError, load_model
+from vla_spec_ros.models.openvla.checkpoint import CheckpointError, load_model
 from vla_spec_ros.models.draft import (DraftConfig, EagleDraftHead, load_draft,
                                        new_draft_head, save_draft)
 from vla_spec_ros.models.layers import PLAIN
-from vla_spec_ros.models.random_checkpoint import make_checkpoint
+from vla_spec_ros.models.openvla.random_checkpoint import make_checkpoint
 
 # The EAGLE / Spec-VLA state-dict keys of a one-layer draft (reference §1), embedding excluded.
 EAGLE_KEYS = {'fc.weight', 'fc.bias', 'layers.0.post_attention_layernorm.weight',

@@ -17,7 +17,7 @@ from vla_spec_ros.engine.drafting.eagle_drafter import EagleDrafter
 from vla_spec_ros.engine.drafting.tree_growth import TreeGrowth
 from vla_spec_ros.engine.result import Frame
 from vla_spec_ros.models.draft import new_draft_head
-from vla_spec_ros.models.random_checkpoint import make_checkpoint
+from vla_spec_ros.models.openvla.random_checkpoint import make_checkpoint
 from vla_spec_ros.testing import OracleDrafter
 
 from draft_tree_reference import build_dynamic_tree

@@ -11,7 +11,7 @@ import torch
 from vla_spec_ros.config import EngineConfig
 from vla_spec_ros.engine.engine import Engine
 from vla_spec_ros.engine.result import Frame
-from vla_spec_ros.models.random_checkpoint import make_checkpoint
+from vla_spec_ros.models.openvla.random_checkpoint import make_checkpoint
 
 from reference import ar_reference_tokens
 

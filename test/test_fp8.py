@@ -21,7 +21,7 @@ from vla_spec_ros.kernels import (FP8_DTYPE, fp8_linear, fp8_linear_ref, fp8_lin
 from vla_spec_ros.models import fp8 as fp8_model
 from vla_spec_ros.models.fp8 import Fp8Linear, FusedFp8Linears, check_weight_dtype
 from vla_spec_ros.models.layers import fuse_projections
-from vla_spec_ros.models.random_checkpoint import make_checkpoint
+from vla_spec_ros.models.openvla.random_checkpoint import make_checkpoint
 
 from reference import ar_reference_tokens
 

@@ -60,7 +60,7 @@ def test_prepare_prompt_does_not_synchronise_in_the_steady_state(tmp_path, use_g
     prompt queues work only: CUDA's sync debug mode raises on any synchronising call."""
     from vla_spec_ros import VLAPolicy
     from vla_spec_ros.engine.result import Frame
-    from vla_spec_ros.models.random_checkpoint import make_checkpoint
+    from vla_spec_ros.models.openvla.random_checkpoint import make_checkpoint
     folder = make_checkpoint('tiny', tmp_path / 'tiny', seed=9)
     policy = VLAPolicy.from_pretrained(str(folder), dtype='bfloat16', device='cuda',
                                        use_cuda_graphs=use_graphs)
@@ -117,9 +117,9 @@ def test_parallel_towers_equal_the_model_eager_and_graphed(tmp_path, dtype):
     """The two towers side by side (two streams; in a CUDA graph, two branches) give the
     sequential reference's values bit for bit."""
     from vla_spec_ros.engine.device.packed_forward import GraphedFunction
-    from vla_spec_ros.engine.device.parallel_towers import ParallelTowers
-    from vla_spec_ros.models.checkpoint import load_model
-    from vla_spec_ros.models.random_checkpoint import make_checkpoint
+    from vla_spec_ros.models.openvla.parallel_towers import ParallelTowers
+    from vla_spec_ros.models.openvla.checkpoint import load_model
+    from vla_spec_ros.models.openvla.random_checkpoint import make_checkpoint
     folder = make_checkpoint('tiny', tmp_path / 'tiny', seed=8)
     model, cfg = load_model(folder, dtype=dtype, device='cuda')[:2]
     towers = ParallelTowers(model, 'cuda')
@@ -136,6 +136,6 @@ def test_parallel_towers_equal_the_model_eager_and_graphed(tmp_path, dtype):
 
 
 def test_parallel_towers_refuse_a_cpu():
-    from vla_spec_ros.engine.device.parallel_towers import ParallelTowers
+    from vla_spec_ros.models.openvla.parallel_towers import ParallelTowers
     with pytest.raises(ValueError, match='CUDA'):
         ParallelTowers(None, 'cpu')

@@ -130,3 +130,18 @@ def test_test_oracles_are_not_shipped():
         defined = {node.name for node in ast.walk(ast.parse(path.read_text()))
                    if isinstance(node, (ast.FunctionDef, ast.ClassDef))}
         assert not defined & oracles, (path, defined & oracles)
+
+
+def test_the_engine_knows_models_by_the_protocol_only():
+    """No engine module imports a model family (models/openvla/): the runner, the drafters
+    and the node's engine see ``models/protocol.VLAModel``; OpenVLA implements it."""
+    for path in sorted((PACKAGE_ROOT / 'engine').rglob('*.py')):
+        family = sorted(n for n in _imports(path) if n.startswith('vla_spec_ros.models.openvla'))
+        assert not family, (_module_name(path), family)
+    torch = pytest.importorskip('torch')
+    from vla_spec_ros.config import preset
+    from vla_spec_ros.models.openvla.vla import OpenVLA
+    from vla_spec_ros.models.protocol import Decoder, VLAModel
+    model = OpenVLA(preset('tiny'))
+    assert isinstance(model, VLAModel) and isinstance(model.language_model, Decoder)
+    assert model.image_embeddings_for(torch.device('cpu')) == model.image_embeddings

@@ -19,7 +19,7 @@ from vla_spec_ros.baseline import HFBaseline
 from vla_spec_ros.engine.ar import causal_batch
 from vla_spec_ros.engine.result import Frame
 from vla_spec_ros.models import layers
-from vla_spec_ros.models.random_checkpoint import make_checkpoint
+from vla_spec_ros.models.openvla.random_checkpoint import make_checkpoint
 from vla_spec_ros.policy import VLAPolicy
 from vla_spec_ros.preprocess import preprocess_image
 
@@ -221,7 +221,7 @@ def test_patch_embedding_is_the_strided_convolution(size):
     """The patch projection as one product over the cut-up image equals timm's strided
     convolution, including the pixels dropped beyond the last whole patch."""
     from vla_spec_ros.config import VisionTowerConfig
-    from vla_spec_ros.models.vision import PatchEmbed
+    from vla_spec_ros.models.openvla.vision import PatchEmbed
     torch.manual_seed(0)
     cfg = VisionTowerConfig(kind='siglip', image_size=64, patch_size=16, embed_dim=24,
                             depth=2, num_heads=2, mlp_dim=48)

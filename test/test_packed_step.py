@@ -19,7 +19,7 @@ from vla_spec_ros.engine.device.step_inputs import (NO_PARENT, PrefillRows, pack
 from step_plan import SegmentSpec, plan_step
 from vla_spec_ros.models.attention import StepBatch, attend_packed, attend_segments
 from vla_spec_ros.models.layers import fuse_projections
-from vla_spec_ros.models.random_checkpoint import make_checkpoint
+from vla_spec_ros.models.openvla.random_checkpoint import make_checkpoint
 
 from helpers import reference_allowed_slots
 

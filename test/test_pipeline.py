@@ -13,7 +13,7 @@ import pytest
 from vla_spec_ros.config import EngineConfig
 from vla_spec_ros.engine.engine import Engine
 from vla_spec_ros.engine.result import Frame
-from vla_spec_ros.models.random_checkpoint import make_checkpoint
+from vla_spec_ros.models.openvla.random_checkpoint import make_checkpoint
 from vla_spec_ros.policy import VLAPolicy
 
 from reference import ar_reference_tokens

@@ -10,7 +10,7 @@ from vla_spec_ros.config import EngineConfig
 from vla_spec_ros.engine.ar import causal_batch
 from vla_spec_ros.engine.engine import Engine
 from vla_spec_ros.engine.result import Frame
-from vla_spec_ros.models.random_checkpoint import make_checkpoint
+from vla_spec_ros.models.openvla.random_checkpoint import make_checkpoint
 from vla_spec_ros.policy import VLAPolicy
 
 GOOD_IMAGE = np.random.default_rng(0).integers(0, 256, (48, 64, 3), dtype=np.uint8)

@@ -299,7 +299,7 @@ def chunked(tmp_path_factory):
         pytest.skip('needs rclpy + ROS message wheels and torch')
     from vla_spec_ros import VLAPolicy
     from vla_spec_ros.config import preset
-    from vla_spec_ros.models.random_checkpoint import make_checkpoint
+    from vla_spec_ros.models.openvla.random_checkpoint import make_checkpoint
 
     folder = make_checkpoint(dataclasses.replace(preset('tiny'), action_chunk=K),
                              tmp_path_factory.mktemp('chunk4') / 'tiny_chunk4', seed=5)

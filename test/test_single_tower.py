@@ -19,11 +19,11 @@ from vla_spec_ros.config import (DINOV2_MEAN, DINOV2_STD, MODES, SIGLIP_MEAN, SI
                                  LlamaConfig, VisionTowerConfig, VLAConfig, preset)
 from vla_spec_ros.engine.device.frame_upload import FrameUploader
 from vla_spec_ros.engine.result import Frame
-from vla_spec_ros.models.checkpoint import (CheckpointError, config_from_json, config_to_json,
-                                            load_model, save_model)
-from vla_spec_ros.models.random_checkpoint import make_checkpoint
-from vla_spec_ros.models.vision import GeluMLPProjector, unused_vision_keys
-from vla_spec_ros.models.vla import OpenVLA
+from vla_spec_ros.models.openvla.checkpoint import (CheckpointError, config_from_json,
+                                                    config_to_json, load_model, save_model)
+from vla_spec_ros.models.openvla.random_checkpoint import make_checkpoint
+from vla_spec_ros.models.openvla.vision import GeluMLP, unused_vision_keys
+from vla_spec_ros.models.openvla.vla import OpenVLA
 from vla_spec_ros.policy import VLAPolicy
 from vla_spec_ros.preprocess import preprocess_image, preprocess_pixels
 
@@ -171,7 +171,7 @@ def test_weight_keys_and_projector_are_the_hugging_face_single_tower_layout():
     state = model.state_dict()
     assert set(state) == (tower - unused) | projector | llama_keys(cfg.llm.num_layers)
     assert set(unused_vision_keys(cfg)) == unused and len(unused) == 27
-    assert isinstance(model.projector, GeluMLPProjector)
+    assert isinstance(model.projector, GeluMLP)
     assert state['projector.fc1.weight'].shape == (64, 48)     # vision_dim -> llm_dim
     assert state['projector.fc2.weight'].shape == (64, 64)     # llm_dim -> llm_dim
     assert not hasattr(model.vision_backbone, 'fused_featurizer')
@@ -472,7 +472,7 @@ def test_vla_spec_vision_must_agree_with_the_flag(folder):
 
 @needs_cuda
 def test_parallel_towers_with_one_tower_is_the_model(folder):
-    from vla_spec_ros.engine.device.parallel_towers import ParallelTowers
+    from vla_spec_ros.models.openvla.parallel_towers import ParallelTowers
     model, cfg, _ = load_model(folder, torch.float64, 'cuda')
     towers = ParallelTowers(model, 'cuda')
     assert towers.side is None

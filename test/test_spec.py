@@ -13,7 +13,7 @@ from vla_spec_ros.config import EngineConfig
 from vla_spec_ros.engine.engine import Engine
 from vla_spec_ros.engine.result import Frame
 from vla_spec_ros.engine.drafting.draft_choice import load_draft_for
-from vla_spec_ros.models.random_checkpoint import make_checkpoint
+from vla_spec_ros.models.openvla.random_checkpoint import make_checkpoint
 from vla_spec_ros.testing import OracleDrafter
 
 from helpers import sharpen_draft_head

@@ -18,7 +18,7 @@ from vla_spec_ros.engine.scheduling.kv_ring import KVRing
 from vla_spec_ros.engine.drafting.previous_action_drafter import PreviousActionDrafter
 from vla_spec_ros.engine.result import Frame
 from vla_spec_ros.engine.device.step_inputs import PrefillRows, pack_step, padding_step, tree_rows
-from vla_spec_ros.models.random_checkpoint import make_checkpoint
+from vla_spec_ros.models.openvla.random_checkpoint import make_checkpoint
 
 from reference import ar_reference_tokens
 

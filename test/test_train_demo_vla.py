@@ -11,7 +11,7 @@ from vla_spec_ros.config import EngineConfig, preset
 from vla_spec_ros.engine.ar import run_ar
 from vla_spec_ros.engine.result import Frame
 from vla_spec_ros.engine.device.runner import ModelRunner
-from vla_spec_ros.models.checkpoint import build_model
+from vla_spec_ros.models.openvla.checkpoint import build_model
 from vla_spec_ros.preprocess import preprocess_image
 from vla_spec_ros.prompt import PromptTokenizer, build_instruction_tokenizer
 from vla_spec_ros.sim.metaworld_env import TASKS

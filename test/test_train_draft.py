@@ -22,7 +22,7 @@ from vla_spec_ros.engine.ar import causal_batch, decode_ar
 from vla_spec_ros.engine.drafting.eagle_drafter import EagleDrafter
 from vla_spec_ros.engine.result import Frame
 from vla_spec_ros.models.draft import load_draft, new_draft_head
-from vla_spec_ros.models.random_checkpoint import make_checkpoint
+from vla_spec_ros.models.openvla.random_checkpoint import make_checkpoint
 from vla_spec_ros.train import train_draft
 from vla_spec_ros.train.draft_data import (DraftDataset, DraftSample, load_observations,
                                            pack_samples)

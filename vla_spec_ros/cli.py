@@ -21,7 +21,7 @@ def _add_engine_args(p: argparse.ArgumentParser) -> None:
 
 
 def cmd_make_checkpoint(args) -> int:
-    from .models.random_checkpoint import make_checkpoint
+    from .models.openvla.random_checkpoint import make_checkpoint
     shard = int(args.max_shard_mb * 2 ** 20) if args.max_shard_mb else None
     out = make_checkpoint(args.preset, args.out, seed=args.seed, dtype=args.dtype,
                           max_shard_bytes=shard)

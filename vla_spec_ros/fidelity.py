@@ -269,7 +269,7 @@ def add_arguments(p) -> None:
 
 def run(args) -> int:
     import shlex
-    from .models.checkpoint import config_from_json
+    from .models.openvla.checkpoint import config_from_json
     from .policy import resolve_checkpoint
     dtypes = [d.strip() for d in args.dtypes.split(',') if d.strip()]
     devices = [d.strip() for d in args.devices.split(',') if d.strip()] if args.devices else \

@@ -19,7 +19,7 @@ from .config import PRESETS, EngineConfig
 from .engine.engine import Engine
 from .engine.result import ActionResult, Frame
 from .engine.device.runner import TORCH_DTYPES, ModelRunner
-from .models.checkpoint import CheckpointError, load_model
+from .models.openvla.checkpoint import CheckpointError, load_model
 from .prompt import PromptTokenizer
 
 PREDICT_STREAM = '__predict__'
@@ -41,7 +41,7 @@ def resolve_checkpoint(path_or_preset: str) -> Path:
     if path_or_preset in PRESETS:
         folder = cache_dir() / 'presets' / f'{path_or_preset}-seed0'
         if not (folder / 'config.json').is_file():
-            from .models.random_checkpoint import make_checkpoint
+            from .models.openvla.random_checkpoint import make_checkpoint
             # Written aside, then renamed: a concurrent first use never sees half a checkpoint.
             tmp = folder.with_name(folder.name + f'.tmp{os.getpid()}')
             make_checkpoint(path_or_preset, tmp, seed=0)

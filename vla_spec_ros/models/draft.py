@@ -26,7 +26,8 @@ from torch import nn
 from ..config import LlamaConfig
 from ..validation import require_int_fields
 from .attention import KVCache, StepBatch
-from .checkpoint import CheckpointError, _check_safetensors_file, load_state_dict, weight_files
+from .openvla.checkpoint import (CheckpointError, _check_safetensors_file, load_state_dict,
+                                 weight_files)
 from .layers import PLAIN, LayerKernels, LlamaDecoderLayer
 from .rope import RopeRows, RopeTables
 

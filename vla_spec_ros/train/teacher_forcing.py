@@ -19,7 +19,7 @@ import torch.nn.functional as F
 
 from ..config import VLAConfig
 from ..models.rope import apply_rope
-from ..models.vla import OpenVLA
+from ..models.openvla.vla import OpenVLA
 from ..preprocess import normalize_per_tower
 
 

@@ -37,7 +37,7 @@ import torch.nn.functional as F
 from ..actions import ActionStats, ActionTokenizer
 from ..config import config_to_dict, preset
 from ..validation import require_int_fields
-from ..models.checkpoint import build_model, save_model
+from ..models.openvla.checkpoint import build_model, save_model
 from ..prompt import PromptTokenizer, build_instruction_tokenizer, save_tokenizer
 from .teacher_forcing import action_logits, build_sequences, pixel_values_batch, random_shift
 

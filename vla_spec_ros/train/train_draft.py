@@ -329,7 +329,7 @@ def _train(args, rank: int, world_size: int, device: torch.device) -> dict:
 
     from ..config import EngineConfig
     from ..engine.device.runner import TORCH_DTYPES
-    from ..models.checkpoint import load_model
+    from ..models.openvla.checkpoint import load_model
     from ..policy import resolve_checkpoint
     cfg = TrainDraftConfig(**{f.name: getattr(args, f.name)
                               for f in dataclasses.fields(TrainDraftConfig)})

@@ -24,13 +24,12 @@ from ...config import EngineConfig, VLAConfig
 from ...models.attention import KVCache, StepBatch
 from ...models.fp8 import apply_weight_dtype
 from ...models.layers import LayerKernels, fuse_projections
-from ...models.vla import OpenVLA
+from ...models.protocol import VLAModel
 from ...preprocess import check_image, preprocess_pixels
 from ...prompt import PromptTokenizer
 from .frame_upload import FrameUploader, device_ids
 from .kernel_choice import select_layer_kernels, with_attention_backend
 from .packed_forward import GraphedFunction, PackedForward
-from .parallel_towers import ParallelTowers
 from ..result import Frame
 from .step_inputs import HostStep
 
@@ -45,7 +44,7 @@ class PreparedPrompt:
 
 
 class ModelRunner:
-    def __init__(self, model: OpenVLA, cfg: VLAConfig, tokenizer: PromptTokenizer,
+    def __init__(self, model: VLAModel, cfg: VLAConfig, tokenizer: PromptTokenizer,
                  engine_cfg: EngineConfig, codec: ActionCodec | None = None,
                  checkpoint_folder=None):
         self.model = model
@@ -78,10 +77,9 @@ class ModelRunner:
                                        device=self.device)
         if action_ids is not None:
             self._action_mask[action_ids[0]:action_ids[1] + 1] = 0
-        # On a GPU the two vision towers run side by side (same values, engine/
-        # parallel_towers.py); on a CPU one after the other, as the model defines them.
-        self.image_embeddings = ParallelTowers(model, self.device) \
-            if self.device.type == 'cuda' else model.image_embeddings
+        # The model family's fastest image path on this device (the same values): OpenVLA's
+        # two towers side by side on a GPU, one after the other on a CPU.
+        self.image_embeddings = model.image_embeddings_for(self.device)
         self._vision_graph = GraphedFunction(self._vision, self.device) \
             if self.use_cuda_graphs else None
         self._frames = FrameUploader(self.device)

@@ -8,8 +8,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..config import VLAConfig, preset
-from ..prompt import build_tokenizer, save_tokenizer
+from ...config import VLAConfig, preset
+from ...prompt import build_tokenizer, save_tokenizer
 from .checkpoint import build_model, save_model
 
 DTYPES = {'float32': torch.float32, 'float64': torch.float64, 'bfloat16': torch.bfloat16,

@@ -24,7 +24,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from ..config import LlamaConfig, VisionTowerConfig, VLAConfig, dinov2_vit_l, siglip_so400m
+from ...config import LlamaConfig, VisionTowerConfig, VLAConfig, dinov2_vit_l, siglip_so400m
 from .vision import TOWER_PREFIXES, unused_vision_keys
 from .vla import OpenVLA
 

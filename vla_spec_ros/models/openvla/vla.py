@@ -9,8 +9,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..config import VLAConfig
-from .llama import LlamaForCausalLM
+from ...config import VLAConfig
+from ..llama import LlamaForCausalLM
 from .vision import VisionBackbone, make_projector
 
 
@@ -34,3 +34,11 @@ class OpenVLA(nn.Module):
 
     def token_embeddings(self, token_ids: torch.Tensor) -> torch.Tensor:
         return self.language_model.model.embed_tokens(token_ids)
+
+    def image_embeddings_for(self, device):
+        """``image_embeddings`` as it runs fastest on ``device`` (the same values): on a GPU
+        the two towers side by side (parallel_towers.py), on a CPU one after the other."""
+        if torch.device(device).type == 'cuda':
+            from .parallel_towers import ParallelTowers
+            return ParallelTowers(self, device)
+        return self.image_embeddings

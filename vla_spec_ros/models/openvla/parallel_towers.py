@@ -8,7 +8,8 @@ DINOv2 runs on the current one, joins, then projects: the same kernels on the sa
 the same values as ``OpenVLA.image_embeddings`` (the reference, used on a CPU), bit for bit.
 
 The fork and join are stream waits, which CUDA-graph capture records as graph branches: the
-runner's vision graph captures and replays this function as it is.
+runner's vision graph captures and replays this function as it is. ``OpenVLA``'s
+``image_embeddings_for(device)`` hands it to the runner on a GPU.
 
 A single-tower model (``use_fused_vision_backbone`` false) has nothing to run side by side:
 ``ParallelTowers`` then calls ``model.image_embeddings`` and makes no side stream.
@@ -17,11 +18,9 @@ from __future__ import annotations
 
 import torch
 
-from ...models.vla import OpenVLA
-
 
 class ParallelTowers:
-    def __init__(self, model: OpenVLA, device):
+    def __init__(self, model, device):      # model: models/openvla/vla.OpenVLA
         if torch.device(device).type != 'cuda':
             raise ValueError(f'ParallelTowers: a CUDA device is needed, got {device}')
         self.model = model

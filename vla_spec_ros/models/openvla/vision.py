@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..config import VisionTowerConfig, VLAConfig
+from ...config import VisionTowerConfig, VLAConfig
 
 
 class LayerScale(nn.Module):
@@ -45,14 +45,17 @@ class ViTAttention(nn.Module):
         return self.proj(out.transpose(1, 2).reshape(b, n, d))
 
 
-class ViTMlp(nn.Module):
-    def __init__(self, dim: int, hidden: int):
+class GeluMLP(nn.Module):
+    """fc1 (in -> hidden) -> exact (erf) GELU -> fc2 (hidden -> out): a ViT block's MLP (timm)
+    and Prismatic's single-tower ``gelu-mlp`` projector (D -> llm -> llm) alike."""
+
+    def __init__(self, in_dim: int, hidden: int, out_dim: int):
         super().__init__()
-        self.fc1 = nn.Linear(dim, hidden)
-        self.fc2 = nn.Linear(hidden, dim)
+        self.fc1 = nn.Linear(in_dim, hidden)
+        self.fc2 = nn.Linear(hidden, out_dim)
 
     def forward(self, x):
-        return self.fc2(F.gelu(self.fc1(x)))                # exact (erf) GELU, as timm
+        return self.fc2(F.gelu(self.fc1(x)))
 
 
 class ViTBlock(nn.Module):
@@ -62,7 +65,7 @@ class ViTBlock(nn.Module):
         self.norm1 = nn.LayerNorm(d, eps=cfg.norm_eps)
         self.attn = ViTAttention(d, cfg.num_heads)
         self.norm2 = nn.LayerNorm(d, eps=cfg.norm_eps)
-        self.mlp = ViTMlp(d, cfg.mlp_dim)
+        self.mlp = GeluMLP(d, cfg.mlp_dim, d)
         has_scale = cfg.kind == 'dinov2'
         self.ls1 = LayerScale(d) if has_scale else nn.Identity()
         self.ls2 = LayerScale(d) if has_scale else nn.Identity()
@@ -144,18 +147,6 @@ class VisionBackbone(nn.Module):
         return torch.cat([a, b], dim=-1)
 
 
-class GeluMLPProjector(nn.Module):
-    """Prismatic's ``gelu-mlp`` (single tower): fc1 (D -> llm) -> GELU -> fc2 (llm -> llm)."""
-
-    def __init__(self, vision_dim: int, llm_dim: int):
-        super().__init__()
-        self.fc1 = nn.Linear(vision_dim, llm_dim)
-        self.fc2 = nn.Linear(llm_dim, llm_dim)
-
-    def forward(self, x):
-        return self.fc2(F.gelu(self.fc1(x)))
-
-
 class FusedGeluMLPProjector(nn.Module):
     """OpenVLA's ``no-align+fused-gelu-mlp``: fc1 (D -> 4D) -> GELU -> fc2 -> GELU -> fc3."""
 
@@ -172,8 +163,10 @@ class FusedGeluMLPProjector(nn.Module):
 def make_projector(cfg: VLAConfig) -> nn.Module:
     """The projector ``cfg``'s backbone calls for (the Hugging Face port switches on
     ``use_fused_vision_backbone`` the same way)."""
-    cls = FusedGeluMLPProjector if cfg.is_fused else GeluMLPProjector
-    return cls(cfg.vision_dim, cfg.llm.hidden_size)
+    if cfg.is_fused:
+        return FusedGeluMLPProjector(cfg.vision_dim, cfg.llm.hidden_size)
+    # Prismatic's single-tower ``gelu-mlp``: fc1 (D -> llm) -> GELU -> fc2 (llm -> llm).
+    return GeluMLP(cfg.vision_dim, cfg.llm.hidden_size, cfg.llm.hidden_size)
 
 
 TOWER_PREFIXES = ('vision_backbone.featurizer.', 'vision_backbone.fused_featurizer.')
