@@ -89,8 +89,11 @@ def episode_frames(num: int, image_size: int, seed: int, unnorm_key: str | None,
                     images.append(image)
             start = int(rng.integers(0, max(len(images) - run, 0) + 1))
             images = images[start:start + run]
-            frames += [Frame(image, task.instructions[0], unnorm_key, f'stream{s}')
-                       for image in images]
+            # Each frame carries its control step (a chunked model's draft shifts the previous
+            # chunk by the steps between frames); a new episode's steps start far from the last.
+            frames += [Frame(image, task.instructions[0], unnorm_key, f'stream{s}',
+                             control_step=1000 * t + start + k)
+                       for k, image in enumerate(images)]
         streams.append(frames)
     return [streams[i % num_streams][i // num_streams] for i in range(num)]
 
