@@ -90,3 +90,29 @@ def reference_allowed_slots(step: HostStep, row: int) -> list[int]:
     s, j = divmod(row - lp, step.num_rows)
     return [int(step.kv_index[s, c]) for c in range(step.kv_index.shape[1])
             if step.mask[s, j, c]]
+
+
+# ---- one request at a time through a drafter's batched interface (engine/drafting/drafter.py)
+
+def _row_range(features) -> range:
+    """Rows 0..n-1 of a features tensor (none for drafters that ignore features)."""
+    return range(0 if features is None else features.shape[0])
+
+
+def begin_one(drafter, request_id, prefix_embeds, prefix_features, root_token, stream_id=''):
+    """``update`` with one new prompt: its embeddings, its verifier features, its root."""
+    from vla_spec_ros.engine.drafting.drafter import DraftBegin
+    drafter.update([DraftBegin(request_id, prefix_embeds, _row_range(prefix_features),
+                               root_token, stream_id)], [], prefix_features)
+
+
+def advance_one(drafter, request_id, path_tokens, path_features, bonus):
+    """``update`` with one accepted path and the verifier's features at its nodes."""
+    from vla_spec_ros.engine.drafting.drafter import DraftAdvance
+    drafter.update([], [DraftAdvance(request_id, path_tokens, _row_range(path_features),
+                                     bonus)], path_features)
+
+
+def propose_one(drafter, request_id, depth, top_k, max_nodes, min_prob=0.0):
+    """The tree ``propose_batch`` gives one request."""
+    return drafter.propose_batch([request_id], [depth], top_k, max_nodes, min_prob)[0]

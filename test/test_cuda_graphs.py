@@ -16,6 +16,7 @@ from vla_spec_ros.engine.engine import Engine
 from vla_spec_ros.engine.result import Frame
 from vla_spec_ros.models.openvla.random_checkpoint import make_checkpoint
 
+from helpers import begin_one, propose_one
 from reference import ar_reference_tokens
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(),
@@ -173,8 +174,8 @@ def test_graphed_draft_forwards_equal_eager(setup):
     trees = []
     for use_graphs in (False, True):
         drafter = EagleDrafter(runner, head, use_cuda_graphs=use_graphs, pad_shapes=True)
-        drafter.begin(0, prompt.embeds, features, 7)
-        trees.append([drafter.propose(0, 3, 2, 6) for _ in range(3)])
+        begin_one(drafter, 0, prompt.embeds, features, 7)
+        trees.append([propose_one(drafter, 0, 3, 2, 6) for _ in range(3)])
         if use_graphs:
             assert drafter.forward.num_graph_replays > 0
     assert trees[0] == trees[1]

@@ -21,7 +21,7 @@ from vla_spec_ros.models.openvla.random_checkpoint import make_checkpoint
 from vla_spec_ros.testing import OracleDrafter
 
 from draft_tree_reference import build_dynamic_tree
-from helpers import sharpen_draft_head
+from helpers import advance_one, begin_one, propose_one, sharpen_draft_head
 
 
 @pytest.fixture(scope='module')
@@ -101,15 +101,15 @@ def test_tree_matches_brute_force(runner, head, context, depth, top_k, max_nodes
     embeds, features, tokens = context
     length = embeds.shape[0]
     drafter = EagleDrafter(runner, head)
-    drafter.begin(0, embeds, features[:length], tokens[0])
-    tree = drafter.propose(0, depth, top_k, max_nodes)
+    begin_one(drafter, 0, embeds, features[:length], tokens[0])
+    tree = propose_one(drafter, 0, depth, top_k, max_nodes)
     expected = brute_force_tree(head, embeds, features[:length], tokens[0], depth, top_k,
                                 max_nodes)
     assert_same_tree(tree, expected)
     assert tree.num_nodes == min(max_nodes, 1 + top_k + (depth - 1) * top_k * top_k)
     # One draft forward for the prefix, then one per expanded level after the first.
     assert drafter.num_forward_passes == 1 + (depth - 1)
-    assert_same_tree(drafter.propose(0, depth, top_k, max_nodes), tree)   # scratch is scratch
+    assert_same_tree(propose_one(drafter, 0, depth, top_k, max_nodes), tree)   # scratch is scratch
 
 
 @pytest.fixture(scope='module')
@@ -129,14 +129,14 @@ def test_pruned_tree_matches_brute_force_with_fewer_forwards(runner, confident_h
     depth, top_k, max_nodes = 5, 3, 30
     head = confident_head
     full = EagleDrafter(runner, head)
-    full.begin(0, embeds, features[:length], tokens[0])
-    unpruned = full.propose(0, depth, top_k, max_nodes)
+    begin_one(full, 0, embeds, features[:length], tokens[0])
+    unpruned = propose_one(full, 0, depth, top_k, max_nodes)
     drafter = EagleDrafter(runner, head)
-    drafter.begin(0, embeds, features[:length], tokens[0])
+    begin_one(drafter, 0, embeds, features[:length], tokens[0])
     calls = []
     expected = brute_force_tree(head, embeds, features[:length], tokens[0], depth, top_k,
                                 max_nodes, min_prob, calls)
-    tree = drafter.propose(0, depth, top_k, max_nodes, min_prob)
+    tree = propose_one(drafter, 0, depth, top_k, max_nodes, min_prob)
     assert_same_tree(tree, expected)
     assert all(np.exp(score) >= min_prob for score in tree.scores)
     assert 1 < tree.num_nodes < unpruned.num_nodes
@@ -150,21 +150,21 @@ def test_advance_equals_fresh_begin(runner, head, context):
     length = embeds.shape[0]
     shape = (3, 3, 10)
     incremental = EagleDrafter(runner, head)
-    incremental.begin(7, embeds, features[:length], tokens[0])
-    incremental.propose(7, *shape)
+    begin_one(incremental, 7, embeds, features[:length], tokens[0])
+    propose_one(incremental, 7, *shape)
     decided = 1
     for accepted in (2, 0, 1):
         path = tokens[decided - 1:decided + accepted]           # root + accepted drafts
         bonus = tokens[decided + accepted]
         path_features = features[length + decided - 1:length + decided + accepted]
-        incremental.advance(7, path, path_features, bonus)
+        advance_one(incremental, 7, path, path_features, bonus)
         decided += accepted + 1
-        tree = incremental.propose(7, *shape)
+        tree = propose_one(incremental, 7, *shape)
 
         fresh = EagleDrafter(runner, head)
         longer = torch.cat([embeds, runner.embed_tokens(torch.tensor(tokens[:decided - 1]))])
-        fresh.begin(0, longer, features[:length + decided - 1], tokens[decided - 1])
-        assert_same_tree(tree, fresh.propose(0, *shape))
+        begin_one(fresh, 0, longer, features[:length + decided - 1], tokens[decided - 1])
+        assert_same_tree(tree, propose_one(fresh, 0, *shape))
         assert_same_tree(tree, brute_force_tree(head, longer, features[:length + decided - 1],
                                                 tokens[decided - 1], *shape))
 
@@ -182,14 +182,14 @@ def test_batched_drafting_equals_one_request_at_a_time(runner, head, context, pa
     # Request 0 begins on the full prompt; 1 and 2 on shorter prefixes (other instructions).
     prefixes = [length, length - 3, length - 5]
     for rid, (n, single) in enumerate(zip(prefixes, singles)):
-        single.begin(rid, embeds[:n], features[:n], tokens[rid])
-        batched.begin(rid, embeds[:n], features[:n], tokens[rid])
+        begin_one(single, rid, embeds[:n], features[:n], tokens[rid])
+        begin_one(batched, rid, embeds[:n], features[:n], tokens[rid])
     depths = [3, 2, 1]
     before = batched.num_forward_passes
     trees = batched.propose_batch([0, 1, 2], depths, 3, 10)
     assert batched.num_forward_passes - before == max(depths) - 1
     for rid, (tree, single) in enumerate(zip(trees, singles)):
-        assert_same_tree(tree, single.propose(rid, depths[rid], 3, 10))
+        assert_same_tree(tree, propose_one(single, rid, depths[rid], 3, 10))
     # One update forward: request 0 accepts two drafts, request 2 none; a new prefix begins.
     from vla_spec_ros.engine.drafting.drafter import DraftAdvance, DraftBegin
     source = torch.cat([features[:length], features[length:length + 3]])
@@ -199,14 +199,14 @@ def test_batched_drafting_equals_one_request_at_a_time(runner, head, context, pa
                    [DraftAdvance(0, tokens[:3], [length, length + 1, length + 2], tokens[3]),
                     DraftAdvance(2, tokens[2:3], [length], tokens[3])], source)
     assert batched.num_forward_passes - before == 1
-    singles[0].advance(0, tokens[:3], features[length:length + 3], tokens[3])
-    singles[2].advance(2, tokens[2:3], features[length:length + 1], tokens[3])
+    advance_one(singles[0], 0, tokens[:3], features[length:length + 3], tokens[3])
+    advance_one(singles[2], 2, tokens[2:3], features[length:length + 1], tokens[3])
     fresh = EagleDrafter(runner, head)
-    fresh.begin(5, embeds, features[:length], tokens[0])
+    begin_one(fresh, 5, embeds, features[:length], tokens[0])
     got = batched.propose_batch([0, 2, 5], [3, 3, 3], *shape[1:])
-    assert_same_tree(got[0], singles[0].propose(0, *shape))
-    assert_same_tree(got[1], singles[2].propose(2, *shape))
-    assert_same_tree(got[2], fresh.propose(5, *shape))
+    assert_same_tree(got[0], propose_one(singles[0], 0, *shape))
+    assert_same_tree(got[1], propose_one(singles[2], 2, *shape))
+    assert_same_tree(got[2], propose_one(fresh, 5, *shape))
 
 
 def prompt_context(runner, seed, instruction):
@@ -246,7 +246,7 @@ def test_update_begins_several_prompts_in_one_forward(runner, confident_head, pa
     path_rows = sum(b.shape[0] for b in blocks)
     features = torch.cat(blocks + [features9[n9:n9 + 3]])
     batched = EagleDrafter(runner, confident_head, num_lanes=4, pad_shapes=pad_shapes)
-    batched.begin(9, embeds9, features9[:n9], tokens9[0])
+    begin_one(batched, 9, embeds9, features9[:n9], tokens9[0])
     before = batched.num_forward_passes
     batched.update([DraftBegin(rid, embeds, range(start, start + embeds.shape[0]), tokens[0])
                     for rid, (embeds, _, tokens), start in zip((0, 1, 2), contexts, starts)],
@@ -256,13 +256,13 @@ def test_update_begins_several_prompts_in_one_forward(runner, confident_head, pa
     singles = {}
     for rid, (embeds, feats, tokens) in zip((0, 1, 2), contexts):
         singles[rid] = EagleDrafter(runner, confident_head)
-        singles[rid].begin(rid, embeds, feats[:embeds.shape[0]], tokens[0])
+        begin_one(singles[rid], rid, embeds, feats[:embeds.shape[0]], tokens[0])
     singles[9] = EagleDrafter(runner, confident_head)
-    singles[9].begin(9, embeds9, features9[:n9], tokens9[0])
-    singles[9].advance(9, tokens9[:3], features9[n9:n9 + 3], tokens9[3])
+    begin_one(singles[9], 9, embeds9, features9[:n9], tokens9[0])
+    advance_one(singles[9], 9, tokens9[:3], features9[n9:n9 + 3], tokens9[3])
     trees = batched.propose_batch([0, 1, 2, 9], [3, 3, 3, 3], 3, 10)
     for rid, tree in zip((0, 1, 2, 9), trees):
-        assert_same_tree(tree, singles[rid].propose(rid, 3, 3, 10))
+        assert_same_tree(tree, propose_one(singles[rid], rid, 3, 3, 10))
     # Failing updates keep the lanes and states as they were.
     free, states = list(batched._free_lanes), dict(batched._states)
     embeds0 = contexts[0][0]
@@ -349,12 +349,12 @@ def test_released_caches_are_reused_without_leaking_state(runner, head, context)
     embeds, features, tokens = context
     length = embeds.shape[0]
     drafter = EagleDrafter(runner, head)
-    drafter.begin(0, embeds, features[:length], tokens[0])
-    first = drafter.propose(0, 3, 3, 12)
-    drafter.advance(0, tokens[:2], features[length:length + 2], tokens[2])
+    begin_one(drafter, 0, embeds, features[:length], tokens[0])
+    first = propose_one(drafter, 0, 3, 3, 12)
+    advance_one(drafter, 0, tokens[:2], features[length:length + 2], tokens[2])
     drafter.release(0)
-    drafter.begin(1, embeds, features[:length], tokens[0])
-    assert_same_tree(drafter.propose(1, 3, 3, 12), first)
+    begin_one(drafter, 1, embeds, features[:length], tokens[0])
+    assert_same_tree(propose_one(drafter, 1, 3, 3, 12), first)
 
 
 def test_errors(runner, head, context):
@@ -362,28 +362,28 @@ def test_errors(runner, head, context):
     length = embeds.shape[0]
     drafter = EagleDrafter(runner, head)
     with pytest.raises(ValueError, match='request_id'):
-        drafter.propose(0, 2, 2, 4)
+        propose_one(drafter, 0, 2, 2, 4)
     with pytest.raises(ValueError, match='prefix_features'):
-        drafter.begin(0, embeds, features[:length - 1], tokens[0])
-    drafter.begin(0, embeds, features[:length], tokens[0])
+        begin_one(drafter, 0, embeds, features[:length - 1], tokens[0])
+    begin_one(drafter, 0, embeds, features[:length], tokens[0])
     with pytest.raises(ValueError, match='request_id'):
-        drafter.begin(0, embeds, features[:length], tokens[0])
+        begin_one(drafter, 0, embeds, features[:length], tokens[0])
     with pytest.raises(ValueError, match='path_tokens'):
-        drafter.advance(0, [tokens[0] + 1], features[length:length + 1], tokens[1])
+        advance_one(drafter, 0, [tokens[0] + 1], features[length:length + 1], tokens[1])
     with pytest.raises(ValueError, match='path_features'):
-        drafter.advance(0, tokens[:2], features[length:length + 1], tokens[2])
+        advance_one(drafter, 0, tokens[:2], features[length:length + 1], tokens[2])
     with pytest.raises(ValueError, match='depth'):
-        drafter.propose(0, 0, 2, 4)
+        propose_one(drafter, 0, 0, 2, 4)
     with pytest.raises(ValueError, match='top_k'):
-        drafter.propose(0, 2, 5000, 4)
+        propose_one(drafter, 0, 2, 5000, 4)
     with pytest.raises(ValueError, match='max_position_embeddings'):
-        drafter.propose(0, 600, 1, 4)
+        propose_one(drafter, 0, 600, 1, 4)
     with pytest.raises(ValueError, match='each request at most once'):
         drafter.propose_batch([0, 0], [2, 2], 2, 4)
     drafter.release(0)
     drafter.release(0)                                      # idempotent
     with pytest.raises(ValueError, match='request_id'):
-        drafter.propose(0, 2, 2, 4)
+        propose_one(drafter, 0, 2, 2, 4)
 
 
 # ---- oracle ---------------------------------------------------------------------------------
@@ -393,45 +393,45 @@ REFERENCE = {3: [900, 901, 902, 903, 904, 905, 906], 4: [10, 20, 30, 40, 50, 60,
 
 def test_oracle_proposes_the_reference_after_the_root():
     oracle = OracleDrafter(REFERENCE.__getitem__, action_dim=7)
-    oracle.begin(3, None, None, 900)
-    tree = oracle.propose(3, 6, 8, 50)
+    begin_one(oracle, 3, None, None, 900)
+    tree = propose_one(oracle, 3, 6, 8, 50)
     assert tree.tokens == (900, 901, 902, 903, 904, 905, 906)
     assert tree.parents == (-1, 0, 1, 2, 3, 4, 5)
-    assert oracle.propose(3, 2, 8, 50).tokens == (900, 901, 902)       # depth caps
-    assert oracle.propose(3, 6, 8, 3).tokens == (900, 901, 902)        # max_nodes caps
-    oracle.advance(3, [900, 901], None, 902)                           # 1 accepted + bonus
+    assert propose_one(oracle, 3, 2, 8, 50).tokens == (900, 901, 902)       # depth caps
+    assert propose_one(oracle, 3, 6, 8, 3).tokens == (900, 901, 902)        # max_nodes caps
+    advance_one(oracle, 3, [900, 901], None, 902)                           # 1 accepted + bonus
     assert oracle.num_decided(3) == 3
-    assert oracle.propose(3, 6, 1, 50).tokens == (902, 903, 904, 905, 906)
-    oracle.advance(3, [902, 903, 904, 905], None, 906)
-    assert oracle.propose(3, 6, 1, 50).tokens == (906,)                # nothing left to draft
+    assert propose_one(oracle, 3, 6, 1, 50).tokens == (902, 903, 904, 905, 906)
+    advance_one(oracle, 3, [902, 903, 904, 905], None, 906)
+    assert propose_one(oracle, 3, 6, 1, 50).tokens == (906,)                # nothing left to draft
     assert oracle.num_forward_passes == 0
     oracle.release(3)
     with pytest.raises(ValueError, match='request_id'):
-        oracle.propose(3, 1, 1, 2)
+        propose_one(oracle, 3, 1, 1, 2)
 
 
 def test_oracle_error_rate():
     always = OracleDrafter(REFERENCE.__getitem__, action_dim=7, error_rate=1.0)
-    always.begin(4, None, None, 10)
-    wrong = always.propose(4, 6, 1, 50).tokens[1:]
+    begin_one(always, 4, None, None, 10)
+    wrong = propose_one(always, 4, 6, 1, 50).tokens[1:]
     assert all(w != r for w, r in zip(wrong, REFERENCE[4][1:]))
     pool = list(range(768, 1024))
     pooled = OracleDrafter(REFERENCE.__getitem__, 7, error_rate=1.0, wrong_tokens=pool)
-    pooled.begin(4, None, None, 10)
-    assert all(t in pool for t in pooled.propose(4, 6, 1, 50).tokens[1:])
+    begin_one(pooled, 4, None, None, 10)
+    assert all(t in pool for t in propose_one(pooled, 4, 6, 1, 50).tokens[1:])
     # Many requests: the fraction of corrupted positions follows error_rate.
     reference = {i: list(range(100, 107)) for i in range(300)}
     half = OracleDrafter(reference.__getitem__, 7, error_rate=0.3, seed=1)
     num_wrong = 0
     for i in range(300):
-        half.begin(i, None, None, 100)
-        num_wrong += sum(t != r for t, r in zip(half.propose(i, 6, 1, 50).tokens[1:],
+        begin_one(half, i, None, None, 100)
+        num_wrong += sum(t != r for t, r in zip(propose_one(half, i, 6, 1, 50).tokens[1:],
                                                 range(101, 107)))
     assert 0.25 < num_wrong / 1800 < 0.35
     # The coin depends on (seed, request, position) only, not on the order of calls.
     again = OracleDrafter(reference.__getitem__, 7, error_rate=0.3, seed=1)
-    again.begin(299, None, None, 100)
-    assert again.propose(299, 6, 1, 50).tokens == half.propose(299, 6, 1, 50).tokens
+    begin_one(again, 299, None, None, 100)
+    assert propose_one(again, 299, 6, 1, 50).tokens == propose_one(half, 299, 6, 1, 50).tokens
     with pytest.raises(ValueError, match='error_rate'):
         OracleDrafter(reference.__getitem__, 7, error_rate=1.5)
 
@@ -449,7 +449,7 @@ def test_batched_pruned_drafting_equals_the_reference(runner, confident_head, co
     prefixes = [length, length - 2, length - 4, length - 6]
     depths = [5, 4, 5, 2]
     for rid, n in enumerate(prefixes):
-        batched.begin(rid, embeds[:n], features[:n], tokens[rid])
+        begin_one(batched, rid, embeds[:n], features[:n], tokens[rid])
     calls = []
     trees = batched.propose_batch(list(range(4)), depths, 3, 20, min_prob)
     for rid, (n, depth, tree) in enumerate(zip(prefixes, depths, trees)):

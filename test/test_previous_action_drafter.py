@@ -9,6 +9,8 @@ from vla_spec_ros.engine.drafting.draft_tree import NO_PARENT
 from vla_spec_ros.engine.drafting.drafter import DraftAdvance, DraftBegin
 from vla_spec_ros.engine.drafting.previous_action_drafter import PreviousActionDrafter
 
+from helpers import propose_one
+
 ACTION_DIM = 7
 PREVIOUS = (11, 12, 13, 14, 15, 16, 17)
 
@@ -29,7 +31,7 @@ def test_a_stream_without_an_action_gets_the_root_alone():
     draft = PreviousActionDrafter(ACTION_DIM)
     assert draft.previous_action('cam') is None
     draft.update([begin(0, 99)], [], None)
-    assert chain(draft.propose(0, depth=6, top_k=8, max_nodes=50)) == (99, ())
+    assert chain(propose_one(draft, 0, depth=6, top_k=8, max_nodes=50)) == (99, ())
     assert draft.previous_action('cam') == (99,) + (None,) * 6
 
 
@@ -37,21 +39,21 @@ def test_the_chain_continues_the_previous_action_after_the_decided_tokens():
     draft = PreviousActionDrafter(ACTION_DIM)
     draft.observe_action('cam', PREVIOUS, request_id=-1)     # an older frame's action
     draft.update([begin(0, 11)], [], None)                  # the prefill decided 1 token
-    assert chain(draft.propose(0, depth=6, top_k=8, max_nodes=50)) == (11, PREVIOUS[1:])
+    assert chain(propose_one(draft, 0, depth=6, top_k=8, max_nodes=50)) == (11, PREVIOUS[1:])
     # Verified: root 11 then 12 accepted, bonus 40: three tokens decided, root 40.
     draft.update([], [DraftAdvance(0, [11, 12], [0, 1], 40)], None)
     assert draft.previous_action('cam') == (11, 12, 40, 14, 15, 16, 17)    # frame 0 is newer
-    assert chain(draft.propose(0, depth=6, top_k=8, max_nodes=50)) == (40, (14, 15, 16, 17))
+    assert chain(propose_one(draft, 0, depth=6, top_k=8, max_nodes=50)) == (40, (14, 15, 16, 17))
 
 
 def test_depth_and_max_nodes_bound_the_chain():
     draft = PreviousActionDrafter(ACTION_DIM)
     draft.observe_action('cam', PREVIOUS, request_id=-1)
     draft.update([begin(0, 5)], [], None)
-    assert chain(draft.propose(0, depth=2, top_k=8, max_nodes=50)) == (5, (12, 13))
-    assert chain(draft.propose(0, depth=6, top_k=8, max_nodes=4)) == (5, (12, 13, 14))
+    assert chain(propose_one(draft, 0, depth=2, top_k=8, max_nodes=50)) == (5, (12, 13))
+    assert chain(propose_one(draft, 0, depth=6, top_k=8, max_nodes=4)) == (5, (12, 13, 14))
     # top_k and min_prob have nothing to act on: the chain carries no probabilities.
-    assert chain(draft.propose(0, depth=6, top_k=1, max_nodes=50, min_prob=0.99)) == \
+    assert chain(propose_one(draft, 0, depth=6, top_k=1, max_nodes=50, min_prob=0.99)) == \
         (5, PREVIOUS[1:])
 
 
@@ -66,7 +68,7 @@ def test_each_request_drafts_from_its_own_stream_and_the_newest_action():
     # A newer action of the stream is used from the next proposal on, also by a request
     # already in flight.
     draft.observe_action('left', tuple(range(20, 27)), request_id=10)
-    assert chain(draft.propose(0, depth=6, top_k=8, max_nodes=50)) == \
+    assert chain(propose_one(draft, 0, depth=6, top_k=8, max_nodes=50)) == \
         (1, (21, 22, 23, 24, 25, 26))
 
 
@@ -81,11 +83,11 @@ def test_frames_in_flight_together_draft_from_the_newest_decided_tokens():
     draft.update([], [DraftAdvance(0, [30, 31], [0, 1], 32)], None)    # ... and 1, 2
     draft.update([begin(1, 40)], [], None)                     # frame 1 decided position 0
     # Frame 1 after 1 decided token: frame 0's positions 1, 2, then the older action's.
-    assert chain(draft.propose(1, depth=6, top_k=8, max_nodes=50)) == \
+    assert chain(propose_one(draft, 1, depth=6, top_k=8, max_nodes=50)) == \
         (40, (31, 32, 14, 15, 16, 17))
     # Frame 1 moves ahead to positions 1..4: frame 0 (3 decided) drafts frame 1's 3, 4.
     draft.update([], [DraftAdvance(1, [40, 41, 42, 43], range(4), 44)], None)
-    assert chain(draft.propose(0, depth=6, top_k=8, max_nodes=50)) == (32, (43, 44, 16, 17))
+    assert chain(propose_one(draft, 0, depth=6, top_k=8, max_nodes=50)) == (32, (43, 44, 16, 17))
     # An older frame's action, reported late, never overwrites a newer frame's tokens.
     draft.observe_action('cam', (7,) * ACTION_DIM, request_id=0)
     assert draft.previous_action('cam') == (40, 41, 42, 43, 44, 7, 7)
@@ -93,7 +95,7 @@ def test_frames_in_flight_together_draft_from_the_newest_decided_tokens():
     draft.update([begin(2, 50, 'other')], [], None)
     draft.update([], [DraftAdvance(2, [50, 51], [0, 1], 52)], None)
     draft.update([begin(3, 60, 'other')], [], None)
-    assert chain(draft.propose(3, depth=6, top_k=8, max_nodes=50)) == (60, (51, 52))
+    assert chain(propose_one(draft, 3, depth=6, top_k=8, max_nodes=50)) == (60, (51, 52))
 
 
 def test_forgetting_a_stream_drops_its_action_only():
@@ -111,7 +113,7 @@ def test_a_finished_request_past_the_previous_action_gets_the_root_alone():
     draft.observe_action('cam', PREVIOUS, request_id=-1)
     draft.update([begin(0, 11)], [], None)
     draft.update([], [DraftAdvance(0, [11, 12, 13, 14, 15, 16], range(6), 17)], None)
-    assert chain(draft.propose(0, depth=6, top_k=8, max_nodes=50)) == (17, ())
+    assert chain(propose_one(draft, 0, depth=6, top_k=8, max_nodes=50)) == (17, ())
 
 
 def test_release_forgets_the_request():
@@ -120,7 +122,7 @@ def test_release_forgets_the_request():
     draft.release(0)
     draft.release(0)                                    # twice is harmless
     with pytest.raises(ValueError, match='no draft state'):
-        draft.propose(0, depth=6, top_k=8, max_nodes=50)
+        propose_one(draft, 0, depth=6, top_k=8, max_nodes=50)
     draft.update([begin(0, 11)], [], None)              # the id may begin again
 
 
@@ -146,14 +148,14 @@ def test_errors_name_what_is_wrong():
     with pytest.raises(ValueError, match='no draft state'):
         draft.update([], [DraftAdvance(5, [1], [0], 2)], None)
     with pytest.raises(ValueError, match='depth'):
-        draft.propose(0, depth=0, top_k=8, max_nodes=50)
+        propose_one(draft, 0, depth=0, top_k=8, max_nodes=50)
     with pytest.raises(ValueError, match='max_nodes'):
-        draft.propose(0, depth=2, top_k=8, max_nodes=1)
+        propose_one(draft, 0, depth=2, top_k=8, max_nodes=1)
     with pytest.raises(ValueError, match='depths'):
         draft.propose_batch([0], [2, 2], top_k=8, max_nodes=50)
     # A failed update changed nothing: the request still drafts from its first root.
     draft.observe_action('cam', PREVIOUS, request_id=-1)
-    assert chain(draft.propose(0, depth=6, top_k=8, max_nodes=50)) == (11, PREVIOUS[1:])
+    assert chain(propose_one(draft, 0, depth=6, top_k=8, max_nodes=50)) == (11, PREVIOUS[1:])
 
 
 def test_the_match_script_counts_verifications_as_the_engine_accepts():
@@ -285,7 +287,7 @@ def test_a_newer_frame_in_flight_drafts_the_steps_it_has_decided():
     assert draft.prefill_draft('cam', 6, step=13) == [9, 8, 9, 8, 9, 8]
     # Frame 1 itself, 3 tokens decided: step 13's dimension 1 comes from nobody at step 13
     # (frame 0 covers 10..12), so its own latest step for dimension 1 is held.
-    assert chain(draft.propose(1, depth=6, top_k=1, max_nodes=50)) == (9, (8, 9, 8))
+    assert chain(propose_one(draft, 1, depth=6, top_k=1, max_nodes=50)) == (9, (8, 9, 8))
 
 
 def test_chunk_steps_must_divide_the_frame():

@@ -27,6 +27,8 @@ from vla_spec_ros.train import train_draft
 from vla_spec_ros.train.draft_data import (DraftDataset, DraftSample, load_observations,
                                            pack_samples)
 
+from helpers import advance_one, begin_one, propose_one
+
 INSTRUCTIONS = ['pick up the red block', 'open the top drawer', 'push the blue button',
                 'close the cabinet door', 'put the cup on the plate', 'lift the green bowl',
                 'slide the box to the left', 'press the white button']
@@ -179,17 +181,17 @@ def measure(runner, head, contexts):
     accepted = []
     for rid, (embeds, tokens, features) in enumerate(contexts):
         length = embeds.shape[0]
-        drafter.begin(rid, embeds, features[:length], tokens[0])
-        chain = drafter.propose(rid, 6, 1, 7).tokens[1:]
+        begin_one(drafter, rid, embeds, features[:length], tokens[0])
+        chain = propose_one(drafter, rid, 6, 1, 7).tokens[1:]
         num = 0
         while num < len(chain) and chain[num] == tokens[num + 1]:
             num += 1
         accepted.append(num)
         for j in range(1, runner.max_action_tokens):    # root a_j: the draft predicts a_{j+1}
-            hits += drafter.propose(rid, 1, 1, 2).tokens[1] == tokens[j]
+            hits += propose_one(drafter, rid, 1, 1, 2).tokens[1] == tokens[j]
             total += 1
-            drafter.advance(rid, [tokens[j - 1]], features[length + j - 1:length + j],
-                            tokens[j])
+            advance_one(drafter, rid, [tokens[j - 1]], features[length + j - 1:length + j],
+                        tokens[j])
         drafter.release(rid)
     return hits / total, float(np.mean(accepted))
 

@@ -54,8 +54,8 @@ class Drafter:
 
     Per engine step: ``propose_batch`` (the trees verified in this step), then ``update`` with
     the step's prefills (``begins``) and accepted paths (``advances``), reading the verifier's
-    features from one tensor. The one-request methods (``begin``, ``advance``,
-    ``propose``) are conveniences over the batched ones.
+    features from one tensor. (One-request forms of these, for tests, are in
+    test/helpers.py.)
     """
 
     num_forward_passes: int = 0     # draft forwards so far (stats)
@@ -110,25 +110,6 @@ class Drafter:
         """Build, before serving, the forward shapes that trees over a prompt of
         ``prefix_len`` rows can meet (CUDA graphs); returns the number built (none here)."""
         return 0
-
-    def begin(self, request_id: int, prefix_embeds: torch.Tensor,
-              prefix_features: torch.Tensor, root_token: int, stream_id: str = '') -> None:
-        self.update([DraftBegin(request_id, prefix_embeds, _row_range(prefix_features),
-                                root_token, stream_id)], [], prefix_features)
-
-    def advance(self, request_id: int, path_tokens: Sequence[int], path_features: torch.Tensor,
-                bonus: int) -> None:
-        self.update([], [DraftAdvance(request_id, path_tokens, _row_range(path_features),
-                                      bonus)], path_features)
-
-    def propose(self, request_id: int, depth: int, top_k: int, max_nodes: int,
-                min_prob: float = 0.0) -> DraftTree:
-        return self.propose_batch([request_id], [depth], top_k, max_nodes, min_prob)[0]
-
-
-def _row_range(features) -> range:
-    """Rows 0..n-1 of a features tensor (none for drafters that ignore features)."""
-    return range(0 if features is None else features.shape[0])
 
 
 __all__ = ['DraftAdvance', 'DraftBegin', 'Drafter']
