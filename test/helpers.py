@@ -116,3 +116,16 @@ def advance_one(drafter, request_id, path_tokens, path_features, bonus):
 def propose_one(drafter, request_id, depth, top_k, max_nodes, min_prob=0.0):
     """The tree ``propose_batch`` gives one request."""
     return drafter.propose_batch([request_id], [depth], top_k, max_nodes, min_prob)[0]
+
+
+def serve_streams(engine, frames) -> list:
+    """A camera per stream that always has a frame ready: offer each stream's next frame as
+    soon as none of it waits; every result must be error-free. Returns them in emit order."""
+    pending, out = list(frames), []
+    while pending or engine.has_work():
+        while pending and pending[0].stream_id not in engine.waiting_streams:
+            engine.submit(pending.pop(0))
+        for fin in engine.step():
+            assert fin.error is None, fin.error
+            out.append(fin)
+    return out

@@ -12,6 +12,8 @@ from vla_spec_ros.engine.result import Frame
 from vla_spec_ros.engine.device.runner import ModelRunner
 from vla_spec_ros.models.openvla.random_checkpoint import make_checkpoint
 
+from helpers import serve_streams
+
 CHUNK = 3
 MODES = [dict(mode='ar'), dict(mode='pipeline'), dict(mode='spec'),
          dict(mode='pipeline_spec'), dict(mode='pipeline_spec', max_prefills_per_step=2),
@@ -52,13 +54,7 @@ def camera(num: int, seed: int):
 
 
 def run(engine, frames):
-    pending, out = list(frames), []
-    while pending or engine.has_work():
-        while pending and pending[0].stream_id not in engine.waiting_streams:
-            engine.submit(pending.pop(0))
-        for fin in engine.step():
-            assert fin.error is None, fin.error
-            out.append(fin)
+    out = serve_streams(engine, frames)
     return sorted(out, key=lambda f: f.request_id)
 
 

@@ -27,6 +27,7 @@ from vla_spec_ros.models.openvla.vla import OpenVLA
 from vla_spec_ros.policy import VLAPolicy
 from vla_spec_ros.preprocess import preprocess_image, preprocess_pixels
 
+from helpers import serve_streams
 from reference import ar_reference_tokens
 
 ACTION_DIM = 7
@@ -347,13 +348,7 @@ def test_save_load_round_trip(folder, policy, frames_and_reference, tmp_path):
 def run_saturating(engine, frames):
     """Offer a frame whenever none of its stream waits; results in request-id order, after
     checking each stream was emitted in order."""
-    pending, out = list(frames), []
-    while pending or engine.has_work():
-        while pending and pending[0].stream_id not in engine.waiting_streams:
-            engine.submit(pending.pop(0))
-        for fin in engine.step():
-            assert fin.error is None, fin.error
-            out.append(fin)
+    out = serve_streams(engine, frames)
     for stream in {f.frame.stream_id for f in out}:
         ids = [f.request_id for f in out if f.frame.stream_id == stream]
         assert ids == sorted(ids)

@@ -20,6 +20,7 @@ from vla_spec_ros.engine.result import Frame
 from vla_spec_ros.engine.device.step_inputs import PrefillRows, pack_step, padding_step, tree_rows
 from vla_spec_ros.models.openvla.random_checkpoint import make_checkpoint
 
+from helpers import serve_streams
 from reference import ar_reference_tokens
 
 ACTION_DIM = 7
@@ -144,13 +145,7 @@ def interleave(*streams):
 
 def run_saturating(engine, frames):
     """Offer a frame whenever none of its stream waits; results in emit order."""
-    pending, out = list(frames), []
-    while pending or engine.has_work():
-        while pending and pending[0].stream_id not in engine.waiting_streams:
-            engine.submit(pending.pop(0))
-        for fin in engine.step():
-            assert fin.error is None, fin.error
-            out.append(fin)
+    out = serve_streams(engine, frames)
     return out
 
 
