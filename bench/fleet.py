@@ -13,8 +13,10 @@ where a frame's time went on the node (queue, convert, wait, steps, publish: p50
 
 Table mode: for each (robots, mode) a fresh node; actions/s per robot and in total over the
 measured window (after `--warmup-seconds`). Soak mode: one node; every `--sample-seconds` a row
-of the node's resident memory (VmRSS), latency p50/p99, actions and dropped frames; memory
-growth is reported against the first sample after warm-up. Results: bench/results/fleet-*.md
+of the node's resident memory (VmRSS), frame -> twist p50 / p99 / oldest over that window and
+frames answered in it, the node's own latency, actions and dropped frames; then the verdicts:
+memory growth against the first sample after warm-up, the worst window's p99 against the first
+window's, the oldest command against `--max-action-age`. Results: bench/results/fleet-*.md
 and .json. Camera, DDS and the node share this machine's cores: on a 2-core CPU the cameras'
 rendering-free publishing still costs a part of one core, so absolute rates are pessimistic.
 """
@@ -190,6 +192,13 @@ class Robots:
                 if sent is not None:
                     self.latencies[robot].append(received - sent)
 
+    def latencies_since(self, seen: dict) -> tuple[dict, dict]:
+        """Per robot the frame -> twist latencies (s) recorded after index ``seen[robot]``,
+        and the new indices: one window of a soak."""
+        with self._lock:
+            window = {r: list(self.latencies[r][seen[r]:]) for r in self.robots}
+            return window, {r: len(self.latencies[r]) for r in self.robots}
+
     def timed_frames(self) -> int:
         """Camera ticks since ``measure_from`` (each a frame per robot)."""
         with self._lock:
@@ -233,9 +242,13 @@ def run_one(args, context, num_robots: int, mode: str, frames_by_robot,
     bench = Robots(context, robots, frames, args.camera_hz)
     # One executor per configuration, stopped before its node is destroyed: destroying a node
     # while a shared executor is building its wait set raises in the spin thread, which then
-    # dies silently and every later configuration reads zero actions.
-    from rclpy.executors import MultiThreadedExecutor
-    executor = MultiThreadedExecutor(num_threads=2, context=context)
+    # dies silently and every later configuration reads zero actions. Single-threaded: the
+    # robots' side only counts and stamps twists, and a two-thread MultiThreadedExecutor here
+    # delivered twists up to 0.45 s after the node published them (node-side age <= 85 ms,
+    # received age up to 525 ms, 2 robots at 30 Hz), which read as stale commands and
+    # unanswered frames that the node never caused.
+    from rclpy.executors import SingleThreadedExecutor
+    executor = SingleThreadedExecutor(context=context)
     executor.add_node(bench.node)
     spinner = threading.Thread(target=executor.spin, daemon=True)
     spinner.start()
@@ -252,12 +265,18 @@ def run_one(args, context, num_robots: int, mode: str, frames_by_robot,
         bench.measure_from = start
         duration = args.soak_seconds or args.seconds
         samples = []
+        seen = {r: 0 for r in robots}           # latencies already in an earlier window
+        timed_before = 0
         while time.monotonic() - start < duration:
             time.sleep(min(args.sample_seconds, duration - (time.monotonic() - start)))
             if on_sample is not None:
                 actions, zeros, diag = bench.counts()
+                window, seen = bench.latencies_since(seen)
+                timed_now = bench.timed_frames()
                 samples.append(on_sample(time.monotonic() - start, rss_mb(process.pid),
-                                         actions, zeros, diag))
+                                         actions, zeros, diag, window,
+                                         timed_now - timed_before))
+                timed_before = timed_now
         elapsed = time.monotonic() - start
         bench.measure_from = float('inf')       # frames from now on are not timed
         time.sleep(min(1.0, args.max_action_age))   # the last timed frames' answers
@@ -344,6 +363,24 @@ def stage_table(rows) -> str:
     return '\n'.join(lines)
 
 
+def soak_verdict(samples, max_action_age_s: float, warmup_s: float = 120.0) -> list[str]:
+    """The soak's three checks as lines of text: memory growth after warm-up, every window's
+    p99 against the first window's, and the oldest command against `max_action_age`."""
+    after_warmup = [s for s in samples if s['t_s'] >= warmup_s] or samples
+    growth = 100.0 * (samples[-1]['rss_mb'] / after_warmup[0]['rss_mb'] - 1.0)
+    first_p99 = samples[0]['window_p99_ms']
+    worst = max(samples, key=lambda s: s['window_p99_ms'])
+    oldest = max(s['window_oldest_ms'] for s in samples)
+    return [
+        f'- Memory growth from t = {after_warmup[0]["t_s"]:.0f} s to the end: {growth:+.2f} % '
+        f'({"met" if growth < 1.0 else "MISSED"}: < 1 %)',
+        f'- Worst window p99 {worst["window_p99_ms"]:.0f} ms (t = {worst["t_s"]:.0f} s) = '
+        f'{worst["window_p99_ms"] / first_p99:.2f}x the first window\'s {first_p99:.0f} ms '
+        f'({"met" if worst["window_p99_ms"] <= 2.0 * first_p99 else "MISSED"}: <= 2x)',
+        f'- Oldest command received: {oldest:.0f} ms, max_action_age {max_action_age_s * 1e3:.0f}'
+        f' ms ({"met" if oldest <= max_action_age_s * 1e3 else "MISSED"})']
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
     parser.add_argument('--model', default='metaworld-demo')
@@ -387,12 +424,27 @@ def main(argv=None) -> int:
     rows = []
     try:
         if args.soak_seconds:
-            def sample(t, rss, actions, zeros, diag):
+            def sample(t, rss, actions, zeros, diag, window, frames_in_window):
+                # Frame -> twist over this window only (what a robot saw in it), worst robot;
+                # `oldest_ms` is the oldest command any robot received in the window.
+                quantiles = [_quantiles(np.asarray(v) * 1e3) for v in window.values()]
+                answered = [len(v) / frames_in_window if frames_in_window else float('nan')
+                            for v in window.values()]
                 row = {'t_s': round(t, 1), 'rss_mb': round(rss, 1),
                        'actions': sum(actions.values()), 'zero_twists': sum(zeros.values()),
                        'latency_p50_ms': max(_float(d, 'latency_p50_ms') for d in diag.values()),
                        'latency_p99_ms': max(_float(d, 'latency_p99_ms') for d in diag.values()),
-                       'frames_dropped': sum(_float(d, 'frames_dropped') for d in diag.values())}
+                       'frames_dropped': sum(_float(d, 'frames_dropped') for d in diag.values()),
+                       'window_p50_ms': max(q['p50'] for q in quantiles),
+                       'window_p99_ms': max(q['p99'] for q in quantiles),
+                       'window_oldest_ms': max(q['max'] for q in quantiles),
+                       'window_answered': min(answered),
+                       # The node's own oldest published action (its last diagnostics window,
+                       # image stamp -> publish): beside `window_oldest_ms` it splits an old
+                       # command into the node's part and the delivery back to the robot.
+                       'node_action_age_max_ms': max(_float(d, 'action_age_max_ms')
+                                                     for d in diag.values()),
+                       'load_average_1m': round(os.getloadavg()[0], 2)}
                 print(json.dumps(row), flush=True)
                 return row
             rows.append(run_one(args, context, counts[0], modes[0], frames_by_robot,
@@ -426,16 +478,17 @@ def main(argv=None) -> int:
             f'the end {meta["load_average_at_end"]} (other work on the machine inflates it)', '']
     if args.soak_seconds:
         samples = rows[0]['samples']
-        text += ['| t (s) | RSS (MB) | actions | zero twists | p50 ms | p99 ms | dropped |',
-                 '|---|---|---|---|---|---|---|']
+        text += ['| t (s) | RSS (MB) | actions | zero twists | frames answered (window) '
+                 '| frame → twist p50 / p99 / oldest ms (window) | node p50 / p99 ms '
+                 '| dropped | load (1 min) |',
+                 '|---|---|---|---|---|---|---|---|---|']
         text += [f'| {s["t_s"]:.0f} | {s["rss_mb"]:.1f} | {s["actions"]} | {s["zero_twists"]} '
-                 f'| {s["latency_p50_ms"]:.0f} | {s["latency_p99_ms"]:.0f} '
-                 f'| {s["frames_dropped"]:.0f} |' for s in samples]
-        after_warmup = [s for s in samples if s['t_s'] >= 120.0] or samples
-        growth = 100.0 * (samples[-1]['rss_mb'] / after_warmup[0]['rss_mb'] - 1.0)
-        text += ['', f'Memory growth from t = {after_warmup[0]["t_s"]:.0f} s to the end: '
-                 f'{growth:+.2f} %']
-        print(f'memory growth after warm-up: {growth:+.2f} %')
+                 f'| {s["window_answered"]:.1%} | {s["window_p50_ms"]:.0f} / '
+                 f'{s["window_p99_ms"]:.0f} / {s["window_oldest_ms"]:.0f} '
+                 f'| {s["latency_p50_ms"]:.0f} / {s["latency_p99_ms"]:.0f} '
+                 f'| {s["frames_dropped"]:.0f} | {s["load_average_1m"]} |' for s in samples]
+        text += [''] + soak_verdict(samples, args.max_action_age)
+        print('\n'.join(soak_verdict(samples, args.max_action_age)))
     else:
         text += [table(rows), '', 'Where a frame\'s time went on the node (its diagnostics):',
                  '', stage_table(rows)]

@@ -98,7 +98,11 @@ class VLASpecNode(Node):
         return self._serving.stats_snapshot(robot)
 
     def destroy_node(self):
-        self._serving.destroy()        # stops the worker, closes recordings
+        # A node whose construction failed (bad parameters, a checkpoint that does not load)
+        # has nothing to stop; its context still destroys it at shutdown.
+        serving = getattr(self, '_serving', None)
+        if serving is not None:
+            serving.destroy()          # stops the worker, closes recordings
         return super().destroy_node()
 
 
