@@ -4,8 +4,9 @@
     SimBridgeNode ~/twist, ~/gripper   <--DDS--  VLASpecNode
 
 Both nodes live in a private rclpy Context (its domain from ROS_DOMAIN_ID) under a namespace of
-their own, spun by one MultiThreadedExecutor on a background thread, so several harnesses (or
-other ROS graphs on the same domain) do not cross-talk. Episodes use the seeds and phrasings of
+their own, so several harnesses (or other ROS graphs on the same domain) do not cross-talk. The
+VLA node is spun on a thread of its own, the bridge and the client on another
+(node_threads.NodeThreads), as separate processes would be. Episodes use the seeds and phrasings of
 `demos.evaluate_policy` (episode_seed, choose_instruction), so success rates compare with the
 scripted expert's from `demos.evaluate_scripted`. Between episodes the VLA node's ~/reset
 service drops anything in flight and its `instruction` parameter is set directly (synchronous:
@@ -19,7 +20,6 @@ from __future__ import annotations
 import itertools
 import math
 import os
-import threading
 import time
 from dataclasses import asdict, dataclass, field
 
@@ -190,12 +190,12 @@ def run_closed_loop(policy, tasks, episodes_per_task: int, seed: int = 0,
     every statistic.
     """
     import rclpy
-    from rclpy.executors import MultiThreadedExecutor
     from rclpy.node import Node
     from rclpy.parameter import Parameter
     from std_srvs.srv import Trigger
 
     from vla_spec_ros.ros.node import VLASpecNode
+    from vla_spec_ros.harness.node_threads import NodeThreads
     from vla_spec_ros.harness.sim_bridge import SimBridgeNode
 
     names = _check_args(tasks, episodes_per_task, sim_mode, control_rate_hz, max_steps)
@@ -217,7 +217,7 @@ def run_closed_loop(policy, tasks, episodes_per_task: int, seed: int = 0,
                               delay_hold=delay_hold, delay_frames=delay_frames)
     context = rclpy.Context()
     rclpy.init(context=context)
-    nodes, executor, thread = [], None, None
+    nodes, spinning = [], None
     if log_level is not None:
         _set_log_level([f'{namespace}/vla_spec', f'{namespace}/sim_bridge'], log_level)
     try:
@@ -235,12 +235,7 @@ def run_closed_loop(policy, tasks, episodes_per_task: int, seed: int = 0,
         client_node = Node('closed_loop_client', context=context, namespace=namespace)
         nodes.append(client_node)
         reset_client = client_node.create_client(Trigger, f'{vla_ns}/reset')
-        executor = MultiThreadedExecutor(num_threads=4, context=context)
-        for node in nodes:
-            executor.add_node(node)
-        thread = threading.Thread(target=executor.spin, name='closed_loop_executor',
-                                  daemon=True)
-        thread.start()
+        spinning = NodeThreads(context, [[vla], [bridge, client_node]], name='closed_loop')
         if not (bridge.wait_for_peers(PEER_TIMEOUT_S)
                 and reset_client.wait_for_service(timeout_sec=PEER_TIMEOUT_S)):
             raise RuntimeError('the VLA node and the simulator bridge did not connect')
@@ -278,12 +273,8 @@ def run_closed_loop(policy, tasks, episodes_per_task: int, seed: int = 0,
         if latencies:
             report.latency_mean_ms = 1e3 * sum(latencies) / len(latencies)
     finally:
-        # The spin thread ends before any node is destroyed: a callback still running against
-        # a destroyed node fails, and its future reports the error on stderr at exit.
-        if executor is not None:
-            executor.shutdown()
-        if thread is not None:
-            thread.join(timeout=10.0)
+        if spinning is not None:     # the spin threads end before any node is destroyed
+            spinning.shutdown()
         for node in reversed(nodes):
             node.destroy_node()
         rclpy.try_shutdown(context=context)

@@ -45,7 +45,7 @@ import numpy as np
 import rclpy
 from geometry_msgs.msg import TwistStamped
 from rcl_interfaces.msg import ParameterDescriptor
-from rclpy.executors import ExternalShutdownException, MultiThreadedExecutor
+from rclpy.executors import ExternalShutdownException, SingleThreadedExecutor
 from rclpy.node import Node
 from sensor_msgs.msg import Image
 from std_msgs.msg import Float64MultiArray, String
@@ -336,7 +336,7 @@ def main(args=None) -> int:
     node, executor, thread = None, None, None
     try:
         node = SimBridgeNode()
-        executor = MultiThreadedExecutor()
+        executor = SingleThreadedExecutor()
         executor.add_node(node)
         thread = threading.Thread(target=executor.spin, daemon=True)
         thread.start()

@@ -163,10 +163,10 @@ def run_stream_mode(policy, frames, rate_hz: float, num_warmup: int, unnorm_key:
     'published' {stamp: publish time} of the timed frames, 'warmup' their stamps, 'answers'
     [(stamp, receipt time, is zero twist)] of every twist received while streaming."""
     import rclpy
-    from rclpy.executors import MultiThreadedExecutor
     from rclpy.parameter import Parameter
 
     from vla_spec_ros.harness.closed_loop import _set_log_level, vla_parameters
+    from vla_spec_ros.harness.node_threads import NodeThreads
     from vla_spec_ros.image_messages import array_to_image
     from vla_spec_ros.ros.node import VLASpecNode
 
@@ -183,7 +183,7 @@ def run_stream_mode(policy, frames, rate_hz: float, num_warmup: int, unnorm_key:
                   max_action_age=float(max_action_age_s))
     context = rclpy.Context()
     rclpy.init(context=context)
-    nodes, executor, thread = [], None, None
+    nodes, spinning = [], None
     if log_level is not None:
         _set_log_level([vla_ns], log_level)
     try:
@@ -192,11 +192,8 @@ def run_stream_mode(policy, frames, rate_hz: float, num_warmup: int, unnorm_key:
         nodes.append(vla)
         camera = _Camera(context, namespace, vla_ns)
         nodes.append(camera.node)
-        executor = MultiThreadedExecutor(num_threads=2, context=context)
-        for node in nodes:
-            executor.add_node(node)
-        thread = threading.Thread(target=executor.spin, name='stream_executor', daemon=True)
-        thread.start()
+        # The node on a thread of its own, the camera on another, as two processes would be.
+        spinning = NodeThreads(context, [[vla], [camera.node]], name='stream')
         deadline = time.monotonic() + PEER_TIMEOUT_S
         while not camera.is_connected():
             if time.monotonic() > deadline:
@@ -248,10 +245,8 @@ def run_stream_mode(policy, frames, rate_hz: float, num_warmup: int, unnorm_key:
         summary['max_action_age_s'] = float(max_action_age_s)
         return summary
     finally:
-        if executor is not None:
-            executor.shutdown()
-        if thread is not None:
-            thread.join(timeout=10.0)
+        if spinning is not None:     # the spin threads end before any node is destroyed
+            spinning.shutdown()
         for node in reversed(nodes):
             node.destroy_node()
         rclpy.try_shutdown(context=context)
