@@ -285,12 +285,20 @@ class RobotChannel:
                                      is_enabled=settings.enabled and self.is_active,
                                      age_s=self.age_of(info), settings=settings)
         if command.is_hold:
-            kind = cmd.reason_kind(command.hold_reason)
-            self.hold(command.hold_reason, force=True,
-                      is_stale_result=kind in (cmd.REASON_STALE, cmd.REASON_FUTURE))
+            self._hold_result(command.hold_reason)
             return
         self.publish_command(command, info.stamp)
-        stats = finished.result.stats
+        self._record_answer(info, finished.result.stats)
+
+    def _hold_result(self, reason: str) -> None:
+        """Hold for a finished frame whose result may not be acted on (S7)."""
+        kind = cmd.reason_kind(reason)
+        self.hold(reason, force=True,
+                  is_stale_result=kind in (cmd.REASON_STALE, cmd.REASON_FUTURE))
+
+    def _record_answer(self, info: FrameInfo, stats: dict) -> None:
+        """Statistics of a frame that was acted on: latency, acceptance, where its time went
+        (frame_stages; a frame never converted has none), its image's age."""
         now = time.monotonic()
         stages = None if math.isnan(info.converted_mono) else frame_stages(
             info.receipt_mono, info.taken_mono, info.converted_mono,
@@ -312,9 +320,7 @@ class RobotChannel:
                 age_s=cmd.observation_age(now, info.stamp_s, info.receipt_s, settings),
                 num_steps=self.chunk_steps, settings=settings)
             if decision.hold_reason is not None:
-                kind = cmd.reason_kind(decision.hold_reason)
-                self.hold(decision.hold_reason, force=True,
-                          is_stale_result=kind in (cmd.REASON_STALE, cmd.REASON_FUTURE))
+                self._hold_result(decision.hold_reason)
                 return
             chunk = chunks.Chunk(decision.actions,
                                  cmd.observation_time(info.stamp_s, info.receipt_s, settings),
@@ -329,14 +335,7 @@ class RobotChannel:
             self._publish_trajectory(chunk, decision.commands, settings)
             self._publish_due(now, from_clock=False)
         self.stats.record_chunk(replaced=replaced)
-        stats = finished.result.stats
-        mono = time.monotonic()
-        stages = None if math.isnan(info.converted_mono) else frame_stages(
-            info.receipt_mono, info.taken_mono, info.converted_mono,
-            stats.get('latency_s', 0.0), stats.get('compute_s', 0.0), mono)
-        self.stats.record_action(mono, mono - info.receipt_mono,
-                                 stats.get('accepted_lengths', ()), stages,
-                                 age_s=self.age_of(info))
+        self._record_answer(info, finished.result.stats)
         if self._on_chunk is not None:
             self._on_chunk()
 
