@@ -37,7 +37,9 @@ ARGUMENTS = (
 )
 
 # A robot's topic -> the node's own (relative) name of it, `<robot>/<topic>`.
-ROBOT_TOPICS = ('image', 'image/compressed', 'instruction', 'twist', 'gripper', 'action')
+# `trajectory`: the whole chunk of a chunked model (MultiDOFJointTrajectory, docs/chunks.md).
+ROBOT_TOPICS = ('image', 'image/compressed', 'instruction', 'twist', 'gripper', 'action',
+                'trajectory')
 FLEET_KEYS = ('namespace', 'params_file', 'respawn_delay', 'parameters', 'engines', 'robots')
 ENGINE_KEYS = ('device', 'robots', 'parameters')
 DEFAULT_RESPAWN_DELAY = 2.0

@@ -26,6 +26,7 @@ import time
 
 import numpy as np
 import pytest
+import yaml
 
 import launch_util
 
@@ -65,6 +66,11 @@ def test_shipped_fleet_file_gives_each_engine_its_device_robots_and_remaps():
     assert second['arm3.frame_id'] == 'arm3_tool0' and 'arm0.frame_id' not in second
     assert dict(options[0]['remappings'])['arm0/twist'] == '/arm0/servo_node/delta_twist_cmds'
     assert options[1]['remappings'] == []
+    # A chunked model's trajectory is remapped like any other robot topic.
+    data = yaml.safe_load((ROOT / 'config' / 'fleet.yaml').read_text())
+    data['fleet']['robots']['arm1']['topics'] = {'trajectory': '/arm1/cartesian/trajectory'}
+    remaps = dict(module.engine_options(module.check_fleet(data), 'vla_gpu0')['remappings'])
+    assert remaps['arm1/trajectory'] == '/arm1/cartesian/trajectory'
     for o in options:       # one namespace for the fleet: /arm0/... whichever engine
         assert o['namespace'] == '' and o['respawn'] is True and o['respawn_delay'] == 2.0
     # One machine starts its own engines; respawn can be turned off or delayed.
