@@ -59,6 +59,10 @@ def node_options(values: dict) -> tuple[dict, dict]:
     """Argument values (strings) -> (VLA node options, bridge node options)."""
     vla_shared, bridge_shared = matched_command_parameters(float(values['control_rate_hz']),
                                                            values['sim_mode'])
+    # Lock-step steps the arm once per answered frame: a chunked model's steps, which the node
+    # publishes on its own clock, would not be what the arm executes (refused, with the way out).
+    from vla_spec_ros.harness.demo import check_lockstep_model
+    check_lockstep_model(values['model_path'], values['sim_mode'])
     image_size = int(values['image_size'])
     if image_size < 1:
         raise ValueError(f'image_size: must be >= 1, got {image_size}')

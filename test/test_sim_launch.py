@@ -51,6 +51,15 @@ def test_both_nodes_share_the_command_conventions():
         module.node_options(default_values(module, sim_mode='fast'))
 
 
+def test_a_chunked_model_is_refused_in_lockstep_and_served_in_realtime():
+    module = load_launch_module()
+    with pytest.raises(ValueError, match='chunked model'):
+        module.node_options(default_values(module, model_path='metaworld-demo-chunk4'))
+    vla, _ = module.node_options(default_values(module, model_path='metaworld-demo-chunk4',
+                                                sim_mode='realtime'))
+    assert vla['parameters'][1]['model_path'] == 'metaworld-demo-chunk4'
+
+
 def test_bridge_image_size_defaults_to_the_embedded_model_input_size():
     from vla_spec_ros.config import preset
     from vla_spec_ros.sim.bridge_logic import BridgeSettings
