@@ -12,6 +12,14 @@ scripted expert's from `demos.evaluate_scripted`. Between episodes the VLA node'
 service drops anything in flight and its `instruction` parameter is set directly (synchronous:
 the first frame of an episode can never be answered with the previous instruction).
 
+A chunked policy (`action_chunk` K > 1) runs in real time only: the node publishes a chunk's
+steps on its own clock, one per control period, anchored at the image's header stamp
+(docs/chunks.md), and the bridge applies the newest command on its tick, so both use the same
+clock (the bridge stamps frames with its node clock, the time of capture) and the same control
+period (matched_command_parameters). Lock-step steps the arm once per answered frame, which is
+not a chunk's plan: `run_closed_loop` refuses it (ValueError). `camera_delay` (real time)
+publishes each frame d periods after its capture, stamp kept (bridge_logic.DelayedCamera).
+
 rclpy and the node modules are imported when `run_closed_loop` runs; `ClosedLoopReport` imports
 without them.
 """
@@ -25,7 +33,8 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from vla_spec_ros.sim.bridge_logic import SIM_MODES, check_delay, matched_command_parameters
+from vla_spec_ros.sim.bridge_logic import (SIM_MODES, check_camera_delay, check_delay,
+                                           matched_command_parameters)
 from vla_spec_ros.sim.demos import EpisodeResult, choose_instruction, episode_seed, success_rate
 from vla_spec_ros.sim.metaworld_env import DEFAULT_CAMERA, get_task
 
@@ -66,6 +75,16 @@ class ClosedLoopReport:
     num_republished_frames: int = 0
     num_timeouts: int = 0
     num_unanswered: int = 0          # lock-step episodes ended by an unanswered frame
+    camera_delay: int = 0            # real time: frames published d periods after capture
+    num_late_ticks: int = 0          # real time: bridge ticks > 1.5 periods after the last
+    max_tick_gap_ms: float = math.nan   # real time: the longest time between two ticks
+    action_chunk: int = 1            # control steps per answered frame (the checkpoint's K)
+    # A chunked model's steps on the node (ros/diagnostics.py), counted while episodes ran
+    # (from the start of each episode to its end; a run-out after the end is not counted).
+    num_chunk_steps_published: int = 0
+    num_chunk_steps_skipped: int = 0
+    num_chunks_replaced: int = 0
+    num_chunk_run_outs: int = 0
 
     @property
     def node_actions_per_s(self) -> float:
@@ -118,14 +137,33 @@ def vla_parameters(policy, unnorm_key: str, sim_mode: str, control_rate_hz: floa
 
 def bridge_parameters(image_size: int, sim_mode: str, control_rate_hz: float, max_steps: int,
                       camera: str, lockstep_timeout_s: float, action_delay: int = 0,
-                      delay_hold: str = 'previous', delay_frames: str = 'every') -> dict:
+                      delay_hold: str = 'previous', delay_frames: str = 'every',
+                      camera_delay: int = 0) -> dict:
     """The bridge's overrides, matching `vla_parameters` (period, scales, limits, gripper)."""
     # instruction_settle_s 0: the harness sets the VLA node's instruction synchronously.
     return dict(matched_command_parameters(control_rate_hz, sim_mode)[1],
                 image_size=int(image_size), max_steps=int(max_steps), camera=camera,
                 lockstep_timeout_s=float(lockstep_timeout_s), instruction_settle_s=0.0,
                 action_delay=int(action_delay), delay_hold=delay_hold,
-                delay_frames=delay_frames)
+                delay_frames=delay_frames, camera_delay=int(camera_delay))
+
+
+def policy_action_chunk(policy) -> int:
+    """Control steps one answered frame decides (the checkpoint's action_chunk; 1 when the
+    policy does not say). The same rule as the node's (ros/serving.chunk_steps_of)."""
+    return int(getattr(getattr(policy, 'model_config', None), 'action_chunk', 1) or 1)
+
+
+def check_policy_sim_mode(policy, sim_mode: str) -> int:
+    """A chunked policy needs sim_mode realtime (module doc); its action_chunk."""
+    chunk = policy_action_chunk(policy)
+    if chunk > 1 and sim_mode == 'lockstep':
+        raise ValueError(
+            f'sim_mode: lockstep cannot run a chunked policy (action_chunk {chunk}): the node '
+            'publishes a chunk\'s steps on its clock, one per control period, while lock-step '
+            'steps the arm once per answered frame; use sim_mode realtime (or the delayed '
+            'lock-step in process, harness/inprocess.py)')
+    return chunk
 
 
 def control_rate_range() -> tuple[float, float]:
@@ -175,13 +213,16 @@ def run_closed_loop(policy, tasks, episodes_per_task: int, seed: int = 0,
                     episode_timeout_s: float | None = None, namespace: str | None = None,
                     num_warmup_frames: int = 2, on_episode=None, action_delay: int = 0,
                     delay_hold: str = 'previous', delay_frames: str = 'every',
-                    log_level: str | None = None) -> ClosedLoopReport:
+                    camera_delay: int = 0, log_level: str | None = None) -> ClosedLoopReport:
     """Run `episodes_per_task` episodes of each task with `policy` behind a real VLA node.
 
     `action_delay`, `delay_hold`, `delay_frames` (lock-step only): the bridge's delayed
-    lock-step (bridge_logic.DelayedLockstep). `log_level` ('debug', 'info', 'warn', 'error';
-    None: ROS's default) sets the two nodes' loggers before they start: the demo passes 'warn'
-    so that their start-up lines stay out of its output.
+    lock-step (bridge_logic.DelayedLockstep). `camera_delay` (real time only): frames published
+    that many control periods after capture, stamp kept (bridge_logic.DelayedCamera). A chunked
+    policy needs sim_mode 'realtime' (ValueError otherwise, before anything starts).
+    `log_level` ('debug', 'info', 'warn', 'error'; None: ROS's default) sets the two nodes'
+    loggers before they start: the demo passes 'warn' so that their start-up lines stay out of
+    its output.
     `episode_timeout_s` (default 30 s + 5 s per step) ends an episode whose actions stop
     coming; it counts in `num_timeouts`. `on_episode(result, episode_log)` is called after each
     episode (tests read the applied actions from it). `namespace` (default: unique per call)
@@ -202,6 +243,8 @@ def run_closed_loop(policy, tasks, episodes_per_task: int, seed: int = 0,
     check_delay(action_delay, delay_hold, delay_frames)
     if action_delay and sim_mode != 'lockstep':
         raise ValueError('action_delay: applies to sim_mode lockstep only')
+    check_camera_delay(camera_delay, sim_mode)
+    chunk = check_policy_sim_mode(policy, sim_mode)
     key = _resolve_unnorm_key(policy, unnorm_key)
     size = policy.model_config.image_size
     for _ in range(num_warmup_frames):
@@ -214,7 +257,8 @@ def run_closed_loop(policy, tasks, episodes_per_task: int, seed: int = 0,
                                for arg in ('-r', f'~/{topic}:={vla_ns}/{topic}')]
     report = ClosedLoopReport(policy.config.mode, policy.config.relax_threshold, sim_mode,
                               float(control_rate_hz), action_delay=int(action_delay),
-                              delay_hold=delay_hold, delay_frames=delay_frames)
+                              delay_hold=delay_hold, delay_frames=delay_frames,
+                              camera_delay=int(camera_delay), action_chunk=chunk)
     context = rclpy.Context()
     rclpy.init(context=context)
     nodes, spinning = [], None
@@ -227,7 +271,7 @@ def run_closed_loop(policy, tasks, episodes_per_task: int, seed: int = 0,
         nodes.append(vla)
         bridge_values = bridge_parameters(size, sim_mode, control_rate_hz, max_steps, camera,
                                           lockstep_timeout_s, action_delay, delay_hold,
-                                          delay_frames)
+                                          delay_frames, camera_delay)
         bridge = SimBridgeNode(context=context, namespace=namespace, cli_args=remaps,
                                parameter_overrides=[Parameter(k, value=v)
                                                     for k, v in bridge_values.items()])
@@ -248,8 +292,11 @@ def run_closed_loop(policy, tasks, episodes_per_task: int, seed: int = 0,
                 instruction = choose_instruction(task, ep_seed)
                 _reset(reset_client, instruction, vla)
                 actions_before = _actions_published(vla)
+                chunks_before = _chunk_counts(vla)
                 result = bridge.run_episode(task.name, ep_seed, instruction, timeout_s)
                 log = bridge.episode_log()
+                for name, count in _chunk_counts(vla).items():
+                    setattr(report, name, getattr(report, name) + count - chunks_before[name])
                 report.num_episode_actions += _episode_actions(vla, actions_before, log,
                                                                sim_mode)
                 _accumulate(report, result, log)
@@ -300,6 +347,17 @@ def _set_log_level(node_paths, level: str) -> None:
         set_logger_level(path.strip('/').replace('/', '.'), severity[level])
 
 
+# ClosedLoopReport field <- the node's stats_snapshot key (ros/diagnostics.py).
+CHUNK_COUNTS = {'num_chunk_steps_published': 'chunk_steps_published',
+                'num_chunk_steps_skipped': 'chunk_steps_skipped',
+                'num_chunks_replaced': 'chunks_replaced', 'num_chunk_run_outs': 'chunk_run_outs'}
+
+
+def _chunk_counts(vla) -> dict:
+    snapshot = vla.stats_snapshot()
+    return {field_name: int(snapshot[key]) for field_name, key in CHUNK_COUNTS.items()}
+
+
 def _actions_published(vla) -> int:
     return int(vla.stats_snapshot()['actions_published'])
 
@@ -347,7 +405,13 @@ def _accumulate(report: ClosedLoopReport, result: EpisodeResult, log) -> None:
     report.num_republished_frames += counters.num_republished_frames
     report.num_timeouts += int(counters.is_timed_out)
     report.num_unanswered += int(counters.is_unanswered)
+    report.num_late_ticks += counters.num_late_ticks
+    if report.sim_mode == 'realtime':
+        gap_ms = 1e3 * counters.max_tick_gap_s
+        report.max_tick_gap_ms = (gap_ms if math.isnan(report.max_tick_gap_ms)
+                                  else max(report.max_tick_gap_ms, gap_ms))
 
 
 __all__ = ['ClosedLoopReport', 'run_closed_loop', 'vla_parameters', 'bridge_parameters',
-           'control_rate_range', 'check_control_rate', 'check_max_steps', 'MAX_EPISODE_STEPS']
+           'control_rate_range', 'check_control_rate', 'check_max_steps', 'MAX_EPISODE_STEPS',
+           'policy_action_chunk', 'check_policy_sim_mode']

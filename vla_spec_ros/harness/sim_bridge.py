@@ -27,8 +27,13 @@ period k's frame is applied at period k + d, `delay_hold` holding in between; wi
 would be busy) and the held action is applied at once. "realtime": a timer steps at
 `control_rate_hz` with the newest command younger than `command_timeout_s`, else zero motion
 with the gripper held (bridge_logic.RealtimeCommand); answers to a previous episode's frames are
-ignored. Latencies are recorded for this episode's frames only. The last frame of an episode
-(success or max_steps) is not published.
+ignored. With `camera_delay` d > 0 (real time only, bridge_logic.DelayedCamera) the frame
+rendered at period t is published at period t + d with its capture stamp: the node sees an image
+d periods old, and executes a chunk time-aligned by that stamp. Ticks that came more than 1.5
+periods after the previous one are counted (`num_late_ticks`: the machine did not keep the
+rate). Latencies (frame published -> first answer) are recorded for this episode's frames only.
+The last frame of an episode (success or max_steps) is not published, nor are frames still
+waiting out the camera delay when it ends.
 
 Simulator work runs in this node's callbacks (one mutually exclusive group) and in the caller of
 `start_episode` / `run_episode`, serialised by one lock. Call `run_episode` from a thread other
@@ -84,6 +89,9 @@ class SimBridgeNode(Node):
         self._delay = logic.DelayedLockstep(
             s.action_delay, s.delay_hold, s.delay_frames,
             initial_gripper=logic.gripper_openness(s.gripper_open_position, s))
+        # Real time: frames between capture and publication, and the ticks' regularity.
+        self._camera = logic.DelayedCamera(s.camera_delay)
+        self._ticks = logic.TickMonitor(1.0 / s.control_rate_hz)
         self._period = 0                       # control period of the running episode
         self._log = logic.EpisodeLog()
         self._episode: tuple | None = None     # (task_name, seed, instruction) while running
@@ -97,8 +105,10 @@ class SimBridgeNode(Node):
                                                    COMMAND_QOS)
         self._gripper_sub = self.create_subscription(Float64MultiArray, '~/gripper',
                                                      self._on_gripper, COMMAND_QOS)
+        self._control_timer = None
         if s.sim_mode == 'realtime':
-            self.create_timer(1.0 / s.control_rate_hz, self._on_control_tick)
+            self._control_timer = self.create_timer(1.0 / s.control_rate_hz,
+                                                    self._on_control_tick)
         else:
             self.create_timer(min(MAX_TIMER_PERIOD_S, s.lockstep_timeout_s / 4),
                               self._on_lockstep_tick)
@@ -131,11 +141,17 @@ class SimBridgeNode(Node):
             self._log = logic.EpisodeLog()
             self._matcher.begin_episode()     # fresh counts; the answer FIFOs carry over
             self._delay.begin_episode()
+            self._camera.begin_episode()
             self._period = 0
             self._done.clear()
             self._episode = (env.task.name, int(seed), instruction)
+            if self._control_timer is not None:
+                # The first frame is captured at a tick of its own: period t's frame is then
+                # t control periods after the first, as the node's chunk slots assume.
+                self._control_timer.reset()
             self._started_s = time.monotonic()
-            self._first_stamp_ns = self._publish_frame(image)
+            self._ticks.begin_episode(self._started_s)
+            self._first_stamp_ns = self._take_frame(image)
             # No command carried over; a previous episode's answers are ignored from now on.
             self._realtime.begin_episode(self._first_stamp_ns,
                                          self.settings.gripper_open_position)
@@ -195,21 +211,32 @@ class SimBridgeNode(Node):
         self._env = self._envs[key]
         return self._env
 
-    def _publish_frame(self, image: np.ndarray) -> int:
-        """Publish a new frame (registered, stamped above every earlier one); its stamp."""
+    def _take_frame(self, image: np.ndarray) -> int:
+        """Stamp a new frame now (above every earlier stamp: the time of capture) and publish
+        it, in real time after the camera delay (then with the frames now due); its stamp."""
         now = self.get_clock().now().nanoseconds
         stamp_ns = logic.next_stamp_ns(now, self._last_stamp_ns)
         self._last_stamp_ns = stamp_ns
+        msg = rgb_to_image(image, frame_id=self.settings.frame_id)
+        msg.header.stamp.sec, msg.header.stamp.nanosec = divmod(stamp_ns, 1_000_000_000)
+        if self.settings.sim_mode == 'lockstep':
+            self._publish_frame(stamp_ns, msg)
+            return stamp_ns
+        period = self._log.counters.num_steps       # the frame of control period t
+        self._camera.capture(period, (stamp_ns, msg))
+        for due_stamp_ns, due_msg in self._camera.due(period):
+            self._publish_frame(due_stamp_ns, due_msg)
+        return stamp_ns
+
+    def _publish_frame(self, stamp_ns: int, msg: Image) -> None:
+        """Publish a stamped frame (registered when published: latency starts here)."""
         self._frame_sent_s = time.monotonic()
         self._registry.add(stamp_ns, self._frame_sent_s)
         if self.settings.sim_mode == 'lockstep':
             self._matcher.begin_frame(stamp_ns)
-        msg = rgb_to_image(image, frame_id=self.settings.frame_id)
-        msg.header.stamp.sec, msg.header.stamp.nanosec = divmod(stamp_ns, 1_000_000_000)
         self._frame_msg = msg
         self._image_pub.publish(msg)
         self._log.counters.num_frames_published += 1
-        return stamp_ns
 
     def _apply(self, action: np.ndarray, is_command: bool) -> np.ndarray | None:
         """One simulator step; the next image, or None when the episode ended."""
@@ -290,7 +317,7 @@ class SimBridgeNode(Node):
             if image is None:
                 return
             if self._delay.wants_frame(self._period):
-                self._publish_frame(image)
+                self._take_frame(image)
                 return
 
     def _action(self, linear, angular, gripper_position) -> np.ndarray:
@@ -323,10 +350,15 @@ class SimBridgeNode(Node):
         with self._lock:
             if self._episode is None:
                 return
-            linear, angular, gripper, is_fresh = self._realtime.command_at(time.monotonic())
+            now = time.monotonic()
+            self._ticks.on_tick(now)
+            counters = self._log.counters
+            counters.num_late_ticks = self._ticks.num_late_ticks
+            counters.max_tick_gap_s = self._ticks.max_gap_s
+            linear, angular, gripper, is_fresh = self._realtime.command_at(now)
             image = self._apply(self._action(linear, angular, gripper), is_command=is_fresh)
             if image is not None:
-                self._publish_frame(image)
+                self._take_frame(image)
 
 
 def main(args=None) -> int:

@@ -39,6 +39,16 @@ Two ways to turn a stream of commands into simulator steps:
   value (a servo controller's incoming-command timeout). Answers to frames published before the
   episode's first frame (a previous episode's) are ignored, twist and gripper alike.
 
+Camera delay in real time (`DelayedCamera`, `camera_delay` d > 0): the frame rendered at control
+period t is published at period t + d, after that period's step and render, keeping its
+original header stamp (the time of capture). It models a slow camera pipeline, or a slow model
+as the robot sees it: a single-step model's action lands at least d periods after its image was
+taken (the bridge applies the newest command on its tick), and the node executes a chunk
+time-aligned by the stamp (its steps 0 .. d-1 are past when it arrives and are skipped,
+docs/chunks.md). Frames still waiting when the episode ends are never published. The latency
+the bridge records stays frame published -> first answer (the node's part, without the camera
+delay). `TickMonitor` counts real-time ticks that came late (the timer could not keep the rate).
+
 Delayed lock-step (`DelayedLockstep`, lock-step with `action_delay` d > 0): still lock-step
 (every answer is awaited, so a run is deterministic and independent of the machine's speed),
 but the action decided from the frame of control period k is applied at period k + d, as if
@@ -79,6 +89,10 @@ ACTION_DIM = 7
 DELAY_HOLDS = ('previous', 'zero')
 DELAY_FRAMES = ('every', 'one_in_flight')
 MAX_ACTION_DELAY = 1000
+MAX_CAMERA_DELAY = 1000
+# A real-time tick more than this many control periods after the previous one is late: the
+# arm kept the previous command for longer than the rate promises.
+LATE_TICK_PERIODS = 1.5
 # Longest chunk whose step stamps `FrameRegistry.frame_of` traces back to their frame.
 MAX_CHUNK_STEPS = 256
 
@@ -143,6 +157,7 @@ class BridgeSettings:
     action_delay: int = 0
     delay_hold: str = 'previous'
     delay_frames: str = 'every'
+    camera_delay: int = 0
 
     def __post_init__(self):
         for f in fields(self):
@@ -159,7 +174,8 @@ class BridgeSettings:
         check_delay(self.action_delay, self.delay_hold, self.delay_frames)
         if self.action_delay and self.sim_mode != 'lockstep':
             raise ValueError('action_delay: applies to sim_mode lockstep only (real time has '
-                             'the delay of the real inference)')
+                             'the delay of the real inference; see camera_delay)')
+        check_camera_delay(self.camera_delay, self.sim_mode)
         for name in ('control_rate_hz', 'control_period', 'linear_scale', 'angular_scale',
                      'lockstep_timeout_s', 'command_timeout_s', 'episode_timeout_s'):
             # > 0: a zero scale cannot be inverted
@@ -201,6 +217,8 @@ DESCRIPTIONS = {
     'zero motion (previous, zero; the gripper keeps its value)',
     'delay_frames': 'Delayed lock-step: frames sent to the policy: every (pipelined) or '
     'one_in_flight (a new frame only when the previous answer landed)',
+    'camera_delay': 'Real time: publish the frame rendered at control period t at period '
+    't + camera_delay, keeping its capture stamp (a slow camera pipeline; 0 = at once)',
 }
 
 
@@ -213,6 +231,17 @@ def check_delay(action_delay, delay_hold: str = 'previous', delay_frames: str = 
     if delay_frames not in DELAY_FRAMES:
         raise ValueError(f'delay_frames: {delay_frames!r} not in {list(DELAY_FRAMES)}')
     return action_delay
+
+
+def check_camera_delay(camera_delay, sim_mode: str = 'realtime') -> int:
+    """`camera_delay` validated (ValueError naming the field): an int in [0,
+    MAX_CAMERA_DELAY] control periods, > 0 in real time only (lock-step has action_delay)."""
+    check_int('camera_delay', camera_delay, minimum=0, maximum=MAX_CAMERA_DELAY,
+              unit='control periods')
+    if camera_delay and sim_mode != 'realtime':
+        raise ValueError('camera_delay: applies to sim_mode realtime only (lock-step waits for '
+                         'every answer; its delay is action_delay)')
+    return camera_delay
 
 
 def gripper_openness(position: float, settings: BridgeSettings) -> float:
@@ -467,6 +496,72 @@ class RealtimeCommand:
         return twist[0], twist[1], self._gripper, True
 
 
+class DelayedCamera:
+    """The frames of a real-time episode between capture and publication (module doc).
+
+    Per control period t, in order: the bridge steps the simulator, renders, `capture(t,
+    frame)`, then publishes `due(t)`: every frame captured at period <= t - camera_delay,
+    oldest first. With camera_delay 0 a frame is due in the period it was captured.
+    `frame` is opaque here (the bridge's stamped message).
+    """
+
+    def __init__(self, camera_delay: int = 0):
+        self.camera_delay = check_camera_delay(camera_delay)
+        self._waiting: deque = deque()     # (period it is due, frame), oldest first
+        self._last_period: int | None = None
+
+    def begin_episode(self) -> None:
+        """Forget the frames of the previous episode (never published)."""
+        self._waiting.clear()
+        self._last_period = None
+
+    def __len__(self) -> int:
+        return len(self._waiting)
+
+    def capture(self, period: int, frame) -> None:
+        """The frame rendered at control `period` (periods strictly increase per episode)."""
+        period = check_int('period', period, minimum=0)
+        if self._last_period is not None and period <= self._last_period:
+            raise ValueError(f'period: {period} is not after the last capture '
+                             f'{self._last_period}')
+        self._last_period = period
+        self._waiting.append((period + self.camera_delay, frame))
+
+    def due(self, period: int) -> list:
+        """The frames to publish at control `period`, oldest first (each once)."""
+        out = []
+        while self._waiting and self._waiting[0][0] <= period:
+            out.append(self._waiting.popleft()[1])
+        return out
+
+
+class TickMonitor:
+    """Real-time ticks against the control period: a tick more than LATE_TICK_PERIODS periods
+    after the previous one is late (the machine could not keep the rate; the simulator then
+    runs slower than the node's clock, and the node skips the chunk steps whose slots passed)."""
+
+    def __init__(self, period_s: float):
+        self.period_s = check_number('period_s', period_s, above=0.0)
+        self.begin_episode()
+
+    def begin_episode(self, start_s: float | None = None) -> None:
+        """`start_s`: when the episode's first frame was captured (the first tick's reference)."""
+        self._last_s = start_s
+        self.num_late_ticks = 0
+        self.max_gap_s = 0.0
+
+    def on_tick(self, now_s: float) -> bool:
+        """Record a tick at `now_s` (monotonic seconds); True when it was late."""
+        gap = None if self._last_s is None else now_s - self._last_s
+        self._last_s = now_s
+        if gap is None:
+            return False
+        self.max_gap_s = max(self.max_gap_s, gap)
+        is_late = gap > LATE_TICK_PERIODS * self.period_s
+        self.num_late_ticks += int(is_late)
+        return is_late
+
+
 def chunk_step_due(frame_period: int, num_steps: int, period: int) -> int | None:
     """The step of a chunk decided from `frame_period`'s frame that is due at `period` (step i
     covers period frame_period + i), or None when that period lies before the chunk or after its
@@ -582,6 +677,8 @@ class EpisodeCounters:
     #                                     real time, to an earlier episode's frames
     is_timed_out: bool = False          # episode_timeout_s / run_episode's timeout
     is_unanswered: bool = False         # lock-step: a frame unanswered after max_republish
+    num_late_ticks: int = 0             # real time: ticks > LATE_TICK_PERIODS after the last
+    max_tick_gap_s: float = 0.0         # real time: the longest time between two ticks
 
 
 @dataclass
@@ -598,6 +695,8 @@ class EpisodeLog:
 
 __all__ = ['SIM_MODES', 'BridgeSettings', 'DESCRIPTIONS', 'gripper_openness', 'action_from_twist',
            'next_stamp_ns', 'FrameRegistry', 'DelayedLockstep', 'chunk_step_due', 'check_delay',
+           'check_camera_delay', 'DelayedCamera', 'TickMonitor', 'MAX_CAMERA_DELAY',
+           'LATE_TICK_PERIODS',
            'DELAY_HOLDS', 'DELAY_FRAMES', 'MAX_CHUNK_STEPS', 'MatchedCommand', 'AnswerPairs',
            'LockstepMatcher', 'RealtimeCommand', 'EpisodeCounters', 'EpisodeLog', 'END_SUCCESS',
            'END_MAX_STEPS', 'END_TIMEOUT', 'END_UNANSWERED', 'END_STOPPED']
