@@ -9,8 +9,8 @@ import threading
 import pytest
 
 from vla_spec_ros.sim.bridge_logic import (
-    LATE_TICK_PERIODS, MAX_CAMERA_DELAY, BridgeSettings, DelayedCamera, TickMonitor,
-    check_camera_delay)
+    LATE_TICK_PERIODS, MAX_CAMERA_DELAY, AnswerPairs, BridgeSettings, DelayedCamera,
+    FrameRegistry, RealtimeCommand, TickMonitor, check_camera_delay)
 
 # Unique per module and per run (other modules use 1..230).
 DOMAIN_ID = 231 + (os.getpid() % 2)
@@ -86,6 +86,78 @@ def test_tick_monitor_counts_ticks_later_than_the_limit():
     assert ticks.on_tick(99.0) is False and ticks.num_late_ticks == 0 and ticks.max_gap_s == 0
     with pytest.raises(ValueError, match='period_s'):
         TickMonitor(0.0)
+
+
+def test_realtime_tells_hold_twists_from_answers():
+    frames = FrameRegistry()
+    frames.add(1_000, 0.0)
+    state = RealtimeCommand(AnswerPairs(frames, chunk_period_s=0.1), 0.5, 1.0)
+    state.begin_episode(1_000, 1.0)
+    assert not state.is_hold                                   # nothing received yet
+    state.on_twist(5_555, (0, 0, 0), (0, 0, 0), 0.0)           # node-clock stamp: a hold
+    assert state.is_hold and state.command_at(0.1)[3]          # applied, fresh, a hold
+    state.on_twist(1_000, (1, 0, 0), (0, 0, 0), 0.2)           # the frame's answer
+    assert not state.is_hold
+
+
+def demo_parser():
+    import argparse
+
+    from vla_spec_ros.harness import demo
+    parser = argparse.ArgumentParser()
+    demo.add_arguments(parser)
+    return parser
+
+
+def test_demo_camera_delays_and_lockstep_models_options():
+    from vla_spec_ros.harness import demo
+    parser = demo_parser()
+    plan = demo.resolve_options(parser.parse_args([]))
+    assert plan['camera_delays'] == [0] and plan['lockstep_models'] == ['metaworld-demo']
+    plan = demo.resolve_options(parser.parse_args([
+        '--sim-mode', 'realtime', '--camera-delays', '0,1,2', '--lockstep-models',
+        'metaworld-demo,metaworld-demo-chunk4']))
+    assert plan['camera_delays'] == [0, 1, 2]
+    assert plan['lockstep_models'] == ['metaworld-demo', 'metaworld-demo-chunk4']
+    for argv, option in ((['--camera-delays', '1'], '--camera-delays: applies to --sim-mode '
+                                                    'realtime'),
+                         (['--sim-mode', 'realtime', '--camera-delays', '0,0'], '--camera-delays'),
+                         (['--sim-mode', 'realtime', '--camera-delays', '-1'], '--camera-delays'),
+                         (['--lockstep-models', 'a,a'], '--lockstep-models')):
+        with pytest.raises(ValueError, match=option):
+            demo.resolve_options(parser.parse_args(argv))
+
+
+def realtime_row(model, chunk, delay, success, **counts):
+    row = {'model': model, 'mode': 'pipeline_spec', 'relax_threshold': 0, 'camera_delay': delay,
+           'action_chunk': chunk, 'success_rate': success,
+           'success_rate_per_task': {TASK: success}, 'latency_p50_ms': 20.0,
+           'latency_p99_ms': 40.0, 'num_stale_commands': 1, 'num_hold_commands': 2,
+           'num_steps': 100, 'num_late_ticks': 0, 'num_chunk_steps_published': 0,
+           'num_chunk_steps_skipped': 0, 'num_chunk_run_outs': 0, 'episodes': [{}] * 3}
+    row.update(counts)
+    return row
+
+
+def test_demo_realtime_table_one_row_per_model_and_camera_delay():
+    from vla_spec_ros.harness import demo_report
+    rows = [realtime_row('single', 1, 0, 1.0), realtime_row('single', 1, 2, 0.33),
+            realtime_row('chunked', K, 0, 1.0, num_chunk_steps_published=90),
+            realtime_row('chunked', K, 2, 0.67, num_chunk_steps_published=80,
+                         num_chunk_steps_skipped=60, num_chunk_run_outs=3)]
+    record = {'model': 'single', 'tasks': [TASK], 'lockstep': {
+        'episodes': 3, 'sim_mode': 'realtime', 'control_rate_hz': 10.0, 'rows': rows,
+        'models': ['single', 'chunked'], 'camera_delays': [0, 2]}}
+    table = demo_report.format_realtime_table(record)
+    lines = [line for line in table.splitlines() if line.startswith('| chunked')]
+    assert lines[1].split(' | ')[1:] == [
+        'pipeline_spec', '0', '2', '0.67', '0.67', '20.0 / 40.0', '1 / 2 / 100', '0', '80 / 60',
+        '3', '3 |']
+    assert '| single (single-step) | pipeline_spec | 0 | 2 | 0.33 |' in table
+    report = demo_report.format_report(record)
+    assert 'Real time through the ROS 2 node' in report and 'Camera delay d' in report
+    # Only the first model's row without a camera delay is placed on the delay curve.
+    assert demo_report.lockstep_rows_placed(record) == [rows[0]]
 
 
 # ---- through the real node (rclpy, torch, Meta-World) -----------------------------------
@@ -214,3 +286,23 @@ def test_chunked_policy_in_real_time_with_a_camera_delay(ros_domain, chunked_pol
     ages = [(receipt - stamp) * 1e-9 for stamp, receipt in frames]
     assert min(ages) >= (delay - 0.5) * period_s, ages
     assert statistics.median(ages) <= (delay + 1.5) * period_s, ages
+
+
+def test_demo_realtime_part_runs_a_chunked_model_with_camera_delays(
+        ros_domain, chunked_policy, tmp_path):
+    import json
+
+    from vla_spec_ros.harness import demo
+    policy, key = chunked_policy
+    args = demo_parser().parse_args([
+        '--model', str(policy.source), '--unnorm-key', key, '--tasks', TASK, '--parts',
+        'lockstep', '--sim-mode', 'realtime', '--camera-delays', '0,1', '--modes', 'ar',
+        '--max-steps', '4', '--restrict-to-action-tokens', '--out', str(tmp_path)])
+    assert demo.run(args) == 0
+    (path,) = tmp_path.glob('demo-*.json')
+    record = json.loads(path.read_text())
+    rows = record['lockstep']['rows']
+    assert [(r['camera_delay'], r['action_chunk'], r['num_steps']) for r in rows] == [
+        (0, K, 4), (1, K, 4)]
+    assert all(r['num_chunk_steps_published'] >= 1 for r in rows)
+    assert '| ar | 0 | 1 |' in path.with_suffix('.md').read_text()

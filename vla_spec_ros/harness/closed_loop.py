@@ -76,6 +76,7 @@ class ClosedLoopReport:
     num_timeouts: int = 0
     num_unanswered: int = 0          # lock-step episodes ended by an unanswered frame
     camera_delay: int = 0            # real time: frames published d periods after capture
+    num_hold_commands: int = 0       # real time: steps with a hold twist from the node
     num_late_ticks: int = 0          # real time: bridge ticks > 1.5 periods after the last
     max_tick_gap_ms: float = math.nan   # real time: the longest time between two ticks
     action_chunk: int = 1            # control steps per answered frame (the checkpoint's K)
@@ -406,6 +407,7 @@ def _accumulate(report: ClosedLoopReport, result: EpisodeResult, log) -> None:
     report.num_timeouts += int(counters.is_timed_out)
     report.num_unanswered += int(counters.is_unanswered)
     report.num_late_ticks += counters.num_late_ticks
+    report.num_hold_commands += counters.num_hold_commands
     if report.sim_mode == 'realtime':
         gap_ms = 1e3 * counters.max_tick_gap_s
         report.max_tick_gap_ms = (gap_ms if math.isnan(report.max_tick_gap_ms)

@@ -18,7 +18,12 @@ episodes per task everywhere):
   on which step the arm executes; the delay part measures chunked models (time-aligned, in
   process) and `--sim-mode realtime` runs them through the node. Lock-step has no camera
   (a frame exists only once the previous action was applied), so pipelining has nothing to
-  overlap there: this part measures success, not speed.
+  overlap there: this part measures success, not speed. With `--sim-mode realtime` the bridge
+  steps the arm on its clock at `--control-rate-hz` with the newest command, and
+  `--camera-delays 0,1,2` repeats the part with frames published d control periods after
+  capture (stamp kept: the node executes a chunk time-aligned, a single-step action lands d
+  periods late); `--lockstep-models A,B` runs the part for several checkpoints, e.g. the
+  single-step and the chunked embedded models side by side (docs/chunks.md).
 - speed: model only, on consecutive control steps. `vla-spec bench --frames-from
   metaworld-episodes` rows (actions/s and the ratio to the Hugging Face AR baseline measured in
   the same run, verifier forwards per action), and each mode fed from a camera at each
@@ -104,6 +109,13 @@ def add_arguments(parser) -> None:
                         help='lock-step part: lockstep (deterministic) or realtime')
     parser.add_argument('--control-rate-hz', type=float, default=10.0,
                         help='lock-step part: the nodes\' control period (realtime: its rate)')
+    parser.add_argument('--camera-delays', default='0',
+                        help='lock-step part with --sim-mode realtime: camera delays in control '
+                        'periods (frames published d periods after capture, stamp kept)')
+    parser.add_argument('--lockstep-models', default=None, metavar='A,B',
+                        help='lock-step part: checkpoints run one after the other and reported '
+                        'side by side, e.g. metaworld-demo,metaworld-demo-chunk4 with '
+                        '--sim-mode realtime (default: --model)')
     parser.add_argument('--delays', default='0,1,2,4,8',
                         help='delay part: action delays in control periods')
     parser.add_argument('--one-in-flight-delays', default='auto',
@@ -247,6 +259,10 @@ def resolve_options(args) -> dict:
         one_in_flight = []
     else:
         one_in_flight = _ints(args.one_in_flight_delays, '--one-in-flight-delays', 2, 100)
+    camera_delays = _ints(getattr(args, 'camera_delays', '0'), '--camera-delays', 0, 100)
+    if camera_delays != [0] and args.sim_mode != 'realtime':
+        raise ValueError('--camera-delays: applies to --sim-mode realtime only (lock-step waits '
+                         'for every answer; see --parts delay)')
     rates = _floats(args.rates, '--rates')
     for rate in rates:
         check_control_rate(rate, '--rates')
@@ -272,6 +288,10 @@ def resolve_options(args) -> dict:
         'delay_models': _check_unique(
             _split(args.delay_models, '--delay-models') if getattr(args, 'delay_models', None)
             else [args.model], '--delay-models'),
+        'lockstep_models': _check_unique(
+            _split(args.lockstep_models, '--lockstep-models')
+            if getattr(args, 'lockstep_models', None) else [args.model], '--lockstep-models'),
+        'camera_delays': camera_delays,
     }
     return plan
 
@@ -347,45 +367,65 @@ def _expert_rates(task_names, episodes: int, seed: int, max_steps: int) -> dict:
 
 
 def _run_lockstep(args, plan, unnorm_key, cache) -> dict:
-    from tqdm import tqdm
-
-    from vla_spec_ros.harness.closed_loop import run_closed_loop
+    """One row per (model, mode, r, camera delay), in that order; each row names its model
+    and action_chunk (the first model's rows are the ones placed on the delay curve)."""
+    from vla_spec_ros.harness.closed_loop import _resolve_unnorm_key
     from vla_spec_ros.policy import VLAPolicy
     lock = {'episodes': plan['episodes'], 'sim_mode': args.sim_mode,
-            'control_rate_hz': plan['control_rate_hz'], 'expert': None, 'rows': []}
+            'control_rate_hz': plan['control_rate_hz'], 'expert': None, 'rows': [],
+            'models': plan['lockstep_models'], 'camera_delays': plan['camera_delays']}
     if args.expert:
         lock['expert'] = _expert_rates(plan['tasks'], plan['episodes'], args.seed,
                                        plan['max_steps'])
-    total = plan['episodes'] * len(plan['tasks'])
-    for mode, r in plan['configs']:
-        policy = VLAPolicy.from_pretrained(
-            args.model, mode=mode, relax_threshold=r, dtype=args.dtype, device=args.device,
-            draft_path=args.draft_path if mode in SPECULATIVE_MODES else None,
-            restrict_to_action_tokens=args.restrict_to_action_tokens)
-        bar = tqdm(total=total, desc=f'lock-step {mode} r={r}', unit='episode',
-                   dynamic_ncols=True)
-        wins = []
-
-        def on_episode(result, log, bar=bar, wins=wins):
-            wins.append(result.is_success)
-            bar.update(1)
-            bar.set_postfix(success=f'{sum(wins)}/{len(wins)}')
-        try:
-            report = run_closed_loop(policy, plan['tasks'], plan['episodes'], seed=args.seed,
-                                     sim_mode=args.sim_mode,
-                                     control_rate_hz=plan['control_rate_hz'],
-                                     max_steps=plan['max_steps'], unnorm_key=unnorm_key,
-                                     on_episode=on_episode,
-                                     log_level=None if args.verbose else 'error')
-        finally:
-            bar.close()
-        lock['rows'].append(report.to_dict())
-        if report.num_timeouts or report.num_republished_frames or report.num_unanswered:
-            print(f'[{mode} r={r}] {report.num_timeouts} episodes timed out, '
-                  f'{report.num_unanswered} ended by an unanswered frame, '
-                  f'{report.num_republished_frames} frames republished: the VLA node held '
-                  'some frames (invalid actions? run with --verbose)')
+    for model in plan['lockstep_models']:
+        key = unnorm_key if model == args.model else _resolve_unnorm_key(
+            VLAPolicy.from_pretrained(model), args.unnorm_key)
+        for mode, r in plan['configs']:
+            policy = VLAPolicy.from_pretrained(
+                model, mode=mode, relax_threshold=r, dtype=args.dtype, device=args.device,
+                draft_path=args.draft_path if mode in SPECULATIVE_MODES else None,
+                restrict_to_action_tokens=args.restrict_to_action_tokens)
+            for camera_delay in plan['camera_delays']:
+                label = f'{mode} r={r}' + (f' d={camera_delay}' if args.sim_mode == 'realtime'
+                                           else '')
+                if len(plan['lockstep_models']) > 1:
+                    label = f'{model} {label}'
+                report = _closed_loop_row(args, plan, policy, key, camera_delay, label)
+                lock['rows'].append(dict(report.to_dict(), model=model))
     return lock
+
+
+def _closed_loop_row(args, plan, policy, unnorm_key, camera_delay, label):
+    """One closed_loop.run_closed_loop run with a progress bar; its ClosedLoopReport."""
+    from tqdm import tqdm
+
+    from vla_spec_ros.harness.closed_loop import run_closed_loop
+    bar = tqdm(total=plan['episodes'] * len(plan['tasks']), desc=f'{args.sim_mode} {label}',
+               unit='episode', dynamic_ncols=True)
+    wins = []
+
+    def on_episode(result, log):
+        wins.append(result.is_success)
+        bar.update(1)
+        bar.set_postfix(success=f'{sum(wins)}/{len(wins)}')
+    try:
+        report = run_closed_loop(policy, plan['tasks'], plan['episodes'], seed=args.seed,
+                                 sim_mode=args.sim_mode, control_rate_hz=plan['control_rate_hz'],
+                                 max_steps=plan['max_steps'], unnorm_key=unnorm_key,
+                                 on_episode=on_episode, camera_delay=camera_delay,
+                                 log_level=None if args.verbose else 'error')
+    finally:
+        bar.close()
+    if report.num_timeouts or report.num_republished_frames or report.num_unanswered:
+        print(f'[{label}] {report.num_timeouts} episodes timed out, '
+              f'{report.num_unanswered} ended by an unanswered frame, '
+              f'{report.num_republished_frames} frames republished: the VLA node held '
+              'some frames (invalid actions? run with --verbose)')
+    if report.num_late_ticks:
+        print(f'[{label}] {report.num_late_ticks} simulator ticks came late (longest gap '
+              f'{report.max_tick_gap_ms:.0f} ms): the machine did not keep '
+              f'{plan["control_rate_hz"]:g} Hz')
+    return report
 
 
 def _camera_frames(args, plan, unnorm_key, cache: dict) -> list:
@@ -534,7 +574,8 @@ def run(args) -> int:
 
     plan = resolve_options(args)       # every option checked before anything loads
     if 'lockstep' in plan['parts']:
-        check_lockstep_model(args.model, args.sim_mode)
+        for model in plan['lockstep_models']:
+            check_lockstep_model(model, args.sim_mode)
     reason = sim_unavailable_reason()
     if reason is not None:
         raise ValueError(f'the simulator is unavailable: {reason}')

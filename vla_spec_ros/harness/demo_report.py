@@ -132,6 +132,57 @@ def format_lockstep_table(record: dict) -> str:
     return _table(head, rows)
 
 
+def format_realtime_table(record: dict) -> str:
+    """The lock-step part run with --sim-mode realtime: one row per (model, mode, r, camera
+    delay d) with success per task, the node's latency, the bridge's stale commands and late
+    ticks, and a chunked model's steps on the node."""
+    lock, tasks = record['lockstep'], record['tasks']
+    models = lock.get('models') or [record['model']]
+    head = (['model'] if len(models) > 1 else []) + [
+        'mode', 'r', 'camera delay d', 'success'] + list(tasks) + [
+        'latency p50 / p99 ms', 'stale / hold commands / steps', 'late ticks',
+        'chunk steps published / skipped', 'chunk run-outs', 'episodes']
+    rows = []
+    for r in lock['rows']:
+        chunk = r.get('action_chunk', 1)
+        chunk_cells = (['-', '-'] if chunk <= 1 else [
+            f"{r['num_chunk_steps_published']} / {r['num_chunk_steps_skipped']}",
+            r['num_chunk_run_outs']])
+        model = f"{r.get('model', record['model'])} (" + (
+            'single-step)' if chunk <= 1 else f'chunks of {chunk})')
+        rows.append(([model] if len(models) > 1 else []) + [
+            r['mode'], r['relax_threshold'], r.get('camera_delay', 0), _fmt(r['success_rate'])]
+            + [_fmt(r['success_rate_per_task'].get(t)) for t in tasks]
+            + [f"{_fmt(r['latency_p50_ms'], 1)} / {_fmt(r['latency_p99_ms'], 1)}",
+               f"{r['num_stale_commands']} / {r.get('num_hold_commands', 0)} / {r['num_steps']}",
+               r.get('num_late_ticks', 0)]
+            + chunk_cells + [len(r['episodes'])])
+    return _table(head, rows)
+
+
+def realtime_caption(record: dict) -> str:
+    lock = record['lockstep']
+    return (f"Real time at {lock['control_rate_hz']:g} Hz: the bridge steps the arm on its timer "
+            'with the newest command (zero motion when none is younger than its timeout: stale '
+            'commands; hold commands: steps with a zero twist the node published as a hold, '
+            'e.g. no image yet or a chunk that ran out). Camera '
+            'delay d: the frame rendered at period t is published at t + d with its capture '
+            'stamp, so a single-step action lands at least d periods late and the node '
+            'executes a chunk time-aligned by the stamp (its first d steps skipped). Latency: '
+            'frame published -> its first command received by the bridge (the camera delay '
+            'not included). Late ticks: more than 1.5 periods after the previous one. Chunk '
+            'steps and run-outs are the node\'s counters while episodes ran.\n')
+
+
+def lockstep_rows_placed(record: dict) -> list[dict]:
+    """The lock-step part's rows whose latency is placed on the delay curve: the first model's,
+    r = 0, without a camera delay."""
+    lock = record.get('lockstep') or {}
+    first = (lock.get('models') or [record.get('model')])[0]
+    return [r for r in lock.get('rows', []) if r['relax_threshold'] == 0
+            and r.get('camera_delay', 0) == 0 and r.get('model', first) == first]
+
+
 def format_task_table(rows: list[dict], tasks, label) -> str:
     """Success per task, one row per configuration."""
     head = ['configuration'] + list(tasks)
@@ -243,8 +294,7 @@ def placements(record: dict) -> list[dict]:
     if 'delay' not in record or 'speed' not in record:
         return []
     curve = delay_curve(record)
-    node = {r['mode']: r for r in (record.get('lockstep') or {}).get('rows', [])
-            if r['relax_threshold'] == 0}
+    node = {r['mode']: r for r in lockstep_rows_placed(record)}
     out = []
     for rate_key, per_mode in record['speed'].get('paced', {}).items():
         rate = float(rate_key)
@@ -448,7 +498,12 @@ def format_report(record: dict) -> str:
         out += [f"## Streaming: the ROS 2 node fed by a camera at "
                 f"{record['stream']['rate_hz']:g} Hz (the speed measurement)\n",
                 format_stream_table(record), _stream_caption(record)]
-    if 'lockstep' in record:
+    if 'lockstep' in record and record['lockstep'].get('sim_mode') == 'realtime':
+        lock = record['lockstep']
+        out += [f"## Real time through the ROS 2 node and the simulator bridge "
+                f"({_episodes(lock['episodes'])} per task and row): success\n",
+                format_realtime_table(record), realtime_caption(record)]
+    elif 'lockstep' in record:
         lock = record['lockstep']
         out += [f"## Lock-step through the ROS 2 node and the simulator bridge "
                 f"({_episodes(lock['episodes'])} per task and mode): success\n",
@@ -490,6 +545,7 @@ def format_report(record: dict) -> str:
 
 __all__ = ['KEEPS_UP_FRACTION', 'WHERE_MODEL', 'REFERENCE_7B_TITLE', 'measured',
            'format_report', 'format_summary', 'format_stream_table', 'format_lockstep_table',
+           'format_realtime_table', 'realtime_caption', 'lockstep_rows_placed',
            'format_speed_table', 'format_delay_table', 'format_relax_table', 'format_task_table',
            'mode_label', 'place', 'placements', 'stream_placements', 'reference_placements',
            'curve_rate', 'delay_curve', 'success_at', 'same_as_ar', 'model_label',

@@ -356,6 +356,7 @@ class SimBridgeNode(Node):
             counters.num_late_ticks = self._ticks.num_late_ticks
             counters.max_tick_gap_s = self._ticks.max_gap_s
             linear, angular, gripper, is_fresh = self._realtime.command_at(now)
+            counters.num_hold_commands += int(is_fresh and self._realtime.is_hold)
             image = self._apply(self._action(linear, angular, gripper), is_command=is_fresh)
             if image is not None:
                 self._take_frame(image)

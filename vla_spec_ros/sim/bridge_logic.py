@@ -456,9 +456,15 @@ class RealtimeCommand:
         self._answers = answers
         self._timeout_s = check_number('command_timeout_s', command_timeout_s, above=0.0)
         self._first_stamp_ns: int | None = None     # None: no episode, every answer ignored
-        self._twist: tuple | None = None            # (linear, angular, receipt_s)
+        self._twist: tuple | None = None            # (linear, angular, receipt_s, is_hold)
         self._gripper = float(initial_gripper_position)
         self.num_ignored_answers = 0
+
+    @property
+    def is_hold(self) -> bool:
+        """Whether the newest twist is a hold (a zero twist answering no frame: the node's
+        watchdog, a stale image, a chunk that ran out), not an action."""
+        return self._twist is not None and self._twist[3]
 
     def begin_episode(self, first_stamp_ns: int, initial_gripper_position: float) -> None:
         """Forget the previous command; from now on answers to frames >= first_stamp_ns."""
@@ -475,7 +481,7 @@ class RealtimeCommand:
         if is_answer and not self._is_current(stamp_ns):
             self.num_ignored_answers += 1
         elif all(math.isfinite(v) for v in tuple(linear) + tuple(angular)):
-            self._twist = (tuple(linear), tuple(angular), float(receipt_s))
+            self._twist = (tuple(linear), tuple(angular), float(receipt_s), not is_answer)
         self._apply_grippers()
 
     def on_gripper(self, position: float) -> None:
@@ -677,6 +683,7 @@ class EpisodeCounters:
     #                                     real time, to an earlier episode's frames
     is_timed_out: bool = False          # episode_timeout_s / run_episode's timeout
     is_unanswered: bool = False         # lock-step: a frame unanswered after max_republish
+    num_hold_commands: int = 0          # real time: steps with a hold twist (zero, no frame)
     num_late_ticks: int = 0             # real time: ticks > LATE_TICK_PERIODS after the last
     max_tick_gap_s: float = 0.0         # real time: the longest time between two ticks
 
