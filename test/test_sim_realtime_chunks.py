@@ -10,7 +10,7 @@ import pytest
 
 from vla_spec_ros.sim.bridge_logic import (
     LATE_TICK_PERIODS, MAX_CAMERA_DELAY, AnswerPairs, BridgeSettings, DelayedCamera,
-    FrameRegistry, RealtimeCommand, TickMonitor, check_camera_delay)
+    FrameRegistry, RealtimeCommand, TickMonitor, answer_lag, check_camera_delay)
 
 # Unique per module and per run (other modules use 1..230).
 DOMAIN_ID = 231 + (os.getpid() % 2)
@@ -97,7 +97,29 @@ def test_realtime_tells_hold_twists_from_answers():
     state.on_twist(5_555, (0, 0, 0), (0, 0, 0), 0.0)           # node-clock stamp: a hold
     assert state.is_hold and state.command_at(0.1)[3]          # applied, fresh, a hold
     state.on_twist(1_000, (1, 0, 0), (0, 0, 0), 0.2)           # the frame's answer
-    assert not state.is_hold
+    assert not state.is_hold and state.source == (1_000, 0)
+    state.on_twist(1_000 + 2 * 100_000_000, (2, 0, 0), (0, 0, 0), 0.3)   # its chunk step 2
+    assert state.source == (1_000, 2) and state.command_at(0.3)[0] == (2, 0, 0)
+
+
+def test_realtime_ignores_a_previous_episodes_chunk_steps_stamped_after_the_new_start():
+    period_ns = 100_000_000
+    frames = FrameRegistry()
+    frames.add(1_000, 0.0)                                     # episode A's frame
+    frames.add(1_000 + period_ns // 2, 0.0)                    # episode B's first frame
+    state = RealtimeCommand(AnswerPairs(frames, chunk_period_s=0.1), 0.5, 1.0)
+    state.begin_episode(1_000 + period_ns // 2, 1.0)
+    # Step 3 of A's chunk is stamped after B began, but it answers A's frame.
+    state.on_twist(1_000 + 3 * period_ns, (3, 0, 0), (0, 0, 0), 0.0)
+    state.on_gripper(0.0)
+    assert state.num_ignored_answers == 1 and state.source is None
+    assert state.command_at(0.0) == ((0, 0, 0), (0, 0, 0), 1.0, False)
+
+
+def test_answer_lag_counts_periods_after_the_planned_state():
+    assert answer_lag(7, 5, 2) == 0          # step 2 of period 5's chunk, applied at 7
+    assert answer_lag(7, 5, 0) == 2          # a single action from a frame 2 periods old
+    assert answer_lag(7, 5, 3) == -1         # a late tick took the next slot's step
 
 
 def demo_parser():
@@ -134,6 +156,7 @@ def realtime_row(model, chunk, delay, success, **counts):
            'success_rate_per_task': {TASK: success}, 'latency_p50_ms': 20.0,
            'latency_p99_ms': 40.0, 'num_stale_commands': 1, 'num_hold_commands': 2,
            'num_steps': 100, 'num_late_ticks': 0, 'num_chunk_steps_published': 0,
+           'num_answer_steps': 80, 'answer_lag_sum': 160, 'num_answer_steps_on_time': 0,
            'num_chunk_steps_skipped': 0, 'num_chunk_run_outs': 0, 'episodes': [{}] * 3}
     row.update(counts)
     return row
@@ -144,16 +167,18 @@ def test_demo_realtime_table_one_row_per_model_and_camera_delay():
     rows = [realtime_row('single', 1, 0, 1.0), realtime_row('single', 1, 2, 0.33),
             realtime_row('chunked', K, 0, 1.0, num_chunk_steps_published=90),
             realtime_row('chunked', K, 2, 0.67, num_chunk_steps_published=80,
-                         num_chunk_steps_skipped=60, num_chunk_run_outs=3)]
+                         num_chunk_steps_skipped=60, num_chunk_run_outs=3, answer_lag_sum=2,
+                         num_answer_steps_on_time=78)]
     record = {'model': 'single', 'tasks': [TASK], 'lockstep': {
         'episodes': 3, 'sim_mode': 'realtime', 'control_rate_hz': 10.0, 'rows': rows,
         'models': ['single', 'chunked'], 'camera_delays': [0, 2]}}
     table = demo_report.format_realtime_table(record)
     lines = [line for line in table.splitlines() if line.startswith('| chunked')]
     assert lines[1].split(' | ')[1:] == [
-        'pipeline_spec', '0', '2', '0.67', '0.67', '20.0 / 40.0', '1 / 2 / 100', '0', '80 / 60',
-        '3', '3 |']
-    assert '| single (single-step) | pipeline_spec | 0 | 2 | 0.33 |' in table
+        'pipeline_spec', '0', '2', '0.67', '0.67', '20.0 / 40.0', '0.03, 98%', '1 / 2 / 100', '0',
+        '80 / 60', '3', '3 |']
+    assert ('| single (single-step) | pipeline_spec | 0 | 2 | 0.33 | 0.33 | 20.0 / 40.0 | '
+            '2.00, 0% |') in table
     report = demo_report.format_report(record)
     assert 'Real time through the ROS 2 node' in report and 'Camera delay d' in report
     # Only the first model's row without a camera delay is placed on the delay curve.
@@ -280,6 +305,8 @@ def test_chunked_policy_in_real_time_with_a_camera_delay(ros_domain, chunked_pol
     # already past when it arrived (its image was stamped d periods before publication).
     assert report.num_actions >= 1 and report.num_chunk_steps_published >= 1
     assert report.num_chunk_steps_skipped >= delay
+    # ... and the bridge applied steps planned for the state they acted on (lag 0).
+    assert counters.num_answer_steps >= 1 and counters.num_answer_steps_on_time >= 1
     # Publication d periods after the stamp: never earlier (half a period of timer jitter),
     # and not much later on a loaded machine.
     assert len(frames) >= 1

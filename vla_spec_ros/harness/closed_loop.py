@@ -78,6 +78,12 @@ class ClosedLoopReport:
     camera_delay: int = 0            # real time: frames published d periods after capture
     num_hold_commands: int = 0       # real time: steps with a hold twist from the node
     num_late_ticks: int = 0          # real time: bridge ticks > 1.5 periods after the last
+    # Real time: steps applying an answer, and how many periods after the state it was planned
+    # for each was applied (bridge_logic.EpisodeCounters: 0 = time-aligned).
+    num_answer_steps: int = 0
+    answer_lag_sum: int = 0
+    num_answer_steps_on_time: int = 0
+    num_answer_steps_early: int = 0
     max_tick_gap_ms: float = math.nan   # real time: the longest time between two ticks
     action_chunk: int = 1            # control steps per answered frame (the checkpoint's K)
     # A chunked model's steps on the node (ros/diagnostics.py), counted while episodes ran
@@ -86,6 +92,13 @@ class ClosedLoopReport:
     num_chunk_steps_skipped: int = 0
     num_chunks_replaced: int = 0
     num_chunk_run_outs: int = 0
+
+    @property
+    def mean_answer_lag(self) -> float:
+        """Real time: mean periods between the state an applied answer was planned for and the
+        state it was applied to (NaN without answers)."""
+        return (self.answer_lag_sum / self.num_answer_steps if self.num_answer_steps
+                else math.nan)
 
     @property
     def node_actions_per_s(self) -> float:
@@ -97,11 +110,13 @@ class ClosedLoopReport:
         out = asdict(self)
         out['episodes'] = [asdict(e) for e in self.episodes]
         out['node_actions_per_s'] = self.node_actions_per_s
+        out['mean_answer_lag'] = self.mean_answer_lag
         return out
 
     @classmethod
     def from_dict(cls, data: dict) -> 'ClosedLoopReport':
-        data = {k: v for k, v in data.items() if k != 'node_actions_per_s'}
+        data = {k: v for k, v in data.items()
+                if k not in ('node_actions_per_s', 'mean_answer_lag')}
         data['episodes'] = [EpisodeResult(**e) for e in data['episodes']]
         return cls(**{k: (math.nan if v is None else v) for k, v in data.items()})
 
@@ -408,6 +423,9 @@ def _accumulate(report: ClosedLoopReport, result: EpisodeResult, log) -> None:
     report.num_unanswered += int(counters.is_unanswered)
     report.num_late_ticks += counters.num_late_ticks
     report.num_hold_commands += counters.num_hold_commands
+    for name in ('num_answer_steps', 'answer_lag_sum', 'num_answer_steps_on_time',
+                 'num_answer_steps_early'):
+        setattr(report, name, getattr(report, name) + getattr(counters, name))
     if report.sim_mode == 'realtime':
         gap_ms = 1e3 * counters.max_tick_gap_s
         report.max_tick_gap_ms = (gap_ms if math.isnan(report.max_tick_gap_ms)

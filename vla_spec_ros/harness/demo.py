@@ -318,6 +318,14 @@ def check_lockstep_model(model: str, sim_mode: str) -> None:
             '--sim-mode realtime')
 
 
+def _load_average() -> list | None:
+    """The 1, 5 and 15 minute load averages (None where the system has none)."""
+    try:
+        return [round(x, 2) for x in os.getloadavg()]
+    except OSError:
+        return None
+
+
 def machine_info() -> dict:
     info = {'platform': platform.platform(), 'python': platform.python_version(),
             'processor': platform.processor() or platform.machine(),
@@ -391,7 +399,10 @@ def _run_lockstep(args, plan, unnorm_key, cache) -> dict:
                 if len(plan['lockstep_models']) > 1:
                     label = f'{model} {label}'
                 report = _closed_loop_row(args, plan, policy, key, camera_delay, label)
-                lock['rows'].append(dict(report.to_dict(), model=model))
+                lock['rows'].append(dict(report.to_dict(), model=model,
+                                         load_avg_at_end=_load_average()))
+                if 'save_part' in cache:       # a long run keeps each row
+                    cache['save_part']('lockstep', lock)
     return lock
 
 
@@ -595,7 +606,13 @@ def run(args) -> int:
     runners = {'stream': _run_stream, 'speed': _run_speed, 'lockstep': _run_lockstep,
                'delay': _run_delay, 'relax': _run_relax}
     stem = f'demo-{time.strftime("%Y%m%d-%H%M%S")}'
-    cache: dict = {}
+
+    def save_part(part, value):
+        """Write the record with a part still running (its rows so far)."""
+        record[part] = value
+        record['wall_s'] = time.perf_counter() - start
+        write_results(args.out, record, stem)
+    cache: dict = {'save_part': save_part}
     for part in ('speed', 'stream', 'lockstep', 'delay', 'relax'):
         if part in plan['parts']:
             part_start = time.perf_counter()

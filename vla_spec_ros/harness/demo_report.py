@@ -140,7 +140,8 @@ def format_realtime_table(record: dict) -> str:
     models = lock.get('models') or [record['model']]
     head = (['model'] if len(models) > 1 else []) + [
         'mode', 'r', 'camera delay d', 'success'] + list(tasks) + [
-        'latency p50 / p99 ms', 'stale / hold commands / steps', 'late ticks',
+        'latency p50 / p99 ms', 'applied answers: mean lag (periods), on time',
+        'stale / hold commands / steps', 'late ticks',
         'chunk steps published / skipped', 'chunk run-outs', 'episodes']
     rows = []
     for r in lock['rows']:
@@ -154,10 +155,20 @@ def format_realtime_table(record: dict) -> str:
             r['mode'], r['relax_threshold'], r.get('camera_delay', 0), _fmt(r['success_rate'])]
             + [_fmt(r['success_rate_per_task'].get(t)) for t in tasks]
             + [f"{_fmt(r['latency_p50_ms'], 1)} / {_fmt(r['latency_p99_ms'], 1)}",
+               _lag_cell(r),
                f"{r['num_stale_commands']} / {r.get('num_hold_commands', 0)} / {r['num_steps']}",
                r.get('num_late_ticks', 0)]
             + chunk_cells + [len(r['episodes'])])
     return _table(head, rows)
+
+
+def _lag_cell(row: dict) -> str:
+    """'1.02, 3%': the mean lag of the applied answers and the share applied on time."""
+    num = row.get('num_answer_steps') or 0
+    if not num:
+        return '-'
+    return (f"{row['answer_lag_sum'] / num:.2f}, "
+            f"{100 * row['num_answer_steps_on_time'] / num:.0f}%")
 
 
 def realtime_caption(record: dict) -> str:
@@ -170,7 +181,9 @@ def realtime_caption(record: dict) -> str:
             'stamp, so a single-step action lands at least d periods late and the node '
             'executes a chunk time-aligned by the stamp (its first d steps skipped). Latency: '
             'frame published -> its first command received by the bridge (the camera delay '
-            'not included). Late ticks: more than 1.5 periods after the previous one. Chunk '
+            'not included). Lag of an applied answer: the period of the state it was applied '
+            'to minus (its frame\'s period + its chunk step), 0 = time-aligned; on time: lag '
+            '0. Late ticks: more than 1.5 periods after the previous one. Chunk '
             'steps and run-outs are the node\'s counters while episodes ran.\n')
 
 

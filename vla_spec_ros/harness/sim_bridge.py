@@ -91,6 +91,7 @@ class SimBridgeNode(Node):
             initial_gripper=logic.gripper_openness(s.gripper_open_position, s))
         # Real time: frames between capture and publication, and the ticks' regularity.
         self._camera = logic.DelayedCamera(s.camera_delay)
+        self._frame_periods: dict = {}         # this episode's frame stamps -> capture period
         self._ticks = logic.TickMonitor(1.0 / s.control_rate_hz)
         self._period = 0                       # control period of the running episode
         self._log = logic.EpisodeLog()
@@ -142,6 +143,7 @@ class SimBridgeNode(Node):
             self._matcher.begin_episode()     # fresh counts; the answer FIFOs carry over
             self._delay.begin_episode()
             self._camera.begin_episode()
+            self._frame_periods.clear()
             self._period = 0
             self._done.clear()
             self._episode = (env.task.name, int(seed), instruction)
@@ -223,6 +225,7 @@ class SimBridgeNode(Node):
             self._publish_frame(stamp_ns, msg)
             return stamp_ns
         period = self._log.counters.num_steps       # the frame of control period t
+        self._frame_periods[stamp_ns] = period
         self._camera.capture(period, (stamp_ns, msg))
         for due_stamp_ns, due_msg in self._camera.due(period):
             self._publish_frame(due_stamp_ns, due_msg)
@@ -357,6 +360,15 @@ class SimBridgeNode(Node):
             counters.max_tick_gap_s = self._ticks.max_gap_s
             linear, angular, gripper, is_fresh = self._realtime.command_at(now)
             counters.num_hold_commands += int(is_fresh and self._realtime.is_hold)
+            source = self._realtime.source if is_fresh else None
+            if source is not None and source[0] in self._frame_periods:
+                # This step acts on the state of period num_steps (the frame of that period).
+                lag = logic.answer_lag(counters.num_steps, self._frame_periods[source[0]],
+                                       source[1])
+                counters.num_answer_steps += 1
+                counters.answer_lag_sum += lag
+                counters.num_answer_steps_on_time += int(lag == 0)
+                counters.num_answer_steps_early += int(lag < 0)
             image = self._apply(self._action(linear, angular, gripper), is_command=is_fresh)
             if image is not None:
                 self._take_frame(image)

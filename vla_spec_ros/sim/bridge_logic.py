@@ -446,9 +446,10 @@ class LockstepMatcher:
 class RealtimeCommand:
     """Newest command and its age, for a controller stepping at a fixed rate.
 
-    Only answers to frames of the running episode count: a twist stamped before the episode's
-    first frame, and the gripper paired with it, are ignored (`num_ignored_answers`). Holds
-    (zero twists with unregistered stamps) are always taken: they stop the arm.
+    Only answers to frames of the running episode count: a twist answering a frame stamped
+    before the episode's first frame (a chunk step included, whatever its own stamp), and the
+    gripper paired with it, are ignored (`num_ignored_answers`). Holds (zero twists with
+    unregistered stamps) are always taken: they stop the arm.
     """
 
     def __init__(self, answers: AnswerPairs, command_timeout_s: float,
@@ -456,7 +457,8 @@ class RealtimeCommand:
         self._answers = answers
         self._timeout_s = check_number('command_timeout_s', command_timeout_s, above=0.0)
         self._first_stamp_ns: int | None = None     # None: no episode, every answer ignored
-        self._twist: tuple | None = None            # (linear, angular, receipt_s, is_hold)
+        # (linear, angular, receipt_s, (frame stamp, chunk step) or None for a hold)
+        self._twist: tuple | None = None
         self._gripper = float(initial_gripper_position)
         self.num_ignored_answers = 0
 
@@ -464,7 +466,12 @@ class RealtimeCommand:
     def is_hold(self) -> bool:
         """Whether the newest twist is a hold (a zero twist answering no frame: the node's
         watchdog, a stale image, a chunk that ran out), not an action."""
-        return self._twist is not None and self._twist[3]
+        return self._twist is not None and self._twist[3] is None
+
+    @property
+    def source(self) -> tuple[int, int] | None:
+        """(frame stamp, chunk step index) the newest twist answers; None for a hold or none."""
+        return None if self._twist is None else self._twist[3]
 
     def begin_episode(self, first_stamp_ns: int, initial_gripper_position: float) -> None:
         """Forget the previous command; from now on answers to frames >= first_stamp_ns."""
@@ -477,11 +484,12 @@ class RealtimeCommand:
         return self._first_stamp_ns is not None and stamp_ns >= self._first_stamp_ns
 
     def on_twist(self, stamp_ns: int, linear, angular, receipt_s: float) -> None:
-        is_answer = self._answers.on_twist(stamp_ns, linear, angular)
-        if is_answer and not self._is_current(stamp_ns):
+        located = self._answers.registry.frame_of(stamp_ns, self._answers.chunk_period_s)
+        self._answers.on_twist(stamp_ns, linear, angular)
+        if located is not None and not self._is_current(located[0]):
             self.num_ignored_answers += 1
         elif all(math.isfinite(v) for v in tuple(linear) + tuple(angular)):
-            self._twist = (tuple(linear), tuple(angular), float(receipt_s), not is_answer)
+            self._twist = (tuple(linear), tuple(angular), float(receipt_s), located)
         self._apply_grippers()
 
     def on_gripper(self, position: float) -> None:
@@ -500,6 +508,12 @@ class RealtimeCommand:
         if twist is None or now_s - twist[2] > self._timeout_s:
             return (0.0, 0.0, 0.0), (0.0, 0.0, 0.0), self._gripper, False
         return twist[0], twist[1], self._gripper, True
+
+
+def answer_lag(step_period: int, frame_period: int, step_index: int) -> int:
+    """Periods between the state an answer was planned for (its frame's period + its chunk
+    step) and the state of `step_period` it is applied to (EpisodeCounters)."""
+    return int(step_period) - (int(frame_period) + int(step_index))
 
 
 class DelayedCamera:
@@ -684,6 +698,13 @@ class EpisodeCounters:
     is_timed_out: bool = False          # episode_timeout_s / run_episode's timeout
     is_unanswered: bool = False         # lock-step: a frame unanswered after max_republish
     num_hold_commands: int = 0          # real time: steps with a hold twist (zero, no frame)
+    # Real time, steps applying an answer: lag = the step's control period - (its frame's
+    # period + its chunk step), i.e. how many periods after the state it was planned for it
+    # was applied (0: time-aligned; a single-step answer to a frame d periods old: >= d).
+    num_answer_steps: int = 0
+    answer_lag_sum: int = 0
+    num_answer_steps_on_time: int = 0   # lag 0
+    num_answer_steps_early: int = 0     # lag < 0 (a late tick took the next slot's step)
     num_late_ticks: int = 0             # real time: ticks > LATE_TICK_PERIODS after the last
     max_tick_gap_s: float = 0.0         # real time: the longest time between two ticks
 
@@ -703,7 +724,7 @@ class EpisodeLog:
 __all__ = ['SIM_MODES', 'BridgeSettings', 'DESCRIPTIONS', 'gripper_openness', 'action_from_twist',
            'next_stamp_ns', 'FrameRegistry', 'DelayedLockstep', 'chunk_step_due', 'check_delay',
            'check_camera_delay', 'DelayedCamera', 'TickMonitor', 'MAX_CAMERA_DELAY',
-           'LATE_TICK_PERIODS',
+           'LATE_TICK_PERIODS', 'answer_lag',
            'DELAY_HOLDS', 'DELAY_FRAMES', 'MAX_CHUNK_STEPS', 'MatchedCommand', 'AnswerPairs',
            'LockstepMatcher', 'RealtimeCommand', 'EpisodeCounters', 'EpisodeLog', 'END_SUCCESS',
            'END_MAX_STEPS', 'END_TIMEOUT', 'END_UNANSWERED', 'END_STOPPED']
