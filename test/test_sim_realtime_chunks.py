@@ -10,7 +10,7 @@ import pytest
 
 from vla_spec_ros.sim.bridge_logic import (
     LATE_TICK_PERIODS, MAX_CAMERA_DELAY, AnswerPairs, BridgeSettings, DelayedCamera,
-    FrameRegistry, RealtimeCommand, TickMonitor, answer_lag, check_camera_delay)
+    FrameRegistry, RealtimeCommand, TickMonitor, answer_lag, check_camera_delay, due_stamp_ns)
 
 # Unique per module and per run (other modules use 1..230).
 DOMAIN_ID = 231 + (os.getpid() % 2)
@@ -95,11 +95,59 @@ def test_realtime_tells_hold_twists_from_answers():
     state.begin_episode(1_000, 1.0)
     assert not state.is_hold                                   # nothing received yet
     state.on_twist(5_555, (0, 0, 0), (0, 0, 0), 0.0)           # node-clock stamp: a hold
-    assert state.is_hold and state.command_at(0.1)[3]          # applied, fresh, a hold
+    assert not state.is_hold                                   # not in effect before a tick
+    assert state.command_at(0.1)[3] and state.is_hold          # applied, fresh, a hold
     state.on_twist(1_000, (1, 0, 0), (0, 0, 0), 0.2)           # the frame's answer
+    state.command_at(0.2)
     assert not state.is_hold and state.source == (1_000, 0)
     state.on_twist(1_000 + 2 * 100_000_000, (2, 0, 0), (0, 0, 0), 0.3)   # its chunk step 2
-    assert state.source == (1_000, 2) and state.command_at(0.3)[0] == (2, 0, 0)
+    assert state.command_at(0.3)[0] == (2, 0, 0) and state.source == (1_000, 2)
+
+
+PERIOD_NS = 100_000_000
+
+
+def chunk_state(*frames_ns):
+    frames = FrameRegistry()
+    for stamp in frames_ns:
+        frames.add(stamp, 0.0)
+    state = RealtimeCommand(AnswerPairs(frames, chunk_period_s=0.1), 0.5, 1.0)
+    state.begin_episode(frames_ns[0], 1.0)
+    return state
+
+
+def test_realtime_applies_a_chunk_step_only_from_its_time_with_its_gripper():
+    frame = 1_000_000_000
+    state = chunk_state(frame)
+    for index, gripper in ((0, 0.0), (1, 0.5)):     # step 1 arrives before the tick (late)
+        state.on_twist(frame + index * PERIOD_NS, (index, 0, 0), (0, 0, 0), 0.0)
+        state.on_gripper(gripper)
+    # The tick steps the state captured at `frame`: step 1 (a period later) waits.
+    due = due_stamp_ns(frame, 0.1)
+    assert due == frame + PERIOD_NS // 2
+    assert state.command_at(0.05, due) == ((0, 0, 0), (0, 0, 0), 0.0, True)
+    assert state.source == (frame, 0)
+    # The next state (captured a period later): step 1 with its gripper.
+    assert state.command_at(0.15, due + PERIOD_NS) == ((1, 0, 0), (0, 0, 0), 0.5, True)
+
+
+def test_realtime_a_newer_due_twist_supersedes_earlier_waiting_ones():
+    old, new = 1_000_000_000, 1_000_000_000 + PERIOD_NS + 3_000_000
+    state = chunk_state(old, new)
+    state.on_twist(old + 2 * PERIOD_NS, (2, 0, 0), (0, 0, 0), 0.0)   # old chunk, step 2
+    state.on_gripper(0.2)
+    state.on_twist(new + PERIOD_NS, (9, 0, 0), (0, 0, 0), 0.01)      # new chunk, step 1
+    state.on_gripper(0.9)
+    # Both are due for the state after `new`; the newest received wins, the old one is gone.
+    due = due_stamp_ns(new + PERIOD_NS, 0.1)
+    assert state.command_at(0.02, due) == ((9, 0, 0), (0, 0, 0), 0.9, True)
+    assert state.command_at(0.03, due + PERIOD_NS)[0] == (9, 0, 0)
+    # A newer due twist drops a waiting one received before it, even one not yet due.
+    state.on_twist(new + 3 * PERIOD_NS, (3, 0, 0), (0, 0, 0), 0.04)   # new chunk, step 3
+    state.on_twist(7_777, (0, 0, 0), (0, 0, 0), 0.05)                 # a hold, stamped early
+    assert state.command_at(0.06, due + PERIOD_NS) == ((0, 0, 0), (0, 0, 0), 0.9, True)
+    assert state.is_hold
+    assert state.command_at(0.07, due + 5 * PERIOD_NS)[0] == (0, 0, 0)
 
 
 def test_realtime_ignores_a_previous_episodes_chunk_steps_stamped_after_the_new_start():

@@ -358,7 +358,9 @@ class SimBridgeNode(Node):
             counters = self._log.counters
             counters.num_late_ticks = self._ticks.num_late_ticks
             counters.max_tick_gap_s = self._ticks.max_gap_s
-            linear, angular, gripper, is_fresh = self._realtime.command_at(now)
+            # The state being stepped is the newest frame captured (published or not).
+            linear, angular, gripper, is_fresh = self._realtime.command_at(
+                now, logic.due_stamp_ns(self._last_stamp_ns, self.settings.control_period))
             counters.num_hold_commands += int(is_fresh and self._realtime.is_hold)
             source = self._realtime.source if is_fresh else None
             if source is not None and source[0] in self._frame_periods:

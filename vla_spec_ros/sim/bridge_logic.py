@@ -34,10 +34,16 @@ Two ways to turn a stream of commands into simulator steps:
   time-aligned in process, and real time executes them as the node publishes them.
   A frame may be published again `max_republish` times, then the episode fails
   (`should_republish`): a held answer (e.g. an invalid token) repeats for the same frame.
-- real time (`RealtimeCommand`): every control period the newest twist is used when it was
-  received less than `command_timeout_s` ago, else zero motion; the gripper holds its last
-  value (a servo controller's incoming-command timeout). Answers to frames published before the
-  episode's first frame (a previous episode's) are ignored, twist and gripper alike.
+- real time (`RealtimeCommand`): every control period the newest twist that is due is used
+  when it was received less than `command_timeout_s` ago, else zero motion; the gripper holds
+  its last value (a servo controller's incoming-command timeout). Due: stamped no later than
+  the state being stepped (its frame's stamp) + half a control period. The node publishes a
+  chunk's step i + 1 at its slot start, which is only the simulator's step and render time after
+  the tick that steps the state of step i's slot; a tick that runs that little late would
+  otherwise take the next slot's step. Such a twist waits for its time (with its gripper); a
+  newer twist that becomes due supersedes every twist received before it. Answers to frames
+  published before the episode's first frame (a previous episode's) are ignored, twist and
+  gripper alike.
 
 Camera delay in real time (`DelayedCamera`, `camera_delay` d > 0): the frame rendered at control
 period t is published at period t + d, after that period's step and render, keeping its
@@ -443,8 +449,20 @@ class LockstepMatcher:
         return command
 
 
+@dataclass
+class _ReceivedTwist:
+    """A finite twist as received, and the gripper paired with it once that arrives."""
+
+    stamp_ns: int
+    linear: tuple
+    angular: tuple
+    receipt_s: float
+    source: tuple | None            # (frame stamp, chunk step) it answers; None for a hold
+    gripper: float | None = None
+
+
 class RealtimeCommand:
-    """Newest command and its age, for a controller stepping at a fixed rate.
+    """Newest due command and its age, for a controller stepping at a fixed rate (module doc).
 
     Only answers to frames of the running episode count: a twist answering a frame stamped
     before the episode's first frame (a chunk step included, whatever its own stamp), and the
@@ -453,30 +471,33 @@ class RealtimeCommand:
     """
 
     def __init__(self, answers: AnswerPairs, command_timeout_s: float,
-                 initial_gripper_position: float):
+                 initial_gripper_position: float, max_waiting: int = 64):
         self._answers = answers
         self._timeout_s = check_number('command_timeout_s', command_timeout_s, above=0.0)
         self._first_stamp_ns: int | None = None     # None: no episode, every answer ignored
-        # (linear, angular, receipt_s, (frame stamp, chunk step) or None for a hold)
-        self._twist: tuple | None = None
+        self._twist: _ReceivedTwist | None = None   # in effect
+        # Received, not yet in effect (receipt order); bounded in case stamps run far ahead.
+        self._waiting: deque = deque(maxlen=check_int('max_waiting', max_waiting, minimum=1))
         self._gripper = float(initial_gripper_position)
         self.num_ignored_answers = 0
 
     @property
     def is_hold(self) -> bool:
-        """Whether the newest twist is a hold (a zero twist answering no frame: the node's
+        """Whether the twist in effect is a hold (a zero twist answering no frame: the node's
         watchdog, a stale image, a chunk that ran out), not an action."""
-        return self._twist is not None and self._twist[3] is None
+        return self._twist is not None and self._twist.source is None
 
     @property
     def source(self) -> tuple[int, int] | None:
-        """(frame stamp, chunk step index) the newest twist answers; None for a hold or none."""
-        return None if self._twist is None else self._twist[3]
+        """(frame stamp, chunk step index) the twist in effect answers; None for a hold or
+        none."""
+        return None if self._twist is None else self._twist.source
 
     def begin_episode(self, first_stamp_ns: int, initial_gripper_position: float) -> None:
         """Forget the previous command; from now on answers to frames >= first_stamp_ns."""
         self._first_stamp_ns = int(first_stamp_ns)
         self._twist = None
+        self._waiting.clear()
         self._gripper = float(initial_gripper_position)
         self.num_ignored_answers = 0
 
@@ -489,7 +510,8 @@ class RealtimeCommand:
         if located is not None and not self._is_current(located[0]):
             self.num_ignored_answers += 1
         elif all(math.isfinite(v) for v in tuple(linear) + tuple(angular)):
-            self._twist = (tuple(linear), tuple(angular), float(receipt_s), located)
+            self._waiting.append(_ReceivedTwist(int(stamp_ns), tuple(linear), tuple(angular),
+                                                float(receipt_s), located))
         self._apply_grippers()
 
     def on_gripper(self, position: float) -> None:
@@ -497,17 +519,46 @@ class RealtimeCommand:
         self._apply_grippers()
 
     def _apply_grippers(self) -> None:
+        """Attach each paired gripper to its twist: at once when that twist is in effect, else
+        when it takes effect; a superseded or ignored twist's gripper is dropped."""
         for pair in self._answers.pop():
-            if self._is_current(pair.stamp_ns) and math.isfinite(pair.gripper_position):
-                self._gripper = pair.gripper_position
+            if not (self._is_current(pair.stamp_ns) and math.isfinite(pair.gripper_position)):
+                continue
+            key = (pair.stamp_ns, pair.step_index)
+            if self._twist is not None and self._twist.source == key:
+                self._twist.gripper = self._gripper = pair.gripper_position
+                continue
+            for twist in self._waiting:
+                if twist.source == key:
+                    twist.gripper = pair.gripper_position
+                    break
 
-    def command_at(self, now_s: float) -> tuple[tuple, tuple, float, bool]:
-        """(linear, angular, gripper position, is_fresh); a stale or missing twist gives zero
-        motion, the gripper keeps its newest value."""
+    def command_at(self, now_s: float,
+                   due_stamp_ns: int | None = None) -> tuple[tuple, tuple, float, bool]:
+        """(linear, angular, gripper position, is_fresh) at `now_s` (receipt clock). The newest
+        received twist stamped at or before `due_stamp_ns` (None: any) takes effect, and every
+        twist received before it is dropped; a stale or missing twist gives zero motion, the
+        gripper keeps its newest value."""
+        newest = None
+        for index, twist in enumerate(self._waiting):
+            if due_stamp_ns is None or twist.stamp_ns <= due_stamp_ns:
+                newest = index
+        if newest is not None:
+            for _ in range(newest):
+                self._waiting.popleft()
+            self._twist = self._waiting.popleft()
+            if self._twist.gripper is not None:
+                self._gripper = self._twist.gripper
         twist = self._twist
-        if twist is None or now_s - twist[2] > self._timeout_s:
+        if twist is None or now_s - twist.receipt_s > self._timeout_s:
             return (0.0, 0.0, 0.0), (0.0, 0.0, 0.0), self._gripper, False
-        return twist[0], twist[1], self._gripper, True
+        return twist.linear, twist.angular, self._gripper, True
+
+
+def due_stamp_ns(state_stamp_ns: int, control_period_s: float) -> int:
+    """The latest twist stamp applied to the state captured at `state_stamp_ns`: half a
+    control period later (module doc, real time)."""
+    return int(state_stamp_ns) + round(0.5 * control_period_s * 1e9)
 
 
 def answer_lag(step_period: int, frame_period: int, step_index: int) -> int:
@@ -724,7 +775,7 @@ class EpisodeLog:
 __all__ = ['SIM_MODES', 'BridgeSettings', 'DESCRIPTIONS', 'gripper_openness', 'action_from_twist',
            'next_stamp_ns', 'FrameRegistry', 'DelayedLockstep', 'chunk_step_due', 'check_delay',
            'check_camera_delay', 'DelayedCamera', 'TickMonitor', 'MAX_CAMERA_DELAY',
-           'LATE_TICK_PERIODS', 'answer_lag',
+           'LATE_TICK_PERIODS', 'answer_lag', 'due_stamp_ns',
            'DELAY_HOLDS', 'DELAY_FRAMES', 'MAX_CHUNK_STEPS', 'MatchedCommand', 'AnswerPairs',
            'LockstepMatcher', 'RealtimeCommand', 'EpisodeCounters', 'EpisodeLog', 'END_SUCCESS',
            'END_MAX_STEPS', 'END_TIMEOUT', 'END_UNANSWERED', 'END_STOPPED']
