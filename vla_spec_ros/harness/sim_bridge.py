@@ -25,8 +25,9 @@ republications the episode ends unsuccessfully (`is_unanswered`, end reason "una
 period k's frame is applied at period k + d, `delay_hold` holding in between; with
 `delay_frames: one_in_flight` the frames of the periods in between are not published (the model
 would be busy) and the held action is applied at once. "realtime": a timer steps at
-`control_rate_hz` with the newest command younger than `command_timeout_s`, else zero motion
-with the gripper held (bridge_logic.RealtimeCommand); answers to a previous episode's frames are
+`control_rate_hz` with the newest due command (stamped no later than the stepped state + half
+a period) younger than `command_timeout_s`, else zero motion with the gripper held
+(bridge_logic.RealtimeCommand); answers to a previous episode's frames are
 ignored. With `camera_delay` d > 0 (real time only, bridge_logic.DelayedCamera) the frame
 rendered at period t is published at period t + d with its capture stamp: the node sees an image
 d periods old, and executes a chunk time-aligned by that stamp. Ticks that came more than 1.5
