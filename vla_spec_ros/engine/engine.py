@@ -154,8 +154,11 @@ class Engine:
         """Tokens -> ActionResult (de-tokenise, un-normalise, validity check)."""
         decoded = self.runner.codec.decode(request.tokens)
         stats = self._stats[request.unnorm_key]
-        action = stats.unnormalize(np.nan_to_num(decoded.normalized, nan=0.0))
         is_valid, reason = decoded.is_valid, decoded.invalid_reason
+        normalized = decoded.normalized
+        if not np.isfinite(normalized).all():   # a non-action token's NaN (nan_to_num is slow)
+            normalized = np.nan_to_num(normalized, nan=0.0)
+        action = stats.unnormalize(normalized)
         if is_valid and not np.all(np.isfinite(action)):
             is_valid, reason = False, f'non-finite action {action.tolist()}'
         if not is_valid:

@@ -62,6 +62,10 @@ class PackedStrategy:
         self.drafter = drafter
         if self.is_speculative and drafter is None:
             raise ValueError(f'mode {config.mode!r} needs a draft head (draft_path)')
+        # A drafter that reads no verifier features (the previous action) is handed no prefix
+        # embeddings: embedding the accepted chain tokens and concatenating them to the prompt
+        # would be device work that nobody reads.
+        self.drafter_needs_features = drafter is not None and drafter.needs_features
         self.max_inflight = config.num_inflight
         self.max_prefills = config.num_prefills_per_step
         # Speculative prefill: the longest chain a prefill block carries (0 = off). The last
@@ -220,8 +224,10 @@ class PackedStrategy:
             if self.is_speculative and not is_done:
                 # The drafter's prefix: the prompt, then the accepted chain tokens.
                 num_prefix = request.prefix_len + len(emitted) - 1
+                embeds = self._prefix_embeds(prefill_embeds[p], emitted[:-1]) \
+                    if self.drafter_needs_features else None
                 begins.append(DraftBegin(
-                    request.request_id, self._prefix_embeds(prefill_embeds[p], emitted[:-1]),
+                    request.request_id, embeds,
                     range(block_start, block_start + num_prefix), emitted[-1],
                     request.stream_id, tuple(emitted[:-1]), request.control_step))
             block_start += block

@@ -13,6 +13,7 @@ tokens (the step's one device -> host read) and the hidden states (left on the d
 """
 from __future__ import annotations
 
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -32,6 +33,8 @@ from .kernel_choice import select_layer_kernels, with_attention_backend
 from .packed_forward import GraphedFunction, PackedForward
 from ..result import Frame
 from .step_inputs import HostStep
+
+MAX_CACHED_INSTRUCTIONS = 32   # prompt ids kept by ``validate_instruction``
 
 TORCH_DTYPES = {'float32': torch.float32, 'float64': torch.float64,
                 'bfloat16': torch.bfloat16, 'float16': torch.float16}
@@ -83,6 +86,8 @@ class ModelRunner:
         self._vision_graph = GraphedFunction(self._vision, self.device) \
             if self.use_cuda_graphs else None
         self._frames = FrameUploader(self.device)
+        # (tokenizer, instruction) -> prompt ids (``validate_instruction``)
+        self._instruction_ids: OrderedDict[tuple, tuple[int, ...]] = OrderedDict()
 
     @property
     def max_action_tokens(self) -> int:
@@ -95,7 +100,21 @@ class ModelRunner:
         return self.model.language_model
 
     def validate_instruction(self, instruction: str) -> list[int]:
-        return self.tokenizer.encode(instruction)
+        """The instruction's prompt ids (a new list; ``PromptError`` for a bad instruction).
+        A robot repeats its instruction frame after frame: the ids of the last
+        ``MAX_CACHED_INSTRUCTIONS`` are kept, so tokenising costs once per instruction."""
+        if not isinstance(instruction, str):
+            return self.tokenizer.encode(instruction)       # refused there
+        key = (self.tokenizer, instruction)
+        ids = self._instruction_ids.get(key)
+        if ids is None:
+            ids = tuple(self.tokenizer.encode(instruction))   # raises for a bad instruction
+            if len(self._instruction_ids) >= MAX_CACHED_INSTRUCTIONS:
+                self._instruction_ids.popitem(last=False)
+            self._instruction_ids[key] = ids
+        else:
+            self._instruction_ids.move_to_end(key)
+        return list(ids)
 
     def prefix_len(self, input_ids: list[int]) -> int:
         return len(input_ids) + self.cfg.num_patches
@@ -114,7 +133,7 @@ class ModelRunner:
         the vision towers run while the host goes on planning the step. Waits remain the
         first time: a new instruction's ids, the first normalisation constants, the vision
         graph's capture."""
-        ids = input_ids if input_ids is not None else self.tokenizer.encode(frame.instruction)
+        ids = input_ids if input_ids is not None else self.validate_instruction(frame.instruction)
         pixels = self.prepare_pixels(frame, engine_cfg)
         if self._vision_graph is not None:
             patches = self._vision_graph({'pixels': pixels[None]})['patches'].clone()
@@ -170,6 +189,11 @@ class ModelRunner:
     @torch.no_grad()
     def greedy(self, hidden: torch.Tensor, restrict_to_action_tokens: bool) -> torch.Tensor:
         """(T, H) hidden -> (T,) argmax token ids (S1: over the full vocabulary by default)."""
+        return self.greedy_rows(hidden, restrict_to_action_tokens)
+
+    def greedy_rows(self, hidden: torch.Tensor, restrict_to_action_tokens: bool) -> torch.Tensor:
+        """``greedy`` for callers already under inference mode (the packed step): the same
+        operations without entering ``no_grad`` once more."""
         logits = self.lm.logits(hidden)
         if restrict_to_action_tokens:
             logits = logits + self._action_mask.to(logits.dtype)
@@ -199,22 +223,31 @@ class RingRunner:
     def _step(self, batch: StepBatch, ints: dict, dense: dict) -> dict:
         """Embeddings -> verifier -> greedy tokens; what a CUDA graph of this bucket holds."""
         runner = self.runner
-        x = runner.embed_tokens(ints['token_ids'])
         lp = batch.num_prefill
+        # A step of prefills only (no segment rows) embeds no tokens and concatenates nothing:
+        # the same rows, a few small operations fewer (the shapes are the bucket's, so a graph
+        # takes the same branch every replay).
+        has_segments = ints['token_ids'].shape[0] > 0
+        x = runner.embed_tokens(ints['token_ids']) if has_segments or not lp else None
         if lp:
             prompts = dense['prefill_embeds']
             if 'prefill_chain_rows' in ints:     # speculative prefill: drafted chain rows
                 prompts = prompts.index_copy(0, ints['prefill_chain_rows'],
                                              runner.embed_tokens(ints['prefill_chain_ids']))
-            x = torch.cat([prompts, x], dim=0)
+            x = torch.cat([prompts, x], dim=0) if has_segments else prompts
         if self.is_dense:
             batch = dense_batch(batch, self.cache.num_slots)
         hidden = runner.lm.forward_hidden(x, batch, self.cache, self.kernels)
         # Greedy rows: each prefill's read rows (its last real row, then any drafted chain rows,
         # padded), then every segment row (padding included).
-        rows = torch.cat([hidden.index_select(0, ints['prefill_read']), hidden[lp:]]) \
-            if lp else hidden
-        return {'hidden': hidden, 'tokens': runner.greedy(rows, self.restrict_to_action_tokens)}
+        if not lp:
+            rows = hidden
+        elif has_segments:
+            rows = torch.cat([hidden.index_select(0, ints['prefill_read']), hidden[lp:]])
+        else:
+            rows = hidden.index_select(0, ints['prefill_read'])
+        return {'hidden': hidden,
+                'tokens': runner.greedy_rows(rows, self.restrict_to_action_tokens)}
 
     def run(self, step: HostStep, prefill_embeds: Sequence[torch.Tensor] = ()):
         """-> (greedy tokens as a list: ``step.reads_per_prefill`` per prefill (its read rows,

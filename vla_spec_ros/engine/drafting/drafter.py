@@ -23,6 +23,8 @@ if TYPE_CHECKING:       # annotations only: the interface itself needs no torch
 class DraftBegin:
     """After a prefill: the prefix's embeddings (L, H), the rows of the features tensor that
     hold the verifier's f_0..f_{L-1}, and the root (the verifier's argmax at L-1).
+    ``prefix_embeds`` is None for a drafter that reads no features (``Drafter.needs_features``
+    False): the engine does not build what nobody reads.
 
     With speculative prefill the prefill block also carried a drafted chain: the ``m`` chain
     tokens it accepted are ``decided_before_root`` (the request's first m action tokens), the
@@ -30,7 +32,7 @@ class DraftBegin:
     its last m rows), and the root is the token the verifier decided after them."""
 
     request_id: int
-    prefix_embeds: torch.Tensor
+    prefix_embeds: torch.Tensor | None
     feature_rows: Sequence[int]
     root_token: int
     stream_id: str = ''             # the request's camera stream (temporal drafting needs it)
@@ -75,6 +77,13 @@ class Drafter:
 
     def release(self, request_id: int) -> None:
         raise NotImplementedError
+
+    @property
+    def needs_features(self) -> bool:
+        """Whether ``update`` reads ``DraftBegin.prefix_embeds`` and the verifier's features
+        (a draft head does). When False the engine hands ``prefix_embeds=None`` and skips
+        embedding the prefix: a drafter that drafts from decided tokens alone needs neither."""
+        return True
 
     @property
     def has_prefill_draft(self) -> bool:

@@ -142,6 +142,10 @@ class PreviousActionDrafter(Drafter):
         return trees
 
     @property
+    def needs_features(self) -> bool:
+        return False                # the chain comes from decided tokens alone
+
+    @property
     def has_prefill_draft(self) -> bool:
         return True
 
