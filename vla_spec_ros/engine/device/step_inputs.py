@@ -250,11 +250,12 @@ def pack_step(prefills: Sequence[PrefillRows], segments: Sequence[SegmentRows],
         raise ValueError(f'pack_step: {len(segments)} segments / {len(moves)} moves do not fit '
                          f'the padded sizes {num_s} / {num_m} (rows {q}, cols {k})')
     lengths = [p.length for p in prefills]
-    num_chain = max([len(p.chain) for p in prefills], default=0) \
-        if chain_per_prefill is None else chain_per_prefill
-    num_entries = None if chain_per_prefill is None else chain_per_prefill   # None: tight
-    if any(len(p.chain) > num_chain for p in prefills):
-        raise ValueError(f'pack_step: chain_per_prefill {num_chain} < a prefill\'s chain')
+    if chain_per_prefill is None:       # tight: as many entries as each block's chain
+        num_chain = max([len(p.chain) for p in prefills], default=0)
+    else:
+        num_chain = chain_per_prefill
+        if any(len(p.chain) > num_chain for p in prefills):
+            raise ValueError(f'pack_step: chain_per_prefill {num_chain} < a prefill\'s chain')
     if prefill_rows is not None and any(n > prefill_rows for n in lengths):
         raise ValueError(f'pack_step: prefill_rows {prefill_rows} < a prefill length '
                          f'{max(lengths)}')
@@ -265,42 +266,48 @@ def pack_step(prefills: Sequence[PrefillRows], segments: Sequence[SegmentRows],
     prefill_read, chain_ids, chain_rows, start = [], [], [], 0
     for prefill, block in zip(prefills, blocks):
         length = prefill.length
-        positions[start:start + length] = np.arange(length)
-        slot_mapping[start:start + length] = (prefill.base + np.arange(length)) % prefill.modulus
+        logical = np.arange(length)
+        positions[start:start + length] = logical
+        logical += prefill.base
+        logical %= prefill.modulus
+        slot_mapping[start:start + length] = logical
         last = start + length - 1
-        prefill_read += list(range(last - prefill.num_read + 1, last + 1))
+        prefill_read += range(last - prefill.num_read + 1, last + 1)
         prefill_read += [last] * (num_chain + 1 - prefill.num_read)
-        entries = len(prefill.chain) if num_entries is None else num_entries
+        entries = len(prefill.chain) if chain_per_prefill is None else chain_per_prefill
         if prefill.prompt_len + entries > block:
             raise ValueError(f'pack_step: a prefill block of {block} rows has no room for '
                              f'{entries} chain rows after its {prefill.prompt_len}-row prompt')
-        chain_ids += [*prefill.chain, *[0] * (entries - len(prefill.chain))]
+        chain_ids += prefill.chain
+        chain_ids += [0] * (entries - len(prefill.chain))
         chain_rows += range(start + prefill.prompt_len, start + prefill.prompt_len + entries)
         start += block
     token_ids = np.zeros(num_s * q, dtype=np.int64)
     kv_index = np.full((num_s, k), scratch_slot, dtype=np.int64)
     mask = np.zeros((num_s, q, k), dtype=np.bool_)
-    mask[len(segments):, :, 0] = True       # padding rows read column 0 only (never NaN)
-    columns = np.arange(k)
+    if num_s > len(segments):
+        mask[len(segments):, :, 0] = True   # padding rows read column 0 only (never NaN)
     for s, seg in enumerate(segments):
-        n, cols = seg.num_rows, seg.num_cols
+        n, cols, base, modulus = seg.num_rows, seg.num_cols, seg.base, seg.modulus
         if n > q or cols > k:
             raise ValueError(f'pack_step: a segment of {n} rows x {cols} slots exceeds the '
                              f'padded {q} x {k}')
-        kv_index[s, :cols] = (seg.base + columns[:cols]) % seg.modulus
+        kv_index[s, :cols] = np.arange(base, base + cols) % modulus
         r0 = lp + s * q
         positions[r0:r0 + n] = seg.positions
-        slot_mapping[r0:r0 + n] = (seg.base + np.asarray(seg.slots)) % seg.modulus
+        slot_mapping[r0:r0 + n] = [(base + slot) % modulus for slot in seg.slots]
         token_ids[s * q:s * q + n] = seg.tokens
-        mask[s, n:, 0] = True
-        mask[s, :n, :seg.num_visible] = True
-        t0, t1 = seg.tree_start, seg.tree_start + seg.tree_mask.shape[1]
-        mask[s, :n, t0:t1] |= seg.tree_mask
+        rows = mask[s]                          # (q, k) view
+        rows[n:, 0] = True
+        rows[:n, :seg.num_visible] = True
+        t0 = seg.tree_start
+        rows[:n, t0:t0 + seg.tree_mask.shape[1]] |= seg.tree_mask
     copy_src = np.full(num_m, scratch_slot, dtype=np.int64)
     copy_dst = np.full(num_m, scratch_slot, dtype=np.int64)
     if moves:
         copy_src[:len(moves)], copy_dst[:len(moves)] = zip(*moves)
-    extras = {name: np.asarray(a, dtype=np.int64) for name, a in (extras or {}).items()}
+    extras = {name: np.asarray(a, dtype=np.int64) for name, a in extras.items()} \
+        if extras else {}
     if prefills:
         extras['prefill_read'] = np.array(prefill_read, dtype=np.int64)
         if chain_ids:
