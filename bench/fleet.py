@@ -279,9 +279,9 @@ def run_one(args, context, num_robots: int, mode: str, frames_by_robot,
                 timed_before = timed_now
         elapsed = time.monotonic() - start
         bench.measure_from = float('inf')       # frames from now on are not timed
+        camera_hz = (bench.frames_published() - start_frames) / elapsed   # before the drain
         time.sleep(min(1.0, args.max_action_age))   # the last timed frames' answers
         actions, zeros, diag = bench.counts()
-        camera_hz = (bench.frames_published() - start_frames) / elapsed
     finally:
         bench.stop()
         executor.shutdown(timeout_sec=10.0)
