@@ -259,7 +259,7 @@ def run_one(args, context, num_robots: int, mode: str, frames_by_robot,
                 raise RuntimeError('node did not start:\n' + ''.join(log_lines[-30:]))
             time.sleep(0.2)
         time.sleep(args.warmup_seconds)
-        start_actions, _, start_diag = bench.counts()
+        _, _, start_diag = bench.counts()
         start_frames = bench.frames_published()
         start = time.monotonic()
         bench.measure_from = start
@@ -292,9 +292,11 @@ def run_one(args, context, num_robots: int, mode: str, frames_by_robot,
             process.wait(timeout=30)
         except subprocess.TimeoutExpired:
             process.kill()
-    per_robot = {r: (actions[r] - start_actions[r]) / elapsed for r in robots}
     timed = bench.timed_frames()
     latencies = {r: np.asarray(bench.latencies[r]) * 1e3 for r in robots}
+    # Actions answering the frames of the measured window, over the window (the drain after
+    # it only lets the last of them arrive).
+    per_robot = {r: len(latencies[r]) / elapsed for r in robots}
     stages = {r: {key: _float(diag.get(r, {}), key) for key in STAGE_KEYS} for r in robots}
     dropped = {r: _float(diag.get(r, {}), 'frames_dropped')
                - _float(start_diag.get(r, {}), 'frames_dropped') for r in robots}
