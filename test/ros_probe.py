@@ -45,6 +45,55 @@ def ros_graph(domain_id: int, probe_name: str, num_threads: int = 1):
         thread.join(timeout=5.0)
 
 
+@contextlib.contextmanager
+def ros_domain_environment(domain_id: int):
+    """ROS_DOMAIN_ID and localhost-only discovery for what runs inside (nodes a harness makes
+    in its own Context read them); the previous values are restored after."""
+    keys = ('ROS_DOMAIN_ID', 'ROS_AUTOMATIC_DISCOVERY_RANGE')
+    saved = {key: os.environ.get(key) for key in keys}
+    os.environ['ROS_DOMAIN_ID'] = str(domain_id)
+    os.environ['ROS_AUTOMATIC_DISCOVERY_RANGE'] = 'LOCALHOST'
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+class TopicProbe:
+    """A node of its own Context, spun on its own thread, keeping `convert(msg, node)` of every
+    message on one topic (in arrival order)."""
+
+    def __init__(self, name: str, msg_type, topic: str, qos, convert):
+        self.context = rclpy.Context()
+        rclpy.init(context=self.context)
+        self.node = Node(name, context=self.context)
+        self.items, self._lock, self._convert = [], threading.Lock(), convert
+        self.node.create_subscription(msg_type, topic, self._record, qos)
+        self.executor = SingleThreadedExecutor(context=self.context)
+        self.executor.add_node(self.node)
+        self.thread = threading.Thread(target=self.executor.spin, daemon=True)
+        self.thread.start()
+
+    def _record(self, msg):
+        item = self._convert(msg, self.node)
+        with self._lock:
+            self.items.append(item)
+
+    def snapshot(self) -> list:
+        with self._lock:
+            return list(self.items)
+
+    def close(self):
+        self.executor.shutdown()
+        self.node.destroy_node()
+        rclpy.try_shutdown(context=self.context)
+        self.thread.join(timeout=5.0)
+
+
 def wait_until(predicate, timeout=TIMEOUT, what='condition'):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

@@ -50,15 +50,9 @@ def model_and_key():
 
 @pytest.fixture(scope='module')
 def ros_domain():
-    saved = {k: os.environ.get(k) for k in ('ROS_DOMAIN_ID', 'ROS_AUTOMATIC_DISCOVERY_RANGE')}
-    os.environ['ROS_DOMAIN_ID'] = str(DOMAIN_ID)
-    os.environ['ROS_AUTOMATIC_DISCOVERY_RANGE'] = 'LOCALHOST'
-    yield
-    for key, value in saved.items():
-        if value is None:
-            os.environ.pop(key, None)
-        else:
-            os.environ[key] = value
+    from ros_probe import ros_domain_environment
+    with ros_domain_environment(DOMAIN_ID):
+        yield
 
 
 @pytest.fixture(scope='module')
@@ -68,46 +62,20 @@ def policy():
     return VLAPolicy.from_pretrained(model, restrict_to_action_tokens=True), key
 
 
-class ActionProbe:
-    """A node of its own Context recording Float64MultiArray messages on one topic."""
+def action_probe(topic):
+    """Every Float64MultiArray on `topic` as a float64 array (a node of its own Context)."""
+    from std_msgs.msg import Float64MultiArray
 
-    def __init__(self, topic):
-        import rclpy
-        from rclpy.executors import SingleThreadedExecutor
-        from rclpy.node import Node
-        from std_msgs.msg import Float64MultiArray
-
-        from vla_spec_ros.ros.qos import COMMAND_QOS
-        self._rclpy = rclpy
-        self.context = rclpy.Context()
-        rclpy.init(context=self.context)
-        self.node = Node('closed_loop_probe', context=self.context)
-        self.items, self._lock = [], threading.Lock()
-        self.node.create_subscription(Float64MultiArray, topic, self._record, COMMAND_QOS)
-        self.executor = SingleThreadedExecutor(context=self.context)
-        self.executor.add_node(self.node)
-        self.thread = threading.Thread(target=self.executor.spin, daemon=True)
-        self.thread.start()
-
-    def _record(self, msg):
-        with self._lock:
-            self.items.append(np.array(msg.data, dtype=np.float64))
-
-    def snapshot(self):
-        with self._lock:
-            return list(self.items)
-
-    def close(self):
-        self.executor.shutdown()
-        self.node.destroy_node()
-        self._rclpy.try_shutdown(context=self.context)
-        self.thread.join(timeout=5.0)
+    from ros_probe import TopicProbe
+    from vla_spec_ros.ros.qos import COMMAND_QOS
+    return TopicProbe('closed_loop_probe', Float64MultiArray, topic, COMMAND_QOS,
+                      lambda msg, node: np.array(msg.data, dtype=np.float64))
 
 
 def run_once(policy_and_key, namespace, probe_topic=None):
     from vla_spec_ros.harness.closed_loop import run_closed_loop
     policy, key = policy_and_key
-    probe = ActionProbe(probe_topic) if probe_topic else None
+    probe = action_probe(probe_topic) if probe_topic else None
     logs = []
     try:
         report = run_closed_loop(policy, [TASK], 1, seed=3, sim_mode='lockstep',

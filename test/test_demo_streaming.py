@@ -210,15 +210,9 @@ def test_demo_rejects_bad_stream_options_before_loading_anything(argv, option, m
 
 @pytest.fixture
 def ros_domain():
-    saved = {k: os.environ.get(k) for k in ('ROS_DOMAIN_ID', 'ROS_AUTOMATIC_DISCOVERY_RANGE')}
-    os.environ['ROS_DOMAIN_ID'] = str(DOMAIN_ID)
-    os.environ['ROS_AUTOMATIC_DISCOVERY_RANGE'] = 'LOCALHOST'
-    yield
-    for key, value in saved.items():
-        if value is None:
-            os.environ.pop(key, None)
-        else:
-            os.environ[key] = value
+    from ros_probe import ros_domain_environment
+    with ros_domain_environment(DOMAIN_ID):
+        yield
 
 
 @pytest.mark.skipif(not (HAS_ROS and HAS_TORCH), reason='needs rclpy + ROS messages and torch')

@@ -11,7 +11,7 @@ each test on its own domain):
   recording is readable up to its last closed split, and the engine started again (as
   `respawn` would) serves its robots from their fresh frames. Every command carries the stamp
   of a frame published for its robot, in increasing order per robot.
-- overload is fair and bounded: five robots at 30 Hz on one engine (more than it answers on
+- overload is fair and bounded: six robots at 30 Hz on one engine (more than it answers on
   two cores): each robot's answered fraction is above half the mean, no robot waits long
   between actions, no action is older than `max_action_age`, and /diagnostics says the engine
   is saturated (WARN) with per-robot answered fractions.
@@ -370,7 +370,9 @@ def test_overload_is_fair_bounded_and_reported(tmp_path):
 
     from ros_probe import Recorder, ros_graph
 
-    robots = ['r0', 'r1', 'r2', 'r3', 'r4']
+    # Six 30 Hz cameras: about 1.5x what the engine answers on two cores (it answered about
+    # 120 frames/s in total with five, 81 % each: too close to serving them all).
+    robots = [f'r{i}' for i in range(6)]
     max_age = 0.5
     fleet = {'fleet': {
         'parameters': {'model_path': 'metaworld-demo', 'enabled': True, 'torch_threads': 1,
@@ -409,7 +411,7 @@ def test_overload_is_fair_bounded_and_reported(tmp_path):
     node_answered = {r: float(statuses[f'/vla_busy: inference ({r})'][2]['answered_fraction'])
                      for r in robots}
     node_mean = sum(node_answered.values()) / len(robots)
-    assert 0.0 < node_mean < 0.8, node_answered       # overloaded indeed
+    assert 0.0 < node_mean < 0.85, node_answered      # overloaded indeed
     assert all(a > 0.5 * node_mean for a in node_answered.values()), node_answered
     assert all(a > 0.5 * mean for a in answered.values()), answered
     for robot in robots:
@@ -421,7 +423,7 @@ def test_overload_is_fair_bounded_and_reported(tmp_path):
         assert max(ages) < max_age + 0.5, (robot, max(ages))
     # /diagnostics: the engine is saturated (WARN, with the reason), each robot's fraction.
     assert level == bytes([1]) and message.startswith('saturated'), message
-    assert values['saturated'] == 'true' and values['robots'] == '5'
+    assert values['saturated'] == 'true' and values['robots'] == str(len(robots))
     for robot in robots:
         _, _, own = statuses[f'/vla_busy: inference ({robot})']
         assert float(own['action_age_max_ms']) <= 1e3 * max_age

@@ -4,7 +4,6 @@ with a camera delay, and the closed loop's refusal of lock-step for a chunked po
 import dataclasses
 import os
 import statistics
-import threading
 
 import pytest
 
@@ -242,15 +241,9 @@ def _sim_reason():
 
 @pytest.fixture(scope='module')
 def ros_domain():
-    saved = {k: os.environ.get(k) for k in ('ROS_DOMAIN_ID', 'ROS_AUTOMATIC_DISCOVERY_RANGE')}
-    os.environ['ROS_DOMAIN_ID'] = str(DOMAIN_ID)
-    os.environ['ROS_AUTOMATIC_DISCOVERY_RANGE'] = 'LOCALHOST'
-    yield
-    for key, value in saved.items():
-        if value is None:
-            os.environ.pop(key, None)
-        else:
-            os.environ[key] = value
+    from ros_probe import ros_domain_environment
+    with ros_domain_environment(DOMAIN_ID):
+        yield
 
 
 @pytest.fixture(scope='module')
@@ -285,43 +278,18 @@ def test_closed_loop_refuses_lockstep_for_a_chunked_policy(chunked_policy):
                         unnorm_key=key)
 
 
-class ImageProbe:
-    """A node of its own Context recording (header stamp, receipt time) of every image, both
-    in node-clock nanoseconds."""
+def image_probe(topic):
+    """(header stamp, receipt time) of every image on `topic`, both in node-clock nanoseconds
+    (a node of its own Context)."""
+    from sensor_msgs.msg import Image
 
-    def __init__(self, topic):
-        import rclpy
-        from rclpy.executors import SingleThreadedExecutor
-        from rclpy.node import Node
-        from sensor_msgs.msg import Image
+    from ros_probe import TopicProbe
+    from vla_spec_ros.ros.qos import IMAGE_QOS
 
-        from vla_spec_ros.ros.qos import IMAGE_QOS
-        self._rclpy = rclpy
-        self.context = rclpy.Context()
-        rclpy.init(context=self.context)
-        self.node = Node('camera_delay_probe', context=self.context)
-        self.items, self._lock = [], threading.Lock()
-        self.node.create_subscription(Image, topic, self._record, IMAGE_QOS)
-        self.executor = SingleThreadedExecutor(context=self.context)
-        self.executor.add_node(self.node)
-        self.thread = threading.Thread(target=self.executor.spin, daemon=True)
-        self.thread.start()
-
-    def _record(self, msg):
-        receipt_ns = self.node.get_clock().now().nanoseconds
-        stamp_ns = msg.header.stamp.sec * 1_000_000_000 + msg.header.stamp.nanosec
-        with self._lock:
-            self.items.append((stamp_ns, receipt_ns))
-
-    def snapshot(self):
-        with self._lock:
-            return list(self.items)
-
-    def close(self):
-        self.executor.shutdown()
-        self.node.destroy_node()
-        self._rclpy.try_shutdown(context=self.context)
-        self.thread.join(timeout=5.0)
+    def stamp_and_receipt(msg, node):
+        receipt_ns = node.get_clock().now().nanoseconds
+        return msg.header.stamp.sec * 1_000_000_000 + msg.header.stamp.nanosec, receipt_ns
+    return TopicProbe('camera_delay_probe', Image, topic, IMAGE_QOS, stamp_and_receipt)
 
 
 def test_chunked_policy_in_real_time_with_a_camera_delay(ros_domain, chunked_policy):
@@ -330,7 +298,7 @@ def test_chunked_policy_in_real_time_with_a_camera_delay(ros_domain, chunked_pol
     rate_hz, delay, max_steps = 10.0, 2, 10
     period_s = 1.0 / rate_hz
     namespace = f'/test_rt_chunks_{os.getpid()}'
-    probe = ImageProbe(f'{namespace}/vla_spec/image')
+    probe = image_probe(f'{namespace}/vla_spec/image')
     logs = []
     try:
         report = run_closed_loop(policy, [TASK], 1, seed=4, sim_mode='realtime',
