@@ -36,6 +36,12 @@ from .step_inputs import HostStep
 
 MAX_CACHED_INSTRUCTIONS = 32   # prompt ids kept by ``validate_instruction``
 
+
+def _joined(parts: list) -> torch.Tensor:
+    """Row blocks in order, concatenated only when there are several."""
+    return parts[0] if len(parts) == 1 else torch.cat(parts, dim=0)
+
+
 TORCH_DTYPES = {'float32': torch.float32, 'float64': torch.float64,
                 'bfloat16': torch.bfloat16, 'float16': torch.float16}
 
@@ -86,8 +92,8 @@ class ModelRunner:
         self._vision_graph = GraphedFunction(self._vision, self.device) \
             if self.use_cuda_graphs else None
         self._frames = FrameUploader(self.device)
-        # (tokenizer, instruction) -> prompt ids (``validate_instruction``)
-        self._instruction_ids: OrderedDict[tuple, tuple[int, ...]] = OrderedDict()
+        # instruction -> prompt ids (``validate_instruction``; the tokenizer is this runner's)
+        self._instruction_ids: OrderedDict[str, tuple[int, ...]] = OrderedDict()
 
     @property
     def max_action_tokens(self) -> int:
@@ -105,15 +111,14 @@ class ModelRunner:
         ``MAX_CACHED_INSTRUCTIONS`` are kept, so tokenising costs once per instruction."""
         if not isinstance(instruction, str):
             return self.tokenizer.encode(instruction)       # refused there
-        key = (self.tokenizer, instruction)
-        ids = self._instruction_ids.get(key)
+        ids = self._instruction_ids.get(instruction)
         if ids is None:
             ids = tuple(self.tokenizer.encode(instruction))   # raises for a bad instruction
             if len(self._instruction_ids) >= MAX_CACHED_INSTRUCTIONS:
                 self._instruction_ids.popitem(last=False)
-            self._instruction_ids[key] = ids
+            self._instruction_ids[instruction] = ids
         else:
-            self._instruction_ids.move_to_end(key)
+            self._instruction_ids.move_to_end(instruction)
         return list(ids)
 
     def prefix_len(self, input_ids: list[int]) -> int:
@@ -224,28 +229,29 @@ class RingRunner:
         """Embeddings -> verifier -> greedy tokens; what a CUDA graph of this bucket holds."""
         runner = self.runner
         lp = batch.num_prefill
-        # A step of prefills only (no segment rows) embeds no tokens and concatenates nothing:
-        # the same rows, a few small operations fewer (the shapes are the bucket's, so a graph
-        # takes the same branch every replay).
+        # Rows: the prefill blocks, then the segments'. A step of prefills only (or of segments
+        # only) embeds and concatenates nothing for the missing part (the shapes are the
+        # bucket's, so a graph takes the same path every replay).
         has_segments = ints['token_ids'].shape[0] > 0
-        x = runner.embed_tokens(ints['token_ids']) if has_segments or not lp else None
+        inputs, reads = [], []
         if lp:
             prompts = dense['prefill_embeds']
             if 'prefill_chain_rows' in ints:     # speculative prefill: drafted chain rows
                 prompts = prompts.index_copy(0, ints['prefill_chain_rows'],
                                              runner.embed_tokens(ints['prefill_chain_ids']))
-            x = torch.cat([prompts, x], dim=0) if has_segments else prompts
+            inputs.append(prompts)
+        if has_segments:
+            inputs.append(runner.embed_tokens(ints['token_ids']))
         if self.is_dense:
             batch = dense_batch(batch, self.cache.num_slots)
-        hidden = runner.lm.forward_hidden(x, batch, self.cache, self.kernels)
+        hidden = runner.lm.forward_hidden(_joined(inputs), batch, self.cache, self.kernels)
         # Greedy rows: each prefill's read rows (its last real row, then any drafted chain rows,
         # padded), then every segment row (padding included).
-        if not lp:
-            rows = hidden
-        elif has_segments:
-            rows = torch.cat([hidden.index_select(0, ints['prefill_read']), hidden[lp:]])
-        else:
-            rows = hidden.index_select(0, ints['prefill_read'])
+        if lp:
+            reads.append(hidden.index_select(0, ints['prefill_read']))
+        if has_segments:
+            reads.append(hidden[lp:])
+        rows = _joined(reads)
         return {'hidden': hidden,
                 'tokens': runner.greedy_rows(rows, self.restrict_to_action_tokens)}
 
