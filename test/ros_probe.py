@@ -40,9 +40,9 @@ def ros_graph(domain_id: int, probe_name: str, num_threads: int = 1):
         yield context, executor, probe_node
     finally:
         executor.shutdown()
+        thread.join(timeout=5.0)          # before the node is destroyed (TopicProbe.close)
         probe_node.destroy_node()
         rclpy.shutdown(context=context)
-        thread.join(timeout=5.0)
 
 
 @contextlib.contextmanager
@@ -88,10 +88,12 @@ class TopicProbe:
             return list(self.items)
 
     def close(self):
+        # The spin thread ends before the node is destroyed: a callback still running against
+        # a destroyed node fails, and its future reports the error on stderr at exit.
         self.executor.shutdown()
+        self.thread.join(timeout=5.0)
         self.node.destroy_node()
         rclpy.try_shutdown(context=self.context)
-        self.thread.join(timeout=5.0)
 
 
 def wait_until(predicate, timeout=TIMEOUT, what='condition'):
