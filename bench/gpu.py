@@ -24,6 +24,10 @@ JSON + Markdown to ``--out``.
   pipeline_spec rows (bench/gpu_parts.py);
 - ``attention``: the same with ``attention_backend`` segments, then ring (fused kernels on
   for both);
+- ``paced``: 1, 2 and 4 robots, each camera at ``--camera-hz`` (paced, not saturating), AR
+  and the default configuration at each ``max_prefills_per_step``: per-robot frames answered
+  and capture -> action p50 / p99, against one robot's floor (vision + one prefill) measured in
+  the same run (bench/gpu_paced.py);
 - ``fp8``: ``weight_dtype`` auto, then fp8 (the weights loaded again and quantised): the model
   pieces and the ar / pipeline / pipeline_spec rows of each, the step-time ratio, and the bin
   distance of fp8's AR tokens from auto's on ``--fidelity-frames`` frames.
@@ -38,7 +42,6 @@ streamed per forward and FLOPs per action from the parameter count.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import sys
 import time
@@ -49,8 +52,11 @@ import numpy as np
 import torch
 
 from gpu_parts import format_fp8, run_ab, run_fidelity, run_fp8, run_profile, run_thread_sweep
-from gpu_setup import (TARGET_ACCEPTANCE, build_model, build_runner, eager_reference,
-                       engine_for, engine_options, load_checkpoint, run_all, time_pieces)
+from gpu_paced import format_paced, run_paced_part
+from gpu_setup import (EPISODE_RUN, TARGET_ACCEPTANCE, TEMPORAL_REPEATS, build_model,
+                       build_runner, eager_reference, engine_for, engine_options,
+                       episode_like_frames, load_checkpoint, repeated_frames, run_all,
+                       time_pieces)
 from vla_spec_ros.bench import BenchRow, bench_engine, bench_hf, environment, make_frames
 from vla_spec_ros.config import EngineConfig
 from vla_spec_ros.engine.engine import Engine
@@ -215,39 +221,6 @@ def run_table(args, weights, key, baselines, report) -> list:
     return records
 
 
-# Temporal drafting rows: each camera shows each frame this many times in a row (random
-# weights act differently on every random frame; a repeated frame is the case where the
-# previous action is right, a robot holding still), so the rows time the drafter with real
-# acceptance and no draft forward.
-TEMPORAL_REPEATS = 4
-
-
-def repeated_frames(frames: list, streams: int, repeats: int) -> list:
-    """``frames`` (frame i of stream i % streams) with each stream's frames shown ``repeats``
-    times in a row, the same count and stream of each position."""
-    return [frames[(i // (streams * repeats)) * streams + i % streams]
-            for i in range(len(frames))]
-
-
-# Episode-like rows: each camera's frames come in runs of this many control steps of one
-# scene that drifts a pixel per step (consecutive frames alike but not equal, as a robot's
-# camera sees an episode), then the next scene and instruction.
-EPISODE_RUN = 8
-
-
-def episode_like_frames(frames: list, streams: int, run: int) -> list:
-    """``frames`` (frame i of stream i % streams) turned into runs of ``run`` steps per stream:
-    the run's first frame with its image shifted one more pixel sideways each step; the same
-    count, stream and instruction pattern as ``frames``."""
-    out = []
-    for i in range(len(frames)):
-        step_of_stream = i // streams
-        first = (step_of_stream - step_of_stream % run) * streams + i % streams
-        image = np.roll(frames[first].image, step_of_stream % run, axis=1)
-        out.append(dataclasses.replace(frames[first], image=image))
-    return out
-
-
 def with_prefill_settings(labels: list[str], settings: list[int]):
     """(label, max_prefills_per_step) per row: every setting for the pipelined modes, 1 for
     the others (they admit one frame at a time whatever the setting)."""
@@ -309,8 +282,8 @@ def main(argv=None) -> int:
     ap.add_argument('--compile-backend', default='inductor',
                     help='torch.compile backend of the compiled HF baseline (tests: eager)')
     ap.add_argument('--parts', default='table',
-                    help='table, fidelity, profile, threads, kernels, attention, fp8 (any '
-                    'of)')
+                    help='table, fidelity, profile, threads, kernels, attention, fp8, paced '
+                    '(any of)')
     ap.add_argument('--thread-sweep', default='16,4,1',
                     help='intra-op thread counts of the threads part')
     ap.add_argument('--fidelity-frames', type=int, default=200,
@@ -319,6 +292,17 @@ def main(argv=None) -> int:
     ap.add_argument('--fidelity-action-only', action='store_true',
                     help='greedy over action tokens only, on both sides (random weights '
                     'rarely choose action tokens, so bin distances need it)')
+    ap.add_argument('--paced-robots', default='1,2,4',
+                    help='robot counts of the paced part (one camera per robot)')
+    ap.add_argument('--paced-prefills', default='1,2,4',
+                    help='max_prefills_per_step settings of the paced default rows (each up to '
+                    'the robot count)')
+    ap.add_argument('--camera-hz', type=float, default=25.0,
+                    help='each robot\'s camera rate in the paced part')
+    ap.add_argument('--paced-seconds', type=float, default=4.0,
+                    help='timed camera seconds per paced row (after the warm-up frames)')
+    ap.add_argument('--paced-warmup-frames', type=int, default=10,
+                    help='frames per robot served but not counted at the start of a paced row')
     ap.add_argument('--profile-mode', default='pipeline_spec@3.0')
     ap.add_argument('--out', default=str(Path(__file__).parent / 'results'))
     ap.add_argument('--progress-file', default='',
@@ -329,7 +313,7 @@ def main(argv=None) -> int:
         return 2
     parts = set(args.parts.split(','))
     unknown = parts - {'table', 'fidelity', 'profile', 'threads', 'kernels', 'attention',
-                       'fp8'}
+                       'fp8', 'paced'}
     if unknown:
         print(f'--parts: unknown {sorted(unknown)}', file=sys.stderr)
         return 2
@@ -358,6 +342,8 @@ def main(argv=None) -> int:
         baselines[baseline.label] = baseline
     records = run_table(args, weights, key, baselines, report) \
         if 'table' in parts else []
+    paced = run_paced_part(args, weights, key) \
+        if 'paced' in parts else {}
     threads = run_thread_sweep(args, weights, key) \
         if 'threads' in parts else {}
     kernel_ab = run_ab(args, weights, key, 'kernels') \
@@ -374,7 +360,9 @@ def main(argv=None) -> int:
     from gpu_fidelity import format_histogram_rows
     fidelity_table = format_histogram_rows(fidelity) if fidelity else ''
     fp8_table = format_fp8(fp8) if fp8 else ''
+    paced_table = format_paced(paced['rows']) if paced else ''
     print(table)
+    print(paced_table)
     print(fidelity_table)
     print(fp8_table)
     command = 'python bench/gpu.py ' + ' '.join(argv if argv is not None else sys.argv[1:])
@@ -382,7 +370,7 @@ def main(argv=None) -> int:
               'dtype': args.dtype, 'environment': environment(), **report,
               'floor_ms': FLOOR_MS, 'rows': records, 'fidelity': fidelity,
               'profile': profiled, 'threads': threads, 'kernels_ab': kernel_ab,
-              'attention_ab': attention_ab, 'fp8': fp8}
+              'attention_ab': attention_ab, 'fp8': fp8, 'paced': paced}
     label = Path(args.checkpoint).name if args.checkpoint else args.preset
     name = f'gpu-{label}-{args.device}-{stamp}'
     (out / f'{name}.json').write_text(json.dumps(record, indent=2))
@@ -393,6 +381,8 @@ def main(argv=None) -> int:
         f'failures: {report["failures"]}\n\n{table}\n\n'
         + (f'bin distance against HF eager, {args.fidelity_frames} frames:\n\n'
            f'{fidelity_table}\n' if fidelity else '')
+        + (f'\nrobots paced at {args.camera_hz:g} Hz each (one robot\'s floor: vision+prompt '
+           f'+ one prefill = {paced["floor_ms"]:.2f} ms):\n\n{paced_table}\n' if paced else '')
         + (f'\nweight_dtype fp8 against auto ({args.fidelity_frames} frames for the bin '
            f'distance):\n\n{fp8_table}\n' if fp8 else ''))
     return 0

@@ -3,6 +3,7 @@ runner over it, the oracle draft tuned to an acceptance length (with the exact r
 tunes it), the model pieces' timings, and running a list of frames through an engine."""
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass
 
@@ -201,3 +202,36 @@ def run_all(engine, frames):
         engine.submit(f)
     out = engine.run_until_idle()
     return sorted(out, key=lambda fin: fin.request_id)
+
+
+# Temporal drafting rows: each camera shows each frame this many times in a row (random
+# weights act differently on every random frame; a repeated frame is the case where the
+# previous action is right, a robot holding still), so the rows time the drafter with real
+# acceptance and no draft forward.
+TEMPORAL_REPEATS = 4
+
+
+def repeated_frames(frames: list, streams: int, repeats: int) -> list:
+    """``frames`` (frame i of stream i % streams) with each stream's frames shown ``repeats``
+    times in a row, the same count and stream of each position."""
+    return [frames[(i // (streams * repeats)) * streams + i % streams]
+            for i in range(len(frames))]
+
+
+# Episode-like rows: each camera's frames come in runs of this many control steps of one
+# scene that drifts a pixel per step (consecutive frames alike but not equal, as a robot's
+# camera sees an episode), then the next scene and instruction.
+EPISODE_RUN = 8
+
+
+def episode_like_frames(frames: list, streams: int, run: int) -> list:
+    """``frames`` (frame i of stream i % streams) turned into runs of ``run`` steps per stream:
+    the run's first frame with its image shifted one more pixel sideways each step; the same
+    count, stream and instruction pattern as ``frames``."""
+    out = []
+    for i in range(len(frames)):
+        step_of_stream = i // streams
+        first = (step_of_stream - step_of_stream % run) * streams + i % streams
+        image = np.roll(frames[first].image, step_of_stream % run, axis=1)
+        out.append(dataclasses.replace(frames[first], image=image))
+    return out

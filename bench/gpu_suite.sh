@@ -2,7 +2,8 @@
 # Everything a GPU machine is for, from a bare checkout, in parts that each fit one 10-minute
 # command budget (a 7B model is built once per part):
 #
-#   bash bench/gpu_suite.sh tests     CUDA kernel / CUDA-graph tests + the Triton kernel sweeps
+#   bash bench/gpu_suite.sh tests     CUDA kernel / CUDA-graph / frame-upload tests + the Triton
+#                                     kernel sweeps
 #                                     (RoPE + KV write; segment attention vs gather + SDPA)
 #   bash bench/gpu_suite.sh graph-tests  the CUDA-graph tests alone
 #   bash bench/gpu_suite.sh table-on  7B table, CUDA graphs on, 1 and 4 streams, + profile
@@ -34,6 +35,10 @@
 #                                     pipeline_spec rows, graphs on, the step-time ratio, and the
 #                                     bin distance of fp8's AR tokens from bf16's, 200 frames
 #                                     (greedy over action tokens on both sides)
+#   bash bench/gpu_suite.sh table-paced  the table-prefill rows with AR, then 1, 2 and 4 robots
+#                                     each at a paced 25 Hz camera (AR and the default
+#                                     configuration at 1, 2, 4 prefills per step): per-robot
+#                                     frames answered and p50 / p99 against one robot's floor
 #   bash bench/gpu_suite.sh table-prefill  spec / pipeline_spec drafting the previous action with
 #                                     speculative_prefill on vs off, on frames each shown 4 times
 #                                     and on episode-like frames, graphs on, 1 stream, 40 frames
@@ -70,8 +75,8 @@ for part in "$@"; do
             bounded python3 -m pytest -q -p no:cacheprovider test/test_kernels.py \
                 test/test_rms_norm_kernel.py test/test_segment_attention_kernel.py \
                 test/test_silu_mul_kernel.py test/test_engine_kernels.py \
-                test/test_cuda_graphs.py 2>&1 \
-                | tee "$RESULTS/log-tests.txt" || status=1
+                test/test_cuda_graphs.py test/test_frame_upload.py test/test_single_tower.py \
+                2>&1 | tee "$RESULTS/log-tests.txt" || status=1
             bounded python3 bench/kernels_sweep.py 2>&1 | tee "$RESULTS/kernels-sweep.txt" || status=1 ;;
         graph-tests)
             bounded python3 -m pytest -q -p no:cacheprovider test/test_cuda_graphs.py 2>&1 \
@@ -136,12 +141,18 @@ for part in "$@"; do
             bounded $GPU --graphs on --parts fp8 --baselines '' --frames 12 --warmup 6 \
                 --fidelity-frames 200 --fidelity-action-only 2>&1 \
                 | tee "$RESULTS/log-fp8.txt" || status=1 ;;
+        table-paced)
+            bounded $GPU --graphs on --streams 1 --frames 40 --warmup 6 --parts table,paced \
+                --rows ar,prefill --baselines eager --camera-hz 25 --paced-robots 1,2,4 \
+                --paced-prefills 1,2,4 --paced-seconds 4 \
+                --progress-file "$RESULTS/rows-table-paced.json" 2>&1 \
+                | tee "$RESULTS/log-table-paced.txt" || status=1 ;;
         table-prefill)
             bounded $GPU --graphs on --streams 1 --frames 40 --warmup 6 --parts table \
                 --rows prefill --baselines eager \
                 --progress-file "$RESULTS/rows-table-prefill.json" 2>&1 \
                 | tee "$RESULTS/log-table-prefill.txt" || status=1 ;;
-        *) echo "unknown part: $part (tests, graph-tests, table, table-on, table-off, kernels-ab, fidelity, fidelity-bins, engine-tests, table-long, table-eagle, table-temporal, table-streams, attention-ab, fp8, table-prefill)"; exit 2 ;;
+        *) echo "unknown part: $part (tests, graph-tests, table, table-on, table-off, kernels-ab, fidelity, fidelity-bins, engine-tests, table-long, table-eagle, table-temporal, table-streams, attention-ab, fp8, table-prefill, table-paced)"; exit 2 ;;
     esac
     echo "== part $part: $(( $(date +%s) - start )) s"
 done

@@ -1,0 +1,174 @@
+"""The paced part of bench/gpu.py (``--parts paced``): several robots on one engine, each camera
+at a fixed rate (paced, not saturating), the engine stepping as the node's worker does.
+
+Each robot's camera captures a frame every ``1 / camera_hz`` seconds, the robots' cameras
+offset evenly within a period. A frame is offered at its capture time; a robot whose previous
+frame is still waiting (not yet prefilled) has it replaced, as the node does (its newest frame
+wins, the replaced frame counts as unanswered). Between captures the engine steps while it has
+work. Latency is capture -> action (the moment the step that finished the action returned),
+so it includes waiting for the step in progress, as on a robot.
+
+Per row and robot: frames offered, share answered, p50 / p99 / max latency. The row's verdict
+columns are the least-answered robot and the worst robot's p99.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from gpu_setup import (EPISODE_RUN, TEMPORAL_REPEATS, build_runner, engine_options,
+                       episode_like_frames, graphs_setting, repeated_frames, time_pieces)
+from vla_spec_ros.bench import make_frames
+from vla_spec_ros.config import EngineConfig
+from vla_spec_ros.engine.engine import Engine
+from vla_spec_ros.engine.result import Frame
+
+
+@dataclass
+class RobotStats:
+    offered: int = 0
+    answered: int = 0
+    latencies_ms: list = field(default_factory=list)
+
+    def summary(self) -> dict:
+        lat = np.array(self.latencies_ms) if self.latencies_ms else np.array([np.nan])
+        return {'offered': self.offered, 'answered': self.answered,
+                'answered_share': self.answered / self.offered if self.offered else np.nan,
+                'p50_ms': float(np.percentile(lat, 50)), 'p99_ms': float(np.percentile(lat, 99)),
+                'max_ms': float(np.max(lat))}
+
+
+def capture_schedule(num_robots: int, frames_per_robot: int, camera_hz: float) -> list:
+    """(capture offset s, robot index, frame index) in time order: robot r's k-th frame at
+    (k + r / num_robots) / camera_hz."""
+    period = 1.0 / camera_hz
+    return sorted(((k + r / num_robots) * period, r, k)
+                  for r in range(num_robots) for k in range(frames_per_robot))
+
+
+def run_paced(engine: Engine, frames_by_robot: list[list[Frame]], camera_hz: float,
+              warmup_frames: int) -> dict:
+    """Stream every robot's frames at ``camera_hz`` through ``engine``; the first
+    ``warmup_frames`` of each robot are offered and served but not counted. Returns per robot
+    ``RobotStats.summary()`` and the row's verdict numbers."""
+    num_robots = len(frames_by_robot)
+    frames_per_robot = min(len(f) for f in frames_by_robot)
+    schedule = capture_schedule(num_robots, frames_per_robot, camera_hz)
+    stats = [RobotStats() for _ in range(num_robots)]
+    robot_of_stream = {frames[0].stream_id: r for r, frames in enumerate(frames_by_robot)}
+    captured_at: dict[int, tuple[float, int, int]] = {}    # request id -> (time, robot, k)
+    first_of_instruction = {}          # graphs for every prompt length before the clock starts
+    for frames in frames_by_robot:
+        for frame in frames:
+            first_of_instruction.setdefault(frame.instruction, frame)
+    for frame in first_of_instruction.values():
+        engine.capture_graphs(frame)
+    start = time.perf_counter()
+    next_capture = 0
+    while next_capture < len(schedule) or engine.has_work():
+        now = time.perf_counter() - start
+        while next_capture < len(schedule) and schedule[next_capture][0] <= now:
+            at, robot, k = schedule[next_capture]
+            next_capture += 1
+            frame = frames_by_robot[robot][k]
+            engine.drop_waiting(frame.stream_id)   # the newest frame wins, as on the node
+            captured_at[engine.submit(frame)] = (start + at, robot, k)
+            if k >= warmup_frames:
+                stats[robot].offered += 1
+        if not engine.has_work():
+            if next_capture < len(schedule):
+                time.sleep(max(0.0, schedule[next_capture][0] - (time.perf_counter() - start)))
+            continue
+        finished = engine.step()
+        done = time.perf_counter()
+        for fin in finished:
+            if fin.error is not None:
+                raise RuntimeError(f'paced frame failed: {fin.error}')
+            at, robot, k = captured_at.pop(fin.request_id)
+            assert robot == robot_of_stream[fin.frame.stream_id]
+            if k >= warmup_frames:
+                stats[robot].answered += 1
+                stats[robot].latencies_ms.append((done - at) * 1e3)
+    robots = [s.summary() for s in stats]
+    return {'camera_hz': camera_hz, 'robots': robots,
+            'least_answered': min(r['answered_share'] for r in robots),
+            'worst_p50_ms': max(r['p50_ms'] for r in robots),
+            'worst_p99_ms': max(r['p99_ms'] for r in robots),
+            'oldest_ms': max(r['max_ms'] for r in robots)}
+
+
+def frames_per_robot(frames: list[Frame], num_robots: int) -> list[list[Frame]]:
+    """Frame i of ``frames`` belongs to robot i % num_robots (make_frames' stream order)."""
+    return [frames[r::num_robots] for r in range(num_robots)]
+
+
+def paced_rows(robot_counts: list[int], prefill_settings: list[int]) -> list[tuple]:
+    """(label, mode, robots, prefills, frame kind) of every paced row: per robot count AR and
+    the default configuration (pipeline_spec drafting the previous action, speculative
+    prefill) at each prefill setting up to the robot count, on episode-like frames; for one
+    robot also spec and pipeline_spec on frames that repeat (a robot holding still: one
+    forward per action is the floor)."""
+    rows = []
+    for robots in robot_counts:
+        rows.append(('ar', 'ar', robots, 1, 'episode-like'))
+        rows += [('default (pipeline_spec)', 'pipeline_spec', robots, p, 'episode-like')
+                 for p in prefill_settings if p <= robots]
+        if robots == 1:
+            rows += [(f'{mode}, frames that repeat', mode, 1, 1, 'repeat')
+                     for mode in ('spec', 'pipeline_spec')]
+    return rows
+
+
+def run_paced_part(args, weights, key) -> dict:
+    """Every paced row (CUDA graphs as the last ``--graphs`` setting) and, measured in the same
+    run, one robot's floor: the vision towers with the prompt, plus one prefill forward."""
+    options = engine_options(args, graphs_setting(args, -1))
+    runner = build_runner(weights, options)
+    size = weights.cfg.image_size
+    pieces = time_pieces(runner, make_frames(2, size, 3, key), options)
+    floor_ms = pieces['vision+prompt'] + pieces['prefill']
+    print(f'paced part: vision+prompt {pieces["vision+prompt"]:.2f} ms + prefill '
+          f'{pieces["prefill"]:.2f} ms = one robot\'s floor {floor_ms:.2f} ms', flush=True)
+    per_robot = args.paced_warmup_frames + int(round(args.camera_hz * args.paced_seconds))
+    rows = []
+    robot_counts = [int(n) for n in args.paced_robots.split(',')]
+    prefill_settings = [int(p) for p in args.paced_prefills.split(',')]
+    for label, mode, robots, prefills, kind in paced_rows(robot_counts, prefill_settings):
+        frames = make_frames(per_robot * robots, size, args.seed, key, robots)
+        frames = repeated_frames(frames, robots, TEMPORAL_REPEATS) if kind == 'repeat' \
+            else episode_like_frames(frames, robots, EPISODE_RUN)
+        row = {'label': label, 'mode': mode, 'robots_n': robots, 'prefills': prefills,
+               'frames': kind}
+        try:
+            engine = Engine(runner, weights.norm_stats,
+                            EngineConfig(mode=mode, max_prefills_per_step=prefills, **options))
+            row.update(run_paced(engine, frames_per_robot(frames, robots), args.camera_hz,
+                                 args.paced_warmup_frames))
+            row['p50_over_floor'] = row['worst_p50_ms'] / floor_ms
+            del engine
+        except Exception as exc:    # noqa: BLE001 - recorded in the row
+            row['error'] = f'{type(exc).__name__}: {exc}'
+        print('paced', row, flush=True)
+        rows.append(row)
+    return {'pieces_ms': pieces, 'floor_ms': floor_ms, 'rows': rows}
+
+
+def format_paced(rows: list[dict]) -> str:
+    lines = ['| row | frames | robots | prefills/step | camera Hz | least answered | '
+             'worst p50 ms | p50 / floor | worst p99 ms | oldest ms | '
+             'per robot answered / p50 / p99 |', '|---|---|---|---|---|---|---|---|---|---|---|']
+    for row in rows:
+        if 'error' in row:
+            lines.append(f'| {row["label"]} | {row["frames"]} | {row["robots_n"]} | '
+                         f'{row["prefills"]} | | failed: {row["error"]} | | | | | |')
+            continue
+        per_robot = '; '.join(f'{r["answered_share"]:.0%} / {r["p50_ms"]:.1f} / '
+                              f'{r["p99_ms"]:.1f}' for r in row['robots'])
+        lines.append(f'| {row["label"]} | {row["frames"]} | {row["robots_n"]} | '
+                     f'{row["prefills"]} | {row["camera_hz"]:g} | {row["least_answered"]:.1%} | '
+                     f'{row["worst_p50_ms"]:.1f} | {row["p50_over_floor"]:.2f} | '
+                     f'{row["worst_p99_ms"]:.1f} | '
+                     f'{row["oldest_ms"]:.1f} | {per_robot} |')
+    return '\n'.join(lines)
