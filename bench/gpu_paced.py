@@ -4,7 +4,7 @@ at a fixed rate (paced, not saturating), the engine stepping as the node's worke
 Each robot's camera captures a frame every ``1 / camera_hz`` seconds, the robots' cameras
 offset evenly within a period. A frame is offered at its capture time; a robot whose previous
 frame is still waiting (not yet prefilled) has it replaced, as the node does (its newest frame
-wins, the replaced frame counts as unanswered). Between captures the engine steps while it has
+wins in the replaced frame's place in the queue; the replaced frame counts as unanswered). Between captures the engine steps while it has
 work. Latency is capture -> action (the moment the step that finished the action returned),
 so it includes waiting for the step in progress, as on a robot.
 
@@ -73,8 +73,8 @@ def run_paced(engine: Engine, frames_by_robot: list[list[Frame]], camera_hz: flo
             at, robot, k = schedule[next_capture]
             next_capture += 1
             frame = frames_by_robot[robot][k]
-            engine.drop_waiting(frame.stream_id)   # the newest frame wins, as on the node
-            captured_at[engine.submit(frame)] = (start + at, robot, k)
+            request_id, _ = engine.replace_waiting(frame)   # the newest frame wins, as on
+            captured_at[request_id] = (start + at, robot, k)  # the node, in its robot's place
             if k >= warmup_frames:
                 stats[robot].offered += 1
         if not engine.has_work():

@@ -162,3 +162,40 @@ def test_gpu_bench_fp8_part_and_prefill_rows_run_on_cpu(tmp_path):
     assert fp8['bin_distance']['tokens'] == 21 and fp8['action_tokens_only']
     markdown = next(tmp_path.glob('gpu-tiny-cpu-*.md')).read_text()
     assert 'weight_dtype fp8 against auto' in markdown and 'fp8 AR vs auto AR' in markdown
+
+
+def test_paced_capture_schedule_offsets_the_robots_within_a_period():
+    from gpu_paced import capture_schedule
+    schedule = capture_schedule(num_robots=4, frames_per_robot=2, camera_hz=25.0)
+    assert [(robot, k) for _, robot, k in schedule] == [
+        (0, 0), (1, 0), (2, 0), (3, 0), (0, 1), (1, 1), (2, 1), (3, 1)]
+    assert [round(at * 1e3, 6) for at, _, _ in schedule] == [0, 10, 20, 30, 40, 50, 60, 70]
+
+
+def test_gpu_bench_paced_part_serves_every_robot(tmp_path):
+    """``--parts paced`` (bench/gpu_suite.sh table-paced) on the tiny preset: every row of
+    1 and 2 robots, AR and the default configuration at each prefill setting up to the robot
+    count, and the frames-that-repeat rows; the tiny model keeps up with 2 cameras at 25 Hz
+    on a CPU, so every robot of every row is answered."""
+    cmd = [sys.executable, str(BENCH / 'gpu.py'), '--preset', 'tiny', '--device', 'cpu',
+           '--dtype', 'float32', '--graphs', 'off', '--parts', 'paced', '--baselines', '',
+           '--paced-robots', '1,2', '--paced-prefills', '1,2', '--paced-seconds', '0.4',
+           '--paced-warmup-frames', '2', '--out', str(tmp_path)]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    record = json.loads(next(tmp_path.glob('gpu-tiny-cpu-*.json')).read_text())
+    paced = record['paced']
+    assert paced['floor_ms'] > 0
+    rows = [(r['label'], r['robots_n'], r['prefills']) for r in paced['rows']]
+    assert rows == [('ar', 1, 1), ('default (pipeline_spec)', 1, 1),
+                    ('spec, frames that repeat', 1, 1),
+                    ('pipeline_spec, frames that repeat', 1, 1),
+                    ('ar', 2, 1), ('default (pipeline_spec)', 2, 1),
+                    ('default (pipeline_spec)', 2, 2)]
+    for row in paced['rows']:
+        assert 'error' not in row, row
+        assert len(row['robots']) == row['robots_n']
+        for robot in row['robots']:
+            assert robot['offered'] == 10 and robot['answered'] > 0, row['label']
+            assert 0 < robot['p50_ms'] <= robot['p99_ms'] <= robot['max_ms']
+    assert 'robots paced at 25 Hz' in next(tmp_path.glob('gpu-tiny-cpu-*.md')).read_text()

@@ -255,6 +255,27 @@ def test_drop_waiting_then_new_frame_of_the_same_stream(policy, frames, referenc
     assert_matches_reference(finished, reference)
 
 
+def test_replace_waiting_keeps_the_stream_place_and_refuses_bad_frames(policy, frames,
+                                                                       reference):
+    """The node's latest-wins replacement: the newest frame takes the replaced frame's place
+    in the queue (ahead of the frames queued after it), its tokens are the reference; a bad
+    frame replaces nothing."""
+    engine = make_engine(policy, max_inflight=1)
+    first = engine.submit(restream(frames[0], 'a'))
+    engine.step()                                          # frames[0] is in flight
+    stale = engine.submit(restream(frames[1], 'b'))        # b waits first, then c
+    other = engine.submit(restream(frames[2], 'c'))
+    bad = Frame(frames[3].image[:, :, :2], frames[3].instruction, 'bridge_orig', 'b')
+    with pytest.raises(ValueError, match='image'):
+        engine.replace_waiting(bad)
+    assert engine.waiting_streams == frozenset({'b', 'c'})
+    fresh, replaced = engine.replace_waiting(restream(frames[4], 'b'))
+    assert replaced == [stale]
+    finished = engine.run_until_idle()
+    assert [fin.request_id for fin in finished] == [first, fresh, other]
+    assert_matches_reference(finished, reference)
+
+
 def test_reset_one_stream_then_all(policy, frames, reference):
     engine = make_engine(policy)
     a_ids = [engine.submit(restream(frames[i], 'a')) for i in (6, 7, 8)]

@@ -377,6 +377,38 @@ def test_drop_waiting_replaces_queued_frames_of_one_stream():
     assert driver.emitted == [0, 2, 4]
 
 
+def test_replace_waiting_keeps_the_stream_place_in_the_queue():
+    """A stream whose waiting frame is replaced keeps its place: with one slot in flight and
+    both cameras replacing their frames every period, a plain drop + append let the stream
+    whose frame arrived just after the admission always go last (a robot starved)."""
+    scheduler = Scheduler(1, ACTION_DIM, KVRing(500))
+    scheduler.submit(make_request(0, 'a'))
+    assert ids(scheduler.schedule().prefills) == [0]
+    scheduler.submit(make_request(1, 'a'))          # a waits first, then b
+    scheduler.submit(make_request(2, 'b'))
+    assert ids(scheduler.replace_waiting(make_request(3, 'a'))) == [1]
+    assert scheduler.waiting_streams == frozenset({'a', 'b'})
+    scheduler.on_tokens(0, [0] * ACTION_DIM, is_final=True)
+    assert ids(scheduler.pop_finished()) == [0]
+    assert ids(scheduler.schedule().prefills) == [3]     # a's newest frame, in a's place
+    assert ids(scheduler.replace_waiting(make_request(4, 'c'))) == []   # nothing to replace
+    assert ids(scheduler.replace_waiting(make_request(5, 'b'))) == [2]
+    driver = Driver(scheduler)
+    driver.run({})
+    assert driver.emitted == [3, 5, 4]
+
+
+def test_replace_waiting_refuses_a_bad_request_and_replaces_nothing():
+    scheduler = Scheduler(1, ACTION_DIM, KVRing(100))
+    scheduler.submit(make_request(0, 'a'))
+    scheduler.submit(make_request(1, 'a'))
+    with pytest.raises(ValueError, match='num_slots'):
+        scheduler.replace_waiting(make_request(2, 'a', prefix_len=200))
+    with pytest.raises(ValueError, match='must exceed'):
+        scheduler.replace_waiting(make_request(1, 'a'))
+    assert scheduler.num_waiting == 2 and scheduler.active_streams == ('a',)
+
+
 # ---------------------------------------------------------------- progress queries and errors
 
 def test_history_len_follows_decided_tokens():

@@ -70,6 +70,22 @@ class Engine:
 
         At most ``max_streams`` streams may have unfinished frames at once: a frame of a new
         stream beyond that is refused (the node sizes it to its number of robots)."""
+        request = self._new_request(frame)
+        self.strategy.submit(request)
+        return request.request_id
+
+    def replace_waiting(self, frame: Frame) -> tuple[int, list[int]]:
+        """Validate ``frame`` and queue it in place of its stream's frames not yet started
+        (a camera's newest frame wins); returns (its request id, the replaced request ids).
+        It keeps the queue position of the oldest frame it replaces, so a robot whose frames
+        keep being replaced is not passed over by the other robots. Raises ValueError on bad
+        input, and then nothing is queued or replaced."""
+        request = self._new_request(frame)
+        replaced = self.strategy.replace_waiting(request)
+        return request.request_id, [r.request_id for r in replaced]
+
+    def _new_request(self, frame: Frame) -> Request:
+        """The request of a valid frame; ValueError naming what is wrong otherwise."""
         if not isinstance(frame.stream_id, str) or not frame.stream_id:
             raise ValueError(f'stream_id: a non-empty string naming the camera stream, got '
                              f'{frame.stream_id!r}')
@@ -91,8 +107,7 @@ class Engine:
                           self.strategy.slots_for(prefix_len), frame=frame,
                           input_ids=input_ids, unnorm_key=key, control_step=frame.control_step,
                           submit_time=time.perf_counter())
-        self.strategy.submit(request)
-        return request.request_id
+        return request
 
     def has_work(self) -> bool:
         return self.strategy.has_work()
@@ -112,7 +127,8 @@ class Engine:
         return self.strategy.has_waiting()
 
     def drop_waiting(self, stream_id: str) -> list[int]:
-        """Drop frames of ``stream_id`` not yet started (a newer frame replaces them)."""
+        """Drop frames of ``stream_id`` not yet started (to replace one with a newer frame,
+        ``replace_waiting`` keeps the stream's place in the queue)."""
         return [r.request_id for r in self.strategy.drop_waiting(stream_id)]
 
     def reset(self, stream_id: str | None = None) -> list[int]:

@@ -131,6 +131,9 @@ class PackedStrategy:
     def drop_waiting(self, stream_id: str) -> list[Request]:
         return self._released(self.scheduler.drop_waiting(stream_id))
 
+    def replace_waiting(self, request: Request) -> list[Request]:
+        return self._released(self.scheduler.replace_waiting(request))
+
     def reset(self, stream_id: str | None = None) -> list[Request]:
         if self.drafter is not None:
             self.drafter.forget_stream(stream_id)

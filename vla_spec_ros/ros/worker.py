@@ -120,9 +120,8 @@ class InferenceWorker:
             pending = self._take_tunables()
             if pending:          # validated by settings_from_parameters when they were set
                 self.engine.set_tunables(**pending)
-            dropped = self.engine.drop_waiting(channel.stream_id)
-            try:
-                self.engine.submit(frame)
+            try:       # a refused frame replaces nothing: the waiting one stays
+                _, dropped = self.engine.replace_waiting(frame)
             except ValueError as exc:
                 channel.hold(f'{cmd.REASON_BAD_INPUT}: {exc}', force=True)
                 return

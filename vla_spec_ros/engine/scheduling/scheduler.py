@@ -98,6 +98,25 @@ class Scheduler:
         return bool(self._waiting or self._inflight)
 
     def submit(self, request: Request) -> None:
+        """Queue ``request`` for admission behind every waiting request."""
+        self._check_new(request)
+        self._enqueue(request, len(self._waiting))
+
+    def replace_waiting(self, request: Request) -> list[Request]:
+        """Queue ``request`` in place of its stream's waiting requests (latest-wins
+        replacement) and return them. It takes the queue position of the oldest one it
+        replaces: the stream has been waiting since then, and a stream whose camera keeps
+        replacing its frame must not fall behind the other streams' frames each time (with
+        the camera period near the action time, appending it starved one robot entirely).
+        Validation comes first: a refused request replaces nothing."""
+        self._check_new(request)
+        position = next((i for i, r in enumerate(self._waiting)
+                         if r.stream_id == request.stream_id), len(self._waiting))
+        replaced = self.drop_waiting(request.stream_id)
+        self._enqueue(request, position)
+        return replaced
+
+    def _check_new(self, request: Request) -> None:
         if not isinstance(request, Request):
             raise ValueError(f'request: must be a Request, got {type(request).__name__}')
         if request.tokens:
@@ -112,9 +131,11 @@ class Scheduler:
             raise ValueError(f'num_slots: request {request.request_id} needs {request.num_slots} '
                              f'slots (prefix_len {request.prefix_len}) but the KV ring holds '
                              f'only {self.ring.capacity}')
+
+    def _enqueue(self, request: Request, position: int) -> None:
         self._last_request_id = request.request_id
         self._requests[request.request_id] = request
-        self._waiting.append(request)
+        self._waiting.insert(position, request)
         self._pending.setdefault(request.stream_id, deque()).append(request.request_id)
 
     def schedule(self) -> ScheduledStep:
