@@ -398,6 +398,37 @@ def test_replace_waiting_keeps_the_stream_place_in_the_queue():
     assert driver.emitted == [3, 5, 4]
 
 
+def serve_two_phase_locked_cameras(replace):
+    """One request in flight (AR), an action takes ACTION_DIM steps, each camera captures every
+    ACTION_DIM steps (camera b half a period after a) and its newest frame replaces its waiting
+    one, through ``replace`` (scheduler, request). Returns the actions emitted per camera."""
+    scheduler = Scheduler(1, ACTION_DIM, KVRing(500))
+    driver = Driver(scheduler)
+    next_id = iter(range(10_000))
+    stream_of = {}
+    for step in range(40 * ACTION_DIM):
+        for stream, phase in (('a', 0), ('b', ACTION_DIM // 2)):
+            if step % ACTION_DIM == phase:
+                request = make_request(next(next_id), stream)
+                stream_of[request.request_id] = stream
+                replace(scheduler, request)
+        driver.run_step()
+    return {stream: sum(stream_of[i] == stream for i in driver.emitted) for stream in 'ab'}
+
+
+def test_replace_waiting_serves_phase_locked_cameras_in_turn():
+    """The pattern that starved a robot on a GPU: the engine falls free at the same phase of
+    every camera period. Drop + append admits the same camera's frame every time; keeping
+    the replaced frame's place serves the cameras in turn."""
+    def drop_and_append(scheduler, request):
+        scheduler.drop_waiting(request.stream_id)
+        scheduler.submit(request)
+    starved = serve_two_phase_locked_cameras(drop_and_append)
+    assert min(starved.values()) <= 1                   # the old rule: one camera starves
+    served = serve_two_phase_locked_cameras(lambda sch, request: sch.replace_waiting(request))
+    assert abs(served['a'] - served['b']) <= 1 and min(served.values()) >= 15
+
+
 def test_replace_waiting_refuses_a_bad_request_and_replaces_nothing():
     scheduler = Scheduler(1, ACTION_DIM, KVRing(100))
     scheduler.submit(make_request(0, 'a'))
