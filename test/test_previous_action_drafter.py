@@ -293,3 +293,33 @@ def test_a_newer_frame_in_flight_drafts_the_steps_it_has_decided():
 def test_chunk_steps_must_divide_the_frame():
     with pytest.raises(ValueError, match='step_tokens'):
         PreviousActionDrafter(7, step_tokens=2)
+
+
+def test_draft_repair_check_gives_the_ar_tokens_with_every_draft(tmp_path):
+    """bench/draft_repair.py's simulated verification (dense forwards, exact acceptance) gives
+    the AR tokens for each draft rule, from a right, a partly right and a wrong first draft,
+    and a right draft is decided in one forward."""
+    import sys
+    from pathlib import Path
+    import numpy as np
+    from vla_spec_ros.engine.ar import decode_ar
+    from vla_spec_ros.engine.result import Frame
+    from vla_spec_ros.models.openvla.random_checkpoint import make_checkpoint
+    from vla_spec_ros.policy import VLAPolicy
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / 'bench'))
+    from draft_repair import DRAFTS, verify_rounds
+    policy = VLAPolicy.from_pretrained(str(make_checkpoint('tiny', tmp_path / 'tiny', seed=3)),
+                                       mode='ar', dtype='float64')
+    runner = policy.engine.runner
+    rng = np.random.default_rng(4)
+    frame = Frame(rng.integers(0, 256, (64, 64, 3), dtype=np.uint8), 'pick up the cup',
+                  'bridge_orig', 'cam0')
+    prompt = runner.prepare_prompt(frame, policy.config).embeds
+    reference, _ = decode_ar(runner, prompt, runner.max_action_tokens)
+    partly = list(reference[:3]) + [t + 1 for t in reference[3:]]
+    wrong = [t + 1 for t in reference]
+    for kind in DRAFTS:
+        assert verify_rounds(runner, prompt, list(reference), kind) == (1, list(reference))
+        for draft in (partly, wrong):
+            forwards, tokens = verify_rounds(runner, prompt, draft, kind)
+            assert tokens == list(reference) and 2 <= forwards <= runner.max_action_tokens
