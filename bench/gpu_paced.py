@@ -3,10 +3,11 @@ at a fixed rate (paced, not saturating), the engine stepping as the node's worke
 
 Each robot's camera captures a frame every ``1 / camera_hz`` seconds, the robots' cameras
 offset evenly within a period. A frame is offered at its capture time; a robot whose previous
-frame is still waiting (not yet prefilled) has it replaced, as the node does (its newest frame
-wins in the replaced frame's place in the queue; the replaced frame counts as unanswered). Between captures the engine steps while it has
-work. Latency is capture -> action (the moment the step that finished the action returned),
-so it includes waiting for the step in progress, as on a robot.
+frame is still waiting (not yet prefilled) has it replaced, as the node does: its newest frame
+wins, in the replaced frame's place in the queue, and the replaced frame counts as unanswered.
+Between captures the engine steps while it has work. Latency is capture -> action (the moment
+the step that finished the action returned), so it includes waiting for the step in progress,
+as on a robot.
 
 Per row and robot: frames offered, share answered, p50 / p99 / max latency. The row's verdict
 columns are the least-answered robot and the worst robot's p99.
@@ -109,7 +110,8 @@ def paced_rows(robot_counts: list[int], prefill_settings: list[int]) -> list[tup
     the default configuration (pipeline_spec drafting the previous action, speculative
     prefill) at each prefill setting up to the robot count, on episode-like frames; for one
     robot also spec and pipeline_spec on frames that repeat (a robot holding still: one
-    forward per action is the floor)."""
+    forward per action is the floor), for several the default on frames that repeat at the
+    largest prefill setting (how many robots fit when the draft is right)."""
     rows = []
     for robots in robot_counts:
         rows.append(('ar', 'ar', robots, 1, 'episode-like'))
@@ -118,6 +120,9 @@ def paced_rows(robot_counts: list[int], prefill_settings: list[int]) -> list[tup
         if robots == 1:
             rows += [(f'{mode}, frames that repeat', mode, 1, 1, 'repeat')
                      for mode in ('spec', 'pipeline_spec')]
+        else:          # what the drafter buys several robots: all prefills settings' largest
+            rows.append(('default, frames that repeat', 'pipeline_spec', robots,
+                         max(p for p in prefill_settings if p <= robots), 'repeat'))
     return rows
 
 

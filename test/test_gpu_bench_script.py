@@ -191,7 +191,7 @@ def test_gpu_bench_paced_part_serves_every_robot(tmp_path):
                     ('spec, frames that repeat', 1, 1),
                     ('pipeline_spec, frames that repeat', 1, 1),
                     ('ar', 2, 1), ('default (pipeline_spec)', 2, 1),
-                    ('default (pipeline_spec)', 2, 2)]
+                    ('default (pipeline_spec)', 2, 2), ('default, frames that repeat', 2, 2)]
     for row in paced['rows']:
         assert 'error' not in row, row
         assert len(row['robots']) == row['robots_n']
