@@ -47,8 +47,8 @@ ARGUMENTS = (
 )
 
 # The conventions both nodes share live in the package (one source for this file and the
-# in-process harness); see bridge_logic.matched_command_parameters.
-from vla_spec_ros.sim.bridge_logic import (  # noqa: E402
+# in-process harness); see bridge_settings.matched_command_parameters.
+from vla_spec_ros.sim.bridge_settings import (  # noqa: E402
     SHARED_COMMAND_PARAMETERS, matched_command_parameters)
 
 __all__ = ['ARGUMENTS', 'SHARED_COMMAND_PARAMETERS', 'node_options',

@@ -199,7 +199,7 @@ def test_evaluate_scripted_succeeds_on_an_easy_task():
 @needs_sim
 @pytest.mark.parametrize("frames", ["every", "one_in_flight"])
 def test_run_episode_applies_the_delayed_lockstep_schedule(frames):
-    from vla_spec_ros.sim.bridge_logic import DelayedLockstep
+    from vla_spec_ros.sim.delayed_lockstep import DelayedLockstep
     from vla_spec_ros.sim.demos import run_episode
     answers, applied = {}, []
 
@@ -226,7 +226,7 @@ def test_run_episode_applies_the_delayed_lockstep_schedule(frames):
 
 @needs_sim
 def test_run_episode_ends_when_the_policy_gives_no_valid_action():
-    from vla_spec_ros.sim.bridge_logic import DelayedLockstep
+    from vla_spec_ros.sim.delayed_lockstep import DelayedLockstep
     from vla_spec_ros.sim.demos import run_episode
     calls = []
 

@@ -6,9 +6,10 @@ import os
 import numpy as np
 import pytest
 
-from vla_spec_ros.sim.bridge_logic import (
-    AnswerPairs, DelayedLockstep, FrameRegistry, LockstepMatcher, RealtimeCommand,
-    chunk_step_due)
+from vla_spec_ros.sim.answer_pairing import AnswerPairs, FrameRegistry
+from vla_spec_ros.sim.delayed_lockstep import DelayedLockstep, chunk_step_due
+from vla_spec_ros.sim.lockstep_matching import LockstepMatcher
+from vla_spec_ros.sim.realtime_clock import RealtimeCommand
 
 K = 4
 

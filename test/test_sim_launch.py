@@ -29,7 +29,7 @@ def load_launch_module():
 
 def test_both_nodes_share_the_command_conventions():
     from vla_spec_ros.ros import params
-    from vla_spec_ros.sim.bridge_logic import BridgeSettings
+    from vla_spec_ros.sim.bridge_settings import BridgeSettings
 
     module = load_launch_module()
     vla, bridge = module.node_options(default_values(module, control_rate_hz='5.0',
@@ -62,7 +62,7 @@ def test_a_chunked_model_is_refused_in_lockstep_and_served_in_realtime():
 
 def test_bridge_image_size_defaults_to_the_embedded_model_input_size():
     from vla_spec_ros.config import preset
-    from vla_spec_ros.sim.bridge_logic import BridgeSettings
+    from vla_spec_ros.sim.bridge_settings import BridgeSettings
 
     module = load_launch_module()
     values = default_values(module)

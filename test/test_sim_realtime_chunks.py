@@ -7,9 +7,10 @@ import statistics
 
 import pytest
 
-from vla_spec_ros.sim.bridge_logic import (
-    LATE_TICK_PERIODS, MAX_CAMERA_DELAY, AnswerPairs, BridgeSettings, DelayedCamera,
-    FrameRegistry, RealtimeCommand, TickMonitor, answer_lag, check_camera_delay, due_stamp_ns)
+from vla_spec_ros.sim.answer_pairing import AnswerPairs, FrameRegistry
+from vla_spec_ros.sim.bridge_settings import MAX_CAMERA_DELAY, BridgeSettings, check_camera_delay
+from vla_spec_ros.sim.realtime_clock import (
+    LATE_TICK_PERIODS, DelayedCamera, RealtimeCommand, TickMonitor, answer_lag, due_stamp_ns)
 
 # Unique per module and per run (other modules use 1..230).
 DOMAIN_ID = 231 + (os.getpid() % 2)

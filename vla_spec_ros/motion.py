@@ -1,6 +1,6 @@
 """Command math shared by the node (action -> twist) and the simulator bridge (twist -> action).
 
-Pure numpy, no rclpy: `ros/command.py` and `sim/bridge_logic.py` both use these, so the two
+Pure numpy, no rclpy: `ros/command.py` and `sim/twist_to_action.py` both use these, so the two
 directions of the command path cannot drift apart.
 """
 from __future__ import annotations

@@ -18,7 +18,7 @@ steps on its own clock, one per control period, anchored at the image's header s
 clock (the bridge stamps frames with its node clock, the time of capture) and the same control
 period (matched_command_parameters). Lock-step steps the arm once per answered frame, which is
 not a chunk's plan: `run_closed_loop` refuses it (ValueError). `camera_delay` (real time)
-publishes each frame d periods after its capture, stamp kept (bridge_logic.DelayedCamera).
+publishes each frame d periods after its capture, stamp kept (realtime_clock.DelayedCamera).
 
 rclpy and the node modules are imported when `run_closed_loop` runs; `ClosedLoopReport` imports
 without them.
@@ -33,8 +33,8 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from vla_spec_ros.sim.bridge_logic import (SIM_MODES, check_camera_delay, check_delay,
-                                           matched_command_parameters)
+from vla_spec_ros.sim.bridge_settings import (SIM_MODES, check_camera_delay, check_delay,
+                                              matched_command_parameters)
 from vla_spec_ros.sim.demos import EpisodeResult, choose_instruction, episode_seed, success_rate
 from vla_spec_ros.sim.metaworld_env import DEFAULT_CAMERA, get_task
 
@@ -66,7 +66,7 @@ class ClosedLoopReport:
     latency_p50_ms: float = math.nan   # frame published -> its twist received by the bridge
     latency_p99_ms: float = math.nan
     latency_mean_ms: float = math.nan
-    action_delay: int = 0            # delayed lock-step (bridge_logic.DelayedLockstep)
+    action_delay: int = 0            # delayed lock-step (delayed_lockstep.DelayedLockstep)
     delay_hold: str = 'previous'
     delay_frames: str = 'every'
     acceptance_length: float = math.nan   # speculative modes only (tokens per verify step)
@@ -79,7 +79,7 @@ class ClosedLoopReport:
     num_hold_commands: int = 0       # real time: steps with a hold twist from the node
     num_late_ticks: int = 0          # real time: bridge ticks > 1.5 periods after the last
     # Real time: steps applying an answer, and how many periods after the state it was planned
-    # for each was applied (bridge_logic.EpisodeCounters: 0 = time-aligned).
+    # for each was applied (episode_records.EpisodeCounters: 0 = time-aligned).
     num_answer_steps: int = 0
     answer_lag_sum: int = 0
     num_answer_steps_on_time: int = 0
@@ -233,8 +233,8 @@ def run_closed_loop(policy, tasks, episodes_per_task: int, seed: int = 0,
     """Run `episodes_per_task` episodes of each task with `policy` behind a real VLA node.
 
     `action_delay`, `delay_hold`, `delay_frames` (lock-step only): the bridge's delayed
-    lock-step (bridge_logic.DelayedLockstep). `camera_delay` (real time only): frames published
-    that many control periods after capture, stamp kept (bridge_logic.DelayedCamera). A chunked
+    lock-step (delayed_lockstep.DelayedLockstep). `camera_delay` (real time only): frames published
+    that many control periods after capture, stamp kept (realtime_clock.DelayedCamera). A chunked
     policy needs sim_mode 'realtime' (ValueError otherwise, before anything starts).
     `log_level` ('debug', 'info', 'warn', 'error'; None: ROS's default) sets the two nodes'
     loggers before they start: the demo passes 'warn' so that their start-up lines stay out of

@@ -29,7 +29,7 @@ episodes per task everywhere):
   the same run, verifier forwards per action), and each mode fed from a camera at each
   `--rates` rate (speed.paced_latency): observation -> action latency, and whether it keeps up.
 - delay: success rate against action delay d (in control periods), in delayed lock-step
-  (bridge_logic.DelayedLockstep): deterministic and independent of this machine's speed. AR's
+  (delayed_lockstep.DelayedLockstep): deterministic and independent of this machine's speed. AR's
   actions (the strict modes give the same tokens); every frame answered d periods later, and,
   for d >= 2, one frame in flight (a model that is busy skips frames). Each mode's streaming
   latency on the node is placed on that curve (d = ceil(latency * rate), one frame in flight
@@ -39,7 +39,7 @@ episodes per task everywhere):
   single-step `metaworld-demo` beside the chunked `metaworld-demo-chunk4`, and reports them side
   by side; the first one's curve is the one the modes are placed on. A chunked model executes
   its chunks time-aligned (the chunk of period t's frame lands at t + d and starts at its step
-  d, the newest chunk wins, a chunk with no step left holds: bridge_logic module doc,
+  d, the newest chunk wins, a chunk with no step left holds: delayed_lockstep module doc,
   docs/chunks.md).
 - relax: the relaxation trade-off: `spec` with a draft tree whose acceptance is below its
   ceiling (`--relax-tree`, default depth 6, top-k 1, 7 nodes), success rate, acceptance length
@@ -68,7 +68,7 @@ from importlib import metadata
 from pathlib import Path
 
 from vla_spec_ros.config import DTYPES, MODES
-from vla_spec_ros.sim.bridge_logic import DELAY_HOLDS
+from vla_spec_ros.sim.bridge_settings import DELAY_HOLDS
 from vla_spec_ros.harness.demo_results import (load_record, print_report, reference_7b,
                                                write_results)
 from vla_spec_ros.harness.streaming import DEFAULT_STREAM_HZ, DEFAULT_STREAM_SECONDS
@@ -79,7 +79,7 @@ PARTS = ('stream', 'lockstep', 'speed', 'delay', 'relax')
 DEFAULT_PARTS = ('stream', 'lockstep', 'speed', 'delay')
 MAX_STREAM_SECONDS = 600.0
 FULL_EPISODES = 20
-IN_PROCESS_PATH = ('in process: sim.demos.run_episode with bridge_logic.DelayedLockstep, '
+IN_PROCESS_PATH = ('in process: sim.demos.run_episode with delayed_lockstep.DelayedLockstep, '
                    'policy.predict (the same actions as the ROS bridge path, '
                    'test/test_closed_loop.py)')
 

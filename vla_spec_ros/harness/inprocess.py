@@ -2,7 +2,7 @@
 
 The closed loop through ROS (`closed_loop.py`) is the reference path; these sweeps run the same
 seeded episodes (`demos.episode_seed`, `demos.choose_instruction`) in the same delayed
-lock-step schedule (`bridge_logic.DelayedLockstep`, applied by `demos.run_episode`), with the
+lock-step schedule (`delayed_lockstep.DelayedLockstep`, applied by `demos.run_episode`), with the
 actions the bridge would apply (the node's gripper value clipped to [0, 1]), but call
 `policy.predict` directly: many episodes in little time, and in parallel worker processes.
 test/test_closed_loop.py checks that both paths apply the same actions for the same seed.
@@ -27,7 +27,9 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from vla_spec_ros.sim.bridge_logic import ACTION_DIM, DelayedLockstep, check_delay
+from vla_spec_ros.sim.bridge_settings import check_delay
+from vla_spec_ros.sim.delayed_lockstep import DelayedLockstep
+from vla_spec_ros.sim.twist_to_action import ACTION_DIM
 from vla_spec_ros.sim.demos import EpisodeResult, choose_instruction, episode_seed, success_rate
 
 # Episodes per work unit handed to a worker process (a point's units run in parallel).
@@ -151,7 +153,7 @@ def _policy(model: str, options: tuple, draft_path: str | None):
 def bridge_action(action: np.ndarray) -> np.ndarray:
     """The 7-dim action the bridge applies for a node action (or each step of a (K, 7) chunk):
     the gripper clipped to [0, 1] (the node's gripper convention in
-    `bridge_logic.matched_command_parameters`)."""
+    `bridge_settings.matched_command_parameters`)."""
     out = np.array(action, dtype=np.float64)
     out[..., ACTION_DIM - 1] = np.clip(out[..., ACTION_DIM - 1], 0.0, 1.0)
     return out

@@ -4,7 +4,7 @@ model").
   ~/image (sensor_msgs/Image rgb8, stamped with the node clock, strictly increasing per frame)
   ~/instruction (std_msgs/String, reliable + transient local like the VLA node's subscription)
   ~/twist (geometry_msgs/TwistStamped) + ~/gripper (std_msgs/Float64MultiArray, data[0])
-      -> bridge_logic.action_from_twist -> MetaWorldTask.step
+      -> twist_to_action.action_from_twist -> MetaWorldTask.step
 
 Connect it to a `vla_spec` node by remapping, e.g. `~/image:=/vla_spec/image`,
 `~/instruction:=/vla_spec/instruction`, `~/twist:=/vla_spec/twist`, `~/gripper:=/vla_spec/gripper`.
@@ -13,22 +13,22 @@ node's. Simplest gripper convention on the VLA node: gripper_binarize false, ope
 0.0 (the message then carries the model's gripper value clipped to [0, 1]).
 
 Twists answering published frames are paired with gripper messages in arrival order over the
-node's whole life (bridge_logic.AnswerPairs); a chunked model's steps (stamped frame + i
+node's whole life (answer_pairing.AnswerPairs); a chunked model's steps (stamped frame + i
 control periods) pair the same way. In lock-step a frame is stepped with the first step
 published for it (the rest of its chunk is counted, not applied: `vla-spec demo` refuses
 lock-step for chunked models); in real time every step is applied as it arrives.
 sim_mode "lockstep": frame k is stepped only with the pair whose twist carries frame k's stamp
-(bridge_logic.LockstepMatcher); without it for `lockstep_timeout_s` the same frame is published
-again with the same stamp (counted) and nothing is stepped, and after `max_republish`
+(lockstep_matching.LockstepMatcher); without it for `lockstep_timeout_s` the same frame is
+published again with the same stamp (counted) and nothing is stepped, and after `max_republish`
 republications the episode ends unsuccessfully (`is_unanswered`, end reason "unanswered"). With
-`action_delay` d > 0 (delayed lock-step, bridge_logic.DelayedLockstep) the action decided from
+`action_delay` d > 0 (delayed lock-step, delayed_lockstep.DelayedLockstep) the action decided from
 period k's frame is applied at period k + d, `delay_hold` holding in between; with
 `delay_frames: one_in_flight` the frames of the periods in between are not published (the model
 would be busy) and the held action is applied at once. "realtime": a timer steps at
 `control_rate_hz` with the newest due command (stamped no later than the stepped state + half
 a period) younger than `command_timeout_s`, else zero motion with the gripper held
-(bridge_logic.RealtimeCommand); answers to a previous episode's frames are
-ignored. With `camera_delay` d > 0 (real time only, bridge_logic.DelayedCamera) the frame
+(realtime_clock.RealtimeCommand); answers to a previous episode's frames are
+ignored. With `camera_delay` d > 0 (real time only, realtime_clock.DelayedCamera) the frame
 rendered at period t is published at period t + d with its capture stamp: the node sees an image
 d periods old, and executes a chunk time-aligned by that stamp. Ticks that came more than 1.5
 periods after the previous one are counted (`num_late_ticks`: the machine did not keep the
@@ -58,9 +58,17 @@ from std_msgs.msg import Float64MultiArray, String
 
 from vla_spec_ros.image_messages import rgb_to_image
 from vla_spec_ros.ros.qos import COMMAND_QOS, IMAGE_PUBLISHER_QOS, INSTRUCTION_QOS
-from vla_spec_ros.sim import bridge_logic as logic
+from vla_spec_ros.sim.answer_pairing import AnswerPairs, FrameRegistry, next_stamp_ns
+from vla_spec_ros.sim.bridge_settings import DESCRIPTIONS, BridgeSettings
+from vla_spec_ros.sim.delayed_lockstep import DelayedLockstep
 from vla_spec_ros.sim.demos import EpisodeResult, choose_instruction, episode_seed
+from vla_spec_ros.sim.episode_records import (
+    END_MAX_STEPS, END_STOPPED, END_SUCCESS, END_TIMEOUT, END_UNANSWERED, EpisodeLog)
+from vla_spec_ros.sim.lockstep_matching import LockstepMatcher
 from vla_spec_ros.sim.metaworld_env import get_task, make_env
+from vla_spec_ros.sim.realtime_clock import (
+    DelayedCamera, RealtimeCommand, TickMonitor, answer_lag, due_stamp_ns)
+from vla_spec_ros.sim.twist_to_action import action_from_twist, gripper_openness
 
 MAX_TIMER_PERIOD_S = 0.05
 
@@ -70,32 +78,32 @@ class SimBridgeNode(Node):
 
     def __init__(self, *, node_name: str = 'sim_bridge', **node_kwargs):
         super().__init__(node_name, **node_kwargs)
-        defaults = logic.BridgeSettings()
+        defaults = BridgeSettings()
         declared = self.declare_parameters('', [
             (f.name, getattr(defaults, f.name), ParameterDescriptor(
-                description=logic.DESCRIPTIONS[f.name])) for f in dataclasses.fields(defaults)])
-        self.settings = logic.BridgeSettings(**{p.name: p.value for p in declared})
+                description=DESCRIPTIONS[f.name])) for f in dataclasses.fields(defaults)])
+        self.settings = BridgeSettings(**{p.name: p.value for p in declared})
         s = self.settings
         self._lock = threading.RLock()
         self._done = threading.Event()
         self._env = None
         self._envs: dict = {}      # (task, image_size, camera, max_steps) -> MetaWorldTask
-        # One registry and one answer FIFO pair for the node's life (bridge_logic module doc).
-        self._registry = logic.FrameRegistry()
-        # Chunk steps are stamped frame + i control periods (bridge_logic module doc).
-        self._answers = logic.AnswerPairs(self._registry, chunk_period_s=s.control_period)
-        self._matcher = logic.LockstepMatcher(self._answers, s.max_republish)
-        self._realtime = logic.RealtimeCommand(self._answers, s.command_timeout_s,
-                                               s.gripper_open_position)
-        self._delay = logic.DelayedLockstep(
+        # One registry and one answer FIFO pair for the node's life (answer_pairing module doc).
+        self._registry = FrameRegistry()
+        # Chunk steps are stamped frame + i control periods (answer_pairing module doc).
+        self._answers = AnswerPairs(self._registry, chunk_period_s=s.control_period)
+        self._matcher = LockstepMatcher(self._answers, s.max_republish)
+        self._realtime = RealtimeCommand(self._answers, s.command_timeout_s,
+                                         s.gripper_open_position)
+        self._delay = DelayedLockstep(
             s.action_delay, s.delay_hold, s.delay_frames,
-            initial_gripper=logic.gripper_openness(s.gripper_open_position, s))
+            initial_gripper=gripper_openness(s.gripper_open_position, s))
         # Real time: frames between capture and publication, and the ticks' regularity.
-        self._camera = logic.DelayedCamera(s.camera_delay)
+        self._camera = DelayedCamera(s.camera_delay)
         self._frame_periods: dict = {}         # this episode's frame stamps -> capture period
-        self._ticks = logic.TickMonitor(1.0 / s.control_rate_hz)
+        self._ticks = TickMonitor(1.0 / s.control_rate_hz)
         self._period = 0                       # control period of the running episode
-        self._log = logic.EpisodeLog()
+        self._log = EpisodeLog()
         self._episode: tuple | None = None     # (task_name, seed, instruction) while running
         self._first_stamp_ns: int | None = None   # the running (or last) episode's first frame
         self._frame_msg, self._frame_sent_s, self._last_stamp_ns = None, 0.0, None
@@ -140,7 +148,7 @@ class SimBridgeNode(Node):
         with self._lock:
             env = self._ensure_env(task_name)
             image = env.reset(int(seed))
-            self._log = logic.EpisodeLog()
+            self._log = EpisodeLog()
             self._matcher.begin_episode()     # fresh counts; the answer FIFOs carry over
             self._delay.begin_episode()
             self._camera.begin_episode()
@@ -167,22 +175,22 @@ class SimBridgeNode(Node):
             with self._lock:
                 if self._episode is not None:
                     self._log.counters.is_timed_out = True
-                    self._finish(is_success=False, reason=logic.END_TIMEOUT)
+                    self._finish(is_success=False, reason=END_TIMEOUT)
         return self._log.result
 
     def stop_episode(self) -> None:
         """End a running episode now (not successful)."""
         with self._lock:
             if self._episode is not None:
-                self._finish(is_success=False, reason=logic.END_STOPPED)
+                self._finish(is_success=False, reason=END_STOPPED)
 
-    def episode_log(self) -> logic.EpisodeLog:
+    def episode_log(self) -> EpisodeLog:
         """A copy of the current (or last) episode's counters, actions and latencies."""
         with self._lock:
             log = self._log
-            return logic.EpisodeLog(dataclasses.replace(log.counters),
-                                    list(log.applied_actions), list(log.latencies_s),
-                                    log.wall_s, log.result, log.end_reason)
+            return EpisodeLog(dataclasses.replace(log.counters),
+                              list(log.applied_actions), list(log.latencies_s),
+                              log.wall_s, log.result, log.end_reason)
 
     @property
     def env(self):
@@ -192,7 +200,7 @@ class SimBridgeNode(Node):
         """End a running episode (a waiting `run_episode` returns), then close the simulator."""
         with self._lock:
             if self._episode is not None:
-                self._finish(is_success=False, reason=logic.END_STOPPED)
+                self._finish(is_success=False, reason=END_STOPPED)
             self._done.set()
             for env in self._envs.values():
                 env.close()
@@ -218,7 +226,7 @@ class SimBridgeNode(Node):
         """Stamp a new frame now (above every earlier stamp: the time of capture) and publish
         it, in real time after the camera delay (then with the frames now due); its stamp."""
         now = self.get_clock().now().nanoseconds
-        stamp_ns = logic.next_stamp_ns(now, self._last_stamp_ns)
+        stamp_ns = next_stamp_ns(now, self._last_stamp_ns)
         self._last_stamp_ns = stamp_ns
         msg = rgb_to_image(image, frame_id=self.settings.frame_id)
         msg.header.stamp.sec, msg.header.stamp.nanosec = divmod(stamp_ns, 1_000_000_000)
@@ -228,8 +236,8 @@ class SimBridgeNode(Node):
         period = self._log.counters.num_steps       # the frame of control period t
         self._frame_periods[stamp_ns] = period
         self._camera.capture(period, (stamp_ns, msg))
-        for due_stamp_ns, due_msg in self._camera.due(period):
-            self._publish_frame(due_stamp_ns, due_msg)
+        for due_frame_stamp_ns, due_msg in self._camera.due(period):
+            self._publish_frame(due_frame_stamp_ns, due_msg)
         return stamp_ns
 
     def _publish_frame(self, stamp_ns: int, msg: Image) -> None:
@@ -251,8 +259,8 @@ class SimBridgeNode(Node):
         counters.num_stale_commands += int(not is_command)
         self._log.applied_actions.append(np.array(action, dtype=np.float64))
         if is_done:
-            self._finish(is_success, reason=logic.END_SUCCESS if is_success
-                         else logic.END_MAX_STEPS)
+            self._finish(is_success, reason=END_SUCCESS if is_success
+                         else END_MAX_STEPS)
             return None
         return image
 
@@ -278,7 +286,8 @@ class SimBridgeNode(Node):
         linear = (t.linear.x, t.linear.y, t.linear.z)
         angular = (t.angular.x, t.angular.y, t.angular.z)
         if not np.all(np.isfinite(linear + angular)):
-            # Paired all the same (its gripper follows), but never applied (bridge_logic).
+            # Paired all the same (its gripper follows), but never applied
+            # (answer_pairing.AnswerPairs).
             self.get_logger().warning(f'ignoring non-finite twist {linear} {angular}',
                                       throttle_duration_sec=2.0)
         stamp_ns = msg.header.stamp.sec * 1_000_000_000 + msg.header.stamp.nanosec
@@ -325,7 +334,7 @@ class SimBridgeNode(Node):
                 return
 
     def _action(self, linear, angular, gripper_position) -> np.ndarray:
-        return logic.action_from_twist(linear, angular, gripper_position, self.settings)
+        return action_from_twist(linear, angular, gripper_position, self.settings)
 
     def _on_lockstep_tick(self) -> None:
         with self._lock:
@@ -340,7 +349,7 @@ class SimBridgeNode(Node):
                 self._log.counters.num_republished_frames += 1
             else:          # the answer is held every time (e.g. an invalid action): give up
                 self._log.counters.is_unanswered = True
-                self._finish(is_success=False, reason=logic.END_UNANSWERED)
+                self._finish(is_success=False, reason=END_UNANSWERED)
         s = self.settings
         if is_republished:
             self.get_logger().warning(f'no command for the current frame within '
@@ -361,13 +370,13 @@ class SimBridgeNode(Node):
             counters.max_tick_gap_s = self._ticks.max_gap_s
             # The state being stepped is the newest frame captured (published or not).
             linear, angular, gripper, is_fresh = self._realtime.command_at(
-                now, logic.due_stamp_ns(self._last_stamp_ns, self.settings.control_period))
+                now, due_stamp_ns(self._last_stamp_ns, self.settings.control_period))
             counters.num_hold_commands += int(is_fresh and self._realtime.is_hold)
             source = self._realtime.source if is_fresh else None
             if source is not None and source[0] in self._frame_periods:
                 # This step acts on the state of period num_steps (the frame of that period).
-                lag = logic.answer_lag(counters.num_steps, self._frame_periods[source[0]],
-                                       source[1])
+                lag = answer_lag(counters.num_steps, self._frame_periods[source[0]],
+                                 source[1])
                 counters.num_answer_steps += 1
                 counters.answer_lag_sum += lag
                 counters.num_answer_steps_on_time += int(lag == 0)

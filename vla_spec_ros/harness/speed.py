@@ -7,7 +7,7 @@ engine the way the ROS node does, from a camera at a fixed rate: whenever the en
 round, the newest frame (if it is new) replaces any frame still waiting, then the engine steps.
 It reports observation-to-action latency (capture to action) and the share of camera frames
 answered: a mode that keeps up answers every frame; a slower one skips frames while it works,
-which is the "one frame in flight" schedule of the delayed lock-step (bridge_logic).
+which is the "one frame in flight" schedule of the delayed lock-step (sim/delayed_lockstep.py).
 """
 from __future__ import annotations
 

@@ -29,7 +29,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from vla_spec_ros.sim.bridge_logic import DelayedLockstep
+from vla_spec_ros.sim.delayed_lockstep import DelayedLockstep
 from vla_spec_ros.sim.metaworld_env import (
     ACTION_DIM, DEFAULT_CAMERA, DEFAULT_IMAGE_SIZE, DEFAULT_MAX_STEPS, POSITION_SCALE_M,
     MetaWorldTask, TaskSpec, get_task, make_env)
@@ -72,12 +72,12 @@ def run_episode(env: MetaWorldTask, policy: Policy, seed: int, instruction: str,
     Returns (EpisodeResult, images (T, H, W, 3) uint8 | None, actions (T, 7) float32 | None);
     images[t] is the observation actions[t] was chosen from.
 
-    `delay` (a `bridge_logic.DelayedLockstep`, not with `is_recording`): delayed lock-step, the
+    `delay` (a `delayed_lockstep.DelayedLockstep`, not with `is_recording`): delayed lock-step, the
     same schedule the bridge node applies; the policy is asked only for the frames `delay`
     wants, and may then answer None (no valid action: the episode ends unsuccessfully, as the
     bridge ends it after republishing an unanswered frame). A chunked policy (a (K, 7) plan
     per frame) needs `delay` (d = 0 for none): it executes each chunk on the control clock,
-    time-aligned, latest chunk first (bridge_logic module doc). `on_step(period, action,
+    time-aligned, latest chunk first (delayed_lockstep module doc). `on_step(period, action,
     is_fresh)` sees every applied action; `delay.source` says which chunk step it was.
     `with_period`: the policy is called as policy(image, instruction, period) (the control step
     of the image, for a drafter that shifts the previous chunk).
