@@ -1,13 +1,14 @@
 """FP8 linear layer: e4m3 weights with one scale per output channel, activations quantised per
 token, the product through ``torch._scaled_mm`` on GPUs with FP8 tensor cores.
 
-Quantisation (``quantize_rows``): each row of a tensor gets the scale ``amax(|row|) / 448``
-(448 is e4m3's largest finite value) in float32, and the row divided by it, clamped to
-[-448, 448] and rounded to ``torch.float8_e4m3fn``. Weights (N, K) are quantised once at load,
-one scale per output channel; activations (T, K) are quantised at every call, one scale per
-token. Per token, not per tensor: a row's quantisation depends on that row alone, so a token's
-output is the same whatever else shares the packed step (speculative verification and the
-pipeline batch rows differently from AR, and still give AR's tokens).
+Quantisation (``quantize_rows``, in kernels/fp8_quant.py beside its one-launch Triton kernel):
+each row of a tensor gets the scale ``amax(|row|) / 448`` (448 is e4m3's largest finite value)
+in float32, and the row divided by it, clamped to [-448, 448] and rounded to
+``torch.float8_e4m3fn``. Weights (N, K) are quantised once at load, one scale per output
+channel; activations (T, K) are quantised at every call, one scale per token. Per token, not
+per tensor: a row's quantisation depends on that row alone, so a token's output is the same
+whatever else shares the packed step (speculative verification and the pipeline batch rows
+differently from AR, and still give AR's tokens).
 
 The product of a row ``x`` and an output channel ``w`` is ``sum(xq * wq) * sx * sw``:
 - ``fp8_linear_ref`` (plain torch, the oracle, any device): dequantises both operands
@@ -15,7 +16,8 @@ The product of a row ``x`` and an output channel ``w`` is ``sum(xq * wq) * sx * 
   for float64 inputs), rounding the result to the input dtype once. The weights are dequantised
   on every call (nothing is cached: the weights stay one byte per element); it exists for tests,
   CPU runs and fidelity measurements, not for speed.
-- ``fp8_linear_scaled_mm`` (the launch, no checks): ``torch._scaled_mm`` with row-wise scales,
+- ``fp8_linear_scaled_mm`` (the launch, no checks): the activations quantised by the Triton
+  kernel on CUDA (``quantize_rows`` elsewhere), then ``torch._scaled_mm`` with row-wise scales,
   fp8 products accumulated in float32 by the tensor cores, scaled, rounded to bf16.
 - ``fp8_linear`` (the validating wrapper) with ``use_scaled_mm`` choosing between them.
 
@@ -29,20 +31,11 @@ also fp16) only, hence bf16 activations on CUDA (``scaled_mm_unsupported_reason`
 import torch
 import torch.nn.functional as F
 
-FP8_DTYPE = torch.float8_e4m3fn
-FP8_MAX = 448.0                      # torch.finfo(torch.float8_e4m3fn).max
-_TINY = torch.finfo(torch.float32).tiny
+from ._triton_util import HAS_TRITON
+# The quantisation (reference and kernel) lives in fp8_quant.py; its names stay importable here.
+from .fp8_quant import FP8_DTYPE, FP8_MAX, quantize_rows, quantize_rows_triton  # noqa: F401
+
 MIN_CAPABILITY = (8, 9)              # FP8 tensor cores: Ada (sm_89), Hopper (sm_90) and later
-
-
-def quantize_rows(x: torch.Tensor):
-    """(..., K) floating -> ``(q, scale)``: ``q`` e4m3 of x's shape, ``scale`` float32 (..., 1)
-    with ``x ~= q * scale`` row by row (an all-zero row gets the smallest normal scale and
-    zeros)."""
-    x32 = x.to(torch.float32)
-    scale = (x32.abs().amax(dim=-1, keepdim=True) / FP8_MAX).clamp_min(_TINY)
-    q = (x32 / scale).clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE)
-    return q, scale
 
 
 def dequantize_rows(q: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -68,8 +61,17 @@ def fp8_linear_scaled_mm(x: torch.Tensor, weight: torch.Tensor, weight_scale: to
                          *, use_fast_accum: bool = False):
     """``torch._scaled_mm`` with the contract of ``fp8_linear_ref``; inputs are NOT checked
     (``fp8_linear`` checks them). x (..., K), weight (N, K) row-major e4m3, weight_scale (N,)
-    float32 contiguous. No host sync: CUDA-graph capturable."""
-    xq, x_scale = quantize_rows(x.reshape(-1, x.shape[-1]))
+    float32 contiguous. No host sync: CUDA-graph capturable.
+
+    On CUDA (with Triton) the activations are quantised by ``quantize_rows_triton``, one launch
+    instead of the reference's eight or so, whose contract is the bytes and scales of
+    ``quantize_rows`` on CUDA (kernels/fp8_quant.py); elsewhere (the CPU's ``_scaled_mm``) by
+    ``quantize_rows`` itself."""
+    x2 = x.reshape(-1, x.shape[-1])
+    if HAS_TRITON and x.device.type == 'cuda':
+        xq, x_scale = quantize_rows_triton(x2)
+    else:
+        xq, x_scale = quantize_rows(x2)
     out = torch._scaled_mm(xq.contiguous(), weight.t(), scale_a=x_scale,
                            scale_b=weight_scale.view(1, -1), out_dtype=x.dtype,
                            use_fast_accum=use_fast_accum)
