@@ -178,6 +178,15 @@ def test_engine_option_and_load_time_refusals(monkeypatch):
         with pytest.raises(ValueError, match='weight_dtype: fp8 on CUDA needs dtype bfloat16'):
             check_weight_dtype('fp8', dtype, torch.device('cuda'))
     check_weight_dtype('auto', torch.float32, torch.device('cuda'))     # nothing to check
+    # Whatever stops the probe product (a CUDA error, the activation kernel's compile error)
+    # is refused at load with the reason, as a ValueError naming the option.
+
+    def fails(*args):
+        raise TypeError('a compile error')
+    monkeypatch.setattr(fp8_model, 'fp8_linear_scaled_mm', fails)
+    monkeypatch.setattr(fp8_model.torch, 'ones', lambda *a, **k: torch.zeros(16, 16))
+    with pytest.raises(ValueError, match='weight_dtype: fp8: .* TypeError: a compile error'):
+        check_weight_dtype('fp8', torch.bfloat16, torch.device('cuda'))
 
 
 # ---- the model

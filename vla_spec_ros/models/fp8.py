@@ -135,7 +135,7 @@ def check_weight_dtype(weight_dtype: str, dtype: torch.dtype, device: torch.devi
     """Raise ValueError (naming ``weight_dtype``) where ``weight_dtype`` cannot run with the
     model ``dtype`` on ``device``: fp8 on CUDA needs sm_89+ (FP8 tensor cores), bfloat16
     activations (the row-wise scaled product writes bf16) and a working ``_scaled_mm``
-    (probed once on a 16 x 16 product)."""
+    (probed once on a 16 x 16 product, the activation kernel included)."""
     if weight_dtype not in WEIGHT_DTYPES:
         raise ValueError(f'weight_dtype: {weight_dtype!r} not in {WEIGHT_DTYPES}')
     if weight_dtype != 'fp8' or device.type != 'cuda':
@@ -152,9 +152,11 @@ def check_weight_dtype(weight_dtype: str, dtype: torch.dtype, device: torch.devi
         probe = torch.ones(16, 16, device=device)
         q, scale = quantize_rows(probe)
         fp8_linear_scaled_mm(probe.to(dtype), q, scale.reshape(-1))
-    except RuntimeError as exc:
-        raise ValueError(f'weight_dtype: fp8: torch._scaled_mm with row-wise scales fails on '
-                         f'{device}: {exc}') from exc
+    except Exception as exc:     # noqa: BLE001 - a CUDA error or the activation kernel's
+        # compile error: either way fp8 cannot run here, and the user gets the reason
+        raise ValueError(f'weight_dtype: fp8: the FP8 product (activation quantisation and '
+                         f'torch._scaled_mm with row-wise scales) fails on {device}: '
+                         f'{type(exc).__name__}: {exc}') from exc
 
 
 def apply_weight_dtype(language_model: nn.Module, weight_dtype: str, dtype: torch.dtype,
