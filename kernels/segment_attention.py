@@ -20,17 +20,22 @@ Kernel (flash-attention style, online softmax): grid (S, Hq, cdiv(Q, BLOCK_M)); 
 its BLOCK_M query rows of one head, walks the K columns in blocks of BLOCK_N (slot indices, then
 K rows at those slots, scores = q @ k^T * scale, the mask, a running max / sum / accumulator,
 then V rows and acc += p @ v), and divides once at the end. All arithmetic runs in float64 for
-float64 inputs and float32 otherwise; bf16/fp16 are rounded once, at the store. Both products
-are ``tl.dot`` for every dtype, float64 included (it compiles for sm_80 / sm_90 and runs in
-the CPU interpreter).
+float64 inputs and float32 otherwise; bf16/fp16 are rounded once, at the store. The two
+products are ``tl.dot`` for every dtype but float64, where they are broadcast products summed
+with ``tl.reduce`` (``use_dot``): some Triton versions cannot compile a float64 ``tl.dot`` for
+CUDA (3.6 picks a dot-operand layout that its fp64 MMA lowering rejects, "Currently fp64 don't
+support largeK MMA"), and float64 is a test and reference dtype whose speed does not matter.
+``bench/kernels_compile_check.py`` compiles the kernel ahead of time for sm_80 / sm_90 at the
+default launches (no GPU needed) and reports registers and spills.
 
 Differences from the reference: the order of the sums (block by block with rescaling, and
-inside tl.dot), and on CUDA Triton's fast exp and, for bf16/fp16 inputs, TF32 tensor-core
-products (see ``dot_precision``: q @ k^T stays exact, the probabilities of p @ v keep 10
-mantissa bits, an error of at most ~2^-11 * max|v| per output, below one bf16 ulp of values of
-order one). A query row whose mask row is all False has no defined softmax (SDPA returns NaN);
-here and in the reference its output is zeros (the engine never builds one: every row, padding
-rows included, attends to at least one slot, but the kernel must not emit NaN).
+inside tl.dot or tl.reduce), and on CUDA Triton's fast exp and, for bf16/fp16 inputs, TF32
+tensor-core products (see ``dot_precision``: q @ k^T stays exact, the probabilities of p @ v
+keep 10 mantissa bits, an error of at most ~2^-11 * max|v| per output, below one bf16 ulp of
+values of order one). A query row whose mask row is all False has no defined softmax (SDPA
+returns NaN); here and in the reference its output is zeros (the engine never builds one:
+every row, padding rows included, attends to at least one slot, but the kernel must not emit
+NaN).
 
 Layout as in rope_kv_write.py: ``segment_attention_ref`` (plain torch, the oracle),
 ``segment_attention_triton`` (the launch, no checks) and ``segment_attention`` (the validating
@@ -41,10 +46,12 @@ import math
 import torch
 
 from ._triton_util import (HAS_TRITON, INDEX_DTYPES, LazyJit, check_can_launch,
-                           check_index_values, check_tensor, compute_dtype, next_power_of_2, tl,
-                           triton)
+                           check_index_values, check_tensor, compute_dtype, is_interpret_mode,
+                           next_power_of_2, tl, triton)
 
 MIN_DOT_BLOCK = 16      # tl.dot needs every dimension >= 16
+# float64 (no tl.dot): at most this many elements in a (BLOCK_M, BLOCK_D, BLOCK_N) product tile
+FLOAT64_TILE = 4096
 
 
 def segment_attention_ref(q, k_cache, v_cache, kv_index, seg_mask, scale=None):
@@ -107,7 +114,8 @@ if HAS_TRITON:
             num_rows, num_cols,
             HEAD_DIM: tl.constexpr, GROUP: tl.constexpr, SCALE: tl.constexpr,
             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-            COMPUTE_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr):
+            COMPUTE_DTYPE: tl.constexpr, USE_DOT: tl.constexpr, DOT_PRECISION: tl.constexpr,
+            CONST_NUM_COLS: tl.constexpr):
         # Program (s, h, m): query rows m*BLOCK_M .. of segment s, q head h. Only core tl
         # builtins (no tl.zeros / tl.max / tl.sum / tl.cdiv; see the note above _add).
         # The mask arrives as uint8 (a view of the bool tensor).
@@ -129,7 +137,10 @@ if HAS_TRITON:
         l_i = tl.full([BLOCK_M], 0.0, COMPUTE_DTYPE)                     # running row sum
         acc = tl.full([BLOCK_M, BLOCK_D], 0.0, COMPUTE_DTYPE)            # running p @ v
         mask_row_ptrs = mask_ptr + seg * stride_ms + rows.to(tl.int64)[:, None] * stride_mq
-        for start in range(0, num_cols, BLOCK_N):
+        # The loop bound: the runtime num_cols, or the same count as a constant when the launch
+        # passes one (the CPU interpreter; see kernel_constants). Written inline: Triton 3.6's
+        # interpreter turns every value assigned to a name into a tensor, the constant included.
+        for start in range(0, num_cols if CONST_NUM_COLS is None else CONST_NUM_COLS, BLOCK_N):
             cols = start + tl.arange(0, BLOCK_N)                         # (BLOCK_N,)
             col_mask = cols < num_cols
             slots = tl.load(index_ptr + seg * stride_is + cols.to(tl.int64) * stride_ic,
@@ -139,7 +150,11 @@ if HAS_TRITON:
                        + d[:, None])
             kt = tl.load(kt_ptrs, mask=d_mask[:, None] & col_mask[None, :],
                          other=0).to(COMPUTE_DTYPE)
-            scores = tl.dot(q, kt, input_precision=DOT_PRECISION, out_dtype=COMPUTE_DTYPE) * scale
+            if USE_DOT:
+                scores = tl.dot(q, kt, input_precision=DOT_PRECISION, out_dtype=COMPUTE_DTYPE)
+            else:   # (BLOCK_M, BLOCK_D, BLOCK_N) products summed over d
+                scores = tl.reduce(q[:, :, None] * kt[None, :, :], 1, _sum_combine)
+            scores = scores * scale
             allowed = tl.load(mask_row_ptrs + cols.to(tl.int64)[None, :] * stride_mc,
                               mask=row_mask[:, None] & col_mask[None, :], other=0) != 0
             scores = tl.where(allowed, scores, float('-inf'))            # (BLOCK_M, BLOCK_N)
@@ -154,8 +169,12 @@ if HAS_TRITON:
                       + d[None, :])
             v = tl.load(v_ptrs, mask=col_mask[:, None] & d_mask[None, :],
                         other=0).to(COMPUTE_DTYPE)                       # (BLOCK_N, BLOCK_D)
-            acc = tl.dot(p, v, acc * alpha[:, None], input_precision=DOT_PRECISION,
-                         out_dtype=COMPUTE_DTYPE)
+            if USE_DOT:
+                acc = tl.dot(p, v, acc * alpha[:, None], input_precision=DOT_PRECISION,
+                             out_dtype=COMPUTE_DTYPE)
+            else:   # (BLOCK_M, BLOCK_N, BLOCK_D) products summed over the columns
+                acc = acc * alpha[:, None] + tl.reduce(p[:, :, None] * v[None, :, :], 1,
+                                                       _sum_combine)
             m_i = m_new
         # Rows with no allowed column have l_i = 0 and acc = 0: divide by 1, giving zeros.
         out = acc / tl.where(l_i == 0, 1.0, l_i)[:, None]
@@ -169,23 +188,45 @@ def default_launch(num_rows: int, num_cols: int, head_dim: int,
                    dtype: torch.dtype) -> tuple[int, int, int, int]:
     """(BLOCK_M, BLOCK_N, BLOCK_D, num_warps) for a step shape and dtype.
 
-    Every block is a power of two >= 16 (tl.dot). BLOCK_M follows Q (a decode segment of one
-    row does not pay for 64), BLOCK_N follows K, BLOCK_D covers the whole head (lanes beyond D
-    masked). The caps keep a program within the register file at D = 128: cubins compiled for
-    sm_80 and sm_90 (ptxas resource usage, no GPU run) spill at 64x64 tiles, and at any
-    BLOCK_M > 16 for float32 / float64 (IEEE and float64 dots run on CUDA cores and hold
-    their operands in registers). So 16-bit inputs take up to 64x32 or 32x64, wider ones
-    16x32; 8 warps once a tile holds more than 16 x 64 16-bit or 16 x 32 float32 elements.
+    Every block is a power of two. BLOCK_M follows Q (a decode segment of one row does not pay
+    for 64), BLOCK_N follows K, BLOCK_D covers the whole head (lanes beyond D masked).
+
+    bf16 / fp16 / float32 (``tl.dot``): every block >= 16. The caps bound a program's registers
+    at D = 128: 16-bit inputs take up to 64x32 or 32x64, float32 16x32 (IEEE dots run on CUDA
+    cores and hold their operands in registers); 8 warps once a tile holds more than 16 x 64
+    16-bit or 16 x 32 float32 elements. Even so, at D = 128 ptxas reports 255 registers and
+    200-750 bytes of spills for these tiles (sm_90, Triton 3.6 and 3.9; Triton 3.9's sm_80
+    cubin of the 16x64 bf16 tile: 32 registers, ~5.5 KB of spills); see
+    ``bench/kernels_compile_check.py``.
+
+    float64 (no ``tl.dot``): the product tile (BLOCK_M, BLOCK_D, BLOCK_N) is held in registers,
+    so it is capped at ``FLOAT64_TILE`` elements (BLOCK_M and BLOCK_N may be < 16; BLOCK_M
+    first, up to 16 and leaving BLOCK_N >= 16 where the head allows): at D = 128 a decode row
+    takes 1x32 and longer segments 2x16, at D = 16 16x16 or 1x64; 8 warps once the tile holds
+    more than 2048 elements. Larger tiles spill (16x32 at D = 128: ~3 KB per thread).
+
     Throughput was not measured here: the tuning knobs of ``segment_attention_triton`` are
     there for a sweep.
     """
+    block_d = max(MIN_DOT_BLOCK, next_power_of_2(head_dim))
+    if dtype == torch.float64:
+        block_m = min(16, next_power_of_2(num_rows),
+                      max(1, FLOAT64_TILE // (block_d * MIN_DOT_BLOCK)))
+        block_n = min(64, next_power_of_2(num_cols), max(1, FLOAT64_TILE // (block_d * block_m)))
+        num_warps = 8 if block_m * block_n * block_d > FLOAT64_TILE // 2 else 4
+        return block_m, block_n, block_d, num_warps
     is_16bit = dtype.itemsize == 2
     block_m = min(64 if is_16bit else 16, max(MIN_DOT_BLOCK, next_power_of_2(num_rows)))
     max_n = 64 if is_16bit and block_m <= 32 else 32
     block_n = min(max_n, max(MIN_DOT_BLOCK, next_power_of_2(num_cols)))
-    block_d = max(MIN_DOT_BLOCK, next_power_of_2(head_dim))
     num_warps = 4 if block_m == 16 and dtype.itemsize <= 4 else 8
     return block_m, block_n, block_d, num_warps
+
+
+def use_dot(dtype: torch.dtype) -> bool:
+    """Whether the kernel's two products are ``tl.dot``: every dtype but float64, whose products
+    are summed with ``tl.reduce`` (see the module docstring)."""
+    return dtype != torch.float64
 
 
 def dot_precision(dtype: torch.dtype) -> str:
@@ -194,10 +235,29 @@ def dot_precision(dtype: torch.dtype) -> str:
     bf16 and fp16 values are exact in TF32 (8-bit exponent, 10-bit mantissa), so q @ k^T on
     upcast 16-bit operands is exact products with float32 sums; only the probabilities of
     p @ v lose bits (kept to TF32's 10, where FlashAttention rounds them to bf16's 7). Float32
-    inputs would lose 13 mantissa bits in TF32, so they take IEEE products (CUDA cores); the
-    float64 dot ignores the setting. The CPU interpreter computes every dot in full precision.
+    inputs would lose 13 mantissa bits in TF32, so they take IEEE products (CUDA cores).
+    float64 has no ``tl.dot`` (``use_dot``), so the setting does not apply to it. The CPU
+    interpreter computes every dot in full precision.
     """
     return 'tf32' if dtype in (torch.bfloat16, torch.float16) else 'ieee'
+
+
+def kernel_constants(dtype: torch.dtype, head_dim: int, group: int, scale: float, block_m: int,
+                     block_n: int, block_d: int, const_num_cols: int | None = None) -> dict:
+    """The kernel's compile-time arguments for a launch (and for an ahead-of-time compile).
+
+    ``const_num_cols`` is the column count as a constant, for the CPU interpreter only: Triton
+    3.6's interpreter holds a runtime int as a 1-element array and cannot use it as a ``range``
+    bound (its ``__index__`` is ``int(array)``, which NumPy >= 2.4 refuses for arrays of
+    ndim > 0), while a constant costs the interpreter no compilation. Compiled launches pass
+    None and loop to the runtime ``num_cols`` (one compilation serves every K). A ``while``
+    loop would serve both, but Triton software-pipelines only ``for`` loops, and the compiled
+    float32 kernel prefetches its K/V tiles that way (sm_90, default ``num_stages``).
+    """
+    return dict(HEAD_DIM=head_dim, GROUP=group, SCALE=float(scale), BLOCK_M=block_m,
+                BLOCK_N=block_n, BLOCK_D=block_d, COMPUTE_DTYPE=compute_dtype(dtype),
+                USE_DOT=use_dot(dtype), DOT_PRECISION=dot_precision(dtype),
+                CONST_NUM_COLS=const_num_cols)
 
 
 def segment_attention_triton(q, k_cache, v_cache, kv_index, seg_mask, scale=None, *,
@@ -209,8 +269,8 @@ def segment_attention_triton(q, k_cache, v_cache, kv_index, seg_mask, scale=None
     seg_mask may have any strides. Launches without touching device values (grid from shapes
     only, no sync), so it can be captured in a CUDA graph. ``scale``, D and the GQA group are
     compile-time constants (one compilation per model; Q and K are runtime values).
-    ``block_m`` / ``block_n`` (powers of two >= 16), ``num_warps`` and ``num_stages`` are the
-    tuning knobs (defaults: ``default_launch``).
+    ``block_m`` / ``block_n`` (powers of two; >= 16 except for float64), ``num_warps`` and
+    ``num_stages`` are the tuning knobs (defaults: ``default_launch``).
     """
     num_segments, num_rows, num_cols = seg_mask.shape
     num_q_heads, head_dim = q.shape[1], q.shape[2]
@@ -235,9 +295,9 @@ def segment_attention_triton(q, k_cache, v_cache, kv_index, seg_mask, scale=None
         v_cache.stride(0), v_cache.stride(1), kv_index.stride(0), kv_index.stride(1),
         mask_u8.stride(0), mask_u8.stride(1), mask_u8.stride(2), out.stride(0), out.stride(1),
         num_rows, num_cols,
-        HEAD_DIM=head_dim, GROUP=group, SCALE=float(scale),
-        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d, COMPUTE_DTYPE=compute_dtype(q.dtype),
-        DOT_PRECISION=dot_precision(q.dtype), num_warps=num_warps, **extra)
+        **kernel_constants(q.dtype, head_dim, group, scale, block_m, block_n, block_d,
+                           const_num_cols=num_cols if is_interpret_mode() else None),
+        num_warps=num_warps, **extra)
     return out
 
 

@@ -5,27 +5,35 @@ Layers: (1) ``segment_attention_ref`` against the computation it replaces in
 ``models/attention.attend_segments`` (gather K/V with index_select, then SDPA with the mask) and
 against a per-row loop that takes the softmax over exactly the allowed slots; (2) the kernel
 against the reference on random shapes under ``TRITON_INTERPRET=1`` (CPU) and, when present,
-on CUDA at the 7B shape, with CUDA-graph capture and replay; (3) the wrapper's ValueErrors.
+on CUDA at the 7B shape, with CUDA-graph capture and replay; its CUDA compile without a GPU
+(``bench/kernels_compile_check.py``); (3) the wrapper's ValueErrors.
 Kernels are jitted at launch time, so the ``interpret`` fixture turns the interpreter on for
 one test only (monkeypatch.setenv) regardless of import order.
 """
 import math
+import os
+import pathlib
+import subprocess
+import sys
 
 import pytest
 import torch
 
 try:
-    from kernels.segment_attention import (default_launch, segment_attention,
+    from kernels.segment_attention import (FLOAT64_TILE, default_launch, segment_attention,
                                            segment_attention_ref, segment_attention_triton)
 except ImportError:  # installed layout: the folder ships as vla_spec_ros.kernels
-    from vla_spec_ros.kernels.segment_attention import (default_launch, segment_attention,
-                                                        segment_attention_ref,
+    from vla_spec_ros.kernels.segment_attention import (FLOAT64_TILE, default_launch,
+                                                        segment_attention, segment_attention_ref,
                                                         segment_attention_triton)
 
 from vla_spec_ros.models.attention import StepBatch, attend_segments
 
 import kernel_checks
 from kernel_checks import needs_cuda, needs_triton
+
+# the module itself (``kernels.segment_attention`` is also the name of the package's function)
+segment_attention_module = sys.modules[segment_attention_triton.__module__]
 
 FLOAT_DTYPES = [torch.float64, torch.float32, torch.bfloat16]
 
@@ -236,11 +244,33 @@ def test_triton_scale_is_exact_in_float64(interpret):
 
 
 @needs_triton
-@pytest.mark.parametrize('dtype', [torch.float64, torch.bfloat16], ids=dtype_id)
-def test_triton_explicit_small_blocks(interpret, dtype):
-    """16 x 16 blocks: many row and column blocks per program set, the last ones partial."""
+@pytest.mark.parametrize('dtype, blocks', [(torch.float64, (16, 16)), (torch.bfloat16, (16, 16)),
+                                           (torch.float64, (2, 8))],
+                         ids=lambda x: dtype_id(x) if isinstance(x, torch.dtype) else
+                         'x'.join(map(str, x)))
+def test_triton_explicit_small_blocks(interpret, dtype, blocks):
+    """Small blocks (float64, without tl.dot, also below 16): many row and column blocks per
+    program set, the last ones partial."""
     case = make_case(12, dtype, 1, 40, 70, 2, 1, 24)
-    run_both(case, block_m=16, block_n=16, num_warps=4)
+    run_both(case, block_m=blocks[0], block_n=blocks[1], num_warps=4)
+
+
+@needs_triton
+@pytest.mark.parametrize('dtype', [torch.float64, torch.float32], ids=dtype_id)
+def test_triton_runtime_loop_bound(interpret, monkeypatch, dtype):
+    """The column loop as compiled launches run it, bounded by the runtime num_cols (interpreted
+    launches bound it by a constant, ``kernel_constants``), gives the same result."""
+    case = make_case(18, dtype, 2, 17, 40, 2, 1, 16)
+    with_constant = segment_attention_triton(**case)
+    monkeypatch.setattr(segment_attention_module, 'is_interpret_mode', lambda: False)
+    try:
+        with_runtime_bound = segment_attention_triton(**case)
+    except Exception as error:      # Triton 3.6's interpreter: see kernel_constants
+        if 'only 0-dimensional arrays' in str(error):
+            pytest.skip(f'this Triton interpreter cannot bound a loop by a runtime int: {error}')
+        raise
+    assert torch.equal(with_runtime_bound, with_constant)
+    assert_close(with_runtime_bound, segment_attention_ref(**case))
 
 
 @needs_triton
@@ -259,26 +289,71 @@ def test_wrapper_runs_the_kernel_and_handles_empty_steps(interpret):
     assert segment_attention(**no_segments).shape == (0, 4, 16)
 
 
+def is_power_of_2(n):
+    return n >= 1 and n & (n - 1) == 0
+
+
 def test_default_launch_blocks():
     for num_rows in (1, 3, 17, 40, 64, 300):
         for num_cols in (1, 5, 64, 130):
-            for dtype in (torch.bfloat16, torch.float16, torch.float32, torch.float64):
+            for dtype in (torch.bfloat16, torch.float16, torch.float32):    # tl.dot: >= 16
                 block_m, block_n, block_d, num_warps = default_launch(num_rows, num_cols, 24,
                                                                       dtype)
                 for block in (block_m, block_n, block_d):
-                    assert block >= 16 and block & (block - 1) == 0
+                    assert block >= 16 and is_power_of_2(block)
                 assert block_d == 32 and num_warps in (4, 8)
                 assert block_m <= (64 if dtype.itemsize == 2 else 16) and block_n <= 64
                 assert block_m * block_n <= 32 * 64
+            for head_dim in (8, 24, 128, 512):     # float64: no tl.dot, a capped product tile
+                block_m, block_n, block_d, num_warps = default_launch(num_rows, num_cols,
+                                                                      head_dim, torch.float64)
+                assert all(is_power_of_2(block) for block in (block_m, block_n, block_d))
+                assert block_d == max(16, 1 << (head_dim - 1).bit_length())
+                assert block_m <= min(16, 1 << (num_rows - 1).bit_length())
+                assert block_n <= min(64, 1 << (num_cols - 1).bit_length())
+                assert block_m * block_n * block_d <= FLOAT64_TILE and num_warps in (4, 8)
+    # the 16-bit and float32 choices at the 7B shape (D = 128)
     assert default_launch(1, 300, 128, torch.bfloat16) == (16, 64, 128, 4)
     assert default_launch(64, 300, 128, torch.bfloat16) == (64, 32, 128, 8)
-    assert default_launch(3, 5, 16, torch.float64)[:3] == (16, 16, 16)
+    assert default_launch(1, 300, 128, torch.float32) == (16, 32, 128, 4)
+    assert default_launch(64, 300, 128, torch.float32) == (16, 32, 128, 4)
+    # float64: a decode row keeps 32 columns, wider segments 2 x 16; small heads 16 x 16
+    assert default_launch(1, 300, 128, torch.float64) == (1, 32, 128, 8)
+    assert default_launch(64, 300, 128, torch.float64) == (2, 16, 128, 8)
+    assert default_launch(40, 130, 16, torch.float64) == (16, 16, 16, 8)
+    assert default_launch(3, 5, 16, torch.float64) == (4, 8, 16, 4)
 
 
-# ------------------------------------------------------------------ (2b) CUDA (bf16 / float32)
+# ---------------------------------------------------- (2b) CUDA compiles without a GPU (AOT)
+
+COMPILE_CHECK = pathlib.Path(__file__).resolve().parents[1] / 'bench' / 'kernels_compile_check.py'
+
+
+@needs_triton
+def test_kernel_compiles_for_cuda_ahead_of_time():
+    """Without a GPU: the kernel compiles for sm_90 (the CUDA tests' H100 / H200) down to a
+    cubin at the default launches of float64, float32 and bf16, at the 7B head and small ones
+    (``bench/kernels_compile_check.py``, which also covers sm_80). A float64 ``tl.dot`` failed
+    here under Triton 3.6 ("Currently fp64 don't support largeK MMA")."""
+    if not COMPILE_CHECK.exists():
+        pytest.skip(f'{COMPILE_CHECK} is not part of this layout')
+    env = {name: value for name, value in os.environ.items() if name != 'TRITON_INTERPRET'}
+    result = subprocess.run([sys.executable, str(COMPILE_CHECK), '--targets', '90'],
+                            capture_output=True, text=True, timeout=600, env=env)
+    if result.returncode == 2:      # no CUDA backend in this Triton, or its ptxas cannot run
+        pytest.skip(result.stdout.strip().splitlines()[-1])
+    report = result.stdout + result.stderr[-3000:]
+    assert result.returncode == 0, report
+    lines = [line for line in result.stdout.splitlines() if ' sm_90 ' in line]
+    assert lines and all(' ok ' in line for line in lines), report
+    for dtype in ('float64', 'float32', 'bfloat16'):
+        assert any(line.startswith(dtype) for line in lines), report
+
+
+# ------------------------------------------------------------------------------------ (2c) CUDA
 
 @needs_cuda
-@pytest.mark.parametrize('dtype', [torch.bfloat16, torch.float32], ids=dtype_id)
+@pytest.mark.parametrize('dtype', [torch.bfloat16, torch.float32, torch.float64], ids=dtype_id)
 @pytest.mark.parametrize('num_rows', [1, 64])
 def test_triton_on_cuda_7b_shape(monkeypatch, dtype, num_rows):
     monkeypatch.delenv('TRITON_INTERPRET', raising=False)
