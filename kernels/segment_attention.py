@@ -195,7 +195,7 @@ def default_launch(num_rows: int, num_cols: int, head_dim: int,
     at D = 128: 16-bit inputs take up to 64x32 or 32x64, float32 16x32 (IEEE dots run on CUDA
     cores and hold their operands in registers); 8 warps once a tile holds more than 16 x 64
     16-bit or 16 x 32 float32 elements. Even so, at D = 128 ptxas reports 255 registers and
-    200-750 bytes of spills for these tiles (sm_90, Triton 3.6 and 3.9; Triton 3.9's sm_80
+    180-750 bytes of spills for these tiles (sm_90, Triton 3.6 and 3.9; Triton 3.9's sm_80
     cubin of the 16x64 bf16 tile: 32 registers, ~5.5 KB of spills); see
     ``bench/kernels_compile_check.py``.
 
