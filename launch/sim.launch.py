@@ -61,7 +61,7 @@ def node_options(values: dict) -> tuple[dict, dict]:
                                                            values['sim_mode'])
     # Lock-step steps the arm once per answered frame: a chunked model's steps, which the node
     # publishes on its own clock, would not be what the arm executes (refused, with the way out).
-    from vla_spec_ros.harness.demo import check_lockstep_model
+    from vla_spec_ros.harness.demo_options import check_lockstep_model
     check_lockstep_model(values['model_path'], values['sim_mode'])
     image_size = int(values['image_size'])
     if image_size < 1:

@@ -21,7 +21,8 @@ HAS_ROS = all(importlib.util.find_spec(m) is not None
               for m in ('rclpy', 'sensor_msgs', 'geometry_msgs', 'std_srvs', 'diagnostic_msgs'))
 HAS_TORCH = importlib.util.find_spec('torch') is not None
 
-from vla_spec_ros.harness import demo, demo_report, demo_results  # noqa: E402
+from vla_spec_ros.harness import (demo, demo_options, demo_placement, demo_report,  # noqa: E402
+                                  demo_results, demo_tables)
 
 # Unique per module and per run (test_ros_node uses 11..50, test_launch 51..90).
 DOMAIN_ID = 91 + (os.getpid() % 11)
@@ -345,7 +346,7 @@ def demo_record():
                       'pipeline': {'latency_p50_ms': 25.0, 'answered_fraction': 1.0}}}
     return {'command': 'vla-spec demo --episodes 2', 'created': 'now', 'model': 'tiny',
             'tasks': [TASK], 'seed': 0, 'max_steps': 150, 'dtype': 'float32', 'device': 'cpu',
-            'parts': list(demo.PARTS), 'machine': {'cpu_count': 2}, 'wall_s': 12.0,
+            'parts': list(demo_options.PARTS), 'machine': {'cpu_count': 2}, 'wall_s': 12.0,
             'lockstep': {'episodes': 2, 'sim_mode': 'lockstep', 'control_rate_hz': 10.0,
                          'expert': {'success_rate': 1.0, 'per_task': {TASK: 1.0},
                                     'num_episodes': 2},
@@ -366,7 +367,7 @@ def table_rows(text, first_cell):
 
 def test_demo_lockstep_table_compares_strict_modes_with_ar_and_labels_speeds():
     record = demo_record()
-    table = demo_report.format_lockstep_table(record)
+    table = demo_tables.format_lockstep_table(record)
     assert 'lock-step steps/s (simulator-bound)' in table.splitlines()[0]
     assert table_rows(table, 'expert')[0][:3] == ['expert', '-', '1.00']
     (ar,), (pipeline,), (spec,) = (table_rows(table, m) for m in ('ar', 'pipeline', 'spec'))
@@ -378,12 +379,12 @@ def test_demo_lockstep_table_compares_strict_modes_with_ar_and_labels_speeds():
 
 def test_demo_places_each_mode_on_the_delay_curve():
     record = demo_record()
-    curve = demo_report.delay_curve(record)
+    curve = demo_placement.delay_curve(record)
     assert curve['every'] == {0: 1.0, 1: 0.9, 2: 0.7, 4: 0.3}
     assert curve['one_in_flight'] == {0: 1.0, 1: 0.9, 2: 0.5, 4: 0.1}
-    assert demo_report.success_at(curve, 'every', 3) == (pytest.approx(0.5), '~')
-    assert demo_report.success_at(curve, 'every', 9) == (0.3, '>')
-    places = {p['mode']: p for p in demo_report.placements(record)}
+    assert demo_placement.success_at(curve, 'every', 3) == (pytest.approx(0.5), '~')
+    assert demo_placement.success_at(curve, 'every', 9) == (0.3, '>')
+    places = {p['mode']: p for p in demo_placement.placements(record)}
     # ar answered 60% of the 30 Hz frames: one in flight; 45 ms = 1.35 periods -> d = 2.
     assert places['ar']['frames'] == 'one_in_flight'
     assert places['ar']['model'] == {'latency_p50_ms': 45.0, 'delay': 2, 'success': 0.5,
@@ -396,7 +397,7 @@ def test_demo_places_each_mode_on_the_delay_curve():
     assert places['pipeline']['node']['delay'] == 3
     assert places['pipeline']['node']['success'] == pytest.approx(0.5)
     assert places['pipeline']['node']['mark'] == '~'
-    text = demo_report.format_delay_table(record)
+    text = demo_tables.format_delay_table(record)
     assert table_rows(text, '2')[0][:4] == ['2', '0.70', '0.50', '67']
 
 
@@ -405,7 +406,7 @@ def test_demo_report_files_and_report_again(tmp_path, monkeypatch, capsys):
     text = demo_report.format_report(record)
     for title in ('Lock-step through', 'Model only', 'action delay', 'Relaxed acceptance'):
         assert title in text
-    relax = demo_report.format_relax_table(record)
+    relax = demo_tables.format_relax_table(record)
     assert relax in text
     (r0,), (r8,) = table_rows(relax, '0'), table_rows(relax, '8')
     assert r0[1:6] == ['1.00', '2.60', '2.69', '0.0%', '0'] and r8[4:6] == ['20.0%', '2']
@@ -417,11 +418,11 @@ def test_demo_report_files_and_report_again(tmp_path, monkeypatch, capsys):
     assert '`vla-spec demo --episodes 2`' in paths['md'].read_text()
     monkeypatch.setitem(__import__('sys').modules, 'matplotlib', None)     # not installed
     parser = argparse.ArgumentParser()
-    demo.add_arguments(parser)
+    demo_options.add_arguments(parser)
     assert demo.run(parser.parse_args(['--report', str(paths['json'])])) == 0
     out = capsys.readouterr().out
     assert 'matplotlib is not installed' in out
-    assert demo_report.format_lockstep_table(record) in out
+    assert demo_tables.format_lockstep_table(record) in out
     # Another run's latencies placed on this run's curve: <name>-placed-<other name>.*
     other = demo_record()
     other['speed']['paced']['30.0']['ar']['latency_p50_ms'] = 100.0      # 3 periods
@@ -433,7 +434,7 @@ def test_demo_report_files_and_report_again(tmp_path, monkeypatch, capsys):
     assert demo.run(args) == 0
     placed = json.loads((tmp_path / 'demo-x-placed-other.json').read_text())
     assert placed['latencies_from']['file'] == 'other.json' and 'lockstep' not in placed
-    (ar,) = [p for p in demo_report.placements(placed) if p['mode'] == 'ar']
+    (ar,) = [p for p in demo_placement.placements(placed) if p['mode'] == 'ar']
     assert ar['model']['delay'] == 3 and 'node' not in ar
     assert 'Latencies (stream, speed and lock-step parts) from other.json' in (
         tmp_path / 'demo-x-placed-other.md').read_text()
@@ -443,28 +444,29 @@ def test_demo_report_files_and_report_again(tmp_path, monkeypatch, capsys):
 
 def test_demo_defaults_are_the_quick_run_and_full_is_everything():
     parser = argparse.ArgumentParser()
-    demo.add_arguments(parser)
-    plan = demo.resolve_options(parser.parse_args([]))
+    demo_options.add_arguments(parser)
+    plan = demo_options.resolve_options(parser.parse_args([]))
     assert plan['parts'] == ['stream', 'lockstep', 'speed', 'delay']
     assert (plan['stream_hz'], plan['stream_seconds']) == (30.0, 10.0)
     assert (plan['episodes'], plan['delay_episodes']) == (1, 1)
     assert plan['delays'] == [0, 1, 2, 4, 8] and plan['one_in_flight_delays'] == [2, 4, 8]
     assert plan['configs'] == [('ar', 0), ('pipeline', 0), ('spec', 0), ('pipeline_spec', 0)]
-    full = demo.resolve_options(parser.parse_args(['--full', '--one-in-flight-delays', 'none']))
-    assert full['parts'] == list(demo.PARTS) and full['one_in_flight_delays'] == []
+    full = demo_options.resolve_options(parser.parse_args(['--full', '--one-in-flight-delays',
+                                                           'none']))
+    assert full['parts'] == list(demo_options.PARTS) and full['one_in_flight_delays'] == []
     assert full['episodes'] == full['delay_episodes'] == full['relax_episodes'] == 20
     assert full['relax_tree'] == [6, 1, 7] and full['relax_sweep'] == [0, 2, 8, 32, 64, 128, 255]
 
 
 def test_demo_configurations_expand_thresholds_for_speculative_modes_only():
-    assert demo.configurations(['ar', 'spec', 'pipeline_spec'], [0, 2]) == [
+    assert demo_options.configurations(['ar', 'spec', 'pipeline_spec'], [0, 2]) == [
         ('ar', 0), ('spec', 0), ('spec', 2), ('pipeline_spec', 0), ('pipeline_spec', 2)]
     with pytest.raises(ValueError, match='--modes'):
-        demo.configurations(['fast'], [0])
+        demo_options.configurations(['fast'], [0])
     with pytest.raises(ValueError, match='--modes'):
-        demo.configurations(['ar', 'spec', 'ar'], [0])
+        demo_options.configurations(['ar', 'spec', 'ar'], [0])
     with pytest.raises(ValueError, match='--relax-thresholds'):
-        demo.configurations(['spec'], [2, 0, 2])
+        demo_options.configurations(['spec'], [2, 0, 2])
 
 
 def test_closed_loop_rate_and_step_limits():
@@ -510,7 +512,7 @@ def test_demo_rejects_bad_options_before_loading_anything(argv, option, monkeypa
     monkeypatch.setattr(demo, '_expert_rates', refuse)
     monkeypatch.setattr(demo, '_unnorm_key', refuse)
     parser = argparse.ArgumentParser()
-    demo.add_arguments(parser)
+    demo_options.add_arguments(parser)
     args = parser.parse_args(argv + ['--expert'])
     with pytest.raises(ValueError, match=option):
         demo.run(args)
@@ -520,7 +522,7 @@ def test_demo_rejects_bad_options_before_loading_anything(argv, option, monkeypa
 def test_demo_run_end_to_end(ros_domain, tmp_path, capsys):
     model, key = model_and_key()
     parser = argparse.ArgumentParser()
-    demo.add_arguments(parser)
+    demo_options.add_arguments(parser)
     args = parser.parse_args(['--model', model, '--unnorm-key', key, '--tasks', TASK,
                               '--parts', 'stream,lockstep,speed,delay,relax', '--episodes', '1',
                               '--stream-seconds', '1',

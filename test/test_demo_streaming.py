@@ -11,7 +11,8 @@ import os
 import numpy as np
 import pytest
 
-from vla_spec_ros.harness import demo, demo_report, demo_results, streaming
+from vla_spec_ros.harness import (demo, demo_options, demo_placement, demo_report, demo_results,
+                                  demo_tables, streaming)
 
 HAS_ROS = all(importlib.util.find_spec(m) is not None
               for m in ('rclpy', 'sensor_msgs', 'geometry_msgs', 'std_srvs'))
@@ -96,7 +97,7 @@ def test_frame_counts_and_labels_of_the_default_configuration():
     assert streaming.is_default_configuration(default.mode, default.draft_path)
     assert not streaming.is_default_configuration(default.mode, 'checkpoint')
     assert not streaming.is_default_configuration('ar', None)
-    label = demo_report.mode_label
+    label = demo_placement.mode_label
     assert label({'mode': 'pipeline_spec', 'drafter': 'previous action',
                   'is_default': True}) == 'pipeline_spec (default: previous-action draft)'
     assert label({'mode': 'spec', 'drafter': 'previous action'}) == \
@@ -106,7 +107,7 @@ def test_frame_counts_and_labels_of_the_default_configuration():
 
 def test_stream_table_summary_and_placements():
     record = stream_record()
-    table = demo_report.format_stream_table(record)
+    table = demo_tables.format_stream_table(record)
     assert table.splitlines()[0].startswith(
         '| mode | where | frames answered | p50 ms | p99 ms | ×AR p50 | actions/s')
     (ar,) = table_rows(table, 'ar')
@@ -116,7 +117,7 @@ def test_stream_table_summary_and_placements():
     assert default[2:7] == ['30/30 (100%)', '20.0', '40.0', '0.50', '30.0']
     assert hf[1] == 'model only (not on the node)' and hf[5] == '2.50'
     # On the curve at 30 Hz: 40 ms = 1.2 periods -> d = 2, ar answered 80%: one in flight.
-    spots = {p['mode']: p for p in demo_report.stream_placements(record)}
+    spots = {p['mode']: p for p in demo_placement.stream_placements(record)}
     assert (spots['ar']['delay'], spots['ar']['frames'], spots['ar']['success']) == \
         (2, 'one_in_flight', 0.5)
     assert (spots['pipeline_spec']['delay'], spots['pipeline_spec']['frames'],
@@ -124,13 +125,13 @@ def test_stream_table_summary_and_placements():
     assert spots['hf']['delay'] == 3 and spots['hf']['mark'] == '~'      # 100 ms -> 3 periods
     # The recorded 7B rows at the camera rate: 294 ms -> d = 9 (beyond 8), one in flight
     # (3.7 actions/s < 30 Hz); 28 ms -> d = 1, every frame (70 actions/s).
-    (hf7, ps7) = demo_report.reference_placements(record)
+    (hf7, ps7) = demo_placement.reference_placements(record)
     assert (hf7['delay'], hf7['frames'], hf7['mark'], hf7['success']) == \
         (9, 'one_in_flight', '>', 0.0)
     assert (ps7['delay'], ps7['frames'], ps7['success']) == (1, 'every', 0.9)
     text = demo_report.format_report(record)
     assert text.index('## Streaming') < text.index('## Success against action delay')
-    assert demo_report.REFERENCE_7B_TITLE in text and 'x.json' in text
+    assert demo_tables.REFERENCE_7B_TITLE in text and 'x.json' in text
     summary = demo_report.format_summary(record)
     assert text.rstrip().endswith(summary.rstrip())             # the report's last lines
     lines = summary.splitlines()
@@ -150,10 +151,10 @@ def test_report_files_of_a_stream_record_and_report_again(tmp_path, capsys):
                                                 is not None)
     assert '## Streaming' in paths['md'].read_text()
     parser = argparse.ArgumentParser()
-    demo.add_arguments(parser)
+    demo_options.add_arguments(parser)
     assert demo.run(parser.parse_args(['--report', str(paths['json'])])) == 0
     out = capsys.readouterr().out
-    assert demo_report.format_stream_table(record) in out and 'Summary, camera at 30 Hz' in out
+    assert demo_tables.format_stream_table(record) in out and 'Summary, camera at 30 Hz' in out
     # Another run's streaming latencies placed on this curve.
     other = copy.deepcopy(record)
     other['stream']['rows'][0]['latency_p50_ms'] = 100.0
@@ -164,7 +165,7 @@ def test_report_files_of_a_stream_record_and_report_again(tmp_path, capsys):
                               str(other_file)])
     assert demo.run(args) == 0
     placed = json.loads((tmp_path / 'demo-s-placed-other.json').read_text())
-    (ar,) = [p for p in demo_report.stream_placements(placed) if p['mode'] == 'ar']
+    (ar,) = [p for p in demo_placement.stream_placements(placed) if p['mode'] == 'ar']
     assert ar['delay'] == 3
 
 
@@ -201,7 +202,7 @@ def test_demo_rejects_bad_stream_options_before_loading_anything(argv, option, m
     monkeypatch.setattr(demo, '_unnorm_key', refuse)
     monkeypatch.setattr(streaming, 'stream_frames', refuse)
     parser = argparse.ArgumentParser()
-    demo.add_arguments(parser)
+    demo_options.add_arguments(parser)
     with pytest.raises(ValueError, match=option):
         demo.run(parser.parse_args(argv))
 

@@ -180,15 +180,16 @@ def chunked_folder(tmp_path_factory):
 def test_demo_refuses_lockstep_for_a_chunked_model(chunked_folder):
     import argparse
 
-    from vla_spec_ros.harness import demo
-    assert demo.action_chunk(str(chunked_folder)) == K and demo.action_chunk('tiny') == 1
+    from vla_spec_ros.harness import demo, demo_options
+    assert demo_options.action_chunk(str(chunked_folder)) == K
+    assert demo_options.action_chunk('tiny') == 1
     parser = argparse.ArgumentParser()
-    demo.add_arguments(parser)
+    demo_options.add_arguments(parser)
     with pytest.raises(ValueError, match='lockstep: .* chunked model .*--parts delay'):
         demo.run(parser.parse_args(['--model', str(chunked_folder), '--parts', 'lockstep']))
-    demo.check_lockstep_model(str(chunked_folder), 'realtime')
+    demo_options.check_lockstep_model(str(chunked_folder), 'realtime')
     with pytest.raises(ValueError, match='--delay-models'):
-        demo.resolve_options(parser.parse_args(['--delay-models', 'tiny,tiny']))
+        demo_options.resolve_options(parser.parse_args(['--delay-models', 'tiny,tiny']))
 
 
 def test_demo_delay_part_compares_single_step_and_chunked_models(chunked_folder, tmp_path):
@@ -198,9 +199,9 @@ def test_demo_delay_part_compares_single_step_and_chunked_models(chunked_folder,
     from test_closed_loop import SIM_REASON
     if SIM_REASON is not None:
         pytest.skip(f'simulator: {SIM_REASON}')
-    from vla_spec_ros.harness import demo
+    from vla_spec_ros.harness import demo, demo_options
     parser = argparse.ArgumentParser()
-    demo.add_arguments(parser)
+    demo_options.add_arguments(parser)
     args = parser.parse_args([
         '--model', 'tiny', '--delay-models', f'tiny,{chunked_folder}', '--unnorm-key',
         'bridge_orig', '--tasks', 'button-press-topdown', '--parts', 'delay', '--delays', '0,2',

@@ -173,18 +173,18 @@ def test_answer_lag_counts_periods_after_the_planned_state():
 def demo_parser():
     import argparse
 
-    from vla_spec_ros.harness import demo
+    from vla_spec_ros.harness import demo_options
     parser = argparse.ArgumentParser()
-    demo.add_arguments(parser)
+    demo_options.add_arguments(parser)
     return parser
 
 
 def test_demo_camera_delays_and_lockstep_models_options():
-    from vla_spec_ros.harness import demo
+    from vla_spec_ros.harness import demo_options
     parser = demo_parser()
-    plan = demo.resolve_options(parser.parse_args([]))
+    plan = demo_options.resolve_options(parser.parse_args([]))
     assert plan['camera_delays'] == [0] and plan['lockstep_models'] == ['metaworld-demo']
-    plan = demo.resolve_options(parser.parse_args([
+    plan = demo_options.resolve_options(parser.parse_args([
         '--sim-mode', 'realtime', '--camera-delays', '0,1,2', '--lockstep-models',
         'metaworld-demo,metaworld-demo-chunk4']))
     assert plan['camera_delays'] == [0, 1, 2]
@@ -195,7 +195,7 @@ def test_demo_camera_delays_and_lockstep_models_options():
                          (['--sim-mode', 'realtime', '--camera-delays', '-1'], '--camera-delays'),
                          (['--lockstep-models', 'a,a'], '--lockstep-models')):
         with pytest.raises(ValueError, match=option):
-            demo.resolve_options(parser.parse_args(argv))
+            demo_options.resolve_options(parser.parse_args(argv))
 
 
 def realtime_row(model, chunk, delay, success, **counts):
@@ -211,7 +211,7 @@ def realtime_row(model, chunk, delay, success, **counts):
 
 
 def test_demo_realtime_table_one_row_per_model_and_camera_delay():
-    from vla_spec_ros.harness import demo_report
+    from vla_spec_ros.harness import demo_placement, demo_report, demo_tables
     rows = [realtime_row('single', 1, 0, 1.0), realtime_row('single', 1, 2, 0.33),
             realtime_row('chunked', K, 0, 1.0, num_chunk_steps_published=90),
             realtime_row('chunked', K, 2, 0.67, num_chunk_steps_published=80,
@@ -220,7 +220,7 @@ def test_demo_realtime_table_one_row_per_model_and_camera_delay():
     record = {'model': 'single', 'tasks': [TASK], 'lockstep': {
         'episodes': 3, 'sim_mode': 'realtime', 'control_rate_hz': 10.0, 'rows': rows,
         'models': ['single', 'chunked'], 'camera_delays': [0, 2]}}
-    table = demo_report.format_realtime_table(record)
+    table = demo_tables.format_realtime_table(record)
     lines = [line for line in table.splitlines() if line.startswith('| chunked')]
     assert lines[1].split(' | ')[1:] == [
         'pipeline_spec', '0', '2', '0.67', '0.67', '20.0 / 40.0', '0.03, 98%', '1 / 2 / 100', '0',
@@ -230,7 +230,7 @@ def test_demo_realtime_table_one_row_per_model_and_camera_delay():
     report = demo_report.format_report(record)
     assert 'Real time through the ROS 2 node' in report and 'Camera delay d' in report
     # Only the first model's row without a camera delay is placed on the delay curve.
-    assert demo_report.lockstep_rows_placed(record) == [rows[0]]
+    assert demo_placement.lockstep_rows_placed(record) == [rows[0]]
 
 
 # ---- through the real node (rclpy, torch, Meta-World) -----------------------------------

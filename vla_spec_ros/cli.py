@@ -197,7 +197,8 @@ def build_parser() -> argparse.ArgumentParser:
                        'HF baseline, success against action delay (--full: the relaxation '
                        'sweep too)')
     from .harness import demo as demo_job
-    demo_job.add_arguments(p)
+    from .harness import demo_options
+    demo_options.add_arguments(p)
     p.set_defaults(func=demo_job.run)
 
     p = sub.add_parser('fidelity', help='how far float32 / bfloat16 runs are from a float64 '

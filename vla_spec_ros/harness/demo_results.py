@@ -7,10 +7,11 @@ import math
 import time
 from pathlib import Path
 
-from vla_spec_ros.harness.demo_report import (REFERENCE_7B_TITLE, WHERE_MODEL, curve_rate,
-                                              delay_curve, format_report, measured,
-                                              model_curves, placements, reference_placements,
-                                              stream_placements)
+from vla_spec_ros.harness.demo_placement import (curve_rate, delay_curve, measured,
+                                                 model_curves, placements,
+                                                 reference_placements, stream_placements)
+from vla_spec_ros.harness.demo_report import format_report
+from vla_spec_ros.harness.demo_tables import REFERENCE_7B_TITLE, WHERE_MODEL
 
 # OpenVLA-7B latencies recorded on an H100 (bench/README.md, "Current code, graphs on"), placed
 # on the demo's delay curve for scale; the file ships in the repository, and the demo copies
