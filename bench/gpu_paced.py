@@ -10,7 +10,8 @@ the step that finished the action returned), so it includes waiting for the step
 as on a robot.
 
 Per row and robot: frames offered, share answered, p50 / p99 / max latency. The row's verdict
-columns are the least-answered robot and the worst robot's p99.
+columns are the least-answered robot and the worst latencies among the robots answered at all
+(``robots_unanswered`` counts the others: a starved robot shows there and as 0 % answered).
 """
 from __future__ import annotations
 
@@ -92,12 +93,23 @@ def run_paced(engine: Engine, frames_by_robot: list[list[Frame]], camera_hz: flo
             if k >= warmup_frames:
                 stats[robot].answered += 1
                 stats[robot].latencies_ms.append((done - at) * 1e3)
+    return {'camera_hz': camera_hz, **summarize(stats)}
+
+
+def summarize(stats: list[RobotStats]) -> dict:
+    """Per robot ``RobotStats.summary()`` and the row's verdicts: the least-answered robot,
+    the worst latencies among the robots answered at all (a robot with no answer has NaN
+    latencies, which would make a plain max depend on the robots' order) and how many robots
+    got no answer."""
     robots = [s.summary() for s in stats]
-    return {'camera_hz': camera_hz, 'robots': robots,
-            'least_answered': min(r['answered_share'] for r in robots),
-            'worst_p50_ms': max(r['p50_ms'] for r in robots),
-            'worst_p99_ms': max(r['p99_ms'] for r in robots),
-            'oldest_ms': max(r['max_ms'] for r in robots)}
+    answered = [r for r in robots if r['answered']]
+
+    def worst(key):
+        return max(r[key] for r in answered) if answered else float('nan')
+    return {'robots': robots, 'least_answered': min(r['answered_share'] for r in robots),
+            'robots_unanswered': len(robots) - len(answered),
+            'worst_p50_ms': worst('p50_ms'), 'worst_p99_ms': worst('p99_ms'),
+            'oldest_ms': worst('max_ms')}
 
 
 def frames_per_robot(frames: list[Frame], num_robots: int) -> list[list[Frame]]:
@@ -148,7 +160,8 @@ def run_paced_part(args, weights, key) -> dict:
                'frames': kind}
         try:
             engine = Engine(runner, weights.norm_stats,
-                            EngineConfig(mode=mode, max_prefills_per_step=prefills, **options))
+                            EngineConfig(mode=mode, max_prefills_per_step=prefills,
+                                         max_streams=max(robots, 1), **options))
             row.update(run_paced(engine, frames_per_robot(frames, robots), args.camera_hz,
                                  args.paced_warmup_frames))
             row['p50_over_floor'] = row['worst_p50_ms'] / floor_ms

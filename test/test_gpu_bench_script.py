@@ -199,3 +199,15 @@ def test_gpu_bench_paced_part_serves_every_robot(tmp_path):
             assert robot['offered'] == 10 and robot['answered'] > 0, row['label']
             assert 0 < robot['p50_ms'] <= robot['p99_ms'] <= robot['max_ms']
     assert 'robots paced at 25 Hz' in next(tmp_path.glob('gpu-tiny-cpu-*.md')).read_text()
+
+
+def test_paced_verdicts_ignore_the_order_of_a_starved_robot():
+    """A robot with no answer is counted (0 % answered, robots_unanswered) and does not turn
+    the worst-latency verdicts into NaN or hide, whatever the robots' order."""
+    from gpu_paced import RobotStats, summarize
+    served = RobotStats(offered=10, answered=10, latencies_ms=[20.0] * 9 + [30.0])
+    starved = RobotStats(offered=10, answered=0)
+    for stats in ([served, starved], [starved, served]):
+        row = summarize(stats)
+        assert row['least_answered'] == 0.0 and row['robots_unanswered'] == 1
+        assert row['worst_p50_ms'] == 20.0 and row['oldest_ms'] == 30.0

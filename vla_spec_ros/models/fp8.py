@@ -152,6 +152,7 @@ def check_weight_dtype(weight_dtype: str, dtype: torch.dtype, device: torch.devi
         probe = torch.ones(16, 16, device=device)
         q, scale = quantize_rows(probe)
         fp8_linear_scaled_mm(probe.to(dtype), q, scale.reshape(-1))
+        torch.cuda.synchronize(device)      # an asynchronous kernel fault surfaces here
     except Exception as exc:     # noqa: BLE001 - a CUDA error or the activation kernel's
         # compile error: either way fp8 cannot run here, and the user gets the reason
         raise ValueError(f'weight_dtype: fp8: the FP8 product (activation quantisation and '

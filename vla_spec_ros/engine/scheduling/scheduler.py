@@ -14,7 +14,9 @@ Life of a request (one camera frame of one stream):
   finished --(every earlier frame of its stream emitted)--> emitted by ``pop_finished``
 
 Contracts:
-- Admission is strictly FIFO over all streams: waiting requests are admitted oldest first, at
+- Admission is strictly in queue order over all streams: waiting requests are admitted in
+  submission order, except that ``replace_waiting`` puts a stream's newer frame in the place
+  of the one it replaces (so request ids need not be increasing along the queue); at
   most ``max_prefills`` per step, and admission stops at the first that cannot be admitted
   (``max_inflight`` reached or no room in the ring); with none admitted the step is
   decode-only. A smaller later request never bypasses it, so a large prompt cannot starve.
@@ -41,11 +43,11 @@ from .request import Request
 
 @dataclass(frozen=True)
 class ScheduledStep:
-    """One packed step: the requests admitted now (their prefills, oldest first) plus the
+    """One packed step: the requests admitted now (their prefills, in queue order) plus the
     in-flight requests that advance."""
 
     prefills: list[Request]
-    decode: list[Request]   # in-flight requests admitted in earlier steps, oldest first
+    decode: list[Request]   # in-flight requests admitted in earlier steps, in admission order
 
     @property
     def decode_ids(self) -> list[int]:
