@@ -43,7 +43,8 @@
 #                                     speculative_prefill on vs off, on frames each shown 4 times
 #                                     and on episode-like frames, graphs on, 1 stream, 40 frames
 #
-# Several parts may be given at once (``table-on tests``). Results go to $RESULTS (default
+# Several parts may be given at once (``table-on tests``); the run ends with the targets' verdicts
+# (bench/gpu_verdicts.py) over everything in $RESULTS, also written to $RESULTS/verdicts.md. Results go to $RESULTS (default
 # bench/results/gpu); each part's log is written beside them. With SUITE_SECONDS=N the parts
 # share N seconds: each runs under what is left (a part cut short still leaves its log), and
 # a part with less than a minute left is skipped. Needs torch with CUDA,
@@ -156,4 +157,6 @@ for part in "$@"; do
     esac
     echo "== part $part: $(( $(date +%s) - start )) s"
 done
+# The targets, read off everything in $RESULTS so far (this run's parts and any earlier ones).
+python3 bench/gpu_verdicts.py "$RESULTS" 2>&1 | tee "$RESULTS/verdicts.md"
 exit $status

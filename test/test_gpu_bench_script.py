@@ -211,3 +211,26 @@ def test_paced_verdicts_ignore_the_order_of_a_starved_robot():
         row = summarize(stats)
         assert row['least_answered'] == 0.0 and row['robots_unanswered'] == 1
         assert row['worst_p50_ms'] == 20.0 and row['oldest_ms'] == 30.0
+
+
+def test_gpu_verdicts_read_the_recorded_h200_run():
+    """bench/gpu_verdicts.py on the committed H200 results: the values are the recorded ones
+    (bench/results/h200/20261126-suite, bench/README.md) and each verdict follows its target."""
+    from gpu_verdicts import verdicts
+    folder = BENCH / 'results' / 'h200' / '20261126-suite'
+    rows = {name: (measured, ok) for name, measured, ok in verdicts(folder)}
+    measured, ok = rows['one robot, frames that repeat']
+    assert '11.4 ms = 1.20x the floor 9.54 ms' in measured and ok is True
+    measured, ok = rows['4 robots at the paced camera rate']
+    assert 'least answered 72.0%' in measured and ok is False
+    measured, ok = rows['AR per action']
+    assert measured.startswith('40.2 ms') and ok is True
+    measured, ok = rows['FP8 fidelity (and speed)']
+    assert '99.86% of 1400' in measured and 'ar 1.35' in measured and ok is True
+    measured, ok = rows['tests: table-paced-fp8-tests/log-tests.txt']
+    assert measured == '39 failed, 218 passed, 3 skipped' and ok is False
+
+
+def test_gpu_verdicts_say_not_measured_for_an_empty_folder(tmp_path):
+    from gpu_verdicts import verdicts
+    assert all(ok is None for _, _, ok in verdicts(tmp_path))

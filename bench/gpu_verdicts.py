@@ -1,0 +1,138 @@
+"""The GPU targets, read off a folder of recorded results: one table of verdicts.
+
+    python bench/gpu_verdicts.py bench/results/h200/20261126-suite
+
+Reads every ``gpu-*.json`` written by bench/gpu.py under the folder (recursively) and every
+``log-*tests*.txt`` written by bench/gpu_suite.sh, and prints, for each target that the files
+hold data for, the measured value, the target and met / missed:
+
+- one robot whose frames repeat (paced part, 1 robot, ``frames that repeat`` rows): the best
+  p50 over one robot's floor (vision + prompt + one prefill, measured in the same run),
+  target <= 1.3;
+- four robots at the paced camera rate (paced part, the default configuration's rows): the
+  best row by least-answered robot, target every robot >= 99 % answered and p99 <= 40 ms;
+- AR ms per action (table rows of mode ``ar``, CUDA graphs on, the lowest), target <= 45;
+- FP8 (fp8 part): action tokens within 1 bin of the model dtype's, target >= 99 %, and the
+  step-time ratio per mode (reported, no target);
+- the GPU test logs: passed / failed / skipped per log, target no failure.
+
+A target with no data in the folder is listed as "not measured". Thresholds are the issue's;
+the files are the record, this script only reads them.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import re
+import sys
+from pathlib import Path
+
+ONE_ROBOT_MAX_OVER_FLOOR = 1.3
+FLEET_ROBOTS = 4
+FLEET_MIN_ANSWERED = 0.99
+FLEET_MAX_P99_MS = 40.0
+AR_MAX_MS_PER_ACTION = 45.0
+FP8_MIN_WITHIN_ONE_BIN = 0.99
+
+
+def _verdict(ok: bool | None) -> str:
+    return 'not measured' if ok is None else ('met' if ok else 'missed')
+
+
+def one_robot(records: list[dict]) -> tuple[str, bool | None]:
+    best = None
+    for record in records:
+        paced = record.get('paced') or {}
+        for row in paced.get('rows', []):
+            if row.get('robots_n') == 1 and row.get('frames') == 'repeat' \
+                    and math.isfinite(row.get('p50_over_floor', math.nan)):
+                if best is None or row['p50_over_floor'] < best[0]:
+                    best = (row['p50_over_floor'], row, paced['floor_ms'])
+    if best is None:
+        return 'no paced one-robot row on frames that repeat', None
+    ratio, row, floor = best
+    return (f'{row["label"]}: p50 {row["worst_p50_ms"]:.1f} ms = {ratio:.2f}x the floor '
+            f'{floor:.2f} ms (target <= {ONE_ROBOT_MAX_OVER_FLOOR})',
+            ratio <= ONE_ROBOT_MAX_OVER_FLOOR)
+
+
+def fleet(records: list[dict]) -> tuple[str, bool | None]:
+    rows = [row for record in records for row in (record.get('paced') or {}).get('rows', [])
+            if row.get('robots_n') == FLEET_ROBOTS and row.get('mode') == 'pipeline_spec'
+            and 'error' not in row]
+    if not rows:
+        return f'no paced row of {FLEET_ROBOTS} robots', None
+    best = max(rows, key=lambda r: (r['least_answered'], -r['worst_p99_ms']))
+    ok = best['least_answered'] >= FLEET_MIN_ANSWERED and best['worst_p99_ms'] <= FLEET_MAX_P99_MS
+    return (f'best of {len(rows)} rows ({best["label"]}, {best["frames"]}, {best["prefills"]} '
+            f'prefills/step): least answered {best["least_answered"]:.1%}, worst p99 '
+            f'{best["worst_p99_ms"]:.1f} ms (target >= {FLEET_MIN_ANSWERED:.0%} and <= '
+            f'{FLEET_MAX_P99_MS:.0f} ms)', ok)
+
+
+def ar_action(records: list[dict]) -> tuple[str, bool | None]:
+    values = [row['ms_per_action'] for record in records for row in record.get('rows', [])
+              if row.get('mode') == 'ar' and row.get('graphs')]
+    if not values:
+        return 'no ar table row with graphs on', None
+    return (f'{min(values):.1f} ms per action (lowest of {len(values)} rows; target <= '
+            f'{AR_MAX_MS_PER_ACTION:.0f})', min(values) <= AR_MAX_MS_PER_ACTION)
+
+
+def fp8(records: list[dict]) -> tuple[str, bool | None]:
+    parts = [record['fp8'] for record in records if record.get('fp8')]
+    if not parts:
+        return 'no fp8 part', None
+    part = parts[-1]
+    bins = part['bin_distance']
+    within = (bins['0'] + bins['1']) / bins['tokens']
+    ratios = ', '.join(f'{mode} {ratio:.2f}' for mode, ratio in part['step_ms_ratio'].items())
+    return (f'{within:.2%} of {bins["tokens"]} action tokens within 1 bin (target >= '
+            f'{FP8_MIN_WITHIN_ONE_BIN:.0%}); step time fp8 / model dtype: {ratios}',
+            within >= FP8_MIN_WITHIN_ONE_BIN)
+
+
+TEST_SUMMARY = re.compile(r'^(?:=+ )?((?:\d+ (?:passed|failed|skipped|errors?|deselected)'
+                          r'(?:, )?)+)(?: in [\d.]+s)?', re.MULTILINE)
+
+
+def test_logs(folder: Path) -> list[tuple[str, str, bool | None]]:
+    out = []
+    for log in sorted(folder.rglob('log-*tests*.txt')):
+        matches = TEST_SUMMARY.findall(log.read_text(errors='replace'))
+        if not matches:
+            out.append((str(log.relative_to(folder)), 'no pytest summary', None))
+            continue
+        counts = {name: int(n) for n, name in re.findall(r'(\d+) (\w+)', matches[-1])}
+        failed = counts.get('failed', 0) + counts.get('error', 0) + counts.get('errors', 0)
+        out.append((str(log.relative_to(folder)), matches[-1].rstrip(', '), failed == 0))
+    return out
+
+
+def verdicts(folder: Path) -> list[tuple[str, str, bool | None]]:
+    records = [json.loads(p.read_text()) for p in sorted(folder.rglob('gpu-*.json'))]
+    rows = [('one robot, frames that repeat', *one_robot(records)),
+            (f'{FLEET_ROBOTS} robots at the paced camera rate', *fleet(records)),
+            ('AR per action', *ar_action(records)),
+            ('FP8 fidelity (and speed)', *fp8(records))]
+    rows += [(f'tests: {name}', summary, ok) for name, summary, ok in test_logs(folder)]
+    return rows
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument('folder', help='a results folder of bench/gpu_suite.sh')
+    args = parser.parse_args(argv)
+    folder = Path(args.folder)
+    if not folder.is_dir():
+        print(f'{folder}: not a folder', file=sys.stderr)
+        return 2
+    print('| target | measured | verdict |\n|---|---|---|')
+    for name, measured, ok in verdicts(folder):
+        print(f'| {name} | {measured} | {_verdict(ok)} |')
+    return 0
+
+
+if __name__ == '__main__':
+    sys.exit(main())
