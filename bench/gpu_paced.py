@@ -1,24 +1,16 @@
 """The paced part of bench/gpu.py (``--parts paced``): several robots on one engine, each camera
 at a fixed rate (paced, not saturating), the engine stepping as the node's worker does.
 
-Each robot's camera captures a frame every ``1 / camera_hz`` seconds, the robots' cameras
-offset evenly within a period. A frame is offered at its capture time; a robot whose previous
-frame is still waiting (not yet prefilled) has it replaced, as the node does: its newest frame
-wins, in the replaced frame's place in the queue, and the replaced frame counts as unanswered.
-Between captures the engine steps while it has work. Latency is capture -> action (the moment
-the step that finished the action returned), so it includes waiting for the step in progress,
-as on a robot.
+The cameras and the serving loop are the demo's (``harness.speed.paced_streams``): each robot's
+camera captures a frame every ``1 / camera_hz`` seconds, offset evenly within a period; its
+newest frame replaces the one it still has waiting, in that frame's place in the queue, as on
+the node; latency runs from capture to action.
 
-Per row and robot: frames offered, share answered, p50 / p99 / max latency. The row's verdict
+Per row and robot: frames captured, share answered, p50 / p99 / max latency. The row's verdict
 columns are the least-answered robot and the worst latencies among the robots answered at all
 (``robots_unanswered`` counts the others: a starved robot shows there and as 0 % answered).
 """
 from __future__ import annotations
-
-import time
-from dataclasses import dataclass, field
-
-import numpy as np
 
 from gpu_setup import (EPISODE_RUN, TEMPORAL_REPEATS, build_runner, engine_options,
                        episode_like_frames, graphs_setting, repeated_frames, time_pieces)
@@ -26,90 +18,38 @@ from vla_spec_ros.bench import make_frames
 from vla_spec_ros.config import EngineConfig
 from vla_spec_ros.engine.engine import Engine
 from vla_spec_ros.engine.result import Frame
-
-
-@dataclass
-class RobotStats:
-    offered: int = 0
-    answered: int = 0
-    latencies_ms: list = field(default_factory=list)
-
-    def summary(self) -> dict:
-        lat = np.array(self.latencies_ms) if self.latencies_ms else np.array([np.nan])
-        return {'offered': self.offered, 'answered': self.answered,
-                'answered_share': self.answered / self.offered if self.offered else np.nan,
-                'p50_ms': float(np.percentile(lat, 50)), 'p99_ms': float(np.percentile(lat, 99)),
-                'max_ms': float(np.max(lat))}
-
-
-def capture_schedule(num_robots: int, frames_per_robot: int, camera_hz: float) -> list:
-    """(capture offset s, robot index, frame index) in time order: robot r's k-th frame at
-    (k + r / num_robots) / camera_hz."""
-    period = 1.0 / camera_hz
-    return sorted(((k + r / num_robots) * period, r, k)
-                  for r in range(num_robots) for k in range(frames_per_robot))
+from vla_spec_ros.harness.speed import paced_streams
 
 
 def run_paced(engine: Engine, frames_by_robot: list[list[Frame]], camera_hz: float,
               warmup_frames: int) -> dict:
-    """Stream every robot's frames at ``camera_hz`` through ``engine``; the first
-    ``warmup_frames`` of each robot are offered and served but not counted. Returns per robot
-    ``RobotStats.summary()`` and the row's verdict numbers."""
-    num_robots = len(frames_by_robot)
-    frames_per_robot = min(len(f) for f in frames_by_robot)
-    schedule = capture_schedule(num_robots, frames_per_robot, camera_hz)
-    stats = [RobotStats() for _ in range(num_robots)]
-    robot_of_stream = {frames[0].stream_id: r for r, frames in enumerate(frames_by_robot)}
-    captured_at: dict[int, tuple[float, int, int]] = {}    # request id -> (time, robot, k)
-    first_of_instruction = {}          # graphs for every prompt length before the clock starts
+    """Graphs for every prompt length first (no capture once the clock runs), then every
+    robot's frames at ``camera_hz`` through ``engine`` (``harness.speed.paced_streams``);
+    the first ``warmup_frames`` of each robot are served but not counted. Returns the per-robot
+    summaries and the row's verdicts (``summarize``)."""
+    first_of_instruction = {}
     for frames in frames_by_robot:
         for frame in frames:
             first_of_instruction.setdefault(frame.instruction, frame)
     for frame in first_of_instruction.values():
         engine.capture_graphs(frame)
-    start = time.perf_counter()
-    next_capture = 0
-    while next_capture < len(schedule) or engine.has_work():
-        now = time.perf_counter() - start
-        while next_capture < len(schedule) and schedule[next_capture][0] <= now:
-            at, robot, k = schedule[next_capture]
-            next_capture += 1
-            frame = frames_by_robot[robot][k]
-            request_id, _ = engine.replace_waiting(frame)   # the newest frame wins, as on
-            captured_at[request_id] = (start + at, robot, k)  # the node, in its robot's place
-            if k >= warmup_frames:
-                stats[robot].offered += 1
-        if not engine.has_work():
-            if next_capture < len(schedule):
-                time.sleep(max(0.0, schedule[next_capture][0] - (time.perf_counter() - start)))
-            continue
-        finished = engine.step()
-        done = time.perf_counter()
-        for fin in finished:
-            if fin.error is not None:
-                raise RuntimeError(f'paced frame failed: {fin.error}')
-            at, robot, k = captured_at.pop(fin.request_id)
-            assert robot == robot_of_stream[fin.frame.stream_id]
-            if k >= warmup_frames:
-                stats[robot].answered += 1
-                stats[robot].latencies_ms.append((done - at) * 1e3)
-    return {'camera_hz': camera_hz, **summarize(stats)}
+    robots = paced_streams(engine, frames_by_robot, camera_hz, warmup_frames)
+    return {'camera_hz': camera_hz, **summarize(robots)}
 
 
-def summarize(stats: list[RobotStats]) -> dict:
-    """Per robot ``RobotStats.summary()`` and the row's verdicts: the least-answered robot,
-    the worst latencies among the robots answered at all (a robot with no answer has NaN
-    latencies, which would make a plain max depend on the robots' order) and how many robots
-    got no answer."""
-    robots = [s.summary() for s in stats]
-    answered = [r for r in robots if r['answered']]
+def summarize(robots: list[dict]) -> dict:
+    """The per-robot summaries and the row's verdicts: the least-answered robot, the worst
+    latencies among the robots answered at all (a robot with no answer has NaN latencies,
+    which would make a plain max depend on the robots' order) and how many robots got no
+    answer."""
+    answered = [r for r in robots if r['num_answered']]
 
     def worst(key):
         return max(r[key] for r in answered) if answered else float('nan')
-    return {'robots': robots, 'least_answered': min(r['answered_share'] for r in robots),
+    return {'robots': robots, 'least_answered': min(r['answered_fraction'] for r in robots),
             'robots_unanswered': len(robots) - len(answered),
-            'worst_p50_ms': worst('p50_ms'), 'worst_p99_ms': worst('p99_ms'),
-            'oldest_ms': worst('max_ms')}
+            'worst_p50_ms': worst('latency_p50_ms'), 'worst_p99_ms': worst('latency_p99_ms'),
+            'oldest_ms': worst('latency_max_ms')}
 
 
 def frames_per_robot(frames: list[Frame], num_robots: int) -> list[list[Frame]]:
@@ -182,8 +122,8 @@ def format_paced(rows: list[dict]) -> str:
             lines.append(f'| {row["label"]} | {row["frames"]} | {row["robots_n"]} | '
                          f'{row["prefills"]} | | failed: {row["error"]} | | | | | |')
             continue
-        per_robot = '; '.join(f'{r["answered_share"]:.0%} / {r["p50_ms"]:.1f} / '
-                              f'{r["p99_ms"]:.1f}' for r in row['robots'])
+        per_robot = '; '.join(f'{r["answered_fraction"]:.0%} / {r["latency_p50_ms"]:.1f} / '
+                              f'{r["latency_p99_ms"]:.1f}' for r in row['robots'])
         lines.append(f'| {row["label"]} | {row["frames"]} | {row["robots_n"]} | '
                      f'{row["prefills"]} | {row["camera_hz"]:g} | {row["least_answered"]:.1%} | '
                      f'{row["worst_p50_ms"]:.1f} | {row["p50_over_floor"]:.2f} | '

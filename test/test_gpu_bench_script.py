@@ -165,8 +165,8 @@ def test_gpu_bench_fp8_part_and_prefill_rows_run_on_cpu(tmp_path):
 
 
 def test_paced_capture_schedule_offsets_the_robots_within_a_period():
-    from gpu_paced import capture_schedule
-    schedule = capture_schedule(num_robots=4, frames_per_robot=2, camera_hz=25.0)
+    from vla_spec_ros.harness.speed import capture_schedule
+    schedule = capture_schedule(num_streams=4, frames_per_stream=2, rate_hz=25.0)
     assert [(robot, k) for _, robot, k in schedule] == [
         (0, 0), (1, 0), (2, 0), (3, 0), (0, 1), (1, 1), (2, 1), (3, 1)]
     assert [round(at * 1e3, 6) for at, _, _ in schedule] == [0, 10, 20, 30, 40, 50, 60, 70]
@@ -196,17 +196,19 @@ def test_gpu_bench_paced_part_serves_every_robot(tmp_path):
         assert 'error' not in row, row
         assert len(row['robots']) == row['robots_n']
         for robot in row['robots']:
-            assert robot['offered'] == 10 and robot['answered'] > 0, row['label']
-            assert 0 < robot['p50_ms'] <= robot['p99_ms'] <= robot['max_ms']
+            assert robot['num_frames'] == 10 and robot['num_answered'] > 0, row['label']
+            assert 0 < robot['latency_p50_ms'] <= robot['latency_p99_ms'] \
+                <= robot['latency_max_ms']
     assert 'robots paced at 25 Hz' in next(tmp_path.glob('gpu-tiny-cpu-*.md')).read_text()
 
 
 def test_paced_verdicts_ignore_the_order_of_a_starved_robot():
     """A robot with no answer is counted (0 % answered, robots_unanswered) and does not turn
     the worst-latency verdicts into NaN or hide, whatever the robots' order."""
-    from gpu_paced import RobotStats, summarize
-    served = RobotStats(offered=10, answered=10, latencies_ms=[20.0] * 9 + [30.0])
-    starved = RobotStats(offered=10, answered=0)
+    from gpu_paced import summarize
+    from vla_spec_ros.harness.speed import _paced_summary
+    served = _paced_summary([0.020] * 9 + [0.030], 10, 25.0, 1.0)
+    starved = _paced_summary([], 10, 25.0, 1.0)
     for stats in ([served, starved], [starved, served]):
         row = summarize(stats)
         assert row['least_answered'] == 0.0 and row['robots_unanswered'] == 1

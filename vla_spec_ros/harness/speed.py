@@ -2,9 +2,10 @@
 
 `model_speed_rows` is `bench.run_bench` on consecutive control steps (`--frames-from
 metaworld-episodes`; a camera faster than inference, actions/s and the ratio to the Hugging
-Face AR baseline measured in the same run). `paced_latency` feeds the
-engine the way the ROS node does, from a camera at a fixed rate: whenever the engine loop comes
-round, the newest frame (if it is new) replaces any frame still waiting, then the engine steps.
+Face AR baseline measured in the same run). `paced_streams` feeds the
+engine the way the ROS node does, from cameras at a fixed rate: whenever the engine loop comes
+round, each camera's newest frame (if it is new) replaces the frame it still has waiting, then
+the engine steps; `paced_latency` is one such camera.
 It reports observation-to-action latency (capture to action) and the share of camera frames
 answered: a mode that keeps up answers every frame; a slower one skips frames while it works,
 which is the "one frame in flight" schedule of the delayed lock-step (sim/delayed_lockstep.py).
@@ -24,35 +25,66 @@ PACED_STREAM = 'paced'
 BENCH_FRAME_SOURCE = 'metaworld-episodes'
 
 
-def paced_latency(engine, frames, rate_hz: float, num_frames: int | None = None) -> dict:
-    """Frames from a camera at `rate_hz` (cycling through `frames`), served like the node does.
-
-    Returns latency_p50_ms / p99 (camera capture to action, answered frames only),
-    answered_fraction (answered / captured) and actions_per_s over the run."""
-    rate_hz = check_number('rate_hz', rate_hz, above=0.0)
-    num_frames = num_frames or len(frames)
+def capture_schedule(num_streams: int, frames_per_stream: int, rate_hz: float) -> list:
+    """(capture offset s, stream index, frame index) in time order: stream r's k-th frame at
+    (k + r / num_streams) / rate_hz (the cameras offset evenly within a period)."""
     period = 1.0 / rate_hz
-    capture: dict[int, float] = {}
-    latencies = []
+    return sorted(((k + r / num_streams) * period, r, k)
+                  for r in range(num_streams) for k in range(frames_per_stream))
+
+
+def paced_streams(engine, frames_by_stream, rate_hz: float, warmup_frames: int = 0) -> list:
+    """Each stream a camera at `rate_hz` (`capture_schedule`), served like the node does.
+
+    Whenever the engine loop comes round, each camera's newest captured frame (if new)
+    replaces the frame it still has waiting, in that frame's place in the queue
+    (`Engine.replace_waiting`, as the node's worker); frames captured and replaced while the
+    engine was busy were never seen. Then the engine steps. Latency runs from the frame's
+    capture to the end of the step that finished its action, so it includes waiting for the
+    step in progress. The first `warmup_frames` of each stream are served but not counted.
+    Returns one `_paced_summary` per stream, the frames after the warm-up as its captures."""
+    rate_hz = check_number('rate_hz', rate_hz, above=0.0)
+    num_frames = min(len(frames) for frames in frames_by_stream)
+    schedule = capture_schedule(len(frames_by_stream), num_frames, rate_hz)
+    capture: dict[int, tuple[float, int, int]] = {}     # request id -> (time, stream, k)
+    latencies = [[] for _ in frames_by_stream]
     start = time.perf_counter()
-    taken = -1                      # index of the newest frame submitted
+    due = 0                                             # schedule entries captured so far
     while True:
-        newest = min(int((time.perf_counter() - start) / period), num_frames - 1)
-        if newest > taken:          # frames between were never seen: the model was busy
-            engine.drop_waiting(PACED_STREAM)
-            rid = engine.submit(frames[newest % len(frames)])
-            capture[rid] = start + newest * period
-            taken = newest
+        newest = {}
+        now = time.perf_counter() - start
+        while due < len(schedule) and schedule[due][0] <= now:
+            at, stream, k = schedule[due]
+            newest[stream] = (at, k)
+            due += 1
+        for stream, (at, k) in newest.items():
+            request_id, _ = engine.replace_waiting(frames_by_stream[stream][k])
+            capture[request_id] = (start + at, stream, k)
         if engine.has_work():
-            for done in engine.step():
-                if done.error is not None:
-                    raise RuntimeError(f'paced frame failed: {done.error}')
-                latencies.append(time.perf_counter() - capture[done.request_id])
-        elif taken >= num_frames - 1:
+            finished = engine.step()
+            done = time.perf_counter()
+            for fin in finished:
+                if fin.error is not None:
+                    raise RuntimeError(f'paced frame failed: {fin.error}')
+                at, stream, k = capture.pop(fin.request_id)
+                if k >= warmup_frames:
+                    latencies[stream].append(done - at)
+        elif due >= len(schedule):
             break
         else:
-            time.sleep(max(0.0, start + (taken + 1) * period - time.perf_counter()))
-    return _paced_summary(latencies, num_frames, rate_hz, time.perf_counter() - start)
+            time.sleep(max(0.0, start + schedule[due][0] - time.perf_counter()))
+    elapsed = time.perf_counter() - start
+    return [_paced_summary(lat, num_frames - warmup_frames, rate_hz, elapsed)
+            for lat in latencies]
+
+
+def paced_latency(engine, frames, rate_hz: float, num_frames: int | None = None) -> dict:
+    """One camera at `rate_hz` (cycling through `frames`) served like the node does
+    (`paced_streams`). Returns latency_p50_ms / p99 / max (camera capture to action, answered
+    frames only), answered_fraction (answered / captured) and actions_per_s over the run."""
+    num_frames = num_frames or len(frames)
+    return paced_streams(engine, [[frames[i % len(frames)] for i in range(num_frames)]],
+                         rate_hz)[0]
 
 
 def paced_blocking(predict, frames, rate_hz: float, num_frames: int | None = None) -> dict:
@@ -81,6 +113,7 @@ def _paced_summary(latencies, num_frames: int, rate_hz: float, elapsed: float) -
             'answered_fraction': len(latencies) / num_frames,
             'latency_p50_ms': float(np.percentile(lat, 50)) if len(lat) else math.nan,
             'latency_p99_ms': float(np.percentile(lat, 99)) if len(lat) else math.nan,
+            'latency_max_ms': float(lat.max()) if len(lat) else math.nan,
             'actions_per_s': len(latencies) / elapsed}
 
 
@@ -136,5 +169,5 @@ def model_speed_rows(model: str, modes, num_frames: int, device: str, dtype: str
                      device, dtype, seed, draft_path, frame_source=frame_source)
 
 
-__all__ = ['PACED_STREAM', 'BENCH_FRAME_SOURCE', 'paced_latency', 'paced_rows', 'engine_for',
-           'model_speed_rows']
+__all__ = ['PACED_STREAM', 'BENCH_FRAME_SOURCE', 'capture_schedule', 'paced_streams',
+           'paced_latency', 'paced_rows', 'engine_for', 'model_speed_rows']
