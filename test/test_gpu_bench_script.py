@@ -15,6 +15,16 @@ from gpu_fidelity import bin_distance_histogram, format_histogram_rows  # noqa: 
 FIRST, LAST = 100, 355          # an action-token range for the histogram tests
 
 
+def run_tiny_gpu_bench(tmp_path, *args) -> dict:
+    """bench/gpu.py on the tiny preset on the CPU with ``args``, writing to ``tmp_path``;
+    returns its JSON record (the run must succeed)."""
+    cmd = [sys.executable, str(BENCH / 'gpu.py'), '--preset', 'tiny', '--device', 'cpu',
+           *args, '--out', str(tmp_path)]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return json.loads(next(tmp_path.glob('gpu-tiny-cpu-*.json')).read_text())
+
+
 def test_histogram_counts_bin_distances_per_token():
     ours = [(100, 101, 150), (200, 200, 7)]
     reference = [(100, 103, 152), (201, 200, 7)]
@@ -42,15 +52,11 @@ def test_histogram_refuses_mismatched_inputs():
 def test_gpu_bench_runs_on_cpu_and_every_path_matches_the_reference(tmp_path):
     """Table (both HF baselines, ar, the oracle spec rows, the random EAGLE head rows that
     time drafting and the temporal drafting rows) and the fidelity part."""
-    cmd = [sys.executable, str(BENCH / 'gpu.py'), '--preset', 'tiny', '--device', 'cpu',
-           '--dtype', 'float32', '--frames', '2', '--warmup', '1', '--streams', '1',
-           '--rows', 'ar,oracle,eagle,temporal', '--parts', 'table,fidelity',
-           '--fidelity-frames', '3',
-           '--fidelity-kernels', 'off', '--compile-backend', 'eager', '--out', str(tmp_path),
-           '--progress-file', str(tmp_path / 'rows.json')]
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stderr[-2000:]
-    record = json.loads(next(tmp_path.glob('gpu-tiny-cpu-*.json')).read_text())
+    record = run_tiny_gpu_bench(
+        tmp_path, '--dtype', 'float32', '--frames', '2', '--warmup', '1', '--streams', '1',
+        '--rows', 'ar,oracle,eagle,temporal', '--parts', 'table,fidelity', '--fidelity-frames',
+        '3', '--fidelity-kernels', 'off', '--compile-backend', 'eager', '--progress-file',
+        str(tmp_path / 'rows.json'))
     assert record['checks']['eager'] == {'ar': 1.0, 'pipeline': 1.0, 'spec': 1.0,
                                          'pipeline_spec': 1.0, 'hf': 1.0}
     modes = [r['mode'] for r in record['rows']]
@@ -72,13 +78,10 @@ def test_gpu_bench_runs_on_cpu_and_every_path_matches_the_reference(tmp_path):
 def test_gpu_bench_times_the_pipelined_rows_at_each_prefill_setting(tmp_path):
     """``--max-prefills-per-step 1,2`` with two streams: the pipelined rows once per setting
     (named by it), the others once; every row finishes its frames."""
-    cmd = [sys.executable, str(BENCH / 'gpu.py'), '--preset', 'tiny', '--device', 'cpu',
-           '--dtype', 'float32', '--frames', '4', '--warmup', '1', '--streams', '2',
-           '--rows', 'ar,pipeline,oracle', '--baselines', 'eager', '--parts', 'table',
-           '--max-prefills-per-step', '1,2', '--out', str(tmp_path)]
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stderr[-2000:]
-    record = json.loads(next(tmp_path.glob('gpu-tiny-cpu-*.json')).read_text())
+    record = run_tiny_gpu_bench(
+        tmp_path, '--dtype', 'float32', '--frames', '4', '--warmup', '1', '--streams', '2',
+        '--rows', 'ar,pipeline,oracle', '--baselines', 'eager', '--parts', 'table',
+        '--max-prefills-per-step', '1,2')
     modes = [r['mode'] for r in record['rows']]
     assert {'ar', 'pipeline', 'pipeline x2 prefills', 'spec@3.0', 'pipeline_spec@3.0',
             'pipeline_spec@3.0 x2 prefills'} <= set(modes)
@@ -139,13 +142,10 @@ def test_gpu_bench_fp8_part_and_prefill_rows_run_on_cpu(tmp_path):
     rows with their own AR tokens, the step-time ratio and the bin distance of fp8 from auto)
     and ``--rows prefill`` (speculative_prefill on and off, repeated and episode-like frames),
     as bench/gpu_suite.sh fp8 and table-prefill run them on a GPU."""
-    cmd = [sys.executable, str(BENCH / 'gpu.py'), '--preset', 'tiny', '--device', 'cpu',
-           '--dtype', 'float32', '--frames', '2', '--warmup', '1', '--streams', '1',
-           '--rows', 'prefill', '--parts', 'table,fp8', '--baselines', 'eager',
-           '--fidelity-frames', '3', '--fidelity-action-only', '--out', str(tmp_path)]
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stderr[-2000:]
-    record = json.loads(next(tmp_path.glob('gpu-tiny-cpu-*.json')).read_text())
+    record = run_tiny_gpu_bench(
+        tmp_path, '--dtype', 'float32', '--frames', '2', '--warmup', '1', '--streams', '1',
+        '--rows', 'prefill', '--parts', 'table,fp8', '--baselines', 'eager', '--fidelity-frames',
+        '3', '--fidelity-action-only')
     assert record['failures'] == []
     modes = {r['mode'] for r in record['rows']}
     for mode in ('spec', 'pipeline_spec'):
@@ -177,13 +177,10 @@ def test_gpu_bench_paced_part_serves_every_robot(tmp_path):
     1 and 2 robots, AR and the default configuration at each prefill setting up to the robot
     count, and the frames-that-repeat rows; the tiny model keeps up with 2 cameras at 25 Hz
     on a CPU, so every robot of every row is answered."""
-    cmd = [sys.executable, str(BENCH / 'gpu.py'), '--preset', 'tiny', '--device', 'cpu',
-           '--dtype', 'float32', '--graphs', 'off', '--parts', 'paced', '--baselines', '',
-           '--paced-robots', '1,2', '--paced-prefills', '1,2', '--paced-seconds', '0.4',
-           '--paced-warmup-frames', '2', '--out', str(tmp_path)]
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stderr[-2000:]
-    record = json.loads(next(tmp_path.glob('gpu-tiny-cpu-*.json')).read_text())
+    record = run_tiny_gpu_bench(
+        tmp_path, '--dtype', 'float32', '--graphs', 'off', '--parts', 'paced', '--baselines', '',
+        '--paced-robots', '1,2', '--paced-prefills', '1,2', '--paced-seconds', '0.4',
+        '--paced-warmup-frames', '2')
     paced = record['paced']
     assert paced['floor_ms'] > 0
     rows = [(r['label'], r['robots_n'], r['prefills']) for r in paced['rows']]
