@@ -35,7 +35,7 @@ DRAFTS = ('previous', 'repair', 'both')
 
 
 @torch.no_grad()
-def greedy_rows(runner, prompt, chain: list[int]) -> list[int]:
+def greedy_after_each_prefix(runner, prompt, chain: list[int]) -> list[int]:
     """The verifier's greedy token for action positions 0 .. len(chain), position j given
     prompt + chain[:j] (one causal forward in a private cache)."""
     from vla_spec_ros.engine.ar import causal_batch
@@ -63,7 +63,7 @@ def verify_rounds(runner, prompt, previous: list[int], draft_kind: str) -> tuple
             chains.append(list(previous[start:]))
         best = None
         for chain in chains:
-            greedy = greedy_rows(runner, prompt, decided + chain)[start:]
+            greedy = greedy_after_each_prefix(runner, prompt, decided + chain)[start:]
             accepted = 0
             while accepted < len(chain) and chain[accepted] == greedy[accepted]:
                 accepted += 1

@@ -247,11 +247,8 @@ def run_one(args, context, num_robots: int, mode: str, frames_by_robot,
     # delivered twists up to 0.45 s after the node published them (node-side age <= 85 ms,
     # received age up to 525 ms, 2 robots at 30 Hz), which read as stale commands and
     # unanswered frames that the node never caused.
-    from rclpy.executors import SingleThreadedExecutor
-    executor = SingleThreadedExecutor(context=context)
-    executor.add_node(bench.node)
-    spinner = threading.Thread(target=executor.spin, daemon=True)
-    spinner.start()
+    from vla_spec_ros.harness.node_threads import NodeThreads
+    spinning = NodeThreads(context, [[bench.node]], name='fleet_robots')
     try:
         deadline = time.monotonic() + 120.0
         while not any('ready' in line for line in log_lines):
@@ -284,8 +281,7 @@ def run_one(args, context, num_robots: int, mode: str, frames_by_robot,
         actions, zeros, diag = bench.counts()
     finally:
         bench.stop()
-        executor.shutdown(timeout_sec=10.0)
-        spinner.join(timeout=10.0)
+        spinning.shutdown()
         bench.node.destroy_node()
         process.terminate()
         try:

@@ -51,11 +51,12 @@ import numpy as np
 import rclpy
 from geometry_msgs.msg import TwistStamped
 from rcl_interfaces.msg import ParameterDescriptor
-from rclpy.executors import ExternalShutdownException, SingleThreadedExecutor
+from rclpy.executors import ExternalShutdownException
 from rclpy.node import Node
 from sensor_msgs.msg import Image
 from std_msgs.msg import Float64MultiArray, String
 
+from vla_spec_ros.harness.node_threads import NodeThreads
 from vla_spec_ros.image_messages import rgb_to_image
 from vla_spec_ros.ros.qos import COMMAND_QOS, IMAGE_PUBLISHER_QOS, INSTRUCTION_QOS
 from vla_spec_ros.sim.answer_pairing import AnswerPairs, FrameRegistry, next_stamp_ns
@@ -390,13 +391,10 @@ def main(args=None) -> int:
     """`ros2 run vla_spec_ros sim-bridge --ros-args -p task_name:=drawer-open -p episodes:=5
     -r ~/image:=/vla_spec/image ...`: runs the episodes and logs each result."""
     rclpy.init(args=args)
-    node, executor, thread = None, None, None
+    node, spinning = None, None
     try:
         node = SimBridgeNode()
-        executor = SingleThreadedExecutor()
-        executor.add_node(node)
-        thread = threading.Thread(target=executor.spin, daemon=True)
-        thread.start()
+        spinning = NodeThreads(None, [[node]], name='sim_bridge')   # the default context
         s, log = node.settings, node.get_logger()
         task = get_task(s.task_name)
         if not node.wait_for_peers(30.0):
@@ -417,13 +415,11 @@ def main(args=None) -> int:
         print(f'sim_bridge: {exc}', file=sys.stderr)
         return 1
     finally:
-        if executor is not None:
-            executor.shutdown()
+        if spinning is not None:     # the spin thread ends before the node is destroyed
+            spinning.shutdown(timeout_s=5.0)
         if node is not None:
             node.destroy_node()
         rclpy.try_shutdown()
-        if thread is not None:
-            thread.join(timeout=5.0)
     return 0
 
 
