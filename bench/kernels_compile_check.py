@@ -29,6 +29,7 @@ import time
 os.environ.pop('TRITON_INTERPRET', None)    # triton.jit must build compilable kernels
 
 import torch  # noqa: E402
+from kernels_sweep import load_kernels  # noqa: E402
 
 # name: (head_dim, q heads per kv head, [(Q, K) step shapes]); the 7B layer (32 q and kv heads
 # of 128) and the ``tiny`` preset (4 heads of 16, the CUDA tests' float64 models), plus a GQA
@@ -50,12 +51,9 @@ class CannotRun(Exception):
 
 
 def load_segment_attention():
-    """The installed package's module if present, else the source tree's kernels/ folder."""
-    try:
-        return importlib.import_module('vla_spec_ros.kernels.segment_attention')
-    except ImportError:
-        sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
-        return importlib.import_module('kernels.segment_attention')
+    """The kernel's module in the package ``kernels_sweep.load_kernels`` finds (installed, else
+    the source tree's kernels/ folder)."""
+    return importlib.import_module(load_kernels().__name__ + '.segment_attention')
 
 
 def ptxas_for(triton, nvidia, capability):
