@@ -164,15 +164,11 @@ def bridge_parameters(image_size: int, sim_mode: str, control_rate_hz: float, ma
                 delay_frames=delay_frames, camera_delay=int(camera_delay))
 
 
-def policy_action_chunk(policy) -> int:
-    """Control steps one answered frame decides (the checkpoint's action_chunk; 1 when the
-    policy does not say). The same rule as the node's (ros/serving.chunk_steps_of)."""
-    return int(getattr(getattr(policy, 'model_config', None), 'action_chunk', 1) or 1)
-
-
 def check_policy_sim_mode(policy, sim_mode: str) -> int:
-    """A chunked policy needs sim_mode realtime (module doc); its action_chunk."""
-    chunk = policy_action_chunk(policy)
+    """A chunked policy needs sim_mode realtime (module doc); its action_chunk, by the node's
+    own rule (ros/serving.chunk_steps_of; imported here, as the node is, with rclpy)."""
+    from vla_spec_ros.ros.serving import chunk_steps_of
+    chunk = chunk_steps_of(policy)
     if chunk > 1 and sim_mode == 'lockstep':
         raise ValueError(
             f'sim_mode: lockstep cannot run a chunked policy (action_chunk {chunk}): the node '
@@ -434,4 +430,4 @@ def _accumulate(report: ClosedLoopReport, result: EpisodeResult, log) -> None:
 
 __all__ = ['ClosedLoopReport', 'run_closed_loop', 'vla_parameters', 'bridge_parameters',
            'control_rate_range', 'check_control_rate', 'check_max_steps', 'MAX_EPISODE_STEPS',
-           'policy_action_chunk', 'check_policy_sim_mode']
+           'check_policy_sim_mode']
