@@ -53,6 +53,7 @@ import torch
 
 from gpu_parts import format_fp8, run_ab, run_fidelity, run_fp8, run_profile, run_thread_sweep
 from gpu_paced import format_paced, run_paced_part
+from gpu_progress import ProgressFile
 from gpu_setup import (EPISODE_RUN, TARGET_ACCEPTANCE, TEMPORAL_REPEATS, build_model,
                        build_runner, eager_reference, engine_for, engine_options,
                        episode_like_frames, load_checkpoint, repeated_frames, run_all,
@@ -111,16 +112,15 @@ def roofline(runner, row: BenchRow) -> dict:
             'of_compute_bound': row.actions_per_s / FLOOR_ACTIONS_PER_S}
 
 
-def run_table(args, weights, key, baselines, report) -> list:
+def run_table(args, weights, key, baselines, report, progress) -> list:
     """Every (mode, graphs, streams) row, the baselines measured in the same run."""
     graph_settings = [g.strip() == 'on' for g in args.graphs.split(',')]
     prefill_settings = [int(p) for p in args.max_prefills_per_step.split(',')]
     groups = set(args.rows.split(','))
     rows: list[tuple[str, bool, int, BenchRow]] = []
     failures = report['failures']
-    progress = []
 
-    def attempt(label, make_row):
+    def attempt(label, make_row, graphs=False, streams=1):
         try:
             row = make_row()
         except Exception as exc:    # noqa: BLE001 - recorded in the table's failures
@@ -128,15 +128,14 @@ def run_table(args, weights, key, baselines, report) -> list:
             print(failures[-1], flush=True)
             return None
         print(label, row, flush=True)
-        progress.append({'label': label, **asdict(row)})
-        if args.progress_file:          # what a run cut short still leaves behind
-            Path(args.progress_file).write_text(json.dumps(progress, indent=1))
+        progress.add_row(label, row, graphs, streams)
         return row
 
     def bench_baseline(name, streams, frames):
         if name in baselines:
             row = attempt(f'{name} {streams} streams',
-                          lambda: bench_hf(baselines[name], frames, args.warmup))
+                          lambda: bench_hf(baselines[name], frames, args.warmup),
+                          streams=streams)
             if row is not None:
                 row.mode = name
                 rows.append((name, False, streams, row))
@@ -170,7 +169,7 @@ def run_table(args, weights, key, baselines, report) -> list:
                 row = attempt(f'{name} graphs={use_graphs} streams={streams}',
                               lambda lb=label, o=options: bench_engine(
                                   engine_for(runner, weights, lb, o, ref, args.seed),
-                                  frames, args.warmup))
+                                  frames, args.warmup), use_graphs, streams)
                 if row is not None:
                     row.mode = name
                     rows.append((name, use_graphs, streams, row))
@@ -194,7 +193,8 @@ def run_table(args, weights, key, baselines, report) -> list:
                     engine = Engine(runner, weights.norm_stats, cfg)
                     name = row_name(f'{mode}+{label}', prefills)
                     row = attempt(f'{name} graphs={use_graphs} streams={streams}',
-                                  lambda e=engine, f=row_frames: bench_engine(e, f, args.warmup))
+                                  lambda e=engine, f=row_frames: bench_engine(e, f, args.warmup),
+                                  use_graphs, streams)
                     if row is not None:
                         row.mode = name
                         rows.append((name, use_graphs, streams, row))
@@ -306,7 +306,8 @@ def main(argv=None) -> int:
     ap.add_argument('--profile-mode', default='pipeline_spec@3.0')
     ap.add_argument('--out', default=str(Path(__file__).parent / 'results'))
     ap.add_argument('--progress-file', default='',
-                    help='rewrite this JSON after every timed row (kept if the run is cut)')
+                    help='rewrite this JSON after every timed row of the table and paced '
+                         'parts (kept if the run is cut; bench/gpu_progress.py)')
     args = ap.parse_args(argv)
     if args.device.startswith('cuda') and not torch.cuda.is_available():
         print('--device cuda requested but CUDA is not available', file=sys.stderr)
@@ -340,9 +341,10 @@ def main(argv=None) -> int:
                               compile_backend=args.compile_backend)
         hf_model = baseline.model                  # one weight copy for both baselines
         baselines[baseline.label] = baseline
-    records = run_table(args, weights, key, baselines, report) \
+    progress = ProgressFile(args.progress_file)     # what a run cut short leaves behind
+    records = run_table(args, weights, key, baselines, report, progress) \
         if 'table' in parts else []
-    paced = run_paced_part(args, weights, key) \
+    paced = run_paced_part(args, weights, key, progress.set_paced) \
         if 'paced' in parts else {}
     threads = run_thread_sweep(args, weights, key) \
         if 'threads' in parts else {}

@@ -78,9 +78,10 @@ def paced_rows(robot_counts: list[int], prefill_settings: list[int]) -> list[tup
     return rows
 
 
-def run_paced_part(args, weights, key) -> dict:
+def run_paced_part(args, weights, key, on_progress=lambda paced: None) -> dict:
     """Every paced row (CUDA graphs as the last ``--graphs`` setting) and, measured in the same
-    run, one robot's floor: the vision towers with the prompt, plus one prefill forward."""
+    run, one robot's floor: the vision towers with the prompt, plus one prefill forward.
+    ``on_progress`` gets the part so far after every row (the progress file)."""
     options = engine_options(args, graphs_setting(args, -1))
     runner = build_runner(weights, options)
     size = weights.cfg.image_size
@@ -110,6 +111,7 @@ def run_paced_part(args, weights, key) -> dict:
             row['error'] = f'{type(exc).__name__}: {exc}'
         print('paced', row, flush=True)
         rows.append(row)
+        on_progress({'pieces_ms': pieces, 'floor_ms': floor_ms, 'rows': rows})
     return {'pieces_ms': pieces, 'floor_ms': floor_ms, 'rows': rows}
 
 

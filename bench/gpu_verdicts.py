@@ -4,7 +4,9 @@
 
 Reads every ``gpu-*.json`` written by bench/gpu.py under the folder (recursively) and every
 ``log-*tests*.txt`` written by bench/gpu_suite.sh, and prints, for each target that the files
-hold data for, the measured value, the target and met / missed:
+hold data for, the measured value, the target and met / missed. A target that no finished
+record holds is read from the progress files (``rows-*.json``, bench/gpu_progress.py) of runs
+cut short by their time limit, and says so. The targets:
 
 - one robot whose frames repeat (paced part, 1 robot, ``frames that repeat`` rows): the best
   p50 over one robot's floor (vision + prompt + one prefill, measured in the same run),
@@ -27,6 +29,8 @@ import math
 import re
 import sys
 from pathlib import Path
+
+from gpu_progress import progress_record
 
 ONE_ROBOT_MAX_OVER_FLOOR = 1.3
 FLEET_ROBOTS = 4
@@ -110,19 +114,34 @@ def test_logs(folder: Path) -> list[tuple[str, str, bool | None]]:
     return out
 
 
+def from_records_or_progress(target, records: list[dict], progress: list[dict]):
+    """``target`` over the finished records; where they hold nothing for it, over the progress
+    files of runs cut short (marked as such)."""
+    measured, ok = target(records)
+    if ok is None and progress:
+        partial, partial_ok = target(progress)
+        if partial_ok is not None:
+            return f'{partial} [from a run cut short]', partial_ok
+    return measured, ok
+
+
 def verdicts(folder: Path) -> list[tuple[str, str, bool | None]]:
     records = [json.loads(p.read_text()) for p in sorted(folder.rglob('gpu-*.json'))]
-    rows = [('one robot, frames that repeat', *one_robot(records)),
-            (f'{FLEET_ROBOTS} robots at the paced camera rate', *fleet(records)),
-            ('AR per action', *ar_action(records)),
-            ('FP8 fidelity (and speed)', *fp8(records))]
+    progress = [progress_record(json.loads(p.read_text()))
+                for p in sorted(folder.rglob('rows-*.json'))]
+    rows = [(name, *from_records_or_progress(target, records, progress)) for name, target in
+            (('one robot, frames that repeat', one_robot),
+             (f'{FLEET_ROBOTS} robots at the paced camera rate', fleet),
+             ('AR per action', ar_action),
+             ('FP8 fidelity (and speed)', fp8))]
     rows += [(f'tests: {name}', summary, ok) for name, summary, ok in test_logs(folder)]
     return rows
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument('folder', help='a results folder of bench/gpu_suite.sh')
+    parser.add_argument('folder', help='a results folder of bench/gpu_suite.sh (searched '
+                        'recursively: a run\'s parent folder gives its commands together)')
     args = parser.parse_args(argv)
     folder = Path(args.folder)
     if not folder.is_dir():

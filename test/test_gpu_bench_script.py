@@ -72,7 +72,10 @@ def test_gpu_bench_runs_on_cpu_and_every_path_matches_the_reference(tmp_path):
     assert record['failures'] == []
     for label, h in record['fidelity'].items():      # float32 on CPU: every token equal to HF
         assert h['0'] == h['tokens'] == 21, label
-    assert len(json.loads((tmp_path / 'rows.json').read_text())) == len(record['rows'])
+    progress = json.loads((tmp_path / 'rows.json').read_text())
+    assert [r['actions_per_s'] for r in progress['rows']] == \
+        [r['actions_per_s'] for r in record['rows']]          # each row as it was timed
+    assert progress['paced'] == {}
 
 
 def test_gpu_bench_times_the_pipelined_rows_at_each_prefill_setting(tmp_path):
@@ -180,8 +183,12 @@ def test_gpu_bench_paced_part_serves_every_robot(tmp_path):
     record = run_tiny_gpu_bench(
         tmp_path, '--dtype', 'float32', '--graphs', 'off', '--parts', 'paced', '--baselines', '',
         '--paced-robots', '1,2', '--paced-prefills', '1,2', '--paced-seconds', '0.4',
-        '--paced-warmup-frames', '2')
+        '--paced-warmup-frames', '2', '--progress-file', str(tmp_path / 'rows-paced.json'))
     paced = record['paced']
+    # The progress file holds the whole part once it is done (a run cut short keeps its rows).
+    progress = json.loads((tmp_path / 'rows-paced.json').read_text())
+    assert [r['label'] for r in progress['paced']['rows']] == [r['label'] for r in paced['rows']]
+    assert progress['paced']['floor_ms'] == paced['floor_ms']
     assert paced['floor_ms'] > 0
     rows = [(r['label'], r['robots_n'], r['prefills']) for r in paced['rows']]
     assert rows == [('ar', 1, 1), ('default (pipeline_spec)', 1, 1),
@@ -228,6 +235,58 @@ def test_gpu_verdicts_read_the_recorded_h200_run():
     assert '99.86% of 1400' in measured and 'ar 1.35' in measured and ok is True
     measured, ok = rows['tests: table-paced-fp8-tests/log-tests.txt']
     assert measured == '39 failed, 218 passed, 3 skipped' and ok is False
+    # The second run, after the segment-attention and FP8 fixes: its paced part was cut short
+    # (the AR row comes from its progress file) and the four robots were re-run alone.
+    folder = BENCH / 'results' / 'h200' / '20261126b-suite'
+    rows = {name: (measured, ok) for name, measured, ok in verdicts(folder)}
+    measured, ok = rows['tests: tests-fp8-paced/log-tests.txt']
+    assert measured == '261 passed, 5 skipped' and ok is True
+    measured, ok = rows['AR per action']
+    assert measured.startswith('40.6 ms') and 'cut short' in measured and ok is True
+    measured, ok = rows['FP8 fidelity (and speed)']
+    assert 'ar 1.03, pipeline 0.98' in measured and ok is True
+    measured, ok = rows['4 robots at the paced camera rate']
+    assert 'least answered 85.0%, worst p99 171.5 ms' in measured and ok is False
+
+
+def test_gpu_verdicts_read_a_run_cut_short_from_its_progress_file(tmp_path):
+    """A paced part cut by its time limit leaves no gpu-*.json; its progress file (both
+    formats: the table's former list of rows, the record-shaped dict) still gives verdicts,
+    marked as from a run cut short, and a finished record wins over a progress file."""
+    from gpu_progress import ProgressFile
+    from gpu_verdicts import verdicts
+    from vla_spec_ros.bench import BenchRow
+    nan = float('nan')
+    ar = BenchRow(mode='ar', num_actions=40, actions_per_s=25.0, latency_p50_ms=70.0,
+                  latency_p99_ms=72.0, forwards_per_action=7.0, acceptance_length=1.0,
+                  ratio_vs_hf=nan, latency_ratio_vs_hf=nan)
+    progress = ProgressFile(str(tmp_path / 'rows-table-paced.json'))
+    progress.add_row('ar graphs=True streams=1', ar, True, 1)
+    robot = {'answered_fraction': 1.0, 'latency_p50_ms': 11.0, 'latency_p99_ms': 20.0}
+    progress.set_paced({'floor_ms': 10.0, 'rows': [
+        {'label': 'spec, frames that repeat', 'mode': 'spec', 'robots_n': 1, 'prefills': 1,
+         'frames': 'repeat', 'robots': [robot], 'least_answered': 1.0, 'worst_p50_ms': 11.0,
+         'worst_p99_ms': 20.0, 'p50_over_floor': 1.1}]})
+    rows = {name: (measured, ok) for name, measured, ok in verdicts(tmp_path)}
+    measured, ok = rows['one robot, frames that repeat']
+    assert 'p50 11.0 ms = 1.10x the floor 10.00 ms' in measured and ok is True
+    assert measured.endswith('[from a run cut short]')
+    measured, ok = rows['AR per action']
+    assert measured.startswith('40.0 ms') and 'cut short' in measured and ok is True
+    assert rows['4 robots at the paced camera rate'][1] is None
+    # The former format: a list of table rows, graphs only in the label.
+    old = tmp_path / 'old'
+    old.mkdir()
+    (old / 'rows-table.json').write_text(json.dumps(
+        [{'label': 'ar graphs=False streams=1', 'mode': 'ar', 'actions_per_s': 10.0},
+         {'label': 'ar graphs=True streams=1', 'mode': 'ar', 'actions_per_s': 20.0}]))
+    measured, ok = dict((n, (m, o)) for n, m, o in verdicts(old))['AR per action']
+    assert measured.startswith('50.0 ms per action (lowest of 1 rows') and ok is False
+    # A finished record of the same target is read instead of the progress file.
+    (old / 'gpu-x.json').write_text(json.dumps(
+        {'rows': [{'mode': 'ar', 'graphs': True, 'ms_per_action': 44.0}]}))
+    measured, ok = dict((n, (m, o)) for n, m, o in verdicts(old))['AR per action']
+    assert measured.startswith('44.0 ms') and 'cut short' not in measured and ok is True
 
 
 def test_gpu_verdicts_say_not_measured_for_an_empty_folder(tmp_path):
