@@ -12,9 +12,12 @@ AR), the verifier forwards per action of three drafts along the scripted expert'
 - ``repair``: after a rejection the draft goes on with the verifier's own argmax at the rows
   beyond the rejected token (computed in the same forward, conditioned on the wrong token:
   Jacobi-style), then the previous action;
-- ``both``: the two chains side by side in one tree, the longer accepted path wins.
+- ``both``: the two chains side by side in one tree, the longer accepted path wins;
+- ``history``: the stream's last ``--history`` distinct actions side by side in one tree (those
+  that agree with the tokens decided so far), the longest accepted path wins, with ``repair``'s
+  rule after a rejection: a robot that returns to an action it took a few steps ago.
 
-    python bench/draft_repair.py [--steps 40] [--seed 5]
+    python bench/draft_repair.py [--steps 40] [--seed 5] [--history 4]
 
 Needs the simulator (bash scripts/install.sh sim). Each verification is simulated by a dense
 forward over prompt + decided tokens + draft (no engine, no ring): what the engine's tree
@@ -31,7 +34,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-DRAFTS = ('previous', 'repair', 'both')
+DRAFTS = ('previous', 'repair', 'both', 'history')
 
 
 @torch.no_grad()
@@ -48,9 +51,11 @@ def greedy_after_each_prefix(runner, prompt, chain: list[int]) -> list[int]:
     return [int(runner.greedy(rows[i:i + 1], False)) for i in range(rows.shape[0])]
 
 
-def verify_rounds(runner, prompt, previous: list[int], draft_kind: str) -> tuple[int, list]:
+def verify_rounds(runner, prompt, previous: list[int], draft_kind: str,
+                  history: tuple = ()) -> tuple[int, list]:
     """(verifier forwards, decided tokens) for one frame with ``previous`` as the first draft
-    (the prefill's chain) and ``draft_kind``'s rule after each rejection."""
+    (the prefill's chain) and ``draft_kind``'s rule after each rejection; ``history`` holds
+    the stream's earlier distinct actions (the ``history`` draft)."""
     num_tokens = len(previous)
     decided: list[int] = []
     draft = list(previous)
@@ -61,6 +66,9 @@ def verify_rounds(runner, prompt, previous: list[int], draft_kind: str) -> tuple
         chains = [draft[start:]]
         if draft_kind == 'both' and draft[start:] != previous[start:]:
             chains.append(list(previous[start:]))
+        if draft_kind == 'history':
+            chains += [list(old[start:]) for old in history if list(old[:start]) == decided
+                       and list(old[start:]) not in chains]
         best = None
         for chain in chains:
             greedy = greedy_after_each_prefix(runner, prompt, decided + chain)[start:]
@@ -72,7 +80,7 @@ def verify_rounds(runner, prompt, previous: list[int], draft_kind: str) -> tuple
                 best = (new, greedy[accepted + 1:])     # rows beyond the rejected token
         new, beyond = best
         decided = (decided + new)[:num_tokens]
-        rest = list(beyond) if draft_kind in ('repair', 'both') else []
+        rest = list(beyond) if draft_kind in ('repair', 'both', 'history') else []
         rest += previous[len(decided) + len(rest):]
         draft = decided + rest[:num_tokens - len(decided)]
     return forwards, decided
@@ -82,6 +90,8 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument('--steps', type=int, default=40, help='control steps per task')
     parser.add_argument('--seed', type=int, default=5)
+    parser.add_argument('--history', type=int, default=4,
+                        help='distinct earlier actions in the history draft\'s tree')
     args = parser.parse_args(argv)
 
     from vla_spec_ros.engine.ar import decode_ar
@@ -97,18 +107,23 @@ def main(argv=None) -> int:
         frames = sim_frames([task], args.steps, runner.cfg.image_size,
                             seed=HELD_OUT_SEED + args.seed, stride=1,
                             unnorm_key=policy.unnorm_keys[0])
-        previous = None
+        previous, history = None, []
         for frame in frames:
             prompt = runner.prepare_prompt(frame, policy.config).embeds
             reference, _ = decode_ar(runner, prompt, num_tokens)
             if previous is not None:
                 for kind in DRAFTS:
-                    count, tokens = verify_rounds(runner, prompt, previous, kind)
+                    count, tokens = verify_rounds(runner, prompt, previous, kind,
+                                                  tuple(history[1:]))
                     if tokens != reference:
                         raise RuntimeError(f'{kind}: {tokens} != AR {reference}')
                     forwards[kind].append(count)
             previous = reference
-    print(f'`python bench/draft_repair.py --steps {args.steps} --seed {args.seed}`: '
+            if reference in history:          # most recent first, distinct
+                history.remove(reference)
+            history = [reference] + history[:args.history - 1]
+    print(f'`python bench/draft_repair.py --steps {args.steps} --seed {args.seed} '
+          f'--history {args.history}`: '
           f'{len(forwards["previous"])} consecutive frames, every draft gave the AR tokens\n')
     print('| draft | verifier forwards / action | decided by one forward | '
           'forwards: 1 / 2 / 3 / 4+ |')

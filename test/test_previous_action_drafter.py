@@ -323,3 +323,7 @@ def test_draft_repair_check_gives_the_ar_tokens_with_every_draft(tmp_path):
         for draft in (partly, wrong):
             forwards, tokens = verify_rounds(runner, prompt, draft, kind)
             assert tokens == list(reference) and 2 <= forwards <= runner.max_action_tokens
+    # An earlier action of the stream that is right decides a wrong previous action's frame
+    # in one forward, beside a wrong one in the history.
+    history = (tuple(partly), tuple(reference))
+    assert verify_rounds(runner, prompt, wrong, 'history', history) == (1, list(reference))
