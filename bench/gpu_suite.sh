@@ -31,6 +31,9 @@
 #                                     segments vs ring (fused kernels on): pieces and ar /
 #                                     pipeline / pipeline_spec rows, graphs on
 #   bash bench/gpu_suite.sh fp8       FP8 tests (test_fp8.py, _scaled_mm against the reference),
+#                                     where one FP8 product's time goes against bf16's
+#                                     (bench/fp8_products.py: quantisation, _scaled_mm row-wise /
+#                                     per-tensor, per 7B shape and row count),
 #                                     then weight_dtype auto vs fp8: pieces and ar / pipeline /
 #                                     pipeline_spec rows, graphs on, the step-time ratio, and the
 #                                     bin distance of fp8's AR tokens from bf16's, 200 frames
@@ -139,6 +142,8 @@ for part in "$@"; do
         fp8)
             bounded python3 -m pytest -q -p no:cacheprovider -rs test/test_fp8.py 2>&1 \
                 | tee "$RESULTS/log-fp8-tests.txt" || status=1
+            bounded python3 bench/fp8_products.py 2>&1 | tee "$RESULTS/fp8-products.txt" \
+                || status=1
             bounded $GPU --graphs on --parts fp8 --baselines '' --frames 12 --warmup 6 \
                 --fidelity-frames 200 --fidelity-action-only 2>&1 \
                 | tee "$RESULTS/log-fp8.txt" || status=1 ;;

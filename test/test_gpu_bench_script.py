@@ -140,6 +140,19 @@ def test_kernels_sweep_smoke_run_validates_every_configuration():
     assert any(line.startswith('segment_attention') and line.endswith(' ok') for line in lines)
 
 
+def test_fp8_products_smoke_run_checks_every_product_against_the_reference():
+    """``bench/fp8_products.py --smoke`` (the fp8 part's per-product timing, on CPU with the
+    dequantised reference in place of _scaled_mm): a row per shape and row count, each
+    checked; the columns only a GPU fills stay empty."""
+    done = subprocess.run([sys.executable, str(BENCH / 'fp8_products.py'), '--smoke'],
+                          capture_output=True, text=True, timeout=300, cwd=BENCH)
+    assert done.returncode == 0, done.stderr[-2000:]
+    rows = [line for line in done.stdout.splitlines() if line.startswith('| qkv')
+            or line.startswith('| down')]
+    assert len(rows) == 4 and all(line.endswith('| ok |') for line in rows)
+    assert all(' – | – | – | – |' in line for line in rows)     # quant, scaled_mm, ... (GPU)
+
+
 def test_gpu_bench_fp8_part_and_prefill_rows_run_on_cpu(tmp_path):
     """``--parts fp8`` (FP8 weights through the dequantised reference on a CPU: both sides'
     rows with their own AR tokens, the step-time ratio and the bin distance of fp8 from auto)
