@@ -483,6 +483,43 @@ def test_pipeline_mode_finishes_without_new_frames_and_matches_ar(pipeline_node,
             m.header.stamp)]), rtol=1e-12)
 
 
+def test_no_command_for_an_image_older_than_a_refused_frame(pipeline_node, reference):
+    """A frame refused as bad input gets a zero twist, and no command for an older image
+    follows it: the frame in flight when it was refused finishes its steps, and its action is
+    dropped (counted), not published; the next good frame is answered as usual."""
+    node, probe = pipeline_node
+    _, frames, expected, _ = reference
+    channel = node.serving.channels[0]
+    wait_until(lambda: not node.serving.engine.has_work(), what='an idle engine')
+    start = len(probe.twists.snapshot())
+    dropped = node.stats_snapshot()['frames_dropped']
+    older, bad = probe.raw_image(frames[0]), probe.raw_image(frames[1])
+    bad.encoding = 'yuv422'                    # refused by the conversion
+    # The worker takes `older` and waits for the engine; `bad` arrives meanwhile. On release,
+    # `older` is submitted and stepped once (7 steps in this mode), then `bad` is refused.
+    with node.serving.engine_lock:
+        probe.image_pub.publish(older)
+        wait_until(lambda: node.stats_snapshot()['frames_received'] > 0
+                   and not channel.slot.has_item()
+                   and channel.newest is not None
+                   and channel.newest.stamp == older.header.stamp,
+                   what='the worker took the older frame')
+        received = node.stats_snapshot()['frames_received']
+        probe.image_pub.publish(bad)
+        wait_until(lambda: node.stats_snapshot()['frames_received'] > received,
+                   what='the bad frame received')
+    _, zero = probe.twists.wait_for(is_zero, start=start, what='zero twist for the bad frame')
+    assert node.stats_snapshot()['hold_reason'].startswith('bad input: image encoding')
+    # The next good frame is answered with its own action; the older frame's never was.
+    newer = probe.raw_image(frames[2])
+    twist = _send_and_get_twist(probe, newer)
+    np.testing.assert_allclose(twist_values(twist), expected_twist(expected['rgb'][2]),
+                               rtol=1e-12)
+    stamps = [m.header.stamp for _, m in probe.twists.snapshot()[start:]]
+    assert older.header.stamp not in stamps
+    assert node.stats_snapshot()['frames_dropped'] == dropped + 1
+
+
 # ---- temporal drafting behind the node ------------------------------------------------------
 
 @pytest.fixture(scope='module')

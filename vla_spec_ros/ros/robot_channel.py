@@ -92,6 +92,11 @@ class LatestFrameSlot:
             item, self._item = self._item, None
         return item
 
+    def has_item(self) -> bool:
+        """Whether an item waits for the worker."""
+        with self._cond:
+            return self._item is not None
+
     def clear(self) -> int:
         with self._cond:
             had = self._item is not None
@@ -133,6 +138,9 @@ class RobotChannel:
         self._chunk_lock = threading.RLock()      # schedule + the steps' publishing order
         self._on_chunk = on_chunk
         self._trajectory_live = False             # a trajectory was sent and not stopped yet
+        # Receipt time (time.monotonic) of this robot's newest frame refused as bad input
+        # (worker thread only): a result for a frame received before it is not acted on.
+        self._refused_receipt_mono = -math.inf
 
         prefix = f'{name}/' if name else '~/'
         self.twist_pub = node.create_publisher(TwistStamped, prefix + 'twist', COMMAND_QOS)
@@ -238,6 +246,26 @@ class RobotChannel:
         self.stats.record_hold(reason, is_stale_result=is_stale_result)
         self.publish_zero(reason, force=force)
 
+    def refuse(self, info: FrameInfo, reason: str) -> None:
+        """A frame of this robot that will not be answered (bad input): a zero twist with
+        ``reason``, and no command after it for an older image. The results of frames received
+        before it, still in the engine, are dropped when they finish (``handle_finished``), so
+        the robot keeps the zero until a newer frame's action. (Worker thread.)"""
+        self._refused_receipt_mono = max(self._refused_receipt_mono, info.receipt_mono)
+        self.hold(reason, force=True)
+
+    def _is_superseded(self, info: FrameInfo) -> bool:
+        """Whether a finished frame was received before a frame of this robot that was
+        refused (``refuse``): its result is dropped, counted and logged, not acted on."""
+        if info.receipt_mono >= self._refused_receipt_mono:
+            return False
+        self.stats.record_dropped(1)
+        self.node.get_logger().info(
+            f'{self.label}: result not published: its image is older than a frame refused '
+            'since (the robot keeps the zero twist until a newer frame is answered)',
+            throttle_duration_sec=LOG_THROTTLE_S)
+        return True
+
     def clear_chunks(self) -> None:
         """Forget the chunks being executed (disable, deactivate, reset, a failure)."""
         with self._chunk_lock:
@@ -275,7 +303,10 @@ class RobotChannel:
     # ---- results (worker thread) ----------------------------------------------------------
 
     def handle_finished(self, finished) -> None:
-        """The safety decision (S7) for one finished frame of this robot, then publish."""
+        """The safety decision (S7) for one finished frame of this robot, then publish. A frame
+        received before a refused one is dropped instead (``refuse``)."""
+        if self._is_superseded(finished.frame.user_data):
+            return
         if self.is_chunked:
             self._handle_chunk(finished)
             return

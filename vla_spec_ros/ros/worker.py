@@ -12,6 +12,10 @@ never blocks, so they keep stepping (S6) and new frames join them between steps.
 Fairness: each robot has at most one frame waiting in the engine (latest wins, older ones are
 dropped and counted), and the engine admits waiting frames first-in first-out across streams,
 so a robot with a fast camera cannot starve a slow one.
+
+Order: a frame refused as bad input gets a zero twist, and no command for an older image of
+that robot follows it: its waiting frame is dropped, and the results of its frames in flight
+are not published (RobotChannel.refuse).
 """
 from __future__ import annotations
 
@@ -110,7 +114,7 @@ class InferenceWorker:
             else:
                 image = image_messages.image_to_rgb(msg)
         except ValueError as exc:
-            channel.hold(f'{cmd.REASON_BAD_INPUT}: image {exc}', force=True)
+            self._refuse(channel, info, f'{cmd.REASON_BAD_INPUT}: image {exc}')
             return
         info = dataclasses.replace(info, taken_mono=taken, converted_mono=time.monotonic())
         frame = Frame(image, settings.instruction, settings.unnorm_key_or_none,
@@ -120,15 +124,29 @@ class InferenceWorker:
             pending = self._take_tunables()
             if pending:          # validated by settings_from_parameters when they were set
                 self.engine.set_tunables(**pending)
-            try:       # a refused frame replaces nothing: the waiting one stays
+            try:
                 _, dropped = self.engine.replace_waiting(frame)
-            except ValueError as exc:
-                channel.hold(f'{cmd.REASON_BAD_INPUT}: {exc}', force=True)
-                return
+                refused = None
+            except ValueError as exc:           # the engine refused it (size, instruction...)
+                dropped = self.engine.drop_waiting(channel.stream_id)
+                refused = f'{cmd.REASON_BAD_INPUT}: {exc}'
         channel.stats.record_dropped(len(dropped))
+        if refused is not None:
+            channel.refuse(info, refused)
+            return
         channel.stats.record_submitted()
         if self._on_submitted is not None:
             self._on_submitted(channel, frame)
+
+    def _refuse(self, channel, info, reason: str) -> None:
+        """A frame of ``channel`` that will not be answered (bad input): nothing older than it
+        is acted on after its zero twist. The robot's frame still waiting in the engine is
+        dropped (counted), and results of its frames in flight are dropped when they finish
+        (``RobotChannel.refuse``)."""
+        with self.engine_lock:
+            dropped = self.engine.drop_waiting(channel.stream_id)
+        channel.stats.record_dropped(len(dropped))
+        channel.refuse(info, reason)
 
     def _step(self) -> None:
         with self.engine_lock:
