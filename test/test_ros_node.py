@@ -10,6 +10,7 @@ action tokens so that the random-weight model yields valid actions); the scaling
 them here is the documented one, written out in this file.
 """
 import dataclasses
+import gc
 import importlib.util
 import os
 import threading
@@ -241,6 +242,13 @@ def test_diagnostics_report_rate_latency_and_mode(main_node):
     assert float(values['acceptance_length']) >= 1.0        # tokens per verifier forward
     assert int(values['frames_dropped']) >= 3
     assert status.hardware_id == 'tiny'
+    # The engine's status carries the process's garbage-collection pauses, and the node froze
+    # what it loaded, so no full collection walks the model again (ros/gc_pauses.py).
+    engine = next(s for s in ours(msg) if s.name == '/vla_spec: engine')
+    engine_values = {kv.key: kv.value for kv in engine.values}
+    for key in ('gc_collections_in_window', 'gc_full_collections_in_window', 'gc_pause_max_ms'):
+        assert key in engine_values, key
+    assert gc.get_freeze_count() > 10000
 
 
 def test_camera_stop_publishes_zero_within_max_action_age(main_node, reference):

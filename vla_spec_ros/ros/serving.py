@@ -24,6 +24,7 @@ from rclpy.parameter import Parameter
 
 from vla_spec_ros.engine.result import Frame
 from vla_spec_ros.ros import diagnostics, params, robot_channel
+from vla_spec_ros.ros.gc_pauses import GcPauses, freeze_after_load, unfreeze
 from vla_spec_ros.ros.qos import COMMAND_QOS
 from vla_spec_ros.ros.robot_channel import RobotChannel
 from vla_spec_ros.ros.step_clock import StepClock
@@ -73,6 +74,8 @@ class Serving:
                          for robot, settings in per_robot.items()]
         for channel in self.channels:
             channel.is_active = is_active
+        # Every garbage collection's pause, for /diagnostics (gc_pauses.py).
+        self.gc_pauses = GcPauses(window_s=self.channels[0].stats.window_s)
         self._diag_pub = node.create_publisher(DiagnosticArray, '/diagnostics', COMMAND_QOS)
         self._timers = [node.create_timer(self.settings.watchdog_period, self._on_watchdog),
                         node.create_timer(self.settings.diagnostics_period,
@@ -124,9 +127,15 @@ class Serving:
             for _ in range(count):
                 self.engine.submit(frame)
             self.engine.run_until_idle()
+        # What is loaded now lives as long as the node: no full collection walks it again
+        # (a 150 ms pause otherwise; gc_pauses.py).
+        frozen = freeze_after_load()
+        self.node.get_logger().debug(f'{frozen} objects frozen for the collector')
 
     def destroy(self) -> None:
         self.worker.stop()
+        self.gc_pauses.close()
+        unfreeze()                   # the model can be freed once the node lets go of it
         if self.step_clock is not None:
             self.step_clock.stop()
         for timer in self._timers:
@@ -230,10 +239,12 @@ class Serving:
                 channel.watchdog()
 
     def engine_summary(self) -> dict:
-        """The engine over every robot's window: totals, least-answered robot, saturated."""
+        """The engine over every robot's window: totals, least-answered robot, saturated; and
+        the process's garbage collections in the same window (count, full ones, longest)."""
         now = time.monotonic()
         snapshots = {channel.label: channel.stats.snapshot(now) for channel in self.channels}
-        return diagnostics.engine_summary(snapshots, self.channels[0].stats.window_s)
+        return dict(diagnostics.engine_summary(snapshots, self.channels[0].stats.window_s),
+                    **self.gc_pauses.snapshot(now))
 
     def _publish_diagnostics(self) -> None:
         """One status per robot, then the engine's (saturated: WARN); also closes the
