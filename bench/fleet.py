@@ -129,6 +129,9 @@ class Robots:
         self.zeros = {r: 0 for r in robots}
         self.published = 0          # camera ticks (one frame per robot each)
         self.diagnostics = {}
+        # The node process's garbage collections, from its engine status (ros/gc_pauses.py):
+        # the longest pause and the most full collections of one window, while timed.
+        self.gc = {'pause_max_ms': 0.0, 'full_collections_max_window': 0}
         # (sec, nanosec) stamp -> publish time (monotonic), and per robot each answered
         # frame's latency, from `measure_from` on (the warm-up is not counted).
         self._sent: dict = {}
@@ -207,6 +210,13 @@ class Robots:
     def _on_diag(self, msg):
         with self._lock:
             for status in msg.status:
+                if status.name.endswith(': engine') and self.measure_from < float('inf'):
+                    values = {kv.key: kv.value for kv in status.values}
+                    self.gc['pause_max_ms'] = max(self.gc['pause_max_ms'],
+                                                  _float(values, 'gc_pause_max_ms'))
+                    self.gc['full_collections_max_window'] = max(
+                        self.gc['full_collections_max_window'],
+                        int(_float(values, 'gc_full_collections_in_window')))
                 for robot in self.robots:
                     if status.name.endswith(f'({robot})'):
                         self.diagnostics[robot] = {kv.key: kv.value for kv in status.values}
@@ -306,7 +316,7 @@ def run_one(args, context, num_robots: int, mode: str, frames_by_robot,
             'answered': {r: len(latencies[r]) / timed if timed else float('nan')
                          for r in robots},
             'frame_to_twist_ms': {r: _quantiles(latencies[r]) for r in robots},
-            'node_stages_ms': stages, 'samples': samples}
+            'node_stages_ms': stages, 'samples': samples, 'gc': dict(bench.gc)}
 
 
 NODE_STAGES = ('queue', 'convert', 'wait', 'steps', 'publish')     # diagnostics.FRAME_STAGES
@@ -358,6 +368,13 @@ def stage_table(rows) -> str:
             p99 = max((d[f'{stage}_p99_ms'] for d in per_robot), default=float('nan'))
             cells.append(f'{p50:.1f} / {p99:.1f}')
         lines.append(f'| {row["robots"]} | {row["mode"]} | ' + ' | '.join(cells) + ' |')
+    pauses = [(row['robots'], row['mode'], row['gc']) for row in rows if 'gc' in row]
+    if pauses:
+        lines += ['', 'Garbage collections in the node process while timed (its engine '
+                  'status): ' + '; '.join(
+                      f'{n} robot(s) {mode}: longest pause {gc["pause_max_ms"]:.1f} ms, up to '
+                      f'{gc["full_collections_max_window"]} full collection(s) in one window'
+                      for n, mode, gc in pauses)]
     return '\n'.join(lines)
 
 

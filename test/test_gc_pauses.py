@@ -59,6 +59,8 @@ def test_pauses_are_measured_per_collection_and_expire_with_the_window():
         snap = pauses.snapshot(now_s=101.0)
         assert snap == {'gc_collections_in_window': 2, 'gc_full_collections_in_window': 1,
                         'gc_pause_max_ms': 250.0}
+        pauses.clear()
+        assert pauses.snapshot(now_s=101.0)['gc_collections_in_window'] == 0
         assert pauses.snapshot(now_s=200.0) == {'gc_collections_in_window': 0,
                                                 'gc_full_collections_in_window': 0,
                                                 'gc_pause_max_ms': 0.0}

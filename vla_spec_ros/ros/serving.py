@@ -130,6 +130,7 @@ class Serving:
         # What is loaded now lives as long as the node: no full collection walks it again
         # (a 150 ms pause otherwise; gc_pauses.py).
         frozen = freeze_after_load()
+        self.gc_pauses.clear()       # the load's own collections are not pauses of serving
         self.node.get_logger().debug(f'{frozen} objects frozen for the collector')
 
     def destroy(self) -> None:
