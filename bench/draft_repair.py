@@ -19,6 +19,10 @@ AR), the verifier forwards per action of three drafts along the scripted expert'
 
     python bench/draft_repair.py [--steps 40] [--seed 5] [--history 4]
 
+The last row is the engine itself (``spec`` in its default configuration: the previous action
+drafted, speculative prefill) on the same frames, counted by ``Engine.num_verifier_forwards``:
+it must match ``previous``, the rule it implements.
+
 Needs the simulator (bash scripts/install.sh sim). Each verification is simulated by a dense
 forward over prompt + decided tokens + draft (no engine, no ring): what the engine's tree
 verification computes, without its cost.
@@ -103,14 +107,25 @@ def main(argv=None) -> int:
     runner = policy.engine.runner
     num_tokens = runner.max_action_tokens
     forwards = {kind: [] for kind in DRAFTS}
+    forwards['engine (spec, default)'] = []
+    engine = VLAPolicy.from_pretrained('metaworld-demo', device='cpu', dtype='float32',
+                                       mode='spec').engine
     for task in DEFAULT_TASK_NAMES:
         frames = sim_frames([task], args.steps, runner.cfg.image_size,
                             seed=HELD_OUT_SEED + args.seed, stride=1,
                             unnorm_key=policy.unnorm_keys[0])
         previous, history = None, []
+        engine.reset()
         for frame in frames:
+            before = engine.num_verifier_forwards
+            engine.submit(frame)
+            (finished,) = engine.run_until_idle()
+            if previous is not None:
+                forwards['engine (spec, default)'].append(engine.num_verifier_forwards - before)
             prompt = runner.prepare_prompt(frame, policy.config).embeds
             reference, _ = decode_ar(runner, prompt, num_tokens)
+            if list(finished.result.tokens) != list(reference):
+                raise RuntimeError(f'engine: {finished.result.tokens} != AR {reference}')
             if previous is not None:
                 for kind in DRAFTS:
                     count, tokens = verify_rounds(runner, prompt, previous, kind,
@@ -128,7 +143,7 @@ def main(argv=None) -> int:
     print('| draft | verifier forwards / action | decided by one forward | '
           'forwards: 1 / 2 / 3 / 4+ |')
     print('|---|---|---|---|')
-    for kind, counts in forwards.items():
+    for kind, counts in forwards.items():     # the engine's row last
         counts = np.array(counts)
         shares = [np.mean(counts == n) for n in (1, 2, 3)] + [np.mean(counts >= 4)]
         print(f'| {kind} | {counts.mean():.2f} | {np.mean(counts == 1):.0%} | '
