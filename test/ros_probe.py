@@ -165,7 +165,8 @@ class Probe:
         self.twists = Recorder(node.get_clock())
         self.grippers = Recorder(node.get_clock())
         self.actions = Recorder(node.get_clock())
-        node.create_subscription(TwistStamped, f'/{target}/twist', self.twists, qos)
+        self._twist_sub = node.create_subscription(TwistStamped, f'/{target}/twist', self.twists,
+                                                   qos)
         node.create_subscription(Float64MultiArray, f'/{target}/gripper', self.grippers, qos)
         node.create_subscription(Float64MultiArray, f'/{target}/action', self.actions, qos)
         self.enable_client = node.create_client(SetBool, f'/{target}/enable')
@@ -192,14 +193,20 @@ class Probe:
         wait_until(future.done, what=f'get {name}')
         return parameter_value_to_python(future.result().values[0])
 
-    def send(self, msg, until, timeout=TIMEOUT):
-        """Publish `msg` (re-publishing every second: best effort may drop) until `until()`."""
+    def send(self, msg, until, timeout=TIMEOUT, retry_s=0.25):
+        """Publish `msg` (re-publishing every `retry_s`: the node's best-effort image
+        subscription may drop it, and a re-published image must still be younger than the
+        node's max_action_age to be answered) until `until()`.
+        First both ends must be matched: the node's image subscription, and its twist publisher
+        to our twist subscription (a reliable twist published before that match is not
+        delivered, and a re-published image may be too old by then to be answered again)."""
         wait_until(lambda: self.image_pub.get_subscription_count() > 0, what='image subscriber')
+        wait_until(lambda: self._twist_sub.get_publisher_count() > 0, what='twist publisher')
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             self.image_pub.publish(msg)
             try:
-                return wait_until(until, timeout=1.0)
+                return wait_until(until, timeout=retry_s)
             except AssertionError:
                 continue
         raise AssertionError('no reaction to the published image')

@@ -33,7 +33,7 @@ ROBOTS = ('arm_a', 'arm_b')
 INSTRUCTIONS = {'arm_a': 'put the red block in the drawer', 'arm_b': 'open the drawer'}
 UNNORM_KEY = 'bridge_orig'
 CONTROL_PERIOD = 0.2
-MAX_ACTION_AGE = 0.6
+MAX_ACTION_AGE = 1.5
 
 
 def frames_for(robot):

@@ -248,7 +248,8 @@ def test_diagnostics_report_rate_latency_and_mode(main_node):
     engine_values = {kv.key: kv.value for kv in engine.values}
     for key in ('gc_collections_in_window', 'gc_full_collections_in_window', 'gc_pause_max_ms'):
         assert key in engine_values, key
-    assert gc.get_freeze_count() > 10000
+    tracked = {id(o) for o in gc.get_objects()}        # the frozen ones are not listed
+    assert id(node.serving.engine) not in tracked and id(node.serving.engine.runner) not in tracked
 
 
 def test_camera_stop_publishes_zero_within_max_action_age(main_node, reference):

@@ -13,13 +13,18 @@ once and then freezes everything that exists (``gc.freeze``): those objects move
 generation that no collection walks, so a later full collection walks only what was allocated
 since. Nothing is lost: the collection just before the freeze frees the garbage there is, and
 frozen objects that become garbage later (a model unloaded) are freed after ``unfreeze``, which
-the node calls when it unloads its model. ``gc.freeze`` is process-wide: a second node in the
-same process freezes its own objects on top, and ``unfreeze`` releases every frozen object
-(which only costs the longer walks again, never correctness).
+the node calls when it unloads its model. ``gc.freeze`` is process-wide: freezes are counted,
+and only the last ``unfreeze`` (the last node of the process letting go) returns the objects to
+the collector. A second node loading in the same process does pause the first with its own
+collection before it freezes.
 
 ``GcPauses`` times every collection (``gc.callbacks``, in whichever thread triggered it) so that
 /diagnostics reports the longest pause of the last window: a pause shows there even when its
-cause is not the node's.
+cause is not the node's. Its callback takes no lock: any allocation (in ``snapshot`` itself
+too) can start a collection, and a callback that waited for a lock its own thread holds would
+hang that thread and leave the collector disabled for good. The events go into a deque
+(``append`` is atomic in CPython); ``snapshot`` copies it, retrying when an append lands during
+the copy.
 """
 from __future__ import annotations
 
@@ -29,18 +34,33 @@ import time
 from collections import deque
 
 FULL_GENERATION = 2
+_COPY_ATTEMPTS = 100
+
+_freeze_lock = threading.Lock()
+_num_freezes = 0            # freeze_after_load calls not yet matched by unfreeze
 
 
 def freeze_after_load() -> int:
-    """Collect, then freeze every tracked object; returns how many are frozen (process-wide)."""
+    """Collect, then freeze every tracked object; returns how many are frozen (process-wide).
+    Each call must be matched by one ``unfreeze``."""
+    global _num_freezes
     gc.collect()
-    gc.freeze()
+    with _freeze_lock:
+        gc.freeze()
+        _num_freezes += 1
     return gc.get_freeze_count()
 
 
 def unfreeze() -> None:
-    """Return frozen objects to the collector (a model unloaded can then be freed)."""
-    gc.unfreeze()
+    """The matching end of one ``freeze_after_load``: the last one returns the frozen objects
+    to the collector (a model unloaded can then be freed). Extra calls do nothing."""
+    global _num_freezes
+    with _freeze_lock:
+        if _num_freezes == 0:
+            return
+        _num_freezes -= 1
+        if _num_freezes == 0:
+            gc.unfreeze()
 
 
 class GcPauses:
@@ -50,12 +70,12 @@ class GcPauses:
                  clock=time.monotonic):
         self.window_s = window_s
         self._clock = clock
-        self._lock = threading.Lock()
         self._events: deque = deque(maxlen=max_samples)   # (end time, seconds, generation)
         self._started: dict[int, float] = {}             # thread id -> start of its collection
         gc.callbacks.append(self._on_gc)
 
     def _on_gc(self, phase: str, info: dict) -> None:
+        # No lock here (module docstring); dict and deque updates are atomic in CPython.
         now = self._clock()
         thread = threading.get_ident()
         if phase == 'start':
@@ -63,24 +83,29 @@ class GcPauses:
             return
         start = self._started.pop(thread, None)
         if start is not None:
-            with self._lock:
-                self._events.append((now, now - start, info.get('generation', -1)))
+            self._events.append((now, now - start, info.get('generation', -1)))
+
+    def _events_copy(self) -> list:
+        for _ in range(_COPY_ATTEMPTS):
+            try:
+                return list(self._events)
+            except RuntimeError:        # an append during the copy (another thread's)
+                continue
+        return []
 
     def snapshot(self, now_s: float | None = None) -> dict:
         """Collections in the last ``window_s``: how many, how many full, the longest (ms;
         0 when none ran)."""
         now = self._clock() if now_s is None else now_s
-        with self._lock:
-            recent = [(seconds, generation) for end, seconds, generation in self._events
-                      if now - end <= self.window_s]
+        recent = [(seconds, generation) for end, seconds, generation in self._events_copy()
+                  if now - end <= self.window_s]
         return {'gc_collections_in_window': len(recent),
                 'gc_full_collections_in_window': sum(g == FULL_GENERATION for _, g in recent),
                 'gc_pause_max_ms': 1e3 * max((s for s, _ in recent), default=0.0)}
 
     def clear(self) -> None:
         """Forget the collections measured so far."""
-        with self._lock:
-            self._events.clear()
+        self._events.clear()
 
     def close(self) -> None:
         """Stop measuring (idempotent)."""

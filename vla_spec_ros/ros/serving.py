@@ -74,8 +74,8 @@ class Serving:
                          for robot, settings in per_robot.items()]
         for channel in self.channels:
             channel.is_active = is_active
-        # Every garbage collection's pause, for /diagnostics (gc_pauses.py).
-        self.gc_pauses = GcPauses(window_s=self.channels[0].stats.window_s)
+        self._frozen = False         # freeze_after_load called by warm_up, not yet undone
+        self.gc_pauses = None        # made last: nothing below can fail and leave it registered
         self._diag_pub = node.create_publisher(DiagnosticArray, '/diagnostics', COMMAND_QOS)
         self._timers = [node.create_timer(self.settings.watchdog_period, self._on_watchdog),
                         node.create_timer(self.settings.diagnostics_period,
@@ -86,6 +86,8 @@ class Serving:
         if self.step_clock is not None:
             self.step_clock.channels = list(self.channels)
             self.step_clock.start()
+        # Every garbage collection's pause, for /diagnostics (gc_pauses.py).
+        self.gc_pauses = GcPauses(window_s=self.channels[0].stats.window_s)
 
     # ---- state ------------------------------------------------------------------------------
 
@@ -129,14 +131,20 @@ class Serving:
             self.engine.run_until_idle()
         # What is loaded now lives as long as the node: no full collection walks it again
         # (a 150 ms pause otherwise; gc_pauses.py).
-        frozen = freeze_after_load()
-        self.gc_pauses.clear()       # the load's own collections are not pauses of serving
-        self.node.get_logger().debug(f'{frozen} objects frozen for the collector')
+        if not self._frozen:         # (warm_up runs once per serving; a second call re-warms)
+            frozen = freeze_after_load()
+            self._frozen = True
+            self.node.get_logger().debug(f'{frozen} objects frozen for the collector')
+        if self.gc_pauses is not None:
+            self.gc_pauses.clear()   # the load's own collections are not pauses of serving
 
     def destroy(self) -> None:
         self.worker.stop()
-        self.gc_pauses.close()
-        unfreeze()                   # the model can be freed once the node lets go of it
+        if self.gc_pauses is not None:
+            self.gc_pauses.close()
+        if self._frozen:
+            unfreeze()               # the model can be freed once the node lets go of it
+            self._frozen = False
         if self.step_clock is not None:
             self.step_clock.stop()
         for timer in self._timers:
@@ -244,8 +252,9 @@ class Serving:
         the process's garbage collections in the same window (count, full ones, longest)."""
         now = time.monotonic()
         snapshots = {channel.label: channel.stats.snapshot(now) for channel in self.channels}
+        pauses = self.gc_pauses.snapshot(now) if self.gc_pauses is not None else {}
         return dict(diagnostics.engine_summary(snapshots, self.channels[0].stats.window_s),
-                    **self.gc_pauses.snapshot(now))
+                    **pauses)
 
     def _publish_diagnostics(self) -> None:
         """One status per robot, then the engine's (saturated: WARN); also closes the
