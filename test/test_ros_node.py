@@ -529,6 +529,39 @@ def test_no_command_for_an_image_older_than_a_refused_frame(pipeline_node, refer
     assert node.stats_snapshot()['frames_dropped'] == dropped + 1
 
 
+def test_no_command_for_a_frame_of_an_instruction_changed_since(pipeline_node, reference):
+    """A frame in flight when the robot's instruction changes answers a question nobody asks
+    any more: its action is dropped (counted), not published; the next frame is answered
+    under the new instruction."""
+    node, probe = pipeline_node
+    _, frames, _, _ = reference
+    channel = node.serving.channels[0]
+    wait_until(lambda: not node.serving.engine.has_work(), what='an idle engine')
+    start = len(probe.twists.snapshot())
+    dropped = node.stats_snapshot()['frames_dropped']
+    older = probe.raw_image(frames[0])
+    other = 'open the drawer'
+    try:
+        # The worker takes `older` (built with the current instruction) and waits for the
+        # engine while the instruction changes; on release `older` is submitted and runs.
+        with node.serving.engine_lock:
+            probe.image_pub.publish(older)
+            wait_until(lambda: not channel.slot.has_item() and channel.newest is not None
+                       and channel.newest.stamp == older.header.stamp,
+                       what='the worker took the older frame')
+            assert probe.set_param('instruction', other).successful
+            wait_until(lambda: channel.settings.instruction == other, what='new instruction')
+        wait_until(lambda: node.stats_snapshot()['frames_dropped'] == dropped + 1,
+                   what='the older frame dropped when it finished')
+        newer = probe.raw_image(frames[2])
+        twist = _send_and_get_twist(probe, newer)
+        assert twist.header.stamp == newer.header.stamp
+        assert older.header.stamp not in [m.header.stamp
+                                          for _, m in probe.twists.snapshot()[start:]]
+    finally:
+        assert probe.set_param('instruction', INSTRUCTION).successful
+
+
 # ---- temporal drafting behind the node ------------------------------------------------------
 
 @pytest.fixture(scope='module')

@@ -254,16 +254,21 @@ class RobotChannel:
         self._refused_receipt_mono = max(self._refused_receipt_mono, info.receipt_mono)
         self.hold(reason, force=True)
 
-    def _is_superseded(self, info: FrameInfo) -> bool:
-        """Whether a finished frame was received before a frame of this robot that was
-        refused (``refuse``): its result is dropped, counted and logged, not acted on."""
-        if info.receipt_mono >= self._refused_receipt_mono:
+    def _is_superseded(self, finished) -> bool:
+        """Whether a finished frame's result must not be acted on because something newer
+        decided against it: a frame of this robot received after it was refused (``refuse``),
+        or the robot's instruction changed (or was cleared) since it was submitted. Such a
+        result is dropped, counted and logged."""
+        info: FrameInfo = finished.frame.user_data
+        if info.receipt_mono < self._refused_receipt_mono:
+            why = 'its image is older than a frame refused since'
+        elif finished.frame.instruction != self.settings.instruction:
+            why = 'the instruction changed since its frame was submitted'
+        else:
             return False
         self.stats.record_dropped(1)
-        self.node.get_logger().info(
-            f'{self.label}: result not published: its image is older than a frame refused '
-            'since (the robot keeps the zero twist until a newer frame is answered)',
-            throttle_duration_sec=LOG_THROTTLE_S)
+        self.node.get_logger().info(f'{self.label}: result not published: {why}',
+                                    throttle_duration_sec=LOG_THROTTLE_S)
         return True
 
     def clear_chunks(self) -> None:
@@ -304,8 +309,9 @@ class RobotChannel:
 
     def handle_finished(self, finished) -> None:
         """The safety decision (S7) for one finished frame of this robot, then publish. A frame
-        received before a refused one is dropped instead (``refuse``)."""
-        if self._is_superseded(finished.frame.user_data):
+        received before a refused one, or submitted under another instruction, is dropped
+        instead (``_is_superseded``)."""
+        if self._is_superseded(finished):
             return
         if self.is_chunked:
             self._handle_chunk(finished)
