@@ -211,12 +211,15 @@ class Robots:
         with self._lock:
             for status in msg.status:
                 if status.name.endswith(': engine') and self.measure_from < float('inf'):
+                    # (a window reaches back up to window_s before timing started)
                     values = {kv.key: kv.value for kv in status.values}
-                    self.gc['pause_max_ms'] = max(self.gc['pause_max_ms'],
-                                                  _float(values, 'gc_pause_max_ms'))
-                    self.gc['full_collections_max_window'] = max(
-                        self.gc['full_collections_max_window'],
-                        int(_float(values, 'gc_full_collections_in_window')))
+                    pause = _float(values, 'gc_pause_max_ms')
+                    full = _float(values, 'gc_full_collections_in_window')
+                    if not np.isnan(pause):            # a node without the keys: nothing
+                        self.gc['pause_max_ms'] = max(self.gc['pause_max_ms'], pause)
+                    if not np.isnan(full):
+                        self.gc['full_collections_max_window'] = max(
+                            self.gc['full_collections_max_window'], int(full))
                 for robot in self.robots:
                     if status.name.endswith(f'({robot})'):
                         self.diagnostics[robot] = {kv.key: kv.value for kv in status.values}
@@ -371,7 +374,7 @@ def stage_table(rows) -> str:
     pauses = [(row['robots'], row['mode'], row['gc']) for row in rows if 'gc' in row]
     if pauses:
         lines += ['', 'Garbage collections in the node process while timed (its engine '
-                  'status): ' + '; '.join(
+                  'status; its 10 s windows may reach back before timing): ' + '; '.join(
                       f'{n} robot(s) {mode}: longest pause {gc["pause_max_ms"]:.1f} ms, up to '
                       f'{gc["full_collections_max_window"]} full collection(s) in one window'
                       for n, mode, gc in pauses)]

@@ -14,11 +14,13 @@ of the OpenVLA-7B decoder and per number of rows (1 = AR decode, 8 = a pipelined
 - ``fp8``: the whole ``fp8_linear_scaled_mm`` (quant + scaled_mm);
 
 each as device time per call (a CUDA graph of 20 calls replayed, so launch gaps do not count,
-as in the engine's graphed steps), with the weights' streaming rate in GB/s. Every product is
-checked against ``fp8_linear_ref`` first.
+as in the engine's graphed steps), with the weights' streaming rate in GB/s. The FP8 product
+is first checked against the product computed from its definition in float64
+(``independent_product``); a variant this torch refuses is listed as failed, not fatal.
 
     python3 bench/fp8_products.py             # CUDA with FP8 tensor cores (sm_89+)
-    python3 bench/fp8_products.py --smoke     # the script on CPU, small shapes, reference only
+    python3 bench/fp8_products.py --smoke     # the script on CPU, small shapes: the reference
+                                              # checked against the definition, timed
 """
 from __future__ import annotations
 
@@ -73,6 +75,28 @@ def device_time_ms(fn, device) -> float:
     return sorted(times)[len(times) // 2]
 
 
+def independent_product(x, wq, w_scale) -> torch.Tensor:
+    """The FP8 product as the definition reads, in float64 and without the kernels module's
+    helpers: each row of x quantised to e4m3 with the scale amax / 448, both operands
+    dequantised, multiplied. What the smoke run checks the reference (and a GPU run checks
+    every variant) against."""
+    x64 = x.double()
+    x_scale = (x64.abs().amax(dim=-1, keepdim=True) / 448.0).clamp_min(
+        torch.finfo(torch.float32).tiny)
+    xq = (x64 / x_scale).clamp(-448.0, 448.0).float().to(torch.float8_e4m3fn).double()
+    w = wq.double() * w_scale.double()[:, None]
+    return (xq * x_scale) @ w.t()
+
+
+def _timed(out: dict, name: str, fn, device) -> None:
+    """``out[name]`` = ms per call of ``fn``; a variant this torch or GPU refuses is reported
+    in ``out['failed']`` and leaves the rest of the table standing."""
+    try:
+        out[name] = device_time_ms(fn, device)
+    except Exception as exc:        # noqa: BLE001 - e.g. fast accumulation refused row-wise
+        out.setdefault('failed', []).append(f'{name}: {type(exc).__name__}: {exc}'[:160])
+
+
 def time_shape(kernels, name: str, n: int, k: int, rows: int, device, dtype) -> dict:
     """One row of the table: each variant's ms per call and the weights' GB/s."""
     gen = torch.Generator(device='cpu').manual_seed(n * 7 + k + rows)
@@ -80,34 +104,36 @@ def time_shape(kernels, name: str, n: int, k: int, rows: int, device, dtype) -> 
     x = torch.randn(rows, k, generator=gen).to(device=device, dtype=dtype)
     wq, w_scale = kernels.quantize_rows(w)
     wq, w_scale = wq.contiguous(), w_scale.reshape(-1).contiguous()
-    reference = kernels.fp8_linear_ref(x, wq, w_scale).float()
+    expected = independent_product(x, wq, w_scale)
+    # Output rounding (bf16 on a GPU) and float32 accumulation, against the product's size.
+    tolerance = 1e-2 * expected.abs().max().item() + 1e-3
+
+    def matches(got) -> bool:
+        return bool((got.double() - expected).abs().max().item() <= tolerance)
     out = {'product': name, 'N': n, 'K': k, 'rows': rows}
-    out['bf16'] = device_time_ms(lambda: F.linear(x, w), device)
+    _timed(out, 'bf16', lambda: F.linear(x, w), device)
     can_fp8 = kernels.scaled_mm_unsupported_reason(wq, dtype) is None
     if can_fp8:
-        xq, x_scale = kernels.quantize_rows_triton(x) if kernels.HAS_TRITON \
-            else kernels.quantize_rows(x)
-        got = kernels.fp8_linear_scaled_mm(x, wq, w_scale).float()
-        tolerance = 2e-2 * reference.abs().max().item() + 1e-3
-        out['ok'] = bool((got - reference).abs().max().item() <= tolerance)
-        out['quant'] = device_time_ms(lambda: kernels.quantize_rows_triton(x), device)
+        out['ok'] = matches(kernels.fp8_linear_scaled_mm(x, wq, w_scale))
+        quantize = kernels.quantize_rows_triton if kernels.HAS_TRITON else kernels.quantize_rows
+        xq, x_scale = quantize(x)
+        _timed(out, 'quant', lambda: quantize(x), device)
         w_t, s_b = wq.t(), w_scale.view(1, -1)
-        out['scaled_mm'] = device_time_ms(lambda: torch._scaled_mm(
+        _timed(out, 'scaled_mm', lambda: torch._scaled_mm(
             xq, w_t, scale_a=x_scale, scale_b=s_b, out_dtype=dtype), device)
-        out['fast_accum'] = device_time_ms(lambda: torch._scaled_mm(
+        _timed(out, 'fast_accum', lambda: torch._scaled_mm(
             xq, w_t, scale_a=x_scale, scale_b=s_b, out_dtype=dtype, use_fast_accum=True),
             device)
         one = torch.ones((), device=device)
-        out['per_tensor'] = device_time_ms(lambda: torch._scaled_mm(
+        _timed(out, 'per_tensor', lambda: torch._scaled_mm(
             xq, w_t, scale_a=one, scale_b=one, out_dtype=dtype), device)
-        out['fp8'] = device_time_ms(lambda: kernels.fp8_linear_scaled_mm(x, wq, w_scale),
-                                    device)
-    else:       # the CPU smoke run: the reference stands in, so the script itself is checked
-        out['ok'] = bool(torch.isfinite(reference).all())
-        out['fp8'] = device_time_ms(lambda: kernels.fp8_linear_ref(x, wq, w_scale), device)
+        _timed(out, 'fp8', lambda: kernels.fp8_linear_scaled_mm(x, wq, w_scale), device)
+    else:       # the CPU smoke run: the reference stands in for the device product
+        out['ok'] = matches(kernels.fp8_linear_ref(x, wq, w_scale))
+        _timed(out, 'fp8', lambda: kernels.fp8_linear_ref(x, wq, w_scale), device)
     bf16_bytes = n * k * w.element_size()
-    out['bf16_GBps'] = bf16_bytes / out['bf16'] / 1e6
-    out['fp8_GBps'] = n * k / out['fp8'] / 1e6
+    out['bf16_GBps'] = bf16_bytes / out['bf16'] / 1e6 if 'bf16' in out else float('nan')
+    out['fp8_GBps'] = n * k / out['fp8'] / 1e6 if 'fp8' in out else float('nan')
     return out
 
 
@@ -118,9 +144,13 @@ def format_rows(rows: list[dict]) -> str:
              '|---|---|' + '---|' * (len(columns) + 4)]
     for r in rows:
         cells = [f'{1e3 * r[c]:.1f}' if c in r else '–' for c in columns]
+        ratio = r['fp8'] / r['bf16'] if 'fp8' in r and 'bf16' in r else float('nan')
         lines.append(f'| {r["product"]} {r["N"]}x{r["K"]} | {r["rows"]} | ' + ' | '.join(cells)
-                     + f' | {r["fp8"] / r["bf16"]:.2f} | {r["bf16_GBps"]:.0f} | '
+                     + f' | {ratio:.2f} | {r["bf16_GBps"]:.0f} | '
                      f'{r["fp8_GBps"]:.0f} | {"ok" if r["ok"] else "MISMATCH"} |')
+    failures = [f'{r["product"]} x{r["rows"]}: {f}' for r in rows for f in r.get('failed', [])]
+    if failures:
+        lines += ['', 'failed: ' + '; '.join(failures)]
     return '\n'.join(lines)
 
 

@@ -120,7 +120,7 @@ def run_table(args, weights, key, baselines, report, progress) -> list:
     rows: list[tuple[str, bool, int, BenchRow]] = []
     failures = report['failures']
 
-    def attempt(label, make_row, graphs=False, streams=1):
+    def attempt(label, make_row, graphs=False, streams=1, mode=None):
         try:
             row = make_row()
         except Exception as exc:    # noqa: BLE001 - recorded in the table's failures
@@ -128,6 +128,8 @@ def run_table(args, weights, key, baselines, report, progress) -> list:
             print(failures[-1], flush=True)
             return None
         print(label, row, flush=True)
+        if mode is not None:
+            row.mode = mode                 # the row's name, as in the final record
         progress.add_row(label, row, graphs, streams)
         return row
 
@@ -135,9 +137,8 @@ def run_table(args, weights, key, baselines, report, progress) -> list:
         if name in baselines:
             row = attempt(f'{name} {streams} streams',
                           lambda: bench_hf(baselines[name], frames, args.warmup),
-                          streams=streams)
+                          streams=streams, mode=name)
             if row is not None:
-                row.mode = name
                 rows.append((name, False, streams, row))
 
     runner = None
@@ -169,9 +170,8 @@ def run_table(args, weights, key, baselines, report, progress) -> list:
                 row = attempt(f'{name} graphs={use_graphs} streams={streams}',
                               lambda lb=label, o=options: bench_engine(
                                   engine_for(runner, weights, lb, o, ref, args.seed),
-                                  frames, args.warmup), use_graphs, streams)
+                                  frames, args.warmup), use_graphs, streams, name)
                 if row is not None:
-                    row.mode = name
                     rows.append((name, use_graphs, streams, row))
             # Spec rows with a real drafter: (group, row label, drafter options, frames).
             temporal = dict(draft_path='previous_action', tree_depth=5, tree_max_nodes=6)
@@ -194,9 +194,8 @@ def run_table(args, weights, key, baselines, report, progress) -> list:
                     name = row_name(f'{mode}+{label}', prefills)
                     row = attempt(f'{name} graphs={use_graphs} streams={streams}',
                                   lambda e=engine, f=row_frames: bench_engine(e, f, args.warmup),
-                                  use_graphs, streams)
+                                  use_graphs, streams, name)
                     if row is not None:
-                        row.mode = name
                         rows.append((name, use_graphs, streams, row))
             print(f'{setting}, {streams} stream(s) done', flush=True)
     # The compiled baseline runs last: torch.compile leaves process-wide state behind

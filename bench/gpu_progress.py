@@ -5,12 +5,14 @@ record only at the end. The progress file is rewritten after every timed row wit
 has so far, in the final record's own keys, so that bench/gpu_verdicts.py reads it the same way:
 
 - ``rows``: the table's rows as timed (``label``, ``graphs``, ``streams``, the ``BenchRow``
-  fields and ``ms_per_action``; the baselines' ratios are filled in only at the end);
+  fields with the row's name as ``mode``, and ``ms_per_action``; the baselines' ratios are
+  filled in only at the end);
 - ``paced``: the paced part so far (``floor_ms``, ``pieces_ms``, the finished ``rows``).
 """
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import asdict
 from pathlib import Path
 
@@ -33,8 +35,12 @@ class ProgressFile:
         self._write()
 
     def _write(self) -> None:
+        """Written to a temporary file and renamed over the last one: a run killed by its time
+        limit mid-write leaves the previous complete file, never half of one."""
         if self.path is not None:
-            self.path.write_text(json.dumps({'rows': self.rows, 'paced': self.paced}, indent=1))
+            partial = self.path.with_name(self.path.name + '.partial')
+            partial.write_text(json.dumps({'rows': self.rows, 'paced': self.paced}, indent=1))
+            os.replace(partial, self.path)
 
 
 def progress_record(data) -> dict:
@@ -44,5 +50,7 @@ def progress_record(data) -> dict:
     if isinstance(data, dict):
         return data
     rows = [{**row, 'graphs': 'graphs=True' in row['label'],
+             'streams': int(row['label'].rpartition('streams=')[2] or 1)
+             if 'streams=' in row['label'] else 1,
              'ms_per_action': 1e3 / row['actions_per_s']} for row in data]
     return {'rows': rows, 'paced': {}}

@@ -75,6 +75,7 @@ def test_gpu_bench_runs_on_cpu_and_every_path_matches_the_reference(tmp_path):
     progress = json.loads((tmp_path / 'rows.json').read_text())
     assert [r['actions_per_s'] for r in progress['rows']] == \
         [r['actions_per_s'] for r in record['rows']]          # each row as it was timed
+    assert [r['mode'] for r in progress['rows']] == [r['mode'] for r in record['rows']]
     assert progress['paced'] == {}
 
 
@@ -140,10 +141,22 @@ def test_kernels_sweep_smoke_run_validates_every_configuration():
     assert any(line.startswith('segment_attention') and line.endswith(' ok') for line in lines)
 
 
-def test_fp8_products_smoke_run_checks_every_product_against_the_reference():
+def test_fp8_products_smoke_run_checks_every_product_against_the_definition():
     """``bench/fp8_products.py --smoke`` (the fp8 part's per-product timing, on CPU with the
     dequantised reference in place of _scaled_mm): a row per shape and row count, each
-    checked; the columns only a GPU fills stay empty."""
+    checked against the product computed from its definition; the columns only a GPU fills
+    stay empty. A wrong product is caught (MISMATCH)."""
+    import types
+    import torch
+    from fp8_products import time_shape
+    from kernels_sweep import load_kernels
+    kernels = load_kernels()
+    good = time_shape(kernels, 'qkv', 48, 64, 3, torch.device('cpu'), torch.float32)
+    assert good['ok']
+    wrong = types.SimpleNamespace(**{name: getattr(kernels, name) for name in dir(kernels)
+                                     if not name.startswith('__')})
+    wrong.fp8_linear_ref = lambda x, wq, scale: kernels.fp8_linear_ref(x, wq, scale) * 1.05
+    assert not time_shape(wrong, 'qkv', 48, 64, 3, torch.device('cpu'), torch.float32)['ok']
     done = subprocess.run([sys.executable, str(BENCH / 'fp8_products.py'), '--smoke'],
                           capture_output=True, text=True, timeout=300, cwd=BENCH)
     assert done.returncode == 0, done.stderr[-2000:]
@@ -275,6 +288,7 @@ def test_gpu_verdicts_read_a_run_cut_short_from_its_progress_file(tmp_path):
                   ratio_vs_hf=nan, latency_ratio_vs_hf=nan)
     progress = ProgressFile(str(tmp_path / 'rows-table-paced.json'))
     progress.add_row('ar graphs=True streams=1', ar, True, 1)
+    assert not list(tmp_path.glob('*.partial'))      # written whole, then renamed
     robot = {'answered_fraction': 1.0, 'latency_p50_ms': 11.0, 'latency_p99_ms': 20.0}
     progress.set_paced({'floor_ms': 10.0, 'rows': [
         {'label': 'spec, frames that repeat', 'mode': 'spec', 'robots_n': 1, 'prefills': 1,
@@ -295,6 +309,12 @@ def test_gpu_verdicts_read_a_run_cut_short_from_its_progress_file(tmp_path):
          {'label': 'ar graphs=True streams=1', 'mode': 'ar', 'actions_per_s': 20.0}]))
     measured, ok = dict((n, (m, o)) for n, m, o in verdicts(old))['AR per action']
     assert measured.startswith('50.0 ms per action (lowest of 1 rows') and ok is False
+    # A progress file cut mid-write is listed as skipped; the other verdicts stand.
+    (old / 'rows-cut.json').write_text('{"rows": [{"label": "ar gra')
+    rows = {n: (m, o) for n, m, o in verdicts(old)}
+    assert rows['progress file'] == ('rows-cut.json (JSONDecodeError): unreadable, skipped', None)
+    assert rows['AR per action'][0].startswith('50.0 ms')
+    (old / 'rows-cut.json').unlink()
     # A finished record of the same target is read instead of the progress file.
     (old / 'gpu-x.json').write_text(json.dumps(
         {'rows': [{'mode': 'ar', 'graphs': True, 'ms_per_action': 44.0}]}))
