@@ -492,27 +492,35 @@ def test_pipeline_mode_finishes_without_new_frames_and_matches_ar(pipeline_node,
             m.header.stamp)]), rtol=1e-12)
 
 
+def _idle_start(node, probe):
+    """Waits for an idle engine; -> (twists recorded so far, frames dropped so far)."""
+    wait_until(lambda: not node.serving.engine.has_work(), what='an idle engine')
+    return len(probe.twists.snapshot()), node.stats_snapshot()['frames_dropped']
+
+
+def _worker_takes(node, probe, image):
+    """Publishes ``image`` and waits until the worker has taken it from the slot (the caller
+    holds the engine lock, so the worker then waits to submit it)."""
+    channel = node.serving.channels[0]
+    probe.image_pub.publish(image)
+    wait_until(lambda: not channel.slot.has_item() and channel.newest is not None
+               and channel.newest.stamp == image.header.stamp,
+               what='the worker took the frame')
+
+
 def test_no_command_for_an_image_older_than_a_refused_frame(pipeline_node, reference):
     """A frame refused as bad input gets a zero twist, and no command for an older image
     follows it: the frame in flight when it was refused finishes its steps, and its action is
     dropped (counted), not published; the next good frame is answered as usual."""
     node, probe = pipeline_node
     _, frames, expected, _ = reference
-    channel = node.serving.channels[0]
-    wait_until(lambda: not node.serving.engine.has_work(), what='an idle engine')
-    start = len(probe.twists.snapshot())
-    dropped = node.stats_snapshot()['frames_dropped']
+    start, dropped = _idle_start(node, probe)
     older, bad = probe.raw_image(frames[0]), probe.raw_image(frames[1])
     bad.encoding = 'yuv422'                    # refused by the conversion
     # The worker takes `older` and waits for the engine; `bad` arrives meanwhile. On release,
     # `older` is submitted and stepped once (7 steps in this mode), then `bad` is refused.
     with node.serving.engine_lock:
-        probe.image_pub.publish(older)
-        wait_until(lambda: node.stats_snapshot()['frames_received'] > 0
-                   and not channel.slot.has_item()
-                   and channel.newest is not None
-                   and channel.newest.stamp == older.header.stamp,
-                   what='the worker took the older frame')
+        _worker_takes(node, probe, older)
         received = node.stats_snapshot()['frames_received']
         probe.image_pub.publish(bad)
         wait_until(lambda: node.stats_snapshot()['frames_received'] > received,
@@ -536,19 +544,14 @@ def test_no_command_for_a_frame_of_an_instruction_changed_since(pipeline_node, r
     node, probe = pipeline_node
     _, frames, _, _ = reference
     channel = node.serving.channels[0]
-    wait_until(lambda: not node.serving.engine.has_work(), what='an idle engine')
-    start = len(probe.twists.snapshot())
-    dropped = node.stats_snapshot()['frames_dropped']
+    start, dropped = _idle_start(node, probe)
     older = probe.raw_image(frames[0])
     other = 'open the drawer'
     try:
         # The worker takes `older` (built with the current instruction) and waits for the
         # engine while the instruction changes; on release `older` is submitted and runs.
         with node.serving.engine_lock:
-            probe.image_pub.publish(older)
-            wait_until(lambda: not channel.slot.has_item() and channel.newest is not None
-                       and channel.newest.stamp == older.header.stamp,
-                       what='the worker took the older frame')
+            _worker_takes(node, probe, older)
             assert probe.set_param('instruction', other).successful
             wait_until(lambda: channel.settings.instruction == other, what='new instruction')
         wait_until(lambda: node.stats_snapshot()['frames_dropped'] == dropped + 1,
