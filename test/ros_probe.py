@@ -193,17 +193,24 @@ class Probe:
         wait_until(future.done, what=f'get {name}')
         return parameter_value_to_python(future.result().values[0])
 
-    def send(self, msg, until, timeout=TIMEOUT, retry_s=0.25):
+    def send(self, msg, until, timeout=TIMEOUT, retry_s=0.25, restamp=False):
         """Publish `msg` (re-publishing every `retry_s`: the node's best-effort image
         subscription may drop it, and a re-published image must still be younger than the
-        node's max_action_age to be answered) until `until()`.
+        node's max_action_age to be answered) until `until()`. With `restamp`, each retry
+        carries a fresh stamp (written into `msg`, so an `until` that reads `msg`'s stamp
+        follows it): for a test that needs an answer, not this exact stamp, and cannot
+        afford an image gone stale while the graph was slow.
         First both ends must be matched: the node's image subscription, and its twist publisher
         to our twist subscription (a reliable twist published before that match is not
         delivered, and a re-published image may be too old by then to be answered again)."""
         wait_until(lambda: self.image_pub.get_subscription_count() > 0, what='image subscriber')
         wait_until(lambda: self._twist_sub.get_publisher_count() > 0, what='twist publisher')
         deadline = time.monotonic() + timeout
+        first = True
         while time.monotonic() < deadline:
+            if restamp and not first:
+                msg.header.stamp = self.now().to_msg()
+            first = False
             self.image_pub.publish(msg)
             try:
                 return wait_until(until, timeout=retry_s)

@@ -99,7 +99,8 @@ def test_each_robot_gets_only_its_own_actions_equal_to_ar(fleet, reference):
         for robot in ROBOTS:
             probe = probes[robot]
             twist = probe.send(images[robot],
-                               lambda: _twist_for(probe, images[robot], starts[robot]))[1]
+                               lambda: _twist_for(probe, images[robot], starts[robot]),
+                               restamp=True)[1]
             expected = np.concatenate([reference[robot][i][:3], reference[robot][i][3:6]])
             np.testing.assert_allclose(twist_values(twist), expected / CONTROL_PERIOD,
                                        rtol=1e-12, atol=1e-12)
@@ -117,8 +118,10 @@ def test_each_robot_gets_only_its_own_actions_equal_to_ar(fleet, reference):
 def test_a_stalled_camera_zeroes_only_its_robot(fleet):
     node, probes, _ = fleet
     live, stalled = probes['arm_a'], probes['arm_b']
-    stalled.send(stalled.raw_image(frames_for('arm_b')[0]),
-                 lambda: len(stalled.twists.snapshot()) > 0)
+    # arm_b's last frame is answered (so it is publishing actions, not already holding).
+    last = stalled.raw_image(frames_for('arm_b')[0])
+    start = len(stalled.twists.snapshot())
+    stalled.send(last, lambda: _twist_for(stalled, last, start), restamp=True)
     stall_time = stalled.now().nanoseconds * 1e-9        # probe clock, as the recorder's
     live_start = len(live.twists.snapshot())
     stop_time = time.monotonic() + 3 * MAX_ACTION_AGE
@@ -144,7 +147,7 @@ def test_per_robot_enable_and_parameters(fleet):
     assert node.serving.values['arm_a.enabled'] is True
     image = a.raw_image(frames_for('arm_a')[2])
     start = len(a.twists.snapshot())
-    a.send(image, lambda: _twist_for(a, image, start))
+    a.send(image, lambda: _twist_for(a, image, start), restamp=True)
     # Node-wide values of per-robot parameters are refused at run time, with the reason.
     result = a.set_param('frame_id', 'elsewhere')
     assert not result.successful and '<robot>.frame_id' in result.reason
