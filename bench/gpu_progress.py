@@ -50,7 +50,6 @@ def progress_record(data) -> dict:
     if isinstance(data, dict):
         return data
     rows = [{**row, 'graphs': 'graphs=True' in row['label'],
-             'streams': int(row['label'].rpartition('streams=')[2] or 1)
-             if 'streams=' in row['label'] else 1,
+             'streams': int(row['label'].partition('streams=')[2] or 1),
              'ms_per_action': 1e3 / row['actions_per_s']} for row in data]
     return {'rows': rows, 'paced': {}}

@@ -92,11 +92,6 @@ class LatestFrameSlot:
             item, self._item = self._item, None
         return item
 
-    def has_item(self) -> bool:
-        """Whether an item waits for the worker."""
-        with self._cond:
-            return self._item is not None
-
     def clear(self) -> int:
         with self._cond:
             had = self._item is not None

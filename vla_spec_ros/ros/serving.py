@@ -135,13 +135,11 @@ class Serving:
             frozen = freeze_after_load()
             self._frozen = True
             self.node.get_logger().debug(f'{frozen} objects frozen for the collector')
-        if self.gc_pauses is not None:
-            self.gc_pauses.clear()   # the load's own collections are not pauses of serving
+        self.gc_pauses.clear()       # the load's own collections are not pauses of serving
 
     def destroy(self) -> None:
         self.worker.stop()
-        if self.gc_pauses is not None:
-            self.gc_pauses.close()
+        self.gc_pauses.close()
         if self._frozen:
             unfreeze()               # the model can be freed once the node lets go of it
             self._frozen = False
@@ -252,6 +250,7 @@ class Serving:
         the process's garbage collections in the same window (count, full ones, longest)."""
         now = time.monotonic()
         snapshots = {channel.label: channel.stats.snapshot(now) for channel in self.channels}
+        # (None only while __init__ runs, if a multi-threaded executor fires the timer then)
         pauses = self.gc_pauses.snapshot(now) if self.gc_pauses is not None else {}
         return dict(diagnostics.engine_summary(snapshots, self.channels[0].stats.window_s),
                     **pauses)

@@ -126,14 +126,14 @@ class InferenceWorker:
                 self.engine.set_tunables(**pending)
             try:
                 _, dropped = self.engine.replace_waiting(frame)
-                refused = None
             except ValueError as exc:           # the engine refused it (size, instruction...)
-                dropped = self.engine.drop_waiting(channel.stream_id)
                 refused = f'{cmd.REASON_BAD_INPUT}: {exc}'
-        channel.stats.record_dropped(len(dropped))
+            else:
+                refused = None
         if refused is not None:
-            channel.refuse(info, refused)
+            self._refuse(channel, info, refused)
             return
+        channel.stats.record_dropped(len(dropped))
         channel.stats.record_submitted()
         if self._on_submitted is not None:
             self._on_submitted(channel, frame)
