@@ -91,10 +91,18 @@ class VLAPolicy:
 
     def predict(self, image: np.ndarray, instruction: str,
                 unnorm_key: str | None = None) -> ActionResult:
-        """One frame -> its action (blocking). Bad input raises ValueError."""
+        """One frame -> its action (blocking). Bad input raises ValueError.
+
+        The engine must be idle: ``predict`` steps it until its own frame is done, so it would
+        otherwise also step (and swallow the results of) the frames a node or another caller
+        submitted through the streaming interface. A busy engine raises RuntimeError naming
+        the streams that hold frames (a node stopped with ``destroy_node`` releases its
+        own)."""
         if self.engine.has_work():
-            raise RuntimeError('predict() needs an idle engine; the streaming interface has '
-                               'frames in flight')
+            raise RuntimeError(
+                f'predict() needs an idle engine; streams {list(self.engine.busy_streams)} have '
+                'frames waiting or in flight (a node serving this policy, or frames submitted '
+                'through policy.engine): destroy that node, or call policy.engine.reset()')
         request_id = self.engine.submit(Frame(image, instruction, unnorm_key, PREDICT_STREAM))
         for finished in self.engine.run_until_idle():
             if finished.request_id == request_id:

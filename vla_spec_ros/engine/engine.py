@@ -113,6 +113,11 @@ class Engine:
         return self.strategy.has_work()
 
     @property
+    def busy_streams(self) -> tuple[str, ...]:
+        """Streams with a frame waiting or in flight, sorted."""
+        return tuple(sorted(self.strategy.active_streams))
+
+    @property
     def num_inflight(self) -> int:
         """Requests admitted (prefill done) and not yet finished."""
         return self.strategy.num_inflight

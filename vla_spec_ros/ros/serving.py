@@ -31,6 +31,7 @@ from vla_spec_ros.ros.step_clock import StepClock
 from vla_spec_ros.ros.worker import InferenceWorker
 
 WARM_UP_IMAGE_SIZE = 224
+WARM_UP_STREAM = '__warm_up__'      # the engine stream of the warm-up's throw-away frames
 
 
 class Serving:
@@ -107,8 +108,20 @@ class Serving:
                 channel.slot.clear()
                 channel.clear_chunks()
         if not is_active:
-            with self.engine_lock:
-                self.engine.reset()
+            self.release_engine()
+
+    @property
+    def engine_streams(self) -> tuple[str, ...]:
+        """The engine streams this node submits to: one per robot, and the warm-up's."""
+        return tuple(channel.stream_id for channel in self.channels) + (WARM_UP_STREAM,)
+
+    def release_engine(self) -> list[int]:
+        """Drop this node's waiting and in-flight frames from the engine (its results would
+        reach no robot). Only this node's streams: a policy shared with another node or with
+        ``VLAPolicy.predict`` keeps their frames. Returns the dropped request ids."""
+        with self.engine_lock:
+            return [request_id for stream in self.engine_streams
+                    for request_id in self.engine.reset(stream)]
 
     def warm_up(self) -> None:
         """Throw-away inferences before the first real frame, so the first actions are not
@@ -121,7 +134,7 @@ class Serving:
         image = np.zeros((WARM_UP_IMAGE_SIZE, WARM_UP_IMAGE_SIZE, 3), np.uint8)
         instruction = self.settings.instruction or 'warm up'
         key = self.settings.unnorm_key_or_none or self.unnorm_keys[0]
-        frame = Frame(image, instruction, key, '__warm_up__')
+        frame = Frame(image, instruction, key, WARM_UP_STREAM)
         config = self.engine.config
         count = 2 * config.max_inflight if config.is_pipelined else 1
         with self.engine_lock:
@@ -138,7 +151,12 @@ class Serving:
         self.gc_pauses.clear()       # the load's own collections are not pauses of serving
 
     def destroy(self) -> None:
+        """Stop serving and leave the engine idle of this node's frames: the worker stops
+        (no new step), then every frame it submitted is dropped, so a policy reused after the
+        node (the demo's next row, ``predict``) starts from an idle engine whatever the
+        timing of the last frame."""
         self.worker.stop()
+        self.release_engine()
         self.gc_pauses.close()
         if self._frozen:
             unfreeze()               # the model can be freed once the node lets go of it
