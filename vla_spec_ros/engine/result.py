@@ -31,9 +31,15 @@ class ActionResult:
 
 @dataclass(frozen=True)
 class Frame:
-    """One observation submitted to the streaming engine."""
+    """One observation submitted to the streaming engine.
 
-    image: np.ndarray           # (H, W, 3) uint8 RGB
+    ``image`` is one (H, W, 3) uint8 RGB array for a one-camera model, or a tuple of them, one
+    per image slot of the model in the model's slot order (``images`` gives the tuple either
+    way). ``state`` is the robot's state vector (float, e.g. joint positions in the order the
+    model was trained with) for a family that reads one, else None.
+    """
+
+    image: np.ndarray | tuple   # (H, W, 3) uint8 RGB, or one per image slot
     instruction: str
     unnorm_key: str | None = None
     stream_id: str = 'default'
@@ -42,6 +48,12 @@ class Frame:
     # known: temporal drafting of a chunked model shifts the previous chunk by the steps
     # between two frames.
     control_step: int | None = None
+    state: np.ndarray | None = None
+
+    @property
+    def images(self) -> tuple:
+        """The frame's images, one per image slot (a one-camera frame: a 1-tuple)."""
+        return tuple(self.image) if isinstance(self.image, (tuple, list)) else (self.image,)
 
 
 def describe_error(exc: BaseException) -> str:
