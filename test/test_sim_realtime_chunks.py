@@ -7,6 +7,7 @@ import statistics
 
 import pytest
 
+from machine_pace import control_rate_for
 from vla_spec_ros.sim.answer_pairing import AnswerPairs, FrameRegistry
 from vla_spec_ros.sim.bridge_settings import MAX_CAMERA_DELAY, BridgeSettings, check_camera_delay
 from vla_spec_ros.sim.realtime_clock import (
@@ -15,6 +16,7 @@ from vla_spec_ros.sim.realtime_clock import (
 # Unique per module and per run (other modules use 1..230).
 DOMAIN_ID = 231 + (os.getpid() % 2)
 TASK = 'button-press-topdown'
+INSTRUCTION = 'press the button down'    # for timing only: the rate's measurement
 K = 4
 
 
@@ -296,7 +298,9 @@ def image_probe(topic):
 def test_chunked_policy_in_real_time_with_a_camera_delay(ros_domain, chunked_policy):
     from vla_spec_ros.harness.closed_loop import run_closed_loop
     policy, key = chunked_policy
-    rate_hz, delay, max_steps = 10.0, 2, 10
+    # At most 10 Hz, slower where one chunk's inference would not fit a quarter period.
+    rate_hz = control_rate_for(policy, INSTRUCTION, key, max_hz=10.0)
+    delay, max_steps = 2, 10
     period_s = 1.0 / rate_hz
     namespace = f'/test_rt_chunks_{os.getpid()}'
     probe = image_probe(f'{namespace}/vla_spec/image')
@@ -338,10 +342,14 @@ def test_demo_realtime_part_runs_a_chunked_model_with_camera_delays(
 
     from vla_spec_ros.harness import demo
     policy, key = chunked_policy
+    # 4 steps at the demo's 10 Hz leave a loaded machine no time to answer one frame: the rate
+    # is the highest at which a chunk's inference fits a quarter of a period here.
+    rate_hz = control_rate_for(policy, INSTRUCTION, key, max_hz=10.0)
     args = demo_parser().parse_args([
         '--model', str(policy.source), '--unnorm-key', key, '--tasks', TASK, '--parts',
         'lockstep', '--sim-mode', 'realtime', '--camera-delays', '0,1', '--modes', 'ar',
-        '--max-steps', '4', '--restrict-to-action-tokens', '--out', str(tmp_path)])
+        '--max-steps', '4', '--control-rate-hz', f'{rate_hz:.3f}',
+        '--restrict-to-action-tokens', '--out', str(tmp_path)])
     assert demo.run(args) == 0
     (path,) = tmp_path.glob('demo-*.json')
     record = json.loads(path.read_text())
