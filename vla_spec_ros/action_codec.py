@@ -8,7 +8,9 @@ The engine never asks what an action is; it asks its codec (plain Python, no tor
   ``end_token`` marker, kept as the frame's last token, or ``max_tokens`` at the latest);
 - which token ids are action tokens (``is_action_token``: greedy decoding may be restricted
   to them, ``action_token_range``) and how far apart two of them are (``token_to_bin``:
-  relaxed acceptance compares bins, never raw ids);
+  relaxed acceptance compares bins, never raw ids; a codec whose tokens have no meaningful
+  distance sets ``supports_relaxed_acceptance`` False, and an engine must refuse
+  ``relax_threshold`` > 0 with it before any frame);
 - what the tokens mean (``decode``: normalised values of shape ``action_shape``, one step
   ``(D,)`` or a chunk ``(K, D)``, NaN and an invalid flag where a token is not an action);
   un-normalisation with the dataset's statistics stays with ``actions.ActionStats``.
@@ -28,6 +30,7 @@ class ActionCodec:
     max_tokens: int                         # most tokens one frame decodes
     end_token: int | None = None            # a frame ends at this token (variable length)
     action_shape: tuple[int, ...] = ()      # what one frame decodes to: (D,) or (K, D)
+    supports_relaxed_acceptance: bool = True    # token_to_bin is defined (relax r > 0)
 
     @property
     def step_tokens(self) -> int:
