@@ -40,7 +40,9 @@ accepted tokens, so both continue the same coefficient sequence at the same inde
 tokens spell exactly one coefficient (their bytes are one whole character), their bins are
 those integer coefficients and |bin(a) - bin(b)| is the difference of that one DCT coefficient
 in quantisation steps: accepting it at distance r changes one dimension's decoded trajectory
-by r / scale in L2 norm (orthonormal IDCT), at most r / scale * sqrt(2 / H) at any step.
+by r / scale in L2 norm (orthonormal IDCT), at most r / scale * sqrt(2 / H) at any step. (Two
+ids may spell the same coefficient, e.g. the published alphabet's raw characters below 33
+beside their byte-level spellings: distance 0, the same action.)
 Every other BPE token merges several coefficients (or part of one) whose distance to another
 token has no single value (they may even differ in how many coefficients they spell, which
 would change the frame's length): it gets a bin of its own, ``ISOLATED_BIN_STRIDE`` away from
