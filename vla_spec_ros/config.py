@@ -12,6 +12,7 @@ Single-tower models (one SigLIP or DINOv2 tower, two-layer GELU-MLP projector) l
 from __future__ import annotations
 
 import dataclasses
+import struct
 from dataclasses import dataclass
 from typing import Any, Mapping
 
@@ -82,6 +83,20 @@ class VisionTowerConfig:
 
 @dataclass(frozen=True)
 class LlamaConfig:
+    """A pre-norm RoPE decoder: Llama's by default, Gemma's with the options below.
+
+    The attention shape is explicit: ``num_kv_heads`` (1 = multi-query, Gemma-2B; 0 means
+    ``num_heads``, no grouping) and ``head_dim`` (0 means ``hidden_size // num_heads``; Gemma-2B
+    has 8 heads of 256 in a 2048 width). The KV cache, the ring and the kernels read these, never
+    ``hidden_size / num_heads``.
+
+    Gemma's differences, as options (transformers' ``GemmaModel``): ``norm_unit_offset``
+    (RMSNorm scales by ``1 + w``, computed in float32 or wider), ``hidden_act`` ``gelu_tanh``
+    (GeGLU with the tanh-approximated GELU instead of SwiGLU), ``embed_scale`` (token
+    embeddings times sqrt(hidden_size), image features not) and ``tie_word_embeddings`` (the
+    LM head is the embedding table).
+    """
+
     hidden_size: int
     num_layers: int
     num_heads: int
@@ -91,6 +106,11 @@ class LlamaConfig:
     rms_norm_eps: float = 1e-6     # transformers' LlamaConfig default; see openvla.md §1.3
     rope_theta: float = 10000.0
     max_position_embeddings: int = 2048
+    head_dim: int = 0              # 0 means hidden_size // num_heads
+    norm_unit_offset: bool = False
+    hidden_act: str = 'silu'
+    embed_scale: bool = False
+    tie_word_embeddings: bool = False
 
     def __post_init__(self):
         if self.num_kv_heads == 0:
@@ -98,18 +118,31 @@ class LlamaConfig:
         for name in ('hidden_size', 'num_layers', 'num_heads', 'intermediate_size',
                      'vocab_size', 'max_position_embeddings'):
             _require(int(getattr(self, name)) > 0, name, 'must be > 0')
-        _require(self.hidden_size % self.num_heads == 0, 'hidden_size',
-                 'must be divisible by num_heads')
-        _require(self.num_heads % self.num_kv_heads == 0, 'num_kv_heads',
-                 'must divide num_heads')
-        _require((self.hidden_size // self.num_heads) % 2 == 0, 'hidden_size',
-                 'head dim must be even for RoPE')
+        _require(self.head_dim >= 0, 'head_dim', 'must be >= 0 (0: hidden_size // num_heads)')
+        if self.head_dim == 0:
+            _require(self.hidden_size % self.num_heads == 0, 'hidden_size',
+                     'must be divisible by num_heads (or give head_dim)')
+            object.__setattr__(self, 'head_dim', self.hidden_size // self.num_heads)
+        _require(self.num_kv_heads > 0 and self.num_heads % self.num_kv_heads == 0,
+                 'num_kv_heads', 'must divide num_heads')
+        _require(self.head_dim % 2 == 0, 'head_dim', 'must be even for RoPE')
         _require(self.rms_norm_eps > 0, 'rms_norm_eps', 'must be > 0')
         _require(self.rope_theta > 0, 'rope_theta', 'must be > 0')
+        _require(self.hidden_act in HIDDEN_ACTS, 'hidden_act',
+                 f'{self.hidden_act!r} not in {HIDDEN_ACTS}')
 
     @property
-    def head_dim(self) -> int:
-        return self.hidden_size // self.num_heads
+    def embedding_multiplier(self) -> float | None:
+        """What token embeddings are multiplied by (None: nothing). Gemma's sqrt(hidden_size)
+        rounded to float32, as transformers stores it (a float32 buffer cast to the weights'
+        dtype), so float64 runs match its arithmetic bit for bit."""
+        if not self.embed_scale:
+            return None
+        return float(struct.unpack('f', struct.pack('f', self.hidden_size ** 0.5))[0])
+
+
+# MLP activations of the decoder: SwiGLU (Llama) and GeGLU with tanh GELU (Gemma).
+HIDDEN_ACTS = ('silu', 'gelu_tanh')
 
 
 @dataclass(frozen=True)
@@ -260,15 +293,84 @@ def _metaworld_demo() -> VLAConfig:
     )
 
 
+@dataclass(frozen=True)
+class Pi0FastConfig:
+    """A pi0-FAST model (docs/pi0fast.md): PaliGemma = a SigLIP tower (every block, then its
+    post-layernorm) -> one linear projector -> a Gemma decoder (``llm`` with Gemma's options),
+    prefix-LM attention over ``num_image_slots`` images and the prompt
+    ``Task: {instruction}, State: {state in 256 bins};\n`` after BOS; FAST action tokens.
+
+    ``max_state_dim``: the state is zero-padded to this many dimensions before it is
+    discretised (openpi / LeRobot: 32); ``state_dim`` is what a frame's state carries (the
+    checkpoint's ``observation.state`` shape; a frame without a state gets zeros).
+    ``chunk_size`` x ``action_dim``: the chunk the FAST codec decodes a frame to.
+    """
+
+    vision: VisionTowerConfig
+    llm: LlamaConfig
+    num_image_slots: int = 1
+    state_dim: int = 8
+    max_state_dim: int = 32
+    chunk_size: int = 10
+    action_dim: int = 7
+    max_action_tokens: int = 256
+    fast_skip_tokens: int = 128
+    lowercase_instruction: bool = True
+
+    def __post_init__(self):
+        _require(isinstance(self.vision, VisionTowerConfig) and self.vision.kind == 'siglip',
+                 'vision', 'expected a siglip VisionTowerConfig')
+        _require(isinstance(self.llm, LlamaConfig), 'llm', 'expected a LlamaConfig')
+        for name in ('num_image_slots', 'state_dim', 'max_state_dim', 'chunk_size',
+                     'action_dim', 'max_action_tokens'):
+            check_int(name, getattr(self, name), minimum=1)
+        check_int('fast_skip_tokens', self.fast_skip_tokens, minimum=0)
+        _require(self.state_dim <= self.max_state_dim, 'state_dim',
+                 f'{self.state_dim} exceeds max_state_dim {self.max_state_dim}')
+
+    @property
+    def image_size(self) -> int:
+        return self.vision.image_size
+
+    @property
+    def num_patches(self) -> int:
+        return self.vision.num_patches
+
+
+def gemma_2b(vocab_size: int = 257152) -> LlamaConfig:
+    """PaliGemma's Gemma-2B: width 2048, 18 layers, 8 query heads, 1 KV head of 256, GeGLU
+    16384, RMSNorm (1 + w), scaled embeddings, tied head."""
+    return LlamaConfig(hidden_size=2048, num_layers=18, num_heads=8, num_kv_heads=1,
+                       head_dim=256, intermediate_size=16384, vocab_size=vocab_size,
+                       max_position_embeddings=8192, norm_unit_offset=True,
+                       hidden_act='gelu_tanh', embed_scale=True, tie_word_embeddings=True)
+
+
+def _pi0fast_tiny() -> Pi0FastConfig:
+    """pi0-FAST's structure, small dims, for tests and benches: a 2-block SigLIP at 28 px
+    (4 patches per image), a 2-layer Gemma with one KV head of 16 (not width / heads), three
+    image slots. Vocabulary 1024: the text tokenizer's ids, then FAST's, then 128 skipped."""
+    return Pi0FastConfig(
+        vision=VisionTowerConfig('siglip', 28, 14, 32, 2, 2, 64, mean=SIGLIP_MEAN,
+                                 std=SIGLIP_STD),
+        llm=LlamaConfig(hidden_size=48, num_layers=2, num_heads=4, num_kv_heads=1, head_dim=16,
+                        intermediate_size=96, vocab_size=1024, max_position_embeddings=1024,
+                        norm_unit_offset=True, hidden_act='gelu_tanh', embed_scale=True,
+                        tie_word_embeddings=True),
+        num_image_slots=3, state_dim=4, max_state_dim=8, chunk_size=4, action_dim=3,
+        max_action_tokens=24)
+
+
 PRESETS = {
     'openvla-7b': _openvla_7b,
     'tiny': _tiny,
     'tiny-siglip': _tiny_siglip,
     'metaworld-demo': _metaworld_demo,
+    'pi0fast-tiny': _pi0fast_tiny,
 }
 
 
-def preset(name: str) -> VLAConfig:
+def preset(name: str) -> VLAConfig | Pi0FastConfig:
     if name not in PRESETS:
         raise ValueError(f'unknown preset {name!r}; available presets: {sorted(PRESETS)}')
     return PRESETS[name]()
@@ -489,6 +591,7 @@ def config_to_dict(cfg) -> dict:
     return dataclasses.asdict(cfg)
 
 
-__all__ = ['VisionTowerConfig', 'LlamaConfig', 'VLAConfig', 'EngineConfig', 'PRESETS', 'preset',
+__all__ = ['VisionTowerConfig', 'LlamaConfig', 'VLAConfig', 'Pi0FastConfig', 'gemma_2b',
+           'EngineConfig', 'PRESETS', 'preset',
            'MODES', 'DTYPES', 'TUNABLE_ENGINE_FIELDS', 'EngineOption', 'engine_option',
            'MAX_RELAX_WITH_PREVIOUS_ACTION']

@@ -55,8 +55,17 @@ class PromptTokenizer:
             ids = [self.bos_id] + ids   # OpenVLA's prompts always start with BOS
         return ids
 
-    def encode(self, instruction: str) -> list[int]:
-        """Instruction -> prompt token ids (BOS first, trailing "▁" rule applied)."""
+    def max_prompt_len(self, max_instruction_tokens: int) -> int:
+        """Most ids ``encode`` returns for an instruction of ``max_instruction_tokens`` tokens
+        (BOS, template, "▁" included; +8: tokenisation of the template around an instruction
+        may merge differently)."""
+        return self.prompt_overhead + max_instruction_tokens + 8
+
+    def encode(self, instruction: str, state=None) -> list[int]:
+        """Instruction -> prompt token ids (BOS first, trailing "▁" rule applied). OpenVLA's
+        prompt reads no robot state: a state is refused rather than ignored."""
+        if state is not None:
+            raise PromptError('state: this model\'s prompt reads no robot state')
         if not isinstance(instruction, str):
             raise PromptError(f'instruction must be a str, got {type(instruction).__name__}')
         text = instruction.strip()

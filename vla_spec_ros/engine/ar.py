@@ -11,11 +11,14 @@ from ..models.attention import StepBatch
 from .device.runner import ModelRunner
 
 
-def causal_batch(start: int, count: int, device) -> StepBatch:
-    """Tokens at positions start..start+count-1 of one request whose slots equal positions."""
+def causal_batch(start: int, count: int, device, num_bidirectional: int = 0) -> StepBatch:
+    """Tokens at positions start..start+count-1 of one request whose slots equal positions;
+    each reads the slots up to its own and, with ``num_bidirectional``, the request's first
+    ``num_bidirectional`` slots too (a prefix-LM prompt read in both directions)."""
     pos = torch.arange(start, start + count, device=device)
     total = start + count
-    mask = torch.arange(total, device=device)[None, :] <= pos[:, None]     # (count, total)
+    cols = torch.arange(total, device=device)[None, :]
+    mask = (cols <= pos[:, None]) | (cols < num_bidirectional)             # (count, total)
     return StepBatch(positions=pos, slot_mapping=pos, attn_mask=mask, kv_limit=total)
 
 
@@ -29,7 +32,8 @@ def run_ar(runner: ModelRunner, prefix_embeds: torch.Tensor, num_tokens: int,
     """
     length = prefix_embeds.shape[0]
     cache = runner.new_cache(length + num_tokens)
-    hidden = runner.forward(prefix_embeds, causal_batch(0, length, runner.device), cache)
+    hidden = runner.forward(prefix_embeds, causal_batch(0, length, runner.device,
+                                                        runner.num_bidirectional(length)), cache)
     features = [hidden]
     token = runner.greedy(hidden[-1:], restrict_to_action_tokens)
     tokens = [int(token)]

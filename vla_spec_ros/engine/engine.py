@@ -16,7 +16,6 @@ import numpy as np
 
 from ..actions import ActionStats, resolve_unnorm_key
 from ..config import TUNABLE_ENGINE_FIELDS, EngineConfig
-from ..preprocess import check_image
 from .packed import PackedStrategy
 from .scheduling.request import Request
 from .result import ActionResult, FinishedAction, Frame, describe_error
@@ -94,15 +93,15 @@ class Engine:
             raise ValueError(f'stream_id: {frame.stream_id!r} would be stream {len(active) + 1} '
                              f'with unfinished frames; max_streams is '
                              f'{self._config.max_streams} (busy: {sorted(active)})')
-        check_image(frame.image)
-        input_ids = self.runner.validate_instruction(frame.instruction)
+        self.runner.check_frame(frame)
+        input_ids = self.runner.frame_prompt_ids(frame)
         key = resolve_unnorm_key(self.norm_stats, frame.unnorm_key)
-        prefix_len = self.runner.prefix_len(input_ids)
+        prefix_len = self.runner.prefix_len(input_ids, len(frame.images))
         max_tokens = self.runner.max_action_tokens
         longest = prefix_len + max_tokens + self._config.tree_depth
-        if longest > self.runner.cfg.llm.max_position_embeddings:
+        if longest > self.runner.max_positions:
             raise ValueError(f'prompt needs {longest} positions; the model has '
-                             f'{self.runner.cfg.llm.max_position_embeddings}')
+                             f'{self.runner.max_positions}')
         request = Request(next(self._ids), frame.stream_id, prefix_len, max_tokens,
                           self.strategy.slots_for(prefix_len), frame=frame,
                           input_ids=input_ids, unnorm_key=key, control_step=frame.control_step,
@@ -147,10 +146,11 @@ class Engine:
         step shapes built (0 without graphs)."""
         if not self._config.use_cuda_graphs:
             return 0
-        check_image(frame.image)
-        input_ids = self.runner.validate_instruction(frame.instruction)
+        self.runner.check_frame(frame)
+        input_ids = self.runner.frame_prompt_ids(frame)
         self.runner.prepare_prompt(frame, self._config, input_ids)
-        return self.strategy.capture_graphs(self.runner.prefix_len(input_ids))
+        return self.strategy.capture_graphs(self.runner.prefix_len(input_ids,
+                                                                   len(frame.images)))
 
     # ---- stepping -----------------------------------------------------------------------------
 

@@ -183,7 +183,8 @@ class PackedStrategy:
                     if self.max_prefill_draft else ()
                 prefills.append(PrefillRows(self.ring.span(request.request_id).start,
                                             self.ring.capacity, request.prefix_len,
-                                            tuple(chain)))
+                                            tuple(chain),
+                                            runner.num_bidirectional(request.prefix_len)))
             prefill_embeds = [prompt.embeds for prompt in runner.prepare_prompts(
                 [r.frame for r in work.prefills], cfg, [r.input_ids for r in work.prefills])]
             stats.vision_s += time.perf_counter() - t0
@@ -307,9 +308,10 @@ class PackedStrategy:
                     step = padding_step((prompt_rows,) * num_prefills, sizes['num_segments'],
                                         sizes['num_rows'], sizes['num_cols'],
                                         sizes['num_moves'], self.verifier.scratch_slot,
-                                        sizes['chain_per_prefill'])
+                                        sizes['chain_per_prefill'],
+                                        has_prefix=self.runner.num_bidirectional(1) > 0)
                     embeds = [self.verifier.cache.k[0].new_zeros(
-                        prompt_rows, self.runner.cfg.llm.hidden_size)] * num_prefills
+                        prompt_rows, self.runner.hidden_size)] * num_prefills
                     self.verifier.run(step, embeds)
         built = self.verifier.forward.num_buckets - before
         if self.drafter is not None:

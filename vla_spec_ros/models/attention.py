@@ -30,10 +30,15 @@ class StepBatch:
     - dense (the reference): ``attn_mask`` (T, S) bool, query t may read slot s of the first
       ``kv_limit`` slots. Cost grows with every slot of the buffer.
     - segments (the engine's path, engine/device/step_inputs.py): rows 0 .. num_prefill-1 are fresh
-      requests' causal prompts, one block per request of ``prefill_blocks`` rows each, each
-      attending to its own rows only; the remaining rows form ``kv_index.shape[0]`` segments of
-      ``seg_mask.shape[1]`` rows each; segment s reads only the slots ``kv_index[s]`` (S, K)
-      under ``seg_mask`` (S, Q, K) bool. Cost grows with the work in flight.
+      requests' prompts, one block per request of ``prefill_blocks`` rows each, each attending
+      to its own rows only: causally, except that with ``prefill_prefix`` (num_blocks,) int64
+      every row of block b also reads the block's first ``prefill_prefix[b]`` rows (a prefix-LM
+      model's bidirectional prefix; None = causal everywhere). The rule is one line,
+      ``prefill_allowed``: row i reads row j iff j <= i or j < prefix. Padding rows at a
+      block's end lie past its prefix, so no real row reads them. The remaining rows form
+      ``kv_index.shape[0]`` segments of ``seg_mask.shape[1]`` rows each; segment s reads only
+      the slots ``kv_index[s]`` (S, K) under ``seg_mask`` (S, Q, K) bool.
+      Cost grows with the work in flight.
     copy_src/copy_dst: optional (M,) KV compaction applied at the start of every layer
       (``cache[dst] = cache[src]``, gathered first), before the step's own writes.
     """
@@ -47,6 +52,7 @@ class StepBatch:
     seg_mask: torch.Tensor | None = None
     copy_src: torch.Tensor | None = None
     copy_dst: torch.Tensor | None = None
+    prefill_prefix: torch.Tensor | None = None
 
     @property
     def num_prefill(self) -> int:
@@ -69,6 +75,15 @@ class KVCache:
         """A cache for ``cfg``'s layers in the dtype and on the device of tensor ``like``."""
         return cls(cfg.num_layers, num_slots, cfg.num_kv_heads, cfg.head_dim, like.dtype,
                    like.device)
+
+
+def prefill_allowed(block: int, prefix: torch.Tensor) -> torch.Tensor:
+    """The prefill attention rule: (B, block, block) bool, row i of block b may read row j iff
+    j <= i (causal) or j < prefix[b] (the bidirectional prefix). prefix: (B,) int64; zeros
+    give plain causal blocks."""
+    rows = torch.arange(block, device=prefix.device)
+    causal = rows[None, :] <= rows[:, None]                                  # (block, block)
+    return causal[None] | (rows[None, None, :] < prefix[:, None, None])
 
 
 def write_kv_and_rope(q, k, v, batch: StepBatch, rope: RopeRows, k_cache, v_cache,
@@ -112,8 +127,9 @@ def attend_segments(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
                     v: torch.Tensor | None = None, kernel=None) -> torch.Tensor:
     """Work-proportional attention (segments layout of ``StepBatch``).
 
-    Each prefill block attends causally to its own rows only (no history; its rotated ``k`` /
-    ``v`` when given, else read back from the cache); each segment gathers its own request's K
+    Each prefill block attends to its own rows only (no history; its rotated ``k`` / ``v`` when
+    given, else read back from the cache), causally or, with ``batch.prefill_prefix``, under
+    ``prefill_allowed`` (bidirectional within the prefix); each segment gathers its own request's K
     slots and attends under its small mask, all segments in one batched call.
     q: (T, Hq, D) already rotated; caches (slots, Hkv, D). Returns (T, Hq, D).
     ``kernel`` (None = the gather + SDPA below): the segments in one launch reading the slots
@@ -129,20 +145,25 @@ def attend_segments(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
             slots = batch.slot_mapping[:lp]
             k, v = k_cache.index_select(0, slots), v_cache.index_select(0, slots)
         blocks = batch.prefill_blocks
+        prefix = batch.prefill_prefix
         if len(set(blocks)) == 1:
             # Equal blocks (one prefill, or padded ones): one batched call, a block per batch.
             shape = (len(blocks), blocks[0], -1, head_dim)
+            mask = None if prefix is None else prefill_allowed(blocks[0], prefix)[:, None]
             out = F.scaled_dot_product_attention(
                 q[:lp].view(shape).transpose(1, 2), k[:lp].view(shape).transpose(1, 2),
-                v[:lp].view(shape).transpose(1, 2), is_causal=True, enable_gqa=gqa)
+                v[:lp].view(shape).transpose(1, 2), attn_mask=mask, is_causal=mask is None,
+                enable_gqa=gqa)
             parts.append(out.transpose(1, 2).reshape(lp, num_heads, head_dim))
         else:
             start = 0
-            for block in blocks:
+            for b, block in enumerate(blocks):
                 rows = slice(start, start + block)
+                mask = None if prefix is None else prefill_allowed(block, prefix[b:b + 1])
                 out = F.scaled_dot_product_attention(
                     q[rows].transpose(0, 1)[None], k[rows].transpose(0, 1)[None],
-                    v[rows].transpose(0, 1)[None], is_causal=True, enable_gqa=gqa)
+                    v[rows].transpose(0, 1)[None], attn_mask=mask, is_causal=mask is None,
+                    enable_gqa=gqa)
                 parts.append(out[0].transpose(0, 1))                          # (Lb, Hq, D)
                 start += block
     has_segments = batch.kv_index is not None and batch.kv_index.shape[0] > 0

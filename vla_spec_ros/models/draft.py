@@ -126,7 +126,8 @@ class EagleDraftHead(nn.Module):
     only, and moving or training the head never touches the verifier.
     """
 
-    def __init__(self, cfg: DraftConfig, embed_tokens: nn.Module, lm_head: nn.Module):
+    def __init__(self, cfg: DraftConfig, embed_tokens: nn.Module, lm_head: nn.Module,
+                 token_embeddings=None):
         super().__init__()
         self.cfg = cfg
         h = cfg.hidden_size
@@ -136,7 +137,9 @@ class EagleDraftHead(nn.Module):
         # are ordinary pre-norm Llama layers.
         self.layers = nn.ModuleList(LlamaDecoderLayer(llama_cfg, has_input_norm=i > 0)
                                     for i in range(cfg.num_layers))
-        self._shared = (embed_tokens, lm_head)
+        # ``token_embeddings``: the verifier's own embedding function (``Decoder``; Gemma scales
+        # the table's rows by sqrt(width)); None: the table's rows as they are (training).
+        self._shared = (embed_tokens, lm_head, token_embeddings)
         self._rope = RopeTables(llama_cfg)
 
     @property
@@ -155,7 +158,9 @@ class EagleDraftHead(nn.Module):
         return KVCache.for_config(self.cfg.to_llama_config(), num_slots, self.fc.weight)
 
     def embed(self, token_ids: torch.Tensor) -> torch.Tensor:
-        """(T,) ids -> (T, H) verifier token embeddings."""
+        """(T,) ids -> (T, H) verifier token embeddings (what the verifier itself feeds)."""
+        if self._shared[2] is not None:
+            return self._shared[2](token_ids)
         return self.embed_tokens.forward(token_ids)
 
     def forward(self, inputs_embeds: torch.Tensor, features: torch.Tensor, batch: StepBatch,
@@ -193,7 +198,8 @@ def new_draft_head(verifier, cfg: DraftConfig | None = None, seed: int | None = 
     lm = _language_model(verifier)
     cfg = cfg or DraftConfig.from_verifier(lm.cfg)
     ref = lm.lm_head.weight
-    head = EagleDraftHead(cfg, lm.model.embed_tokens, lm.lm_head)
+    head = EagleDraftHead(cfg, lm.model.embed_tokens, lm.lm_head,
+                          getattr(lm, 'token_embeddings', None))
     gen = torch.Generator().manual_seed(0 if seed is None else int(seed))
     with torch.no_grad():
         for name, p in head.named_parameters():
@@ -261,7 +267,8 @@ def load_draft(folder: str | os.PathLike, verifier_model, dtype: torch.dtype | N
         raise CheckpointError(f'{config_file}: hidden_size {cfg.hidden_size} != verifier '
                               f'hidden_size {lm.cfg.hidden_size}')
     with torch.device('meta'):
-        head = EagleDraftHead(cfg, lm.model.embed_tokens, lm.lm_head)
+        head = EagleDraftHead(cfg, lm.model.embed_tokens, lm.lm_head,
+                              getattr(lm, 'token_embeddings', None))
     expected = {k: tuple(v.shape) for k, v in head.state_dict().items()}
     mapping = weight_files(folder)
     allowed_unused = {k for k in mapping if k == EMBED_KEY or k.endswith(_ROTARY_SUFFIX)}

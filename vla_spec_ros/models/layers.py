@@ -1,8 +1,10 @@
-"""Llama building blocks shared by the verifier and the EAGLE draft head: RMSNorm, the
-attention and SwiGLU blocks, the pre-norm decoder layer, and ``LayerKernels``, the fused
+"""Decoder building blocks shared by the verifier and the EAGLE draft head: RMSNorm, the
+attention and gated-MLP blocks, the pre-norm decoder layer, and ``LayerKernels``, the fused
 kernels a runner passes to every forward (RoPE and attention: models/rope.py,
 models/attention.py). Conventions follow Hugging Face Llama so logits match
-``transformers.LlamaForCausalLM`` on the same weights.
+``transformers.LlamaForCausalLM`` on the same weights; Gemma's variants are options of the
+same blocks (``LlamaConfig``: RMSNorm by ``1 + w``, GeGLU with tanh GELU), matching
+``transformers.GemmaModel``.
 
 Inside a layer, sub-modules are called through ``forward`` and projections through
 ``F.linear`` on their weights: the same operations as ``module(x)`` without
@@ -49,26 +51,36 @@ PLAIN = LayerKernels()
 
 
 class RMSNorm(nn.Module):
-    """Llama's RMSNorm. ``kernel`` (None = plain torch): a fused implementation with the
-    contract of ``kernels/rms_norm.rms_norm_ref``, passed per call by the runner that owns the
-    choice (never stored on the module, so runners sharing a model cannot change each other's
-    arithmetic); used for inference only (it has no backward): plain torch whenever gradients
-    are enabled."""
+    """Llama's RMSNorm (``w * x / rms(x)``), or Gemma's with ``unit_offset``
+    (``(1 + w) * x / rms(x)``, the weight stored as the offset from one, computed in float32
+    or wider and cast back last, as ``transformers.GemmaRMSNorm``; its float32 cast is not
+    applied to float64 inputs, which stay float64). ``kernel`` (None = plain torch): a fused
+    implementation with the contract of ``kernels/rms_norm.rms_norm_ref``, passed per call by
+    the runner that owns the choice (never stored on the module, so runners sharing a model
+    cannot change each other's arithmetic); used for inference only (it has no backward):
+    plain torch whenever gradients are enabled. Gemma's norm takes no kernel (Llama's
+    rounding order is the kernel's contract)."""
 
-    def __init__(self, dim: int, eps: float):
+    def __init__(self, dim: int, eps: float, unit_offset: bool = False):
         super().__init__()
-        self.weight = nn.Parameter(torch.ones(dim))
+        self.unit_offset = unit_offset
+        self.weight = nn.Parameter(torch.zeros(dim) if unit_offset else torch.ones(dim))
         self.eps = eps
 
     def add_and_norm(self, x: torch.Tensor, delta: torch.Tensor, kernel=None):
         """``(x + delta, norm(x + delta))``: the residual add and the next norm, one launch
         with the kernel."""
-        if kernel is not None and not torch.is_grad_enabled():
+        if kernel is not None and not self.unit_offset and not torch.is_grad_enabled():
             return kernel(x, self.weight, self.eps, delta)
         x = x + delta
         return x, self.forward(x)
 
     def forward(self, x: torch.Tensor, kernel=None) -> torch.Tensor:
+        if self.unit_offset:
+            dtype = x.dtype
+            h = x.to(torch.float32) if dtype in (torch.float16, torch.bfloat16) else x
+            h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+            return (h * (1.0 + self.weight.to(h.dtype))).to(dtype)
         if kernel is not None and not torch.is_grad_enabled():
             return kernel(x, self.weight, self.eps)
         # Same arithmetic as HF: normalise in float32 (or higher), then scale in input dtype.
@@ -166,20 +178,28 @@ class LlamaAttention(nn.Module):
 
 
 class SwiGLU(nn.Module):
-    def __init__(self, hidden: int, intermediate: int):
+    """The gated MLP ``down(act(gate(x)) * up(x))``: SwiGLU (``act`` silu, Llama) or GeGLU
+    with the tanh-approximated GELU (``gelu_tanh``, Gemma's ``gelu_pytorch_tanh``)."""
+
+    def __init__(self, hidden: int, intermediate: int, activation: str = 'silu'):
         super().__init__()
+        self.activation = activation
         self.gate_proj = nn.Linear(hidden, intermediate, bias=False)
         self.up_proj = nn.Linear(hidden, intermediate, bias=False)
         self.down_proj = nn.Linear(intermediate, hidden, bias=False)
         self.fused: FusedLinears | None = None
 
     def forward(self, x, kernel=None):
-        """``kernel``: the fused ``silu(gate) * up`` (None = plain torch)."""
+        """``kernel``: the fused ``silu(gate) * up`` (None = plain torch; SwiGLU only)."""
         gate_up = self.fused(x) if self.fused is not None else None
         gate, up = gate_up if gate_up is not None else (_linear(self.gate_proj, x),
                                                         _linear(self.up_proj, x))
-        hidden = kernel(gate, up) if kernel is not None and not torch.is_grad_enabled() \
-            else F.silu(gate) * up
+        if self.activation == 'gelu_tanh':
+            hidden = F.gelu(gate, approximate='tanh') * up
+        elif kernel is not None and not torch.is_grad_enabled():
+            hidden = kernel(gate, up)
+        else:
+            hidden = F.silu(gate) * up
         return _linear(self.down_proj, hidden)
 
 
@@ -188,11 +208,12 @@ class LlamaDecoderLayer(nn.Module):
 
     def __init__(self, cfg: LlamaConfig, has_input_norm: bool = True):
         super().__init__()
-        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps) \
+        offset = cfg.norm_unit_offset
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, offset) \
             if has_input_norm else None
         self.self_attn = LlamaAttention(cfg)
-        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.mlp = SwiGLU(cfg.hidden_size, cfg.intermediate_size)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, offset)
+        self.mlp = SwiGLU(cfg.hidden_size, cfg.intermediate_size, cfg.hidden_act)
 
     def forward(self, x, batch: StepBatch, rope, k_cache, v_cache,
                 kernels: LayerKernels = PLAIN) -> torch.Tensor:

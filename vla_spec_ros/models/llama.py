@@ -1,4 +1,5 @@
-"""Llama decoder (RMSNorm, RoPE, SwiGLU) over a slot-addressed static KV cache.
+"""Llama decoder (RMSNorm, RoPE, SwiGLU) over a slot-addressed static KV cache; with the
+``LlamaConfig`` options, Gemma's (RMSNorm by 1 + w, GeGLU, scaled token embeddings, tied head).
 
 Module and parameter names mirror Hugging Face ``LlamaForCausalLM`` (``model.embed_tokens``,
 ``model.layers.{i}.self_attn.q_proj``, ``model.norm``, ``lm_head``) so OpenVLA's
@@ -20,7 +21,7 @@ class LlamaBackbone(nn.Module):
         super().__init__()
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
         self.layers = nn.ModuleList(LlamaDecoderLayer(cfg) for _ in range(cfg.num_layers))
-        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, cfg.norm_unit_offset)
 
 
 class LlamaForCausalLM(nn.Module):
@@ -29,7 +30,19 @@ class LlamaForCausalLM(nn.Module):
         self.cfg = cfg
         self.model = LlamaBackbone(cfg)
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        if cfg.tie_word_embeddings:     # one Parameter: the head is the embedding table
+            self.lm_head.weight = self.model.embed_tokens.weight
+        self._embed_multiplier = cfg.embedding_multiplier
         self._rope = RopeTables(cfg)
+
+    def token_embeddings(self, token_ids: torch.Tensor) -> torch.Tensor:
+        """(N,) ids -> (N, H) decoder inputs: the table's rows, times Gemma's sqrt(width) when
+        the config says so (never applied to image features). Every token embedding the
+        engine and the draft heads feed goes through here."""
+        rows = self.model.embed_tokens.forward(token_ids)
+        if self._embed_multiplier is None:
+            return rows
+        return rows * torch.tensor(self._embed_multiplier, dtype=rows.dtype)
 
     def rope(self, dtype: torch.dtype, device) -> tuple[torch.Tensor, torch.Tensor]:
         """cos/sin tables, built once per (dtype, device) and kept on this module."""
@@ -52,4 +65,4 @@ class LlamaForCausalLM(nn.Module):
         return self.model.norm.add_and_norm(x, delta, kernels.rms_norm)[1]
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.lm_head(hidden)
+        return self.lm_head.forward(hidden)

@@ -143,7 +143,8 @@ class PackedForward:
                           kv_index=ints['kv_index'].view(num_s, -1) if num_s else None,
                           seg_mask=mask if num_s else None,
                           copy_src=ints['copy_src'] if step.copy_src.size else None,
-                          copy_dst=ints['copy_dst'] if step.copy_src.size else None)
+                          copy_dst=ints['copy_dst'] if step.copy_src.size else None,
+                          prefill_prefix=ints.get('prefill_prefix'))
         host_np = host.numpy()
         return _Bucket(host, device, batch, ints, offsets, mask_start,
                        host_np[:mask_start].view(np.int64), host_np[mask_start:])

@@ -1,8 +1,11 @@
 """Model runner: the device side of the verifier.
 
-``ModelRunner`` owns the loaded model, the prompt tokenizer, dtype/device, the fused-kernel
+``ModelRunner`` owns the loaded model, the prompt builder, dtype/device, the fused-kernel
 choice and the vision towers (optionally graphed; side by side on a GPU); it knows nothing
-about scheduling.
+about scheduling. It is typed against the model protocol (models/protocol.py) only: the
+family's facts (width, vocabulary, positions, image slots, prefix attention rule), its
+preprocessing, prompt and default codec come from the model and its ``PromptBuilder``; the
+family's own config (``cfg``) is carried for callers that know the family, never read here.
 ``RingRunner`` (one per engine, made by ``ModelRunner.new_ring``) owns what a decoding strategy
 drives step after step: the unified KV ring (allocated once, plus one scratch slot that padding
 rows write to), the static input buffers and CUDA graphs of the packed verifier step
@@ -17,24 +20,23 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Sequence
 
+import numpy as np
 import torch
 
 from ...action_codec import ActionCodec
-from ...actions import ActionTokenizer
-from ...config import EngineConfig, VLAConfig
+from ...config import EngineConfig
 from ...models.attention import KVCache, StepBatch
 from ...models.fp8 import apply_weight_dtype
 from ...models.layers import LayerKernels, fuse_projections
-from ...models.protocol import VLAModel
-from ...preprocess import check_image, preprocess_pixels
-from ...prompt import PromptTokenizer
+from ...models.protocol import PREFIX_ATTENTION, PromptBuilder, VLAModel
+from ...preprocess import ImageError, check_image
 from .frame_upload import FrameUploader, device_ids
 from .kernel_choice import select_layer_kernels, with_attention_backend
 from .packed_forward import GraphedFunction, PackedForward
 from ..result import Frame
 from .step_inputs import HostStep
 
-MAX_CACHED_INSTRUCTIONS = 32   # prompt ids kept by ``validate_instruction``
+MAX_CACHED_INSTRUCTIONS = 32   # prompt ids kept by ``prompt_ids``
 
 
 def _joined(parts: list) -> torch.Tensor:
@@ -48,12 +50,12 @@ TORCH_DTYPES = {'float32': torch.float32, 'float64': torch.float64,
 
 @dataclass
 class PreparedPrompt:
-    input_ids: list[int]            # BOS + text ids (trailing "▁" rule applied)
-    embeds: torch.Tensor            # (L, H) = BOS + patches + text, L = len(ids) + patches
+    input_ids: list[int]            # the prompt builder's ids (BOS first)
+    embeds: torch.Tensor            # (L, H): the family's prefill rows, L = prefix_len
 
 
 class ModelRunner:
-    def __init__(self, model: VLAModel, cfg: VLAConfig, tokenizer: PromptTokenizer,
+    def __init__(self, model: VLAModel, cfg, tokenizer: PromptBuilder,
                  engine_cfg: EngineConfig, codec: ActionCodec | None = None,
                  checkpoint_folder=None):
         self.model = model
@@ -70,10 +72,11 @@ class ModelRunner:
         self.tokenizer = tokenizer
         self.dtype = TORCH_DTYPES[engine_cfg.dtype]
         self.device = torch.device(engine_cfg.device)
-        # How generated tokens become actions (action_codec.py); OpenVLA's bins by default.
-        self.codec = codec if codec is not None else ActionTokenizer(
-            cfg.llm.vocab_size, cfg.pad_to_multiple_of, cfg.n_action_bins, cfg.action_dim,
-            cfg.action_chunk)
+        # How generated tokens become actions (action_codec.py); the family's by default.
+        self.codec = codec if codec is not None else model.action_codec()
+        if model.prefix_attention not in PREFIX_ATTENTION:
+            raise ValueError(f'prefix_attention: {model.prefix_attention!r} not in '
+                             f'{PREFIX_ATTENTION}')
         # Fused RoPE + KV write, norms and SwiGLU activation (``use_kernels``), passed per
         # forward, so runners sharing one model keep their own choice.
         self.kernels = select_layer_kernels(engine_cfg, self.device)
@@ -82,18 +85,39 @@ class ModelRunner:
         if engine_cfg.restrict_to_action_tokens and action_ids is None:
             raise ValueError(f'restrict_to_action_tokens: the codec '
                              f'{type(self.codec).__name__} has no contiguous action-token range')
-        self._action_mask = torch.full((cfg.llm.vocab_size,), float('-inf'), dtype=self.dtype,
+        self._action_mask = torch.full((model.vocab_size,), float('-inf'), dtype=self.dtype,
                                        device=self.device)
         if action_ids is not None:
             self._action_mask[action_ids[0]:action_ids[1] + 1] = 0
+        if self.codec.end_token is not None:    # a variable-length frame must still end
+            self._action_mask[self.codec.end_token] = 0
         # The model family's fastest image path on this device (the same values): OpenVLA's
         # two towers side by side on a GPU, one after the other on a CPU.
         self.image_embeddings = model.image_embeddings_for(self.device)
-        self._vision_graph = GraphedFunction(self._vision, self.device) \
-            if self.use_cuda_graphs else None
+        # One vision graph per number of images a frame carries (captured on first use).
+        self._vision_graphs: dict[int, GraphedFunction] = {}
         self._frames = FrameUploader(self.device)
-        # instruction -> prompt ids (``validate_instruction``; the tokenizer is this runner's)
-        self._instruction_ids: OrderedDict[str, tuple[int, ...]] = OrderedDict()
+        # (instruction, state) -> prompt ids (``prompt_ids``; the tokenizer is this runner's)
+        self._instruction_ids: OrderedDict[tuple, tuple[int, ...]] = OrderedDict()
+
+    # ---- the model's facts (models/protocol.py) ----------------------------------------------
+
+    @property
+    def hidden_size(self) -> int:
+        return self.model.hidden_size
+
+    @property
+    def max_positions(self) -> int:
+        return self.model.max_positions
+
+    @property
+    def image_size(self) -> int:
+        return self.model.image_size
+
+    def num_bidirectional(self, prefix_len: int) -> int:
+        """Rows of a ``prefix_len``-row prefill that every row of it reads (the model's
+        prefix attention rule): all of them for a prefix-LM, none for a causal model."""
+        return prefix_len if self.model.prefix_attention == 'bidirectional' else 0
 
     @property
     def max_action_tokens(self) -> int:
@@ -106,28 +130,56 @@ class ModelRunner:
         return self.model.language_model
 
     def validate_instruction(self, instruction: str) -> list[int]:
-        """The instruction's prompt ids (a new list; ``PromptError`` for a bad instruction).
-        A robot repeats its instruction frame after frame: the ids of the last
-        ``MAX_CACHED_INSTRUCTIONS`` are kept, so tokenising costs once per instruction."""
+        """The instruction's prompt ids without a state (``prompt_ids``)."""
+        return self.prompt_ids(instruction, None)
+
+    def prompt_ids(self, instruction: str, state=None) -> list[int]:
+        """The prompt ids of an instruction and state (a new list; ``PromptError`` for a bad
+        one). A robot repeats its instruction frame after frame: the ids of the last
+        ``MAX_CACHED_INSTRUCTIONS`` (instruction, state) pairs are kept, so tokenising costs
+        once per instruction for a family whose prompt reads no state (a state changes every
+        frame, and a family that reads one tokenises every frame)."""
         if not isinstance(instruction, str):
-            return self.tokenizer.encode(instruction)       # refused there
-        ids = self._instruction_ids.get(instruction)
+            return self.tokenizer.encode(instruction, state)       # refused there
+        if state is None:
+            key = (instruction, None)
+        else:
+            array = np.asarray(state)
+            key = (instruction, array.dtype.str, array.shape, array.tobytes())
+        ids = self._instruction_ids.get(key)
         if ids is None:
-            ids = tuple(self.tokenizer.encode(instruction))   # raises for a bad instruction
+            ids = tuple(self.tokenizer.encode(instruction, state))   # raises for bad input
             if len(self._instruction_ids) >= MAX_CACHED_INSTRUCTIONS:
                 self._instruction_ids.popitem(last=False)
-            self._instruction_ids[instruction] = ids
+            self._instruction_ids[key] = ids
         else:
-            self._instruction_ids.move_to_end(instruction)
+            self._instruction_ids.move_to_end(key)
         return list(ids)
 
-    def prefix_len(self, input_ids: list[int]) -> int:
-        return len(input_ids) + self.cfg.num_patches
+    def frame_prompt_ids(self, frame: Frame) -> list[int]:
+        """``prompt_ids`` of a frame's instruction and (for a family that reads one) state."""
+        return self.prompt_ids(frame.instruction, frame.state)
+
+    def check_frame(self, frame: Frame) -> None:
+        """The frame's images: 1 .. ``num_image_slots`` uint8 RGB arrays (``ImageError``
+        otherwise); a state only for a family that reads one."""
+        images = frame.images
+        slots = self.model.num_image_slots
+        if not 1 <= len(images) <= slots:
+            raise ImageError(f'image: {len(images)} images for a model with {slots} image '
+                             f'slot{"s" if slots > 1 else ""}')
+        for image in images:
+            check_image(image)
+        if frame.state is not None and not self.model.uses_state:
+            raise ValueError('state: this model\'s prompt reads no robot state')
+
+    def prefix_len(self, input_ids: list[int], num_images: int = 1) -> int:
+        return self.model.prefix_len(len(input_ids), num_images)
 
     def max_prefix_len(self, max_instruction_tokens: int) -> int:
-        """Longest prefill an accepted instruction can produce (BOS, template, "▁" included)."""
-        # +8: tokenisation of the template around an instruction may merge differently.
-        return self.cfg.num_patches + self.tokenizer.prompt_overhead + max_instruction_tokens + 8
+        """Longest prefill an accepted frame can produce (every image slot filled)."""
+        return self.model.prefix_len(self.tokenizer.max_prompt_len(max_instruction_tokens),
+                                     self.model.num_image_slots)
 
     @torch.no_grad()
     def prepare_prompt(self, frame: Frame, engine_cfg: EngineConfig,
@@ -138,12 +190,16 @@ class ModelRunner:
         the vision towers run while the host goes on planning the step. Waits remain the
         first time: a new instruction's ids, the first normalisation constants, the vision
         graph's capture."""
-        ids = input_ids if input_ids is not None else self.validate_instruction(frame.instruction)
-        pixels = self.prepare_pixels(frame, engine_cfg)
-        if self._vision_graph is not None:
-            patches = self._vision_graph({'pixels': pixels[None]})['patches'].clone()
+        ids = input_ids if input_ids is not None else self.frame_prompt_ids(frame)
+        pixels = self.prepare_pixels(frame, engine_cfg)                 # (I, C, S, S)
+        if self.use_cuda_graphs:
+            graph = self._vision_graphs.get(pixels.shape[0])
+            if graph is None:
+                graph = self._vision_graphs[pixels.shape[0]] = GraphedFunction(
+                    self._vision, self.device)
+            patches = graph({'pixels': pixels})['patches'].clone()
         else:
-            patches = self.image_embeddings(pixels[None])[0]            # (P, H)
+            patches = self._vision({'pixels': pixels})['patches']      # (I * P, H)
         return PreparedPrompt(ids, self.model.prompt_embeddings(
             patches, device_ids(tuple(ids), self.device)))
 
@@ -153,25 +209,34 @@ class ModelRunner:
         """``prepare_prompt`` of several frames (one packed step's admitted frames). Eagerly
         the vision towers and the projector run once over the stacked frames: the same
         operations per frame in one batch, which a small model's step (bound by per-operation
-        cost) pays about once. With the vision graph (captured for one frame), one by one."""
+        cost) pays about once (every frame's images stacked). With the vision graphs (captured
+        per image count of one frame), one by one."""
         if len(frames) != len(input_ids):
             raise ValueError(f'input_ids: {len(input_ids)} lists for {len(frames)} frames')
-        if len(frames) == 1 or self._vision_graph is not None:
+        if len(frames) == 1 or self.use_cuda_graphs:
             return [self.prepare_prompt(f, engine_cfg, ids) for f, ids in zip(frames, input_ids)]
-        pixels = torch.stack([self.prepare_pixels(f, engine_cfg) for f in frames])
-        patches = self.image_embeddings(pixels)                             # (B, P, H)
-        return [PreparedPrompt(ids, self.model.prompt_embeddings(
-            patches[b], device_ids(tuple(ids), self.device))) for b, ids in enumerate(input_ids)]
+        per_frame = [self.prepare_pixels(f, engine_cfg) for f in frames]
+        patches = self.image_embeddings(torch.cat(per_frame))               # (sum I, P, H)
+        out, start = [], 0
+        for pixels, ids in zip(per_frame, input_ids):
+            rows = patches[start:start + pixels.shape[0]]
+            start += pixels.shape[0]
+            out.append(PreparedPrompt(ids, self.model.prompt_embeddings(
+                rows.reshape(-1, rows.shape[-1]), device_ids(tuple(ids), self.device))))
+        return out
 
     def prepare_pixels(self, frame: Frame, engine_cfg: EngineConfig) -> torch.Tensor:
-        """The frame's (6, S, S) pixel values in the model dtype, preprocessed on the device
-        after a uint8 upload (``FrameUploader``)."""
-        return preprocess_pixels(self._frames.upload(check_image(frame.image)), self.cfg,
-                                 center_crop=engine_cfg.center_crop,
-                                 rotate_180=engine_cfg.rotate_180).to(self.dtype)
+        """The frame's (I, C, S, S) pixel values (one per image, slot order) in the model
+        dtype, preprocessed by the family on the device after a uint8 upload
+        (``FrameUploader``)."""
+        return torch.stack([self.model.preprocess(
+            self._frames.upload(check_image(image)), center_crop=engine_cfg.center_crop,
+            rotate_180=engine_cfg.rotate_180) for image in frame.images]).to(self.dtype)
 
     def _vision(self, inputs: dict) -> dict:
-        return {'patches': self.image_embeddings(inputs['pixels'])[0]}
+        """(I, C, S, S) -> the (I * P, H) patches of one frame's images."""
+        patches = self.image_embeddings(inputs['pixels'])
+        return {'patches': patches.reshape(-1, patches.shape[-1])}
 
     def new_cache(self, num_slots: int) -> KVCache:
         return self.lm.new_kv_cache(num_slots)
@@ -289,9 +354,13 @@ def dense_batch(batch: StepBatch, num_slots: int) -> StepBatch:
     mask = torch.zeros(num_rows_total, num_slots, dtype=torch.bool,
                        device=batch.positions.device)
     start = 0
-    for block in batch.prefill_blocks:
+    prefixes = batch.prefill_prefix.tolist() if batch.prefill_prefix is not None \
+        else [0] * len(batch.prefill_blocks)
+    for block, prefix in zip(batch.prefill_blocks, prefixes):
         rows, cols = torch.tril_indices(block, block, device=mask.device)
         mask[start + rows, batch.slot_mapping[start:start + block][cols]] = True
+        if prefix:      # the bidirectional prefix: every row of the block reads it
+            mask[start:start + block, batch.slot_mapping[start:start + prefix]] = True
         start += block
     if batch.kv_index is not None:
         num_rows = batch.seg_mask.shape[1]

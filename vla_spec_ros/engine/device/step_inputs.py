@@ -13,7 +13,12 @@ Layout of the packed token axis (T = num_prefill + num_segments * num_rows):
     [prefill 0][prefill 1] ... [segment 0: num_rows rows][segment 1] ... [segment S-1]
 
 ``prefill_blocks`` holds the row count of each prefill block (num_prefill is their sum); a
-block attends causally to its own rows only and may be padded at its end.
+block attends to its own rows only and may be padded at its end. It attends causally, except
+that a prefix-LM model's prompt (``PrefillRows.num_bidirectional``: images and text of a
+pi0-FAST frame) is read by every row of the block: the extra ``prefill_prefix`` (one entry per
+block) carries it to the device, where ``models/attention.prefill_allowed`` applies the rule.
+The padding rows at a block's end lie past its prefix, so the mask (not causality alone) keeps
+every real row blind to them; drafted chain rows after the prompt stay causal.
 
 Every segment is padded to ``num_rows`` rows and ``num_cols`` gathered slots, and the number
 of segments may be padded too (CUDA graphs replay fixed shapes). Padding rows write their K/V
@@ -52,6 +57,14 @@ class PrefillRows:
     modulus: int
     prompt_len: int
     chain: tuple[int, ...] = ()
+    # The prompt's first rows every row of the block reads (a bidirectional prefix; 0 =
+    # causal). At most ``prompt_len``: chain rows are always causal.
+    num_bidirectional: int = 0
+
+    def __post_init__(self):
+        if not 0 <= self.num_bidirectional <= self.prompt_len:
+            raise ValueError(f'num_bidirectional: {self.num_bidirectional} outside 0 .. '
+                             f'prompt_len {self.prompt_len}')
 
     @property
     def length(self) -> int:
@@ -230,7 +243,9 @@ def pack_step(prefills: Sequence[PrefillRows], segments: Sequence[SegmentRows],
 
     ``prefill_rows`` >= every prefill's length pads each prefill block to that many rows at
     its end: causal attention keeps the real rows blind to the padding rows, which write to
-    the scratch slot.
+    the scratch slot. A bidirectional prefix (``num_bidirectional``, any prefill) adds the
+    extra ``prefill_prefix`` (one entry per block; the padding rows lie past it, so the
+    prefix's rows never read them either).
 
     Drafted chains (speculative prefill): the extras ``prefill_chain_ids`` /
     ``prefill_chain_rows`` say which token's embedding each chain row takes (the device writes
@@ -310,6 +325,9 @@ def pack_step(prefills: Sequence[PrefillRows], segments: Sequence[SegmentRows],
         if extras else {}
     if prefills:
         extras['prefill_read'] = np.array(prefill_read, dtype=np.int64)
+        if any(p.num_bidirectional for p in prefills):
+            extras['prefill_prefix'] = np.array([p.num_bidirectional for p in prefills],
+                                                dtype=np.int64)
         if chain_ids:
             extras['prefill_chain_ids'] = np.array(chain_ids, dtype=np.int64)
             extras['prefill_chain_rows'] = np.array(chain_rows, dtype=np.int64)
@@ -319,10 +337,12 @@ def pack_step(prefills: Sequence[PrefillRows], segments: Sequence[SegmentRows],
 
 def padding_step(prefill_blocks: Sequence[int], num_segments: int, num_rows: int,
                  num_cols: int, num_moves: int, scratch_slot: int,
-                 chain_per_prefill: int = 0) -> HostStep:
+                 chain_per_prefill: int = 0, has_prefix: bool = False) -> HostStep:
     """A step of the given padded shape made only of padding rows: every row writes to and
     reads from the scratch slot, moves copy scratch onto itself. Running it changes no
-    request's KV, so it can build (capture) a shape bucket before real work needs it."""
+    request's KV, so it can build (capture) a shape bucket before real work needs it.
+    ``has_prefix``: the bucket of a bidirectional-prefix model (a zero ``prefill_prefix``
+    per block, the array a real step of that model uploads)."""
     step = pack_step([], [], scratch_slot, num_segments=num_segments, num_rows=num_rows,
                      num_cols=num_cols, num_moves=num_moves)
     prefill_blocks = tuple(int(n) for n in prefill_blocks)
@@ -334,6 +354,8 @@ def padding_step(prefill_blocks: Sequence[int], num_segments: int, num_rows: int
         step.prefill_blocks = prefill_blocks
         num = len(prefill_blocks)
         step.extras['prefill_read'] = np.zeros(num * (1 + chain_per_prefill), dtype=np.int64)
+        if has_prefix:
+            step.extras['prefill_prefix'] = np.zeros(num, dtype=np.int64)
         if chain_per_prefill:
             starts = np.cumsum((0,) + prefill_blocks[:-1])
             step.extras['prefill_chain_ids'] = np.zeros(num * chain_per_prefill, np.int64)

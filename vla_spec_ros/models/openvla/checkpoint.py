@@ -17,20 +17,16 @@ from __future__ import annotations
 
 import json
 import os
-import struct
 from pathlib import Path
 
 import torch
-from safetensors import safe_open
 from safetensors.torch import save_file
 
 from ...config import LlamaConfig, VisionTowerConfig, VLAConfig, dinov2_vit_l, siglip_so400m
+from ..weights import (CheckpointError, _check_safetensors_file, _read_json,  # noqa: F401
+                       load_state_dict, weight_files)
 from .vision import TOWER_PREFIXES, unused_vision_keys
 from .vla import OpenVLA
-
-
-class CheckpointError(ValueError):
-    """A checkpoint folder is missing, truncated or does not match the model."""
 
 
 # The timm towers this package builds (their dims are implied by the id) and the backbones
@@ -61,15 +57,6 @@ _DTYPES = {'F64': torch.float64, 'F32': torch.float32, 'F16': torch.float16,
 
 def _round_up(x: int, multiple: int) -> int:
     return x if multiple <= 0 else (x + multiple - 1) // multiple * multiple
-
-
-def _read_json(path: Path) -> dict:
-    if not path.is_file():
-        raise CheckpointError(f'missing file {path}')
-    try:
-        return json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise CheckpointError(f'{path}: not valid JSON ({exc})') from exc
 
 
 # ---- config.json <-> VLAConfig --------------------------------------------------------------
@@ -236,6 +223,7 @@ def config_from_json(data: dict, source: str = 'config.json') -> VLAConfig:
             hidden_size=int(text['hidden_size']), num_layers=int(text['num_hidden_layers']),
             num_heads=int(text['num_attention_heads']),
             num_kv_heads=int(text['num_key_value_heads'] or 0),
+            head_dim=int(text.get('head_dim') or 0),
             intermediate_size=int(text['intermediate_size']), vocab_size=vocab,
             rms_norm_eps=float(text['rms_norm_eps']), rope_theta=float(text['rope_theta']),
             max_position_embeddings=int(text['max_position_embeddings']))
@@ -249,87 +237,6 @@ def config_from_json(data: dict, source: str = 'config.json') -> VLAConfig:
         if isinstance(exc, CheckpointError):
             raise
         raise CheckpointError(f'{source}: {exc}') from exc
-
-
-# ---- safetensors ----------------------------------------------------------------------------
-
-def _check_safetensors_file(path: Path) -> dict:
-    """Parse the header and verify the file holds every byte it declares (truncation check)."""
-    if not path.is_file():
-        raise CheckpointError(f'missing weight file {path}')
-    size = path.stat().st_size
-    with open(path, 'rb') as f:
-        head = f.read(8)
-        if len(head) < 8:
-            raise CheckpointError(f'{path}: truncated (no safetensors header)')
-        (header_len,) = struct.unpack('<Q', head)
-        if header_len > size - 8:
-            raise CheckpointError(f'{path}: truncated (header of {header_len} bytes, '
-                                  f'file has {size})')
-        try:
-            header = json.loads(f.read(header_len))
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            raise CheckpointError(f'{path}: corrupt safetensors header ({exc})') from exc
-    header.pop('__metadata__', None)
-    data_end = max((v['data_offsets'][1] for v in header.values()), default=0)
-    if 8 + header_len + data_end > size:
-        raise CheckpointError(f'{path}: truncated: tensors need {8 + header_len + data_end} '
-                              f'bytes, file has {size}')
-    return header
-
-
-def weight_files(folder: Path) -> dict[str, Path]:
-    """key -> file, from the shard index if present, else from model.safetensors."""
-    index = folder / 'model.safetensors.index.json'
-    single = folder / 'model.safetensors'
-    if index.is_file():
-        weight_map = _read_json(index).get('weight_map')
-        if not isinstance(weight_map, dict) or not weight_map:
-            raise CheckpointError(f'{index}: no weight_map')
-        mapping = {k: folder / v for k, v in weight_map.items()}
-        for path in sorted(set(mapping.values())):
-            header = _check_safetensors_file(path)
-            listed = {k for k, p in mapping.items() if p == path}
-            absent = sorted(listed - set(header))
-            if absent:
-                raise CheckpointError(f'{path}: missing key {absent[0]} listed in {index.name}'
-                                      f' ({len(absent)} missing)')
-        return mapping
-    if single.is_file():
-        return {k: single for k in _check_safetensors_file(single)}
-    if any(folder.glob('*.bin')) or any(folder.glob('*.pt')):
-        raise CheckpointError(f'{folder}: only pickle weights (.bin/.pt) found; only '
-                              'safetensors are loaded (no code from checkpoints is executed)')
-    raise CheckpointError(f'{folder}: no model.safetensors or model.safetensors.index.json')
-
-
-def load_state_dict(folder: Path, expected: dict[str, tuple], allowed_unused: set[str],
-                    dtype: torch.dtype, device, mapping: dict[str, Path] | None = None
-                    ) -> dict[str, torch.Tensor]:
-    """The ``expected`` tensors (key -> shape) of the checkpoint in ``folder`` (``mapping``:
-    its ``weight_files``, when already read)."""
-    if mapping is None:
-        mapping = weight_files(folder)
-    missing = sorted(set(expected) - set(mapping))
-    if missing:
-        raise CheckpointError(f'{folder}: missing key {missing[0]} ({len(missing)} missing)')
-    unexpected = sorted(set(mapping) - set(expected) - allowed_unused)
-    if unexpected:
-        raise CheckpointError(f'{mapping[unexpected[0]]}: unexpected key {unexpected[0]} '
-                              f'({len(unexpected)} unexpected)')
-    state: dict[str, torch.Tensor] = {}
-    by_file: dict[Path, list[str]] = {}
-    for key in expected:
-        by_file.setdefault(mapping[key], []).append(key)
-    for path, keys in by_file.items():
-        with safe_open(str(path), framework='pt', device='cpu') as f:
-            for key in keys:
-                shape = tuple(f.get_slice(key).get_shape())
-                if shape != tuple(expected[key]):
-                    raise CheckpointError(f'{path}: key {key} has shape {shape}, model expects '
-                                          f'{tuple(expected[key])}')
-                state[key] = f.get_tensor(key).to(device=device, dtype=dtype)
-    return state
 
 
 # ---- the model ------------------------------------------------------------------------------
