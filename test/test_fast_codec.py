@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from vla_spec_ros.action_codec import ActionCodec
-from vla_spec_ros.actions import ActionTokenizer
+from vla_spec_ros.actions import ActionStats, ActionTokenizer
 from vla_spec_ros.codecs import FastActionCodec
 from vla_spec_ros.codecs.fast import ISOLATED_BIN_BASE, ISOLATED_BIN_STRIDE
 from vla_spec_ros.codecs.fast_synthetic import (fit_synthetic_fast_tokenizer,
@@ -68,6 +68,9 @@ def test_a_frame_round_trips_within_one_quantisation_step(codec, tokenizer, chun
     assert decoded.is_valid and decoded.invalid_reason is None
     assert decoded.normalized.shape == codec.action_shape == (H, D)
     assert np.linalg.norm(decoded.normalized - chunk) <= 0.5 * math.sqrt(H * D) / 10.0
+    # The engine un-normalises the chunk with the dataset's quantiles, per dimension.
+    stats = ActionStats(np.full(D, -2.0), np.full(D, 2.0), np.ones(D, dtype=bool))
+    np.testing.assert_allclose(stats.unnormalize(decoded.normalized), 2.0 * decoded.normalized)
     # FAST ids as LeRobot reads them (vocab - 1 - 128 - id), decoded by the tokenizer alone.
     lerobot_ids = [PALIGEMMA_VOCAB - 1 - 128 - t for t in frame[len(ACTION_PREFIX):-2]]
     assert np.array_equal(decoded.normalized, tokenizer.decode(lerobot_ids))

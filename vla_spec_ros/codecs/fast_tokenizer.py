@@ -175,6 +175,8 @@ class FastTokenizer:
             raise FastDecodeError(f'FAST id(s) {outside[:8]} outside the vocabulary '
                                   f'[0, {self.num_ids})')
         text = self.bpe.decode(ids)
+        # U+FFFD is where the byte-level decoder met bytes that are not whole characters (a
+        # coefficient 65533 + min_token is far past any normalised chunk's).
         if REPLACEMENT_CHAR in text:
             raise FastDecodeError('the FAST tokens\' bytes are not whole UTF-8 characters')
         if len(text) != p.num_coefficients:
@@ -265,8 +267,8 @@ def fit_fast_tokenizer(action_chunks, *, vocab_size: int = 2048, scale: float = 
         raise ValueError('action_chunks: non-finite values')
     check_int('vocab_size', vocab_size, minimum=1)
     check_int('min_frequency', min_frequency, minimum=1)
-    params_probe = FastParams(float(scale), 0, chunks.shape[1], chunks.shape[2], vocab_size)
-    coefficients = np.stack([chunk_to_coefficients(c, params_probe.scale) for c in chunks])
+    scale = check_number('scale', scale, above=0.0)
+    coefficients = np.stack([chunk_to_coefficients(c, scale) for c in chunks])      # (N, H*D)
     min_token, max_token = int(coefficients.min()), int(coefficients.max())
     if max_token - min_token > vocab_size:
         raise ValueError(f'vocab_size: {vocab_size} is smaller than the integer range '
@@ -283,7 +285,7 @@ def fit_fast_tokenizer(action_chunks, *, vocab_size: int = 2048, scale: float = 
         special_tokens=[], max_token_length=max_token_length,
         initial_alphabet=sorted(set(raw_alphabet) | set(_byte_level_chars(raw_alphabet))))
     bpe.train_from_iterator(texts, trainer=trainer)
-    tokenizer = FastTokenizer(bpe, FastParams(float(scale), min_token, chunks.shape[1],
+    tokenizer = FastTokenizer(bpe, FastParams(scale, min_token, chunks.shape[1],
                                               chunks.shape[2], vocab_size))
     if folder is not None:
         tokenizer.save(folder)
