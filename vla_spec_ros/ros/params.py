@@ -26,6 +26,9 @@ from vla_spec_ros.validation import check_int, check_number
 IMAGE_TRANSPORTS = ('raw', 'compressed')
 STAMP_SOURCES = ('header', 'receipt')
 CHUNK_BLENDS = ('latest', 'ensemble')      # chunk_schedule.BLENDS
+GRIPPER_ACTION_TYPES = ('gripper_command', 'parallel_gripper')   # gripper_action.py
+SERVO_COMMAND_TYPE_CHOICES = ('twist', 'pose')  # servo_contract.SERVO_COMMAND_TYPES published
+DELTA_FRAMES = ('base', 'tool')                 # pose_math.DELTA_FRAMES
 
 # EngineConfig fields without a parameter, and why (from their EngineOption).
 ENGINE_FIELDS_NOT_EXPOSED = {f.name: f.metadata['option'].not_a_parameter
@@ -108,8 +111,32 @@ NODE_PARAMETERS: tuple[ParameterSpec, ...] = (
        tunable=True, lo=-100.0, hi=100.0),
     _p('gripper_action_name', '', 'control_msgs GripperCommand action to also send goals to '
        '(e.g. /gripper_controller/gripper_cmd); empty = none', tunable=False),
-    _p('gripper_max_effort', 10.0, 'max_effort of GripperCommand goals', tunable=True, lo=0.0,
-       hi=10000.0, unit='N'),
+    _p('gripper_max_effort', 10.0, 'max_effort of GripperCommand goals (the effort limit of '
+       'ParallelGripperCommand goals)', tunable=True, lo=0.0, hi=10000.0, unit='N'),
+    _p('gripper_action_type', 'gripper_command', 'Action of gripper_action_name: '
+       'gripper_command (control_msgs GripperCommand, GripperActionController) or '
+       'parallel_gripper (ParallelGripperCommand, parallel_gripper_action_controller)',
+       tunable=False, choices=GRIPPER_ACTION_TYPES),
+    _p('gripper_joint_name', '', 'parallel_gripper: the joint named in the goal\'s JointState '
+       '(empty = no name)', tunable=True),
+    # --- MoveIt Servo's contract and absolute targets (docs/robot.md) --------------------------
+    _p('servo_node', '', 'MoveIt Servo node (e.g. /servo_node) whose contract the node keeps: '
+       'selects servo_command_type on activation, pauses it on a hold, checks its '
+       'incoming_command_timeout; empty = off', tunable=False),
+    _p('servo_command_type', 'twist', 'The Servo command type the node selects: twist '
+       '(~/twist) or pose (~/pose_target; needs pose_targets)', tunable=False,
+       choices=SERVO_COMMAND_TYPE_CHOICES),
+    _p('servo_pause_on_hold', True, 'Pause Servo (~/pause_servo) while the robot holds; '
+       'resume with the next command', tunable=True),
+    _p('pose_targets', False, 'Also publish absolute tool targets: ~/pose_target '
+       '(PoseStamped, Servo pose mode) and, for chunked models, ~/pose_trajectory (absolute '
+       'poses for a Cartesian trajectory controller); needs the tool pose', tunable=False),
+    _p('tool_pose_topic', '', 'PoseStamped of the tool in the robot base frame (from the '
+       'driver); empty = TF frame_id -> tool_frame (needs tf2_ros)', tunable=False),
+    _p('tool_frame', 'tool0', 'The tool\'s TF frame, and the joint name of ~/pose_trajectory',
+       tunable=True),
+    _p('pose_delta_frame', 'base', 'Frame the action deltas are applied in for pose targets: '
+       'base (OpenVLA\'s datasets) or tool', tunable=True, choices=DELTA_FRAMES),
     # --- chunked models (action_chunk > 1): one step per control period, docs/chunks.md -------
     _p('chunk_blend', 'latest', 'Chunked models: how a new chunk takes over: latest (the '
        'newest chunk from its first due step) or ensemble (the weighted mean of the due step '
@@ -153,7 +180,9 @@ ROBOT_PARAMETERS = (
     'angular_scale', 'max_linear_speed', 'max_angular_speed', 'gripper_binarize',
     'gripper_threshold', 'gripper_invert', 'gripper_open_position', 'gripper_closed_position',
     'gripper_action_name', 'gripper_max_effort', 'chunk_blend', 'chunk_ensemble_decay',
-    'max_action_age', 'stamp_source', 'num_halt_messages')
+    'max_action_age', 'stamp_source', 'num_halt_messages', 'gripper_action_type',
+    'gripper_joint_name', 'servo_node', 'servo_command_type', 'servo_pause_on_hold',
+    'pose_targets', 'tool_pose_topic', 'tool_frame', 'pose_delta_frame')
 
 
 # Engine parameters (from EngineConfig) first, then the node's own.
@@ -191,6 +220,15 @@ class NodeSettings:
     gripper_closed_position: float
     gripper_action_name: str
     gripper_max_effort: float
+    gripper_action_type: str
+    gripper_joint_name: str
+    servo_node: str
+    servo_command_type: str
+    servo_pause_on_hold: bool
+    pose_targets: bool
+    tool_pose_topic: str
+    tool_frame: str
+    pose_delta_frame: str
     chunk_blend: str
     chunk_ensemble_decay: float
     max_action_age: float
@@ -216,6 +254,13 @@ class NodeSettings:
             raise ValueError('control_period: must be > 0')
         if self.gripper_action_name and not self.gripper_action_name.strip('/'):
             raise ValueError('gripper_action_name: not a valid action name')
+        if self.servo_node and not self.servo_node.strip('/'):
+            raise ValueError('servo_node: not a valid node name')
+        if self.servo_node and self.servo_command_type == 'pose' and not self.pose_targets:
+            raise ValueError('servo_command_type: pose needs pose_targets: true (the node '
+                             'publishes pose targets only then)')
+        if self.pose_targets and not self.tool_frame.strip():
+            raise ValueError('tool_frame: must not be empty with pose_targets')
 
     @property
     def unnorm_key_or_none(self) -> str | None:
