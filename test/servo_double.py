@@ -1,0 +1,94 @@
+"""A stand-in for MoveIt Servo (moveit_servo's servo_node, Jazzy and later) that keeps its
+documented command contract, for the node's integration tests over DDS.
+
+What it implements, as MoveIt's documentation and servo_node state it:
+  * no command type is selected at start; `~/switch_command_type`
+    (moveit_msgs/srv/ServoCommandType) selects JOINT_JOG (0), TWIST (1) or POSE (2) and answers
+    success = false for any other value; a command of a type other than the selected one is
+    not acted on;
+  * a command is acted on only while `now - header.stamp < incoming_command_timeout` (its
+    parameter `moveit_servo.incoming_command_timeout`, default 0.1 s); an older one halts;
+  * `~/pause_servo` (std_srvs/SetBool) pauses (data true) and resumes (false); while paused
+    no command is acted on;
+  * a command's frame_id must resolve (here: be one of `known_frames`, in place of TF);
+    an empty or unknown frame is refused;
+  * commands: TwistStamped on `~/delta_twist_cmds`, PoseStamped on `~/pose_target_cmds`.
+
+Every command is kept with its verdict ('executed' or the reason it was not), and every
+service call in order, for the test to read.
+"""
+import threading
+
+from geometry_msgs.msg import PoseStamped, TwistStamped
+from rclpy.node import Node
+from rclpy.qos import QoSProfile, ReliabilityPolicy
+from std_srvs.srv import SetBool
+
+JOINT_JOG, TWIST, POSE = 0, 1, 2
+EXECUTED = 'executed'
+
+
+class ServoDouble(Node):
+
+    def __init__(self, name='servo_node', *, timeout_s=0.1, known_frames=('base_link',),
+                 **node_kwargs):
+        super().__init__(name, **node_kwargs)
+        from moveit_msgs.srv import ServoCommandType
+
+        self.declare_parameter('moveit_servo.incoming_command_timeout', float(timeout_s))
+        self.known_frames = set(known_frames)
+        self._lock = threading.Lock()
+        self.command_type = None
+        self.paused = False
+        self.commands = []          # (receipt time s, kind, message, verdict)
+        self.calls = []             # ('switch_command_type', value, success) / ('pause', bool)
+        qos = QoSProfile(depth=10, reliability=ReliabilityPolicy.RELIABLE)
+        self.create_service(ServoCommandType, '~/switch_command_type', self._on_switch)
+        self.create_service(SetBool, '~/pause_servo', self._on_pause)
+        self.create_subscription(TwistStamped, '~/delta_twist_cmds',
+                                 lambda msg: self._on_command(TWIST, msg), qos)
+        self.create_subscription(PoseStamped, '~/pose_target_cmds',
+                                 lambda msg: self._on_command(POSE, msg), qos)
+
+    @property
+    def timeout_s(self) -> float:
+        return self.get_parameter('moveit_servo.incoming_command_timeout').value
+
+    def _on_switch(self, request, response):
+        response.success = request.command_type in (JOINT_JOG, TWIST, POSE)
+        with self._lock:
+            if response.success:
+                self.command_type = request.command_type
+            self.calls.append(('switch_command_type', request.command_type, response.success))
+        return response
+
+    def _on_pause(self, request, response):
+        with self._lock:
+            self.paused = bool(request.data)
+            self.calls.append(('pause', self.paused))
+        response.success = True
+        response.message = 'paused' if request.data else 'resumed'
+        return response
+
+    def _verdict(self, kind, msg, now_s) -> str:
+        if self.command_type is None:
+            return 'no command type selected'
+        if kind != self.command_type:
+            return f'command type {kind} while {self.command_type} is selected'
+        if self.paused:
+            return 'paused'
+        if msg.header.frame_id not in self.known_frames:
+            return f'unknown frame {msg.header.frame_id!r}'
+        stamp_s = msg.header.stamp.sec + 1e-9 * msg.header.stamp.nanosec
+        if now_s - stamp_s >= self.timeout_s:
+            return 'stale command: halt'
+        return EXECUTED
+
+    def _on_command(self, kind, msg):
+        now_s = self.get_clock().now().nanoseconds * 1e-9
+        with self._lock:
+            self.commands.append((now_s, kind, msg, self._verdict(kind, msg, now_s)))
+
+    def snapshot(self):
+        with self._lock:
+            return list(self.commands), list(self.calls)
