@@ -30,10 +30,15 @@ class LlamaForCausalLM(nn.Module):
         self.cfg = cfg
         self.model = LlamaBackbone(cfg)
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
-        if cfg.tie_word_embeddings:     # one Parameter: the head is the embedding table
-            self.lm_head.weight = self.model.embed_tokens.weight
+        self.tie_weights()
         self._embed_multiplier = cfg.embedding_multiplier
         self._rope = RopeTables(cfg)
+
+    def tie_weights(self) -> None:
+        """With ``tie_word_embeddings``, the head's weight IS the embedding table (one
+        Parameter); call again after assigning a new table (``load_state_dict(assign=True)``)."""
+        if self.cfg.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
 
     def token_embeddings(self, token_ids: torch.Tensor) -> torch.Tensor:
         """(N,) ids -> (N, H) decoder inputs: the table's rows, times Gemma's sqrt(width) when
