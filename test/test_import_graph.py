@@ -44,12 +44,14 @@ def _module_name(path: Path) -> str:
     return '.'.join(parts)
 
 
-def _imports(path: Path) -> set[str]:
-    """Absolute names of every module `path` imports, anywhere in the file."""
+def _imports(path: Path, source: str | None = None) -> set[str]:
+    """Absolute names of every module `path` imports, anywhere in the file (``source``: the
+    file's text, when not the one on disk)."""
     module = _module_name(path)
     package = module if path.name == '__init__.py' else module.rsplit('.', 1)[0]
     names = set()
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+    text = path.read_text() if source is None else source
+    for node in ast.walk(ast.parse(text, str(path))):
         if isinstance(node, ast.Import):
             names.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom):
@@ -132,16 +134,42 @@ def test_test_oracles_are_not_shipped():
         assert not defined & oracles, (path, defined & oracles)
 
 
+def _families() -> list[str]:
+    """Every model family: a package under models/ (openvla, pi0fast, ...)."""
+    return sorted(p.parent.name for p in (PACKAGE_ROOT / 'models').glob('*/__init__.py'))
+
+
 def test_the_engine_knows_models_by_the_protocol_only():
-    """No engine module imports a model family (models/openvla/): the runner, the drafters
-    and the node's engine see ``models/protocol.VLAModel``; OpenVLA implements it."""
-    for path in sorted((PACKAGE_ROOT / 'engine').rglob('*.py')):
-        family = sorted(n for n in _imports(path) if n.startswith('vla_spec_ros.models.openvla'))
+    """No engine module, leaf modules of every room included, imports a model family
+    (models/openvla/, models/pi0fast/, any package under models/): the runner, the drafters
+    and the node's engine see ``models/protocol.VLAModel``; each family implements it. The
+    policy reaches the families through the registry only (models/registry.py)."""
+    families = _families()
+    assert {'openvla', 'pi0fast'} <= set(families)
+    prefixes = tuple(f'vla_spec_ros.models.{name}' for name in families)
+    engine_sources = sorted((PACKAGE_ROOT / 'engine').rglob('*.py'))
+    assert len(engine_sources) > 20          # the rooms' leaf modules are scanned too
+    for path in engine_sources:
+        family = sorted(n for n in _imports(path)
+                        if n.startswith(prefixes) or n == 'vla_spec_ros.models.registry')
         assert not family, (_module_name(path), family)
+    policy = sorted(n for n in _imports(PACKAGE_ROOT / 'policy.py') if n.startswith(prefixes))
+    assert not policy, policy
     torch = pytest.importorskip('torch')
     from vla_spec_ros.config import preset
     from vla_spec_ros.models.openvla.vla import OpenVLA
+    from vla_spec_ros.models.pi0fast.model import Pi0Fast
     from vla_spec_ros.models.protocol import Decoder, VLAModel
-    model = OpenVLA(preset('tiny'))
-    assert isinstance(model, VLAModel) and isinstance(model.language_model, Decoder)
-    assert model.image_embeddings_for(torch.device('cpu')) == model.image_embeddings
+    for model in (OpenVLA(preset('tiny')), Pi0Fast(preset('pi0fast-tiny'))):
+        assert isinstance(model, VLAModel) and isinstance(model.language_model, Decoder)
+        assert model.image_embeddings_for(torch.device('cpu')) == model.image_embeddings
+
+
+def test_the_scanner_catches_a_leaf_module_reaching_a_family():
+    """The rule above is not vacuous: a leaf module of an engine room that imports a family
+    (relatively, inside a function) is seen."""
+    leaf = PACKAGE_ROOT / 'engine' / 'device' / 'kernel_choice.py'
+    source = leaf.read_text() + ('\n\ndef _reach():\n'
+                                 '    from ...models.pi0fast.model import Pi0Fast\n')
+    assert 'vla_spec_ros.models.pi0fast.model' in _imports(leaf, source)
+    assert not any(n.startswith('vla_spec_ros.models.pi0fast') for n in _imports(leaf))

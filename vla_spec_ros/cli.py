@@ -21,7 +21,7 @@ def _add_engine_args(p: argparse.ArgumentParser) -> None:
 
 
 def cmd_make_checkpoint(args) -> int:
-    from .models.openvla.random_checkpoint import make_checkpoint
+    from .models.registry import make_checkpoint
     shard = int(args.max_shard_mb * 2 ** 20) if args.max_shard_mb else None
     out = make_checkpoint(args.preset, args.out, seed=args.seed, dtype=args.dtype,
                           max_shard_bytes=shard)
@@ -104,8 +104,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog='vla-spec', description=__doc__)
     sub = parser.add_subparsers(dest='command', required=True)
 
-    p = sub.add_parser('make-checkpoint', help='write a random-weight checkpoint in '
-                       "OpenVLA's Hugging Face layout")
+    p = sub.add_parser('make-checkpoint', help='write a random-weight checkpoint in its '
+                       "family's layout (OpenVLA's Hugging Face layout; pi0fast-*: LeRobot's)")
     p.add_argument('--preset', required=True, choices=sorted(PRESETS))
     p.add_argument('--out', required=True)
     p.add_argument('--seed', type=int, default=0)

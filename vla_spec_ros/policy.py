@@ -1,8 +1,9 @@
 """``VLAPolicy``: the public entry point (README, "Python API").
 
-``VLAPolicy.from_pretrained(path_or_preset, **engine_options)`` loads a checkpoint folder in
-OpenVLA's Hugging Face layout, or a preset name (a random-weight checkpoint of that preset is
-written once to a cache folder and loaded through the same loader). ``predict`` runs one frame
+``VLAPolicy.from_pretrained(path_or_preset, **engine_options)`` loads a checkpoint folder of
+any family the registry knows (models/registry.py: OpenVLA's Hugging Face layout, pi0-FAST's
+LeRobot layout), or a preset name (a random-weight checkpoint of that preset is written once
+to a cache folder and loaded through the same loader). ``predict`` runs one frame
 to completion; ``engine`` is the streaming interface over the same model.
 """
 from __future__ import annotations
@@ -12,15 +13,14 @@ import os
 import shutil
 from pathlib import Path
 
-import numpy as np
 import torch
 
 from .config import PRESETS, EngineConfig
 from .engine.engine import Engine
 from .engine.result import ActionResult, Frame
 from .engine.device.runner import TORCH_DTYPES, ModelRunner
-from .models.openvla.checkpoint import CheckpointError, load_model
-from .prompt import PromptTokenizer
+from .models import registry
+from .models.weights import CheckpointError
 
 PREDICT_STREAM = '__predict__'
 
@@ -41,10 +41,9 @@ def resolve_checkpoint(path_or_preset: str) -> Path:
     if path_or_preset in PRESETS:
         folder = cache_dir() / 'presets' / f'{path_or_preset}-seed0'
         if not (folder / 'config.json').is_file():
-            from .models.openvla.random_checkpoint import make_checkpoint
             # Written aside, then renamed: a concurrent first use never sees half a checkpoint.
             tmp = folder.with_name(folder.name + f'.tmp{os.getpid()}')
-            make_checkpoint(path_or_preset, tmp, seed=0)
+            registry.make_checkpoint(path_or_preset, tmp, seed=0)
             if folder.exists():
                 shutil.rmtree(tmp)      # another process finished first; same seed, same files
             else:
@@ -65,16 +64,17 @@ class VLAPolicy:
         if config.device.startswith('cuda') and not torch.cuda.is_available():
             raise ValueError(f'device: {config.device!r} requested but CUDA is not available')
         folder = resolve_checkpoint(path_or_preset)
-        model, cfg, raw = load_model(folder, TORCH_DTYPES[config.dtype], config.device)
-        norm_stats = raw.get('norm_stats')
+        loaded = registry.load(folder, TORCH_DTYPES[config.dtype], config.device,
+                               config.max_instruction_tokens)
+        norm_stats = loaded.raw.get('norm_stats')
         if not norm_stats:
             stats_file = folder / 'dataset_statistics.json'
             if not stats_file.is_file():
                 raise CheckpointError(f'{folder}: no norm_stats in config.json and no '
                                       'dataset_statistics.json')
             norm_stats = json.loads(stats_file.read_text())
-        tokenizer = PromptTokenizer.from_folder(folder, config.max_instruction_tokens)
-        runner = ModelRunner(model, cfg, tokenizer, config, checkpoint_folder=folder)
+        runner = ModelRunner(loaded.model, loaded.cfg, loaded.tokenizer, config,
+                             codec=loaded.codec, checkpoint_folder=folder)
         return cls(Engine(runner, norm_stats, config), str(folder))
 
     @property
@@ -89,9 +89,12 @@ class VLAPolicy:
     def model_config(self):
         return self.engine.runner.cfg
 
-    def predict(self, image: np.ndarray, instruction: str,
-                unnorm_key: str | None = None) -> ActionResult:
-        """One frame -> its action (blocking). Bad input raises ValueError.
+    def predict(self, image, instruction: str, unnorm_key: str | None = None,
+                state=None) -> ActionResult:
+        """One frame -> its action (blocking). Bad input raises ValueError. ``image``: one
+        (H, W, 3) uint8 array, or a tuple of them (one per image slot of a multi-camera
+        model); ``state``: the normalised robot state, for a family that reads one (pi0-FAST:
+        zeros when None).
 
         The engine must be idle: ``predict`` steps it until its own frame is done, so it would
         otherwise also step (and swallow the results of) the frames a node or another caller
@@ -103,7 +106,8 @@ class VLAPolicy:
                 f'predict() needs an idle engine; streams {list(self.engine.busy_streams)} have '
                 'frames waiting or in flight (a node serving this policy, or frames submitted '
                 'through policy.engine): destroy that node, or call policy.engine.reset()')
-        request_id = self.engine.submit(Frame(image, instruction, unnorm_key, PREDICT_STREAM))
+        request_id = self.engine.submit(Frame(image, instruction, unnorm_key, PREDICT_STREAM,
+                                              state=state))
         for finished in self.engine.run_until_idle():
             if finished.request_id == request_id:
                 if finished.error is not None:

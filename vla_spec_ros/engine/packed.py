@@ -51,12 +51,23 @@ PROMPT_ROWS_BUCKET = 64
 KV_COLS_BUCKET = 128
 
 
+def _check_relaxation(config: EngineConfig, codec) -> None:
+    """Relaxed acceptance (S4) compares the codec's bins; a codec that defines no distance
+    between its tokens (``supports_relaxed_acceptance`` False) refuses ``relax_threshold`` > 0
+    when the engine is configured, before any frame."""
+    if config.relax_threshold > 0 and not getattr(codec, 'supports_relaxed_acceptance', True):
+        raise ValueError(f'relax_threshold: {config.relax_threshold} bins, but the codec '
+                         f'{type(codec).__name__} defines no distance between its tokens '
+                         '(supports_relaxed_acceptance is False); use 0 (exact acceptance)')
+
+
 class PackedStrategy:
     def __init__(self, runner, config: EngineConfig, drafter=None):
         if config.use_cuda_graphs != runner.use_cuda_graphs:
             raise ValueError(f'use_cuda_graphs: the engine asks for {config.use_cuda_graphs} but '
                              f'its model runner was loaded with {runner.use_cuda_graphs}')
         self.runner = runner
+        _check_relaxation(config, runner.codec)
         self.config = config
         self.is_speculative = config.is_speculative
         self.drafter = drafter
@@ -96,6 +107,7 @@ class PackedStrategy:
     # ---- requests ----------------------------------------------------------------------------
 
     def config_changed(self, config: EngineConfig) -> None:
+        _check_relaxation(config, self.runner.codec)
         if self.is_speculative and not self.derives_depth \
                 and config.tree_max_nodes > self.scratch:
             raise ValueError(f'tree_max_nodes: {config.tree_max_nodes} exceeds the ring scratch '
