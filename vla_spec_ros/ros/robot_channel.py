@@ -5,9 +5,12 @@ parameter: `<name>/image`, `<name>/twist`, ... one RobotChannel each) from one e
 owns everything that is per robot:
 
   inputs   image (raw or compressed; depth-1 slot, latest wins), instruction
-  outputs  twist (stamped with the image's stamp), gripper, action, GripperCommand goals;
-           with a chunked model, one step per control period (chunk_schedule.py) and each
-           chunk as a MultiDOFJointTrajectory on trajectory
+  outputs  twist (stamped with the image's stamp), gripper, action, gripper action goals
+           (gripper_action.py); with a chunked model, one step per control period
+           (chunk_schedule.py) and each chunk's velocities as a MultiDOFJointTrajectory on
+           velocity_trajectory (and its former name, trajectory); with pose_targets, absolute
+           tool targets (pose_targets.py); with servo_node, MoveIt Servo's contract
+           (servo_contract.py)
   services enable (SetBool), reset (Trigger: drops this robot's engine requests only)
   safety   staleness check, zero-twist holds with their reason, halt-message budget
   stats    rate, latency, acceptance, drops, answered fraction, oldest action published
@@ -32,14 +35,10 @@ from std_srvs.srv import SetBool, Trigger
 from vla_spec_ros.ros import chunk_schedule as chunks
 from vla_spec_ros.ros import command as cmd
 from vla_spec_ros.ros.diagnostics import InferenceStats, diagnostic_status, frame_stages
+from vla_spec_ros.ros.gripper_action import GripperActionOutput
+from vla_spec_ros.ros.pose_targets import PoseTargetOutput
 from vla_spec_ros.ros.qos import (COMMAND_QOS, IMAGE_QOS, INSTRUCTION_QOS,
                                   INSTRUCTION_VOLATILE_QOS)
-
-try:  # not on PyPI; used where a ROS distribution provides it
-    from control_msgs.action import GripperCommand
-    from rclpy.action import ActionClient
-except ImportError:
-    GripperCommand = None
 
 try:  # ros-kilted-trajectory-msgs on PyPI; a chunked model's ~/trajectory needs it
     from trajectory_msgs.msg import MultiDOFJointTrajectory, MultiDOFJointTrajectoryPoint
@@ -119,6 +118,7 @@ class RobotChannel:
         self.name = name
         self.stream_id = name or 'default'
         self.settings = settings
+        self.servo = None                         # ServoContract, with servo_node set
         self.is_active = True
         self.stats = InferenceStats()
         self.slot = LatestFrameSlot(wakeup)
@@ -126,7 +126,6 @@ class RobotChannel:
         self._halt_lock = threading.Lock()
         self._halt_kind: str | None = None
         self._num_halts_sent = 0
-        self._last_gripper_goal: float | None = None
         self._on_instruction, self._on_enable, self._on_reset = on_instruction, on_enable, on_reset
         self.chunk_steps = int(chunk_steps)
         self.schedule = chunks.ChunkSchedule()
@@ -143,11 +142,26 @@ class RobotChannel:
                                                  COMMAND_QOS)
         self.action_pub = node.create_publisher(Float64MultiArray, prefix + 'action',
                                                 COMMAND_QOS)
-        self.trajectory_pub = None
+        # A chunk's velocities; `trajectory` is the topic's former name, kept as an alias.
+        self.trajectory_pub = self.legacy_trajectory_pub = None
         if self.is_chunked and MultiDOFJointTrajectory is not None:
-            self.trajectory_pub = node.create_publisher(MultiDOFJointTrajectory,
-                                                        prefix + 'trajectory', COMMAND_QOS)
-        self._gripper_client = self._make_gripper_client()
+            self.trajectory_pub = node.create_publisher(
+                MultiDOFJointTrajectory, prefix + 'velocity_trajectory', COMMAND_QOS)
+            self.legacy_trajectory_pub = node.create_publisher(
+                MultiDOFJointTrajectory, prefix + 'trajectory', COMMAND_QOS)
+        self._gripper = (GripperActionOutput(node, settings.gripper_action_name,
+                                             settings.gripper_action_type, self.label)
+                         if settings.gripper_action_name else None)
+        self.pose_output = (PoseTargetOutput(node, prefix, settings, self.label,
+                                             is_chunked=self.is_chunked)
+                            if settings.pose_targets else None)
+        if settings.servo_node:
+            from vla_spec_ros.ros.servo_contract import ServoContract
+
+            self.servo = ServoContract(node, settings.servo_node, settings.servo_command_type,
+                                       self.label, pause_on_hold=settings.servo_pause_on_hold,
+                                       measure=self._servo_measure)
+            self.servo.set_active(self.is_active)
         if settings.image_transport == 'compressed':
             self._image_sub = node.create_subscription(
                 CompressedImage, prefix + 'image/compressed', self._on_image, IMAGE_QOS)
@@ -163,6 +177,23 @@ class RobotChannel:
     @property
     def label(self) -> str:
         return self.name or self.node.get_name()
+
+    @property
+    def is_active(self) -> bool:
+        return self._is_active
+
+    @is_active.setter
+    def is_active(self, value: bool) -> None:
+        """Activation (re)selects Servo's command type (servo_contract.py)."""
+        self._is_active = bool(value)
+        if self.servo is not None:
+            self.servo.set_active(self._is_active)
+
+    def _servo_measure(self):
+        """(frame -> command latency p99 in s or None, control_period) for the Servo check."""
+        latency_ms = self.stats.snapshot(time.monotonic()).get('latency_p99_ms', math.nan)
+        return (None if math.isnan(latency_ms) else latency_ms * 1e-3,
+                self.settings.control_period)
 
     @property
     def is_chunked(self) -> bool:
@@ -291,7 +322,12 @@ class RobotChannel:
         if self._trajectory_live and self.trajectory_pub is not None:
             # An empty trajectory tells a trajectory controller to stop (trajectory_msgs).
             self._trajectory_live = False
-            self.trajectory_pub.publish(trajectory_message((), now, settings.frame_id, 0.0))
+            self._publish_velocity_trajectory(trajectory_message((), now, settings.frame_id,
+                                                                 0.0))
+        if self.pose_output is not None:
+            self.pose_output.stop(now, settings)
+        if self.servo is not None:
+            self.servo.on_hold()
         log, text = self.node.get_logger(), f'{self.label}: zero twist: {reason}'
         if kind in cmd.FAILURE_REASONS:
             log.error(text, throttle_duration_sec=LOG_THROTTLE_S)
@@ -319,8 +355,25 @@ class RobotChannel:
         if command.is_hold:
             self._hold_result(command.hold_reason)
             return
+        start = self._start_pose(info, settings)
+        if start is False:
+            return
         self.publish_command(command, info.stamp)
+        if start is not None:
+            self.pose_output.publish_action(start, command, info.stamp, settings)
         self._record_answer(info, finished.result.stats)
+
+    def _start_pose(self, info: FrameInfo, settings):
+        """With pose targets: the tool pose at the image's time, or False after holding
+        because it is unknown (pose_targets.py); None without pose targets."""
+        if self.pose_output is None:
+            return None
+        start, why = self.pose_output.start_pose(
+            cmd.observation_time(info.stamp_s, info.receipt_s, settings), settings)
+        if start is None:
+            self.hold(why, force=True)
+            return False
+        return start
 
     def _hold_result(self, reason: str) -> None:
         """Hold for a finished frame whose result may not be acted on (S7)."""
@@ -354,6 +407,9 @@ class RobotChannel:
             if decision.hold_reason is not None:
                 self._hold_result(decision.hold_reason)
                 return
+            start = self._start_pose(info, settings)
+            if start is False:
+                return
             chunk = chunks.Chunk(decision.actions,
                                  cmd.observation_time(info.stamp_s, info.receipt_s, settings),
                                  settings.control_period, info.stamp)
@@ -365,6 +421,8 @@ class RobotChannel:
                     throttle_duration_sec=LOG_THROTTLE_S)
                 return
             self._publish_trajectory(chunk, decision.commands, settings)
+            if start is not None and self.is_active:
+                self.pose_output.add_chunk(chunk, start, decision.commands, info.stamp, settings)
             self._publish_due(now, from_clock=False)
         self.stats.record_chunk(replaced=replaced)
         self._record_answer(info, finished.result.stats)
@@ -399,8 +457,10 @@ class RobotChannel:
                 self.stats.record_chunk_step(published=False, num_skipped=due.num_skipped)
                 self.hold(command.hold_reason, force=True, keep_chunk=True)
             else:
-                self.publish_command(command, offset_stamp(
-                    due.chunk.stamp, due.index * due.chunk.period_s))
+                stamp = offset_stamp(due.chunk.stamp, due.index * due.chunk.period_s)
+                self.publish_command(command, stamp)
+                if self.pose_output is not None:
+                    self.pose_output.publish_step(due.chunk, due.index, stamp)
                 late = self.now_s() - due.chunk.slot_start(due.index) if from_clock else None
                 self.stats.record_chunk_step(published=True, num_skipped=due.num_skipped,
                                              lateness_s=late)
@@ -409,9 +469,13 @@ class RobotChannel:
     def _publish_trajectory(self, chunk, commands, settings) -> None:
         if self.trajectory_pub is None or not self.is_active:
             return
-        self.trajectory_pub.publish(trajectory_message(commands, chunk.stamp, settings.frame_id,
-                                                       chunk.period_s))
+        self._publish_velocity_trajectory(trajectory_message(commands, chunk.stamp,
+                                                             settings.frame_id, chunk.period_s))
         self._trajectory_live = True
+
+    def _publish_velocity_trajectory(self, msg) -> None:
+        self.trajectory_pub.publish(msg)
+        self.legacy_trajectory_pub.publish(msg)
 
     def publish_command(self, command: cmd.Command, stamp) -> None:
         if not self.is_active:
@@ -419,59 +483,40 @@ class RobotChannel:
         settings = self.settings
         with self._halt_lock:
             self._halt_kind = None
+        if self.servo is not None:
+            self.servo.on_command()
         self.twist_pub.publish(twist_message(command.linear, command.angular, stamp,
                                              settings.frame_id))
         self.gripper_pub.publish(Float64MultiArray(data=[command.gripper]))
         self.action_pub.publish(Float64MultiArray(data=list(command.action)))
-        self._send_gripper_goal(command.gripper, settings)
+        if self._gripper is not None:
+            self._gripper.send(command.gripper, settings)
 
     def diagnostic(self, mode: str):
         snapshot = self.stats.snapshot(time.monotonic())
         name = f'{self.node.get_fully_qualified_name()}: inference'
         if self.name:
             name += f' ({self.name})'
-        return diagnostic_status(snapshot, name=name, hardware_id=self.settings.model_path,
-                                 mode=mode, is_enabled=self.settings.enabled and self.is_active)
-
-    # ---- gripper action -------------------------------------------------------------------
-
-    def _make_gripper_client(self):
-        name = self.settings.gripper_action_name
-        if not name:
-            return None
-        if GripperCommand is None:
-            self.node.get_logger().warning(
-                f'{self.label}: gripper_action_name {name!r} set but control_msgs is not '
-                'importable; only the gripper topic is published')
-            return None
-        return ActionClient(self.node, GripperCommand, name)
-
-    def _send_gripper_goal(self, position: float, settings) -> None:
-        client = self._gripper_client
-        if client is None or position == self._last_gripper_goal:
-            return
-        if not client.server_is_ready():
-            self.node.get_logger().warning(f'{self.label}: GripperCommand server not ready',
-                                           throttle_duration_sec=LOG_THROTTLE_S)
-            return
-        goal = GripperCommand.Goal()
-        goal.command.position = float(position)
-        goal.command.max_effort = float(settings.gripper_max_effort)
-        client.send_goal_async(goal)
-        self._last_gripper_goal = position
+        status = diagnostic_status(snapshot, name=name, hardware_id=self.settings.model_path,
+                                   mode=mode, is_enabled=self.settings.enabled and self.is_active)
+        if self.servo is not None:
+            self.servo.add_to_status(status)
+        return status
 
     def destroy(self) -> None:
         """Remove this channel's ROS entities (lifecycle cleanup)."""
         node = self.node
-        for pub in (self.twist_pub, self.gripper_pub, self.action_pub, self.trajectory_pub):
+        for pub in (self.twist_pub, self.gripper_pub, self.action_pub, self.trajectory_pub,
+                    self.legacy_trajectory_pub):
             if pub is not None:
                 node.destroy_publisher(pub)
+        for output in (self.servo, self.pose_output, self._gripper):
+            if output is not None:
+                output.destroy()
         for sub in [self._image_sub] + self._instruction_subs:
             node.destroy_subscription(sub)
         for srv in self._services:
             node.destroy_service(srv)
-        if self._gripper_client is not None:
-            self._gripper_client.destroy()
 
 
 def twist_message(linear, angular, stamp, frame_id: str) -> TwistStamped:

@@ -14,10 +14,10 @@ With `servo_node` set, each robot's channel keeps one `ServoContract`, which
      out, deactivation) and resumes it with the next command (`servo_pause_on_hold`): a
      paused Servo halts at once instead of waiting out its command timeout, and ignores other
      sources until the node acts again;
-  3. reads `moveit_servo.incoming_command_timeout` through Servo's parameter service and warns
-     when it is below the node's measured frame -> command latency (p99) plus one control
-     period: each command must stay fresh until the next one arrives, else Servo halts
-     between actions;
+  3. reads `moveit_servo.incoming_command_timeout` through Servo's parameter service (then
+     follows its changes on /parameter_events) and warns when it is below the node's
+     measured frame -> command latency (p99) plus one control period: each command must stay
+     fresh until the next one arrives, else Servo halts between actions;
   4. reports all of this as `servo_*` values of the robot's /diagnostics status.
 
 Service calls are asynchronous (never block a callback); one call of each kind is in flight at
@@ -37,7 +37,15 @@ SERVO_COMMAND_TYPES = {'joint_jog': 0, 'twist': 1, 'pose': 2}
 # Servo declares its parameters under the `moveit_servo` prefix (its ParamListener's name).
 TIMEOUT_PARAMETER = 'moveit_servo.incoming_command_timeout'
 CHECK_PERIOD_S = 0.5            # how often the contract looks at Servo's services
-TIMEOUT_REREAD_S = 10.0         # Servo's timeout is read again this often (ros2 param set)
+TIMEOUT_REREAD_S = 30.0         # Servo's timeout is read again this often (events can be lost)
+
+
+def fully_qualified(name: str, namespace: str) -> str:
+    """'/servo_node' stays; 'servo_node' in namespace '/cell1' -> '/cell1/servo_node'."""
+    name = name.rstrip('/')
+    if name.startswith('/'):
+        return name
+    return f'{namespace.rstrip("/")}/{name}'
 
 
 def timeout_warning(timeout_s: float | None, latency_s: float | None,
@@ -66,7 +74,7 @@ class ServoContract:
             raise ValueError(f'servo_command_type: {command_type!r} not in '
                              f'{list(SERVO_COMMAND_TYPES)}')
         self.node, self.label = node, label
-        self.servo_node = servo_node.rstrip('/')
+        self.servo_node = fully_qualified(servo_node, node.get_namespace())
         self.command_type = command_type
         self.pause_on_hold = pause_on_hold
         self._measure = measure
@@ -81,7 +89,7 @@ class ServoContract:
         self._select_in_flight = self._pause_in_flight = self._read_in_flight = False
         self._servo_was_up = False
         self._since_read_s = math.inf
-        self._clients, self._timer = [], None
+        self._clients, self._timer, self._events = [], None, None
         try:
             from moveit_msgs.srv import ServoCommandType
         except ImportError:
@@ -99,6 +107,12 @@ class ServoContract:
         self._params = node.create_client(GetParameters, f'{base}/get_parameters')
         self._clients = [self._switch, self._pause, self._params]
         self._timer = node.create_timer(CHECK_PERIOD_S, self.check)
+        from rcl_interfaces.msg import ParameterEvent
+        from rclpy.qos import qos_profile_parameter_events
+
+        self._events = node.create_subscription(ParameterEvent, '/parameter_events',
+                                                self._on_parameter_event,
+                                                qos_profile_parameter_events)
 
     # ---- what the channel tells it ------------------------------------------------------------
 
@@ -214,6 +228,15 @@ class ServoContract:
             self.node.get_logger().warning(f'{self.label}: {warning}',
                                            throttle_duration_sec=30.0)
 
+    def _on_parameter_event(self, event) -> None:
+        """`ros2 param set <servo> moveit_servo.incoming_command_timeout ...` seen at once."""
+        if event.node != self.servo_node:
+            return
+        for parameter in list(event.new_parameters) + list(event.changed_parameters):
+            if parameter.name == TIMEOUT_PARAMETER and parameter.value.type == 3:
+                with self._lock:
+                    self.timeout_s = parameter.value.double_value
+
     @staticmethod
     def _result(future, what: str):
         try:
@@ -243,20 +266,37 @@ class ServoContract:
         return OK, 'paused (hold)' if self.paused else f'accepting {self.command_type}'
 
     def diagnostic_values(self) -> dict:
-        level, message = self.state()
+        """The servo_* values of the robot's /diagnostics status, as strings."""
+        _, message = self.state()
         timeout = self.timeout_s
+        paused = 'unknown' if self.paused is None else str(self.paused).lower()
         return {'servo_node': self.servo_node, 'servo_command_type': self.command_type,
-                'servo_type_selected': self.type_selected,
-                'servo_paused': 'unknown' if self.paused is None else self.paused,
-                'servo_incoming_command_timeout_s': math.nan if timeout is None else timeout,
+                'servo_type_selected': str(self.type_selected).lower(),
+                'servo_paused': paused,
+                'servo_incoming_command_timeout_s': 'unknown' if timeout is None
+                else f'{timeout:.3f}',
                 'servo_state': message, 'servo_last_failure': self.last_failure or ''}
+
+    def add_to_status(self, status) -> None:
+        """Adds the contract to a robot's diagnostic_msgs/DiagnosticStatus: its values, and
+        its level and message where they are worse than the robot's own."""
+        from diagnostic_msgs.msg import KeyValue
+
+        level, message = self.state()
+        status.values.extend(KeyValue(key=k, value=v)
+                             for k, v in self.diagnostic_values().items())
+        if level > status.level[0]:
+            status.level = bytes([level])
+            status.message = f'servo: {message}'
 
     def destroy(self) -> None:
         if self._timer is not None:
             self.node.destroy_timer(self._timer)
+        if self._events is not None:
+            self.node.destroy_subscription(self._events)
         for client in self._clients:
             self.node.destroy_client(client)
-        self._clients, self._timer = [], None
+        self._clients, self._timer, self._events = [], None, None
 
 
 __all__ = ['ServoContract', 'SERVO_COMMAND_TYPES', 'TIMEOUT_PARAMETER', 'timeout_warning']
