@@ -1,5 +1,10 @@
 """The Hugging Face transformers AR baseline: the anchor every speed ratio is measured against.
 
+``make_baseline`` picks the family's: OpenVLA's below (``HFBaseline``), or pi0-FAST's
+(``PaliGemmaBaseline``: the same weights in ``transformers.PaliGemmaForConditionalGeneration``,
+greedy ``generate`` with ``token_type_ids`` marking the bidirectional prefix, stopping at the
+codec's end marker or ``max_tokens``, as openpi decodes).
+
 The same weights run in ``transformers.LlamaForCausalLM``; our vision towers + projector build
 ``inputs_embeds`` (transformers has no OpenVLA class without remote code, and remote code is never
 run here). Decoding is ``generate(max_new_tokens=action_dim, do_sample=False)`` as OpenVLA's
@@ -57,6 +62,67 @@ def build_hf_llama(runner: ModelRunner, attn_implementation: str = 'sdpa'):
 
 
 VARIANTS = ('eager', 'compiled')
+
+
+def make_baseline(runner: ModelRunner, engine_config, variant: str = 'eager'):
+    """The transformers baseline of the runner's family."""
+    from .config import Pi0FastConfig
+    if isinstance(runner.cfg, Pi0FastConfig):
+        if variant != 'eager':
+            raise ValueError(f'variant {variant!r}: the PaliGemma baseline is eager only')
+        return PaliGemmaBaseline(runner, engine_config)
+    return HFBaseline(runner, engine_config, variant=variant)
+
+
+class PaliGemmaBaseline:
+    """pi0-FAST's baseline: transformers' PaliGemma on a copy of the runner's weights, its own
+    vision tower included; our preprocessing and prompt ids (one camera and the zero state of
+    ``Frame``'s defaults, or what ``generate_frame`` is given)."""
+
+    label = 'hf'
+
+    def __init__(self, runner: ModelRunner, engine_config):
+        from transformers import PaliGemmaConfig, PaliGemmaForConditionalGeneration
+
+        from .models.pi0fast.checkpoint import hf_name, paligemma_config_json
+        self.runner = runner
+        self.engine_config = engine_config
+        hf_cfg = PaliGemmaConfig(**paligemma_config_json(runner.cfg))
+        with torch.device(runner.device):
+            model = PaliGemmaForConditionalGeneration(hf_cfg).to(dtype=runner.dtype)
+        state = {hf_name(k): v for k, v in runner.model.state_dict().items()
+                 if k != 'language_model.lm_head.weight'}
+        missing, unexpected = model.load_state_dict(state, strict=False)
+        if unexpected or set(missing) - {'lm_head.weight'}:
+            raise RuntimeError(f'PaliGemma key mismatch: missing {missing}, unexpected '
+                               f'{unexpected}')
+        model.tie_weights()
+        self.model = model.eval()
+        self.image_token_id = hf_cfg.image_token_id
+
+    @torch.no_grad()
+    def generate_frame(self, frame: Frame) -> list[int]:
+        runner = self.runner
+        ids = runner.frame_prompt_ids(frame)
+        pixels = runner.prepare_pixels(frame, self.engine_config)
+        num_image_rows = runner.prefix_len(ids, len(frame.images)) - len(ids)
+        input_ids = torch.tensor([[self.image_token_id] * num_image_rows + ids],
+                                 device=runner.device)
+        codec = runner.codec
+        out = self.model.generate(input_ids=input_ids, pixel_values=pixels,
+                                  attention_mask=torch.ones_like(input_ids),
+                                  token_type_ids=torch.zeros_like(input_ids),
+                                  max_new_tokens=codec.max_tokens, do_sample=False,
+                                  num_beams=1, eos_token_id=codec.end_token, pad_token_id=0)
+        return [int(t) for t in out[0, input_ids.shape[1]:]]
+
+    def generate_tokens(self, image, instruction: str) -> list[int]:
+        return self.generate_frame(Frame(image, instruction))
+
+    def timed(self, image, instruction: str) -> tuple[list[int], float]:
+        start = time.perf_counter()
+        tokens = self.generate_tokens(image, instruction)
+        return tokens, time.perf_counter() - start
 
 
 class HFBaseline:

@@ -55,6 +55,7 @@ class BenchRow:
     draft_host_ms: float = NAN      # of which the drafter's host bookkeeping (trees, layouts)
     steps_per_action: float = NAN
     inflight_per_step: float = NAN  # requests advanced per step (prefill included)
+    tokens_per_action: float = NAN  # generated tokens per frame (a FAST chunk's vary)
 
 
 FRAME_SOURCES = ('random', 'metaworld', 'metaworld-episodes')
@@ -100,7 +101,7 @@ def _saturate(engine: Engine, frames: list[Frame]):
             if fin.error is not None:
                 raise RuntimeError(f'bench frame failed: {fin.error}')
             finished.append((fin.request_id, time.perf_counter() - submit_at[fin.request_id],
-                             fin.result.stats['accepted_lengths']))
+                             fin.result.stats['accepted_lengths'], len(fin.result.tokens)))
     return finished
 
 
@@ -115,8 +116,8 @@ def bench_engine(engine: Engine, frames: list[Frame], warmup: int) -> BenchRow:
     finished = _saturate(engine, frames[warmup:])
     elapsed = time.perf_counter() - start
     n = len(finished)
-    lat = np.array([latency for _, latency, _ in finished]) * 1e3
-    accepted = [a for _, _, lengths in finished for a in lengths]
+    lat = np.array([latency for _, latency, _, _ in finished]) * 1e3
+    accepted = [a for _, _, lengths, _ in finished for a in lengths]
     stats = engine.strategy.stats.since(stats_before)
     per_step = stats.per_step_ms()
     return BenchRow(engine.config.mode, n, n / elapsed, float(np.percentile(lat, 50)),
@@ -128,22 +129,26 @@ def bench_engine(engine: Engine, frames: list[Frame], warmup: int) -> BenchRow:
                     draft_ms=per_step['draft_ms'], draft_host_ms=per_step['draft_host_ms'],
                     steps_per_action=stats.num_steps / max(n, 1),
                     inflight_per_step=stats.num_advanced / stats.num_steps
-                    if stats.num_steps else NAN)
+                    if stats.num_steps else NAN,
+                    tokens_per_action=float(np.mean([t for *_, t in finished]))
+                    if finished else NAN)
 
 
 def bench_hf(baseline, frames: list[Frame], warmup: int) -> BenchRow:
     for f in frames[:warmup]:
         baseline.generate_tokens(f.image, f.instruction)
-    latencies = []
+    latencies, lengths = [], []
     start = time.perf_counter()
     for f in frames[warmup:]:
-        _, dt = baseline.timed(f.image, f.instruction)
+        tokens, dt = baseline.timed(f.image, f.instruction)
         latencies.append(dt)
+        lengths.append(len(tokens))
     elapsed = time.perf_counter() - start
     lat = np.array(latencies) * 1e3
     n = len(latencies)
     return BenchRow('hf', n, n / elapsed, float(np.percentile(lat, 50)),
-                    float(np.percentile(lat, 99)), float('nan'), 1.0)
+                    float(np.percentile(lat, 99)), float('nan'), 1.0,
+                    tokens_per_action=float(np.mean(lengths)) if lengths else NAN)
 
 
 def environment() -> dict:
@@ -161,17 +166,17 @@ def run_bench(model: str, modes: list[str], num_frames: int, warmup: int, device
               sweep_inflight: list[int] | None = None,
               frame_source: str = 'random', max_prefills_per_step: int = 1,
               max_inflight: int | None = None) -> list[BenchRow]:
-    from .baseline import HFBaseline
+    from .baseline import make_baseline
     from .policy import VLAPolicy
     base_cfg = dict(device=device, dtype=dtype, restrict_to_action_tokens=False)
     policy = VLAPolicy.from_pretrained(model, **base_cfg)
     runner = policy.engine.runner
-    frames = make_frames(warmup + num_frames, runner.cfg.image_size, seed,
+    frames = make_frames(warmup + num_frames, runner.image_size, seed,
                          policy.unnorm_keys[0], num_streams, frame_source)
     rows: list[BenchRow] = []
     for mode in modes:
         if mode == 'hf':
-            rows.append(bench_hf(HFBaseline(runner, policy.config), frames, warmup))
+            rows.append(bench_hf(make_baseline(runner, policy.config), frames, warmup))
             continue
         pipelining = {} if max_inflight is None else {'max_inflight': max_inflight}
         cfg = EngineConfig(mode=mode, draft_path=draft_path, max_streams=max(4, num_streams),
@@ -220,13 +225,15 @@ def format_table(rows: list[BenchRow], record: dict | None = None) -> str:
                   f"max_inflight {record.get('max_inflight', 7)}", '']
     lines.append('| mode | actions/s | ×HF | latency p50 ms | p99 ms | p50 ×HF | '
                  'forwards/action | acceptance length | ms/step | host ms/step | '
-                 'vision / verifier / draft ms/step | draft host ms/step | in flight/step |')
-    lines.append('|' + '---|' * 13)
+                 'vision / verifier / draft ms/step | draft host ms/step | in flight/step | '
+                 'tokens/action |')
+    lines.append('|' + '---|' * 14)
     for r in rows:
         lines.append(f'| {r.mode} | {r.actions_per_s:.2f} | {r.ratio_vs_hf:.2f} | '
                      f'{r.latency_p50_ms:.1f} | {r.latency_p99_ms:.1f} | '
                      f'{r.latency_ratio_vs_hf:.2f} | {r.forwards_per_action:.2f} | '
                      f'{r.acceptance_length:.2f} | {r.step_ms:.2f} | {r.host_ms:.2f} | '
                      f'{r.vision_ms:.2f} / {r.verifier_ms:.2f} / {r.draft_ms:.2f} | '
-                     f'{r.draft_host_ms:.2f} | {r.inflight_per_step:.2f} |')
+                     f'{r.draft_host_ms:.2f} | {r.inflight_per_step:.2f} | '
+                     f'{r.tokens_per_action:.1f} |')
     return '\n'.join(lines) + '\n'

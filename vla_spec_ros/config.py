@@ -336,6 +336,12 @@ class Pi0FastConfig:
     def num_patches(self) -> int:
         return self.vision.num_patches
 
+    @property
+    def action_chunk(self) -> int:
+        """Control steps one frame decodes (what the node schedules a chunk by, as for a
+        chunked OpenVLA checkpoint's ``action_chunk``)."""
+        return self.chunk_size
+
 
 def gemma_2b(vocab_size: int = 257152) -> LlamaConfig:
     """PaliGemma's Gemma-2B: width 2048, 18 layers, 8 query heads, 1 KV head of 256, GeGLU
