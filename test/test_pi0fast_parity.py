@@ -172,3 +172,26 @@ def test_variable_length_frames_end_where_transformers_stops(loaded, hf_model, m
     expected = [hf_tokens(hf_model, runner, f, codec.max_tokens, end) for f in frames]
     assert any(len(t) < codec.max_tokens and t[-1] == end for t in expected)
     assert run_engine(loaded, frames, codec=codec, mode=mode, max_inflight=3) == expected
+
+
+@pytest.mark.parametrize('mode', ['pipeline', 'pipeline_spec'])
+def test_graph_bucket_padding_gives_the_same_tokens(loaded, mode):
+    """The step shapes CUDA graphs replay (prompt blocks padded to 64 rows, every block with
+    room for the longest drafted chain, segments and rows to powers of two), run eagerly on
+    the CPU: a bidirectional prefix must not read its block's padding rows."""
+    frames = make_frames(4, 3, seed=31)
+    frames.append(frames[-1])
+    runner, config = runner_for(loaded, mode='ar')
+    expected = reference_tokens(runner, frames, config)
+    config = EngineConfig(dtype='float64', mode=mode, max_inflight=3)
+    runner = ModelRunner(loaded.model, loaded.cfg, loaded.tokenizer, config, codec=loaded.codec)
+    engine = Engine(runner, {'synthetic': {'action': {'q01': [-1.0] * 3, 'q99': [1.0] * 3}}},
+                    config)
+    strategy = engine.strategy
+    strategy._padded_sizes = lambda prefills, segments, num_moves: strategy._graph_sizes(
+        [p.prompt_len for p in prefills], len(segments),
+        max((s.num_rows for s in segments), default=1),
+        max((s.num_cols for s in segments), default=1), num_moves)
+    ids = [engine.submit(f) for f in frames]
+    results = {f.request_id: f for f in engine.run_until_idle()}
+    assert [results[i].result.tokens for i in ids] == expected
