@@ -9,10 +9,13 @@ uses a trained EAGLE head instead, `mode:=ar` the plain reference.
 
 Defaults plug into MoveIt Servo (`/servo_node/delta_twist_cmds`, TwistStamped) and a
 forward command controller for the gripper (`/gripper_controller/commands`,
-Float64MultiArray); see the README's MoveIt Servo and ros2_control notes. Empty model /
-draft / unnorm_key / mode arguments keep the values of `params_file` (config/robot.yaml by
-default). Several robots on one node: `params_file:=<share>/config/two_robots.yaml` (its own
-`robots` list and per-robot values). `lifecycle:=true` starts the managed node instead.
+Float64MultiArray); `servo_node:=/servo_node` makes the node keep Servo's contract
+(command type, pause on a hold, timeout check) and `pose_target_topic` /
+`pose_trajectory_topic` route the absolute targets of `pose_targets: true` (docs/robot.md).
+Empty model / draft / unnorm_key / mode / servo_node / tool_pose_topic arguments keep the
+values of `params_file` (config/robot.yaml by default). Several robots on one node:
+`params_file:=<share>/config/two_robots.yaml` (its own `robots` list and per-robot values).
+`lifecycle:=true` starts the managed node instead.
 
 `launch` and `launch_ros` are imported inside `generate_launch_description` only, so this
 file also imports where only rclpy is installed; `node_options` is what the launch action is
@@ -41,6 +44,15 @@ ARGUMENTS = (
      'sensor_msgs/CompressedImage input (image_transport: compressed)'),
     ('instruction_topic', '', 'std_msgs/String instruction input; empty = ~/instruction'),
     ('twist_topic', '/servo_node/delta_twist_cmds', 'TwistStamped output (MoveIt Servo)'),
+    ('servo_node', '', 'MoveIt Servo node whose contract the node keeps (e.g. /servo_node); '
+                       'empty = the params_file value'),
+    ('tool_pose_topic', '', 'PoseStamped tool pose for pose_targets; empty = the params_file '
+                            'value'),
+    ('pose_target_topic', '/servo_node/pose_target_cmds',
+     'PoseStamped absolute target output (pose_targets: true; MoveIt Servo pose mode)'),
+    ('pose_trajectory_topic', '', 'MultiDOFJointTrajectory of absolute poses (pose_targets: '
+                                  'true, chunked models; a Cartesian trajectory controller); '
+                                  'empty = ~/pose_trajectory'),
     ('gripper_topic', '/gripper_controller/commands',
      'Float64MultiArray gripper output (forward command controller)'),
     ('lifecycle', 'false', 'true: the managed node (starts unconfigured; `ros2 lifecycle set '
@@ -53,11 +65,14 @@ REMAPPINGS = (
     ('camera_compressed_topic', '~/image/compressed'),
     ('instruction_topic', '~/instruction'),
     ('twist_topic', '~/twist'),
+    ('pose_target_topic', '~/pose_target'),
+    ('pose_trajectory_topic', '~/pose_trajectory'),
     ('gripper_topic', '~/gripper'),
 )
 
 # Launch arguments that override a node parameter when non-empty.
-PARAMETER_ARGUMENTS = ('model_path', 'draft_path', 'unnorm_key', 'mode')
+PARAMETER_ARGUMENTS = ('model_path', 'draft_path', 'unnorm_key', 'mode', 'servo_node',
+                       'tool_pose_topic')
 
 
 def node_options(values: dict) -> dict:
