@@ -195,3 +195,15 @@ def test_graph_bucket_padding_gives_the_same_tokens(loaded, mode):
     ids = [engine.submit(f) for f in frames]
     results = {f.request_id: f for f in engine.run_until_idle()}
     assert [results[i].result.tokens for i in ids] == expected
+
+
+@pytest.mark.parametrize('options', [dict(mode='spec', draft_path='random'),
+                                     dict(mode='pipeline_spec', draft_path='random',
+                                          draft_previous_action=True)])
+def test_an_eagle_draft_head_gives_the_reference_tokens(loaded, options):
+    """An EAGLE head (random, seeded) over the Gemma verifier, embedding through its scaled
+    ``token_embeddings``: at r = 0 any draft gives the AR tokens (S3)."""
+    frames = make_frames(4, 2, seed=41)
+    runner, config = runner_for(loaded, mode='ar')
+    assert run_engine(loaded, frames, max_inflight=3, **options) == \
+        reference_tokens(runner, frames, config)
