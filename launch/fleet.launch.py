@@ -37,9 +37,11 @@ ARGUMENTS = (
 )
 
 # A robot's topic -> the node's own (relative) name of it, `<robot>/<topic>`.
-# `trajectory`: the whole chunk of a chunked model (MultiDOFJointTrajectory, docs/chunks.md).
+# `velocity_trajectory` (and its former name `trajectory`): the whole chunk of a chunked model
+# (MultiDOFJointTrajectory, docs/chunks.md); `pose_target`, `pose_trajectory`: absolute targets
+# (pose_targets: true, docs/robot.md).
 ROBOT_TOPICS = ('image', 'image/compressed', 'instruction', 'twist', 'gripper', 'action',
-                'trajectory')
+                'trajectory', 'velocity_trajectory', 'pose_target', 'pose_trajectory')
 FLEET_KEYS = ('namespace', 'params_file', 'respawn_delay', 'parameters', 'engines', 'robots')
 ENGINE_KEYS = ('device', 'robots', 'parameters')
 DEFAULT_RESPAWN_DELAY = 2.0
