@@ -35,8 +35,9 @@ setup(
         'sim': ['metaworld==3.1.1', 'matplotlib'],
         'kernels': ['triton'],
         # colcon: test_colcon_build; ament_cmake + rosidl generators (with cmake and a C/C++
-        # compiler) build control_msgs' GripperCommand for test_gripper_action.
-        'test': ['pytest', 'flake8', 'pyyaml', 'colcon-core', 'colcon-ros',
+        # compiler) build control_msgs' gripper actions and moveit_msgs' ServoCommandType
+        # (test/ros_interfaces.py); scipy's Rotation checks the pose math.
+        'test': ['pytest', 'flake8', 'pyyaml', 'scipy', 'colcon-core', 'colcon-ros',
                  'colcon-python-setup-py', 'catkin-pkg', 'ros-kilted-ament-package',
                  'ros-kilted-ament-cmake', 'ros-kilted-ament-cmake-include-directories',
                  'ros-kilted-ament-cmake-ros-core', 'ros-kilted-rosidl-default-generators',

@@ -5,11 +5,12 @@ if command -v apt-get >/dev/null 2>&1 && ! ldconfig -p 2>/dev/null | grep -q lib
   (apt-get update -qq && apt-get install -y -qq libosmesa6 >/dev/null) \
     || echo "warning: libosmesa6 not installed; simulator tests and the demo need an off-screen GL"
 fi
-# CMake and a C/C++ compiler: test/test_gripper_action.py builds control_msgs' GripperCommand.
+# CMake and a C/C++ compiler: test/ros_interfaces.py builds control_msgs' gripper actions and
+# moveit_msgs' ServoCommandType (the gripper, parallel-gripper, Servo and pose-target tests).
 if command -v apt-get >/dev/null 2>&1 \
     && ! { command -v cmake && command -v cc && command -v c++; } >/dev/null 2>&1; then
   (apt-get update -qq && apt-get install -y -qq cmake g++ >/dev/null) \
-    || echo "warning: cmake / g++ not installed; test_gripper_action will be skipped"
+    || echo "warning: cmake / g++ not installed; the gripper and Servo tests will be skipped"
 fi
 python3 -m pip install -q torch==2.13.0
 python3 -m pip install -q -e ".[$1]"
