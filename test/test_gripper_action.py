@@ -2,11 +2,9 @@
 
 control_msgs is not on PyPI. Where it is not installed, its GripperCommand message and action
 (test/gripper_interface/control_msgs: upstream's definitions, so the type hashes match) are
-generated and built here with the ROS 2 generators from PyPI (ament_cmake,
-rosidl_default_generators: C, C++ and Python code, Fast DDS and introspection type support),
-CMake and a C/C++ compiler, into an install prefix cached under the system temp folder (keyed
-by the interface files and the interpreter). Without that toolchain the test is skipped and
-says what is missing.
+generated and built with the ROS 2 generators from PyPI, CMake and a C/C++ compiler
+(test/ros_interfaces.py). Without that toolchain the test is skipped and says what is
+missing.
 
 The node runs as a process (its `control_msgs` import happens at start-up) with
 `gripper_action_name` set; this process serves the action with a real `ActionServer` and feeds
@@ -14,17 +12,12 @@ frames. Checked: the goals' position is the value the node publishes on ~/grippe
 max_effort is `gripper_max_effort` (also after changing it at run time), and a goal is sent
 only when the position changes.
 """
-import ctypes
-import fcntl
-import hashlib
 import importlib.util
 import os
 import pathlib
-import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 
@@ -32,7 +25,6 @@ import numpy as np
 import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-INTERFACE_SRC = ROOT / 'test' / 'gripper_interface' / 'control_msgs'
 HAS_ROS = all(importlib.util.find_spec(m) is not None
               for m in ('rclpy', 'sensor_msgs', 'geometry_msgs', 'std_srvs', 'diagnostic_msgs',
                         'action_msgs'))
@@ -43,135 +35,25 @@ INSTRUCTION = 'close the gripper on the block'
 OPEN, CLOSED = 0.04, 0.0
 MAX_EFFORT = 7.5
 TIMEOUT = 60.0
-PY_SITE = f'lib/python{sys.version_info[0]}.{sys.version_info[1]}/site-packages'
 
 pytestmark = pytest.mark.skipif(not (HAS_ROS and HAS_TORCH),
                                 reason='needs rclpy + ROS message wheels and torch')
 
 
-# ---- control_msgs: installed, or generated and built here ------------------------------------
-
-def ament_prefixes():
-    """Prefixes holding ROS packages: AMENT_PREFIX_PATH, and this interpreter's prefix where
-    the PyPI ROS wheels install share/ and lib/."""
-    prefixes = [p for p in os.environ.get('AMENT_PREFIX_PATH', '').split(os.pathsep) if p]
-    if (pathlib.Path(sys.prefix) / 'share' / 'ament_index').is_dir():
-        prefixes.append(sys.prefix)
-    return prefixes
-
-
-def missing_toolchain():
-    """What generating control_msgs here needs and does not find (empty: all there)."""
-    missing = [tool for tool in ('cmake', 'cc', 'c++') if shutil.which(tool) is None]
-    for package in ('ament_cmake_core', 'rosidl_default_generators', 'rosidl_core_generators',
-                    'rosidl_generator_py', 'rosidl_typesupport_fastrtps_c', 'action_msgs'):
-        if not any((pathlib.Path(p) / 'share' / package / 'cmake').is_dir()
-                   for p in ament_prefixes()):
-            missing.append(f'{package} (CMake config)')
-    for module in ('catkin_pkg', 'ament_package', 'rosidl_adapter', 'rosidl_parser', 'em',
-                   'lark', 'numpy'):
-        if importlib.util.find_spec(module) is None:
-            missing.append(f'{module} (Python)')
-    return missing
-
-
-def cache_key():
-    digest = hashlib.sha256(f'{sys.executable}\n{sys.version}\n'.encode())
-    for path in sorted(INTERFACE_SRC.rglob('*')):
-        if path.is_file():
-            digest.update(str(path.relative_to(INTERFACE_SRC)).encode() + path.read_bytes())
-    for prefix in ament_prefixes():
-        digest.update(prefix.encode())
-    return digest.hexdigest()[:16]
-
-
-def _run(argv, log, env, timeout):
-    result = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=timeout)
-    with open(log, 'a') as out:
-        out.write(' '.join(argv) + '\n' + result.stdout + result.stderr)
-    return result
-
-
-def build_control_msgs():
-    """Install prefix of the generated control_msgs (built once; later runs reuse it)."""
-    prefix = pathlib.Path(tempfile.gettempdir()) / f'vla-spec-control-msgs-{cache_key()}'
-    if (prefix / 'DONE').is_file():
-        return prefix
-    missing = missing_toolchain()
-    if missing:
-        pytest.skip('control_msgs is not installed and cannot be generated here: missing '
-                    + ', '.join(missing) + ' (pip install -e ".[test]"; cmake, gcc, g++ '
-                    'from Debian)')
-    with open(f'{prefix}.lock', 'w') as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)      # one build at a time on this machine
-        if (prefix / 'DONE').is_file():
-            return prefix
-        staging = pathlib.Path(tempfile.mkdtemp(prefix=f'{prefix.name}.partial-'))
-        env = dict(os.environ, AMENT_PREFIX_PATH=os.pathsep.join(ament_prefixes()))
-        log = staging / 'build.log'
-        # Relative run paths: the prefix is built in a staging folder and then moved.
-        configure = ['cmake', '-S', str(INTERFACE_SRC), '-B', str(staging / 'build'),
-                     f'-DCMAKE_INSTALL_PREFIX={staging / "install"}',
-                     f'-DCMAKE_PREFIX_PATH={";".join(ament_prefixes())}',
-                     f'-DPython3_EXECUTABLE={sys.executable}', '-DBUILD_TESTING=OFF',
-                     '-DCMAKE_INSTALL_RPATH=$ORIGIN;$ORIGIN/../../..']
-        steps = [configure,
-                 ['cmake', '--build', str(staging / 'build'), '-j', str(os.cpu_count() or 2)],
-                 ['cmake', '--install', str(staging / 'build')]]
-        for argv in steps:
-            result = _run(argv, log, env, timeout=900)
-            if result.returncode != 0:
-                text = result.stdout + result.stderr
-                if 'Could not find a package configuration file' in text:
-                    pytest.skip('control_msgs cannot be generated here: a CMake package of '
-                                f'the ROS toolchain is missing; see {log}:\n{text[-1500:]}')
-                pytest.fail(f'generating control_msgs failed ({argv[:2]}); log {log}:\n'
-                            f'{text[-4000:]}')
-        (staging / 'install' / 'DONE').write_text(log.read_text())
-        os.replace(staging / 'install', prefix)
-        shutil.rmtree(staging, ignore_errors=True)
-    return prefix
-
-
-def use_control_msgs(prefix):
-    """Make the generated package importable in this process.
-
-    rosidl's type support dispatch loads `libcontrol_msgs__rosidl_typesupport_*.so` by bare
-    name, which the dynamic linker looks up on the LD_LIBRARY_PATH this process started with;
-    loading them by path first makes that lookup find them (matched by soname)."""
-    for path in sorted((prefix / 'lib').glob('libcontrol_msgs__*.so')):
-        ctypes.CDLL(str(path), mode=ctypes.RTLD_GLOBAL)
-    sys.path.insert(0, str(prefix / PY_SITE))
-
-
-def node_env(prefix):
-    """The node's environment: an isolated domain, this tree first on the path and, for a
-    generated control_msgs, what its local_setup would add."""
-    env = dict(os.environ, ROS_DOMAIN_ID=str(DOMAIN_ID),
-               ROS_AUTOMATIC_DISCOVERY_RANGE='LOCALHOST', PYTHONUNBUFFERED='1')
-    paths = {'PYTHONPATH': [str(ROOT)], 'LD_LIBRARY_PATH': [], 'AMENT_PREFIX_PATH': []}
-    if prefix is not None:
-        paths['PYTHONPATH'].append(str(prefix / PY_SITE))
-        paths['LD_LIBRARY_PATH'].append(str(prefix / 'lib'))
-        paths['AMENT_PREFIX_PATH'].append(str(prefix))
-    for name, first in paths.items():
-        env[name] = os.pathsep.join(first + [p for p in env.get(name, '').split(os.pathsep)
-                                             if p])
-    return env
-
+# ---- control_msgs: installed, or generated and built here (test/ros_interfaces.py) ---------
 
 @pytest.fixture(scope='module')
 def control_msgs_prefix():
     """None when control_msgs is installed (a ROS distribution), else the generated prefix."""
-    if importlib.util.find_spec('control_msgs') is not None:
-        yield None
-        return
+    from ros_interfaces import forget_prefix, interface_prefix, use_prefix
+
     started = time.monotonic()
-    prefix = build_control_msgs()
-    print(f'control_msgs prefix {prefix} ready in {time.monotonic() - started:.1f} s')
-    use_control_msgs(prefix)
+    prefix = interface_prefix('control_msgs')
+    if prefix is not None:
+        print(f'control_msgs prefix {prefix} ready in {time.monotonic() - started:.1f} s')
+    use_prefix(prefix, 'control_msgs')
     yield prefix
-    sys.path.remove(str(prefix / PY_SITE))
+    forget_prefix(prefix)
 
 
 # ---- the action server, the probe and the node -----------------------------------------------
@@ -208,6 +90,7 @@ def graph(control_msgs_prefix, tmp_path_factory):
     from rclpy.executors import MultiThreadedExecutor
     from rclpy.node import Node
 
+    from ros_interfaces import node_env
     from ros_probe import Probe
 
     with pytest.MonkeyPatch.context() as patch:     # discovery on this host only, as the node
@@ -229,7 +112,8 @@ def graph(control_msgs_prefix, tmp_path_factory):
             # generous: the first inference of a busy CI machine may take seconds
             '-p', 'max_action_age:=60.0']
     with open(log_path, 'w') as log:
-        process = subprocess.Popen(argv, env=node_env(control_msgs_prefix), cwd=str(ROOT),
+        process = subprocess.Popen(argv, env=node_env(DOMAIN_ID, [control_msgs_prefix]),
+                                   cwd=str(ROOT),
                                    stdout=log, stderr=subprocess.STDOUT, text=True)
     try:
         yield Probe(probe_node, 'vla_spec'), server, probe_node, process, log_path
