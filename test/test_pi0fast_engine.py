@@ -8,7 +8,7 @@
   the KV cache shape, and the Triton kernels (segment attention, RoPE + KV write) against their
   references under ``TRITON_INTERPRET=1`` at D = 256 with one KV head;
 - Gemma's scaled token embeddings reach the EAGLE draft head (``token_embeddings``);
-- ``restrict_to_action_tokens`` leaves the codec's end marker reachable;
+- ``restrict_to_action_tokens`` leaves the codec's end marker and text tokens reachable;
 - relaxed acceptance refused, when the engine is configured, for a codec without a distance.
 """
 import numpy as np
@@ -129,6 +129,8 @@ def test_restricted_greedy_keeps_the_end_marker(loaded):
     first, last = loaded.codec.action_token_range()
     mask = runner._action_mask
     assert mask[loaded.codec.end_token] == 0 and mask[first] == 0 and mask[last] == 0
+    assert all(mask[t] == 0 for t in loaded.codec.text_tokens)     # "Action: ", "|", EOS
+    assert int((mask == 0).sum()) == last - first + 1 + len(set(loaded.codec.text_tokens))
     assert mask[first - 1] == float('-inf')
 
 

@@ -89,8 +89,11 @@ class ModelRunner:
                                        device=self.device)
         if action_ids is not None:
             self._action_mask[action_ids[0]:action_ids[1] + 1] = 0
-        if self.codec.end_token is not None:    # a variable-length frame must still end
-            self._action_mask[self.codec.end_token] = 0
+        # A variable-length frame must still end, and a codec whose frames carry text around
+        # the action tokens (FAST: "Action: ", "|", EOS: ``text_tokens``) must still write it.
+        for token in set(getattr(self.codec, 'text_tokens', ())) | (
+                {self.codec.end_token} if self.codec.end_token is not None else set()):
+            self._action_mask[token] = 0
         # The model family's fastest image path on this device (the same values): OpenVLA's
         # two towers side by side on a GPU, one after the other on a CPU.
         self.image_embeddings = model.image_embeddings_for(self.device)
