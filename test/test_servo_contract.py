@@ -242,3 +242,47 @@ def _double(name, value):
     from rclpy.parameter import Parameter
 
     return Parameter(name, value=float(value))
+
+
+@needs_ros
+def test_a_managed_node_selects_the_type_on_activate_and_pauses_on_deactivate(graph):
+    from lifecycle_msgs.msg import Transition
+    from lifecycle_msgs.srv import ChangeState
+    from rclpy.parameter import Parameter
+    from ros_probe import Probe, wait_until
+    from servo_double import TWIST
+
+    from vla_spec_ros.ros.lifecycle_node import VLASpecLifecycleNode
+
+    policy, context, executor, probe_node = graph
+    servo = start_servo(graph, timeout_s=TIMEOUT)
+    overrides = {'instruction': INSTRUCTION, 'unnorm_key': UNNORM_KEY,
+                 'servo_node': '/servo_node', 'enabled': True, 'max_action_age': 20.0}
+    node = VLASpecLifecycleNode(policy, node_name='vla_managed_servo', context=context,
+                                parameter_overrides=[Parameter(k, value=v)
+                                                     for k, v in overrides.items()])
+    executor.add_node(node)
+    probe = Probe(probe_node, 'vla_managed_servo')
+    change = probe_node.create_client(ChangeState, '/vla_managed_servo/change_state')
+
+    def transition(transition_id):
+        return probe.call(change, ChangeState.Request(
+            transition=Transition(id=transition_id))).success
+    try:
+        assert transition(Transition.TRANSITION_CONFIGURE)
+        # Configured, not active: Servo is left alone.
+        wait_until(lambda: node.serving is not None and node.serving.channels[0].servo
+                   is not None and node.serving.channels[0].servo._servo_was_up,
+                   what='the contract seeing Servo')
+        assert servo.snapshot()[1] == []
+        assert transition(Transition.TRANSITION_ACTIVATE)
+        wait_until(lambda: ('switch_command_type', TWIST, True) in servo.snapshot()[1],
+                   what='TWIST selected on activate')
+        assert transition(Transition.TRANSITION_DEACTIVATE)
+        wait_until(lambda: servo.paused, what='Servo paused on deactivate')
+        assert servo.snapshot()[1][-1] == ('pause', True)
+    finally:
+        executor.remove_node(node)
+        node.destroy_node()
+        executor.remove_node(servo)
+        servo.destroy_node()

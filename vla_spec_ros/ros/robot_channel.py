@@ -161,7 +161,8 @@ class RobotChannel:
             self.servo = ServoContract(node, settings.servo_node, settings.servo_command_type,
                                        self.label, pause_on_hold=settings.servo_pause_on_hold,
                                        measure=self._servo_measure)
-            self.servo.set_active(self.is_active)
+            # Inactive until the owner sets is_active (the plain node at once, the managed
+            # node on activate): a configured node leaves Servo alone.
         if settings.image_transport == 'compressed':
             self._image_sub = node.create_subscription(
                 CompressedImage, prefix + 'image/compressed', self._on_image, IMAGE_QOS)

@@ -175,7 +175,9 @@ class ServoContract:
         if self.error is not None:
             return
         with self._lock:
+            # An inactive node may pause Servo (its deactivation hold) but never resumes it.
             if (self._pause_in_flight or self.paused == self._want_paused
+                    or (not self._want_paused and not self.is_active)
                     or not self._pause.service_is_ready()):
                 return
             self._pause_in_flight = True
