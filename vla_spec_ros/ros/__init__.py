@@ -2,9 +2,12 @@
 
 Without rclpy: `params` (parameter table and its one mapping onto EngineConfig + NodeSettings),
 `command` (action -> twist / gripper and the safety rules), `chunk_schedule` (which step of a
-chunked model's chunks is due when, docs/chunks.md), `diagnostics` (counters). Image
+chunked model's chunks is due when, docs/chunks.md), `diagnostics` (counters), `pose_math`
+(an action's end-effector delta applied to the tool pose, docs/robot.md). Image
 messages <-> numpy live one level up in `image_messages` (the bag reader uses them too). With
 rclpy and the message packages: `qos`, `robot_channel` (one robot's interfaces), `worker` (the
-inference thread), `step_clock` (the thread publishing chunk steps on time), `serving` (a
+inference thread), `step_clock` (the thread publishing chunk steps on time), the output
+adapters `servo_contract` (MoveIt Servo's command type, pause, timeout), `pose_targets`
+(absolute targets) and `gripper_action` (the control_msgs gripper actions), `serving` (a
 loaded node's parts), `node` and `lifecycle_node`. See docs/architecture.md.
 """

@@ -14,9 +14,11 @@ A thin adapter over the engine's streaming interface (the ros2/examples idioms):
   lifecycle_node.py the same as a managed (lifecycle) node
 
 Topics of a single-robot node (the default): ~/image or ~/image/compressed, ~/instruction in;
-~/twist, ~/gripper, ~/action (+ ~/trajectory for a chunked model) out; ~/enable, ~/reset
-services. With `robots: [a, b]` each robot has a/image, a/instruction, a/twist, ... and
-a.enabled, a.frame_id, ... parameters. /diagnostics carries one status per robot.
+~/twist, ~/gripper, ~/action (+ ~/velocity_trajectory, formerly ~/trajectory, for a chunked
+model; + ~/pose_target, ~/pose_trajectory with pose_targets) out; ~/enable, ~/reset services;
+with servo_node, MoveIt Servo's contract (servo_contract.py). With `robots: [a, b]` each
+robot has a/image, a/instruction, a/twist, ... and a.enabled, a.frame_id, ... parameters.
+/diagnostics carries one status per robot.
 """
 from __future__ import annotations
 
