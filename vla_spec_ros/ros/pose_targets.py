@@ -200,8 +200,9 @@ class PoseTargetOutput:
             self.pose_pub.publish(pose_message(kept[1][index], stamp, self.source.frame_id))
 
     def stop(self, stamp, settings) -> None:
-        """A hold: forget the chunks' targets and stop a trajectory controller."""
-        self._chunk_targets.clear()
+        """A hold: stop a trajectory controller. The chunks' targets are kept: a hold that
+        keeps its chunk (one step refused) publishes the next steps' targets; the others
+        drop the chunk from the schedule, so none of its steps comes again."""
         if self._trajectory_live and self.trajectory_pub is not None:
             self._trajectory_live = False
             self.trajectory_pub.publish(trajectory_message((), stamp, self.source.frame_id,
