@@ -58,6 +58,35 @@ def test_servo_names_resolve_in_the_node_namespace():
     assert fully_qualified('servo_node', '/') == '/servo_node'
 
 
+@pytest.mark.skipif(not HAS_ROS, reason='needs rclpy + ROS message wheels')
+def test_without_moveit_msgs_the_contract_reports_why_and_calls_nothing(monkeypatch):
+    import rclpy
+    from diagnostic_msgs.msg import DiagnosticStatus
+    from rclpy.node import Node
+
+    from vla_spec_ros.ros.diagnostics import ERROR
+    from vla_spec_ros.ros.servo_contract import ServoContract
+
+    monkeypatch.setitem(__import__('sys').modules, 'moveit_msgs', None)   # import fails
+    context = rclpy.Context()
+    rclpy.init(context=context, domain_id=DOMAIN_ID)
+    node = Node('servo_contract_without_moveit_msgs', context=context)
+    try:
+        contract = ServoContract(node, '/servo_node', 'twist', 'robot', pause_on_hold=True,
+                                 measure=lambda: (None, 0.2))
+        contract.set_active(True)
+        contract.on_hold()
+        assert 'moveit_msgs is not importable' in contract.error
+        assert node.get_client_names_and_types_by_node(node.get_name(), '/') == []
+        status = DiagnosticStatus(level=bytes([0]), message='publishing actions')
+        contract.add_to_status(status)
+        assert status.level == bytes([ERROR]) and 'moveit_msgs' in status.message
+        contract.destroy()
+    finally:
+        node.destroy_node()
+        rclpy.shutdown(context=context)
+
+
 # ---- over DDS -----------------------------------------------------------------------------------
 
 @pytest.fixture(scope='module')
