@@ -9,7 +9,8 @@ What it implements, as MoveIt's documentation and servo_node state it:
   * a command is acted on only while `now - header.stamp < incoming_command_timeout` (its
     parameter `moveit_servo.incoming_command_timeout`, default 0.1 s); an older one halts;
   * `~/pause_servo` (std_srvs/SetBool) pauses (data true) and resumes (false); while paused
-    no command is acted on;
+    no command is acted on, but the newest one is kept: servo_node's loop skips its work while
+    paused and, once resumed, acts on the newest command if it is still fresh;
   * a command's frame_id must resolve (here: be one of `known_frames`, in place of TF);
     an empty or unknown frame is refused;
   * commands: TwistStamped on `~/delta_twist_cmds`, PoseStamped on `~/pose_target_cmds`.
@@ -40,7 +41,8 @@ class ServoDouble(Node):
         self._lock = threading.Lock()
         self.command_type = None
         self.paused = False
-        self.commands = []          # (receipt time s, kind, message, verdict)
+        self.commands = []          # (time s, kind, message, verdict), receipt or resume
+        self._newest = None         # (kind, message) of the newest command received
         self.calls = []             # ('switch_command_type', value, success) / ('pause', bool)
         qos = QoSProfile(depth=10, reliability=ReliabilityPolicy.RELIABLE)
         self.create_service(ServoCommandType, '~/switch_command_type', self._on_switch)
@@ -63,9 +65,14 @@ class ServoDouble(Node):
         return response
 
     def _on_pause(self, request, response):
+        now_s = self.get_clock().now().nanoseconds * 1e-9
         with self._lock:
-            self.paused = bool(request.data)
+            was_paused, self.paused = self.paused, bool(request.data)
             self.calls.append(('pause', self.paused))
+            if was_paused and not self.paused and self._newest is not None:
+                kind, msg = self._newest      # the newest command, looked at again on resume
+                if self.commands and self.commands[-1][3] == 'paused':
+                    self.commands.append((now_s, kind, msg, self._verdict(kind, msg, now_s)))
         response.success = True
         response.message = 'paused' if request.data else 'resumed'
         return response
@@ -87,6 +94,7 @@ class ServoDouble(Node):
     def _on_command(self, kind, msg):
         now_s = self.get_clock().now().nanoseconds * 1e-9
         with self._lock:
+            self._newest = (kind, msg)
             self.commands.append((now_s, kind, msg, self._verdict(kind, msg, now_s)))
 
     def snapshot(self):

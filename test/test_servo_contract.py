@@ -13,6 +13,7 @@ Servo timeout below the node's latency + one control period turns the robot's /d
 status to WARN, naming the parameter. The pure timeout rule is tested on its own.
 """
 import importlib.util
+import itertools
 import math
 import os
 
@@ -31,6 +32,7 @@ DOMAIN_ID = 191 + (os.getpid() % 20)     # Fast DDS takes domains 0..232 only
 INSTRUCTION = 'wipe the table'
 UNNORM_KEY = 'bridge_orig'
 TIMEOUT = 30.0
+RUNS = itertools.count()
 
 
 # ---- pure rules ---------------------------------------------------------------------------------
@@ -287,12 +289,13 @@ def test_a_managed_node_selects_the_type_on_activate_and_pauses_on_deactivate(gr
     servo = start_servo(graph, timeout_s=TIMEOUT)
     overrides = {'instruction': INSTRUCTION, 'unnorm_key': UNNORM_KEY,
                  'servo_node': '/servo_node', 'enabled': True, 'max_action_age': 20.0}
-    node = VLASpecLifecycleNode(policy, node_name='vla_managed_servo', context=context,
+    name = f'vla_managed_servo_{next(RUNS)}'      # a fresh name for each run of this test
+    node = VLASpecLifecycleNode(policy, node_name=name, context=context,
                                 parameter_overrides=[Parameter(k, value=v)
                                                      for k, v in overrides.items()])
     executor.add_node(node)
-    probe = Probe(probe_node, 'vla_managed_servo')
-    change = probe_node.create_client(ChangeState, '/vla_managed_servo/change_state')
+    probe = Probe(probe_node, name)
+    change = probe_node.create_client(ChangeState, f'/{name}/change_state')
 
     def transition(transition_id):
         return probe.call(change, ChangeState.Request(
