@@ -316,6 +316,9 @@ class Pi0FastConfig:
     max_action_tokens: int = 256
     fast_skip_tokens: int = 128
     lowercase_instruction: bool = True
+    # The spec modes' draft when EngineConfig.draft_path is unset (a headless drafter's name,
+    # engine/drafting/draft_choice.py); a checkpoint's config.json may state its own.
+    default_draft: str = 'previous_action'
 
     def __post_init__(self):
         _require(isinstance(self.vision, VisionTowerConfig) and self.vision.kind == 'siglip',
@@ -327,6 +330,8 @@ class Pi0FastConfig:
         check_int('fast_skip_tokens', self.fast_skip_tokens, minimum=0)
         _require(self.state_dim <= self.max_state_dim, 'state_dim',
                  f'{self.state_dim} exceeds max_state_dim {self.max_state_dim}')
+        _require(isinstance(self.default_draft, str) and bool(self.default_draft),
+                 'default_draft', f'expected a drafter name, got {self.default_draft!r}')
 
     @property
     def image_size(self) -> int:
@@ -367,12 +372,33 @@ def _pi0fast_tiny() -> Pi0FastConfig:
         max_action_tokens=24)
 
 
+def _metaworld_demo_fast() -> Pi0FastConfig:
+    """The embedded pi0-FAST model (``metaworld-demo-fast``): PaliGemma's layout at
+    ``metaworld-demo``'s size, one 64 x 64 image in 16-pixel patches (16 patches) through a
+    3-block 96-wide SigLIP, a 4-layer 128-wide Gemma (one KV head of 32). Vocabulary 1024:
+    256 text ids learned from the prompt's words and the Meta-World instructions, FAST ids
+    below the 128 skipped ones. Chunks of 8 control steps x 7 dimensions; the demonstrations
+    carry no proprioception, so the state is one zero (what the node sends without a state
+    topic). ``max_action_tokens`` is the longest training frame with a margin
+    (train/train_demo_fast.py writes the fitted value into config.json)."""
+    return Pi0FastConfig(
+        vision=VisionTowerConfig('siglip', 64, 16, 96, 3, 2, 384, mean=SIGLIP_MEAN,
+                                 std=SIGLIP_STD),
+        llm=LlamaConfig(hidden_size=128, num_layers=4, num_heads=4, num_kv_heads=1,
+                        head_dim=32, intermediate_size=344, vocab_size=1024,
+                        max_position_embeddings=512, norm_unit_offset=True,
+                        hidden_act='gelu_tanh', embed_scale=True, tie_word_embeddings=True),
+        num_image_slots=1, state_dim=1, max_state_dim=1, chunk_size=8, action_dim=7,
+        max_action_tokens=64)
+
+
 PRESETS = {
     'openvla-7b': _openvla_7b,
     'tiny': _tiny,
     'tiny-siglip': _tiny_siglip,
     'metaworld-demo': _metaworld_demo,
     'pi0fast-tiny': _pi0fast_tiny,
+    'metaworld-demo-fast': _metaworld_demo_fast,
 }
 
 

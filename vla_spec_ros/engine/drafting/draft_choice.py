@@ -1,8 +1,13 @@
 """Which drafter an engine's ``draft_path`` selects, loaded and ready for the engine.
 
-- ``"previous_action"``, the default (None): a ``PreviousActionDrafter`` (temporal drafting:
-  each stream's previous action, no draft model, works with every checkpoint, and its draft
-  rides the prefill: engine/packed.py, speculative prefill);
+- ``"previous_action"``: a ``PreviousActionDrafter`` (temporal drafting: each stream's previous
+  action, no draft model, works with every checkpoint, and its draft rides the prefill:
+  engine/packed.py, speculative prefill);
+- ``"shifted_chunk"`` / ``"shifted_chunk_linear"``: a ``ShiftedChunkDrafter`` (a chunk codec's
+  previous chunk shifted by the control steps that passed, its end held or continued, and
+  re-encoded through the codec; no draft model, rides the prefill too);
+- None (the default): the model config's ``default_draft`` (a family or checkpoint states the
+  draft that predicts its tokens best; ``"previous_action"`` when the config has none);
 - a draft folder (EAGLE / Spec-VLA layout, models/draft.py), or ``"checkpoint"`` for the
   checkpoint's own ``draft/`` folder: an ``EagleDrafter`` running that head;
 - ``"random"``: an ``EagleDrafter`` over a seeded random head (a deliberately poor draft, for
@@ -23,21 +28,42 @@ from ...models.layers import fuse_projections
 from .drafter import Drafter
 from .eagle_drafter import EagleDrafter
 from .previous_action_drafter import PREVIOUS_ACTION_DRAFT, PreviousActionDrafter
+from .shifted_chunk_drafter import (SHIFTED_CHUNK_DRAFT, SHIFTED_CHUNK_LINEAR_DRAFT,
+                                    ShiftedChunkDrafter)
 from .temporal_merge import WithPreviousAction
+
+
+HEADLESS_DRAFTS = (PREVIOUS_ACTION_DRAFT, SHIFTED_CHUNK_DRAFT, SHIFTED_CHUNK_LINEAR_DRAFT)
+
+
+def default_draft_path(runner) -> str:
+    """The draft a model's config names (``default_draft``; a family sets it from its
+    measurements, a checkpoint's config may override it), else the previous action. Only
+    drafts without a head may be defaults: a default must work with every checkpoint."""
+    path = getattr(runner.cfg, 'default_draft', None) or PREVIOUS_ACTION_DRAFT
+    if path not in HEADLESS_DRAFTS:
+        raise ValueError(f'default_draft: {path!r} is not one of {HEADLESS_DRAFTS}')
+    return path
 
 
 def load_draft_for(runner, engine_config: EngineConfig,
                    checkpoint_folder: str | os.PathLike | None) -> Drafter:
     """``EngineConfig.draft_path`` -> the drafter for an engine over ``runner``'s verifier.
 
-    draft_path: ``"previous_action"`` or None (temporal drafting, no head: the default); a
-    draft folder; ``"checkpoint"``, meaning ``<checkpoint_folder>/draft/`` (refused when that
-    folder does not exist); ``"random"`` (a seeded random head from ``engine_config.seed``: a
+    draft_path: None (``default_draft_path(runner)``); ``"previous_action"`` (temporal
+    drafting, no head); ``"shifted_chunk"`` or ``"shifted_chunk_linear"``; a draft folder;
+    ``"checkpoint"``, meaning ``<checkpoint_folder>/draft/`` (refused when that folder does
+    not exist); ``"random"`` (a seeded random head from ``engine_config.seed``: a
     deliberately poor draft for tests and demos).
     """
     path = engine_config.draft_path
-    if path is None or path == PREVIOUS_ACTION_DRAFT:
+    if path is None:
+        path = default_draft_path(runner)
+    if path == PREVIOUS_ACTION_DRAFT:
         return PreviousActionDrafter(runner.max_action_tokens, runner.codec.step_tokens)
+    if path in (SHIFTED_CHUNK_DRAFT, SHIFTED_CHUNK_LINEAR_DRAFT):
+        return ShiftedChunkDrafter(runner.codec, runner.max_action_tokens,
+                                   'linear' if path == SHIFTED_CHUNK_LINEAR_DRAFT else 'hold')
     if path == CHECKPOINT_DRAFT:
         default = Path(checkpoint_folder) / DEFAULT_DRAFT_SUBFOLDER \
             if checkpoint_folder is not None else None
@@ -60,4 +86,4 @@ def load_draft_for(runner, engine_config: EngineConfig,
     return drafter
 
 
-__all__ = ['load_draft_for']
+__all__ = ['HEADLESS_DRAFTS', 'default_draft_path', 'load_draft_for']

@@ -135,13 +135,15 @@ def config_from_folder(folder: Path, raw: dict) -> Pi0FastConfig:
             action_dim=int((action.get('shape') or [7])[-1]),
             max_action_tokens=int(raw.get('max_action_tokens', 256)),
             fast_skip_tokens=int(raw.get('fast_skip_tokens', 128)),
-            lowercase_instruction=bool(raw.get('lowercase_instruction', True)))
+            lowercase_instruction=bool(raw.get('lowercase_instruction', True)),
+            default_draft=str(raw.get('default_draft', 'previous_action')))
     except (TypeError, ValueError) as exc:
         raise CheckpointError(f'{source}: {exc}') from exc
 
 
 def config_to_json(cfg: Pi0FastConfig) -> dict:
-    """LeRobot's config.json fields this package reads (plus ``lowercase_instruction``)."""
+    """LeRobot's config.json fields this package reads (plus ``lowercase_instruction`` and
+    ``default_draft``, the spec modes' draft when none is configured)."""
     size = cfg.image_size
     slots = ['observation.images.base_0_rgb', 'observation.images.left_wrist_0_rgb',
              'observation.images.right_wrist_0_rgb']
@@ -157,7 +159,8 @@ def config_to_json(cfg: Pi0FastConfig) -> dict:
             'fast_skip_tokens': cfg.fast_skip_tokens, 'paligemma_variant': 'gemma_2b',
             'text_tokenizer_name': 'tokenizer.json',
             'action_tokenizer_name': FAST_TOKENIZER_FOLDER,
-            'lowercase_instruction': cfg.lowercase_instruction}
+            'lowercase_instruction': cfg.lowercase_instruction,
+            'default_draft': cfg.default_draft}
 
 
 def paligemma_config_json(cfg: Pi0FastConfig) -> dict:
