@@ -74,8 +74,10 @@ def build_sequences(prompt_ids: list[list[int]], action_tokens: np.ndarray, pad_
     return ids, text_lens
 
 
-def _layer_forward(layer, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """One Llama decoder layer on (B, T, H) with causal attention (no KV cache)."""
+def _layer_forward(layer, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                   attn_mask: torch.Tensor | None = None) -> torch.Tensor:
+    """One Llama decoder layer on (B, T, H) (no KV cache): causal attention, or ``attn_mask``
+    (B, 1, T, T) bool, True where a query may see a key, when given."""
     b, t, _ = x.shape
     attn = layer.self_attn
     h = layer.input_layernorm(x) if layer.input_layernorm is not None else x
@@ -85,7 +87,8 @@ def _layer_forward(layer, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor)
     q = apply_rope(q, cos, sin).view(b, t, attn.num_heads, attn.head_dim)
     k = apply_rope(k, cos, sin).view(b, t, attn.num_kv_heads, attn.head_dim)
     q, k, v = (z.transpose(1, 2) for z in (q, k, v))            # (B, heads, T, D)
-    out = F.scaled_dot_product_attention(q, k, v, is_causal=True,
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask,
+                                         is_causal=attn_mask is None,
                                          enable_gqa=attn.num_kv_heads != attn.num_heads)
     x = x + attn.o_proj(out.transpose(1, 2).reshape(b, t, -1))
     return x + layer.mlp(layer.post_attention_layernorm(x))

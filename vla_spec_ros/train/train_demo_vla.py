@@ -14,6 +14,9 @@ One command, fixed seed:
   4. the checkpoint in OpenVLA's layout (safetensors, config.json with norm_stats, tokenizer);
   5. its EAGLE draft head with ``train-draft`` on a sample of the demo images (``<out>/draft``).
 
+``--family pi0fast`` trains the pi0-FAST model ``metaworld-demo-fast`` instead
+(train/train_demo_fast.py: FAST tokenizer fitted on the training chunks, PaliGemma layout).
+
 Resumable: ``<work-dir>/last.pt`` holds model, optimizer and sampler state every
 ``--save-every`` steps; ``--resume`` continues from it. Bitwise reproducibility needs the same
 torch version and thread count (CPU kernels reduce in thread-dependent order).
@@ -42,6 +45,7 @@ from ..prompt import PromptTokenizer, build_instruction_tokenizer, save_tokenize
 from .teacher_forcing import action_logits, build_sequences, pixel_values_batch, random_shift
 
 PRESET = 'metaworld-demo'
+FAMILIES = ('openvla', 'pi0fast')     # pi0fast: train/train_demo_fast.py
 TRAIN_STATE = 'last.pt'
 REPORT_FILE = 'training.json'
 
@@ -63,6 +67,7 @@ class DemoTrainConfig:
     draft_samples: int = 4000
     chunk: int = 1                  # control steps one frame decodes (1: OpenVLA's one step)
     seed: int = 0
+    family: str = 'openvla'         # 'openvla' (metaworld-demo) or 'pi0fast' (-fast)
 
     def __post_init__(self):
         require_int_fields(self, ('steps', 'batch_size', 'log_every', 'save_every',
@@ -75,6 +80,8 @@ class DemoTrainConfig:
             raise ValueError(f'min_lr_ratio: must lie in [0, 1], got {self.min_lr_ratio}')
         if not self.weight_decay >= 0:
             raise ValueError(f'weight_decay: must be >= 0, got {self.weight_decay}')
+        if self.family not in FAMILIES:
+            raise ValueError(f'family: must be one of {FAMILIES}, got {self.family!r}')
 
 
 def lr_at(step: int, cfg: DemoTrainConfig) -> float:
@@ -294,9 +301,14 @@ def run(args: argparse.Namespace) -> int:
               'config': asdict(cfg), 'data': str(args.data), 'tasks': list(demos.task_names),
               'torch': torch.__version__, 'threads': torch.get_num_threads(),
               'machine': f'{platform.machine()} {platform.processor()} {os.cpu_count()} CPUs'}
-    report['vla'] = train_vla(args, cfg, demos, out, work_dir)
+    if cfg.family == 'pi0fast':
+        from .train_demo_fast import train_fast
+        report['vla'] = train_fast(args, cfg, demos, out, work_dir)
+    else:
+        report['vla'] = train_vla(args, cfg, demos, out, work_dir)
     report['vla_wall_s'] = time.time() - started
-    if not args.no_draft and cfg.draft_steps > 0:
+    # The EAGLE head is trained for the OpenVLA family only (train_draft reads its layout).
+    if not args.no_draft and cfg.draft_steps > 0 and cfg.family == 'openvla':
         draft_started = time.time()
         report['draft'] = train_draft_head(cfg, demos, out, work_dir)
         report['draft_wall_s'] = time.time() - draft_started

@@ -16,6 +16,7 @@ placeholders up to the vocabulary size (the FAST ids and the 128 skipped ids liv
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Sequence
 
 import numpy as np
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
@@ -109,10 +110,12 @@ _WORDS = ('Task State Action pick place put push pull open close lift move the a
           'gripper slowly').split()
 
 
-def build_text_tokenizer(vocab_size: int, num_text_ids: int = 256) -> Tokenizer:
+def build_text_tokenizer(vocab_size: int, num_text_ids: int = 256,
+                         instructions: Sequence[str] = ()) -> Tokenizer:
     """A BPE text tokenizer of exactly ``vocab_size`` ids: Gemma's special ids 0-3, at most
-    ``num_text_ids`` learned ids (the prompt's words, digits one by one, punctuation), then
-    ``<unused_k>`` placeholders. Deterministic."""
+    ``num_text_ids`` learned ids (the prompt's words and ``instructions`` as the prompt
+    writes them, digits one by one, punctuation), then ``<unused_k>`` placeholders.
+    Deterministic."""
     tok = Tokenizer(models.BPE(unk_token='<unk>'))
     tok.pre_tokenizer = pre_tokenizers.Sequence([
         pre_tokenizers.Metaspace(replacement='\u2581', prepend_scheme='never'),
@@ -125,6 +128,8 @@ def build_text_tokenizer(vocab_size: int, num_text_ids: int = 256) -> Tokenizer:
                                   initial_alphabet=alphabet, show_progress=False)
     lines = [f'Task: {w} {v} {u}, State: 1 22 128 255;\n{ACTION_PREFIX}{ACTION_SUFFIX}'
              for w in _WORDS for v in _WORDS[::5] for u in _WORDS[::7]]
+    lines += [f'Task: {clean_instruction(text)}, State: 128;\n{ACTION_PREFIX}{ACTION_SUFFIX}'
+              for text in instructions for _ in range(8)]
     tok.train_from_iterator(lines, trainer=trainer)
     learned = tok.get_vocab_size()
     if learned > vocab_size:
