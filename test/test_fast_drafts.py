@@ -15,6 +15,7 @@ from vla_spec_ros.engine.ar import reference_tokens
 from vla_spec_ros.engine.device.runner import ModelRunner
 from vla_spec_ros.engine.drafting.draft_choice import default_draft_path, load_draft_for
 from vla_spec_ros.engine.drafting.drafter import DraftAdvance, DraftBegin
+from vla_spec_ros.engine.drafting.merged_chains import MergedChains
 from vla_spec_ros.engine.drafting.previous_action_drafter import PreviousActionDrafter
 from vla_spec_ros.engine.drafting.shifted_chunk_drafter import ShiftedChunkDrafter, shift_chunk
 from vla_spec_ros.engine.engine import Engine
@@ -87,6 +88,43 @@ def test_a_chunk_older_than_the_frame_is_the_source(codec):
         codec.encode(shift_chunk(chunks[0], 1))
     assert tuple(drafter.prefill_draft('cam', 40, step=9)) == \
         codec.encode(shift_chunk(chunks[1], 2))
+
+
+def test_merged_chains_hold_both_drafts_in_one_tree(codec):
+    chunk = codec.decode(codec.encode(synthetic_action_chunks(1, H, D, seed=4)[0])).normalized
+    shifted = ShiftedChunkDrafter(codec, codec.max_tokens)
+    previous = PreviousActionDrafter(codec.max_tokens)
+    merged = MergedChains([shifted, previous])
+    tokens = codec.encode(chunk)
+    merged.observe_action('cam', tokens, request_id=0, step=10)
+    draft = codec.encode(shift_chunk(chunk, 3))
+    assert merged.prefill_draft('cam', 40, step=13) == list(draft)     # the first one's
+    merged.update([DraftBegin(1, None, range(0), 7, 'cam', (), 13)], [], None)
+    tree = merged.propose_batch([1], [40], 8, 60)[0]
+    paths = {tuple(tree.tokens[n] for n in _path(tree, leaf))
+             for leaf in range(tree.num_nodes) if leaf not in tree.parents}
+    assert paths == {(7,) + draft[1:], (7,) + tokens[1:]}
+    # The prefix both share ("Action:" ids) is one path; a small budget cuts the second.
+    assert tree.num_nodes == 1 + len(draft) - 1 + len(tokens) - 1 - _common(draft, tokens) + 1
+    small = merged.propose_batch([1], [40], 8, len(draft) + 1)[0]
+    assert small.num_nodes == len(draft) + 1 and small.tokens[:len(draft)] == (7,) + draft[1:]
+    with pytest.raises(ValueError, match='two'):
+        MergedChains([shifted])
+
+
+def _path(tree, node):
+    out = []
+    while node >= 0:
+        out.append(node)
+        node = tree.parents[node]
+    return out[::-1]
+
+
+def _common(a, b):
+    n = 0
+    while n < min(len(a), len(b)) and a[n] == b[n]:
+        n += 1
+    return n
 
 
 def test_only_chunk_codecs_are_drafted():
@@ -184,7 +222,8 @@ def test_accepted_shifted_drafts_give_ar_tokens(loaded, expected, mode):
 
 @pytest.mark.parametrize('mode', ['spec', 'pipeline_spec'])
 @pytest.mark.parametrize('draft_path', ['previous_action', 'shifted_chunk',
-                                        'shifted_chunk_linear'])
+                                        'shifted_chunk_linear',
+                                        'shifted_chunk+previous_action'])
 def test_every_headless_draft_by_name_gives_ar_tokens(loaded, expected, mode, draft_path):
     tokens, _ = run(loaded, consecutive_frames(5), mode, draft_path=draft_path)
     assert tokens == expected
@@ -204,13 +243,3 @@ def test_the_model_config_names_the_default_draft(loaded):
             load_draft_for(runner, config, None)
     finally:
         runner.cfg = loaded.cfg
-
-
-def test_a_checkpoint_states_its_default_draft(tmp_path):
-    import json
-    folder = registry.make_checkpoint('pi0fast-tiny', tmp_path / 'ck', seed=3)
-    raw = json.loads((folder / 'config.json').read_text())
-    assert raw['default_draft'] == 'previous_action'
-    raw['default_draft'] = 'shifted_chunk_linear'
-    (folder / 'config.json').write_text(json.dumps(raw))
-    assert registry.load(folder, torch.float64).cfg.default_draft == 'shifted_chunk_linear'

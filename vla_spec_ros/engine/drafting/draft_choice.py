@@ -6,6 +6,8 @@
 - ``"shifted_chunk"`` / ``"shifted_chunk_linear"``: a ``ShiftedChunkDrafter`` (a chunk codec's
   previous chunk shifted by the control steps that passed, its end held or continued, and
   re-encoded through the codec; no draft model, rides the prefill too);
+- headless names joined by ``+`` (``"shifted_chunk+previous_action"``): their chains merged
+  into one tree (engine/drafting/merged_chains.py), the first one the prefill draft;
 - None (the default): the model config's ``default_draft`` (a family or checkpoint states the
   draft that predicts its tokens best; ``"previous_action"`` when the config has none);
 - a draft folder (EAGLE / Spec-VLA layout, models/draft.py), or ``"checkpoint"`` for the
@@ -27,6 +29,7 @@ from ...models.draft import (CHECKPOINT_DRAFT, DEFAULT_DRAFT_SUBFOLDER, RANDOM_D
 from ...models.layers import fuse_projections
 from .drafter import Drafter
 from .eagle_drafter import EagleDrafter
+from .merged_chains import DRAFT_SEPARATOR, MergedChains
 from .previous_action_drafter import PREVIOUS_ACTION_DRAFT, PreviousActionDrafter
 from .shifted_chunk_drafter import (SHIFTED_CHUNK_DRAFT, SHIFTED_CHUNK_LINEAR_DRAFT,
                                     ShiftedChunkDrafter)
@@ -41,9 +44,25 @@ def default_draft_path(runner) -> str:
     measurements, a checkpoint's config may override it), else the previous action. Only
     drafts without a head may be defaults: a default must work with every checkpoint."""
     path = getattr(runner.cfg, 'default_draft', None) or PREVIOUS_ACTION_DRAFT
-    if path not in HEADLESS_DRAFTS:
-        raise ValueError(f'default_draft: {path!r} is not one of {HEADLESS_DRAFTS}')
+    if not is_headless(path):
+        raise ValueError(f'default_draft: {path!r} is not one of {HEADLESS_DRAFTS} (or '
+                         f'several joined by "{DRAFT_SEPARATOR}")')
     return path
+
+
+def is_headless(path: str) -> bool:
+    return all(part in HEADLESS_DRAFTS for part in str(path).split(DRAFT_SEPARATOR))
+
+
+def headless_drafter(runner, path: str) -> Drafter:
+    """A drafter without a head by name (``HEADLESS_DRAFTS``, or several joined by ``+``)."""
+    parts = path.split(DRAFT_SEPARATOR)
+    if len(parts) > 1:
+        return MergedChains([headless_drafter(runner, part) for part in parts])
+    if path == PREVIOUS_ACTION_DRAFT:
+        return PreviousActionDrafter(runner.max_action_tokens, runner.codec.step_tokens)
+    return ShiftedChunkDrafter(runner.codec, runner.max_action_tokens,
+                               'linear' if path == SHIFTED_CHUNK_LINEAR_DRAFT else 'hold')
 
 
 def load_draft_for(runner, engine_config: EngineConfig,
@@ -51,7 +70,8 @@ def load_draft_for(runner, engine_config: EngineConfig,
     """``EngineConfig.draft_path`` -> the drafter for an engine over ``runner``'s verifier.
 
     draft_path: None (``default_draft_path(runner)``); ``"previous_action"`` (temporal
-    drafting, no head); ``"shifted_chunk"`` or ``"shifted_chunk_linear"``; a draft folder;
+    drafting, no head); ``"shifted_chunk"`` or ``"shifted_chunk_linear"``; headless names
+    joined by ``+``; a draft folder;
     ``"checkpoint"``, meaning ``<checkpoint_folder>/draft/`` (refused when that folder does
     not exist); ``"random"`` (a seeded random head from ``engine_config.seed``: a
     deliberately poor draft for tests and demos).
@@ -59,11 +79,8 @@ def load_draft_for(runner, engine_config: EngineConfig,
     path = engine_config.draft_path
     if path is None:
         path = default_draft_path(runner)
-    if path == PREVIOUS_ACTION_DRAFT:
-        return PreviousActionDrafter(runner.max_action_tokens, runner.codec.step_tokens)
-    if path in (SHIFTED_CHUNK_DRAFT, SHIFTED_CHUNK_LINEAR_DRAFT):
-        return ShiftedChunkDrafter(runner.codec, runner.max_action_tokens,
-                                   'linear' if path == SHIFTED_CHUNK_LINEAR_DRAFT else 'hold')
+    if is_headless(path):
+        return headless_drafter(runner, path)
     if path == CHECKPOINT_DRAFT:
         default = Path(checkpoint_folder) / DEFAULT_DRAFT_SUBFOLDER \
             if checkpoint_folder is not None else None
@@ -86,4 +103,5 @@ def load_draft_for(runner, engine_config: EngineConfig,
     return drafter
 
 
-__all__ = ['HEADLESS_DRAFTS', 'default_draft_path', 'load_draft_for']
+__all__ = ['HEADLESS_DRAFTS', 'default_draft_path', 'headless_drafter', 'is_headless',
+           'load_draft_for']
