@@ -159,8 +159,10 @@ def test_a_frame_refuses_more_images_than_slots_and_a_state_openvla_cannot_read(
         runner.check_frame(Frame((image,) * 4, 'open the drawer'))
     runner.check_frame(Frame((image,) * 3, 'open the drawer', state=np.zeros(4)))
     with pytest.raises(ValueError, match='state'):
-        runner.prompt_ids('open the drawer', np.zeros(9))      # max_state_dim is 8
-    assert runner.prompt_ids('open', None) == runner.prompt_ids('open', np.zeros(4))
+        runner.prompt_ids('open the drawer', np.zeros(9))      # state_dim is 4
+    # No state: the normalised zero state, i.e. the statistics' mean (MEAN_STD).
+    mean = loaded.tokenizer.state_normalizer.stats['mean']
+    assert runner.prompt_ids('open', None) == runner.prompt_ids('open', mean)
 
 
 # ---- kernels at Gemma-2B's attention shape (one KV head, D = 256) -------------------------

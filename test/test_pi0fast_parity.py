@@ -51,6 +51,10 @@ def hf_model(checkpoint):
     model = PaliGemmaForConditionalGeneration(cfg).to(torch.float64).eval()
     state = {k[len(LEROBOT_PREFIX):]: v
              for k, v in load_file(str(checkpoint / 'model.safetensors')).items()}
+    if 'model.vision_tower.post_layernorm.weight' in model.state_dict():
+        # transformers 5.24 keeps the SigLIP tower without LeRobot's (5.5's) vision_model.
+        state = {k.replace('model.vision_tower.vision_model.', 'model.vision_tower.'): v
+                 for k, v in state.items()}
     missing, unexpected = model.load_state_dict(state, strict=False)
     assert not unexpected and set(missing) <= {'lm_head.weight'}
     model.tie_weights()

@@ -93,44 +93,78 @@ class ActionTokenizer(ActionCodec):
         return DecodedActions(values, False, f'generated non-action token(s) {bad}')
 
 
+# Un-normalisation modes (LeRobot's NormalizationMode names): the range [-1, 1] maps onto the
+# named statistics (QUANTILES: OpenVLA's and openpi's q01/q99), or MEAN_STD: x * std + mean.
+RANGE_STATS = {'QUANTILES': ('q01', 'q99'), 'MIN_MAX': ('min', 'max'),
+               'QUANTILE10': ('q10', 'q90')}
+ACTION_MODES = ('QUANTILES', 'MIN_MAX', 'QUANTILE10', 'MEAN_STD', 'IDENTITY')
+
+
 @dataclass(frozen=True)
 class ActionStats:
+    """One dataset's action statistics. ``mode`` (norm_stats' ``action.mode``, default
+    QUANTILES): a range mode maps [-1, 1] onto [q01, q99] (for MIN_MAX / QUANTILE10 these two
+    fields hold min/max or q10/q90); MEAN_STD is LeRobot's ``x * std + mean`` (its
+    normalisation divides by ``std + 1e-8``); IDENTITY leaves actions as they are."""
+
     q01: np.ndarray
     q99: np.ndarray
     mask: np.ndarray            # bool: un-normalise this dimension
+    mode: str = 'QUANTILES'
+    mean: np.ndarray | None = None
+    std: np.ndarray | None = None
 
     @classmethod
     def from_norm_stats(cls, entry: Mapping, key: str) -> 'ActionStats':
         try:
             action = entry['action']
-            q01 = np.asarray(action['q01'], dtype=np.float64)
-            q99 = np.asarray(action['q99'], dtype=np.float64)
-            mask = np.asarray(action.get('mask', [True] * len(q01)), dtype=bool)
-        except (KeyError, TypeError) as exc:
+            mode = action.get('mode', 'QUANTILES')
+            if mode not in ACTION_MODES:
+                raise ValueError(f'norm_stats[{key!r}]: action mode {mode!r} is not one of '
+                                 f'{ACTION_MODES}')
+            names = ('mean', 'std') if mode == 'MEAN_STD' else RANGE_STATS.get(mode)
+            if names is None:                       # IDENTITY: any statistic gives the size
+                dim = len(next(v for k, v in action.items() if k not in ('mode', 'mask')))
+                lo = hi = np.zeros(dim)
+            else:
+                lo, hi = (np.asarray(action[n], dtype=np.float64) for n in names)
+            mask = np.asarray(action.get('mask', [True] * len(lo)), dtype=bool)
+        except (KeyError, TypeError, StopIteration) as exc:
             raise ValueError(f'norm_stats[{key!r}]: malformed action statistics ({exc!r})') \
                 from exc
-        if not (q01.shape == q99.shape == mask.shape) or q01.ndim != 1:
-            raise ValueError(f'norm_stats[{key!r}]: q01/q99/mask shapes differ: '
-                             f'{q01.shape}, {q99.shape}, {mask.shape}')
-        return cls(q01, q99, mask)
+        if not (lo.shape == hi.shape == mask.shape) or lo.ndim != 1:
+            raise ValueError(f'norm_stats[{key!r}]: action statistics/mask shapes differ: '
+                             f'{lo.shape}, {hi.shape}, {mask.shape}')
+        if mode == 'MEAN_STD':
+            return cls(lo, lo, mask, mode, mean=lo, std=hi)
+        return cls(lo, hi, mask, mode)
 
     def normalize(self, actions: np.ndarray) -> np.ndarray:
-        """Inverse of ``unnormalize`` for actions (..., D), clipped to [-1, 1]. A dimension
-        whose q01 == q99 (e.g. Meta-World's rotation deltas, always 0) maps to 0, which
-        ``unnormalize`` turns back into q01."""
+        """Inverse of ``unnormalize`` for actions (..., D). Range modes clip to [-1, 1]; a
+        dimension whose q01 == q99 (e.g. Meta-World's rotation deltas, always 0) maps to 0,
+        which ``unnormalize`` turns back into q01. MEAN_STD is LeRobot's ``(a - mean) / (std
+        + 1e-8)``, not clipped."""
         a = np.asarray(actions, dtype=np.float64)
+        if self.mode == 'IDENTITY':
+            return a
+        if self.mode == 'MEAN_STD':
+            return np.where(self.mask, (a - self.mean) / (self.std + 1e-8), a)
         span = self.q99 - self.q01
         safe_span = np.where(span > 0, span, 1.0)
         scaled = np.where(span > 0, 2.0 * (a - self.q01) / safe_span - 1.0, 0.0)
         return np.clip(np.where(self.mask, scaled, a), -1.0, 1.0)
 
     def unnormalize(self, normalized: np.ndarray) -> np.ndarray:
-        """a = 0.5 (x + 1) (q99 - q01) + q01 where mask, else x (e.g. the gripper); x is one
-        step (D,) or a chunk (..., D)."""
+        """Range modes: a = 0.5 (x + 1) (q99 - q01) + q01; MEAN_STD: a = x std + mean; where
+        mask, else x (e.g. the gripper); x is one step (D,) or a chunk (..., D)."""
         x = np.asarray(normalized, dtype=np.float64)
         if x.ndim < 1 or x.shape[-1] != self.q01.shape[0]:
             raise ValueError(f'action has {x.shape[-1] if x.ndim else 0} dims, statistics '
                              f'have {self.q01.shape[0]}')
+        if self.mode == 'IDENTITY':
+            return x
+        if self.mode == 'MEAN_STD':
+            return np.where(self.mask, x * self.std + self.mean, x)
         return np.where(self.mask, 0.5 * (x + 1.0) * (self.q99 - self.q01) + self.q01, x)
 
 

@@ -66,7 +66,7 @@ class VLAPolicy:
         folder = resolve_checkpoint(path_or_preset)
         loaded = registry.load(folder, TORCH_DTYPES[config.dtype], config.device,
                                config.max_instruction_tokens)
-        norm_stats = loaded.raw.get('norm_stats')
+        norm_stats = loaded.norm_stats or loaded.raw.get('norm_stats')
         if not norm_stats:
             stats_file = folder / 'dataset_statistics.json'
             if not stats_file.is_file():

@@ -4,16 +4,18 @@ Runs under the project's Python. It
 
 1. takes a pi0-FAST checkpoint folder in LeRobot's layout (``--checkpoint``), or writes one
    with ``vla-spec make-checkpoint --preset pi0fast-tiny``;
-2. writes N frames (1..3 random uint8 camera images, a normalised state in [-1, 1], an
-   instruction; every fourth frame repeats the one before it, as a robot standing still
-   would) to ``frames.npz``, with this package's prompt ids of each frame when the family
-   loads;
+2. writes N frames (1..3 random uint8 camera images, a raw robot state, an instruction;
+   every fourth frame repeats the one before it, as a robot standing still would) to
+   ``frames.npz``, with this package's prompt ids of each frame when the family loads. The
+   state is drawn as mean + std * U(-1.2, 1.2) from the checkpoint's state statistics, so that
+   both sides normalise it and some values fall outside [-1, 1] (bins -1 and 255);
 3. runs ``lerobot_side.py`` under LeRobot's interpreter (``--lerobot-python``, a separate
    Python >= 3.12 environment with ``lerobot[pi]==0.6.1``; offline);
 4. runs ``VLAPolicy.from_pretrained(folder, mode=...)`` for each mode (ar, pipeline, spec,
    pipeline_spec; relax_threshold 0) and compares the generated ids with LeRobot's, frame by
-   frame: both cut after the first ``|`` (LeRobot stops there; this package's frame goes on
-   to EOS);
+   frame: both cut after the first ``|`` (LeRobot stops there; so does this package in the
+   LeRobot style, while the openpi style goes on to EOS); where both decode an action chunk,
+   the un-normalised actions are compared too;
 5. prints a table and writes ``bench/results/lerobot_pi0fast/<date>.md`` (and ``.json``).
 
 Not part of CI: LeRobot's install is several GB (README.md beside this file).
@@ -71,7 +73,21 @@ def checkpoint_shape(folder: Path) -> dict:
             'max_action_tokens': int(raw.get('max_action_tokens', 256))}
 
 
-def make_frames(n: int, shape: dict, seed: int, image_size: int | None):
+def state_statistics(folder: Path, shape: dict):
+    """(mean, std) of the checkpoint's state statistics, or None."""
+    try:
+        from vla_spec_ros.models.pi0fast.statistics import read_statistics
+        raw = json.loads((folder / 'config.json').read_text())
+        action_dim = int(raw['output_features']['action']['shape'][-1])
+        stats = read_statistics(folder, raw, shape['state_dim'], action_dim)
+    except Exception:  # noqa: BLE001  (no statistics: a normalised state)
+        return None
+    if stats is None or not {'mean', 'std'} <= set(stats.state):
+        return None
+    return stats.state['mean'].astype(np.float64), stats.state['std'].astype(np.float64)
+
+
+def make_frames(n: int, shape: dict, seed: int, image_size: int | None, stats=None):
     rng = np.random.default_rng(seed)
     size = image_size or shape['image_size']
     slots = shape['slots']
@@ -88,6 +104,8 @@ def make_frames(n: int, shape: dict, seed: int, image_size: int | None):
         images[i, :counts[i]] = rng.integers(0, 256, (counts[i], size, size, 3),
                                              dtype=np.uint8)
         states[i] = rng.uniform(-1, 1, shape['state_dim'])
+        if stats is not None:
+            states[i] = stats[0] + stats[1] * 1.2 * states[i]
         instructions.append(INSTRUCTIONS[i % len(INSTRUCTIONS)])
     return images, counts, states, instructions
 
@@ -114,7 +132,8 @@ def first_difference(a, b) -> int | None:
     return None if len(a) == len(b) else min(len(a), len(b))
 
 
-def project_tokens(folder: Path, frames, mode: str, dtype: str) -> tuple[list, float, dict]:
+def project_tokens(folder: Path, frames, mode: str, dtype: str
+                   ) -> tuple[list, float, dict, list]:
     from vla_spec_ros.policy import VLAPolicy
     policy = VLAPolicy.from_pretrained(str(folder), mode=mode, dtype=dtype,
                                        relax_threshold=0)
@@ -125,15 +144,18 @@ def project_tokens(folder: Path, frames, mode: str, dtype: str) -> tuple[list, f
                                      state=f.state)) for f in frames]
     results = {r.request_id: r for r in engine.run_until_idle()}
     elapsed = time.perf_counter() - t0
-    out, errors = [], {}
+    out, errors, actions = [], {}, []
     for k, rid in enumerate(ids):
         r = results[rid]
         if r.error is not None or r.result is None:
             errors[k] = r.error
             out.append(None)
+            actions.append(None)
         else:
             out.append(list(r.result.tokens))
-    return out, elapsed, errors
+            actions.append(np.asarray(r.result.action, dtype=np.float64)
+                           if r.result.is_valid else None)
+    return out, elapsed, errors, actions
 
 
 def run_lerobot(python: str, folder: Path, frames_file: Path, out: Path, work: Path,
@@ -185,7 +207,8 @@ def main(argv=None) -> int:
         commands.append(' '.join(make_checkpoint(folder, args.seed)))
     shape = checkpoint_shape(folder)
     images, counts, states, instructions = make_frames(args.frames, shape, args.seed,
-                                                       args.image_size)
+                                                       args.image_size,
+                                                       state_statistics(folder, shape))
     frames = engine_frames(images, counts, states, instructions)
 
     project_error = None
@@ -195,11 +218,13 @@ def main(argv=None) -> int:
         probe = VLAPolicy.from_pretrained(str(folder), mode='ar', dtype=args.dtype)
         runner = probe.engine.runner
         prompt_ids = [runner.frame_prompt_ids(f) for f in frames]
-        end_of_action = runner.codec.suffix_tokens[0] if runner.codec.suffix_tokens else None
-        end_token = runner.codec.end_token
+        codec = runner.codec
+        end_token = codec.end_token
+        end_of_action = codec.suffix_tokens[0] if codec.suffix_tokens else end_token
+        style = getattr(runner.model, 'style', None)
     except Exception as exc:  # noqa: BLE001  (the family may not have landed yet)
         project_error = f'{type(exc).__name__}: {exc}'
-        end_of_action = end_token = None
+        end_of_action = end_token = style = None
 
     arrays = {'images': images, 'num_images': counts, 'states': states,
               'instructions': np.array(instructions)}
@@ -219,7 +244,7 @@ def main(argv=None) -> int:
         print(f'note: this package\'s "|" id {end_of_action} != LeRobot\'s {bar}')
     lr_frames = lr['frames']
 
-    rows, per_frame = [], {}
+    rows, per_frame, action_rows = [], {}, []
     kv_vs_nokv = sum(f['tokens_kv'] == f['tokens_no_kv'] for f in lr_frames)
     if prompt_ids is not None:
         same_prompt = [list(ids) == f['lerobot_prompt_ids'] for ids, f in
@@ -228,7 +253,14 @@ def main(argv=None) -> int:
         same_prompt = None
     if project_error is None:
         for mode in [m for m in args.modes.split(',') if m]:
-            tokens, seconds, errors = project_tokens(folder, frames, mode, args.dtype)
+            tokens, seconds, errors, actions = project_tokens(folder, frames, mode, args.dtype)
+            both = [(a, np.asarray(f['actions'])) for a, f in zip(actions, lr_frames)
+                    if a is not None and f.get('actions') is not None]
+            action_rows.append({'mode': mode, 'frames_both_decoded': len(both),
+                                'max_abs_difference': max(
+                                    (float(np.abs(a - b).max()) for a, b in both
+                                     if a.shape == b.shape), default=None),
+                                'shape_mismatch': sum(a.shape != b.shape for a, b in both)})
             for ref_name, ref_key in (('LeRobot (its prompt)', 'tokens_kv'),
                                       ('LeRobot loop, this package\'s prompt',
                                        'tokens_project_prompt')):
@@ -264,6 +296,13 @@ def main(argv=None) -> int:
                      f'{sum(same_prompt)}/{len(same_prompt)}')
     if project_error:
         lines.append(f'this package could not load the checkpoint: {project_error}')
+    else:
+        lines.append(f'this package\'s style: {style}; frame end marker {end_token}')
+    for r in action_rows:
+        lines.append(f'{r["mode"]}: un-normalised actions of the {r["frames_both_decoded"]} '
+                     f'frames both sides decoded: largest |difference| '
+                     f'{r["max_abs_difference"]}' + (f', {r["shape_mismatch"]} of another '
+                                                     'shape' if r['shape_mismatch'] else ''))
     header = ('| mode | reference | frames | identical | identical up to our EOS (LeRobot '
               'goes on) | first differing position (other frames) |')
     table = [header, '|---|---|---|---|---|---|']
@@ -291,7 +330,8 @@ def main(argv=None) -> int:
               'machine': {'platform': platform.platform(), 'cpus': os.cpu_count(),
                           'processor': platform.processor() or platform.machine()},
               'project': ours_versions, 'project_error': project_error,
-              'checkpoint': str(folder), 'shape': shape, 'rows': rows,
+              'checkpoint': str(folder), 'shape': shape, 'style': style, 'rows': rows,
+              'actions': action_rows,
               'prompt_identical': same_prompt, 'lerobot': {k: v for k, v in lr.items()
                                                            if k != 'frames'},
               'frames': [{'num_images': int(counts[i]), 'instruction': instructions[i],
@@ -301,13 +341,13 @@ def main(argv=None) -> int:
               'per_frame': per_frame}
     (results / f'{stamp}.json').write_text(json.dumps(record, indent=1))
     md = [f'# π0-FAST tokens: this package vs LeRobot 0.6.1 pi0_fast ({stamp} UTC)', '',
-          '## Commands', '', '```'] + commands + ['```', '',
-          '## Versions and machine', '',
-          f'- this package: {json.dumps(ours_versions)}',
-          f'- LeRobot side: {json.dumps(lr["versions"])}',
-          f'- machine: {json.dumps(record["machine"])}',
-          f'- checkpoint: {shape}; LeRobot dimensions: {lr["dims"]}', '',
-          '## Result', ''] + lines + [''] + table + ['']
+          '## Commands', '', '```'] + commands + ['```', '']
+    md += ['## Versions and machine', '',
+           f'- this package: {json.dumps(ours_versions)}',
+           f'- LeRobot side: {json.dumps(lr["versions"])}',
+           f'- machine: {json.dumps(record["machine"])}',
+           f'- checkpoint: {shape}; LeRobot dimensions: {lr["dims"]}', '',
+           '## Result', ''] + lines + [''] + table + ['']
     fr = lr_frames[0]
     md += ['## LeRobot facts seen in this run', '',
            f'- LeRobot\'s prompt of frame 0: `{fr["lerobot_prompt_text"]!r}` then BOS '
@@ -316,10 +356,12 @@ def main(argv=None) -> int:
         md.append(f'- this package\'s prompt ids of frame 0: {prompt_ids[0]}')
     md += [f'- the project\'s config.json given to LeRobot\'s PreTrainedConfig: '
            f'{lr["project_config_json_in_lerobot"]}',
-           f'- the project\'s model.safetensors loaded as is: '
-           f'{json.dumps(lr.get("project_file_loaded_as_is"))}',
-           f'- key conversion applied for the comparison: {json.dumps(lr["key_conversion"])}',
-           f'- weights after conversion: {json.dumps(lr["weights"])}',
+           f'- files added to LeRobot\'s copy of the folder (nothing else changed): '
+           f'{json.dumps(lr["files_added_for_the_fast_processor"])}',
+           f'- PI0FastPolicy.from_pretrained (strict) printed: {json.dumps(lr["load_printed"])}',
+           f'- weights as LeRobot loaded them: {json.dumps(lr["weights"])}',
+           f'- normalisation modes of LeRobot\'s processors: '
+           f'{json.dumps(lr["normalization"])}',
            f'- LeRobot save_pretrained keys: {json.dumps(lr["lerobot_save_pretrained"])}',
            f'- text tokenizer as LeRobot reads it: {json.dumps(lr["text_tokenizer"])}',
            f'- LeRobot checkpoint files: {lr["lerobot_checkpoint_files"]}',
@@ -328,7 +370,8 @@ def main(argv=None) -> int:
            'Columns: "LeRobot (its prompt)" is LeRobot end to end (preprocessor, prompt, '
            'predict_action_chunk); "LeRobot loop, this package\'s prompt" is LeRobot\'s model '
            'and decoding loop fed this package\'s prompt ids (model arithmetic alone). Both '
-           'sides are cut after the first "|".', '',
+           'sides are cut after the first "|". States are raw; both sides normalise them with '
+           'the checkpoint\'s statistics.', '',
            f'Full record: `{stamp}.json` beside this file.', '']
     (results / f'{stamp}.md').write_text('\n'.join(md))
     print(f'wrote {results / (stamp + ".md")}')

@@ -1,25 +1,28 @@
 """LeRobot's own pi0_fast (lerobot[pi]==0.6.1) on a checkpoint folder, offline.
 
 Runs under a separate Python >= 3.12 environment that has LeRobot installed (README.md beside
-this file), never under the project's Python. Given a checkpoint folder written by
-``vla-spec make-checkpoint --preset pi0fast-tiny`` and a frames file written by
+this file), never under the project's Python. Given a checkpoint folder in LeRobot's layout
+(``vla-spec make-checkpoint --preset pi0fast-tiny`` writes one) and a frames file written by
 ``compare_tokens.py``, it
 
-1. writes a LeRobot checkpoint folder under ``--work``: LeRobot's own ``config.json``
-   (``PI0FastConfig`` saved by LeRobot), the same ``model.safetensors`` (a hard link or copy),
-   the pre/post processor files saved by LeRobot, and the two tokenizers as local folders
-   (``text_tokenizer_name`` / ``action_tokenizer_name`` are absolute local paths; nothing is
-   fetched: HF_HUB_OFFLINE=1);
-2. loads it back with ``PI0FastPolicy.from_pretrained`` and
-   ``make_pre_post_processors(..., pretrained_path=...)`` as a LeRobot user does, and checks
-   that every tensor of the policy equals the file (LeRobot prints and continues when loading
-   fails, leaving random weights);
-3. runs each frame through LeRobot's preprocessor and ``predict_action_chunk`` (greedy, KV
-   cache; and again with ``use_kv_cache`` off), keeping the generated ids;
-4. optionally (frames file with the project's prompt ids) runs LeRobot's decoding loop on the
+1. checks that LeRobot's strict ``PreTrainedConfig`` parser reads the folder's config.json;
+2. copies the folder under ``--work`` unchanged (hard links), except that the FAST tokenizer
+   folder gets a ``processor_config.json`` with an ``auto_map`` and a small local processor
+   module (LeRobot loads the FAST processor with ``AutoProcessor.from_pretrained(...,
+   trust_remote_code=True)``; the published one is code on a hub);
+3. loads the copy with ``PI0FastPolicy.from_pretrained`` (strict, LeRobot's default) and
+   ``make_pre_post_processors(cfg, pretrained_path=...)`` as a LeRobot user does, with the
+   copy as working directory (LeRobot resolves the folder's relative tokenizer names there),
+   and checks that every tensor of the policy equals the file (LeRobot prints and continues
+   when loading fails, leaving random weights) and that the file's keys are exactly those
+   LeRobot's own ``save_pretrained`` writes;
+4. runs each frame (its raw state: LeRobot's preprocessor normalises it with the folder's
+   statistics) through LeRobot's preprocessor and ``predict_action_chunk`` (greedy, KV cache;
+   and again with ``use_kv_cache`` off), keeping the generated ids;
+5. optionally (frames file with the project's prompt ids) runs LeRobot's decoding loop on the
    project's prompt ids instead of LeRobot's own prompt, to separate prompt differences from
    model differences;
-5. writes everything to ``--out`` (JSON).
+6. writes everything to ``--out`` (JSON).
 
 PaliGemma dimensions: LeRobot 0.6.1 builds its PaliGemma from ``paligemma_variant`` alone
 (``get_gemma_config``: gemma_2b or gemma_300m; SigLIP So400m with ``intermediate_size`` 4304
@@ -28,11 +31,15 @@ random-weight checkpoint of other dimensions (the pi0fast-tiny preset) needs tho
 replaced: ``--dims sidecar`` (the default when the folder has ``paligemma_config.json``)
 replaces ``get_gemma_config`` and the PaliGemma constructor's configuration in LeRobot's module
 namespace with the sidecar's numbers, at construction only. Everything that runs afterwards
-(preprocessing, prompt, masks, positions, generation) is LeRobot's code, unchanged.
+(preprocessing, normalisation, prompt, masks, positions, generation) is LeRobot's code,
+unchanged.
 """
+
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import json
 import os
 import platform
@@ -105,24 +112,13 @@ def versions() -> dict:
 
 # ---- local tokenizer folders ---------------------------------------------------------------
 
-def text_tokenizer_folder(checkpoint: Path, work: Path) -> Path:
-    """The checkpoint's tokenizer.json as a folder AutoTokenizer reads offline."""
-    out = work / 'paligemma_tokenizer'
+def fast_tokenizer_folder(src: Path, out: Path) -> Path:
+    """A FAST tokenizer folder as AutoProcessor(trust_remote_code) reads it: its files, a
+    processor_config.json with an auto_map and the local processor module."""
     out.mkdir(parents=True, exist_ok=True)
-    shutil.copy(checkpoint / 'tokenizer.json', out / 'tokenizer.json')
-    (out / 'tokenizer_config.json').write_text(json.dumps({
-        'tokenizer_class': 'PreTrainedTokenizerFast', 'bos_token': '<bos>',
-        'eos_token': '<eos>', 'pad_token': '<pad>', 'unk_token': '<unk>',
-        'model_max_length': 1000000}, indent=2))
-    return out
-
-
-def fast_tokenizer_folder(checkpoint: Path, work: Path) -> Path:
-    """The checkpoint's FAST tokenizer as a folder AutoProcessor(trust_remote_code) reads."""
-    src = checkpoint / 'fast_tokenizer'
-    out = work / 'fast_tokenizer'
-    out.mkdir(parents=True, exist_ok=True)
-    shutil.copy(src / 'tokenizer.json', out / 'tokenizer.json')
+    for name in ('tokenizer.json', 'fast_config.json'):
+        if (src / name).is_file() and not (out / name).exists():
+            shutil.copy(src / name, out / name)
     if (src / 'processor_config.json').is_file():
         cfg = json.loads((src / 'processor_config.json').read_text())
     else:
@@ -131,6 +127,7 @@ def fast_tokenizer_folder(checkpoint: Path, work: Path) -> Path:
                'time_horizon': fc.get('action_horizon'), 'action_dim': fc.get('action_dim'),
                'vocab_size': fc.get('vocab_size')}
     cfg['auto_map'] = {'AutoProcessor': 'local_fast_processor.LocalFastProcessor'}
+    (out / 'processor_config.json').unlink(missing_ok=True)       # never write through a link
     (out / 'processor_config.json').write_text(json.dumps(cfg, indent=2))
     (out / 'local_fast_processor.py').write_text(FAST_PROCESSOR_SOURCE)
     return out
@@ -193,20 +190,6 @@ def patch_dimensions(sidecar: dict) -> dict:
 
 # ---- checkpoint ---------------------------------------------------------------------------
 
-def dataset_stats(checkpoint: Path, state_dim: int, action_dim: int) -> dict:
-    """LeRobot's stats dict from the checkpoint's dataset_statistics.json (first key)."""
-    raw = json.loads((checkpoint / 'dataset_statistics.json').read_text())
-    entry = next(iter(raw.values()))
-    action = entry['action']
-    stats = {'action': {k: torch.tensor(action[k], dtype=torch.float32)
-                        for k in ('mean', 'std', 'min', 'max', 'q01', 'q99') if k in action}}
-    proprio = entry.get('proprio') or {}
-    stats['observation.state'] = {
-        k: torch.tensor(proprio.get(k, [0.0] * state_dim), dtype=torch.float32)
-        for k in ('mean', 'std', 'min', 'max', 'q01', 'q99')}
-    return stats
-
-
 def try_project_config(checkpoint: Path) -> str:
     """Whether LeRobot's PreTrainedConfig parses the project's config.json as it is."""
     from lerobot.configs import PreTrainedConfig
@@ -217,152 +200,72 @@ def try_project_config(checkpoint: Path) -> str:
         return f'{type(exc).__name__}: {str(exc).splitlines()[0][:300] if str(exc) else ""}'
 
 
-def make_lerobot_checkpoint(checkpoint: Path, work: Path, args) -> tuple[Path, dict]:
-    from lerobot.configs import FeatureType, NormalizationMode, PolicyFeature
-    from lerobot.policies.factory import make_pre_post_processors
-    from lerobot.policies.pi0_fast.configuration_pi0_fast import PI0FastConfig
-
-    raw = json.loads((checkpoint / 'config.json').read_text())
-    text_dir = text_tokenizer_folder(checkpoint, work)
-    fast_dir = fast_tokenizer_folder(checkpoint, work)
-    inputs = {}
-    for key, feat in raw['input_features'].items():
-        inputs[key] = PolicyFeature(type=FeatureType[feat['type']], shape=tuple(feat['shape']))
-    outputs = {key: PolicyFeature(type=FeatureType[feat['type']], shape=tuple(feat['shape']))
-               for key, feat in raw['output_features'].items()}
-    max_tokens = int(raw.get('max_action_tokens', 256))
-    cfg = PI0FastConfig(
-        input_features=inputs, output_features=outputs,
-        chunk_size=int(raw['chunk_size']), n_action_steps=int(raw.get('n_action_steps',
-                                                                      raw['chunk_size'])),
-        max_state_dim=int(raw.get('max_state_dim', 32)),
-        max_action_dim=int(raw.get('max_action_dim', 32)),
-        max_action_tokens=max_tokens, max_decoding_steps=max_tokens,
-        fast_skip_tokens=int(raw.get('fast_skip_tokens', 128)),
-        paligemma_variant=raw.get('paligemma_variant', 'gemma_2b'),
-        text_tokenizer_name=str(text_dir), action_tokenizer_name=str(fast_dir),
-        image_resolution=tuple(next(f.shape for f in inputs.values()
-                                    if f.type == FeatureType.VISUAL)[1:]),
-        dtype='float32', device='cpu', use_kv_cache=True, temperature=0.0,
-        # The project's frames carry an already-normalised state (VLAPolicy.predict's state);
-        # LeRobot's default for STATE is MEAN_STD from the processor's statistics.
-        normalization_mapping={'VISUAL': NormalizationMode.IDENTITY,
-                               'STATE': NormalizationMode.IDENTITY,
-                               'ACTION': NormalizationMode.MEAN_STD})
-    out = work / 'lerobot_checkpoint'
-    out.mkdir(parents=True, exist_ok=True)
-    cfg._save_pretrained(out)  # noqa: SLF001  (LeRobot's own writer of config.json)
-    target = out / 'model.safetensors'
-    if target.exists():
-        target.unlink()
-    renamed = {}
-    if args.convert_keys:
-        renamed = write_lerobot_weights(checkpoint / 'model.safetensors', target)
-    else:
-        try:
-            os.link(checkpoint / 'model.safetensors', target)
-        except OSError:
-            shutil.copy(checkpoint / 'model.safetensors', target)
-    state_dim = inputs['observation.state'].shape[-1]
-    action_dim = outputs['action'].shape[-1]
-    pre, post = make_pre_post_processors(cfg, dataset_stats=dataset_stats(
-        checkpoint, state_dim, action_dim))
-    pre.save_pretrained(out)
-    post.save_pretrained(out)
-    return out, {'config_fields': json.loads((out / 'config.json').read_text()),
-                 'key_conversion': renamed}
-
-
 PREFIX = 'model.paligemma_with_expert.paligemma.'
-VISION_OLD, VISION_NEW = PREFIX + 'model.vision_tower.', PREFIX + 'model.vision_tower.vision_model.'
 EMBED = PREFIX + 'model.language_model.embed_tokens.weight'
 LM_HEAD = PREFIX + 'lm_head.weight'
 
 
-def write_lerobot_weights(src: Path, dst: Path) -> dict:
-    """The project's file with the two spellings LeRobot 0.6.1 (transformers 5.5) loads:
-    SigLIP under ``vision_tower.vision_model.`` and an explicit ``lm_head.weight`` (LeRobot's
-    lm_head is not tied to the embedding table; ``_fix_pytorch_state_dict_keys`` copies a
-    file's lm_head into embed_tokens). Values unchanged."""
-    from safetensors.torch import load_file, save_file
-    state = load_file(str(src))
-    out, moved = {}, 0
-    for key, value in state.items():
-        if key.startswith(VISION_OLD) and not key.startswith(VISION_NEW):
-            key = VISION_NEW + key[len(VISION_OLD):]
-            moved += 1
-        out[key] = value
-    added = []
-    if LM_HEAD not in out and EMBED in out:
-        out[LM_HEAD] = out[EMBED].clone()
-        added.append(LM_HEAD)
-    save_file(out, str(dst), metadata={'format': 'pt'})
-    return {'vision_keys_moved_under_vision_model': moved, 'added': added}
+def lerobot_copy(checkpoint: Path, work: Path) -> tuple[Path, dict]:
+    """The checkpoint folder as LeRobot loads it: every file as it is (hard links where
+    possible), the FAST tokenizer folder with the local processor added."""
+    raw = json.loads((checkpoint / 'config.json').read_text())
+    fast_name = raw.get('action_tokenizer_name', 'fast_tokenizer')
+    if Path(fast_name).is_absolute():
+        raise SystemExit(f'action_tokenizer_name {fast_name!r} is absolute: not supported here')
+    out = work / 'lerobot_checkpoint'
+    if out.exists():
+        shutil.rmtree(out)
+
+    def link(src, dst):
+        try:
+            os.link(src, dst)
+        except OSError:
+            shutil.copy2(src, dst)
+
+    shutil.copytree(checkpoint, out, copy_function=link)
+    fast = out / fast_name
+    before = {p.name for p in fast.iterdir()}
+    fast_tokenizer_folder(fast, fast)
+    added = sorted(f'{fast_name}/{p.name}' for p in fast.iterdir() if p.name not in before)
+    return out, {'files_added_for_the_fast_processor': added,
+                 'config_fields_written_by_the_project': sorted(raw)}
 
 
-def load_as_is(checkpoint: Path, work: Path, args) -> dict:
-    """LeRobot's from_pretrained on the project's file as written (strict=False and LeRobot's
-    default strict=True): what a LeRobot user would get."""
-    import contextlib
-    import io
-    from lerobot.policies.pi0_fast.modeling_pi0_fast import PI0FastPolicy
-    folder = work / 'as_is'
-    folder.mkdir(parents=True, exist_ok=True)
-    shutil.copy(work / 'lerobot_checkpoint' / 'config.json', folder / 'config.json')
-    target = folder / 'model.safetensors'
-    if not target.exists():
-        shutil.copy(checkpoint / 'model.safetensors', target)
-    result = {}
-    for strict in (False, True):
-        buf = io.StringIO()
-        with contextlib.redirect_stdout(buf):
-            policy = PI0FastPolicy.from_pretrained(str(folder), strict=strict)
-        lines = [ln for ln in buf.getvalue().splitlines()
-                 if ln.startswith(('Missing', 'Unexpected', 'Warning', 'All keys'))]
-        check = check_weights(policy, checkpoint)
-        result[f'strict={strict}'] = {'printed': lines,
-                                      'file_tensors_not_equal_in_policy':
-                                      len(check['file_tensors_not_equal_in_policy']),
-                                      'loaded_exactly': check['loaded_exactly']}
-    return result
-
-
-def saved_keys(policy, work: Path) -> dict:
-    """What LeRobot's own save_pretrained writes for this policy (key names)."""
+def saved_keys(policy, work: Path, checkpoint: Path) -> dict:
+    """What LeRobot's own save_pretrained writes for this policy (key names), against the
+    checkpoint's keys."""
     from safetensors import safe_open
     folder = work / 'lerobot_saved'
     policy.save_pretrained(folder)
     with safe_open(str(folder / 'model.safetensors'), 'pt') as f:
         keys = sorted(f.keys())
         meta = f.metadata()
+    with safe_open(str(checkpoint / 'model.safetensors'), 'pt') as f:
+        ours = set(f.keys())
     short = sorted({k.replace(PREFIX, '<P>').split('.layers.')[0] for k in keys})
     return {'files': sorted(p.name for p in folder.iterdir()), 'num_keys': len(keys),
             'has_lm_head': LM_HEAD in keys, 'has_embed_tokens': EMBED in keys,
-            'key_stems': short, 'metadata': meta}
+            'key_stems': short, 'metadata': meta,
+            'checkpoint_keys_equal_lerobot_save': ours == set(keys),
+            'lerobot_keys_not_in_checkpoint': sorted(set(keys) - ours)[:10],
+            'checkpoint_keys_not_in_lerobot_save': sorted(ours - set(keys))[:10]}
 
 
 def check_weights(policy, checkpoint: Path) -> dict:
-    """Every tensor of the policy against the safetensors file (LeRobot keeps going when the
-    state dict does not load)."""
+    """Every tensor of the policy against the safetensors file, key for key (LeRobot keeps
+    going when the state dict does not load)."""
     from safetensors.torch import load_file
-    disk = {}
-    for key, value in load_file(str(checkpoint / 'model.safetensors')).items():
-        if key.startswith(VISION_OLD) and not key.startswith(VISION_NEW):
-            key = VISION_NEW + key[len(VISION_OLD):]      # same tensor, LeRobot's spelling
-        disk[key] = value
+    disk = load_file(str(checkpoint / 'model.safetensors'))
     own = policy.state_dict()
-    lm, emb = LM_HEAD, EMBED
     mismatched = [k for k, v in disk.items() if k not in own or not torch.equal(
         own[k].to(torch.float32), v.to(torch.float32))]
     not_in_file = sorted(k for k in own if k not in disk)
-    tied = lm in own and emb in own and own[lm].data_ptr() == own[emb].data_ptr()
-    head_equal = lm in own and emb in disk and torch.equal(own[lm].float(), disk[emb].float())
+    tied = LM_HEAD in own and EMBED in own and own[LM_HEAD].data_ptr() == own[EMBED].data_ptr()
     return {'file_tensors': len(disk), 'policy_tensors': len(own),
             'file_tensors_not_equal_in_policy': mismatched[:10],
             'policy_tensors_not_in_file': not_in_file[:10],
             'lm_head_shares_storage_with_embed_tokens': bool(tied),
-            'lm_head_equals_file_embed_tokens': bool(head_equal),
-            'loaded_exactly': not mismatched and set(not_in_file) <= {lm} and head_equal}
+            'loaded_exactly': not mismatched and not not_in_file}
 
 
 # ---- running ------------------------------------------------------------------------------
@@ -404,24 +307,28 @@ def run(args) -> dict:
     from lerobot.policies.pi0_fast.modeling_pi0_fast import PI0FastPolicy
 
     report['project_config_json_in_lerobot'] = try_project_config(checkpoint)
-    folder, info = make_lerobot_checkpoint(checkpoint, work, args)
+    folder, info = lerobot_copy(checkpoint, work)
     report.update(info)
-    if not args.skip_as_is:
-        report['project_file_loaded_as_is'] = load_as_is(checkpoint, work, args)
+    os.chdir(folder)            # LeRobot resolves relative tokenizer names from here
     t0 = time.perf_counter()
-    policy = PI0FastPolicy.from_pretrained(str(folder), strict=args.strict)
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        policy = PI0FastPolicy.from_pretrained(str(folder), strict=args.strict)
     policy.eval()
     report['load_s'] = round(time.perf_counter() - t0, 3)
+    report['load_printed'] = [ln for ln in printed.getvalue().splitlines()
+                              if ln.startswith(('Missing', 'Unexpected', 'Warning', 'All keys',
+                                                'Remapped', '  - '))]
     report['weights'] = check_weights(policy, checkpoint)
-    report['lerobot_save_pretrained'] = saved_keys(policy, work)
+    report['lerobot_save_pretrained'] = saved_keys(policy, work, checkpoint)
     if not report['weights']['loaded_exactly']:
         raise SystemExit(f'LeRobot did not load the checkpoint exactly: {report["weights"]}')
-    # LeRobot's saved action_tokenizer_processor entry omits paligemma_tokenizer_name (its
-    # default is the hub's google/paligemma-3b-pt-224): a local override is needed offline.
-    pre, _post = make_pre_post_processors(
-        policy.config, pretrained_path=str(folder), preprocessor_overrides={
-            'action_tokenizer_processor': {
-                'paligemma_tokenizer_name': policy.config.text_tokenizer_name}})
+    pre, post = make_pre_post_processors(policy.config, pretrained_path=str(folder))
+    report['normalization'] = {
+        'preprocessor': [s.get_config().get('norm_map') for s in pre.steps
+                         if type(s).__name__ == 'NormalizerProcessorStep'],
+        'postprocessor': [s.get_config().get('norm_map') for s in post.steps
+                          if type(s).__name__ == 'UnnormalizerProcessorStep']}
     report['lerobot_checkpoint_files'] = sorted(p.name for p in folder.iterdir())
 
     tok = policy._paligemma_tokenizer  # noqa: SLF001
@@ -487,6 +394,8 @@ def run(args) -> dict:
             try:
                 chunk = policy.predict_action_chunk(processed)
                 decoded = f'ok {tuple(chunk.shape)}'
+                if use_cache:
+                    entry['actions'] = post(chunk)[0].double().tolist()
             except Exception as exc:  # noqa: BLE001  (LeRobot asserts on the "Action:" prefix)
                 decoded = f'{type(exc).__name__}: {str(exc)[:200]}'
             elapsed = time.perf_counter() - t0
@@ -530,14 +439,9 @@ def main(argv=None) -> int:
     p.add_argument('--out', required=True, help='JSON to write')
     p.add_argument('--work', help='scratch folder for the LeRobot checkpoint (default: temp)')
     p.add_argument('--dims', choices=['auto', 'sidecar', 'variant'], default='auto')
-    p.add_argument('--strict', action='store_true',
-                   help='load_state_dict(strict=True), LeRobot\'s default (fails on a file '
-                        'without lm_head.weight; LeRobot then prints and keeps random weights)')
+    p.add_argument('--no-strict', dest='strict', action='store_false',
+                   help='load_state_dict(strict=False) (LeRobot\'s default is strict)')
     p.add_argument('--threads', type=int, default=0)
-    p.add_argument('--no-convert-keys', dest='convert_keys', action='store_false',
-                   help='hand LeRobot the project\'s model.safetensors unchanged')
-    p.add_argument('--skip-as-is', action='store_true',
-                   help='skip loading the unchanged file (a report of what LeRobot does)')
     args = p.parse_args(argv)
     report = run(args)
     Path(args.out).write_text(json.dumps(report, indent=1))

@@ -22,7 +22,8 @@ FAMILIES = ('openvla', 'pi0fast')
 @dataclass
 class LoadedModel:
     """What a runner needs: the model, its config, config.json, its prompt builder and its
-    action codec."""
+    action codec; ``norm_stats``: the dataset statistics when the family keeps them outside
+    config.json (pi0-FAST: LeRobot's processor files), else None."""
 
     model: Any
     cfg: Any
@@ -30,6 +31,7 @@ class LoadedModel:
     tokenizer: Any
     codec: Any
     family: str
+    norm_stats: dict | None = None
 
 
 def family_of(raw: dict) -> str:
@@ -50,8 +52,9 @@ def load(folder, dtype: torch.dtype = torch.float32, device='cpu',
     family = family_of(_read_json(folder / 'config.json'))
     if family == 'pi0fast':
         from .pi0fast.family import load as load_pi0fast
-        model, cfg, raw, prompt = load_pi0fast(folder, dtype, device, max_instruction_tokens)
-        return LoadedModel(model, cfg, raw, prompt, model.action_codec(), family)
+        model, cfg, raw, prompt, norm_stats = load_pi0fast(folder, dtype, device,
+                                                           max_instruction_tokens)
+        return LoadedModel(model, cfg, raw, prompt, model.action_codec(), family, norm_stats)
     from ..prompt import PromptTokenizer
     from .openvla.checkpoint import load_model
     model, cfg, raw = load_model(folder, dtype, device)

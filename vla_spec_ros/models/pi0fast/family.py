@@ -1,60 +1,80 @@
 """pi0-FAST as a loadable family: the model with its FAST codec and prompt builder from a
 LeRobot-layout folder (``load``), and random-weight checkpoints of that layout (``make_random``,
-``vla-spec make-checkpoint --preset pi0fast-tiny``): weights, config.json, the PaliGemma
-sidecar, a small Gemma-style text tokenizer, a FAST tokenizer fitted on synthetic smooth chunks
-(codecs/fast_synthetic.py) and dataset statistics."""
+``vla-spec make-checkpoint --preset pi0fast-tiny``): weights, config.json, the PaliGemma and
+style sidecars, a small Gemma-style text tokenizer, a FAST tokenizer fitted on synthetic smooth
+chunks (codecs/fast_synthetic.py) and LeRobot's processor files with synthetic statistics."""
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
-import numpy as np
 import torch
 
 from ...codecs.fast import FastActionCodec
 from ...codecs.fast_synthetic import fit_synthetic_fast_tokenizer
 from ...config import Pi0FastConfig, preset
 from ..weights import CheckpointError
-from .checkpoint import FAST_TOKENIZER_FOLDER, load_model, save_model
+from .checkpoint import (FAST_TOKENIZER_FOLDER, TEXT_TOKENIZER_FOLDER, load_model, save_model,
+                         tokenizer_folder)
 from .model import Pi0Fast
-from .prompt import ACTION_PREFIX, ACTION_SUFFIX, Pi0FastPrompt, build_text_tokenizer
+from .prompt import (ACTION_PREFIX, ACTION_SUFFIX, TOKENIZER_MAX_LENGTH, Pi0FastPrompt,
+                     build_text_tokenizer)
+from .statistics import read_statistics, synthetic_statistics, write_statistics
+from .style import DEFAULT_STYLE, OPENPI
 
 FAST_VOCAB_TINY = 512       # FAST ids of a random-weight checkpoint's fitted tokenizer
 
 
 def prompt_builder(tokenizer, cfg: Pi0FastConfig, max_instruction_tokens: int = 128,
-                   source: str = '<memory>') -> Pi0FastPrompt:
+                   source: str = '<memory>', style: str = DEFAULT_STYLE,
+                   state_normalizer=None) -> Pi0FastPrompt:
     return Pi0FastPrompt(tokenizer, state_dim=cfg.state_dim, max_state_dim=cfg.max_state_dim,
-                         lowercase_instruction=cfg.lowercase_instruction,
+                         style=style, state_normalizer=state_normalizer,
                          max_instruction_tokens=max_instruction_tokens, source=source)
 
 
 def fast_codec(fast_folder, prompt: Pi0FastPrompt, cfg: Pi0FastConfig) -> FastActionCodec:
-    """openpi's frame: ``Action: `` (prefix), the FAST ids, ``|`` (suffix), EOS (the end)."""
+    """The frame of the prompt's style: ``Action: `` (prefix), the FAST ids, then ``|`` as the
+    end marker (LeRobot: it stops there, EOS is an ordinary token) or ``|`` (suffix) and EOS
+    (openpi: the frame ends at EOS)."""
+    bar = prompt.text_ids(ACTION_SUFFIX)
+    if prompt.style == OPENPI:
+        suffix, end = bar, prompt.eos_id
+    else:
+        if len(bar) != 1:
+            raise ValueError(f'the text tokenizer spells "{ACTION_SUFFIX}" as {bar}, not one id')
+        suffix, end = (), bar[0]
     return FastActionCodec.from_folder(
         fast_folder, action_horizon=cfg.chunk_size, action_dim=cfg.action_dim,
-        vocab_size=cfg.llm.vocab_size, end_token=prompt.eos_id,
+        vocab_size=cfg.llm.vocab_size, end_token=end,
         skip_tokens=cfg.fast_skip_tokens, prefix_tokens=prompt.text_ids(ACTION_PREFIX),
-        suffix_tokens=prompt.text_ids(ACTION_SUFFIX), max_tokens=cfg.max_action_tokens)
+        suffix_tokens=suffix, max_tokens=cfg.max_action_tokens)
 
 
 def load(folder, dtype: torch.dtype = torch.float32, device='cpu',
          max_instruction_tokens: int = 128):
-    """-> (model with its codec attached, config, config.json, prompt builder)."""
+    """-> (model with its codec attached, config, config.json, prompt builder, the engine's
+    ``norm_stats`` from LeRobot's processor files or None when the folder has none)."""
     folder = Path(folder)
     model, cfg, raw = load_model(folder, dtype, device)
-    prompt = Pi0FastPrompt.from_folder(folder, state_dim=cfg.state_dim,
-                                       max_state_dim=cfg.max_state_dim,
-                                       lowercase_instruction=cfg.lowercase_instruction,
-                                       max_instruction_tokens=max_instruction_tokens)
-    fast_folder = folder / FAST_TOKENIZER_FOLDER
+    stats = read_statistics(folder, raw, cfg.state_dim, cfg.action_dim)
+    text_folder = tokenizer_folder(folder, raw, 'text_tokenizer_name', TEXT_TOKENIZER_FOLDER)
+    try:
+        prompt = Pi0FastPrompt.from_folder(
+            text_folder, state_dim=cfg.state_dim, max_state_dim=cfg.max_state_dim,
+            style=model.style, max_instruction_tokens=max_instruction_tokens,
+            state_normalizer=stats.state_normalizer() if stats is not None else None,
+            tokenizer_max_length=int(raw.get('tokenizer_max_length', TOKENIZER_MAX_LENGTH)))
+    except (OSError, ValueError) as exc:
+        raise CheckpointError(str(exc)) from exc
+    fast_folder = tokenizer_folder(folder, raw, 'action_tokenizer_name', FAST_TOKENIZER_FOLDER)
     if not (fast_folder / 'tokenizer.json').is_file():
         raise CheckpointError(f'missing FAST tokenizer {fast_folder / "tokenizer.json"}')
     try:
         model.attach_codec(fast_codec(fast_folder, prompt, cfg))
     except (OSError, ValueError) as exc:
         raise CheckpointError(f'{fast_folder}: {exc}') from exc
-    return model, cfg, raw, prompt
+    return model, cfg, raw, prompt, (stats.norm_stats() if stats is not None else None)
 
 
 def init_random_(model: Pi0Fast) -> None:
@@ -88,39 +108,26 @@ def init_random_(model: Pi0Fast) -> None:
 
 
 def build_model(cfg: Pi0FastConfig, dtype: torch.dtype = torch.float32, device='cpu',
-                seed: int | None = None) -> Pi0Fast:
+                seed: int | None = None, style: str = DEFAULT_STYLE) -> Pi0Fast:
     if seed is not None:
         torch.manual_seed(seed)
-    model = Pi0Fast(cfg)
+    model = Pi0Fast(cfg, style=style)
     init_random_(model)
     return model.to(device=device, dtype=dtype).eval()
 
 
-def synthetic_norm_stats(action_dim: int, state_dim: int, seed: int = 0) -> dict:
-    rng = np.random.default_rng(seed)
-    q99 = rng.uniform(0.5, 1.0, action_dim)
-    q01 = -rng.uniform(0.5, 1.0, action_dim)
-    return {'synthetic': {
-        'action': {'q01': q01.tolist(), 'q99': q99.tolist(), 'mean': ((q01 + q99) / 2).tolist(),
-                   'std': ((q99 - q01) / 4).tolist(), 'min': (q01 * 1.5).tolist(),
-                   'max': (q99 * 1.5).tolist(), 'mask': [True] * action_dim},
-        'proprio': {k: [0.0] * state_dim for k in ('mean', 'std', 'min', 'max', 'q01', 'q99')},
-        'num_transitions': 1000, 'num_trajectories': 10}}
-
-
 def make_random(cfg_or_preset: Pi0FastConfig | str, out, seed: int = 0,
-                dtype: str = 'float32') -> Path:
+                dtype: str = 'float32', style: str = DEFAULT_STYLE) -> Path:
     """A random-weight pi0-FAST checkpoint in LeRobot's layout (module docstring)."""
     cfg = preset(cfg_or_preset) if isinstance(cfg_or_preset, str) else cfg_or_preset
     out = Path(out)
     torch_dtype = {'float32': torch.float32, 'float64': torch.float64,
                    'bfloat16': torch.bfloat16, 'float16': torch.float16}[dtype]
-    model = build_model(cfg, torch_dtype, seed=seed)
-    save_model(model, out)
-    build_text_tokenizer(cfg.llm.vocab_size).save(str(out / 'tokenizer.json'))
+    model = build_model(cfg, torch_dtype, seed=seed, style=style)
+    save_model(model, out, text_tokenizer=build_text_tokenizer(cfg.llm.vocab_size))
     fit_synthetic_fast_tokenizer(out / FAST_TOKENIZER_FOLDER, action_horizon=cfg.chunk_size,
                                  action_dim=cfg.action_dim, vocab_size=FAST_VOCAB_TINY,
                                  seed=seed)
-    (out / 'dataset_statistics.json').write_text(json.dumps(
-        synthetic_norm_stats(cfg.action_dim, cfg.state_dim, seed), indent=2))
+    raw = json.loads((out / 'config.json').read_text())
+    write_statistics(out, synthetic_statistics(cfg.action_dim, cfg.state_dim, seed), raw)
     return out

@@ -2,15 +2,17 @@
 (models/llama.py with Gemma's options), implementing the model protocol (models/protocol.py).
 
 A frame's prefill rows: the patches of its I images in slot order (I x P rows, image features
-not scaled), then its prompt ids (BOS first, ``Task: ..., State: ...;\\n``; token embeddings
-scaled by sqrt(width)). The whole prefix attends bidirectionally (``prefix_attention``); the
-generated tokens (``Action: ``, the FAST ids, ``|``, EOS) attend causally. Positions are
-0 .. L-1 as in openpi and LeRobot (transformers' PaliGemma counts from 1: RoPE depends on
-position differences only, so the two agree up to rounding).
+not scaled), then its prompt ids (BOS first, ``Task: ..., State: ...;\\n``, then a second BOS
+in the LeRobot style; token embeddings scaled by sqrt(width)). The whole prefix attends
+bidirectionally (``prefix_attention``); the generated tokens (``Action: ``, the FAST ids,
+``|``, and EOS in the openpi style) attend causally. ``style`` (style.py) also picks the image
+resize. Positions are 0 .. L-1 as in openpi and LeRobot (transformers' PaliGemma counts from
+1: RoPE depends on position differences only, so the two agree up to rounding).
 
-Attribute names match transformers' ``PaliGemmaForConditionalGeneration`` after its
-``model.`` (``vision_tower.*``, ``multi_modal_projector.linear``); the decoder's are
-``language_model.model.*`` (checkpoint.py maps the keys).
+Attribute names follow transformers' ``PaliGemmaForConditionalGeneration`` (``vision_tower.*``
+is its ``model.vision_tower.vision_model.*``, ``multi_modal_projector.linear`` its
+``model.multi_modal_projector.linear``, ``language_model.model.*`` its
+``model.language_model.*``; checkpoint.py maps the keys).
 """
 from __future__ import annotations
 
@@ -22,6 +24,7 @@ from torch import nn
 from ...config import Pi0FastConfig
 from ..llama import LlamaForCausalLM
 from .siglip import SiglipVisionTower
+from .style import DEFAULT_STYLE, OPENPI, check_style
 
 
 class Projector(nn.Module):
@@ -35,19 +38,31 @@ class Projector(nn.Module):
         return self.linear(x)
 
 
-def resize_with_pad(image: torch.Tensor, size: int) -> torch.Tensor:
-    """(H, W, 3) uint8 -> (3, size, size) float64 in [0, 1]: openpi's ``resize_with_pad``
-    (aspect ratio kept, bilinear without corner alignment, rounded back to uint8, then
-    centred on black). A frame already size x size is only converted."""
+def resize_with_pad(image: torch.Tensor, size: int, round_to_uint8: bool = True
+                    ) -> torch.Tensor:
+    """(H, W, 3) uint8 -> (3, size, size) float64 in [0, 1], aspect ratio kept, bilinear
+    without corner alignment, centred on black. ``round_to_uint8`` (openpi): the resized image
+    is rounded back to uint8, computed in float64. Otherwise (LeRobot's
+    ``resize_with_pad_torch`` on its float32 [0, 1] images): ``x / 255`` in float32, resized and
+    clamped to [0, 1] in float32, never rounded; the float32 values are returned as float64.
+    A frame already size x size is only converted."""
     x = image.permute(2, 0, 1)
     h, w = x.shape[1:]
+    if not round_to_uint8:
+        x = x.to(torch.float32) / 255.0
     if (h, w) != (size, size):
         ratio = max(w / size, h / size)
         new_h, new_w = int(h / ratio), int(w / ratio)
-        x = F.interpolate(x[None].to(torch.float64), size=(new_h, new_w), mode='bilinear',
-                          align_corners=False)[0].round().clamp(0, 255)
+        if round_to_uint8:
+            x = F.interpolate(x[None].to(torch.float64), size=(new_h, new_w), mode='bilinear',
+                              align_corners=False)[0].round().clamp(0, 255)
+        else:
+            x = F.interpolate(x[None], size=(new_h, new_w), mode='bilinear',
+                              align_corners=False)[0].clamp(0.0, 1.0)
         top, left = (size - new_h) // 2, (size - new_w) // 2
         x = F.pad(x, (left, size - new_w - left, top, size - new_h - top))
+    if not round_to_uint8:
+        return x.to(torch.float64)
     return x.to(torch.float64) / 255.0
 
 
@@ -57,9 +72,10 @@ class Pi0Fast(nn.Module):
     prefix_attention = 'bidirectional'
     uses_state = True
 
-    def __init__(self, cfg: Pi0FastConfig, codec=None):
+    def __init__(self, cfg: Pi0FastConfig, codec=None, style: str = DEFAULT_STYLE):
         super().__init__()
         self.cfg = cfg
+        self.style = check_style(style)     # the checkpoint's conventions (style.py)
         self.vision_tower = SiglipVisionTower(cfg.vision)
         self.multi_modal_projector = Projector(cfg.vision.embed_dim, cfg.llm.hidden_size)
         self.language_model = LlamaForCausalLM(cfg.llm)
@@ -73,13 +89,18 @@ class Pi0Fast(nn.Module):
 
     def preprocess(self, image: torch.Tensor, *, center_crop: bool = False,
                    rotate_180: bool = False) -> torch.Tensor:
-        """(H, W, 3) uint8 -> (3, S, S) float64 in [-1, 1] (openpi: resize with pad, then
-        x * 2 - 1). ``center_crop`` is OpenVLA's evaluation rule: refused here."""
+        """(H, W, 3) uint8 -> (3, S, S) float64 in [-1, 1]: resize with pad (rounded to uint8
+        in the openpi style, kept float in the LeRobot style), then x * 2 - 1 (in float32 in
+        the LeRobot style, as there). ``center_crop`` is OpenVLA's evaluation rule: refused
+        here."""
         if center_crop:
             raise ValueError('center_crop: not part of pi0-FAST\'s preprocessing')
         if rotate_180:
             image = image.flip(0, 1)
-        return resize_with_pad(image, self.cfg.image_size) * 2.0 - 1.0
+        if self.style == OPENPI:
+            return resize_with_pad(image, self.cfg.image_size) * 2.0 - 1.0
+        x = resize_with_pad(image, self.cfg.image_size, round_to_uint8=False)
+        return (x.to(torch.float32) * 2.0 - 1.0).to(torch.float64)
 
     def image_embeddings(self, pixel_values: torch.Tensor) -> torch.Tensor:
         """(B, 3, S, S) -> (B, P, H) projected patches (not scaled)."""
@@ -109,17 +130,22 @@ class Pi0Fast(nn.Module):
         self._codec = codec
 
 
-def discretize_state(state, max_state_dim: int, num_bins: int = 256) -> np.ndarray:
-    """A normalised state (D,), D <= max_state_dim -> (max_state_dim,) int bins, as openpi's
-    and LeRobot's tokenizers compute them: zero-padded to ``max_state_dim``, then
-    ``digitize(x, linspace(-1, 1, num_bins + 1)[:-1]) - 1`` (a value below -1 gives -1, one at
-    or above 1 gives num_bins - 1, as there)."""
+def discretize_state(state, max_state_dim: int | None = None, num_bins: int = 256
+                     ) -> np.ndarray:
+    """A normalised state (D,) -> int bins, as openpi's and LeRobot's tokenizers compute them:
+    ``digitize(x, linspace(-1, 1, num_bins + 1)[:-1]) - 1`` (not clipped: a value below -1
+    gives -1, one at or above 1 - 2 / num_bins gives num_bins - 1, as there). openpi first
+    zero-pads to ``max_state_dim`` (D <= max_state_dim); LeRobot (``max_state_dim`` None) writes
+    the D values as they are. The values are compared in float64 (a float32 state, as
+    LeRobot's, converts exactly)."""
     array = np.asarray(state, dtype=np.float64).reshape(-1)
-    if array.shape[0] > max_state_dim:
+    if max_state_dim is not None and array.shape[0] > max_state_dim:
         raise ValueError(f'state: {array.shape[0]} dimensions; the model reads at most '
                          f'{max_state_dim}')
     if not np.isfinite(array).all():
         raise ValueError(f'state: non-finite values {array.tolist()}')
-    padded = np.zeros(max_state_dim)
-    padded[:array.shape[0]] = array
-    return np.digitize(padded, bins=np.linspace(-1, 1, num_bins + 1)[:-1]) - 1
+    if max_state_dim is not None:
+        padded = np.zeros(max_state_dim)
+        padded[:array.shape[0]] = array
+        array = padded
+    return np.digitize(array, bins=np.linspace(-1, 1, num_bins + 1)[:-1]) - 1

@@ -1,20 +1,33 @@
-"""pi0-FAST's prompt (openpi's ``FASTTokenizer.tokenize``, LeRobot's pi0_fast processor):
+"""pi0-FAST's prompt (LeRobot's pi0_fast processor; openpi's ``FASTTokenizer.tokenize``)::
 
-    [BOS] Task: {instruction}, State: {s_1 s_2 ... s_N};\\n
+    [BOS] Task: {instruction}, State: {s_1 s_2 ... s_N};\\n [BOS]
 
-``instruction``: stripped, "_" and newlines replaced by spaces, lower-cased (openpi; LeRobot
-0.6 keeps the case: ``lowercase_instruction`` false). ``s_i``: the normalised state zero-padded
-to ``max_state_dim`` and cut into 256 bins over [-1, 1] (``model.discretize_state``), written
-as decimal integers. The model then generates ``Action: `` and the FAST tokens itself.
+in one of two styles (style.py), the checkpoint's setting:
 
-The text tokenizer is the checkpoint's ``tokenizer.json`` (PaliGemma's Gemma tokenizer: BOS
-``<bos>``, EOS ``<eos>``), read with ``tokenizers``; nothing is fetched. ``build_text_tokenizer``
-makes a small Gemma-style one for random-weight checkpoints: ids 0-3 ``<pad> <eos> <bos>
-<unk>`` as in Gemma, a BPE over the prompt's words and every digit, then ``<unused_k>``
-placeholders up to the vocabulary size (the FAST ids and the 128 skipped ids live there).
+- ``lerobot``: the instruction stripped, "_" and newlines replaced by spaces, case kept; the
+  state normalised with the checkpoint's state statistics (LeRobot's normaliser, float32;
+  statistics.py) when it has them, then ``state_dim`` bins; the second BOS after the prompt
+  (LeRobot's ``sample_actions_fast*`` append it). The prompt with its first BOS must fit
+  ``tokenizer_max_length`` (LeRobot would cut it there, state included): a longer one is
+  refused.
+- ``openpi``: the instruction lower-cased as well; the (already normalised) state zero-padded to
+  ``max_state_dim``; no second BOS.
+
+``s_i``: ``digitize(x, linspace(-1, 1, 257)[:-1]) - 1`` (``model.discretize_state``; -1 below
+-1, 255 from 1 - 2/256 on, as in both), written as decimal integers. The model then generates
+``Action: `` and the FAST tokens itself.
+
+The text tokenizer is the checkpoint's (PaliGemma's Gemma tokenizer: BOS ``<bos>``, EOS
+``<eos>``), read from its ``tokenizer.json`` with ``tokenizers``; nothing is fetched.
+``build_text_tokenizer`` makes a small Gemma-style one for random-weight checkpoints: ids 0-3
+``<pad> <eos> <bos> <unk>`` as in Gemma, a BPE over the prompt's words and every digit, then
+``<unused_k>`` placeholders up to the vocabulary size (the FAST ids and the 128 skipped ids live
+there), all in the BPE vocabulary, so that transformers' ``vocab_size`` (which LeRobot's FAST id
+mapping reads and which leaves added tokens out) is the whole vocabulary.
 """
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Sequence
 
@@ -23,10 +36,14 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, 
 
 from ...prompt import MAX_INSTRUCTION_CHARS, PromptError
 from .model import discretize_state
+from .style import DEFAULT_STYLE, LEROBOT, OPENPI, check_style
 
 BOS, EOS = '<bos>', '<eos>'
 ACTION_PREFIX = 'Action: '      # what the model generates before the FAST ids
 ACTION_SUFFIX = '|'             # what it generates after them (then EOS)
+
+
+TOKENIZER_MAX_LENGTH = 200     # LeRobot's tokenizer_max_length default
 
 
 def clean_instruction(instruction: str, lowercase: bool = True) -> str:
@@ -39,26 +56,37 @@ def format_prompt(instruction: str, bins: np.ndarray) -> str:
 
 
 class Pi0FastPrompt:
-    """The model protocol's ``PromptBuilder`` for pi0-FAST (module docstring)."""
+    """The model protocol's ``PromptBuilder`` for pi0-FAST (module docstring).
+    ``state_normalizer``: the checkpoint's (statistics.StateNormalizer), applied to every given
+    state; None: a given state is already normalised."""
 
     def __init__(self, tokenizer: Tokenizer, *, state_dim: int, max_state_dim: int,
-                 lowercase_instruction: bool = True, max_instruction_tokens: int = 128,
-                 source: str = '<memory>'):
+                 style: str = DEFAULT_STYLE, state_normalizer=None,
+                 max_instruction_tokens: int = 128,
+                 tokenizer_max_length: int = TOKENIZER_MAX_LENGTH, source: str = '<memory>'):
         self.tokenizer = tokenizer
         self.state_dim = state_dim
         self.max_state_dim = max_state_dim
-        self.lowercase = lowercase_instruction
+        self.style = check_style(style)
+        self.lowercase = style == OPENPI
+        self.state_normalizer = state_normalizer
         self.max_instruction_tokens = max_instruction_tokens
+        self.tokenizer_max_length = tokenizer_max_length
         self.bos_id = tokenizer.token_to_id(BOS)
         self.eos_id = tokenizer.token_to_id(EOS)
         if self.bos_id is None or self.eos_id is None:
             raise ValueError(f'{source}: tokenizer lacks "{BOS}" or "{EOS}"')
+        if state_normalizer is not None and state_normalizer.state_dim != state_dim:
+            raise ValueError(f'{source}: state statistics of {state_normalizer.state_dim} '
+                             f'dimensions; the state has {state_dim}')
         # The longest state text: every bin written with three digits.
-        longest = format_prompt('', np.full(max_state_dim, 255))
-        self.prompt_overhead = len(self._encode_raw(longest))
+        bins = max_state_dim if style == OPENPI else state_dim
+        longest = format_prompt('', np.full(bins, 255))
+        self.prompt_overhead = len(self._encode_raw(longest)) + (style == LEROBOT)
 
     @classmethod
     def from_folder(cls, folder, **kwargs) -> 'Pi0FastPrompt':
+        """``folder``/tokenizer.json."""
         path = Path(folder) / 'tokenizer.json'
         if not path.is_file():
             raise FileNotFoundError(f'missing tokenizer file {path}')
@@ -79,9 +107,29 @@ class Pi0FastPrompt:
     def max_prompt_len(self, max_instruction_tokens: int) -> int:
         return self.prompt_overhead + max_instruction_tokens + 8
 
+    def state_bins(self, state=None) -> np.ndarray:
+        """The state's bins as the prompt writes them (module docstring). ``state`` None: a
+        normalised state of zeros (bin 128 everywhere: a robot without a state topic;
+        docs/pi0fast.md); else the robot's state (normalised here by the checkpoint's
+        statistics, if it has them)."""
+        if state is None:
+            normalized = np.zeros(self.state_dim)
+        else:
+            array = np.asarray(state, dtype=np.float64).reshape(-1)
+            if self.style == LEROBOT and array.shape[0] != self.state_dim:
+                raise ValueError(f'state: {array.shape[0]} dimensions; the checkpoint\'s '
+                                 f'state has {self.state_dim}')
+            if not np.isfinite(array).all():
+                raise ValueError(f'state: non-finite values {array.tolist()}')
+            normalized = array
+            if self.state_normalizer is not None:
+                # LeRobot reads the observation in float32 and normalises it in float32.
+                normalized = self.state_normalizer(np.asarray(state, dtype=np.float32))
+        return discretize_state(normalized,
+                                self.max_state_dim if self.style == OPENPI else None)
+
     def encode(self, instruction: str, state=None) -> list[int]:
-        """-> prompt ids, BOS first. ``state`` None: zeros (a robot without a state topic;
-        docs/pi0fast.md); else a normalised vector of at most ``max_state_dim`` values."""
+        """-> prompt ids, BOS first (``state_bins`` for ``state``)."""
         if not isinstance(instruction, str):
             raise PromptError(f'instruction must be a str, got {type(instruction).__name__}')
         text = clean_instruction(instruction, self.lowercase)
@@ -94,13 +142,18 @@ class Pi0FastPrompt:
         if num_tokens > self.max_instruction_tokens:
             raise PromptError(f'instruction has {num_tokens} tokens; the limit '
                               f'(max_instruction_tokens) is {self.max_instruction_tokens}')
-        if state is None:
-            state = np.zeros(self.state_dim)
         try:
-            bins = discretize_state(state, self.max_state_dim)
+            bins = self.state_bins(state)
         except ValueError as exc:
             raise PromptError(str(exc)) from exc
-        return self._encode_raw(format_prompt(text, bins))
+        ids = self._encode_raw(format_prompt(text, bins))
+        if self.style == OPENPI:
+            return ids
+        if len(ids) > self.tokenizer_max_length:
+            raise PromptError(f'the prompt has {len(ids)} tokens; LeRobot\'s '
+                              f'tokenizer_max_length is {self.tokenizer_max_length} (it would '
+                              'cut the prompt there)')
+        return ids + [self.bos_id]
 
 
 # ---- a small Gemma-style tokenizer for random-weight checkpoints ----------------------------
@@ -134,7 +187,11 @@ def build_text_tokenizer(vocab_size: int, num_text_ids: int = 256,
     learned = tok.get_vocab_size()
     if learned > vocab_size:
         raise ValueError(f'vocab_size: {vocab_size} is below the {learned} text ids')
-    tok.add_tokens([f'<unused_{i}>' for i in range(vocab_size - learned)])
+    # The placeholders join the BPE vocabulary (no merge produces them), not the added tokens.
+    data = json.loads(tok.to_str())
+    data['model']['vocab'].update({f'<unused_{i}>': learned + i
+                                   for i in range(vocab_size - learned)})
+    tok = Tokenizer.from_str(json.dumps(data))
     tok.post_processor = processors.TemplateProcessing(single=f'{BOS} $A',
                                                        special_tokens=[(BOS, 2)])
     if tok.get_vocab_size() != vocab_size:
