@@ -58,7 +58,12 @@ def load(folder, dtype: torch.dtype = torch.float32, device='cpu',
     folder = Path(folder)
     model, cfg, raw = load_model(folder, dtype, device)
     stats = read_statistics(folder, raw, cfg.state_dim, cfg.action_dim)
-    text_folder = tokenizer_folder(folder, raw, 'text_tokenizer_name', TEXT_TOKENIZER_FOLDER)
+    if (folder / 'tokenizer.json').is_file() and not (folder / str(raw.get(
+            'text_tokenizer_name', TEXT_TOKENIZER_FOLDER))).is_dir():
+        text_folder = folder        # tokenizer.json beside config.json (this package's earlier
+    else:                           # layout, which LeRobot cannot read)
+        text_folder = tokenizer_folder(folder, raw, 'text_tokenizer_name',
+                                       TEXT_TOKENIZER_FOLDER)
     try:
         prompt = Pi0FastPrompt.from_folder(
             text_folder, state_dim=cfg.state_dim, max_state_dim=cfg.max_state_dim,

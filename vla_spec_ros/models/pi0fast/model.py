@@ -38,18 +38,18 @@ class Projector(nn.Module):
         return self.linear(x)
 
 
-def resize_with_pad(image: torch.Tensor, size: int, round_to_uint8: bool = True
-                    ) -> torch.Tensor:
+def resize_with_pad(image: torch.Tensor, size: int, round_to_uint8: bool = True,
+                    dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """(H, W, 3) uint8 -> (3, size, size) float64 in [0, 1], aspect ratio kept, bilinear
     without corner alignment, centred on black. ``round_to_uint8`` (openpi): the resized image
     is rounded back to uint8, computed in float64. Otherwise (LeRobot's
-    ``resize_with_pad_torch`` on its float32 [0, 1] images): ``x / 255`` in float32, resized and
-    clamped to [0, 1] in float32, never rounded; the float32 values are returned as float64.
-    A frame already size x size is only converted."""
+    ``resize_with_pad_torch`` on its float32 [0, 1] images): ``x / 255``, resized and clamped
+    to [0, 1], never rounded, computed in ``dtype`` (float32: LeRobot's arithmetic exactly) and
+    returned as float64. A frame already size x size is only converted."""
     x = image.permute(2, 0, 1)
     h, w = x.shape[1:]
     if not round_to_uint8:
-        x = x.to(torch.float32) / 255.0
+        x = x.to(dtype) / 255.0
     if (h, w) != (size, size):
         ratio = max(w / size, h / size)
         new_h, new_w = int(h / ratio), int(w / ratio)
@@ -90,17 +90,22 @@ class Pi0Fast(nn.Module):
     def preprocess(self, image: torch.Tensor, *, center_crop: bool = False,
                    rotate_180: bool = False) -> torch.Tensor:
         """(H, W, 3) uint8 -> (3, S, S) float64 in [-1, 1]: resize with pad (rounded to uint8
-        in the openpi style, kept float in the LeRobot style), then x * 2 - 1 (in float32 in
-        the LeRobot style, as there). ``center_crop`` is OpenVLA's evaluation rule: refused
-        here."""
+        in the openpi style, kept float in the LeRobot style), then x * 2 - 1 (in the LeRobot
+        style computed in float32 as there, or in float64 for a float64 model).
+        ``center_crop`` is OpenVLA's evaluation rule: refused here."""
         if center_crop:
             raise ValueError('center_crop: not part of pi0-FAST\'s preprocessing')
         if rotate_180:
             image = image.flip(0, 1)
         if self.style == OPENPI:
             return resize_with_pad(image, self.cfg.image_size) * 2.0 - 1.0
-        x = resize_with_pad(image, self.cfg.image_size, round_to_uint8=False)
-        return (x.to(torch.float32) * 2.0 - 1.0).to(torch.float64)
+        # LeRobot computes in float32 (its only precision for images); a float64 model gets
+        # the same operations in float64.
+        param = next(self.parameters(), None)
+        dtype = torch.float64 if param is not None and param.dtype == torch.float64 \
+            else torch.float32
+        x = resize_with_pad(image, self.cfg.image_size, round_to_uint8=False, dtype=dtype)
+        return (x.to(dtype) * 2.0 - 1.0).to(torch.float64)
 
     def image_embeddings(self, pixel_values: torch.Tensor) -> torch.Tensor:
         """(B, 3, S, S) -> (B, P, H) projected patches (not scaled)."""
