@@ -564,7 +564,7 @@ def test_ensemble_blends_the_chunks_covering_each_step(chunk_node, chunked):
     try:
         # ~/reset forgets the chunks of the earlier tests (they would join the blend)
         assert probe.probe.call(probe.probe.reset_client, Trigger.Request()).success
-        assert len(node.serving.channels[0].schedule) == 0
+        assert len(node.serving.channels[0].chunk_execution.schedule) == 0
         before = node.stats_snapshot()
         traj_start = len(probe.trajectories.snapshot())
         a = _image(probe, frames[0])
@@ -622,15 +622,15 @@ def test_without_trajectory_msgs_the_steps_still_flow(ros, chunked, chunk_node, 
     from ros_probe import wait_until
 
     from vla_spec_ros import VLAPolicy
-    from vla_spec_ros.ros import robot_channel
+    from vla_spec_ros.ros import command_messages
 
     folder, frames, expected = chunked
-    monkeypatch.setattr(robot_channel, 'MultiDOFJointTrajectory', None)
+    monkeypatch.setattr(command_messages, 'MultiDOFJointTrajectory', None)
     policy = RecordingPolicy(VLAPolicy.from_pretrained(str(folder),
                                                        restrict_to_action_tokens=True))
     node, probe = _node(ros, policy, 'vla_chunk_plain')
     try:
-        assert all(c.trajectory_pub is None for c in node.serving.channels)
+        assert all(c.twist_output.trajectory_pub is None for c in node.serving.channels)
         assert node.count_publishers('/vla_chunk_plain/trajectory') == 0
         image = _image(probe, frames[0])
         probe.probe.send(image, lambda: node.stats_snapshot()['chunk_steps_published'] > 0)

@@ -36,7 +36,7 @@ if HAS_ROS and HAS_TORCH:
     from vla_spec_ros.image_messages import rgb_to_compressed
     from vla_spec_ros.ros.diagnostics import FRAME_STAGES
     from vla_spec_ros.ros.node import VLASpecNode
-    from vla_spec_ros.ros.robot_channel import LatestFrameSlot
+    from vla_spec_ros.ros.frame_slot import LatestFrameSlot
 
 # Unique per module and per run: other test processes on this host use other domains.
 DOMAIN_ID = 11 + (os.getpid() % 40)

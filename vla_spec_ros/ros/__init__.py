@@ -2,12 +2,15 @@
 
 Without rclpy: `params` (parameter table and its one mapping onto EngineConfig + NodeSettings),
 `command` (action -> twist / gripper and the safety rules), `chunk_schedule` (which step of a
-chunked model's chunks is due when, docs/chunks.md), `diagnostics` (counters), `pose_math`
-(an action's end-effector delta applied to the tool pose, docs/robot.md). Image
-messages <-> numpy live one level up in `image_messages` (the bag reader uses them too). With
-rclpy and the message packages: `qos`, `robot_channel` (one robot's interfaces), `worker` (the
-inference thread), `step_clock` (the thread publishing chunk steps on time), the output
-adapters `servo_contract` (MoveIt Servo's command type, pause, timeout), `pose_targets`
-(absolute targets) and `gripper_action` (the control_msgs gripper actions), `serving` (a
-loaded node's parts), `node` and `lifecycle_node`. See docs/architecture.md.
+chunked model's chunks is due when, docs/chunks.md), `safety_gate` (one robot's hold state
+machine), `frame_slot` (the depth-1 frame slot), `diagnostics` (counters), `pose_math` (an
+action's end-effector delta applied to the tool pose, docs/robot.md). Image messages <-> numpy
+live one level up in `image_messages` (the bag reader uses them too). With rclpy and the
+message packages: `qos`, `robot_channel` (one robot's interfaces, wiring `observation_input`,
+`safety_gate`, `chunk_execution` and its output adapters), the output adapters
+(`output_adapter` is their interface: `twist_output`, `gripper_output` over `gripper_action`
+(the control_msgs gripper actions), `pose_output` over `pose_targets` (absolute targets)),
+`servo_contract` (MoveIt Servo's command type, pause, timeout), `worker` (the inference
+thread), `step_clock` (the thread publishing chunk steps on time), `serving` (a loaded node's
+parts), `node` and `lifecycle_node`. See docs/architecture.md.
 """

@@ -5,7 +5,9 @@ A thin adapter over the engine's streaming interface (the ros2/examples idioms):
 
   params.py        every parameter, declared with a range; one mapping onto EngineConfig +
                    NodeSettings (+ each robot's own settings)
-  robot_channel.py one robot's topics, services, safety state and publishing
+  robot_channel.py one robot's topics, services and holds; its parts: observation_input.py,
+                   safety_gate.py, chunk_execution.py, output_adapter.py and one adapter per
+                   output (twist_output.py, gripper_output.py, pose_output.py)
   worker.py        the inference thread: newest frame of each robot -> engine -> channels
   chunk_schedule.py, step_clock.py
                    a chunked model's steps, one per control period (docs/chunks.md)

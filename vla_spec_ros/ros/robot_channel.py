@@ -1,20 +1,20 @@
-"""One robot's side of the node: its topics, services, settings, safety state and publishing.
+"""One robot's side of the node: wires its inputs, its safety gate and its output adapters.
 
 A node serves one robot (today's `~/image`, `~/twist`, ... names) or several (`robots`
-parameter: `<name>/image`, `<name>/twist`, ... one RobotChannel each) from one engine. A channel
-owns everything that is per robot:
+parameter: `<name>/image`, `<name>/twist`, ... one RobotChannel each) from one engine. What is
+per robot lives in one file per concern:
 
-  inputs   image (raw or compressed; depth-1 slot, latest wins), instruction
-  outputs  twist (stamped with the image's stamp), gripper, action, gripper action goals
-           (gripper_action.py); with a chunked model, one step per control period
-           (chunk_schedule.py) and each chunk's velocities as a MultiDOFJointTrajectory on
-           velocity_trajectory (and its former name, trajectory); with pose_targets, absolute
-           tool targets (pose_targets.py); with servo_node, MoveIt Servo's contract
-           (servo_contract.py)
-  services enable (SetBool), reset (Trigger: drops this robot's engine requests only)
-  safety   staleness check, zero-twist holds with their reason, halt-message budget
-  stats    rate, latency, acceptance, drops, answered fraction, oldest action published
-           (one /diagnostics status per robot)
+  observation_input.py  image subscription -> depth-1 frame slot (frame_slot.py)
+  safety_gate.py        the hold state machine: hold states with a message budget, holds that
+                        always go out, refused frames and the results they supersede
+  output_adapter.py     the interface of every output; one adapter per output:
+                        twist_output.py (TwistStamped + velocity trajectory),
+                        gripper_output.py (gripper topic + action goals, raw action),
+                        pose_output.py (absolute tool targets)
+  servo_contract.py     MoveIt Servo's command type, pause and timeout (servo_node)
+  channel_stats.py      the statistics of answered frames and the /diagnostics status
+  this file             services, the decision on each finished frame or chunk step, and
+                        fanning decided commands / holds out to the adapters
 
 Its settings are a NodeSettings built from the node's parameters overlaid with the robot's own
 (`<name>.frame_id`, ...; params.robot_settings). The node swaps them in on `ros2 param set`.
@@ -24,78 +24,34 @@ from __future__ import annotations
 
 import math
 import threading
-import time
-from dataclasses import dataclass
 
-from geometry_msgs.msg import TwistStamped
-from sensor_msgs.msg import CompressedImage, Image
-from std_msgs.msg import Float64MultiArray, String
+from std_msgs.msg import String
 from std_srvs.srv import SetBool, Trigger
 
-from vla_spec_ros.ros import chunk_schedule as chunks
 from vla_spec_ros.ros import command as cmd
-from vla_spec_ros.ros.diagnostics import InferenceStats, diagnostic_status, frame_stages
-from vla_spec_ros.ros.gripper_action import GripperActionOutput
-from vla_spec_ros.ros.pose_targets import PoseTargetOutput
-from vla_spec_ros.ros.qos import (COMMAND_QOS, IMAGE_QOS, INSTRUCTION_QOS,
-                                  INSTRUCTION_VOLATILE_QOS)
-
-try:  # ros-kilted-trajectory-msgs on PyPI; a chunked model's ~/trajectory needs it
-    from trajectory_msgs.msg import MultiDOFJointTrajectory, MultiDOFJointTrajectoryPoint
-except ImportError:
-    MultiDOFJointTrajectory = MultiDOFJointTrajectoryPoint = None
+from vla_spec_ros.ros.channel_stats import record_answer, robot_status
+from vla_spec_ros.ros.chunk_execution import ChunkExecution
+from vla_spec_ros.ros.chunk_schedule import chunk_age_limit
+from vla_spec_ros.ros.diagnostics import InferenceStats
+from vla_spec_ros.ros.frame_slot import FrameInfo, LatestFrameSlot
+from vla_spec_ros.ros.gripper_output import GripperOutput, RawActionOutput
+from vla_spec_ros.ros.observation_input import ImageInput
+from vla_spec_ros.ros.pose_output import PoseTargetAdapter
+from vla_spec_ros.ros.qos import INSTRUCTION_QOS, INSTRUCTION_VOLATILE_QOS
+from vla_spec_ros.ros.safety_gate import SafetyGate
+from vla_spec_ros.ros.twist_output import TwistOutput
 
 LOG_THROTTLE_S = 2.0
 
 
-@dataclass(frozen=True)
-class FrameInfo:
-    """What the node remembers about one image; travels as Frame.user_data."""
-
-    stamp: object           # builtin_interfaces/Time of the image header (node clock if zero)
-    stamp_s: float          # header stamp in seconds, 0.0 when the driver did not stamp
-    receipt_s: float        # node clock at receipt
-    receipt_mono: float     # time.monotonic() at receipt, for latency
-    # time.monotonic() when the worker took the frame and when it had converted it (NaN until
-    # then): where the frame's time went (diagnostics.FRAME_STAGES)
-    taken_mono: float = float('nan')
-    converted_mono: float = float('nan')
-
-
-class LatestFrameSlot:
-    """A queue of depth 1: `put` replaces an item the worker has not taken yet.
-
-    `wakeup` (optional, shared by every robot's slot) is set on each put, so one worker can
-    wait for the first frame of any robot."""
-
-    def __init__(self, wakeup: threading.Event | None = None):
-        self._cond = threading.Condition()
-        self._item = None
-        self._wakeup = wakeup
-
-    def put(self, item) -> bool:
-        """Store `item`; True when it replaced (dropped) an untaken one."""
-        with self._cond:
-            replaced = self._item is not None
-            self._item = item
-            self._cond.notify()
-        if self._wakeup is not None:
-            self._wakeup.set()
-        return replaced
-
-    def take(self, timeout: float = 0.0):
-        """The item, or None after `timeout` seconds (0 = do not wait)."""
-        with self._cond:
-            if self._item is None and timeout > 0:
-                self._cond.wait(timeout)
-            item, self._item = self._item, None
-        return item
-
-    def clear(self) -> int:
-        with self._cond:
-            had = self._item is not None
-            self._item = None
-        return int(had)
+def build_outputs(node, prefix: str, settings, label: str, *, is_chunked: bool) -> list:
+    """The robot's output adapters, in publishing order (output_adapter.py)."""
+    outputs = [TwistOutput(node, prefix, is_chunked=is_chunked),
+               GripperOutput(node, prefix, settings, label),
+               RawActionOutput(node, prefix)]
+    if settings.pose_targets:
+        outputs.append(PoseTargetAdapter(node, prefix, settings, label, is_chunked=is_chunked))
+    return outputs
 
 
 class RobotChannel:
@@ -107,9 +63,10 @@ class RobotChannel:
     topic and service to the node, which owns the parameters; `on_reset(channel) -> int`
     drops this robot's engine requests.
 
-    `chunk_steps`: the model's action_chunk K. With K > 1 a finished frame's chunk is kept in
-    `schedule` and its steps are published by `publish_due_step`, which the node's step clock
-    calls at every slot start (`on_chunk()` wakes it when a chunk arrives).
+    `chunk_steps`: the model's action_chunk K. With K > 1 a finished frame's chunk is kept by
+    `chunk_execution` (chunk_execution.py) and its steps are published by `publish_due_step`,
+    which the node's step clock calls at every slot start (`on_chunk()` wakes it when a chunk
+    arrives).
     """
 
     def __init__(self, node, name: str, settings, *, wakeup: threading.Event,
@@ -122,39 +79,18 @@ class RobotChannel:
         self.is_active = True
         self.stats = InferenceStats()
         self.slot = LatestFrameSlot(wakeup)
-        self.newest: FrameInfo | None = None
-        self._halt_lock = threading.Lock()
-        self._halt_kind: str | None = None
-        self._num_halts_sent = 0
+        self.gate = SafetyGate()
         self._on_instruction, self._on_enable, self._on_reset = on_instruction, on_enable, on_reset
         self.chunk_steps = int(chunk_steps)
-        self.schedule = chunks.ChunkSchedule()
-        self._chunk_lock = threading.RLock()      # schedule + the steps' publishing order
-        self._on_chunk = on_chunk
-        self._trajectory_live = False             # a trajectory was sent and not stopped yet
-        # Receipt time (time.monotonic) of this robot's newest frame refused as bad input
-        # (worker thread only): a result for a frame received before it is not acted on.
-        self._refused_receipt_mono = -math.inf
+        self.chunk_execution = ChunkExecution(self, on_chunk)
 
         prefix = f'{name}/' if name else '~/'
-        self.twist_pub = node.create_publisher(TwistStamped, prefix + 'twist', COMMAND_QOS)
-        self.gripper_pub = node.create_publisher(Float64MultiArray, prefix + 'gripper',
-                                                 COMMAND_QOS)
-        self.action_pub = node.create_publisher(Float64MultiArray, prefix + 'action',
-                                                COMMAND_QOS)
-        # A chunk's velocities; `trajectory` is the topic's former name, kept as an alias.
-        self.trajectory_pub = self.legacy_trajectory_pub = None
-        if self.is_chunked and MultiDOFJointTrajectory is not None:
-            self.trajectory_pub = node.create_publisher(
-                MultiDOFJointTrajectory, prefix + 'velocity_trajectory', COMMAND_QOS)
-            self.legacy_trajectory_pub = node.create_publisher(
-                MultiDOFJointTrajectory, prefix + 'trajectory', COMMAND_QOS)
-        self._gripper = (GripperActionOutput(node, settings.gripper_action_name,
-                                             settings.gripper_action_type, self.label)
-                         if settings.gripper_action_name else None)
-        self.pose_output = (PoseTargetOutput(node, prefix, settings, self.label,
-                                             is_chunked=self.is_chunked)
-                            if settings.pose_targets else None)
+        self.outputs = build_outputs(node, prefix, settings, self.label,
+                                     is_chunked=self.is_chunked)
+        self.twist_output = self.outputs[0]
+        # The absolute-target publisher (pose_targets.py) when pose_targets is on, else None.
+        self.pose_output = next((o.output for o in self.outputs
+                                 if isinstance(o, PoseTargetAdapter)), None)
         if settings.servo_node:
             from vla_spec_ros.ros.servo_contract import ServoContract
 
@@ -163,12 +99,7 @@ class RobotChannel:
                                        measure=self._servo_measure)
             # Inactive until the owner sets is_active (the plain node at once, the managed
             # node on activate): a configured node leaves Servo alone.
-        if settings.image_transport == 'compressed':
-            self._image_sub = node.create_subscription(
-                CompressedImage, prefix + 'image/compressed', self._on_image, IMAGE_QOS)
-        else:
-            self._image_sub = node.create_subscription(Image, prefix + 'image', self._on_image,
-                                                       IMAGE_QOS)
+        self.observation = ImageInput(node, prefix, settings.image_transport, self._on_frame)
         self._instruction_subs = [
             node.create_subscription(String, prefix + 'instruction', self._on_instruction_msg,
                                      qos) for qos in (INSTRUCTION_QOS, INSTRUCTION_VOLATILE_QOS)]
@@ -190,8 +121,15 @@ class RobotChannel:
         if self.servo is not None:
             self.servo.set_active(self._is_active)
 
+    @property
+    def newest(self) -> FrameInfo | None:
+        """The newest observation received (for the watchdog's staleness check)."""
+        return self.observation.newest
+
     def _servo_measure(self):
         """(frame -> command latency p99 in s or None, control_period) for the Servo check."""
+        import time
+
         latency_ms = self.stats.snapshot(time.monotonic()).get('latency_p99_ms', math.nan)
         return (None if math.isnan(latency_ms) else latency_ms * 1e-3,
                 self.settings.control_period)
@@ -202,14 +140,9 @@ class RobotChannel:
 
     # ---- callbacks (executor thread) ------------------------------------------------------
 
-    def _on_image(self, msg) -> None:
-        now = self.node.get_clock().now()
-        stamp_s = msg.header.stamp.sec + 1e-9 * msg.header.stamp.nanosec
-        stamp = msg.header.stamp if stamp_s > 0.0 else now.to_msg()
-        info = FrameInfo(stamp, stamp_s, now.nanoseconds * 1e-9, time.monotonic())
+    def _on_frame(self, item) -> None:
         self.stats.record_received()
-        self.newest = info
-        if self.is_active and self.settings.enabled and self.slot.put((msg, info)):
+        if self.is_active and self.settings.enabled and self.slot.put(item):
             self.stats.record_dropped()
 
     def _on_instruction_msg(self, msg: String) -> None:
@@ -230,7 +163,7 @@ class RobotChannel:
         self.node.get_logger().info(f'{self.label}: {response.message}')
         return response
 
-    # ---- safety ---------------------------------------------------------------------------
+    # ---- time -----------------------------------------------------------------------------
 
     def now_s(self) -> float:
         return self.node.get_clock().now().nanoseconds * 1e-9
@@ -242,7 +175,7 @@ class RobotChannel:
         """The oldest image worth acting on: None (max_action_age) for a single-step model;
         for a chunked one, max_action_age + (K - 1) control periods (its last step may still
         be due, chunk_schedule.py)."""
-        return chunks.chunk_age_limit(self.chunk_steps, settings) if self.is_chunked else None
+        return chunk_age_limit(self.chunk_steps, settings) if self.is_chunked else None
 
     def control_step(self, info: FrameInfo, settings) -> int | None:
         """The control step the image was taken at, for a chunked model's temporal drafting
@@ -253,8 +186,10 @@ class RobotChannel:
         time_s = info.stamp_s if info.stamp_s > 0.0 else info.receipt_s
         return round(time_s / settings.control_period)
 
+    # ---- holds (safety_gate.py's verbs) ---------------------------------------------------
+
     def watchdog(self) -> None:
-        """Zero twist when disabled, without a fresh image or without an instruction."""
+        """Hold state when disabled, without a fresh image or without an instruction."""
         settings, newest = self.settings, self.newest
         age = None if newest is None else self.age_of(newest)
         reason = cmd.hold_reason_now(settings.enabled, age, settings,
@@ -262,80 +197,69 @@ class RobotChannel:
         if reason is None and not settings.instruction:
             reason = cmd.REASON_NO_INSTRUCTION
         if reason is not None:
-            self.publish_zero(reason, force=False)
+            self.hold_state(reason)
 
-    def hold(self, reason: str, *, force: bool, is_stale_result: bool = False,
-             keep_chunk: bool = False) -> None:
-        """Record a hold and publish a zero twist (see publish_zero). A chunked model's
-        chunks are dropped, unless `keep_chunk` (one step refused: the next may be fine)."""
+    def hold_state(self, reason: str) -> None:
+        """A standing state says "do not move": the outputs' hold, `num_halt_messages`
+        times on entering it, then quiet (so the node does not fight other sources)."""
+        if self.is_active and self.gate.hold_state(reason, self.settings.num_halt_messages):
+            self._send_hold(reason)
+
+    def send_hold(self, reason: str) -> None:
+        """The outputs' hold now, whatever was sent before (deactivation)."""
+        if self.is_active and self.gate.hold_now(reason):
+            self._send_hold(reason)
+
+    def reject(self, reason: str, *, is_stale: bool = False, keep_chunk: bool = False) -> None:
+        """A result, chunk step or frame that may not be acted on: counted as a hold, the
+        outputs' hold sent now. A chunked model's chunks are dropped, unless `keep_chunk` (one
+        step refused: the next may be fine)."""
         if not keep_chunk:
             self.clear_chunks()
-        self.stats.record_hold(reason, is_stale_result=is_stale_result)
-        self.publish_zero(reason, force=force)
+        self.stats.record_hold(reason, is_stale_result=is_stale)
+        self.send_hold(reason)
 
     def refuse(self, info: FrameInfo, reason: str) -> None:
-        """A frame of this robot that will not be answered (bad input): a zero twist with
+        """A frame of this robot that will not be answered (bad input): rejected with
         ``reason``, and no command after it for an older image. The results of frames received
         before it, still in the engine, are dropped when they finish (``handle_finished``), so
-        the robot keeps the zero until a newer frame's action. (Worker thread.)"""
-        self._refused_receipt_mono = max(self._refused_receipt_mono, info.receipt_mono)
-        self.hold(reason, force=True)
+        the robot keeps the hold until a newer frame's action. (Worker thread.)"""
+        self.gate.refuse(info.receipt_mono)
+        self.reject(reason)
 
-    def _is_superseded(self, finished) -> bool:
-        """Whether a finished frame's result must not be acted on because something newer
-        decided against it: a frame of this robot received after it was refused (``refuse``),
-        or the robot's instruction changed (or was cleared) since it was submitted. Such a
-        result is dropped, counted and logged."""
-        info: FrameInfo = finished.frame.user_data
-        if info.receipt_mono < self._refused_receipt_mono:
-            why = 'its image is older than a frame refused since'
-        elif finished.frame.instruction != self.settings.instruction:
-            why = 'the instruction changed since its frame was submitted'
-        else:
-            return False
-        self.stats.record_dropped(1)
-        self.node.get_logger().info(f'{self.label}: result not published: {why}',
-                                    throttle_duration_sec=LOG_THROTTLE_S)
-        return True
-
-    def clear_chunks(self) -> None:
-        """Forget the chunks being executed (disable, deactivate, reset, a failure)."""
-        with self._chunk_lock:
-            self.schedule.clear()
-
-    def publish_zero(self, reason: str, *, force: bool) -> None:
-        """Zero twist, gripper held. States (disabled, stale camera, no instruction) publish
-        `num_halt_messages` zeros on entry and then go quiet, so the node does not fight other
-        command sources; a failed frame (`force`) always replaces its action by a zero."""
-        if not self.is_active:
-            return
+    def _send_hold(self, reason: str) -> None:
         settings = self.settings
-        kind = cmd.reason_kind(reason)
-        with self._halt_lock:
-            if kind != self._halt_kind:
-                self._halt_kind, self._num_halts_sent = kind, 0
-            if not force and self._num_halts_sent >= settings.num_halt_messages:
-                return
-            self._num_halts_sent += 1
         self.stats.set_hold_reason(reason)
         now = self.node.get_clock().now().to_msg()
-        self.twist_pub.publish(twist_message(cmd.ZERO3, cmd.ZERO3, now, settings.frame_id))
-        if self._trajectory_live and self.trajectory_pub is not None:
-            # An empty trajectory tells a trajectory controller to stop (trajectory_msgs).
-            self._trajectory_live = False
-            self._publish_velocity_trajectory(trajectory_message((), now, settings.frame_id,
-                                                                 0.0))
-        if self.pose_output is not None:
-            self.pose_output.stop(now, settings)
+        for output in self.outputs:
+            output.hold(now, settings)
         if self.servo is not None:
             self.servo.on_hold()
-        log, text = self.node.get_logger(), f'{self.label}: zero twist: {reason}'
+        kind = cmd.reason_kind(reason)
+        log, text = self.node.get_logger(), f'{self.label}: hold: {reason}'
         if kind in cmd.FAILURE_REASONS:
             log.error(text, throttle_duration_sec=LOG_THROTTLE_S)
         elif kind in (cmd.REASON_DISABLED, cmd.REASON_NO_INSTRUCTION):   # expected states
             log.info(text, throttle_duration_sec=LOG_THROTTLE_S)
         else:
             log.warning(text, throttle_duration_sec=LOG_THROTTLE_S)
+
+    def _is_superseded(self, finished) -> bool:
+        """Whether something newer decided against a finished frame's result (safety_gate
+        superseded_reason); such a result is dropped, counted and logged."""
+        info: FrameInfo = finished.frame.user_data
+        why = self.gate.superseded_reason(info.receipt_mono, finished.frame.instruction,
+                                          self.settings.instruction)
+        if why is None:
+            return False
+        self.stats.record_dropped(1)
+        self.node.get_logger().info(f'{self.label}: result not published: {why}',
+                                    throttle_duration_sec=LOG_THROTTLE_S)
+        return True
+
+    def reject_result(self, reason: str) -> None:
+        kind = cmd.reason_kind(reason)
+        self.reject(reason, is_stale=kind in (cmd.REASON_STALE, cmd.REASON_FUTURE))
 
     # ---- results (worker thread) ----------------------------------------------------------
 
@@ -346,7 +270,7 @@ class RobotChannel:
         if self._is_superseded(finished):
             return
         if self.is_chunked:
-            self._handle_chunk(finished)
+            self.chunk_execution.handle_finished(finished)
             return
         info: FrameInfo = finished.frame.user_data
         settings = self.settings
@@ -354,209 +278,77 @@ class RobotChannel:
                                      is_enabled=settings.enabled and self.is_active,
                                      age_s=self.age_of(info), settings=settings)
         if command.is_hold:
-            self._hold_result(command.hold_reason)
+            self.reject_result(command.hold_reason)
             return
-        start = self._start_pose(info, settings)
-        if start is False:
+        prepared = self.prepare(info, settings)
+        if prepared is None:
             return
-        self.publish_command(command, info.stamp)
-        if start is not None:
-            self.pose_output.publish_action(start, command, info.stamp, settings)
-        self._record_answer(info, finished.result.stats)
+        self.publish_command(command, info.stamp, prepared)
+        record_answer(self.stats, info, finished.result.stats, self.age_of(info))
 
-    def _start_pose(self, info: FrameInfo, settings):
-        """With pose targets: the tool pose at the image's time, or False after holding
-        because it is unknown (pose_targets.py); None without pose targets."""
-        if self.pose_output is None:
-            return None
-        start, why = self.pose_output.start_pose(
-            cmd.observation_time(info.stamp_s, info.receipt_s, settings), settings)
-        if start is None:
-            self.hold(why, force=True)
-            return False
-        return start
+    def prepare(self, info: FrameInfo, settings) -> list | None:
+        """Each output's `prepare` for this observation, or None after rejecting it because
+        one output cannot be computed (output_adapter.py)."""
+        observation_s = cmd.observation_time(info.stamp_s, info.receipt_s, settings)
+        prepared = []
+        for output in self.outputs:
+            value, why = output.prepare(observation_s, settings)
+            if why is not None:
+                self.reject(why)
+                return None
+            prepared.append(value)
+        return prepared
 
-    def _hold_result(self, reason: str) -> None:
-        """Hold for a finished frame whose result may not be acted on (S7)."""
-        kind = cmd.reason_kind(reason)
-        self.hold(reason, force=True,
-                  is_stale_result=kind in (cmd.REASON_STALE, cmd.REASON_FUTURE))
-
-    def _record_answer(self, info: FrameInfo, stats: dict) -> None:
-        """Statistics of a frame that was acted on: latency, acceptance, where its time went
-        (frame_stages; a frame never converted has none), its image's age."""
-        now = time.monotonic()
-        stages = None if math.isnan(info.converted_mono) else frame_stages(
-            info.receipt_mono, info.taken_mono, info.converted_mono,
-            stats.get('latency_s', 0.0), stats.get('compute_s', 0.0), now)
-        self.stats.record_action(now, now - info.receipt_mono,
-                                 stats.get('accepted_lengths', ()), stages,
-                                 age_s=self.age_of(info))
-
-    def _handle_chunk(self, finished) -> None:
-        """A chunked model's frame: check the whole chunk (chunk_schedule.decide_chunk), keep
-        it, publish it as a trajectory and publish its step that is due now."""
-        info: FrameInfo = finished.frame.user_data
-        settings = self.settings
-        with self._chunk_lock:
-            now = self.now_s()
-            decision = chunks.decide_chunk(
-                finished.result, error=finished.error,
-                is_enabled=settings.enabled and self.is_active,
-                age_s=cmd.observation_age(now, info.stamp_s, info.receipt_s, settings),
-                num_steps=self.chunk_steps, settings=settings)
-            if decision.hold_reason is not None:
-                self._hold_result(decision.hold_reason)
-                return
-            start = self._start_pose(info, settings)
-            if start is False:
-                return
-            chunk = chunks.Chunk(decision.actions,
-                                 cmd.observation_time(info.stamp_s, info.receipt_s, settings),
-                                 settings.control_period, info.stamp)
-            accepted, replaced = self.schedule.add(chunk, now)
-            if not accepted:
-                self.node.get_logger().warning(
-                    f'{self.label}: chunk ignored: its image is not newer than the chunk '
-                    'being executed (camera clock stepped back?)',
-                    throttle_duration_sec=LOG_THROTTLE_S)
-                return
-            self._publish_trajectory(chunk, decision.commands, settings)
-            if start is not None and self.is_active:
-                self.pose_output.add_chunk(chunk, start, decision.commands, info.stamp, settings)
-            self._publish_due(now, from_clock=False)
-        self.stats.record_chunk(replaced=replaced)
-        self._record_answer(info, finished.result.stats)
-        if self._on_chunk is not None:
-            self._on_chunk()
+    def clear_chunks(self) -> None:
+        """Forget the chunks being executed (disable, deactivate, reset, a failure)."""
+        self.chunk_execution.clear()
 
     def publish_due_step(self, now_s: float | None = None) -> float | None:
         """Publish the step due at `now_s` (node clock; default now), if any and not yet
         decided; returns when the next one is due (node clock seconds) or None."""
         if not self.is_chunked:
             return None
-        with self._chunk_lock:
-            return self._publish_due(self.now_s() if now_s is None else now_s, from_clock=True)
+        return self.chunk_execution.publish_due(self.now_s() if now_s is None else now_s)
 
-    def _publish_due(self, now_s: float, *, from_clock: bool) -> float | None:
-        settings = self.settings
-        if not (settings.enabled and self.is_active):
-            self.schedule.clear()
-            return None
-        due = self.schedule.due(now_s, blend=settings.chunk_blend,
-                                decay=settings.chunk_ensemble_decay,
-                                max_age_s=settings.max_action_age)
-        if isinstance(due, chunks.RunOut):
-            self.stats.record_chunk_run_out(due.num_skipped)
-            self.hold(f'{cmd.REASON_CHUNK_END}: the {due.chunk.num_steps} steps of the image '
-                      f'at {due.chunk.start_s:.3f} s are done and no newer chunk arrived',
-                      force=True)
-        elif due is not None:
-            command = cmd.decide_command(chunks.StepAction(due.action), error=None,
-                                         is_enabled=True, age_s=due.age_s, settings=settings)
-            if command.is_hold:
-                self.stats.record_chunk_step(published=False, num_skipped=due.num_skipped)
-                self.hold(command.hold_reason, force=True, keep_chunk=True)
-            else:
-                stamp = offset_stamp(due.chunk.stamp, due.index * due.chunk.period_s)
-                self.publish_command(command, stamp)
-                if self.pose_output is not None:
-                    self.pose_output.publish_step(due.chunk, due.index, stamp)
-                late = self.now_s() - due.chunk.slot_start(due.index) if from_clock else None
-                self.stats.record_chunk_step(published=True, num_skipped=due.num_skipped,
-                                             lateness_s=late)
-        return self.schedule.next_wake_s()
-
-    def _publish_trajectory(self, chunk, commands, settings) -> None:
-        if self.trajectory_pub is None or not self.is_active:
-            return
-        self._publish_velocity_trajectory(trajectory_message(commands, chunk.stamp,
-                                                             settings.frame_id, chunk.period_s))
-        self._trajectory_live = True
-
-    def _publish_velocity_trajectory(self, msg) -> None:
-        self.trajectory_pub.publish(msg)
-        self.legacy_trajectory_pub.publish(msg)
-
-    def publish_command(self, command: cmd.Command, stamp) -> None:
+    def release(self) -> bool:
+        """Before a command goes out: leave the hold state (safety_gate.released) and resume
+        Servo; False while inactive (nothing is published)."""
         if not self.is_active:
-            return
-        settings = self.settings
-        with self._halt_lock:
-            self._halt_kind = None
+            return False
+        self.gate.released()
         if self.servo is not None:
             self.servo.on_command()
-        self.twist_pub.publish(twist_message(command.linear, command.angular, stamp,
-                                             settings.frame_id))
-        self.gripper_pub.publish(Float64MultiArray(data=[command.gripper]))
-        self.action_pub.publish(Float64MultiArray(data=list(command.action)))
-        if self._gripper is not None:
-            self._gripper.send(command.gripper, settings)
+        return True
+
+    def publish_command(self, command: cmd.Command, stamp, prepared=None) -> None:
+        """A decided command to every output (`prepared`: their `prepare` values)."""
+        if not self.release():
+            return
+        prepared = prepared or [None] * len(self.outputs)
+        for output, value in zip(self.outputs, prepared):
+            output.publish_command(command, stamp, self.settings, value)
+
+    # ---- diagnostics and teardown ---------------------------------------------------------
 
     def diagnostic(self, mode: str):
-        snapshot = self.stats.snapshot(time.monotonic())
         name = f'{self.node.get_fully_qualified_name()}: inference'
         if self.name:
             name += f' ({self.name})'
-        status = diagnostic_status(snapshot, name=name, hardware_id=self.settings.model_path,
-                                   mode=mode, is_enabled=self.settings.enabled and self.is_active)
-        if self.servo is not None:
-            self.servo.add_to_status(status)
-        return status
+        extras = [o for o in self.outputs] + ([self.servo] if self.servo is not None else [])
+        return robot_status(self.stats, name=name, hardware_id=self.settings.model_path,
+                            mode=mode, is_enabled=self.settings.enabled and self.is_active,
+                            extras=extras)
 
     def destroy(self) -> None:
         """Remove this channel's ROS entities (lifecycle cleanup)."""
         node = self.node
-        for pub in (self.twist_pub, self.gripper_pub, self.action_pub, self.trajectory_pub,
-                    self.legacy_trajectory_pub):
-            if pub is not None:
-                node.destroy_publisher(pub)
-        for output in (self.servo, self.pose_output, self._gripper):
-            if output is not None:
-                output.destroy()
-        for sub in [self._image_sub] + self._instruction_subs:
+        for output in self.outputs + ([self.servo] if self.servo is not None else []):
+            output.destroy()
+        self.observation.destroy()
+        for sub in self._instruction_subs:
             node.destroy_subscription(sub)
         for srv in self._services:
             node.destroy_service(srv)
 
 
-def twist_message(linear, angular, stamp, frame_id: str) -> TwistStamped:
-    msg = TwistStamped()
-    msg.header.stamp = stamp
-    msg.header.frame_id = frame_id
-    msg.twist.linear.x, msg.twist.linear.y, msg.twist.linear.z = linear
-    msg.twist.angular.x, msg.twist.angular.y, msg.twist.angular.z = angular
-    return msg
-
-
-def offset_stamp(stamp, seconds: float):
-    """builtin_interfaces/Time `stamp` + `seconds` (>= 0), in whole nanoseconds."""
-    total = stamp.sec * 1_000_000_000 + stamp.nanosec + round(seconds * 1e9)
-    return type(stamp)(sec=total // 1_000_000_000, nanosec=total % 1_000_000_000)
-
-
-def trajectory_message(commands, stamp, frame_id: str, period_s: float):
-    """A chunk as trajectory_msgs/MultiDOFJointTrajectory: one joint named `frame_id`, one
-    point per step with the step's (scaled, limited) twist as its velocity and
-    time_from_start = i * period_s; no transforms (the node does not know the pose). No
-    commands: the empty trajectory, which stops a trajectory controller."""
-    from geometry_msgs.msg import Twist
-
-    msg = MultiDOFJointTrajectory()
-    msg.header.stamp = stamp
-    msg.header.frame_id = frame_id
-    msg.joint_names = [frame_id]
-    for i, command in enumerate(commands):
-        twist = Twist()
-        twist.linear.x, twist.linear.y, twist.linear.z = command.linear
-        twist.angular.x, twist.angular.y, twist.angular.z = command.angular
-        point = MultiDOFJointTrajectoryPoint(velocities=[twist])
-        nanoseconds = round(i * period_s * 1e9)
-        point.time_from_start.sec = nanoseconds // 1_000_000_000
-        point.time_from_start.nanosec = nanoseconds % 1_000_000_000
-        msg.points.append(point)
-    return msg
-
-
-__all__ = ['FrameInfo', 'LatestFrameSlot', 'RobotChannel', 'twist_message', 'offset_stamp',
-           'trajectory_message']
+__all__ = ['RobotChannel', 'build_outputs', 'FrameInfo', 'LatestFrameSlot']

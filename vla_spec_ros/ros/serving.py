@@ -23,7 +23,7 @@ from rcl_interfaces.msg import SetParametersResult
 from rclpy.parameter import Parameter
 
 from vla_spec_ros.engine.result import Frame
-from vla_spec_ros.ros import diagnostics, params, robot_channel
+from vla_spec_ros.ros import command_messages, diagnostics, params
 from vla_spec_ros.ros.gc_pauses import GcPauses, freeze_after_load, unfreeze
 from vla_spec_ros.ros.qos import COMMAND_QOS
 from vla_spec_ros.ros.robot_channel import RobotChannel
@@ -62,7 +62,7 @@ class Serving:
 
         self.chunk_steps = chunk_steps_of(policy)
         self.step_clock = StepClock(node) if self.chunk_steps > 1 else None
-        if self.step_clock is not None and robot_channel.MultiDOFJointTrajectory is None:
+        if self.step_clock is not None and command_messages.MultiDOFJointTrajectory is None:
             node.get_logger().warning(
                 f'action_chunk {self.chunk_steps}: trajectory_msgs is not importable, so no '
                 'trajectory topic; the steps are published on twist as usual')
@@ -97,11 +97,11 @@ class Serving:
         return bool(self.settings.robots)
 
     def set_active(self, is_active: bool, reason: str = '') -> None:
-        """Start or stop acting. Stopping publishes one zero twist per robot (`reason`) and
+        """Start or stop acting. Stopping sends each robot's hold once (`reason`) and
         drops every queued frame and engine request: nothing decided before it is sent."""
         if not is_active:
             for channel in self.channels:
-                channel.publish_zero(reason or 'deactivated', force=True)
+                channel.send_hold(reason or 'deactivated')
         for channel in self.channels:
             channel.is_active = is_active
             if not is_active:

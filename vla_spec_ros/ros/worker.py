@@ -13,9 +13,9 @@ Fairness: each robot has at most one frame waiting in the engine (latest wins, o
 dropped and counted), and the engine admits waiting frames first-in first-out across streams,
 so a robot with a fast camera cannot starve a slow one.
 
-Order: a frame refused as bad input gets a zero twist, and no command for an older image of
-that robot follows it: its waiting frame is dropped, and the results of its frames in flight
-are not published (RobotChannel.refuse).
+Order: a frame refused as bad input gets its robot's hold (zero motion), and no command for an
+older image of that robot follows it: its waiting frame is dropped, and the results of its
+frames in flight are not published (RobotChannel.refuse).
 """
 from __future__ import annotations
 
@@ -93,7 +93,7 @@ class InferenceWorker:
 
     def _fail_all(self, reason: str) -> None:
         for channel in self._order:
-            channel.hold(reason, force=True)
+            channel.reject(reason)
 
     def _submit(self, channel, msg, info) -> None:
         taken = time.monotonic()
@@ -101,12 +101,12 @@ class InferenceWorker:
         if not (settings.enabled and channel.is_active):
             return
         if not settings.instruction:
-            channel.hold(cmd.REASON_NO_INSTRUCTION, force=False)
+            channel.hold_state(cmd.REASON_NO_INSTRUCTION)
             return
         stale = cmd.freshness_reason(channel.age_of(info), settings,
                                      max_age_s=channel.age_limit(settings))
         if stale is not None:          # already too old: do not spend compute on it
-            channel.hold(stale, force=True, is_stale_result=True)
+            channel.reject(stale, is_stale=True)
             return
         try:
             if isinstance(msg, CompressedImage):
@@ -140,7 +140,7 @@ class InferenceWorker:
 
     def _refuse(self, channel, info, reason: str) -> None:
         """A frame of ``channel`` that will not be answered (bad input): nothing older than it
-        is acted on after its zero twist. The robot's frame still waiting in the engine is
+        is acted on after its hold. The robot's frame still waiting in the engine is
         dropped (counted), and results of its frames in flight are dropped when they finish
         (``RobotChannel.refuse``)."""
         with self.engine_lock:

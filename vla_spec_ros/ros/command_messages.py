@@ -1,0 +1,59 @@
+"""Message builders of the end-effector outputs: TwistStamped and the velocity trajectory.
+
+Plain functions from already-decided commands (command.Command) to ROS messages; no state,
+no safety decision (that is safety_gate.py's and command.py's). The joint-space builders live
+beside their adapters (joint_outputs.py), the absolute-pose ones in pose_targets.py.
+"""
+from __future__ import annotations
+
+from geometry_msgs.msg import Twist, TwistStamped
+
+try:  # ros-kilted-trajectory-msgs on PyPI; a chunked model's ~/velocity_trajectory needs it
+    from trajectory_msgs.msg import MultiDOFJointTrajectory, MultiDOFJointTrajectoryPoint
+except ImportError:
+    MultiDOFJointTrajectory = MultiDOFJointTrajectoryPoint = None
+
+
+def twist_message(linear, angular, stamp, frame_id: str) -> TwistStamped:
+    msg = TwistStamped()
+    msg.header.stamp = stamp
+    msg.header.frame_id = frame_id
+    msg.twist.linear.x, msg.twist.linear.y, msg.twist.linear.z = linear
+    msg.twist.angular.x, msg.twist.angular.y, msg.twist.angular.z = angular
+    return msg
+
+
+def offset_stamp(stamp, seconds: float):
+    """builtin_interfaces/Time `stamp` + `seconds` (>= 0), in whole nanoseconds."""
+    total = stamp.sec * 1_000_000_000 + stamp.nanosec + round(seconds * 1e9)
+    return type(stamp)(sec=total // 1_000_000_000, nanosec=total % 1_000_000_000)
+
+
+def set_duration(duration, seconds: float) -> None:
+    """Writes `seconds` (>= 0) into a builtin_interfaces/Duration, in whole nanoseconds."""
+    nanoseconds = round(seconds * 1e9)
+    duration.sec = nanoseconds // 1_000_000_000
+    duration.nanosec = nanoseconds % 1_000_000_000
+
+
+def trajectory_message(commands, stamp, frame_id: str, period_s: float):
+    """A chunk as trajectory_msgs/MultiDOFJointTrajectory: one joint named `frame_id`, one
+    point per step with the step's (scaled, limited) twist as its velocity and
+    time_from_start = i * period_s; no transforms (the node does not know the pose). No
+    commands: the empty trajectory, which stops a trajectory controller."""
+    msg = MultiDOFJointTrajectory()
+    msg.header.stamp = stamp
+    msg.header.frame_id = frame_id
+    msg.joint_names = [frame_id]
+    for i, command in enumerate(commands):
+        twist = Twist()
+        twist.linear.x, twist.linear.y, twist.linear.z = command.linear
+        twist.angular.x, twist.angular.y, twist.angular.z = command.angular
+        point = MultiDOFJointTrajectoryPoint(velocities=[twist])
+        set_duration(point.time_from_start, i * period_s)
+        msg.points.append(point)
+    return msg
+
+
+__all__ = ['twist_message', 'offset_stamp', 'set_duration', 'trajectory_message',
+           'MultiDOFJointTrajectory']

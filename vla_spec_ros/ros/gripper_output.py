@@ -1,0 +1,57 @@
+"""Output adapters every action space shares: the gripper and the raw action
+(output_adapter.py).
+
+  <prefix>gripper   std_msgs/Float64MultiArray [position] per command (command.gripper_position
+                    mapping), for a forward command controller; plus, with
+                    gripper_action_name, a control_msgs gripper goal when the position changes
+                    (gripper_action.py). Nothing on a hold: the controller keeps its last
+                    command. A command without a gripper value (an action space whose
+                    checkpoint has no gripper dimension) sends nothing either.
+  <prefix>action    std_msgs/Float64MultiArray: the raw un-normalised action of every
+                    published command (or chunk step).
+"""
+from __future__ import annotations
+
+from std_msgs.msg import Float64MultiArray
+
+from vla_spec_ros.ros.gripper_action import GripperActionOutput
+from vla_spec_ros.ros.output_adapter import OutputAdapter
+from vla_spec_ros.ros.qos import COMMAND_QOS
+
+
+class GripperOutput(OutputAdapter):
+    def __init__(self, node, prefix: str, settings, label: str):
+        self.node = node
+        self.gripper_pub = node.create_publisher(Float64MultiArray, prefix + 'gripper',
+                                                 COMMAND_QOS)
+        self.action_client = (GripperActionOutput(node, settings.gripper_action_name,
+                                                  settings.gripper_action_type, label)
+                              if settings.gripper_action_name else None)
+
+    def publish_command(self, command, stamp, settings, prepared=None) -> None:
+        if command.gripper is None:
+            return
+        self.gripper_pub.publish(Float64MultiArray(data=[command.gripper]))
+        if self.action_client is not None:
+            self.action_client.send(command.gripper, settings)
+
+    def destroy(self) -> None:
+        self.node.destroy_publisher(self.gripper_pub)
+        if self.action_client is not None:
+            self.action_client.destroy()
+
+
+class RawActionOutput(OutputAdapter):
+    def __init__(self, node, prefix: str):
+        self.node = node
+        self.action_pub = node.create_publisher(Float64MultiArray, prefix + 'action',
+                                                COMMAND_QOS)
+
+    def publish_command(self, command, stamp, settings, prepared=None) -> None:
+        self.action_pub.publish(Float64MultiArray(data=list(command.action)))
+
+    def destroy(self) -> None:
+        self.node.destroy_publisher(self.action_pub)
+
+
+__all__ = ['GripperOutput', 'RawActionOutput']

@@ -1,0 +1,66 @@
+"""Output adapter of the end-effector delta action space: TwistStamped, and a chunk's
+velocities as a MultiDOFJointTrajectory (output_adapter.py).
+
+  <prefix>twist                 geometry_msgs/TwistStamped per command (or chunk step),
+                                stamped with the observation's stamp (a chunk's step i: + i
+                                control periods), frame_id from the parameter; a hold is a
+                                zero twist stamped now
+  <prefix>velocity_trajectory   chunked models, where trajectory_msgs is importable: each
+                                chunk once, on arrival (command_messages.trajectory_message);
+                                the empty trajectory (stop) on the first hold after one
+  <prefix>trajectory            the former name of velocity_trajectory, the same messages
+"""
+from __future__ import annotations
+
+from geometry_msgs.msg import TwistStamped
+
+from vla_spec_ros.ros import command as cmd
+from vla_spec_ros.ros import command_messages
+from vla_spec_ros.ros.command_messages import trajectory_message, twist_message
+from vla_spec_ros.ros.output_adapter import OutputAdapter
+from vla_spec_ros.ros.qos import COMMAND_QOS
+
+
+class TwistOutput(OutputAdapter):
+    def __init__(self, node, prefix: str, *, is_chunked: bool):
+        self.node = node
+        self.twist_pub = node.create_publisher(TwistStamped, prefix + 'twist', COMMAND_QOS)
+        # A chunk's velocities; `trajectory` is the topic's former name, kept as an alias.
+        self.trajectory_pub = self.legacy_trajectory_pub = None
+        trajectory_type = command_messages.MultiDOFJointTrajectory
+        if is_chunked and trajectory_type is not None:
+            self.trajectory_pub = node.create_publisher(
+                trajectory_type, prefix + 'velocity_trajectory', COMMAND_QOS)
+            self.legacy_trajectory_pub = node.create_publisher(
+                trajectory_type, prefix + 'trajectory', COMMAND_QOS)
+        self._trajectory_live = False     # a trajectory was sent and not stopped yet
+
+    def publish_command(self, command, stamp, settings, prepared=None) -> None:
+        self.twist_pub.publish(twist_message(command.linear, command.angular, stamp,
+                                             settings.frame_id))
+
+    def publish_chunk(self, chunk, commands, settings, prepared=None) -> None:
+        if self.trajectory_pub is None:
+            return
+        self._publish_trajectory(trajectory_message(commands, chunk.stamp, settings.frame_id,
+                                                    chunk.period_s))
+        self._trajectory_live = True
+
+    def hold(self, stamp, settings) -> None:
+        self.twist_pub.publish(twist_message(cmd.ZERO3, cmd.ZERO3, stamp, settings.frame_id))
+        if self._trajectory_live and self.trajectory_pub is not None:
+            # An empty trajectory tells a trajectory controller to stop (trajectory_msgs).
+            self._trajectory_live = False
+            self._publish_trajectory(trajectory_message((), stamp, settings.frame_id, 0.0))
+
+    def _publish_trajectory(self, msg) -> None:
+        self.trajectory_pub.publish(msg)
+        self.legacy_trajectory_pub.publish(msg)
+
+    def destroy(self) -> None:
+        for pub in (self.twist_pub, self.trajectory_pub, self.legacy_trajectory_pub):
+            if pub is not None:
+                self.node.destroy_publisher(pub)
+
+
+__all__ = ['TwistOutput']
