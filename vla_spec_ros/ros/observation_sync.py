@@ -1,0 +1,127 @@
+"""Pairing one robot's image slots by stamp: the newest complete set wins (pure Python).
+
+A multi-camera model reads one image per slot (e.g. [base, wrist]) taken at the same time.
+Each slot has its own topic; their messages arrive in any order. `SlotPairing` keeps the last
+few messages of each slot and, on every arrival, looks for the newest *complete set*: a
+message of the first slot (the anchor) and, for every other slot, its message closest in
+stamp, within `tolerance_s` of the anchor's stamp. Rules:
+
+  - the newest complete set wins: sets are emitted in anchor order and never go back in time;
+    a set older than one already emitted is dropped (counted);
+  - a late slot: a set completes when its last member arrives, so a wrist frame that comes
+    after the base frame of its time still pairs with it, as long as that base frame is among
+    the last `MAX_PENDING` of its slot and no newer set was emitted meanwhile; the set's age
+    (its anchor's stamp) then includes the wait, and the usual max_action_age bounds it;
+  - an anchor that can no longer complete (another slot has a message past it, beyond the
+    tolerance, and none within it) is unpaired: the first one is dropped and counted (a lost
+    frame of one camera), a second one in a row is reported `out of sync` with both stamps,
+    and the node refuses it (zero motion, the reason in the log and /diagnostics);
+  - a slot that stops delivering leaves no complete set: the newest set grows old and the
+    robot holds (stale input; the channel names the slot whose newest image is too old).
+
+Messages of one slot are expected in stamp order (a camera driver's); one whose stamp is not
+newer than its slot's previous one is dropped.
+"""
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+from typing import Any
+
+MAX_PENDING = 8                # messages kept per slot while waiting for a partner
+NUM_UNPAIRED_REFUSED = 2       # unpaired anchors in a row that are reported out of sync
+
+
+@dataclass(frozen=True)
+class SlotMessage:
+    stamp_s: float       # the header stamp (the receipt time for an unstamped driver)
+    item: Any            # what the caller keeps with it (message, FrameInfo)
+
+
+@dataclass(frozen=True)
+class Pairing:
+    """What one arrival produced: a complete set (one SlotMessage per slot, in slot order),
+    an out-of-sync reason, or neither."""
+
+    members: tuple | None = None
+    out_of_sync: str | None = None
+    num_dropped: int = 0           # messages dropped by this arrival (late, unpaired)
+
+
+class SlotPairing:
+    """The pairing state of one robot's `slots` (names, the first is the anchor)."""
+
+    def __init__(self, slots, tolerance_s: float):
+        if not slots:
+            raise ValueError('image_slots: at least one slot')
+        self.slots = tuple(slots)
+        self.tolerance_s = float(tolerance_s)
+        self._pending = [deque(maxlen=MAX_PENDING) for _ in self.slots]
+        self._last_stamp = [float('-inf')] * len(self.slots)
+        self._emitted_s = float('-inf')          # the newest emitted set's anchor stamp
+        self._num_unpaired = 0
+
+    def clear(self) -> None:
+        for pending in self._pending:
+            pending.clear()
+        self._num_unpaired = 0
+
+    def add(self, slot: int, stamp_s: float, item) -> Pairing:
+        """A message of slot index `slot`; what it completes (see the module docstring)."""
+        if stamp_s <= self._last_stamp[slot] or stamp_s < self._emitted_s - self.tolerance_s:
+            return Pairing(num_dropped=1)        # out of order, or older than an emitted set
+        self._last_stamp[slot] = stamp_s
+        pending = self._pending[slot]
+        num_dropped = int(len(pending) == pending.maxlen)
+        pending.append(SlotMessage(stamp_s, item))
+        if len(self.slots) == 1:
+            return self._emit(pending[-1], (pending[-1],), num_dropped)
+        for anchor in reversed(self._pending[0]):            # the newest anchor first
+            if anchor.stamp_s <= self._emitted_s:
+                break
+            members = self._members(anchor)
+            if members is not None:
+                return self._emit(anchor, members, num_dropped)
+        return self._check_unpaired(num_dropped)
+
+    def _members(self, anchor: SlotMessage) -> tuple | None:
+        members = [anchor]
+        for pending in self._pending[1:]:
+            best = min(pending, key=lambda m: abs(m.stamp_s - anchor.stamp_s), default=None)
+            if best is None or abs(best.stamp_s - anchor.stamp_s) > self.tolerance_s:
+                return None
+            members.append(best)
+        return tuple(members)
+
+    def _emit(self, anchor: SlotMessage, members: tuple, num_dropped: int) -> Pairing:
+        self._emitted_s = anchor.stamp_s
+        self._num_unpaired = 0
+        for pending, member in zip(self._pending, members):   # consumed, and all older
+            while pending and pending[0].stamp_s <= member.stamp_s:
+                pending.popleft()
+        return Pairing(members=members, num_dropped=num_dropped)
+
+    def _check_unpaired(self, num_dropped: int) -> Pairing:
+        """The oldest pending anchor that can no longer complete: dropped, or reported."""
+        if not self._pending[0]:
+            return Pairing(num_dropped=num_dropped)
+        anchor = self._pending[0][0]
+        for index, pending in enumerate(self._pending[1:], start=1):
+            if pending and pending[-1].stamp_s > anchor.stamp_s + self.tolerance_s:
+                break                            # this slot has passed the anchor unpaired
+        else:
+            return Pairing(num_dropped=num_dropped)
+        self._pending[0].popleft()
+        self._num_unpaired += 1
+        if self._num_unpaired < NUM_UNPAIRED_REFUSED:
+            return Pairing(num_dropped=num_dropped + 1)
+        nearest = min(pending, key=lambda m: abs(m.stamp_s - anchor.stamp_s))
+        offset = nearest.stamp_s - anchor.stamp_s
+        return Pairing(out_of_sync=(
+            f'image slots out of sync: {self.slots[index]} nearest stamp {offset:+.3f} s from '
+            f'{self.slots[0]}\'s {anchor.stamp_s:.3f} s, beyond image_sync_tolerance '
+            f'{self.tolerance_s:.3f} s ({self._num_unpaired} {self.slots[0]} frames in a row '
+            'without a partner)'), num_dropped=num_dropped)
+
+
+__all__ = ['SlotPairing', 'SlotMessage', 'Pairing', 'MAX_PENDING', 'NUM_UNPAIRED_REFUSED']
