@@ -43,7 +43,8 @@ class ChunkExecution:
                 finished.result, error=finished.error,
                 is_enabled=settings.enabled and channel.is_active,
                 age_s=cmd.observation_age(now, info.stamp_s, info.receipt_s, settings),
-                num_steps=channel.chunk_steps, settings=settings)
+                num_steps=channel.chunk_steps, settings=settings,
+                action_dim=channel.action_dim)
             if decision.hold_reason is not None:
                 channel.reject_result(decision.hold_reason)
                 return
@@ -91,7 +92,8 @@ class ChunkExecution:
                            'arrived')
         elif due is not None:
             command = cmd.decide_command(chunks.StepAction(due.action), error=None,
-                                         is_enabled=True, age_s=due.age_s, settings=settings)
+                                         is_enabled=True, age_s=due.age_s, settings=settings,
+                                         action_dim=channel.action_dim)
             if command.is_hold:
                 channel.stats.record_chunk_step(published=False, num_skipped=due.num_skipped)
                 channel.reject(command.hold_reason, keep_chunk=True)

@@ -114,7 +114,7 @@ def chunk_age_limit(num_steps: int, settings) -> float:
 
 
 def decide_chunk(result, *, error: str | None, is_enabled: bool, age_s: float | None,
-                 num_steps: int, settings) -> ChunkDecision:
+                 num_steps: int, settings, action_dim: int = cmd.ACTION_DIM) -> ChunkDecision:
     """The safety checks of a whole chunk when it arrives (the chunk form of
     command.decide_command): disabled, engine error, invalid, wrong shape, not finite, stale
     or future image (chunk_age_limit), a step whose command overflows. Each published step
@@ -126,9 +126,9 @@ def decide_chunk(result, *, error: str | None, is_enabled: bool, age_s: float | 
     if not result.is_valid:
         return ChunkDecision(f'{cmd.REASON_INVALID}: {result.invalid_reason or "unspecified"}')
     actions = np.asarray(result.action, dtype=np.float64)
-    if actions.shape != (num_steps, cmd.ACTION_DIM):
+    if actions.shape != (num_steps, action_dim):
         return ChunkDecision(f'{cmd.REASON_INVALID}: chunk has shape {actions.shape}, '
-                             f'expected ({num_steps}, {cmd.ACTION_DIM})')
+                             f'expected ({num_steps}, {action_dim})')
     if not np.all(np.isfinite(actions)):
         bad = int(np.flatnonzero(~np.all(np.isfinite(actions), axis=1))[0])
         return ChunkDecision(f'{cmd.REASON_NON_FINITE}: step {bad} '
@@ -140,7 +140,7 @@ def decide_chunk(result, *, error: str | None, is_enabled: bool, age_s: float | 
     commands = []
     for row in actions:
         command = cmd.decide_command(StepAction(row), error=None, is_enabled=True, age_s=0.0,
-                                     settings=settings)
+                                     settings=settings, action_dim=action_dim)
         if command.is_hold:
             return ChunkDecision(command.hold_reason)
         commands.append(command)

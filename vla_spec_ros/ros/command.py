@@ -16,6 +16,12 @@ goes to the log and /diagnostics.
 
 A chunked model's steps go through `decide_command` one at a time, each with its own age
 (chunk_schedule.py, docs/chunks.md).
+
+Joint action spaces (`action_space`, docs/action_spaces.md): the action's first
+len(joint_names) values are per-joint velocities (joint_velocity, rad/s or m/s) or positions
+(joint_position, rad or m), each clamped to its joint's limit from the parameters
+(joint_max_velocity: +-limit; joint_position_min / max); one more value, when the checkpoint
+has it, is the gripper (mapped as above). The same checks (finite, shape, fresh) come first.
 """
 from __future__ import annotations
 
@@ -55,8 +61,9 @@ class Command:
     linear: tuple           # (3,) m/s
     angular: tuple          # (3,) rad/s
     gripper: float | None   # controller position; None = hold (send nothing)
-    action: tuple | None    # (7,) the un-normalized action it came from; None on hold
+    action: tuple | None    # (D,) the un-normalized action it came from; None on hold
     hold_reason: str | None = None
+    joints: tuple | None = None     # joint spaces: (n,) clamped joint velocities / positions
 
     @property
     def is_hold(self) -> bool:
@@ -102,14 +109,54 @@ def gripper_position(value: float, settings: NodeSettings) -> float:
     return closed + openness * (opened - closed)
 
 
+def action_dims(settings: NodeSettings) -> tuple[int, ...]:
+    """The action dimensions `settings.action_space` can take: 7 for end-effector deltas;
+    len(joint_names), or one more with a gripper, for the joint spaces."""
+    if settings.action_space == 'ee_delta':
+        return (ACTION_DIM,)
+    return (len(settings.joint_names), len(settings.joint_names) + 1)
+
+
+def check_action_dim(action_dim: int, settings: NodeSettings) -> None:
+    """ValueError naming the parameter when the checkpoint's action dimension does not fit
+    the configured action space (at start-up, before anything is published)."""
+    if action_dim in action_dims(settings):
+        return
+    if settings.action_space == 'ee_delta':
+        raise ValueError(f'action_space: ee_delta needs 7 action values (dx, dy, dz, droll, '
+                         f'dpitch, dyaw, gripper); the checkpoint decides {action_dim}')
+    raise ValueError(f'joint_names: {len(settings.joint_names)} joints '
+                     f'{list(settings.joint_names)} but the checkpoint decides {action_dim} '
+                     f'action values (expected {len(settings.joint_names)}, or one more for '
+                     'the gripper)')
+
+
+def joint_values(action: np.ndarray, settings: NodeSettings) -> tuple:
+    """The action's joint values clamped per joint (module docstring)."""
+    values = np.asarray(action, dtype=np.float64)[:len(settings.joint_names)]
+    if settings.action_space == 'joint_velocity':
+        limit = np.asarray(settings.joint_max_velocity, dtype=np.float64)
+        values = np.clip(values, -limit, limit)
+    else:
+        values = np.clip(values, np.asarray(settings.joint_position_min, dtype=np.float64),
+                         np.asarray(settings.joint_position_max, dtype=np.float64))
+    return tuple(float(v) for v in values)
+
+
 def command_from_action(action: np.ndarray, settings: NodeSettings) -> Command:
-    """A finite (7,) action -> the command to publish (no safety checks; see decide_command)."""
+    """A finite action -> the command to publish (no safety checks; see decide_command)."""
     action = np.asarray(action, dtype=np.float64)
-    if action.shape != (ACTION_DIM,):
-        raise ValueError(f'action: expected shape ({ACTION_DIM},), got {action.shape}')
+    if action.ndim != 1 or len(action) not in action_dims(settings):
+        raise ValueError(f'action: expected shape ({action_dims(settings)[-1]},), got '
+                         f'{action.shape}')
+    raw = tuple(float(v) for v in action)
+    if settings.action_space != 'ee_delta':
+        num_joints = len(settings.joint_names)
+        gripper = (gripper_position(action[num_joints], settings)
+                   if len(action) > num_joints else None)
+        return Command(ZERO3, ZERO3, gripper, raw, joints=joint_values(action, settings))
     linear, angular = velocities_from_action(action, settings)
-    return Command(linear, angular, gripper_position(action[6], settings),
-                   tuple(float(v) for v in action))
+    return Command(linear, angular, gripper_position(action[6], settings), raw)
 
 
 def observation_time(stamp_s: float, receipt_s: float, settings: NodeSettings) -> float:
@@ -155,11 +202,11 @@ def hold_reason_now(is_enabled: bool, age_s: float | None, settings: NodeSetting
 
 
 def decide_command(result, *, error: str | None, is_enabled: bool, age_s: float | None,
-                   settings: NodeSettings) -> Command:
+                   settings: NodeSettings, action_dim: int = ACTION_DIM) -> Command:
     """The safety decision for one finished frame (S7), in order of precedence.
 
     `result`: an ActionResult (or None when `error` is set); `age_s`: its observation's age
-    at publish time.
+    at publish time; `action_dim`: the checkpoint's action dimension (check_action_dim).
     """
     if not is_enabled:
         return zero_command(REASON_DISABLED)
@@ -168,22 +215,24 @@ def decide_command(result, *, error: str | None, is_enabled: bool, age_s: float 
     if not result.is_valid:
         return zero_command(f'{REASON_INVALID}: {result.invalid_reason or "unspecified"}')
     action = np.asarray(result.action, dtype=np.float64)
-    if action.shape != (ACTION_DIM,):
+    if action.shape != (action_dim,):
         return zero_command(f'{REASON_INVALID}: action has shape {action.shape}, '
-                            f'expected ({ACTION_DIM},)')
+                            f'expected ({action_dim},)')
     if not np.all(np.isfinite(action)):
         return zero_command(f'{REASON_NON_FINITE}: {np.array2string(action, precision=4)}')
     stale = freshness_reason(age_s, settings)
     if stale is not None:
         return zero_command(stale)
     command = command_from_action(action, settings)
-    values = command.linear + command.angular + (command.gripper,)
+    values = command.linear + command.angular + (command.joints or ()) + (
+        () if command.gripper is None else (command.gripper,))
     if not all(math.isfinite(v) for v in values):
         return zero_command(f'{REASON_NON_FINITE}: command overflowed')
     return command
 
 
-__all__ = ['Command', 'zero_command', 'reason_kind', 'velocities_from_action',
+__all__ = ['Command', 'zero_command', 'action_dims', 'check_action_dim', 'joint_values',
+           'reason_kind', 'velocities_from_action',
            'gripper_position', 'command_from_action', 'observation_time', 'observation_age',
            'freshness_reason', 'hold_reason_now', 'decide_command', 'FAILURE_REASONS',
            'ACTION_DIM', 'REASON_CHUNK_END']

@@ -26,6 +26,20 @@ class FrameInfo:
     converted_mono: float = float('nan')
 
 
+@dataclass(frozen=True)
+class Observation:
+    """What waits in a robot's slot for the worker: one image message per image slot (slot
+    order), its FrameInfo, the robot state paired with it (or None), and, when the
+    observation may not be answered, why: `error` with `is_bad_input` (refused: bad input,
+    out of sync) or not (a stale state: a hold)."""
+
+    messages: tuple
+    info: FrameInfo
+    state: object = None             # np.ndarray (n,) float64, or None
+    error: str | None = None
+    is_bad_input: bool = False
+
+
 class LatestFrameSlot:
     """A queue of depth 1: `put` replaces an item the worker has not taken yet.
 
@@ -62,4 +76,4 @@ class LatestFrameSlot:
         return int(had)
 
 
-__all__ = ['FrameInfo', 'LatestFrameSlot']
+__all__ = ['FrameInfo', 'Observation', 'LatestFrameSlot']

@@ -1,16 +1,24 @@
-"""One robot's observation inputs: the image subscription(s) that fill its frame slot.
+"""One robot's observation: its image slots (one topic each, raw or compressed), paired by
+stamp (observation_sync.py), and its robot state (state_input.py), into its frame slot.
 
-The callback only stamps the message and puts it in the robot's depth-1 slot (latest wins, a
-replaced one counts as dropped); conversion happens on the worker (worker.py). `newest` is the
-FrameInfo of the newest image, for the watchdog's staleness check.
+Topics: one camera (no `image_slots`): `<prefix>image` (or `<prefix>image/compressed`), as
+before; with `image_slots: [base, wrist]`: `<prefix>base/image`, `<prefix>wrist/image` (or
+`.../image/compressed`, per slot from `image_transports`). The callbacks only stamp and pair;
+conversion happens on the worker (worker.py). A complete set becomes one frame_slot.
+Observation (latest wins: an untaken one is replaced and counted as dropped); an out-of-sync
+report or a state that cannot be paired travels in it as its `error`, so the worker refuses or
+holds in frame order.
 """
 from __future__ import annotations
 
+import threading
 import time
 
 from sensor_msgs.msg import CompressedImage, Image
 
-from vla_spec_ros.ros.frame_slot import FrameInfo
+from vla_spec_ros.ros import command as cmd
+from vla_spec_ros.ros.frame_slot import FrameInfo, Observation
+from vla_spec_ros.ros.observation_sync import SlotPairing
 from vla_spec_ros.ros.qos import IMAGE_QOS
 
 
@@ -22,28 +30,98 @@ def frame_info(msg, now) -> FrameInfo:
     return FrameInfo(stamp, stamp_s, now.nanoseconds * 1e-9, time.monotonic())
 
 
-class ImageInput:
-    """`<prefix>image` (raw) or `<prefix>image/compressed`; `on_frame((msg, info))` gets each
-    stamped image (executor thread)."""
+def slot_topic(prefix: str, slot: str, transport: str) -> str:
+    base = f'{prefix}{slot}/image' if slot else f'{prefix}image'
+    return base + '/compressed' if transport == 'compressed' else base
 
-    def __init__(self, node, prefix: str, transport: str, on_frame):
+
+class ObservationInput:
+    """`on_observation(observation)` gets each complete set (executor thread);
+    `on_dropped(count)` counts messages dropped by the pairing. `settings()` returns the
+    robot's NodeSettings in force."""
+
+    def __init__(self, node, prefix: str, settings, on_observation, on_dropped, get_settings):
         self.node = node
-        self._on_frame = on_frame
-        self.newest: FrameInfo | None = None
-        if transport == 'compressed':
-            self._sub = node.create_subscription(CompressedImage, prefix + 'image/compressed',
-                                                 self._on_image, IMAGE_QOS)
-        else:
-            self._sub = node.create_subscription(Image, prefix + 'image', self._on_image,
-                                                 IMAGE_QOS)
+        self._on_observation, self._on_dropped = on_observation, on_dropped
+        self._settings = get_settings
+        self.slot_names = tuple(settings.image_slots) or ('',)
+        self._lock = threading.Lock()
+        self._pairing = SlotPairing([s or 'image' for s in self.slot_names],
+                                    settings.image_sync_tolerance)
+        self.newest: FrameInfo | None = None                  # the newest complete set's
+        self.newest_per_slot: list = [None] * len(self.slot_names)
+        self.state = None
+        if settings.state_input != 'none':
+            from vla_spec_ros.ros.state_input import StateInput
 
-    def _on_image(self, msg) -> None:
+            self.state = StateInput(node, prefix, settings, get_settings)
+        self._subs = []
+        for index, slot in enumerate(self.slot_names):
+            transport = settings.slot_transport(index)
+            msg_type = CompressedImage if transport == 'compressed' else Image
+            self._subs.append(node.create_subscription(
+                msg_type, slot_topic(prefix, slot, transport),
+                lambda msg, index=index: self._on_image(index, msg), IMAGE_QOS))
+
+    @property
+    def is_multi_slot(self) -> bool:
+        return len(self.slot_names) > 1
+
+    def _on_image(self, index: int, msg) -> None:
         info = frame_info(msg, self.node.get_clock().now())
+        settings = self._settings()
+        with self._lock:
+            self.newest_per_slot[index] = info
+            self._pairing.tolerance_s = settings.image_sync_tolerance
+            stamp_s = info.stamp_s if info.stamp_s > 0.0 else info.receipt_s
+            pairing = self._pairing.add(index, stamp_s, (msg, info))
+        if pairing.num_dropped:
+            self._on_dropped(pairing.num_dropped)
+        if pairing.out_of_sync is not None:
+            self._on_observation(Observation((msg,), info, error=(
+                f'{cmd.REASON_BAD_INPUT}: {pairing.out_of_sync}'), is_bad_input=True))
+            return
+        if pairing.members is None:
+            return
+        messages = tuple(m.item[0] for m in pairing.members)
+        anchor = pairing.members[0].item[1]
+        # The set's time is its first slot's stamp; it was received when it became complete.
+        info = FrameInfo(anchor.stamp, anchor.stamp_s, info.receipt_s, info.receipt_mono)
         self.newest = info
-        self._on_frame((msg, info))
+        observation = Observation(messages, info)
+        if self.state is not None:
+            state, problem = self.state.state_at(
+                cmd.observation_time(info.stamp_s, info.receipt_s, settings), settings)
+            observation = (Observation(messages, info, state=state) if problem is None else
+                           Observation(messages, info, error=problem[0],
+                                       is_bad_input=problem[1]))
+        self._on_observation(observation)
+
+    def stale_slot_reason(self, age_of, max_age_s: float | None, settings) -> str | None:
+        """With several slots: why the robot holds because one slot stopped (its newest image
+        is missing or too old), naming the slot; None otherwise."""
+        if not self.is_multi_slot:
+            return None
+        for name, info in zip(self.slot_names, self.newest_per_slot):
+            if info is None:
+                return f'{cmd.REASON_NO_IMAGE}: image slot {name}'
+            reason = cmd.freshness_reason(age_of(info), settings, max_age_s=max_age_s)
+            if reason is not None:
+                return f'{reason} (image slot {name})'
+        return None
+
+    def current_positions(self, settings):
+        return None if self.state is None else self.state.current_positions(settings)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._pairing.clear()
 
     def destroy(self) -> None:
-        self.node.destroy_subscription(self._sub)
+        for sub in self._subs:
+            self.node.destroy_subscription(sub)
+        if self.state is not None:
+            self.state.destroy()
 
 
-__all__ = ['ImageInput', 'frame_info']
+__all__ = ['ObservationInput', 'frame_info', 'slot_topic']

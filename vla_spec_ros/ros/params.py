@@ -27,7 +27,9 @@ IMAGE_TRANSPORTS = ('raw', 'compressed')
 STAMP_SOURCES = ('header', 'receipt')
 CHUNK_BLENDS = ('latest', 'ensemble')      # chunk_schedule.BLENDS
 GRIPPER_ACTION_TYPES = ('gripper_command', 'parallel_gripper')   # gripper_action.py
-SERVO_COMMAND_TYPE_CHOICES = ('twist', 'pose')  # servo_contract.SERVO_COMMAND_TYPES published
+SERVO_COMMAND_TYPE_CHOICES = ('twist', 'pose', 'joint_jog')   # servo_contract's, published
+ACTION_SPACES = ('ee_delta', 'joint_velocity', 'joint_position')   # docs/action_spaces.md
+STATE_INPUTS = ('none', 'joint_state', 'array')                     # state_input.py
 DELTA_FRAMES = ('base', 'tool')                 # pose_math.DELTA_FRAMES
 
 # EngineConfig fields without a parameter, and why (from their EngineOption).
@@ -47,12 +49,13 @@ class ParameterSpec:
     max_value: float | None = None
     choices: tuple = ()
     unit: str = ''
+    items: str = ''                   # lists: 'name' (ROS name tokens), 'str' or 'float'
 
 
 def _p(name, default, description, *, tunable, target='node', lo=None, hi=None, choices=(),
-       unit=''):
+       unit='', items=''):
     return ParameterSpec(name, default, description, tunable, target, lo, hi, tuple(choices),
-                         unit)
+                         unit, items)
 
 
 def engine_parameter_specs() -> tuple[ParameterSpec, ...]:
@@ -78,15 +81,41 @@ NODE_PARAMETERS: tuple[ParameterSpec, ...] = (
        tunable=False),
     _p('robots', [], 'Robots served by one engine: for each name, topics <name>/image, '
        '<name>/instruction, <name>/twist, ... and parameters <name>.<parameter>; empty = one '
-       'robot on the private topics ~/image, ~/twist, ...', tunable=False),
+       'robot on the private topics ~/image, ~/twist, ...', tunable=False, items='name'),
     # --- inputs ----------------------------------------------------------------------------
     _p('image_transport', 'raw', 'Subscribe ~/image (raw) or ~/image/compressed',
        tunable=False, choices=IMAGE_TRANSPORTS),
+    _p('image_slots', [], 'The model\'s image slots in its order (e.g. [base, wrist]): one '
+       'topic ~/<slot>/image (or .../image/compressed) each, paired by stamp; empty = one '
+       'camera on ~/image', tunable=False, items='name'),
+    _p('image_transports', [], 'raw or compressed per image slot; empty = image_transport for '
+       'every slot', tunable=False, items='str'),
+    _p('image_sync_tolerance', 0.02, 'Images of one set: stamps within this of the first '
+       'slot\'s', tunable=True, lo=0.0, hi=10.0, unit='s'),
+    _p('state_input', 'none', 'Robot state: none, joint_state (sensor_msgs/JointState on '
+       '~/joint_states, positions in state_joint_names order) or array (std_msgs/'
+       'Float64MultiArray on ~/state)', tunable=False, choices=STATE_INPUTS),
+    _p('state_joint_names', [], 'joint_state: the joints of the state vector, in order; empty '
+       '= joint_names', tunable=True, items='str'),
+    _p('max_state_age', 0.1, 'A state further than this from the image\'s time is stale '
+       '(hold)', tunable=True, lo=0.001, hi=60.0, unit='s'),
     _p('instruction', '', 'Language instruction; ~/instruction messages overwrite it',
        tunable=True),
     _p('unnorm_key', '', 'Dataset statistics used to un-normalize actions; empty = the '
        'checkpoint\'s only key', tunable=True),
     # --- outputs ---------------------------------------------------------------------------
+    _p('action_space', 'ee_delta', 'What the actions are: ee_delta (end-effector deltas -> '
+       '~/twist), joint_velocity (-> control_msgs/JointJog on ~/joint_jog) or joint_position '
+       '(-> trajectory_msgs/JointTrajectory on ~/joint_trajectory)', tunable=False,
+       choices=ACTION_SPACES),
+    _p('joint_names', [], 'Joint spaces: the action\'s joints in action order (an extra last '
+       'action value is the gripper)', tunable=True, items='str'),
+    _p('joint_max_velocity', [], 'joint_velocity: per-joint speed limit, each velocity '
+       'clamped to +-limit', tunable=True, items='float', unit='rad/s'),
+    _p('joint_position_min', [], 'joint_position: per-joint lower limit of the targets',
+       tunable=True, items='float', unit='rad'),
+    _p('joint_position_max', [], 'joint_position: per-joint upper limit of the targets',
+       tunable=True, items='float', unit='rad'),
     _p('enabled', False, 'Publish actions; false publishes zero twist (also ~/enable)',
        tunable=True),
     _p('frame_id', 'base_link', 'frame_id of ~/twist (MoveIt Servo needs a non-empty one)',
@@ -182,7 +211,9 @@ ROBOT_PARAMETERS = (
     'gripper_action_name', 'gripper_max_effort', 'chunk_blend', 'chunk_ensemble_decay',
     'max_action_age', 'stamp_source', 'num_halt_messages', 'gripper_action_type',
     'gripper_joint_name', 'servo_node', 'servo_command_type', 'servo_pause_on_hold',
-    'pose_targets', 'tool_pose_topic', 'tool_frame', 'pose_delta_frame')
+    'pose_targets', 'tool_pose_topic', 'tool_frame', 'pose_delta_frame', 'image_sync_tolerance',
+    'state_joint_names', 'max_state_age', 'joint_names', 'joint_max_velocity',
+    'joint_position_min', 'joint_position_max')
 
 
 # Engine parameters (from EngineConfig) first, then the node's own.
@@ -204,6 +235,17 @@ class NodeSettings:
     model_path: str
     robots: tuple
     image_transport: str
+    image_slots: tuple
+    image_transports: tuple
+    image_sync_tolerance: float
+    state_input: str
+    state_joint_names: tuple
+    max_state_age: float
+    action_space: str
+    joint_names: tuple
+    joint_max_velocity: tuple
+    joint_position_min: tuple
+    joint_position_max: tuple
     instruction: str
     unnorm_key: str
     enabled: bool
@@ -261,6 +303,62 @@ class NodeSettings:
                              'publishes pose targets only then)')
         if self.pose_targets and not self.tool_frame.strip():
             raise ValueError('tool_frame: must not be empty with pose_targets')
+        self._check_inputs()
+        self._check_action_space()
+
+    def _check_inputs(self) -> None:
+        if self.image_transports and len(self.image_transports) != self.num_image_slots:
+            raise ValueError(f'image_transports: {len(self.image_transports)} values for '
+                             f'{self.num_image_slots} image slots')
+        for transport in self.image_transports:
+            if transport not in IMAGE_TRANSPORTS:
+                raise ValueError(f'image_transports: {transport!r} not in '
+                                 f'{list(IMAGE_TRANSPORTS)}')
+        if self.state_input == 'joint_state' and not self.state_order:
+            raise ValueError('state_joint_names: state_input joint_state needs the joint order '
+                             '(state_joint_names, or joint_names)')
+        _check_unique('state_joint_names', self.state_joint_names)
+
+    def _check_action_space(self) -> None:
+        joints, n = self.joint_names, len(self.joint_names)
+        _check_unique('joint_names', joints)
+        if self.action_space == 'ee_delta':
+            if self.servo_node and self.servo_command_type == 'joint_jog':
+                raise ValueError('servo_command_type: joint_jog needs action_space '
+                                 'joint_velocity')
+            return
+        if not n:
+            raise ValueError(f'joint_names: action_space {self.action_space} needs the '
+                             'action\'s joint names')
+        if self.pose_targets:
+            raise ValueError('pose_targets: end-effector targets need action_space ee_delta')
+        if self.servo_node and self.servo_command_type != 'joint_jog':
+            raise ValueError(f'servo_command_type: {self.servo_command_type!r} with action_space '
+                             f'{self.action_space}; Servo takes joint commands as joint_jog')
+        if self.servo_node and self.action_space != 'joint_velocity':
+            raise ValueError('servo_node: MoveIt Servo takes joint velocities (JointJog), not '
+                             'joint positions; use a JointTrajectoryController')
+        if self.action_space == 'joint_velocity':
+            _check_limits('joint_max_velocity', self.joint_max_velocity, n, minimum=0.0)
+        else:
+            _check_limits('joint_position_min', self.joint_position_min, n)
+            _check_limits('joint_position_max', self.joint_position_max, n)
+            for joint, lo, hi in zip(joints, self.joint_position_min, self.joint_position_max):
+                if lo >= hi:
+                    raise ValueError(f'joint_position_min: {joint} lower limit {lo} not below '
+                                     f'its upper limit {hi}')
+
+    @property
+    def num_image_slots(self) -> int:
+        return max(1, len(self.image_slots))
+
+    @property
+    def state_order(self) -> tuple:
+        """The joints of the state vector (state_joint_names, else joint_names)."""
+        return self.state_joint_names or self.joint_names
+
+    def slot_transport(self, index: int) -> str:
+        return self.image_transports[index] if self.image_transports else self.image_transport
 
     @property
     def unnorm_key_or_none(self) -> str | None:
@@ -278,13 +376,43 @@ def _check_value(spec: ParameterSpec, value: Any) -> Any:
         return check_number(spec.name, value, minimum=spec.min_value, maximum=spec.max_value,
                             unit=spec.unit)
     if expected is list:
-        return _check_robot_names(spec.name, value)
+        return _check_list(spec, value)
     if type(value) is not expected:
         raise ValueError(f'{spec.name}: expected {expected.__name__}, got '
                          f'{type(value).__name__} {value!r}')
     if spec.choices and value not in spec.choices:
         raise ValueError(f'{spec.name}: {value!r} not in {list(spec.choices)}')
     return value
+
+
+def _check_list(spec: ParameterSpec, value: Any) -> tuple:
+    """A list parameter -> tuple of its items' type; None (unset) is the empty list."""
+    if spec.items == 'name':
+        return _check_robot_names(spec.name, value)
+    if value is None:
+        return ()
+    if isinstance(value, (str, bytes)) or not hasattr(value, '__iter__'):
+        raise ValueError(f'{spec.name}: expected a list, got {value!r}')
+    value = list(value)
+    if spec.items == 'float':
+        return tuple(check_number(f'{spec.name}[{i}]', v, unit=spec.unit)
+                     for i, v in enumerate(value))
+    if not all(isinstance(v, str) and v for v in value):
+        raise ValueError(f'{spec.name}: expected a list of non-empty strings, got {value!r}')
+    return tuple(value)
+
+
+def _check_unique(name: str, values) -> None:
+    repeated = sorted({v for v in values if list(values).count(v) > 1})
+    if repeated:
+        raise ValueError(f'{name}: repeated {repeated}')
+
+
+def _check_limits(name: str, values, num_joints: int, minimum: float | None = None) -> None:
+    if len(values) != num_joints:
+        raise ValueError(f'{name}: {len(values)} values for {num_joints} joints (joint_names)')
+    if minimum is not None and any(v <= minimum for v in values):
+        raise ValueError(f'{name}: every limit must be > {minimum}, got {list(values)}')
 
 
 def _check_robot_names(name: str, value: Any) -> tuple:

@@ -35,7 +35,7 @@ from vla_spec_ros.ros.chunk_schedule import chunk_age_limit
 from vla_spec_ros.ros.diagnostics import InferenceStats
 from vla_spec_ros.ros.frame_slot import FrameInfo, LatestFrameSlot
 from vla_spec_ros.ros.gripper_output import GripperOutput, RawActionOutput
-from vla_spec_ros.ros.observation_input import ImageInput
+from vla_spec_ros.ros.observation_input import ObservationInput
 from vla_spec_ros.ros.pose_output import PoseTargetAdapter
 from vla_spec_ros.ros.qos import INSTRUCTION_QOS, INSTRUCTION_VOLATILE_QOS
 from vla_spec_ros.ros.safety_gate import SafetyGate
@@ -44,10 +44,23 @@ from vla_spec_ros.ros.twist_output import TwistOutput
 LOG_THROTTLE_S = 2.0
 
 
-def build_outputs(node, prefix: str, settings, label: str, *, is_chunked: bool) -> list:
-    """The robot's output adapters, in publishing order (output_adapter.py)."""
-    outputs = [TwistOutput(node, prefix, is_chunked=is_chunked),
-               GripperOutput(node, prefix, settings, label),
+def build_outputs(node, prefix: str, settings, label: str, *, is_chunked: bool,
+                  current_positions=None) -> list:
+    """The robot's output adapters, in publishing order (output_adapter.py): the action
+    space's own first (`action_space`, docs/action_spaces.md), then the gripper and the raw
+    action, then pose targets. `current_positions(settings)`: the measured joint positions
+    (the joint-position hold, joint_outputs.py)."""
+    if settings.action_space == 'joint_velocity':
+        from vla_spec_ros.ros.joint_outputs import JointJogOutput
+
+        primary = JointJogOutput(node, prefix)
+    elif settings.action_space == 'joint_position':
+        from vla_spec_ros.ros.joint_outputs import JointTrajectoryOutput
+
+        primary = JointTrajectoryOutput(node, prefix, current_positions or (lambda s: None))
+    else:
+        primary = TwistOutput(node, prefix, is_chunked=is_chunked)
+    outputs = [primary, GripperOutput(node, prefix, settings, label),
                RawActionOutput(node, prefix)]
     if settings.pose_targets:
         outputs.append(PoseTargetAdapter(node, prefix, settings, label, is_chunked=is_chunked))
@@ -70,7 +83,8 @@ class RobotChannel:
     """
 
     def __init__(self, node, name: str, settings, *, wakeup: threading.Event,
-                 on_instruction, on_enable, on_reset, chunk_steps: int = 1, on_chunk=None):
+                 on_instruction, on_enable, on_reset, chunk_steps: int = 1, on_chunk=None,
+                 action_dim: int = cmd.ACTION_DIM, model_reads_state: bool = False):
         self.node = node
         self.name = name
         self.stream_id = name or 'default'
@@ -82,12 +96,17 @@ class RobotChannel:
         self.gate = SafetyGate()
         self._on_instruction, self._on_enable, self._on_reset = on_instruction, on_enable, on_reset
         self.chunk_steps = int(chunk_steps)
+        self.action_dim = int(action_dim)        # the checkpoint's (command.check_action_dim)
+        self.model_reads_state = model_reads_state     # the Frame carries the state
         self.chunk_execution = ChunkExecution(self, on_chunk)
 
         prefix = f'{name}/' if name else '~/'
+        self.observation = ObservationInput(node, prefix, settings, self._on_frame,
+                                            self.stats.record_dropped, lambda: self.settings)
         self.outputs = build_outputs(node, prefix, settings, self.label,
-                                     is_chunked=self.is_chunked)
-        self.twist_output = self.outputs[0]
+                                     is_chunked=self.is_chunked,
+                                     current_positions=self.observation.current_positions)
+        self.twist_output = self.outputs[0] if isinstance(self.outputs[0], TwistOutput) else None
         # The absolute-target publisher (pose_targets.py) when pose_targets is on, else None.
         self.pose_output = next((o.output for o in self.outputs
                                  if isinstance(o, PoseTargetAdapter)), None)
@@ -99,7 +118,6 @@ class RobotChannel:
                                        measure=self._servo_measure)
             # Inactive until the owner sets is_active (the plain node at once, the managed
             # node on activate): a configured node leaves Servo alone.
-        self.observation = ImageInput(node, prefix, settings.image_transport, self._on_frame)
         self._instruction_subs = [
             node.create_subscription(String, prefix + 'instruction', self._on_instruction_msg,
                                      qos) for qos in (INSTRUCTION_QOS, INSTRUCTION_VOLATILE_QOS)]
@@ -156,6 +174,7 @@ class RobotChannel:
     def _on_reset_srv(self, request, response):
         num_dropped = self._on_reset(self)
         num_queued = self.slot.clear()
+        self.observation.clear()
         self.clear_chunks()
         response.success = True
         response.message = (f'dropped {num_dropped} engine requests and {num_queued} '
@@ -194,6 +213,9 @@ class RobotChannel:
         age = None if newest is None else self.age_of(newest)
         reason = cmd.hold_reason_now(settings.enabled, age, settings,
                                      max_age_s=self.age_limit(settings))
+        if reason is not None and settings.enabled:         # name a stalled image slot
+            reason = self.observation.stale_slot_reason(
+                self.age_of, self.age_limit(settings), settings) or reason
         if reason is None and not settings.instruction:
             reason = cmd.REASON_NO_INSTRUCTION
         if reason is not None:
@@ -276,7 +298,8 @@ class RobotChannel:
         settings = self.settings
         command = cmd.decide_command(finished.result, error=finished.error,
                                      is_enabled=settings.enabled and self.is_active,
-                                     age_s=self.age_of(info), settings=settings)
+                                     age_s=self.age_of(info), settings=settings,
+                                     action_dim=self.action_dim)
         if command.is_hold:
             self.reject_result(command.hold_reason)
             return

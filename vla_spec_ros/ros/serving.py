@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
+from dataclasses import dataclass
 
 from diagnostic_msgs.msg import DiagnosticArray
 from rcl_interfaces.msg import SetParametersResult
@@ -61,6 +62,9 @@ class Serving:
                           for robot, settings in per_robot.items()}
 
         self.chunk_steps = chunk_steps_of(policy)
+        self.model_io = model_io_of(policy)
+        for settings in per_robot.values():
+            check_model_io(self.model_io, settings, node.get_logger())
         self.step_clock = StepClock(node) if self.chunk_steps > 1 else None
         if self.step_clock is not None and command_messages.MultiDOFJointTrajectory is None:
             node.get_logger().warning(
@@ -71,7 +75,9 @@ class Serving:
                                       on_instruction=self._on_instruction,
                                       on_enable=self._on_enable, on_reset=self._on_reset,
                                       chunk_steps=self.chunk_steps,
-                                      on_chunk=self.step_clock and self.step_clock.wake)
+                                      on_chunk=self.step_clock and self.step_clock.wake,
+                                      action_dim=self.model_io.action_dim,
+                                      model_reads_state=self.model_io.uses_state)
                          for robot, settings in per_robot.items()]
         for channel in self.channels:
             channel.is_active = is_active
@@ -134,7 +140,11 @@ class Serving:
         image = np.zeros((WARM_UP_IMAGE_SIZE, WARM_UP_IMAGE_SIZE, 3), np.uint8)
         instruction = self.settings.instruction or 'warm up'
         key = self.settings.unnorm_key_or_none or self.unnorm_keys[0]
-        frame = Frame(image, instruction, key, WARM_UP_STREAM)
+        num_slots = self.settings.num_image_slots          # the frames it will serve
+        state = (np.zeros(len(self.settings.state_order), np.float64)
+                 if self.model_io.uses_state and self.settings.state_order else None)
+        frame = Frame(image if num_slots == 1 else (image,) * num_slots, instruction, key,
+                      WARM_UP_STREAM, state=state)
         config = self.engine.config
         count = 2 * config.max_inflight if config.is_pipelined else 1
         with self.engine_lock:
@@ -299,8 +309,44 @@ class Serving:
     def _on_submitted(self, channel, frame: Frame) -> None:
         recorder = self.recorders[channel.name]
         if recorder is not None and not recorder.is_full:
-            recorder.record(frame.image, frame.instruction,
+            recorder.record(frame.images[0], frame.instruction,
                             self.node.get_clock().now().nanoseconds)
+
+
+@dataclass(frozen=True)
+class ModelIO:
+    """What the checkpoint reads and decides, as far as the node cares."""
+
+    num_image_slots: int      # images a frame may carry (1 .. this)
+    uses_state: bool          # whether its prompt reads Frame.state
+    action_dim: int           # values per action step
+
+
+def model_io_of(policy) -> ModelIO:
+    """The checkpoint's ModelIO from the engine's runner (its model and codec); a policy
+    that does not say (a wrapper in tests) is read as one image, no state, 7 values."""
+    runner = getattr(policy.engine, 'runner', None)
+    model, codec = getattr(runner, 'model', None), getattr(runner, 'codec', None)
+    shape = tuple(getattr(codec, 'action_shape', ()) or (7,))
+    return ModelIO(int(getattr(model, 'num_image_slots', 1)),
+                   bool(getattr(model, 'uses_state', False)), int(shape[-1]))
+
+
+def check_model_io(model_io: ModelIO, settings, logger) -> None:
+    """Refuse, before anything is subscribed, a robot whose inputs or action space do not fit
+    the checkpoint (ValueError naming the parameter); warn about a state nobody reads."""
+    from vla_spec_ros.ros.command import check_action_dim
+
+    if settings.num_image_slots > model_io.num_image_slots:
+        raise ValueError(f'image_slots: {list(settings.image_slots)} but the model reads at '
+                         f'most {model_io.num_image_slots} image(s) per frame')
+    check_action_dim(model_io.action_dim, settings)
+    if settings.state_input != 'none' and not model_io.uses_state:
+        logger.warning(f'state_input {settings.state_input}: this model reads no state; the '
+                       'state only gates staleness (max_state_age)')
+    elif settings.state_input == 'none' and model_io.uses_state:
+        logger.warning('this model reads a robot state and state_input is none: its family '
+                       'fills in its default state')
 
 
 def chunk_steps_of(policy) -> int:
@@ -333,4 +379,5 @@ def make_recorder(settings, robot: str):
                          split_s=settings.record_split_s or None)
 
 
-__all__ = ['Serving', 'make_recorder', 'chunk_steps_of']
+__all__ = ['Serving', 'make_recorder', 'chunk_steps_of', 'ModelIO', 'model_io_of',
+           'check_model_io']

@@ -76,9 +76,9 @@ class InferenceWorker:
                 # Visit robots in rotating order so none is always submitted last.
                 turn = (turn + 1) % len(self._order)
                 for channel in self._order[turn:] + self._order[:turn]:
-                    item = channel.slot.take(0.0)
-                    if item is not None:
-                        self._submit(channel, *item)
+                    observation = channel.slot.take(0.0)
+                    if observation is not None:
+                        self._submit(channel, observation)
                 if self._has_work():
                     self._step()
             except Exception as exc:   # the engine broke its contract; hold and start over
@@ -95,8 +95,13 @@ class InferenceWorker:
         for channel in self._order:
             channel.reject(reason)
 
-    def _submit(self, channel, msg, info) -> None:
+    def _submit(self, channel, observation) -> None:
+        """One robot's newest observation (frame_slot.Observation) into the engine: checked
+        (enabled, instruction, fresh, its pairing / state error), converted slot by slot
+        (bad input names the slot), submitted as one Frame with the state when the model
+        reads one."""
         taken = time.monotonic()
+        info = observation.info
         settings = channel.settings
         if not (settings.enabled and channel.is_active):
             return
@@ -108,18 +113,27 @@ class InferenceWorker:
         if stale is not None:          # already too old: do not spend compute on it
             channel.reject(stale, is_stale=True)
             return
-        try:
-            if isinstance(msg, CompressedImage):
-                image = image_messages.compressed_to_rgb(msg)
+        if observation.error is not None:
+            if observation.is_bad_input:
+                self._refuse(channel, info, observation.error)
             else:
-                image = image_messages.image_to_rgb(msg)
-        except ValueError as exc:
-            self._refuse(channel, info, f'{cmd.REASON_BAD_INPUT}: image {exc}')
+                channel.reject(observation.error, is_stale=True)
             return
+        images = []
+        for name, msg in zip(channel.observation.slot_names, observation.messages):
+            try:
+                images.append(image_messages.compressed_to_rgb(msg)
+                              if isinstance(msg, CompressedImage)
+                              else image_messages.image_to_rgb(msg))
+            except ValueError as exc:
+                where = f'image slot {name}' if name else 'image'
+                self._refuse(channel, info, f'{cmd.REASON_BAD_INPUT}: {where} {exc}')
+                return
         info = dataclasses.replace(info, taken_mono=taken, converted_mono=time.monotonic())
-        frame = Frame(image, settings.instruction, settings.unnorm_key_or_none,
-                      channel.stream_id, user_data=info,
-                      control_step=channel.control_step(info, settings))
+        frame = Frame(images[0] if len(images) == 1 else tuple(images), settings.instruction,
+                      settings.unnorm_key_or_none, channel.stream_id, user_data=info,
+                      control_step=channel.control_step(info, settings),
+                      state=observation.state if channel.model_reads_state else None)
         with self.engine_lock:
             pending = self._take_tunables()
             if pending:          # validated by settings_from_parameters when they were set

@@ -1,0 +1,160 @@
+"""Joint action spaces without a node: the command's per-joint clamps (ros/command.py), the
+state vector from a JointState (ros/state_input.py) and the JointTrajectory's timing checked
+against JointTrajectoryController's documented acceptance rules (ros/joint_outputs.py).
+
+JTC's rules, as ros2_controllers documents and logs them ("Empty joint names on incoming
+trajectory", "Empty trajectory received", "Mismatch between joint_names size ... and
+positions", "Time between points ... is not strictly increasing", "Received trajectory with
+non-zero start time ... that ends in the past"), are written out in `jtc_rejection` below.
+"""
+import importlib.util
+import math
+
+import numpy as np
+import pytest
+
+from vla_spec_ros.ros import command as cmd
+from vla_spec_ros.ros import params
+from vla_spec_ros.ros.state_input import state_from_array, state_from_joint_state
+
+JOINTS = ['j1', 'j2', 'j3']
+HAS_TRAJECTORY_MSGS = importlib.util.find_spec('trajectory_msgs') is not None
+
+
+def settings(**values):
+    base = {'action_space': 'joint_velocity', 'joint_names': JOINTS,
+            'joint_max_velocity': [0.5, 1.0, 2.0], 'joint_position_min': [-1.0, -2.0, 0.0],
+            'joint_position_max': [1.0, 2.0, 3.0]}
+    base.update(values)
+    return params.settings_from_parameters(base)[1]
+
+
+def test_joint_velocities_are_clamped_per_joint_and_the_extra_value_is_the_gripper():
+    s = settings()
+    command = cmd.command_from_action(np.array([0.9, -3.0, 0.1, 1.0]), s)
+    assert command.joints == (0.5, -1.0, 0.1)            # each within +-its own limit
+    assert command.gripper == s.gripper_open_position     # 1.0 >= threshold: open
+    assert command.linear == command.angular == cmd.ZERO3
+
+
+def test_joint_positions_are_clamped_to_their_range_and_no_gripper_without_its_value():
+    s = settings(action_space='joint_position')
+    command = cmd.command_from_action(np.array([5.0, -5.0, 1.5]), s)
+    assert command.joints == (1.0, -2.0, 1.5)
+    assert command.gripper is None
+
+
+def test_non_finite_and_wrong_size_joint_actions_hold():
+    s = settings()
+
+    class Result:
+        is_valid, invalid_reason = True, None
+
+        def __init__(self, action):
+            self.action = action
+
+    nan = cmd.decide_command(Result(np.array([0.1, math.nan, 0.0, 1.0])), error=None,
+                             is_enabled=True, age_s=0.0, settings=s, action_dim=4)
+    assert cmd.reason_kind(nan.hold_reason) == cmd.REASON_NON_FINITE
+    short = cmd.decide_command(Result(np.array([0.1, 0.2, 0.3])), error=None, is_enabled=True,
+                               age_s=0.0, settings=s, action_dim=4)
+    assert cmd.reason_kind(short.hold_reason) == cmd.REASON_INVALID
+
+
+def test_the_checkpoints_action_dimension_must_fit_the_joints():
+    s = settings()
+    cmd.check_action_dim(3, s)
+    cmd.check_action_dim(4, s)                    # + gripper
+    with pytest.raises(ValueError, match='joint_names: 3 joints'):
+        cmd.check_action_dim(7, s)
+    with pytest.raises(ValueError, match='action_space: ee_delta'):
+        cmd.check_action_dim(8, params.default_node_settings())
+
+
+@pytest.mark.parametrize('values, field', [
+    ({'joint_names': []}, 'joint_names'),
+    ({'joint_max_velocity': [1.0]}, 'joint_max_velocity'),
+    ({'joint_max_velocity': [1.0, 0.0, 1.0]}, 'joint_max_velocity'),
+    ({'action_space': 'joint_position', 'joint_position_min': [0.0, 0.0, 5.0]},
+     'joint_position_min'),
+    ({'joint_names': ['a', 'a', 'b']}, 'joint_names'),
+    ({'image_slots': ['base', 'wrist'], 'image_transports': ['raw']}, 'image_transports'),
+    ({'servo_node': '/servo_node'}, 'servo_command_type'),
+    ({'pose_targets': True}, 'pose_targets'),
+])
+def test_bad_joint_parameters_name_the_field(values, field):
+    with pytest.raises(ValueError, match=field):
+        settings(**values)
+
+
+def test_the_state_follows_the_parameter_order_not_the_message_order():
+    vector = state_from_joint_state(['j3', 'j1', 'j2'], [3.0, 1.0, 2.0], JOINTS)
+    assert vector.tolist() == [1.0, 2.0, 3.0]
+
+
+@pytest.mark.parametrize('names, positions, text', [
+    (['j1', 'j2'], [1.0, 2.0], "missing joints ['j3']"),
+    (['j1', 'j2', 'j3', 'finger'], [1.0, 2.0, 3.0, 0.0], "extra joints ['finger']"),
+    (['j1', 'j2', 'j3'], [1.0, float('nan'), 3.0], "non-finite position of ['j2']"),
+    (['j1', 'j2', 'j3'], [1.0, 2.0], '3 names and 2 positions'),
+])
+def test_bad_joint_states_are_refused_with_the_reason(names, positions, text):
+    with pytest.raises(ValueError, match=r'^state: .*' + text.replace('[', r'\[')
+                       .replace(']', r'\]')):
+        state_from_joint_state(names, positions, JOINTS)
+
+
+def test_an_array_state_must_have_one_value_per_joint_and_be_finite():
+    assert state_from_array([1.0, 2.0, 3.0], JOINTS).tolist() == [1.0, 2.0, 3.0]
+    with pytest.raises(ValueError, match='expected 3'):
+        state_from_array([1.0], JOINTS)
+    with pytest.raises(ValueError, match='non-finite'):
+        state_from_array([1.0, math.inf, 0.0], JOINTS)
+
+
+# ---- JointTrajectory timing against JTC's acceptance rules ------------------------------------
+
+def seconds(t):
+    return t.sec + 1e-9 * t.nanosec
+
+
+def jtc_rejection(msg, controller_joints, now_s):
+    """Why JTC's topic interface would reject `msg`, or None (the rules in the docstring)."""
+    if not msg.joint_names:
+        return 'empty joint names'
+    if set(msg.joint_names) - set(controller_joints):
+        return 'unknown joint'
+    if not msg.points:
+        return 'empty trajectory'
+    previous = None
+    for point in msg.points:
+        if len(point.positions) != len(msg.joint_names):
+            return 'positions size mismatch'
+        t = seconds(point.time_from_start)
+        if previous is not None and t <= previous:
+            return 'time not strictly increasing'
+        previous = t
+    start = seconds(msg.header.stamp)
+    if start != 0.0 and start + seconds(msg.points[-1].time_from_start) < now_s:
+        return 'ends in the past'
+    return None
+
+
+@pytest.mark.skipif(not HAS_TRAJECTORY_MSGS, reason='needs trajectory_msgs')
+def test_a_chunk_trajectory_is_one_jtc_accepts_with_its_first_point_one_period_ahead():
+    from builtin_interfaces.msg import Time
+
+    from vla_spec_ros.ros.joint_outputs import joint_trajectory_message
+
+    period, now_s = 0.1, 1000.0
+    targets = [(0.1 * k, -0.1 * k, 0.5) for k in range(5)]
+    msg = joint_trajectory_message(JOINTS, targets, Time(sec=1000, nanosec=0), period)
+    assert jtc_rejection(msg, JOINTS, now_s) is None
+    times = [seconds(p.time_from_start) for p in msg.points]
+    assert times[0] == pytest.approx(period)                   # one period ahead, not at 0
+    assert np.allclose(np.diff(times), period)
+    assert [tuple(p.positions) for p in msg.points] == targets
+    # The same trajectory stamped a second earlier would end in the past: JTC rejects it,
+    # which is why the node stamps it when it publishes it.
+    late = joint_trajectory_message(JOINTS, targets, Time(sec=999, nanosec=0), period)
+    assert jtc_rejection(late, JOINTS, now_s) == 'ends in the past'

@@ -1,0 +1,139 @@
+"""Output adapters of the joint action spaces (output_adapter.py, docs/action_spaces.md).
+
+joint_velocity -> <prefix>joint_jog: control_msgs/JointJog for MoveIt Servo's
+    `~/delta_joint_cmds` (servo_command_type joint_jog): joint_names from the parameter,
+    velocities = the clamped joint velocities, no displacements, duration 0; stamped like the
+    twist (the observation's stamp; a chunk's step i: + i periods). A hold is the same message
+    with zero velocities, stamped now (Servo halts on it). A chunk goes out step by step on
+    the control clock (Servo takes no trajectories).
+
+joint_position -> <prefix>joint_trajectory: trajectory_msgs/JointTrajectory for ros2_control's
+    JointTrajectoryController (JTC), timed by JTC's rules (joint_trajectory_message): the
+    header stamp is the publish time on the node clock (non-zero, so JTC checks it, and the
+    trajectory never ends in the past), point k at (k + 1) control periods (the first one
+    period ahead, strictly increasing), positions only, one per joint in joint_names order.
+    A single-step model: one point per action. A chunked model: on arrival, the chunk's steps
+    still due (from the step whose slot holds now) as one trajectory; JTC interpolates between
+    them, so the steps are not re-sent one by one.
+    A hold means "stay where you are": ROS 2's JTC refuses an empty trajectory, so the hold is
+    a one-point trajectory one period ahead to the joint positions measured by the state input
+    (`current_positions()`, when fresh), else to the last target sent (where the robot is
+    already heading; JTC holds at a trajectory's end), else nothing (nothing was sent).
+
+control_msgs is imported when the adapter is built: without it the node refuses to start and
+says so (JointJog is not on PyPI; a ROS distribution's ros-<distro>-control-msgs has it).
+"""
+from __future__ import annotations
+
+import threading
+
+from vla_spec_ros.ros.command_messages import set_duration
+from vla_spec_ros.ros.output_adapter import OutputAdapter
+from vla_spec_ros.ros.qos import COMMAND_QOS
+
+
+def joint_jog_type():
+    """control_msgs/msg/JointJog, or ValueError saying how to get it."""
+    try:
+        from control_msgs.msg import JointJog
+    except ImportError:
+        raise ValueError('action_space: joint_velocity publishes control_msgs/JointJog and '
+                         'control_msgs is not importable (install ros-<distro>-control-msgs, '
+                         'or source a workspace that has it)') from None
+    return JointJog
+
+
+def joint_jog_message(joint_type, joint_names, velocities, stamp, frame_id: str):
+    msg = joint_type()
+    msg.header.stamp = stamp
+    msg.header.frame_id = frame_id
+    msg.joint_names = list(joint_names)
+    msg.velocities = [float(v) for v in velocities]
+    msg.duration = 0.0
+    return msg
+
+
+def joint_trajectory_message(joint_names, targets, stamp, period_s: float):
+    """trajectory_msgs/JointTrajectory: point k = targets[k] (one position per joint) at
+    (k + 1) * period_s after `stamp` (module docstring)."""
+    from trajectory_msgs.msg import JointTrajectory, JointTrajectoryPoint
+
+    msg = JointTrajectory()
+    msg.header.stamp = stamp
+    msg.joint_names = list(joint_names)
+    for k, target in enumerate(targets):
+        point = JointTrajectoryPoint(positions=[float(v) for v in target])
+        set_duration(point.time_from_start, (k + 1) * period_s)
+        msg.points.append(point)
+    return msg
+
+
+class JointJogOutput(OutputAdapter):
+    def __init__(self, node, prefix: str):
+        self.node = node
+        self._type = joint_jog_type()
+        self.pub = node.create_publisher(self._type, prefix + 'joint_jog', COMMAND_QOS)
+
+    def publish_command(self, command, stamp, settings, prepared=None) -> None:
+        self.pub.publish(joint_jog_message(self._type, settings.joint_names, command.joints,
+                                           stamp, settings.frame_id))
+
+    def hold(self, stamp, settings) -> None:
+        zeros = [0.0] * len(settings.joint_names)
+        self.pub.publish(joint_jog_message(self._type, settings.joint_names, zeros, stamp,
+                                           settings.frame_id))
+
+    def destroy(self) -> None:
+        self.node.destroy_publisher(self.pub)
+
+
+class JointTrajectoryOutput(OutputAdapter):
+    """`current_positions(settings)`: the measured joint positions in joint_names order, or
+    None when unknown or stale (state_input.py)."""
+
+    def __init__(self, node, prefix: str, current_positions):
+        from trajectory_msgs.msg import JointTrajectory
+
+        self.node = node
+        self._current_positions = current_positions
+        self.pub = node.create_publisher(JointTrajectory, prefix + 'joint_trajectory',
+                                         COMMAND_QOS)
+        self._lock = threading.Lock()
+        self._last_target: tuple | None = None
+
+    def _now(self):
+        return self.node.get_clock().now().to_msg()
+
+    def _send(self, targets, settings) -> None:
+        with self._lock:
+            self._last_target = tuple(targets[-1]) if targets else self._last_target
+        self.pub.publish(joint_trajectory_message(settings.joint_names, targets, self._now(),
+                                                  settings.control_period))
+
+    def publish_command(self, command, stamp, settings, prepared=None) -> None:
+        self._send([command.joints], settings)
+
+    def publish_chunk(self, chunk, commands, settings, prepared=None) -> None:
+        first = max(0, chunk.step_at(self.node.get_clock().now().nanoseconds * 1e-9))
+        targets = [c.joints for c in commands[first:]]
+        if targets:
+            self._send(targets, settings)
+
+    def publish_step(self, chunk, index: int, command, stamp, settings) -> None:
+        pass          # the whole chunk went out on arrival; JTC executes it
+
+    def hold(self, stamp, settings) -> None:
+        target = self._current_positions(settings)
+        if target is None:
+            with self._lock:
+                target = self._last_target
+        if target is not None:
+            self.pub.publish(joint_trajectory_message(settings.joint_names, [target],
+                                                      self._now(), settings.control_period))
+
+    def destroy(self) -> None:
+        self.node.destroy_publisher(self.pub)
+
+
+__all__ = ['JointJogOutput', 'JointTrajectoryOutput', 'joint_jog_message',
+           'joint_trajectory_message', 'joint_jog_type']
