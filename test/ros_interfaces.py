@@ -1,12 +1,15 @@
 """ROS interface packages the tests need and PyPI does not ship, generated and built here.
 
-control_msgs (GripperCommand, ParallelGripperCommand: test/gripper_interface/control_msgs) and
+control_msgs (GripperCommand, ParallelGripperCommand, JointJog: test/gripper_interface/
+control_msgs) and
 moveit_msgs (ServoCommandType: test/servo_interface/moveit_msgs) are not on PyPI. Where one is
 not installed (a ROS distribution), its interface files, written from upstream's definitions
 so the type hashes match, are generated and built with the ROS 2 generators from PyPI
 (ament_cmake, rosidl_default_generators: C, C++ and Python code, Fast DDS and introspection
 type support), CMake and a C/C++ compiler, into an install prefix cached under the system temp
-folder (keyed by the interface files and the interpreter). Without that toolchain the caller's
+folder (keyed by the interface files' names and contents, CMakeLists and package.xml
+included, and the interpreter: a message added to a package builds a new prefix, never reuses
+one built without it). Without that toolchain the caller's
 test is skipped and says what is missing.
 
     prefix = interface_prefix('control_msgs')   # None: installed; else the built prefix
