@@ -16,6 +16,7 @@ import importlib.util
 import itertools
 import math
 import os
+import sys
 
 import numpy as np
 import pytest
@@ -69,7 +70,10 @@ def test_without_moveit_msgs_the_contract_reports_why_and_calls_nothing(monkeypa
     from vla_spec_ros.ros.diagnostics import ERROR
     from vla_spec_ros.ros.servo_contract import ServoContract
 
-    monkeypatch.setitem(__import__('sys').modules, 'moveit_msgs', None)   # import fails
+    # The import fails, even where an earlier test of this process imported the built
+    # interfaces (a cached submodule would otherwise be found before its package).
+    for name in [m for m in sys.modules if m.startswith('moveit_msgs.')] + ['moveit_msgs']:
+        monkeypatch.setitem(sys.modules, name, None)
     context = rclpy.Context()
     rclpy.init(context=context, domain_id=DOMAIN_ID)
     node = Node('servo_contract_without_moveit_msgs', context=context)

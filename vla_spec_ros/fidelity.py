@@ -128,7 +128,7 @@ def _run_stages(policy, frames: list[Frame], center_crop: bool, rotate_180: bool
     out = {'pixels': [], 'features': [], 'patches': [], 'tokens': []}
     with torch.inference_mode():
         for frame in frames:
-            pixels = runner.prepare_pixels(frame, config)[None]
+            pixels = runner.prepare_pixels(frame, config)          # (1, C, S, S): one image
             features = runner.model.vision_backbone(pixels)
             patches = runner.model.projector(features)
             for name, value in (('pixels', pixels), ('features', features),
