@@ -143,11 +143,14 @@ def test_yaml_loaded_through_the_node_params_file(probe):
         names = [spec.name for spec in params.PARAMETERS]
         response = _spin_until(probe, client.get_parameters(names))
         got = {n: parameter_value_to_python(v) for n, v in zip(names, response.values)}
-        # rclpy reads an empty YAML list as "not set"; the node takes that as no robots list.
-        assert got['robots'] is None
-        got['robots'] = []
+        # rclpy reads an empty YAML list as "not set"; the node takes that as an empty list
+        # (no robots list, no extra image slots, no joints).
         yaml_values = yaml.safe_load((ROOT / 'config' / 'robot.yaml').read_text())
-        assert got == yaml_values['/**']['ros__parameters']
+        expected = yaml_values['/**']['ros__parameters']
+        empty = sorted(name for name, value in expected.items() if value == [])
+        assert 'robots' in empty and all(got[name] is None for name in empty), empty
+        got.update({name: [] for name in empty})
+        assert got == expected
         # Descriptions and ranges are visible to `ros2 param describe`.
         described = _spin_until(probe, client.describe_parameters(['control_period']))
         descriptor = described.descriptors[0]
