@@ -82,5 +82,6 @@ def test_a_few_steps_write_a_checkpoint_the_family_loads(tmp_path):
     loaded = registry.load(tmp_path / 'out', torch.float32)
     assert loaded.family == 'pi0fast'
     assert loaded.codec.action_shape == (8, 7)
+    assert loaded.model.style == train_demo_fast.STYLE == 'openpi'
     assert loaded.cfg.max_action_tokens == report['fast']['frame_tokens']['max'] + \
         train_demo_fast.FRAME_MARGIN

@@ -34,6 +34,7 @@ from ..codecs.fast_tokenizer import fit_fast_tokenizer
 from ..models.pi0fast.checkpoint import FAST_TOKENIZER_FOLDER, save_model
 from ..models.pi0fast.family import build_model, fast_codec, prompt_builder
 from ..models.pi0fast.prompt import build_text_tokenizer
+from ..models.pi0fast.style import OPENPI
 from .prefix_lm_forcing import pixel_values_pi0fast, prefix_lm_batch, prefix_lm_logits
 from .teacher_forcing import random_shift
 
@@ -41,6 +42,9 @@ PRESET = 'metaworld-demo-fast'
 FAST_VOCAB_SIZE = 512           # BPE ids asked for (1024 - 256 text - 128 skipped leaves 640)
 FRAME_MARGIN = 8                # tokens beyond the longest training frame (max_action_tokens)
 TRAIN_STATE = 'last.pt'
+# openpi's conventions (models/pi0fast/style.py): the frame ends at EOS after "|", the
+# instruction lower-cased; what the shipped model was trained with.
+STYLE = OPENPI
 
 
 @dataclass
@@ -124,7 +128,7 @@ def train_fast(args, cfg, demos, out: Path, work_dir: Path) -> dict:
     chunks = normalized_chunks(demos, stats, cfg.chunk)
     fast = fit_codec_tokenizer(chunks, train_index, out / FAST_TOKENIZER_FOLDER)
     vla_cfg = dataclasses.replace(base, chunk_size=cfg.chunk, action_dim=chunks.shape[2])
-    prompt = prompt_builder(text_tok, vla_cfg)
+    prompt = prompt_builder(text_tok, vla_cfg, style=STYLE)
     codec = fast_codec(out / FAST_TOKENIZER_FOLDER, prompt, vla_cfg)
     targets = [codec.encode(c) for c in chunks]
     longest = max(len(t) for t in targets)
@@ -134,7 +138,7 @@ def train_fast(args, cfg, demos, out: Path, work_dir: Path) -> dict:
                            [by_text[str(t)] for t in demos.instructions], train_index,
                            val_index)
     pad_id = text_tok.token_to_id('<pad>')
-    model = build_model(vla_cfg, torch.float32, 'cpu', cfg.seed).train()
+    model = build_model(vla_cfg, torch.float32, 'cpu', cfg.seed, style=STYLE).train()
     decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
     no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
     optimizer = torch.optim.AdamW([{'params': decay, 'weight_decay': cfg.weight_decay},
@@ -189,7 +193,8 @@ def train_fast(args, cfg, demos, out: Path, work_dir: Path) -> dict:
     save_model(model, out)
     text_tok.save(str(out / 'tokenizer.json'))
     (out / 'dataset_statistics.json').write_text(json.dumps(demos.norm_stats, indent=2))
-    return {'preset': PRESET, 'family': 'pi0fast', 'model_config': config_to_dict(vla_cfg),
+    return {'preset': PRESET, 'family': 'pi0fast', 'style': STYLE,
+            'model_config': config_to_dict(vla_cfg),
             'fast': {'num_ids': fast.num_ids, 'min_token': fast.params.min_token,
                      'scale': fast.params.scale, 'fitted_on': 'training episodes only',
                      'frame_tokens': {'min': int(lengths.min()), 'max': int(longest),
