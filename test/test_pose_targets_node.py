@@ -272,6 +272,20 @@ def test_a_chunk_gives_absolute_poses_on_the_controllers_timing(graph, tmp_path)
         wait_until(step_targets, what='a step target')
         for i, msg in step_targets().items():
             assert_pose(pose_arrays(msg.pose), *pose_arrays_from_transform(trajectory.points[i]))
+        # The chunk runs out and the robot holds: the controller is stopped with a trajectory
+        # it accepts (a trajectory controller rejects an empty one): one point, the tool pose
+        # measured last (the one given above), one period after the hold's stamp, so that it
+        # does not end in the past when it arrives.
+        received, stop = probe.trajectories.wait_for(
+            lambda m: m.header.stamp != stamp, what='the stop trajectory at the run-out')
+        assert stop.joint_names == ['tool0'] and stop.header.frame_id == 'base_link'
+        assert len(stop.points) == 1
+        assert stamp_s(stop.points[0].time_from_start) == pytest.approx(
+            CONTROL_PERIOD, abs=1e-9)
+        assert_pose(pose_arrays_from_transform(stop.points[0]), position,
+                    Rotation.from_quat(quaternion))
+        assert stamp_s(stop.header.stamp) >= t0 + K * CONTROL_PERIOD - 0.01
+        assert stamp_s(stop.header.stamp) + CONTROL_PERIOD >= received
     finally:
         stop_node(graph, node)
 

@@ -459,9 +459,19 @@ def test_steps_follow_the_control_clock_and_the_trajectory_is_the_chunk(chunk_no
         np.testing.assert_allclose([v.linear.x, v.linear.y, v.linear.z, v.angular.x,
                                     v.angular.y, v.angular.z], expected_twist(expected[0][i]),
                                    rtol=1e-9, atol=1e-12)
-    # the run-out also stops a trajectory controller: an empty trajectory
-    probe.trajectories.wait_for(lambda m: not m.points, start=traj_start,
-                                what='empty trajectory at the run-out')
+    # The run-out also stops a trajectory controller, with a trajectory one would accept
+    # (ROS 2's JTC rejects an empty one): one point, zero velocity, one period after the
+    # hold's stamp, so that it does not end in the past when it arrives.
+    received, stop = probe.trajectories.wait_for(
+        lambda m: len(m.points) == 1 and m.header.stamp != image.header.stamp,
+        start=traj_start, what='the stop trajectory at the run-out')
+    assert stop.joint_names == ['tool0'] and stop.header.frame_id == 'tool0'
+    (v,) = stop.points[0].velocities
+    assert [v.linear.x, v.linear.y, v.linear.z, v.angular.x, v.angular.y, v.angular.z] == \
+        [0.0] * 6
+    assert _ns(stop.points[0].time_from_start) == round(CONTROL_PERIOD * 1e9)
+    assert stamp_s(stop.header.stamp) >= t0 + K * CONTROL_PERIOD - 0.01    # the hold's time
+    assert stamp_s(stop.header.stamp) + CONTROL_PERIOD >= received
     # the gripper and raw action follow each step
     probe.probe.actions.wait_for(
         lambda m: np.allclose(m.data, expected[0][K - 1], rtol=0, atol=1e-12),

@@ -39,8 +39,7 @@ def set_duration(duration, seconds: float) -> None:
 def trajectory_message(commands, stamp, frame_id: str, period_s: float):
     """A chunk as trajectory_msgs/MultiDOFJointTrajectory: one joint named `frame_id`, one
     point per step with the step's (scaled, limited) twist as its velocity and
-    time_from_start = i * period_s; no transforms (the node does not know the pose). No
-    commands: the empty trajectory, which stops a trajectory controller."""
+    time_from_start = i * period_s; no transforms (the node does not know the pose)."""
     msg = MultiDOFJointTrajectory()
     msg.header.stamp = stamp
     msg.header.frame_id = frame_id
@@ -55,5 +54,20 @@ def trajectory_message(commands, stamp, frame_id: str, period_s: float):
     return msg
 
 
+def stop_trajectory_message(stamp, frame_id: str, period_s: float):
+    """The velocity trajectory's stop: one point, zero velocity, one period after `stamp`
+    (the hold's time). Not the empty trajectory: ROS 2's JointTrajectoryController, whose
+    checks the trajectory controllers share, rejects a trajectory without points ("Empty
+    trajectory received.") and would go on executing the previous one."""
+    msg = MultiDOFJointTrajectory()
+    msg.header.stamp = stamp
+    msg.header.frame_id = frame_id
+    msg.joint_names = [frame_id]
+    point = MultiDOFJointTrajectoryPoint(velocities=[Twist()])
+    set_duration(point.time_from_start, period_s)
+    msg.points.append(point)
+    return msg
+
+
 __all__ = ['twist_message', 'offset_stamp', 'set_duration', 'trajectory_message',
-           'MultiDOFJointTrajectory']
+           'stop_trajectory_message', 'MultiDOFJointTrajectory']

@@ -17,7 +17,10 @@ What goes out (header.frame_id: the frame the tool pose is expressed in):
                    arrival: one joint named `tool_frame`, point i the absolute pose after
                    steps 0..i (transforms[0]), time_from_start (i + 1) control periods
                    (strictly increasing, the first after 0), header.stamp the image's time;
-                   the empty trajectory (stop) when the robot holds after one.
+                   when the robot holds after one, the stop: a one-point trajectory to the
+                   tool pose measured last, one control period after the hold's time (a
+                   trajectory controller rejects an empty trajectory, and would go on with
+                   the previous one).
 
 The delta is the published command's (after scaling and speed limits) times control_period,
 so the limits bound pose targets as they bound the twist. A robot whose tool pose is unknown or
@@ -64,8 +67,7 @@ def step_delta(command, control_period: float) -> list:
 
 
 def trajectory_message(targets, stamp, frame_id: str, joint_name: str, period_s: float):
-    """Absolute targets as trajectory_msgs/MultiDOFJointTrajectory (module docstring); no
-    targets: the empty trajectory, which stops a trajectory controller."""
+    """Absolute targets as trajectory_msgs/MultiDOFJointTrajectory (module docstring)."""
     from geometry_msgs.msg import Transform
     from trajectory_msgs.msg import MultiDOFJointTrajectory, MultiDOFJointTrajectoryPoint
 
@@ -130,12 +132,21 @@ class ToolPoseSource:
             pose, why = self.history.at(stamp_s, max_gap_s)
         return pose, None if pose is not None else f'{REASON_NO_TOOL_POSE}: {why}'
 
-    def _lookup_tf(self, stamp_s: float, max_gap_s: float):
+    def newest(self) -> Pose | None:
+        """The tool pose measured last, however old (a stop's target), or None."""
+        if self._tf_buffer is not None:
+            return self._lookup_tf(None, 0.0)[0]          # TF's latest transform
+        with self._lock:
+            newest = self.history.newest
+        return newest[1] if newest is not None else None
+
+    def _lookup_tf(self, stamp_s: float | None, max_gap_s: float):
         from rclpy.time import Time
 
+        when = Time() if stamp_s is None else Time(nanoseconds=round(stamp_s * 1e9))
         try:
             transform = self._tf_buffer.lookup_transform(
-                self.frame_id, self._tool_frame, Time(nanoseconds=round(stamp_s * 1e9)))
+                self.frame_id, self._tool_frame, when)
         except Exception as exc:       # tf2's LookupException, ExtrapolationException, ...
             return None, f'{REASON_NO_TOOL_POSE}: TF {self.frame_id} -> {self._tool_frame}: {exc}'
         t, r = transform.transform.translation, transform.transform.rotation
@@ -200,12 +211,17 @@ class PoseTargetOutput:
             self.pose_pub.publish(pose_message(kept[1][index], stamp, self.source.frame_id))
 
     def stop(self, stamp, settings) -> None:
-        """A hold: stop a trajectory controller. The chunks' targets are kept: a hold that
-        keeps its chunk (one step refused) publishes the next steps' targets; the others
-        drop the chunk from the schedule, so none of its steps comes again."""
+        """A hold: stop a trajectory controller with a one-point trajectory to the tool pose
+        measured last, one period after `stamp` (the hold's time); with no pose ever measured
+        (no trajectory can have been sent then), nothing. The chunks' targets are kept: a
+        hold that keeps its chunk (one step refused) publishes the next steps' targets; the
+        others drop the chunk from the schedule, so none of its steps comes again."""
         if self._trajectory_live and self.trajectory_pub is not None:
+            pose = self.source.newest()
+            if pose is None:
+                return
             self._trajectory_live = False
-            self.trajectory_pub.publish(trajectory_message((), stamp, self.source.frame_id,
+            self.trajectory_pub.publish(trajectory_message([pose], stamp, self.source.frame_id,
                                                            settings.tool_frame,
                                                            settings.control_period))
 

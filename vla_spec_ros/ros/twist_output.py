@@ -7,7 +7,10 @@ velocities as a MultiDOFJointTrajectory (output_adapter.py).
                                 zero twist stamped now
   <prefix>velocity_trajectory   chunked models, where trajectory_msgs is importable: each
                                 chunk once, on arrival (command_messages.trajectory_message);
-                                the empty trajectory (stop) on the first hold after one
+                                on the first hold after one, the stop: one point of zero
+                                velocity one control period after the hold's time
+                                (command_messages.stop_trajectory_message; a trajectory
+                                controller rejects an empty trajectory)
   <prefix>trajectory            the former name of velocity_trajectory, the same messages
 """
 from __future__ import annotations
@@ -16,7 +19,8 @@ from geometry_msgs.msg import TwistStamped
 
 from vla_spec_ros.ros import command as cmd
 from vla_spec_ros.ros import command_messages
-from vla_spec_ros.ros.command_messages import trajectory_message, twist_message
+from vla_spec_ros.ros.command_messages import (stop_trajectory_message, trajectory_message,
+                                               twist_message)
 from vla_spec_ros.ros.output_adapter import OutputAdapter
 from vla_spec_ros.ros.qos import COMMAND_QOS
 
@@ -49,9 +53,10 @@ class TwistOutput(OutputAdapter):
     def hold(self, stamp, settings) -> None:
         self.twist_pub.publish(twist_message(cmd.ZERO3, cmd.ZERO3, stamp, settings.frame_id))
         if self._trajectory_live and self.trajectory_pub is not None:
-            # An empty trajectory tells a trajectory controller to stop (trajectory_msgs).
+            # Zero velocity one period ahead: a stop a trajectory controller accepts.
             self._trajectory_live = False
-            self._publish_trajectory(trajectory_message((), stamp, settings.frame_id, 0.0))
+            self._publish_trajectory(stop_trajectory_message(stamp, settings.frame_id,
+                                                             settings.control_period))
 
     def _publish_trajectory(self, msg) -> None:
         self.trajectory_pub.publish(msg)
