@@ -223,7 +223,7 @@ def test_accepted_shifted_drafts_give_ar_tokens(loaded, expected, mode):
 @pytest.mark.parametrize('mode', ['spec', 'pipeline_spec'])
 @pytest.mark.parametrize('draft_path', ['previous_action', 'shifted_chunk',
                                         'shifted_chunk_linear',
-                                        'shifted_chunk+previous_action'])
+                                        'shifted_chunk+previous_action', None])
 def test_every_headless_draft_by_name_gives_ar_tokens(loaded, expected, mode, draft_path):
     tokens, _ = run(loaded, consecutive_frames(5), mode, draft_path=draft_path)
     assert tokens == expected
@@ -233,8 +233,11 @@ def test_the_model_config_names_the_default_draft(loaded):
     import dataclasses
     config = EngineConfig(dtype='float64', mode='spec')
     runner = ModelRunner(loaded.model, loaded.cfg, loaded.tokenizer, config, codec=loaded.codec)
-    assert default_draft_path(runner) == 'previous_action'
-    assert isinstance(load_draft_for(runner, config, None), PreviousActionDrafter)
+    assert default_draft_path(runner) == 'previous_action+shifted_chunk'   # the family's
+    drafter = load_draft_for(runner, config, None)
+    assert isinstance(drafter, MergedChains)
+    assert [type(d) for d in drafter.drafters] == [PreviousActionDrafter, ShiftedChunkDrafter]
+    assert drafter.drafters[1].extrapolation == 'hold'
     runner.cfg = dataclasses.replace(loaded.cfg, default_draft='shifted_chunk')
     try:
         assert isinstance(load_draft_for(runner, config, None), ShiftedChunkDrafter)

@@ -316,9 +316,11 @@ class Pi0FastConfig:
     max_action_tokens: int = 256
     fast_skip_tokens: int = 128
     lowercase_instruction: bool = True
-    # The spec modes' draft when EngineConfig.draft_path is unset (a headless drafter's name,
-    # engine/drafting/draft_choice.py); a checkpoint's config.json may state its own.
-    default_draft: str = 'previous_action'
+    # The spec modes' draft when EngineConfig.draft_path is unset (headless drafters' names,
+    # engine/drafting/draft_choice.py): the previous frame's tokens with the previous chunk
+    # shifted and re-encoded beside them in one tree, the best measured on FAST tokens
+    # (docs/speculation.md, Drafting FAST tokens).
+    default_draft: str = 'previous_action+shifted_chunk'
 
     def __post_init__(self):
         _require(isinstance(self.vision, VisionTowerConfig) and self.vision.kind == 'siglip',
