@@ -1,0 +1,76 @@
+"""The embedded pi0-FAST model shipped in vla_spec_ros/assets/metaworld-demo-fast.
+
+Part of the package: fails (not skips) when missing or broken. The frame tests need the
+simulator and skip with its reason where it cannot render.
+"""
+import json
+
+import numpy as np
+import pytest
+
+from vla_spec_ros import assets
+from vla_spec_ros.policy import VLAPolicy
+
+NAME = 'metaworld-demo-fast'
+MAX_ASSET_BYTES = 12 * 2 ** 20
+
+
+def _folder():
+    folder = assets.embedded_checkpoint(NAME)
+    assert folder is not None, f'the embedded model {NAME} is missing from {assets.ROOT}'
+    return folder
+
+
+def test_it_is_complete_small_and_loads_as_pi0fast():
+    folder = _folder()
+    for name in ('config.json', 'model.safetensors', 'dataset_statistics.json',
+                 'training.json'):
+        assert (folder / name).is_file(), name
+    total = sum(p.stat().st_size for p in folder.rglob('*') if p.is_file())
+    assert total < MAX_ASSET_BYTES
+    policy = VLAPolicy.from_pretrained(NAME)
+    cfg = policy.model_config
+    assert (cfg.chunk_size, cfg.action_dim, cfg.image_size) == (8, 7, 64)
+    assert policy.engine.runner.codec.action_shape == (8, 7)
+    assert policy.unnorm_keys == ('metaworld_scripted',)
+    report = json.loads((folder / 'training.json').read_text())
+    assert report['vla']['family'] == 'pi0fast'
+    assert report['vla']['final']['step'] == report['config']['steps']
+    assert report['vla']['fast']['fitted_on'] == 'training episodes only'
+
+
+def _episode_frames(num_frames):
+    from vla_spec_ros.sim.metaworld_env import make_env, sim_unavailable_reason
+    reason = sim_unavailable_reason()
+    if reason is not None:
+        pytest.skip(reason)
+    frames = []
+    with make_env('drawer-close', seed=7, image_size=64) as env:
+        image = env.reset(7)
+        for _ in range(num_frames):
+            frames.append(image)
+            image, _, _, _ = env.step(env.expert_action())
+    return frames
+
+
+def test_its_chunks_on_meta_world_frames_decode_and_spec_gives_ar_tokens():
+    from vla_spec_ros.engine.result import Frame
+    from vla_spec_ros.harness.speed import engine_for
+    images = _episode_frames(6)
+    policy = VLAPolicy.from_pretrained(NAME)
+    instruction = 'close the drawer'
+    expected = []
+    for image in images:
+        result = policy.predict(image, instruction)
+        assert result.is_valid and result.action.shape == (8, 7)
+        assert np.all(np.isfinite(result.action))
+        expected.append(result.tokens)
+    for draft in (None, 'previous_action', 'shifted_chunk'):
+        engine = engine_for(policy, 'spec', draft)
+        tokens = []
+        for step, image in enumerate(images):
+            request_id = engine.submit(Frame(image, instruction, None, 'robot',
+                                             control_step=step))
+            done = {f.request_id: f for f in engine.run_until_idle()}
+            tokens.append(done[request_id].result.tokens)
+        assert tokens == expected, draft
