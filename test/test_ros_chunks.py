@@ -511,6 +511,12 @@ def test_a_frame_older_than_the_chunk_limit_gives_zero_twist(chunk_node, chunked
     traj_start = len(probe.trajectories.snapshot())
     # limit: max_action_age + (K - 1) * control_period = 2.5 + 3 = 5.5 periods
     limit = MAX_AGE + (K - 1) * CONTROL_PERIOD
+    # The old image must still be the camera's newest (an image stamped before one already
+    # received is dropped as out of order): wait until 6 periods ago is after every earlier
+    # test's images.
+    newest_before = stamp_s(probe.probe.now().to_msg())
+    wait_until(lambda: stamp_s(probe.probe.now().to_msg()) - 6 * CONTROL_PERIOD > newest_before,
+               timeout=max(20.0, 12 * CONTROL_PERIOD), what='six periods')
     image = _image(probe, frames[2], age_s=6 * CONTROL_PERIOD)
     probe.probe.send(image, lambda: node.stats_snapshot()['frames_stale']
                      > before['frames_stale'])
