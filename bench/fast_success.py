@@ -24,6 +24,9 @@ if str(ROOT) not in sys.path:
 
 
 def main(argv=None) -> int:
+    import numpy as np
+
+    from vla_spec_ros.engine.drafting.shifted_chunk_drafter import shift_chunk
     from vla_spec_ros.policy import VLAPolicy
     from vla_spec_ros.sim.delayed_lockstep import DelayedLockstep
     from vla_spec_ros.sim.demos import evaluate_policy, success_rate
@@ -44,15 +47,29 @@ def main(argv=None) -> int:
     policy = VLAPolicy.from_pretrained(args.model, mode=args.mode,
                                        restrict_to_action_tokens=False)
     num_invalid = [0]
+    last = {}       # the last valid chunk and how many control steps ago it was decided
 
     def act(image, instruction):
+        """A frame's chunk; a frame that does not decode keeps the previous valid chunk
+        running (re-sent shifted by the steps that passed, its last step held): what a node
+        that refuses an invalid chunk does while its last chunk still covers the step. The
+        first frames of a task have no previous chunk: a zero motion, gripper open (the chunk
+        is kept across episodes of a task: a new episode whose first frame fails continues
+        the last one's plan for a step)."""
         result = policy.predict(image, instruction)
-        num_invalid[0] += not result.is_valid
-        return result.action
+        if result.is_valid:
+            last.update(chunk=np.asarray(result.action), age=0)
+            return last['chunk']
+        num_invalid[0] += 1
+        if 'chunk' not in last:
+            return np.r_[np.zeros(6), 1.0]
+        last['age'] += 1
+        return shift_chunk(last['chunk'], last['age'])
 
     started = time.time()
     per_task = {}
     for task in args.tasks:
+        last.clear()
         results = evaluate_policy(task, act, args.episodes, args.seed, delay=DelayedLockstep())
         per_task[task] = success_rate(results)
         print(f'{task}: {per_task[task]:.2f}', flush=True)
