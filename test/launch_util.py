@@ -69,7 +69,11 @@ class NodeProcess:
         try:
             if exc_type is None:
                 self.popen.send_signal(signal.SIGINT)
-                assert self.popen.wait(timeout=30) == 0
+                code = self.popen.wait(timeout=30)
+                if code != 0:
+                    self.output = self.popen.communicate()[0]
+                    raise AssertionError(f'the node exited with {code} after SIGINT; it '
+                                         f'printed:\n{self.output[-4000:]}')
         finally:
             if self.popen.poll() is None:
                 self.popen.kill()

@@ -230,7 +230,6 @@ def test_every_headless_draft_by_name_gives_ar_tokens(loaded, expected, mode, dr
 
 
 def test_the_model_config_names_the_default_draft(loaded):
-    import dataclasses
     config = EngineConfig(dtype='float64', mode='spec')
     runner = ModelRunner(loaded.model, loaded.cfg, loaded.tokenizer, config, codec=loaded.codec)
     assert default_draft_path(runner) == 'previous_action+shifted_chunk'   # the family's
@@ -238,11 +237,13 @@ def test_the_model_config_names_the_default_draft(loaded):
     assert isinstance(drafter, MergedChains)
     assert [type(d) for d in drafter.drafters] == [PreviousActionDrafter, ShiftedChunkDrafter]
     assert drafter.drafters[1].extrapolation == 'hold'
-    runner.cfg = dataclasses.replace(loaded.cfg, default_draft='shifted_chunk')
+    # The engine reads the model's (protocol) default_draft, set from its config.
+    family_default = runner.model.default_draft
+    runner.model.default_draft = 'shifted_chunk'
     try:
         assert isinstance(load_draft_for(runner, config, None), ShiftedChunkDrafter)
-        runner.cfg = dataclasses.replace(loaded.cfg, default_draft='checkpoint')
+        runner.model.default_draft = 'checkpoint'
         with pytest.raises(ValueError, match='default_draft'):
             load_draft_for(runner, config, None)
     finally:
-        runner.cfg = loaded.cfg
+        runner.model.default_draft = family_default

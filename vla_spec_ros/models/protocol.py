@@ -73,6 +73,8 @@ class VLAModel(Protocol):
     num_image_slots: int        # images a frame may carry: 1 .. num_image_slots
     prefix_attention: str       # one of PREFIX_ATTENTION
     uses_state: bool            # whether the prompt reads ``Frame.state``
+    default_draft: str | None   # the headless draft the family measured best; None: the
+    #                             engine's default (the previous action)
 
     def preprocess(self, image: torch.Tensor, *, center_crop: bool = False,
                    rotate_180: bool = False) -> torch.Tensor:

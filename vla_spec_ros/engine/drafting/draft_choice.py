@@ -40,10 +40,11 @@ HEADLESS_DRAFTS = (PREVIOUS_ACTION_DRAFT, SHIFTED_CHUNK_DRAFT, SHIFTED_CHUNK_LIN
 
 
 def default_draft_path(runner) -> str:
-    """The draft a model's config names (``default_draft``; a family sets it from its
+    """The draft the model names (the protocol's ``default_draft``: a family sets it from its
     measurements, a checkpoint's config may override it), else the previous action. Only
     drafts without a head may be defaults: a default must work with every checkpoint."""
-    path = getattr(runner.cfg, 'default_draft', None) or PREVIOUS_ACTION_DRAFT
+    model = getattr(runner, 'model', None)
+    path = getattr(model, 'default_draft', None) or PREVIOUS_ACTION_DRAFT
     if not is_headless(path):
         raise ValueError(f'default_draft: {path!r} is not one of {HEADLESS_DRAFTS} (or '
                          f'several joined by "{DRAFT_SEPARATOR}")')

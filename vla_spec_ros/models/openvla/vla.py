@@ -21,6 +21,7 @@ class OpenVLA(nn.Module):
     num_image_slots = 1
     prefix_attention = 'causal'
     uses_state = False
+    default_draft = None
 
     def __init__(self, cfg: VLAConfig):
         super().__init__()

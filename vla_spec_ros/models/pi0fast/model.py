@@ -84,6 +84,7 @@ class Pi0Fast(nn.Module):
         self.max_positions = cfg.llm.max_position_embeddings
         self.image_size = cfg.image_size
         self.num_image_slots = cfg.num_image_slots
+        self.default_draft = cfg.default_draft
         # The FAST codec needs the checkpoint's tokenizer files: the loader attaches it.
         self._codec = codec
 
