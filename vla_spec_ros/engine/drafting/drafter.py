@@ -10,6 +10,8 @@ test and benchmark double, proposes the AR reference tokens.
 """
 from __future__ import annotations
 
+from ...validation import check_int
+
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Sequence
 
@@ -122,3 +124,23 @@ class Drafter:
 
 
 __all__ = ['DraftAdvance', 'DraftBegin', 'Drafter']
+
+
+def check_proposal(request_ids, depths, top_k, max_nodes) -> tuple[list[int], int]:
+    """``propose_batch``'s arguments checked (ValueError naming the field): -> (one depth per
+    request, max_nodes)."""
+    check_int('top_k', top_k, minimum=1)
+    max_nodes = check_int('max_nodes', max_nodes, minimum=2)
+    if len(request_ids) != len(depths):
+        raise ValueError(f'depths: one per request, got {len(depths)} for '
+                         f'{len(request_ids)} requests')
+    return [check_int('depth', depth, minimum=1) for depth in depths], max_nodes
+
+
+def check_path_from_root(advance: 'DraftAdvance', root: int) -> list[int]:
+    """An advance's accepted path, which must start with its request's current root."""
+    path = [int(t) for t in advance.path_tokens]
+    if not path or path[0] != root:
+        raise ValueError(f'path_tokens: must start with the current root {root}, got '
+                         f'{path[:1]}')
+    return path

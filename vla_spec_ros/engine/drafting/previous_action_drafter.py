@@ -40,7 +40,7 @@ from typing import Sequence
 
 from ...validation import check_int
 from .draft_tree import DraftTree, chain_tree
-from .drafter import Drafter
+from .drafter import Drafter, check_path_from_root, check_proposal
 
 PREVIOUS_ACTION_DRAFT = 'previous_action'   # the draft_path value that selects this drafter
 
@@ -115,24 +115,16 @@ class PreviousActionDrafter(Drafter):
                                  f'and the root exceed the action of {self.max_tokens}')
         for adv in advances:
             self._check_known(adv.request_id)
-            path = [int(t) for t in adv.path_tokens]
-            if not path or path[0] != self._roots[adv.request_id]:
-                raise ValueError(f'path_tokens: must start with the current root '
-                                 f'{self._roots[adv.request_id]}, got {path[:1]}')
+            path = check_path_from_root(adv, self._roots[adv.request_id])
             if len(self._frame_of[adv.request_id].tokens) + len(path) > self.max_tokens:
                 raise ValueError(f'path_tokens: {len(path)} more tokens exceed the action of '
                                  f'{self.max_tokens} for request {adv.request_id}')
 
     def propose_batch(self, request_ids, depths, top_k, max_nodes,
                       min_prob=0.0) -> list[DraftTree]:
-        check_int('top_k', top_k, minimum=1)
-        max_nodes = check_int('max_nodes', max_nodes, minimum=2)
-        if len(request_ids) != len(depths):
-            raise ValueError(f'depths: one per request, got {len(depths)} for '
-                             f'{len(request_ids)} requests')
+        depths, max_nodes = check_proposal(request_ids, depths, top_k, max_nodes)
         trees = []
         for request_id, depth in zip(request_ids, depths):
-            depth = check_int('depth', depth, minimum=1)
             self._check_known(request_id)
             frame = self._frame_of[request_id]
             decided = len(frame.tokens)
