@@ -109,7 +109,7 @@ def evaluate(model, data: FastDemoTensors, num_patches: int, pad_id: int,
 
 def train_fast(args, cfg, demos, out: Path, work_dir: Path) -> dict:
     """Steps 1-5 of the module docstring; ``cfg`` is train_demo_vla.DemoTrainConfig."""
-    from .train_demo_vla import _save_state, lr_at
+    from .train_demo_vla import _save_state, _start_or_resume, lr_at
     if cfg.chunk < 2:
         raise ValueError(f'chunk: the pi0fast family decodes chunks of H >= 2 control steps '
                          f'(FAST compresses a chunk over time), got {cfg.chunk}')
@@ -139,23 +139,9 @@ def train_fast(args, cfg, demos, out: Path, work_dir: Path) -> dict:
                            val_index)
     pad_id = text_tok.token_to_id('<pad>')
     model = build_model(vla_cfg, torch.float32, 'cpu', cfg.seed, style=STYLE).train()
-    decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
-    no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
-    optimizer = torch.optim.AdamW([{'params': decay, 'weight_decay': cfg.weight_decay},
-                                   {'params': no_decay, 'weight_decay': 0.0}],
-                                  lr=cfg.lr, betas=(0.9, 0.95))
-    generator = torch.Generator().manual_seed(cfg.seed)
-    rng = np.random.default_rng(cfg.seed)
-    history, step = [], 0
     state_path = work_dir / TRAIN_STATE
-    if args.resume and state_path.is_file():
-        state = torch.load(state_path, weights_only=False)
-        model.load_state_dict(state['model'])
-        optimizer.load_state_dict(state['optimizer'])
-        generator.set_state(state['generator'])
-        rng.bit_generator.state = state['rng']
-        history, step = state['history'], state['step']
-        print(f'resumed from {state_path} at step {step}')
+    optimizer, generator, rng, history, step = _start_or_resume(model, cfg, state_path,
+                                                                args.resume)
     lengths = np.array([len(t) for t in targets])
     print(f'{PRESET}: {sum(p.numel() for p in model.parameters()) / 1e6:.2f} M parameters; '
           f'{len(train_index)} training / {len(val_index)} held-out transitions; FAST '

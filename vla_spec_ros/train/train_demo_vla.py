@@ -169,6 +169,29 @@ def evaluate(model, data: DemoTensors, cfg, pad_id: int, batch_size: int = 256) 
             'val_mean_bin_error': (bin_err / count).tolist()}
 
 
+def _start_or_resume(model, cfg, state_path: Path, resume: bool):
+    """AdamW (no decay on vectors), the seeded torch and numpy generators, the history and
+    step: fresh, or restored from ``state_path`` with ``resume`` (what ``_save_state`` wrote).
+    -> (optimizer, generator, rng, history, step)."""
+    decay = [p for p in model.parameters() if p.dim() >= 2]
+    no_decay = [p for p in model.parameters() if p.dim() < 2]
+    optimizer = torch.optim.AdamW([{'params': decay, 'weight_decay': cfg.weight_decay},
+                                   {'params': no_decay, 'weight_decay': 0.0}],
+                                  lr=cfg.lr, betas=(0.9, 0.95))
+    generator = torch.Generator().manual_seed(cfg.seed)
+    rng = np.random.default_rng(cfg.seed)
+    history, step = [], 0
+    if resume and state_path.is_file():
+        state = torch.load(state_path, weights_only=False)
+        model.load_state_dict(state['model'])
+        optimizer.load_state_dict(state['optimizer'])
+        generator.set_state(state['generator'])
+        rng.bit_generator.state = state['rng']
+        history, step = state['history'], state['step']
+        print(f'resumed from {state_path} at step {step}')
+    return optimizer, generator, rng, history, step
+
+
 def _save_state(path: Path, step: int, model, optimizer, generator: torch.Generator,
                 rng: np.random.Generator, history: list) -> None:
     tmp = path.with_suffix('.tmp')
@@ -193,23 +216,9 @@ def train_vla(args, cfg: DemoTrainConfig, demos, out: Path, work_dir: Path) -> d
     data = prepare_tensors(demos, tokenizer, action_tokenizer, stats, vla_cfg.image_size,
                            cfg.val_every_nth_episode, cfg.chunk)
     model = build_model(vla_cfg, torch.float32, 'cpu', cfg.seed).train()
-    decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
-    no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
-    optimizer = torch.optim.AdamW([{'params': decay, 'weight_decay': cfg.weight_decay},
-                                   {'params': no_decay, 'weight_decay': 0.0}],
-                                  lr=cfg.lr, betas=(0.9, 0.95))
-    generator = torch.Generator().manual_seed(cfg.seed)
-    rng = np.random.default_rng(cfg.seed)
-    history, step = [], 0
     state_path = work_dir / TRAIN_STATE
-    if args.resume and state_path.is_file():
-        state = torch.load(state_path, weights_only=False)
-        model.load_state_dict(state['model'])
-        optimizer.load_state_dict(state['optimizer'])
-        generator.set_state(state['generator'])
-        rng.bit_generator.state = state['rng']
-        history, step = state['history'], state['step']
-        print(f'resumed from {state_path} at step {step}')
+    optimizer, generator, rng, history, step = _start_or_resume(model, cfg, state_path,
+                                                                args.resume)
     print(f'{PRESET}: {sum(p.numel() for p in model.parameters()) / 1e6:.2f} M parameters; '
           f'{len(data.train_index)} training / {len(data.val_index)} held-out transitions')
     started, window = time.perf_counter(), []
