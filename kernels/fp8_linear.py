@@ -20,6 +20,10 @@ The product of a row ``x`` and an output channel ``w`` is ``sum(xq * wq) * sx * 
   kernel on CUDA (``quantize_rows`` elsewhere), then ``torch._scaled_mm`` with row-wise scales,
   fp8 products accumulated in float32 by the tensor cores, scaled, rounded to bf16.
 - ``fp8_linear`` (the validating wrapper) with ``use_scaled_mm`` choosing between them.
+- ``fp8_linear_device`` (the engine's launch): ``fp8_linear_scaled_mm``'s quantisation, then
+  ``torch._scaled_mm`` for many rows, or for at most ``fp8_gemv.MAX_ROWS`` rows (a decode step)
+  and ``small_rows_kernel`` the weight-streaming kernel of kernels/fp8_gemv.py. Both compute
+  the same per-token W8A8 function; they differ in the order of float32 additions only.
 
 ``_scaled_mm`` constraints (torch 2.13, ``_meta_registrations._check_scaled_mm_sizes`` and
 the CUDA dispatch): both operands e4m3; the first (T, K) row-major, the second (K, N)
@@ -34,6 +38,8 @@ import torch.nn.functional as F
 from ._triton_util import HAS_TRITON
 # The quantisation (reference and kernel) lives in fp8_quant.py; its names stay importable here.
 from .fp8_quant import FP8_DTYPE, FP8_MAX, quantize_rows, quantize_rows_triton  # noqa: F401
+from .fp8_gemv import MAX_ROWS as GEMV_MAX_ROWS
+from .fp8_gemv import fp8_gemv_triton
 
 MIN_CAPABILITY = (8, 9)              # FP8 tensor cores: Ada (sm_89), Hopper (sm_90) and later
 
@@ -75,6 +81,21 @@ def fp8_linear_scaled_mm(x: torch.Tensor, weight: torch.Tensor, weight_scale: to
     out = torch._scaled_mm(xq.contiguous(), weight.t(), scale_a=x_scale,
                            scale_b=weight_scale.view(1, -1), out_dtype=x.dtype,
                            use_fast_accum=use_fast_accum)
+    return out.view(*x.shape[:-1], weight.shape[0])
+
+
+def fp8_linear_device(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor, *,
+                      small_rows_kernel: bool) -> torch.Tensor:
+    """The engine's FP8 product on a GPU (inputs NOT checked, as ``fp8_linear_scaled_mm``'s):
+    with ``small_rows_kernel`` and at most ``MAX_ROWS`` rows, the activations quantised by the
+    Triton kernel and multiplied by ``fp8_gemv_triton`` (one pass over the weight bytes);
+    otherwise ``fp8_linear_scaled_mm``. The row count is a Python int, fixed per captured
+    step, so the choice is CUDA-graph safe."""
+    x2 = x.reshape(-1, x.shape[-1])
+    if not (small_rows_kernel and HAS_TRITON and x2.shape[0] <= GEMV_MAX_ROWS):
+        return fp8_linear_scaled_mm(x, weight, weight_scale)
+    xq, x_scale = quantize_rows_triton(x2)
+    out = fp8_gemv_triton(xq, x_scale, weight, weight_scale, x.dtype)
     return out.view(*x.shape[:-1], weight.shape[0])
 
 
