@@ -12,6 +12,11 @@ of the OpenVLA-7B decoder and per number of rows (1 = AR decode, 8 = a pipelined
 - ``per-tensor``: ``_scaled_mm`` with one scale per tensor (not what the engine runs: whether
   the row-wise scaled kernel is the slow part);
 - ``fp8``: the whole ``fp8_linear_scaled_mm`` (quant + scaled_mm);
+- ``gemv``: the whole decode path for at most 16 rows (quant + ``fp8_gemv_triton``, what
+  ``fp8_linear_device`` runs for a decode step), and ``gemv_best`` with the fastest of a few
+  tiles (``--sweep``; the tile is printed): whether the default tile is the right one;
+- ``floor``: the FP8 weights' bytes over the copy bandwidth measured at the start (bytes read
+  plus written by a large device-to-device copy), the least a product can take;
 
 each as device time per call (a CUDA graph of 20 calls replayed, so launch gaps do not count,
 as in the engine's graphed steps), with the weights' streaming rate in GB/s. The FP8 product
@@ -38,6 +43,28 @@ SHAPES_7B = [('qkv', 3 * 4096, 4096), ('o', 4096, 4096), ('gate_up', 2 * 11008, 
              ('down', 4096, 11008)]
 ROWS = [1, 8, 64, 280]
 CALLS_PER_GRAPH = 20
+# (block_n, block_k, num_warps, num_stages) tried by --sweep for the decode kernel.
+GEMV_TILES = [(16, 256, 4, 4), (32, 256, 4, 4), (32, 512, 4, 3), (64, 256, 4, 4),
+              (64, 128, 4, 5), (32, 128, 2, 6)]
+
+
+def copy_bandwidth_GBps(device) -> float:
+    """Bytes read plus written per second by a 1 GiB device-to-device copy (median of 10)."""
+    src = torch.empty(1 << 30, dtype=torch.uint8, device=device).random_()
+    dst = torch.empty_like(src)
+    for _ in range(3):
+        dst.copy_(src)
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(10):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        dst.copy_(src)
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end) / 1e3)
+    del src, dst
+    return 2 * (1 << 30) / sorted(times)[5] / 1e9
 
 
 def device_time_ms(fn, device) -> float:
@@ -97,7 +124,8 @@ def _timed(out: dict, name: str, fn, device) -> None:
         out.setdefault('failed', []).append(f'{name}: {type(exc).__name__}: {exc}'[:160])
 
 
-def time_shape(kernels, name: str, n: int, k: int, rows: int, device, dtype) -> dict:
+def time_shape(kernels, name: str, n: int, k: int, rows: int, device, dtype,
+               bandwidth=None, sweep=False) -> dict:
     """One row of the table: each variant's ms per call and the weights' GB/s."""
     gen = torch.Generator(device='cpu').manual_seed(n * 7 + k + rows)
     w = (torch.randn(n, k, generator=gen) * 0.02).to(device=device, dtype=dtype)
@@ -128,23 +156,53 @@ def time_shape(kernels, name: str, n: int, k: int, rows: int, device, dtype) -> 
         _timed(out, 'per_tensor', lambda: torch._scaled_mm(
             xq, w_t, scale_a=one, scale_b=one, out_dtype=dtype), device)
         _timed(out, 'fp8', lambda: kernels.fp8_linear_scaled_mm(x, wq, w_scale), device)
+        if bandwidth:
+            out['floor'] = n * k / (bandwidth * 1e9) * 1e3
     else:       # the CPU smoke run: the reference stands in for the device product
         out['ok'] = matches(kernels.fp8_linear_ref(x, wq, w_scale))
         _timed(out, 'fp8', lambda: kernels.fp8_linear_ref(x, wq, w_scale), device)
+    # The decode kernel: on CUDA, or on the CPU under TRITON_INTERPRET=1 (the smoke run).
+    if rows <= kernels.GEMV_MAX_ROWS and kernels.can_launch_on(device):
+        xq, x_scale = kernels.quantize_rows(x)
+        gemv = lambda: kernels.fp8_linear_device(x, wq, w_scale, small_rows_kernel=True)
+        out['ok'] = out['ok'] and matches(gemv())
+        _timed(out, 'gemv', gemv, device)
+        for tile in GEMV_TILES if sweep else []:
+            bn, bk, warps, stages = tile
+            try:
+                got = kernels.fp8_gemv_triton(xq, x_scale, wq, w_scale, dtype, block_n=bn,
+                                              block_k=bk, num_warps=warps,
+                                              num_stages=stages)
+                if not matches(got):
+                    out.setdefault('failed', []).append(f'tile {tile}: MISMATCH')
+                    continue
+                ms = device_time_ms(lambda: kernels.fp8_gemv_triton(
+                    xq, x_scale, wq, w_scale, dtype, block_n=bn, block_k=bk,
+                    num_warps=warps, num_stages=stages), device)
+            except Exception as exc:     # noqa: BLE001 - a tile this GPU cannot compile
+                out.setdefault('failed', []).append(f'tile {tile}: {exc}'[:120])
+                continue
+            if ms < out.get('gemv_kernel_best', float('inf')):
+                out['gemv_kernel_best'], out['best_tile'] = ms, tile
     bf16_bytes = n * k * w.element_size()
     out['bf16_GBps'] = bf16_bytes / out['bf16'] / 1e6 if 'bf16' in out else float('nan')
-    out['fp8_GBps'] = n * k / out['fp8'] / 1e6 if 'fp8' in out else float('nan')
+    fastest = min((out[c] for c in ('fp8', 'gemv') if c in out), default=float('nan'))
+    out['fp8_GBps'] = n * k / fastest / 1e6
     return out
 
 
 def format_rows(rows: list[dict]) -> str:
-    columns = ['bf16', 'quant', 'scaled_mm', 'fast_accum', 'per_tensor', 'fp8']
+    columns = ['bf16', 'quant', 'scaled_mm', 'fast_accum', 'per_tensor', 'fp8', 'gemv',
+               'gemv_kernel_best', 'floor']
     lines = ['| product | rows | ' + ' | '.join(f'{c} us' for c in columns)
-             + ' | fp8 / bf16 | bf16 GB/s | fp8 GB/s | checked |',
+             + ' | best fp8 / bf16 | bf16 GB/s | fp8 GB/s | checked |',
              '|---|---|' + '---|' * (len(columns) + 4)]
     for r in rows:
         cells = [f'{1e3 * r[c]:.1f}' if c in r else '–' for c in columns]
-        ratio = r['fp8'] / r['bf16'] if 'fp8' in r and 'bf16' in r else float('nan')
+        if 'best_tile' in r:
+            cells[columns.index('gemv_kernel_best')] += f' {r["best_tile"]}'
+        fastest = min((r[c] for c in ('fp8', 'gemv') if c in r), default=float('nan'))
+        ratio = fastest / r['bf16'] if 'bf16' in r else float('nan')
         lines.append(f'| {r["product"]} {r["N"]}x{r["K"]} | {r["rows"]} | ' + ' | '.join(cells)
                      + f' | {ratio:.2f} | {r["bf16_GBps"]:.0f} | '
                      f'{r["fp8_GBps"]:.0f} | {"ok" if r["ok"] else "MISMATCH"} |')
@@ -156,6 +214,8 @@ def format_rows(rows: list[dict]) -> str:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument('--sweep', action='store_true',
+                        help='also time the decode kernel at each tile of GEMV_TILES')
     parser.add_argument('--smoke', action='store_true',
                         help='CPU, small shapes, the reference in place of _scaled_mm: checks '
                              'the script, timings meaningless')
@@ -171,8 +231,15 @@ def main(argv=None) -> int:
         device, dtype = torch.device('cuda'), torch.bfloat16
         shapes, rows_list = SHAPES_7B, ROWS
         print(f'device: {torch.cuda.get_device_name()}  torch {torch.__version__}', flush=True)
-    rows = [time_shape(kernels, name, n, k, m, device, dtype)
-            for name, n, k in shapes for m in rows_list]
+    bandwidth = copy_bandwidth_GBps(device) if device.type == 'cuda' else None
+    if bandwidth:
+        print(f'copy bandwidth (read + write): {bandwidth:.0f} GB/s', flush=True)
+    rows = []
+    for name, n, k in shapes:
+        for m in rows_list:
+            rows.append(time_shape(kernels, name, n, k, m, device, dtype, bandwidth,
+                                   args.sweep and m <= 8))
+            print(format_rows(rows[-1:]).splitlines()[-1], flush=True)
     print(format_rows(rows))
     return 0 if all(r['ok'] for r in rows) else 1
 

@@ -28,6 +28,8 @@ JSON + Markdown to ``--out``.
   and the default configuration at each ``max_prefills_per_step``: per-robot frames answered
   and capture -> action p50 / p99, against one robot's floor (vision + one prefill) measured in
   the same run (bench/gpu_paced.py);
+- ``floor``: one decode forward against the weight bytes over the copy bandwidth measured
+  in the same run, and its device time by kernel category (bench/gpu_decode_floor.py);
 - ``fp8``: ``weight_dtype`` auto, then fp8 (the weights loaded again and quantised): the model
   pieces and the ar / pipeline / pipeline_spec rows of each, the step-time ratio, and the bin
   distance of fp8's AR tokens from auto's on ``--fidelity-frames`` frames.
@@ -51,6 +53,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from gpu_decode_floor import run_decode_floor
 from gpu_parts import format_fp8, run_ab, run_fidelity, run_fp8, run_profile, run_thread_sweep
 from gpu_paced import format_paced, run_paced_part
 from gpu_progress import ProgressFile
@@ -303,6 +306,8 @@ def main(argv=None) -> int:
     ap.add_argument('--paced-warmup-frames', type=int, default=10,
                     help='frames per robot served but not counted at the start of a paced row')
     ap.add_argument('--profile-mode', default='pipeline_spec@3.0')
+    ap.add_argument('--floor-forwards', type=int, default=20,
+                    help='eager decode forwards profiled by the floor part')
     ap.add_argument('--out', default=str(Path(__file__).parent / 'results'))
     ap.add_argument('--progress-file', default='',
                     help='rewrite this JSON after every timed row of the table and paced '
@@ -313,7 +318,7 @@ def main(argv=None) -> int:
         return 2
     parts = set(args.parts.split(','))
     unknown = parts - {'table', 'fidelity', 'profile', 'threads', 'kernels', 'attention',
-                       'fp8', 'paced'}
+                       'fp8', 'paced', 'floor'}
     if unknown:
         print(f'--parts: unknown {sorted(unknown)}', file=sys.stderr)
         return 2
@@ -357,6 +362,7 @@ def main(argv=None) -> int:
         if 'fp8' in parts else {}
     profiled = run_profile(args, weights, key, out, stamp) \
         if 'profile' in parts else {}
+    decode_floor = run_decode_floor(args, weights, key) if 'floor' in parts else {}
     table = format_table(records) if records else ''
     from gpu_fidelity import format_histogram_rows
     fidelity_table = format_histogram_rows(fidelity) if fidelity else ''
@@ -371,7 +377,8 @@ def main(argv=None) -> int:
               'dtype': args.dtype, 'environment': environment(), **report,
               'floor_ms': FLOOR_MS, 'rows': records, 'fidelity': fidelity,
               'profile': profiled, 'threads': threads, 'kernels_ab': kernel_ab,
-              'attention_ab': attention_ab, 'fp8': fp8, 'paced': paced}
+              'attention_ab': attention_ab, 'fp8': fp8, 'paced': paced,
+              'decode_floor': decode_floor}
     label = Path(args.checkpoint).name if args.checkpoint else args.preset
     name = f'gpu-{label}-{args.device}-{stamp}'
     (out / f'{name}.json').write_text(json.dumps(record, indent=2))

@@ -152,17 +152,23 @@ def run_fp8(args, weights, key) -> dict:
     with the share of frames equal to its side's own eager AR reference), then the AR tokens
     of ``--fidelity-frames`` frames (greedy over action tokens only with
     ``--fidelity-action-only``); fp8's step time over auto's per mode, and the bin distance
-    of fp8's tokens from auto's (0 / 1 / 2 / 3+ bins)."""
+    of fp8's tokens from auto's (0 / 1 / 2 / 3+ bins). A third side, ``fp8-mm``, is fp8 with
+    decode steps through ``_scaled_mm`` instead of the decode kernel (models/fp8.py
+    ``SMALL_ROWS_KERNEL`` off): the same function, so only its speed is recorded."""
+    from vla_spec_ros.models import fp8 as fp8_model
     from gpu_fidelity import bin_distance_histogram, tokens_per_frame
     size = weights.cfg.image_size
     frames = make_frames(args.frames + args.warmup, size, args.seed, key)
     fidelity_frames = make_frames(args.fidelity_frames, size, args.seed + 1000, key)
     use_graphs = graphs_setting(args, -1)
     out, tokens = {'sides': {}}, {}
-    for label in ('auto', 'fp8'):
-        side = weights if label == 'auto' else second_copy(args, weights, label)
-        options = engine_options(args, use_graphs, weight_dtype=label)
+    for label in ('auto', 'fp8', 'fp8-mm'):
+        weight_dtype = 'auto' if label == 'auto' else 'fp8'
+        fp8_model.SMALL_ROWS_KERNEL = label != 'fp8-mm'     # read when the decoder is quantised
+        side = weights if label == 'auto' else second_copy(args, weights, weight_dtype)
+        options = engine_options(args, use_graphs, weight_dtype=weight_dtype)
         runner = build_runner(side, options)
+        fp8_model.SMALL_ROWS_KERNEL = True
         pieces = time_pieces(runner, make_frames(2, size, 3, key), options)
         ref = eager_reference(runner, frames, options)
         rows = {}
@@ -178,9 +184,11 @@ def run_fp8(args, weights, key) -> dict:
                   f'{row.step_ms:.2f} ms/step (verifier {row.verifier_ms:.2f}), p50 '
                   f'{row.latency_p50_ms:.1f} ms, frames with the reference tokens: '
                   f'{rows[mode]["reference_agreement"]:.0%}', flush=True)
-        fidelity_options = dict(options, restrict_to_action_tokens=args.fidelity_action_only)
-        tokens[label] = tokens_per_frame(run_all(
-            engine_for(runner, side, 'ar', fidelity_options), fidelity_frames))
+        if label != 'fp8-mm':
+            fidelity_options = dict(options,
+                                    restrict_to_action_tokens=args.fidelity_action_only)
+            tokens[label] = tokens_per_frame(run_all(
+                engine_for(runner, side, 'ar', fidelity_options), fidelity_frames))
         out['sides'][label] = {'pieces_ms': pieces, 'rows': rows}
         codec = runner.codec
         print(f'fp8 part, weight_dtype {label}: pieces {pieces}', flush=True)
@@ -188,6 +196,12 @@ def run_fp8(args, weights, key) -> dict:
     out['step_ms_ratio'] = {mode: out['sides']['fp8']['rows'][mode]['step_ms']
                             / out['sides']['auto']['rows'][mode]['step_ms']
                             for mode in FP8_MODES}
+    out['step_ms_ratio_scaled_mm_decode'] = {
+        mode: out['sides']['fp8-mm']['rows'][mode]['step_ms']
+        / out['sides']['auto']['rows'][mode]['step_ms'] for mode in FP8_MODES}
+    out['pieces_ratio'] = {label: {piece: ms / out['sides']['auto']['pieces_ms'][piece]
+                                   for piece, ms in out['sides'][label]['pieces_ms'].items()}
+                           for label in ('fp8', 'fp8-mm')}
     out['bin_distance'] = bin_distance_histogram(tokens['fp8'], tokens['auto'],
                                                  codec.first_action_id, codec.last_action_id)
     out['action_tokens_only'] = bool(args.fidelity_action_only)
@@ -201,13 +215,25 @@ def format_fp8(result: dict) -> str:
     distance row."""
     from gpu_fidelity import format_histogram_rows
     auto, fp8 = (result['sides'][label]['rows'] for label in ('auto', 'fp8'))
-    lines = ['| mode | auto ms/step | fp8 ms/step | fp8 / auto | auto actions/s | '
-             'fp8 actions/s | fp8 frames = its AR |', '|---|---|---|---|---|---|---|']
+    mm = result['sides'].get('fp8-mm', {}).get('rows')
+    lines = ['| mode | auto ms/step | fp8 ms/step | fp8 / auto | fp8, decode by _scaled_mm, / '
+             'auto | auto actions/s | fp8 actions/s | fp8 frames = its AR |',
+             '|---|---|---|---|---|---|---|---|']
     for mode in FP8_MODES:
+        mm_ratio = (f'{mm[mode]["step_ms"] / auto[mode]["step_ms"]:.2f}' if mm else '–')
         lines.append(f'| {mode} | {auto[mode]["step_ms"]:.2f} | {fp8[mode]["step_ms"]:.2f} | '
-                     f'{result["step_ms_ratio"][mode]:.2f} | {auto[mode]["actions_per_s"]:.2f} '
+                     f'{result["step_ms_ratio"][mode]:.2f} | {mm_ratio} | '
+                     f'{auto[mode]["actions_per_s"]:.2f} '
                      f'| {fp8[mode]["actions_per_s"]:.2f} | '
                      f'{100 * fp8[mode]["reference_agreement"]:.0f} % |')
+    if 'pieces_ratio' in result:
+        lines += ['', '| piece | ' + ' | '.join(f'{label} / auto' for label in
+                                               result['pieces_ratio']) + ' |',
+                  '|---|' + '---|' * len(result['pieces_ratio'])]
+        for piece in ('prefill', 'decode_1', 'decode_8x1'):
+            lines.append(f'| {piece} | ' + ' | '.join(
+                f'{ratios.get(piece, float("nan")):.2f}'
+                for ratios in result['pieces_ratio'].values()) + ' |')
     label = 'fp8 AR vs auto AR' + (', action tokens only' if result['action_tokens_only']
                                    else '')
     return '\n'.join(lines) + '\n\n' + format_histogram_rows({label: result['bin_distance']})

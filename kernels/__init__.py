@@ -24,6 +24,7 @@ Installed as ``vla_spec_ros.kernels``; imports inside this folder stay relative 
 tree's top-level ``kernels`` package works too.
 """
 from ._triton_util import HAS_TRITON, can_launch_on, is_interpret_mode, is_triton_available
+from .fp8_gemv import MAX_ROWS as GEMV_MAX_ROWS
 from .fp8_gemv import fp8_gemv, fp8_gemv_ref, fp8_gemv_triton
 from .fp8_linear import (FP8_DTYPE, dequantize_rows, fp8_linear, fp8_linear_device,
                          fp8_linear_ref, fp8_linear_scaled_mm, quantize_rows,
@@ -38,7 +39,7 @@ from .silu_mul import silu_mul, silu_mul_ref, silu_mul_triton
 __all__ = [
     'HAS_TRITON', 'can_launch_on', 'is_interpret_mode', 'is_triton_available',
     'FP8_DTYPE', 'dequantize_rows', 'fp8_linear', 'fp8_linear_ref', 'fp8_linear_scaled_mm',
-    'fp8_linear_device', 'fp8_gemv', 'fp8_gemv_ref', 'fp8_gemv_triton',
+    'fp8_linear_device', 'GEMV_MAX_ROWS', 'fp8_gemv', 'fp8_gemv_ref', 'fp8_gemv_triton',
     'quantize_rows', 'scaled_mm_unsupported_reason', 'fp8_quant', 'quantize_rows_triton',
     'rms_norm', 'rms_norm_ref', 'rms_norm_triton',
     'rope_kv_write', 'rope_kv_write_ref', 'rope_kv_write_triton',
