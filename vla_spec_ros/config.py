@@ -394,6 +394,23 @@ def _metaworld_demo_fast() -> Pi0FastConfig:
         max_action_tokens=64)
 
 
+def _pi0fast_3b() -> Pi0FastConfig:
+    """pi0-FAST's published shape (PaliGemma-3B, docs/pi0fast.md): SigLIP So400m/14 at 224 px
+    (256 tokens per image; 27 blocks, 1152 wide, 16 heads, MLP 4304), Gemma-2B (18 layers,
+    2048 wide, 8 heads, one KV head of 256, GeGLU 16384, vocabulary 257152, tied head), three
+    cameras, an 8-dim state padded to 32, chunks of 10 x 7, at most 256 action tokens. For GPU
+    benches with random weights (bench/gpu_pi0fast.py); no such checkpoint is embedded."""
+    return Pi0FastConfig(
+        vision=VisionTowerConfig('siglip', 224, 14, 1152, 27, 16, 4304, mean=SIGLIP_MEAN,
+                                 std=SIGLIP_STD),
+        llm=LlamaConfig(hidden_size=2048, num_layers=18, num_heads=8, num_kv_heads=1,
+                        head_dim=256, intermediate_size=16384, vocab_size=257152,
+                        max_position_embeddings=8192, norm_unit_offset=True,
+                        hidden_act='gelu_tanh', embed_scale=True, tie_word_embeddings=True),
+        num_image_slots=3, state_dim=8, max_state_dim=32, chunk_size=10, action_dim=7,
+        max_action_tokens=256)
+
+
 PRESETS = {
     'openvla-7b': _openvla_7b,
     'tiny': _tiny,
@@ -401,6 +418,7 @@ PRESETS = {
     'metaworld-demo': _metaworld_demo,
     'pi0fast-tiny': _pi0fast_tiny,
     'metaworld-demo-fast': _metaworld_demo_fast,
+    'pi0fast-3b': _pi0fast_3b,
 }
 
 

@@ -121,6 +121,34 @@ def build_model(cfg: Pi0FastConfig, dtype: torch.dtype = torch.float32, device='
     return model.to(device=device, dtype=dtype).eval()
 
 
+def random_in_memory(cfg: Pi0FastConfig, dtype: torch.dtype, device, workdir, seed: int = 0,
+                     style: str = DEFAULT_STYLE):
+    """What ``make_random`` then ``load`` give, without writing the weights: the model built
+    and initialised directly on ``device`` in ``dtype`` (a 3B model never exists in float32
+    on the host), the prompt builder over a text tokenizer of the full vocabulary, a FAST
+    tokenizer fitted into ``workdir`` and synthetic statistics. For GPU benches of large
+    shapes. -> (model with its codec attached, prompt builder, the engine's norm_stats)."""
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        with torch.device(device):
+            torch.manual_seed(seed)
+            model = Pi0Fast(cfg, style=style)
+            init_random_(model)
+    finally:
+        torch.set_default_dtype(previous)
+    model = model.eval()
+    stats = synthetic_statistics(cfg.action_dim, cfg.state_dim, seed)
+    prompt = prompt_builder(build_text_tokenizer(cfg.llm.vocab_size), cfg, style=style,
+                            state_normalizer=stats.state_normalizer())
+    fast_folder = Path(workdir) / FAST_TOKENIZER_FOLDER
+    fit_synthetic_fast_tokenizer(fast_folder, action_horizon=cfg.chunk_size,
+                                 action_dim=cfg.action_dim, vocab_size=FAST_VOCAB_TINY,
+                                 seed=seed)
+    model.attach_codec(fast_codec(fast_folder, prompt, cfg))
+    return model, prompt, stats.norm_stats()
+
+
 def make_random(cfg_or_preset: Pi0FastConfig | str, out, seed: int = 0,
                 dtype: str = 'float32', style: str = DEFAULT_STYLE) -> Path:
     """A random-weight pi0-FAST checkpoint in LeRobot's layout (module docstring)."""

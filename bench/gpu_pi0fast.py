@@ -1,0 +1,127 @@
+"""π0-FAST at its published shape (preset ``pi0fast-3b``: PaliGemma-3B, three cameras), random
+weights built on the device: ms per chunk of transformers' PaliGemma ``generate`` (eager), the
+engine's AR and the default configuration (mode ``pipeline_spec`` at the family's default
+draft) and ``spec``, one robot, noise frames (one camera image each, the other slots
+masked as for a robot without them).
+
+Random weights never emit the end marker ``|``, so every chunk runs to ``--tokens`` action
+tokens on every path (a LIBERO-trained π0-FAST ends its chunks after 25-35); the codec then
+refuses the tokens as a chunk, which the engine reports per frame and which costs the same on
+every path. The drafts' acceptance on a random model says nothing about a trained one: the
+numbers that carry over are ms per verifier forward and the AR rows; the spec rows are printed
+with their acceptance beside them.
+
+    python3 bench/gpu_pi0fast.py --out DIR              # CUDA, bf16, the 3B shape
+    python3 bench/gpu_pi0fast.py --smoke --out DIR      # CPU, float32, pi0fast-tiny: the script
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+import tempfile
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from vla_spec_ros.baseline import make_baseline  # noqa: E402
+from vla_spec_ros.bench import bench_engine, bench_hf, environment, make_frames  # noqa: E402
+from vla_spec_ros.config import EngineConfig, preset  # noqa: E402
+from vla_spec_ros.engine.device.runner import TORCH_DTYPES, ModelRunner  # noqa: E402
+from vla_spec_ros.engine.engine import Engine  # noqa: E402
+from vla_spec_ros.models.pi0fast.family import random_in_memory  # noqa: E402
+
+
+def measure(args) -> list[dict]:
+    cfg = dataclasses.replace(preset(args.preset), max_action_tokens=args.tokens)
+    dtype = TORCH_DTYPES[args.dtype]
+    start = time.perf_counter()
+    with tempfile.TemporaryDirectory() as workdir:
+        model, prompt, norm_stats = random_in_memory(cfg, dtype, args.device, workdir)
+    print(f'built {args.preset} ({sum(p.numel() for p in model.parameters()) / 1e9:.2f} B '
+          f'parameters) in {time.perf_counter() - start:.1f} s', flush=True)
+    base = dict(device=args.device, dtype=args.dtype, restrict_to_action_tokens=False,
+                use_cuda_graphs=args.device == 'cuda')
+    runner = ModelRunner(model, cfg, prompt, EngineConfig(**base), codec=model.action_codec())
+    key = sorted(norm_stats)[0]
+    frames = make_frames(args.warmup + args.frames, runner.image_size, args.seed, key)
+    rows = []
+
+    def record(row, label):
+        out = asdict(row)
+        out.update(label=label, ms_per_chunk=1e3 / row.actions_per_s)
+        rows.append(out)
+        print(f'{label}: {out["ms_per_chunk"]:.1f} ms per chunk, p50 {row.latency_p50_ms:.1f} '
+              f'ms, tokens per verifier forward {row.acceptance_length:.2f}', flush=True)
+    if not args.no_hf:
+        record(bench_hf(make_baseline(runner, EngineConfig(**base)), frames, args.warmup),
+               'hf eager')
+    for mode in ('ar', 'spec', 'pipeline_spec'):
+        try:
+            engine = Engine(runner, norm_stats, EngineConfig(mode=mode, **base))
+            record(bench_engine(engine, frames, args.warmup),
+                   mode + (f' ({engine.config.draft_path or cfg.default_draft})'
+                           if 'spec' in mode else ''))
+        except Exception as exc:     # noqa: BLE001 - one failing mode keeps the others' rows
+            print(f'{mode}: FAILED {type(exc).__name__}: {exc}', flush=True)
+        engine = None
+    return rows
+
+
+def format_rows(rows: list[dict]) -> str:
+    hf = next((r for r in rows if r['label'] == 'hf eager'), None)
+    lines = ['| path | ms / chunk | vs HF eager | p50 ms | tokens / chunk | '
+             'tokens / verifier forward |', '|---|---|---|---|---|---|']
+    for r in rows:
+        ratio = f'{r["ms_per_chunk"] / hf["ms_per_chunk"]:.3f}' if hf else '–'
+        lines.append(f'| {r["label"]} | {r["ms_per_chunk"]:.1f} | {ratio} | '
+                     f'{r["latency_p50_ms"]:.1f} | {r["tokens_per_action"]:.1f} | '
+                     f'{r["acceptance_length"]:.2f} |')
+    return '\n'.join(lines)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument('--preset', default='pi0fast-3b')
+    p.add_argument('--device', default='cuda')
+    p.add_argument('--dtype', default='bfloat16')
+    p.add_argument('--tokens', type=int, default=32,
+                   help='action tokens per chunk (max_action_tokens; random weights reach it)')
+    p.add_argument('--frames', type=int, default=6)
+    p.add_argument('--warmup', type=int, default=2)
+    p.add_argument('--seed', type=int, default=0)
+    p.add_argument('--no-hf', action='store_true')
+    p.add_argument('--smoke', action='store_true',
+                   help='CPU, float32, pi0fast-tiny: checks the script, timings meaningless')
+    p.add_argument('--out', type=Path, default=ROOT / 'bench' / 'results' / 'gpu')
+    args = p.parse_args(argv)
+    if args.smoke:
+        args.preset, args.device, args.dtype, args.frames, args.warmup = (
+            'pi0fast-tiny', 'cpu', 'float32', 2, 1)
+    elif not torch.cuda.is_available():
+        print('gpu_pi0fast: CUDA is required (use --smoke to check the script on CPU)')
+        return 0
+    rows = measure(args)
+    table = format_rows(rows)
+    print(table)
+    args.out.mkdir(parents=True, exist_ok=True)
+    stamp = time.strftime('%Y%m%d-%H%M%S')
+    command = 'python3 bench/gpu_pi0fast.py ' + ' '.join(argv if argv is not None
+                                                         else sys.argv[1:])
+    (args.out / f'pi0fast-{args.preset}-{args.device}-{stamp}.json').write_text(json.dumps(
+        {'command': command, 'environment': environment(), 'tokens': args.tokens,
+         'rows': rows}, indent=2))
+    (args.out / f'pi0fast-{args.preset}-{args.device}-{stamp}.md').write_text(
+        f'command: `{command}`\n\n{json.dumps(environment())}\n\n{table}\n')
+    return 0
+
+
+if __name__ == '__main__':
+    sys.exit(main())
