@@ -306,6 +306,10 @@ def main(argv=None) -> int:
     ap.add_argument('--paced-warmup-frames', type=int, default=10,
                     help='frames per robot served but not counted at the start of a paced row')
     ap.add_argument('--profile-mode', default='pipeline_spec@3.0')
+    ap.add_argument('--weight-dtype', default='auto', choices=('auto', 'fp8'),
+                    help='the decoder weights of every runner (fp8: quantised at load; with '
+                    'the table or fidelity parts the HF baselines would copy FP8 weights, so '
+                    'use it with --baselines "" and parts that build no baseline, e.g. paced)')
     ap.add_argument('--floor-forwards', type=int, default=20,
                     help='eager decode forwards profiled by the floor part')
     ap.add_argument('--out', default=str(Path(__file__).parent / 'results'))
@@ -317,6 +321,10 @@ def main(argv=None) -> int:
         print('--device cuda requested but CUDA is not available', file=sys.stderr)
         return 2
     parts = set(args.parts.split(','))
+    if args.weight_dtype == 'fp8' and args.baselines.strip():
+        print('--weight-dtype fp8 needs --baselines "" (the HF baselines copy the runner\'s '
+              'weights)', file=sys.stderr)
+        return 2
     unknown = parts - {'table', 'fidelity', 'profile', 'threads', 'kernels', 'attention',
                        'fp8', 'paced', 'floor'}
     if unknown:

@@ -106,7 +106,9 @@ def second_copy(args, weights: Weights, weight_dtype: str) -> Weights:
 
 def engine_options(args, use_graphs: bool, **extra) -> dict:
     """The EngineConfig options every runner and engine of one setting share."""
-    return dict(device=args.device, dtype=args.dtype, use_cuda_graphs=use_graphs, **extra)
+    options = dict(device=args.device, dtype=args.dtype, use_cuda_graphs=use_graphs,
+                   weight_dtype=getattr(args, 'weight_dtype', 'auto'))
+    return {**options, **extra}
 
 
 def graphs_setting(args, position: int) -> bool:

@@ -34,10 +34,18 @@
 #                                     where one FP8 product's time goes against bf16's
 #                                     (bench/fp8_products.py: quantisation, _scaled_mm row-wise /
 #                                     per-tensor, per 7B shape and row count),
-#                                     then weight_dtype auto vs fp8: pieces and ar / pipeline /
+#                                     the decode kernel and its tiles (--sweep),
+#                                     then weight_dtype auto vs fp8 (and fp8 with decode steps by
+#                                     _scaled_mm): pieces and ar / pipeline /
 #                                     pipeline_spec rows, graphs on, the step-time ratio, and the
 #                                     bin distance of fp8's AR tokens from bf16's, 200 frames
-#                                     (greedy over action tokens on both sides)
+#                                     (greedy over action tokens on both sides); and the
+#                                     floor part: a bf16 decode forward against its weight bytes
+#                                     over the measured copy bandwidth, by kernel category
+#   bash bench/gpu_suite.sh pi0fast   pi0-FAST at PaliGemma-3B's shape, random weights: ms per
+#                                     chunk of HF eager, AR, spec and pipeline_spec
+#                                     (bench/gpu_pi0fast.py, 32-token chunks)
+#   bash bench/gpu_suite.sh paced-fp8 4 robots at a paced 25 Hz with FP8 decoder weights
 #   bash bench/gpu_suite.sh table-paced  the table-prefill rows with AR, then 1, 2 and 4 robots
 #                                     each at a paced 25 Hz camera (AR and the default
 #                                     configuration at 1, 2, 4 prefills per step): per-robot
@@ -119,7 +127,7 @@ for part in "$@"; do
                 --progress-file "$RESULTS/rows-table-long.json" 2>&1 \
                 | tee "$RESULTS/log-table-long.txt" || status=1 ;;
         table-eagle)
-            bounded $GPU --graphs on --streams 1 --frames 40 --warmup 6 --parts table \
+            bounded $GPU --graphs on --streams 1 --frames "${EAGLE_FRAMES:-40}" --warmup 6 --parts table \
                 --rows eagle --baselines eager \
                 --progress-file "$RESULTS/rows-table-eagle.json" 2>&1 \
                 | tee "$RESULTS/log-table-eagle.txt" || status=1 ;;
@@ -140,13 +148,22 @@ for part in "$@"; do
             bounded $GPU --graphs on --parts attention --baselines '' --frames 12 --warmup 6 \
                 2>&1 | tee "$RESULTS/log-attention-ab.txt" || status=1 ;;
         fp8)
-            bounded python3 -m pytest -q -p no:cacheprovider -rs test/test_fp8.py 2>&1 \
+            bounded python3 -m pytest -q -p no:cacheprovider -rs test/test_fp8.py \
+                test/test_fp8_gemv_kernel.py test/test_fp8_quant_kernel.py 2>&1 \
                 | tee "$RESULTS/log-fp8-tests.txt" || status=1
-            bounded python3 bench/fp8_products.py 2>&1 | tee "$RESULTS/fp8-products.txt" \
-                || status=1
-            bounded $GPU --graphs on --parts fp8 --baselines '' --frames 12 --warmup 6 \
+            bounded python3 bench/fp8_products.py --sweep 2>&1 \
+                | tee "$RESULTS/fp8-products.txt" || status=1
+            bounded $GPU --graphs on --parts fp8,floor --baselines '' --frames 12 --warmup 6 \
                 --fidelity-frames 200 --fidelity-action-only 2>&1 \
                 | tee "$RESULTS/log-fp8.txt" || status=1 ;;
+        pi0fast)
+            bounded python3 bench/gpu_pi0fast.py --out "$RESULTS" --frames 4 --warmup 1 \
+                --tokens 32 2>&1 | tee "$RESULTS/log-pi0fast.txt" || status=1 ;;
+        paced-fp8)
+            bounded $GPU --graphs on --streams 1 --frames 12 --warmup 4 --parts paced \
+                --baselines '' --weight-dtype fp8 --camera-hz 25 --paced-robots 4 \
+                --paced-prefills 1,2 --paced-seconds 4 2>&1 \
+                | tee "$RESULTS/log-paced-fp8.txt" || status=1 ;;
         table-paced)
             bounded $GPU --graphs on --streams 1 --frames 40 --warmup 6 --parts table,paced \
                 --rows ar,prefill --baselines eager --camera-hz 25 --paced-robots 1,2,4 \
@@ -158,7 +175,7 @@ for part in "$@"; do
                 --rows prefill --baselines eager \
                 --progress-file "$RESULTS/rows-table-prefill.json" 2>&1 \
                 | tee "$RESULTS/log-table-prefill.txt" || status=1 ;;
-        *) echo "unknown part: $part (tests, graph-tests, table, table-on, table-off, kernels-ab, fidelity, fidelity-bins, engine-tests, table-long, table-eagle, table-temporal, table-streams, attention-ab, fp8, table-prefill, table-paced)"; exit 2 ;;
+        *) echo "unknown part: $part (tests, graph-tests, table, table-on, table-off, kernels-ab, fidelity, fidelity-bins, engine-tests, table-long, table-eagle, table-temporal, table-streams, attention-ab, fp8, pi0fast, paced-fp8, table-prefill, table-paced)"; exit 2 ;;
     esac
     echo "== part $part: $(( $(date +%s) - start )) s"
 done
