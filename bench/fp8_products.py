@@ -12,6 +12,8 @@ of the OpenVLA-7B decoder and per number of rows (1 = AR decode, 8 = a pipelined
 - ``per-tensor``: ``_scaled_mm`` with one scale per tensor (not what the engine runs: whether
   the row-wise scaled kernel is the slow part);
 - ``fp8``: the whole ``fp8_linear_scaled_mm`` (quant + scaled_mm);
+- ``tensorwise``: the whole ``fp8_linear_tensorwise`` (quant + tensor-wise scaled_mm + the
+  scales' kernel), the engine's default route;
 - ``gemv``: the whole decode path for at most 16 rows (quant + ``fp8_gemv_triton``, what
   ``fp8_linear_device`` runs for a decode step), and ``gemv_best`` with the fastest of a few
   tiles (``--sweep``; the tile is printed): whether the default tile is the right one;
@@ -156,6 +158,10 @@ def time_shape(kernels, name: str, n: int, k: int, rows: int, device, dtype,
         _timed(out, 'per_tensor', lambda: torch._scaled_mm(
             xq, w_t, scale_a=one, scale_b=one, out_dtype=dtype), device)
         _timed(out, 'fp8', lambda: kernels.fp8_linear_scaled_mm(x, wq, w_scale), device)
+        unit = torch.ones((), device=device)
+        tensorwise = lambda: kernels.fp8_linear_tensorwise(x, wq, w_scale, unit)  # noqa: E731
+        out['ok'] = out['ok'] and matches(tensorwise())
+        _timed(out, 'tensorwise', tensorwise, device)
         if bandwidth:
             out['floor'] = n * k / (bandwidth * 1e9) * 1e3
     else:       # the CPU smoke run: the reference stands in for the device product
@@ -164,7 +170,8 @@ def time_shape(kernels, name: str, n: int, k: int, rows: int, device, dtype,
     # The decode kernel: on CUDA, or on the CPU under TRITON_INTERPRET=1 (the smoke run).
     if rows <= kernels.GEMV_MAX_ROWS and kernels.can_launch_on(device):
         xq, x_scale = kernels.quantize_rows(x)
-        gemv = lambda: kernels.fp8_linear_device(x, wq, w_scale, small_rows_kernel=True)
+        gemv = lambda: kernels.fp8_linear_device(  # noqa: E731
+            x, wq, w_scale, product='gemv', unit_scale=None)
         out['ok'] = out['ok'] and matches(gemv())
         _timed(out, 'gemv', gemv, device)
         for tile in GEMV_TILES if sweep else []:
@@ -186,13 +193,15 @@ def time_shape(kernels, name: str, n: int, k: int, rows: int, device, dtype,
                 out['gemv_kernel_best'], out['best_tile'] = ms, tile
     bf16_bytes = n * k * w.element_size()
     out['bf16_GBps'] = bf16_bytes / out['bf16'] / 1e6 if 'bf16' in out else float('nan')
-    fastest = min((out[c] for c in ('fp8', 'gemv') if c in out), default=float('nan'))
+    fastest = min((out[c] for c in ('fp8', 'tensorwise', 'gemv') if c in out),
+                  default=float('nan'))
     out['fp8_GBps'] = n * k / fastest / 1e6
     return out
 
 
 def format_rows(rows: list[dict]) -> str:
-    columns = ['bf16', 'quant', 'scaled_mm', 'fast_accum', 'per_tensor', 'fp8', 'gemv',
+    columns = ['bf16', 'quant', 'scaled_mm', 'fast_accum', 'per_tensor', 'fp8', 'tensorwise',
+               'gemv',
                'gemv_kernel_best', 'floor']
     lines = ['| product | rows | ' + ' | '.join(f'{c} us' for c in columns)
              + ' | best fp8 / bf16 | bf16 GB/s | fp8 GB/s | checked |',
@@ -201,7 +210,8 @@ def format_rows(rows: list[dict]) -> str:
         cells = [f'{1e3 * r[c]:.1f}' if c in r else '–' for c in columns]
         if 'best_tile' in r:
             cells[columns.index('gemv_kernel_best')] += f' {r["best_tile"]}'
-        fastest = min((r[c] for c in ('fp8', 'gemv') if c in r), default=float('nan'))
+        fastest = min((r[c] for c in ('fp8', 'tensorwise', 'gemv') if c in r),
+                      default=float('nan'))
         ratio = fastest / r['bf16'] if 'bf16' in r else float('nan')
         lines.append(f'| {r["product"]} {r["N"]}x{r["K"]} | {r["rows"]} | ' + ' | '.join(cells)
                      + f' | {ratio:.2f} | {r["bf16_GBps"]:.0f} | '

@@ -7,6 +7,8 @@ from __future__ import annotations
 from dataclasses import asdict
 from pathlib import Path
 
+import os
+
 import numpy as np
 import torch
 
@@ -152,9 +154,9 @@ def run_fp8(args, weights, key) -> dict:
     with the share of frames equal to its side's own eager AR reference), then the AR tokens
     of ``--fidelity-frames`` frames (greedy over action tokens only with
     ``--fidelity-action-only``); fp8's step time over auto's per mode, and the bin distance
-    of fp8's tokens from auto's (0 / 1 / 2 / 3+ bins). A third side, ``fp8-mm``, is fp8 with
-    decode steps through ``_scaled_mm`` instead of the decode kernel (models/fp8.py
-    ``SMALL_ROWS_KERNEL`` off): the same function, so only its speed is recorded."""
+    of fp8's tokens from auto's (0 / 1 / 2 / 3+ bins). fp8 runs the default route
+    (models/fp8.py ``PRODUCT``); a third side, ``fp8-rowwise``, the row-wise ``_scaled_mm``
+    (the route before it): the same function, so only its speed is recorded."""
     from vla_spec_ros.models import fp8 as fp8_model
     from gpu_fidelity import bin_distance_histogram, tokens_per_frame
     size = weights.cfg.image_size
@@ -162,13 +164,17 @@ def run_fp8(args, weights, key) -> dict:
     fidelity_frames = make_frames(args.fidelity_frames, size, args.seed + 1000, key)
     use_graphs = graphs_setting(args, -1)
     out, tokens = {'sides': {}}, {}
-    for label in ('auto', 'fp8', 'fp8-mm'):
+    default_product = fp8_model.PRODUCT
+    # FP8_SIDES (environment) trims the sides for a short run, e.g. "auto,fp8".
+    sides = os.environ.get('FP8_SIDES', 'auto,fp8,fp8-rowwise').split(',')
+    for label in sides:
         weight_dtype = 'auto' if label == 'auto' else 'fp8'
-        fp8_model.SMALL_ROWS_KERNEL = label != 'fp8-mm'     # read when the decoder is quantised
+        # The route is read when the decoder is quantised (at the runner's build).
+        fp8_model.PRODUCT = 'rowwise' if label == 'fp8-rowwise' else default_product
         side = weights if label == 'auto' else second_copy(args, weights, weight_dtype)
         options = engine_options(args, use_graphs, weight_dtype=weight_dtype)
         runner = build_runner(side, options)
-        fp8_model.SMALL_ROWS_KERNEL = True
+        fp8_model.PRODUCT = default_product
         pieces = time_pieces(runner, make_frames(2, size, 3, key), options)
         ref = eager_reference(runner, frames, options)
         rows = {}
@@ -184,7 +190,7 @@ def run_fp8(args, weights, key) -> dict:
                   f'{row.step_ms:.2f} ms/step (verifier {row.verifier_ms:.2f}), p50 '
                   f'{row.latency_p50_ms:.1f} ms, frames with the reference tokens: '
                   f'{rows[mode]["reference_agreement"]:.0%}', flush=True)
-        if label != 'fp8-mm':
+        if label != 'fp8-rowwise':
             fidelity_options = dict(options,
                                     restrict_to_action_tokens=args.fidelity_action_only)
             tokens[label] = tokens_per_frame(run_all(
@@ -196,12 +202,13 @@ def run_fp8(args, weights, key) -> dict:
     out['step_ms_ratio'] = {mode: out['sides']['fp8']['rows'][mode]['step_ms']
                             / out['sides']['auto']['rows'][mode]['step_ms']
                             for mode in FP8_MODES}
-    out['step_ms_ratio_scaled_mm_decode'] = {
-        mode: out['sides']['fp8-mm']['rows'][mode]['step_ms']
-        / out['sides']['auto']['rows'][mode]['step_ms'] for mode in FP8_MODES}
+    if 'fp8-rowwise' in out['sides']:
+        out['step_ms_ratio_rowwise'] = {
+            mode: out['sides']['fp8-rowwise']['rows'][mode]['step_ms']
+            / out['sides']['auto']['rows'][mode]['step_ms'] for mode in FP8_MODES}
     out['pieces_ratio'] = {label: {piece: ms / out['sides']['auto']['pieces_ms'][piece]
                                    for piece, ms in out['sides'][label]['pieces_ms'].items()}
-                           for label in ('fp8', 'fp8-mm')}
+                           for label in ('fp8', 'fp8-rowwise') if label in out['sides']}
     out['bin_distance'] = bin_distance_histogram(tokens['fp8'], tokens['auto'],
                                                  codec.first_action_id, codec.last_action_id)
     out['action_tokens_only'] = bool(args.fidelity_action_only)
@@ -215,9 +222,9 @@ def format_fp8(result: dict) -> str:
     distance row."""
     from gpu_fidelity import format_histogram_rows
     auto, fp8 = (result['sides'][label]['rows'] for label in ('auto', 'fp8'))
-    mm = result['sides'].get('fp8-mm', {}).get('rows')
-    lines = ['| mode | auto ms/step | fp8 ms/step | fp8 / auto | fp8, decode by _scaled_mm, / '
-             'auto | auto actions/s | fp8 actions/s | fp8 frames = its AR |',
+    mm = result['sides'].get('fp8-rowwise', {}).get('rows')
+    lines = ['| mode | auto ms/step | fp8 ms/step | fp8 / auto | fp8 row-wise / auto | '
+             'auto actions/s | fp8 actions/s | fp8 frames = its AR |',
              '|---|---|---|---|---|---|---|---|']
     for mode in FP8_MODES:
         mm_ratio = (f'{mm[mode]["step_ms"] / auto[mode]["step_ms"]:.2f}' if mm else '–')

@@ -12,7 +12,8 @@ quantised per token, through ``torch._scaled_mm`` on FP8 tensor cores (``fp8_lin
 dequantised product, ``fp8_linear_scaled_mm``, ``fp8_linear``).
 ``fp8_gemv``: the same FP8 product for a few rows (a decode step), one pass over the weight
 bytes (``fp8_gemv_ref``, ``fp8_gemv_triton``, ``fp8_gemv``); ``fp8_linear_device`` picks it or
-``_scaled_mm`` by row count.
+``_scaled_mm`` by row count; ``fp8_epilogue``: the per-token and per-channel scales after the
+tensor-wise ``_scaled_mm`` (``fp8_linear_tensorwise``), in one launch.
 ``fp8_quant``: the per-token e4m3 quantisation of the activations in one launch, byte for byte
 as ``quantize_rows`` (``quantize_rows``, ``quantize_rows_triton``, ``fp8_quant``).
 ``segment_attention``: each segment's queries over its own KV slots, read in place from the
@@ -26,9 +27,10 @@ tree's top-level ``kernels`` package works too.
 from ._triton_util import HAS_TRITON, can_launch_on, is_interpret_mode, is_triton_available
 from .fp8_gemv import MAX_ROWS as GEMV_MAX_ROWS
 from .fp8_gemv import fp8_gemv, fp8_gemv_ref, fp8_gemv_triton
-from .fp8_linear import (FP8_DTYPE, dequantize_rows, fp8_linear, fp8_linear_device,
-                         fp8_linear_ref, fp8_linear_scaled_mm, quantize_rows,
-                         scaled_mm_unsupported_reason)
+from .fp8_epilogue import scale_product, scale_product_ref, scale_product_triton
+from .fp8_linear import (FP8_DTYPE, PRODUCTS, dequantize_rows, fp8_linear, fp8_linear_device,
+                         fp8_linear_ref, fp8_linear_scaled_mm, fp8_linear_tensorwise,
+                         quantize_rows, scaled_mm_unsupported_reason)
 from .fp8_quant import fp8_quant, quantize_rows_triton
 from .rms_norm import rms_norm, rms_norm_ref, rms_norm_triton
 from .rope_kv_write import rope_kv_write, rope_kv_write_ref, rope_kv_write_triton
@@ -39,7 +41,8 @@ from .silu_mul import silu_mul, silu_mul_ref, silu_mul_triton
 __all__ = [
     'HAS_TRITON', 'can_launch_on', 'is_interpret_mode', 'is_triton_available',
     'FP8_DTYPE', 'dequantize_rows', 'fp8_linear', 'fp8_linear_ref', 'fp8_linear_scaled_mm',
-    'fp8_linear_device', 'GEMV_MAX_ROWS', 'fp8_gemv', 'fp8_gemv_ref', 'fp8_gemv_triton',
+    'fp8_linear_device', 'fp8_linear_tensorwise', 'PRODUCTS', 'GEMV_MAX_ROWS', 'fp8_gemv',
+    'scale_product', 'scale_product_ref', 'scale_product_triton', 'fp8_gemv_ref', 'fp8_gemv_triton',
     'quantize_rows', 'scaled_mm_unsupported_reason', 'fp8_quant', 'quantize_rows_triton',
     'rms_norm', 'rms_norm_ref', 'rms_norm_triton',
     'rope_kv_write', 'rope_kv_write_ref', 'rope_kv_write_triton',

@@ -46,10 +46,12 @@ def fp8_gemv_ref(xq: torch.Tensor, x_scale: torch.Tensor, weight: torch.Tensor,
 
 
 if HAS_TRITON:
-    def _fp8_gemv_body(xq_ptr, xs_ptr, w_ptr, ws_ptr, out_ptr, M, N, K, stride_xm, stride_om,
-                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    def _fp8_gemv_body(xq_ptr, xs_ptr, w_ptr, ws_ptr, out_ptr, M, N, stride_xm, stride_om,
+                       K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                        NATIVE_FP8: tl.constexpr):
-        # Grid: (cdiv(N, BLOCK_N), cdiv(M, BLOCK_M)). The weight is row-major (N, K) bytes: each
+        # Grid: (cdiv(N, BLOCK_N), cdiv(M, BLOCK_M)). K is a compile-time constant (one
+        # compilation per projection width; Triton 3.6's interpreter cannot loop to a runtime
+        # bound). The weight is row-major (N, K) bytes: each
         # program reads BLOCK_N rows of it once, BLOCK_K bytes at a time, contiguous per row.
         pid_n = tl.program_id(0)
         pid_m = tl.program_id(1)
@@ -119,8 +121,8 @@ def fp8_gemv_triton(xq: torch.Tensor, x_scale: torch.Tensor, weight: torch.Tenso
     interpret = is_interpret_mode()
     grid = (-(-n // block_n), -(-m // MAX_ROWS))
     _fp8_gemv_kernel[grid](
-        xq.view(torch.uint8), x_scale, weight.view(torch.uint8), weight_scale, out, m, n, k,
-        xq.stride(0), out.stride(0), BLOCK_M=MAX_ROWS, BLOCK_N=block_n, BLOCK_K=block_k,
+        xq.view(torch.uint8), x_scale, weight.view(torch.uint8), weight_scale, out, m, n,
+        xq.stride(0), out.stride(0), K=k, BLOCK_M=MAX_ROWS, BLOCK_N=block_n, BLOCK_K=block_k,
         NATIVE_FP8=not interpret and xq.device.type == 'cuda',
         num_warps=num_warps or DEFAULT_TILE['num_warps'],
         num_stages=num_stages or DEFAULT_TILE['num_stages'])

@@ -20,10 +20,12 @@ The product of a row ``x`` and an output channel ``w`` is ``sum(xq * wq) * sx * 
   kernel on CUDA (``quantize_rows`` elsewhere), then ``torch._scaled_mm`` with row-wise scales,
   fp8 products accumulated in float32 by the tensor cores, scaled, rounded to bf16.
 - ``fp8_linear`` (the validating wrapper) with ``use_scaled_mm`` choosing between them.
-- ``fp8_linear_device`` (the engine's launch): ``fp8_linear_scaled_mm``'s quantisation, then
-  ``torch._scaled_mm`` for many rows, or for at most ``fp8_gemv.MAX_ROWS`` rows (a decode step)
-  and ``small_rows_kernel`` the weight-streaming kernel of kernels/fp8_gemv.py. Both compute
-  the same per-token W8A8 function; they differ in the order of float32 additions only.
+- ``fp8_linear_tensorwise``: the codes through the tensor-wise ``_scaled_mm`` (unit scales),
+  the scales applied after it (kernels/fp8_epilogue.py): the fastest on the H200.
+- ``fp8_linear_device`` (the engine's launch): one of ``PRODUCTS`` (tensorwise, rowwise, or
+  the weight-streaming kernel of kernels/fp8_gemv.py for decode steps). All compute the same
+  per-token W8A8 function; they differ in the order of float32 additions and, tensor-wise, one
+  intermediate rounding.
 
 ``_scaled_mm`` constraints (torch 2.13, ``_meta_registrations._check_scaled_mm_sizes`` and
 the CUDA dispatch): both operands e4m3; the first (T, K) row-major, the second (K, N)
@@ -40,6 +42,7 @@ from ._triton_util import HAS_TRITON
 from .fp8_quant import FP8_DTYPE, FP8_MAX, quantize_rows, quantize_rows_triton  # noqa: F401
 from .fp8_gemv import MAX_ROWS as GEMV_MAX_ROWS
 from .fp8_gemv import fp8_gemv_triton
+from .fp8_epilogue import scale_product_ref, scale_product_triton
 
 MIN_CAPABILITY = (8, 9)              # FP8 tensor cores: Ada (sm_89), Hopper (sm_90) and later
 
@@ -84,19 +87,41 @@ def fp8_linear_scaled_mm(x: torch.Tensor, weight: torch.Tensor, weight_scale: to
     return out.view(*x.shape[:-1], weight.shape[0])
 
 
-def fp8_linear_device(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor, *,
-                      small_rows_kernel: bool) -> torch.Tensor:
-    """The engine's FP8 product on a GPU (inputs NOT checked, as ``fp8_linear_scaled_mm``'s):
-    with ``small_rows_kernel`` and at most ``MAX_ROWS`` rows, the activations quantised by the
-    Triton kernel and multiplied by ``fp8_gemv_triton`` (one pass over the weight bytes);
-    otherwise ``fp8_linear_scaled_mm``. The row count is a Python int, fixed per captured
-    step, so the choice is CUDA-graph safe."""
+def fp8_linear_tensorwise(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor,
+                          unit_scale: torch.Tensor) -> torch.Tensor:
+    """The same function through the tensor-wise ``torch._scaled_mm`` (inputs NOT checked):
+    the codes multiplied with unit scales (``unit_scale``: a float32 scalar 1 on the weight's
+    device, kept by the caller so that no graph capture allocates it), then the per-token and
+    per-channel scales applied by kernels/fp8_epilogue.py (its reference off CUDA). Faster than
+    the row-wise product on the H200 (that module's docstring); one more rounding of the
+    output dtype. No host sync: CUDA-graph capturable."""
     x2 = x.reshape(-1, x.shape[-1])
-    if not (small_rows_kernel and HAS_TRITON and x2.shape[0] <= GEMV_MAX_ROWS):
-        return fp8_linear_scaled_mm(x, weight, weight_scale)
-    xq, x_scale = quantize_rows_triton(x2)
-    out = fp8_gemv_triton(xq, x_scale, weight, weight_scale, x.dtype)
-    return out.view(*x.shape[:-1], weight.shape[0])
+    on_gpu = HAS_TRITON and x.device.type == 'cuda'
+    xq, x_scale = quantize_rows_triton(x2) if on_gpu else quantize_rows(x2)
+    acc = torch._scaled_mm(xq.contiguous(), weight.t(), scale_a=unit_scale, scale_b=unit_scale,
+                           out_dtype=x.dtype)
+    scale = scale_product_triton if on_gpu else scale_product_ref
+    return scale(acc, x_scale, weight_scale).view(*x.shape[:-1], weight.shape[0])
+
+
+PRODUCTS = ('tensorwise', 'rowwise', 'gemv')
+
+
+def fp8_linear_device(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor, *,
+                      product: str, unit_scale: torch.Tensor) -> torch.Tensor:
+    """The engine's FP8 product on a GPU (inputs NOT checked, as ``fp8_linear_scaled_mm``'s),
+    one function by three routes: ``tensorwise`` (``fp8_linear_tensorwise``), ``rowwise``
+    (``fp8_linear_scaled_mm``), ``gemv`` (at most ``GEMV_MAX_ROWS`` rows through
+    ``fp8_gemv_triton``, more rows row-wise). The row count is a Python int, fixed per
+    captured step, so the choice is CUDA-graph safe."""
+    if product == 'tensorwise':
+        return fp8_linear_tensorwise(x, weight, weight_scale, unit_scale)
+    x2 = x.reshape(-1, x.shape[-1])
+    if product == 'gemv' and HAS_TRITON and x2.shape[0] <= GEMV_MAX_ROWS:
+        xq, x_scale = quantize_rows_triton(x2)
+        out = fp8_gemv_triton(xq, x_scale, weight, weight_scale, x.dtype)
+        return out.view(*x.shape[:-1], weight.shape[0])
+    return fp8_linear_scaled_mm(x, weight, weight_scale)
 
 
 def scaled_mm_unsupported_reason(weight: torch.Tensor, dtype: torch.dtype):

@@ -117,9 +117,10 @@ def test_wrapper_refuses_what_it_cannot_run():
 @pytest.mark.parametrize('rows', [1, 7, MAX_ROWS, MAX_ROWS + 1, 40])
 def test_device_product_equals_the_dequantised_reference_either_side_of_the_row_limit(
         interpret, monkeypatch, rows):
-    """``fp8_linear_device`` with the decode kernel on: at most MAX_ROWS rows go to the
-    kernel, more to ``_scaled_mm`` (which runs on a CPU too); both within float32 rounding of
-    ``fp8_linear_ref``, with the activations quantised on the way."""
+    """``fp8_linear_device`` by the decode kernel's route: at most MAX_ROWS rows go to the
+    kernel, more to ``_scaled_mm`` (which runs on a CPU too); the row-wise and tensor-wise
+    routes never call it; all within float32 rounding of ``fp8_linear_ref``, with the
+    activations quantised on the way."""
     calls = []
     real = fp8_linear_module.fp8_gemv_triton
     monkeypatch.setattr(fp8_linear_module, 'fp8_gemv_triton',
@@ -128,12 +129,15 @@ def test_device_product_equals_the_dequantised_reference_either_side_of_the_row_
     x = torch.randn(rows, 96, generator=gen) * 3
     wq, w_scale = quantised(48, 96, seed=5)
     w_scale = w_scale.reshape(-1)
-    got = fp8_linear_device(x, wq, w_scale, small_rows_kernel=True)
+    unit = torch.ones(())
+    got = fp8_linear_device(x, wq, w_scale, product='gemv', unit_scale=unit)
     assert_close_to_reference(got, fp8_linear_ref(x, wq, w_scale))
     assert bool(calls) == (rows <= MAX_ROWS)
     calls.clear()
-    assert_close_to_reference(fp8_linear_device(x, wq, w_scale, small_rows_kernel=False),
-                              fp8_linear_ref(x, wq, w_scale))
+    for product in ('rowwise', 'tensorwise'):
+        assert_close_to_reference(fp8_linear_device(x, wq, w_scale, product=product,
+                                                    unit_scale=unit),
+                                  fp8_linear_ref(x, wq, w_scale))
     assert not calls
 
 
@@ -156,11 +160,11 @@ def test_kernel_replays_in_a_cuda_graph_with_new_inputs():
     x = torch.randn(4, 4096, device='cuda', dtype=torch.bfloat16)
     wq, w_scale = quantised(4096, 4096, seed=6, device='cuda')
     w_scale = w_scale.reshape(-1)
-    fp8_linear_device(x, wq, w_scale, small_rows_kernel=True)          # compile outside
+    fp8_linear_device(x, wq, w_scale, product='gemv', unit_scale=None)  # compile outside
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        out = fp8_linear_device(x, wq, w_scale, small_rows_kernel=True)
+        out = fp8_linear_device(x, wq, w_scale, product='gemv', unit_scale=None)
     x.copy_(torch.randn_like(x))
     out.fill_(float('nan'))
     graph.replay()

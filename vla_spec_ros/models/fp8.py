@@ -26,18 +26,20 @@ import warnings
 import torch
 from torch import nn
 
-from ..kernels import (FP8_DTYPE, HAS_TRITON, fp8_linear_device, fp8_linear_ref,
+from ..kernels import (FP8_DTYPE, fp8_linear_device, fp8_linear_ref,
                        fp8_linear_scaled_mm, quantize_rows, scaled_mm_unsupported_reason)
 from ..kernels.fp8_linear import MIN_CAPABILITY
 
 WEIGHT_DTYPES = ('auto', 'fp8')
 ATTENTION_PROJECTIONS = ('q_proj', 'k_proj', 'v_proj', 'o_proj')
 MLP_PROJECTIONS = ('gate_proj', 'up_proj', 'down_proj')
-# Whether projections quantised from now on send decode steps (at most 16 rows) to the
-# weight-streaming kernel (kernels/fp8_gemv.py) instead of ``_scaled_mm``: the same function,
-# FP8 weights read once at the bandwidth. A module switch, not an engine option, so that
-# bench/gpu_parts.py can time both paths on one machine; nothing else should flip it.
-SMALL_ROWS_KERNEL = True
+# The route of the FP8 product on a GPU for projections quantised from now on
+# (kernels.fp8_linear_device): 'tensorwise' (the tensor-wise ``_scaled_mm``, scales after it),
+# 'rowwise' (``_scaled_mm`` with row-wise scales) or 'gemv' (the weight-streaming decode kernel).
+# One function by three routes; 'tensorwise' measured fastest on the H200
+# (bench/results/h200/20261127-fp8). A module switch, not an engine option, so that
+# bench/gpu_parts.py can time the routes on one machine; nothing else should change it.
+PRODUCT = 'tensorwise'
 
 
 class Fp8Linear(nn.Module):
@@ -50,7 +52,11 @@ class Fp8Linear(nn.Module):
         self.register_buffer('weight_scale', weight_scale)
         self.in_features, self.out_features = weight.shape[1], weight.shape[0]
         self.use_scaled_mm = use_scaled_mm
-        self.small_rows_kernel = use_scaled_mm and HAS_TRITON and SMALL_ROWS_KERNEL
+        self.product = PRODUCT
+        # The tensor-wise product's unit scales, on the weights' device from the start (a
+        # graph capture must not allocate it).
+        self.register_buffer('unit_scale', torch.ones((), dtype=torch.float32,
+                                                      device=weight.device), persistent=False)
 
     @classmethod
     def from_linear(cls, linear: nn.Linear, activation_dtype: torch.dtype) -> 'Fp8Linear':
@@ -66,14 +72,14 @@ class Fp8Linear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.use_scaled_mm:
-            return fp8_linear_device(x, self.weight, self.weight_scale,
-                                     small_rows_kernel=self.small_rows_kernel)
+            return fp8_linear_device(x, self.weight, self.weight_scale, product=self.product,
+                                     unit_scale=self.unit_scale)
         return fp8_linear_ref(x, self.weight, self.weight_scale)
 
     def extra_repr(self) -> str:
         return (f'in_features={self.in_features}, out_features={self.out_features}, '
                 f'{"_scaled_mm" if self.use_scaled_mm else "dequantised reference"}'
-                f'{", decode steps by fp8_gemv" if self.small_rows_kernel else ""}')
+                f'{f" ({self.product})" if self.use_scaled_mm else ""}')
 
 
 class FusedFp8Linears:
@@ -160,14 +166,14 @@ def check_weight_dtype(weight_dtype: str, dtype: torch.dtype, device: torch.devi
         probe = torch.ones(16, 16, device=device)
         q, scale = quantize_rows(probe)
         fp8_linear_scaled_mm(probe.to(dtype), q, scale.reshape(-1))
-        if HAS_TRITON and SMALL_ROWS_KERNEL:       # the decode kernel compiles and runs too
-            fp8_linear_device(probe[:1].to(dtype), q, scale.reshape(-1), small_rows_kernel=True)
+        # The configured route compiles and runs too (at one row: a decode step).
+        fp8_linear_device(probe[:1].to(dtype), q, scale.reshape(-1), product=PRODUCT,
+                          unit_scale=torch.ones((), device=device))
         torch.cuda.synchronize(device)      # an asynchronous kernel fault surfaces here
     except Exception as exc:     # noqa: BLE001 - a CUDA error or the activation kernel's
         # compile error: either way fp8 cannot run here, and the user gets the reason
         raise ValueError(f'weight_dtype: fp8: the FP8 product (activation quantisation and '
-                         f'torch._scaled_mm with row-wise scales, or the decode kernel '
-                         f'fp8_gemv) fails on {device}: '
+                         f'torch._scaled_mm, route {PRODUCT!r}) fails on {device}: '
                          f'{type(exc).__name__}: {exc}') from exc
 
 
