@@ -249,7 +249,8 @@ def main(argv=None) -> int:
         for m in rows_list:
             rows.append(time_shape(kernels, name, n, k, m, device, dtype, bandwidth,
                                    args.sweep and m <= 8))
-            print(format_rows(rows[-1:]).splitlines()[-1], flush=True)
+            # Progress on stderr: stdout holds the final table alone.
+            print(format_rows(rows[-1:]).splitlines()[-1], file=sys.stderr, flush=True)
     print(format_rows(rows))
     return 0 if all(r['ok'] for r in rows) else 1
 

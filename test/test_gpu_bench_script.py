@@ -182,7 +182,8 @@ def test_gpu_bench_fp8_part_and_prefill_rows_run_on_cpu(tmp_path):
             for frames in ('frames x4', 'episode-like x8'):
                 assert f'{mode}+previous action, prefill {state} ({frames})' in modes
     fp8 = record['fp8']
-    assert set(fp8['sides']) == {'auto', 'fp8'}
+    # fp8 by the default route, and by the row-wise one (the same function: AR's tokens too).
+    assert set(fp8['sides']) == {'auto', 'fp8', 'fp8-rowwise'}
     for side in fp8['sides'].values():
         for mode, row in side['rows'].items():
             assert row['reference_agreement'] == 1.0 and row['num_actions'] == 2, mode

@@ -234,12 +234,15 @@ def resolve_options(args) -> dict:
 
 
 def action_chunk(model: str) -> int:
-    """Control steps per answer of a checkpoint (its config.json `action_chunk`, default 1),
-    without loading it."""
+    """Control steps per answer of a checkpoint, without loading it: its config.json
+    `action_chunk` (OpenVLA, default 1) or `chunk_size` (pi0-FAST, LeRobot's name)."""
     import json
 
+    from vla_spec_ros.models.registry import family_of
     from vla_spec_ros.policy import resolve_checkpoint
     config = json.loads((resolve_checkpoint(model) / 'config.json').read_text())
+    if family_of(config) == 'pi0fast':
+        return int(config.get('chunk_size') or 1)
     return int(config.get('action_chunk') or 1)
 
 
