@@ -168,6 +168,11 @@ class HFBaseline:
     def label(self) -> str:
         return 'hf' if self.variant == 'eager' else 'hf_compiled'
 
+    def generate_frame(self, frame: Frame) -> list[int]:
+        """``generate_tokens`` of the frame's image and instruction (OpenVLA reads one camera;
+        the same call as ``PaliGemmaBaseline.generate_frame``)."""
+        return self.generate_tokens(frame.image, frame.instruction)
+
     @torch.no_grad()
     def generate_tokens(self, image: np.ndarray, instruction: str) -> list[int]:
         prompt = self.runner.prepare_prompt(Frame(image, instruction), self.engine_config)

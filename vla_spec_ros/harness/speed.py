@@ -142,11 +142,12 @@ def paced_rows(policy, modes, frames, rate_hz: float, num_frames: int,
     rows = {}
     for mode in modes:
         if mode == 'hf':
-            from vla_spec_ros.baseline import HFBaseline
-            baseline = HFBaseline(policy.engine.runner, policy.config)
+            from vla_spec_ros.baseline import make_baseline
+            baseline = make_baseline(policy.engine.runner, policy.config)   # the family's
 
             def predict(frame, baseline=baseline):
-                return baseline.generate_tokens(frame.image, frame.instruction)
+                # The whole frame (its cameras and state), as the engine's modes get it.
+                return baseline.generate_frame(frame)
             for frame in frames[:warmup]:
                 predict(frame)
             rows[mode] = paced_blocking(predict, frames, rate_hz, num_frames)
