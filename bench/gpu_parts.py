@@ -234,8 +234,8 @@ def format_fp8(result: dict) -> str:
                      f'| {fp8[mode]["actions_per_s"]:.2f} | '
                      f'{100 * fp8[mode]["reference_agreement"]:.0f} % |')
     if 'pieces_ratio' in result:
-        lines += ['', '| piece | ' + ' | '.join(f'{label} / auto' for label in
-                                               result['pieces_ratio']) + ' |',
+        labels = ' | '.join(f'{label} / auto' for label in result['pieces_ratio'])
+        lines += ['', f'| piece | {labels} |',
                   '|---|' + '---|' * len(result['pieces_ratio'])]
         for piece in ('prefill', 'decode_1', 'decode_8x1'):
             lines.append(f'| {piece} | ' + ' | '.join(

@@ -47,8 +47,8 @@ def fp8_gemv_ref(xq: torch.Tensor, x_scale: torch.Tensor, weight: torch.Tensor,
 
 if HAS_TRITON:
     def _fp8_gemv_body(xq_ptr, xs_ptr, w_ptr, ws_ptr, out_ptr, M, N, stride_xm, stride_om,
-                       K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                       NATIVE_FP8: tl.constexpr):
+                       K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                       BLOCK_K: tl.constexpr, NATIVE_FP8: tl.constexpr):
         # Grid: (cdiv(N, BLOCK_N), cdiv(M, BLOCK_M)). K is a compile-time constant (one
         # compilation per projection width; Triton 3.6's interpreter cannot loop to a runtime
         # bound). The weight is row-major (N, K) bytes: each
@@ -146,7 +146,8 @@ def fp8_gemv(xq: torch.Tensor, x_scale: torch.Tensor, weight: torch.Tensor,
     if not isinstance(x_scale, torch.Tensor) or x_scale.dtype != torch.float32 \
             or tuple(x_scale.shape) != (m, 1):
         raise ValueError(f'x_scale must be float32 ({m}, 1), got '
-                         f'{getattr(x_scale, "dtype", None)} {tuple(getattr(x_scale, "shape", ()))}')
+                         f'{getattr(x_scale, "dtype", None)} '
+                         f'{tuple(getattr(x_scale, "shape", ()))}')
     if not isinstance(weight_scale, torch.Tensor) or weight_scale.dtype != torch.float32 \
             or tuple(weight_scale.shape) != (n,):
         raise ValueError(f'weight_scale must be float32 ({n},), got '
