@@ -306,7 +306,8 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f'--data: expected one dataset in norm_stats, got '
                          f'{sorted(demos.norm_stats)}')
     started = time.time()
-    report = {'command': 'vla-spec train-demo-vla ' + ' '.join(getattr(args, 'argv', [])),
+    # args.argv is the command line after `vla-spec`, the subcommand included.
+    report = {'command': 'vla-spec ' + ' '.join(getattr(args, 'argv', ['train-demo-vla'])),
               'config': asdict(cfg), 'data': str(args.data), 'tasks': list(demos.task_names),
               'torch': torch.__version__, 'threads': torch.get_num_threads(),
               'machine': f'{platform.machine()} {platform.processor()} {os.cpu_count()} CPUs'}
