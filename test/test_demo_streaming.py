@@ -86,6 +86,32 @@ def test_stream_summary_matches_twists_to_frames_by_stamp():
     assert empty['num_answered'] == 0 and math.isnan(empty['latency_p50_ms'])
 
 
+def test_stream_summary_matches_a_chunks_steps_to_their_frame():
+    """A chunked model (K = 4 steps, 0.1 s apart): step i of a frame's chunk carries the
+    image's stamp + i periods (ros/chunk_execution.py); the frame is answered by its first
+    twist received, whichever step (step 0's slot may have passed in flight), and its later
+    steps are neither answers nor duplicates. A stamp no step of any frame explains stays
+    unmatched, and a frame's step that lands on another frame's stamp is that frame's."""
+    published = {(1, 0): 10.0, (1, 50_000_000): 10.05, (2, 0): 11.0}
+    answers = [((1, 0), 10.03),                      # frame (1, 0), step 0
+               ((1, 100_000_000), 10.13),            # its step 1
+               ((1, 150_000_000), 10.09),            # frame (1, 5e7) by its step 1 first
+               ((1, 250_000_000), 10.2),             # that frame's step 2
+               ((2, 300_000_000), 11.31),            # frame (2, 0), step 3 only
+               ((1, 77), 10.5)]                      # nothing: a hold's node stamp
+    s = streaming.stream_summary(published, answers, rate_hz=20.0, chunk_steps=4,
+                                 chunk_period_s=0.1)
+    assert (s['num_answered'], s['num_unmatched_twists'], s['num_duplicate_twists']) == (3, 1, 0)
+    assert s['latency_mean_ms'] == pytest.approx((30.0 + 40.0 + 310.0) / 3)
+    assert s['latency_min_ms'] == pytest.approx(30.0)
+    assert s['latency_p50_ms'] == pytest.approx(40.0)
+    # One-step models keep the exact rule: a later stamp is not a step of anything.
+    single = streaming.stream_summary(published, answers, rate_hz=20.0)
+    assert (single['num_answered'], single['num_unmatched_twists']) == (1, 5)
+    assert streaming.answered_stamp((1, 100_000_000), {(1, 0)}, 4, 0.1) == (1, 0)
+    assert streaming.answered_stamp((1, 500_000_000), {(1, 0)}, 4, 0.1) is None
+
+
 def test_frame_counts_and_labels_of_the_default_configuration():
     assert streaming.frame_counts(30.0, 12.0) == (45, 360)
     assert streaming.frame_counts(1.0, 0.2) == (2, 1)

@@ -72,26 +72,50 @@ def frame_counts(rate_hz: float, seconds: float, warmup_s: float = WARMUP_S) -> 
     return max(1, round(warmup_s * rate_hz)), max(1, round(seconds * rate_hz))
 
 
+def answered_stamp(stamp, known, chunk_steps: int = 1, chunk_period_s: float = 0.0):
+    """The image stamp a twist stamped `stamp` answers, or None: `stamp` itself when it is in
+    `known`, else, for a chunked model (`chunk_steps` K > 1), the stamp that is i control
+    periods earlier (0 < i < K) and in `known`: the node stamps step i of a frame's chunk
+    with the image's stamp + i * control_period (ros/chunk_execution.py, offset_stamp)."""
+    if stamp in known:
+        return stamp
+    total = stamp[0] * 1_000_000_000 + stamp[1]
+    for i in range(1, chunk_steps):
+        earlier = total - round(i * chunk_period_s * 1e9)
+        candidate = (earlier // 1_000_000_000, earlier % 1_000_000_000)
+        if candidate in known:
+            return candidate
+    return None
+
+
 def stream_summary(published: dict, answers: list, rate_hz: float,
-                   warmup_stamps=frozenset()) -> dict:
+                   warmup_stamps=frozenset(), chunk_steps: int = 1,
+                   chunk_period_s: float = 0.0) -> dict:
     """The numbers of one streaming run.
 
     `published`: {stamp: publish time s} of the timed frames (stamps unique); `answers`:
     [(stamp, receipt time s)] of every twist received; `warmup_stamps`: those of the warm-up
-    frames. A twist answers a timed frame when its stamp is one of them; answers to warm-up
-    frames and twists answering no published frame (the node's zero twists: holds) are counted
-    apart. actions/s: answered frames over the camera's timed span (frames / rate)."""
+    frames. A twist answers a timed frame when its stamp is one of them (for a chunked model,
+    `chunk_steps` K > 1 at `chunk_period_s`: when it is a step of that frame's chunk,
+    `answered_stamp`); a frame's latency is to the first twist of it received (a chunk whose
+    first slot passed in flight starts at a later step). Answers to warm-up frames and twists
+    answering no published frame (the node's zero twists: holds) are counted apart; a frame's
+    later chunk steps are counted as neither answers nor duplicates. actions/s: answered
+    frames over the camera's timed span (frames / rate)."""
     latencies, seen, duplicates, unmatched, warmup = [], set(), 0, 0, 0
+    known = set(published) | set(warmup_stamps)
     for stamp, received in answers:
-        if stamp in warmup_stamps:
+        image = answered_stamp(stamp, known, chunk_steps, chunk_period_s)
+        if image is not None and image in warmup_stamps:
             warmup += 1
-        elif stamp not in published:
+        elif image is None:
             unmatched += 1
-        elif stamp in seen:
-            duplicates += 1
+        elif image in seen:
+            if image == stamp and chunk_steps == 1:
+                duplicates += 1
         else:
-            seen.add(stamp)
-            latencies.append(received - published[stamp])
+            seen.add(image)
+            latencies.append(received - published[image])
     lat = np.array(latencies) * 1e3
     num = len(published)
     span_s = num / rate_hz
@@ -169,6 +193,7 @@ def run_stream_mode(policy, frames, rate_hz: float, num_warmup: int, unnorm_key:
     from vla_spec_ros.harness.node_threads import NodeThreads
     from vla_spec_ros.image_messages import array_to_image
     from vla_spec_ros.ros.node import VLASpecNode
+    from vla_spec_ros.ros.serving import chunk_steps_of
 
     if not 0 <= num_warmup < len(frames):
         raise ValueError(f'num_warmup: expected 0 <= num_warmup < {len(frames)} frames, got '
@@ -230,7 +255,8 @@ def run_stream_mode(policy, frames, rate_hz: float, num_warmup: int, unnorm_key:
         if trace is not None:
             trace.update(published=published, warmup=warmup_stamps, answers=answers)
         summary = stream_summary(published, [(stamp, t) for stamp, t, _ in answers], rate_hz,
-                                 warmup_stamps)
+                                 warmup_stamps, chunk_steps=chunk_steps_of(policy),
+                                 chunk_period_s=float(values['control_period']))
         summary['publish_span_s'] = time.perf_counter() - start
         num_actions = after['actions_published'] - snapshot['actions_published']
         summary['node'] = {key: after[key] - snapshot[key] for key in (
@@ -344,4 +370,5 @@ def run_stream(model: str, modes, tasks, *, rate_hz: float, seconds: float, seed
 
 __all__ = ['DEFAULT_STREAM_HZ', 'DEFAULT_STREAM_SECONDS', 'WARMUP_S', 'MAX_ACTION_AGE_S',
            'WHERE_NODE', 'WHERE_MODEL', 'stream_frames', 'frame_counts', 'stream_summary',
+           'answered_stamp',
            'run_stream_mode', 'run_stream', 'mode_drafter', 'is_default_configuration']
