@@ -19,7 +19,6 @@ prints the forward's wall time and the CPU operator table only.
 from __future__ import annotations
 
 import re
-import time
 
 import numpy as np
 import torch
@@ -27,7 +26,7 @@ import torch
 from vla_spec_ros.bench import make_frames
 from vla_spec_ros.config import EngineConfig
 
-from gpu_setup import build_runner, engine_options
+from gpu_setup import build_runner, decode_steps, engine_options, median_ms
 
 CATEGORIES = (
     ('matmul', r'gemm|gemv|cutlass|xmma|nvjet|matmul|_mm_|sm90_|ampere_|scaled_mm|fp8_gemv'),
@@ -84,25 +83,28 @@ def decode_bytes(model) -> int:
 
 def decode_step(runner, frame, options):
     """A ring and the one-row decode step after ``frame``'s prompt (time_pieces' decode_1)."""
-    from vla_spec_ros.engine.device.step_inputs import chain_rows, pack_step
     ring = runner.new_ring(4096, EngineConfig(**options))
     length = runner.prepare_prompt(frame, EngineConfig(**options)).embeds.shape[0]
-    step = pack_step([], [chain_rows(0, 4096, length, [5])], ring.scratch_slot,
-                     num_cols=((length + 128) // 128) * 128)
-    return ring, step
+    return ring, decode_steps(ring, length, 1)
 
 
-def median_ms(fn, sync, repeats=30) -> float:
-    for _ in range(3):
-        fn()
-    sync()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        sync()
-        times.append((time.perf_counter() - start) * 1e3)
-    return float(np.median(times))
+def kernels_by_category(prof, forwards: int) -> dict:
+    """Per forward, from a CUDA profile of ``forwards`` forwards: each category's kernel
+    count and device µs, the 25 costliest kernels, and the kernels' total ms and count."""
+    groups, kernels = {}, []
+    for event in prof.key_averages():
+        device_us = event.self_device_time_total
+        if device_us <= 0 or event.device_type != torch.autograd.DeviceType.CUDA:
+            continue
+        group = groups.setdefault(category(event.key), {'count': 0, 'us': 0.0})
+        group['count'] += event.count / forwards
+        group['us'] += device_us / forwards
+        kernels.append((device_us / forwards, event.count / forwards, event.key[:90]))
+    return {'categories': groups,
+            'top_kernels': [{'us': us, 'per_forward': n, 'name': name}
+                            for us, n, name in sorted(kernels, reverse=True)[:25]],
+            'kernel_ms_per_forward': sum(g['us'] for g in groups.values()) / 1e3,
+            'kernels_per_forward': sum(g['count'] for g in groups.values())}
 
 
 def run_decode_floor(args, weights, key) -> dict:
@@ -114,48 +116,24 @@ def run_decode_floor(args, weights, key) -> dict:
     if cuda:
         out['copy_GBps'] = copy_bandwidth_GBps(device)
         out['floor_ms'] = out['bytes'] / (out['copy_GBps'] * 1e9) * 1e3
-    for graphs in ((True, False) if cuda else (False,)):
+    for graphs in ((True, False) if cuda else (False,)):       # eager last: it is profiled
         runner = build_runner(weights, engine_options(args, graphs))
         ring, step = decode_step(runner, frame, engine_options(args, graphs))
         out[f'decode_ms_graphs_{"on" if graphs else "off"}'] = median_ms(
-            lambda: ring.run(step, []), sync)
-        del ring
+            lambda: ring.run(step, []), sync, repeats=30)
     if cuda:
         out['decode_over_floor'] = out['decode_ms_graphs_on'] / out['floor_ms']
-    # Where the eager forward's device time goes.
+    # Where the eager forward's device time goes (the last ring: graphs off, warmed up).
     from torch.profiler import ProfilerActivity, profile
-    runner = build_runner(weights, engine_options(args, False))
-    ring, step = decode_step(runner, frame, engine_options(args, False))
-    for _ in range(3):
-        ring.run(step, [])
-    sync()
     forwards = args.floor_forwards
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
     with profile(activities=activities) as prof:
         for _ in range(forwards):
             ring.run(step, [])
         sync()
-    groups: dict = {}
-    kernels = []
-    for event in prof.key_averages():
-        device_us = getattr(event, 'self_device_time_total', 0) if cuda else 0
-        if cuda and (device_us <= 0 or event.device_type != torch.autograd.DeviceType.CUDA):
-            continue
-        if not cuda:
-            continue
-        label = category(event.key)
-        group = groups.setdefault(label, {'count': 0, 'us': 0.0})
-        group['count'] += event.count / forwards
-        group['us'] += device_us / forwards
-        kernels.append((device_us / forwards, event.count / forwards, event.key[:90]))
-    out['categories'] = groups
-    out['top_kernels'] = [{'us': us, 'per_forward': n, 'name': name}
-                          for us, n, name in sorted(kernels, reverse=True)[:25]]
     if cuda:
-        kernel_ms = sum(g['us'] for g in groups.values()) / 1e3
-        out['kernel_ms_per_forward'] = kernel_ms
-        out['kernels_per_forward'] = sum(g['count'] for g in groups.values())
-        out['graph_gap_ms'] = out['decode_ms_graphs_on'] - kernel_ms
+        out.update(kernels_by_category(prof, forwards))
+        out['graph_gap_ms'] = out['decode_ms_graphs_on'] - out['kernel_ms_per_forward']
     else:
         out['cpu_table'] = prof.key_averages().table(sort_by='self_cpu_time_total',
                                                      row_limit=15)

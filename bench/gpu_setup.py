@@ -137,9 +137,33 @@ def engine_for(runner, weights: Weights, label: str, options: dict, ref=None, se
     return Engine(runner, weights.norm_stats, EngineConfig(mode=mode, **options))
 
 
+def median_ms(fn, sync, repeats: int = 20) -> float:
+    """Median milliseconds of ``fn()`` over ``repeats`` calls after 3 warm-up calls, each call
+    timed on the host clock up to ``sync()`` (``torch.cuda.synchronize`` on a GPU)."""
+    for _ in range(3):
+        fn()
+    sync()
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        sync()
+        times.append((time.perf_counter() - t0) * 1e3)
+    return float(np.median(times))
+
+
+def decode_steps(ring, prompt_length: int, rows: int):
+    """``rows`` one-token decode rows after a prompt of ``prompt_length`` tokens, each in its
+    own 512-slot stretch of ``ring``: the step of an AR decode (rows = 1) or of eight frames
+    decoding side by side."""
+    from vla_spec_ros.engine.device.step_inputs import chain_rows, pack_step
+    return pack_step([], [chain_rows(512 * i, 4096, prompt_length, [5]) for i in range(rows)],
+                     ring.scratch_slot, num_cols=((prompt_length + 128) // 128) * 128)
+
+
 def time_pieces(runner, frames, base: dict, repeats: int = 20) -> dict:
     """Median ms of the model pieces one step is built from (synchronised wall clock)."""
-    from vla_spec_ros.engine.device.step_inputs import PrefillRows, chain_rows, pack_step
+    from vla_spec_ros.engine.device.step_inputs import PrefillRows, pack_step
     sync = torch.cuda.synchronize if runner.device.type == 'cuda' else (lambda: None)
     ring = runner.new_ring(4096, EngineConfig(**base))
     prompt = runner.prepare_prompt(frames[0], EngineConfig(**base))
@@ -147,30 +171,16 @@ def time_pieces(runner, frames, base: dict, repeats: int = 20) -> dict:
     steps = {
         'prefill': (pack_step([PrefillRows(0, 4096, length)], [], ring.scratch_slot,
                               num_cols=128), [prompt.embeds]),
-        'decode_1': (pack_step([], [chain_rows(0, 4096, length, [5])], ring.scratch_slot,
-                               num_cols=((length + 128) // 128) * 128), []),
-        'decode_8x1': (pack_step([], [chain_rows(512 * i, 4096, length, [5])
-                                      for i in range(8)], ring.scratch_slot,
-                                 num_cols=((length + 128) // 128) * 128), [])}
+        'decode_1': (decode_steps(ring, length, 1), []),
+        'decode_8x1': (decode_steps(ring, length, 8), [])}
     out = {}
-
-    def median_ms(fn):
-        for _ in range(3):
-            fn()
-        sync()
-        times = []
-        for _ in range(repeats):
-            t0 = time.perf_counter()
-            fn()
-            sync()
-            times.append((time.perf_counter() - t0) * 1e3)
-        return float(np.median(times))
     from vla_spec_ros.preprocess import preprocess_image
     # The engine's path (uint8 upload, preprocessing on the device) and the CPU reference
     # (preprocessing on the host, a blocking upload of the float pixels).
-    out['preprocess'] = median_ms(lambda: runner.prepare_pixels(frames[0], EngineConfig(**base)))
+    out['preprocess'] = median_ms(lambda: runner.prepare_pixels(frames[0], EngineConfig(**base)),
+                                  sync, repeats)
     out['preprocess_on_host'] = median_ms(lambda: preprocess_image(
-        frames[0].image, runner.cfg, dtype=runner.dtype, device=runner.device))
+        frames[0].image, runner.cfg, dtype=runner.dtype, device=runner.device), sync, repeats)
     if runner.device.type == 'cuda':
         # The vision towers as CUDA graphs: one after the other (the model's reference) and
         # side by side on two streams (what the runner uses on a GPU).
@@ -181,11 +191,12 @@ def time_pieces(runner, frames, base: dict, repeats: int = 20) -> dict:
                              ('vision_side_by_side', runner.image_embeddings)):
             graph = GraphedFunction(lambda inputs, f=towers: {'p': f(inputs['pixels'])},
                                     runner.device)
-            out[name] = median_ms(lambda g=graph: g({'pixels': pixels}))
+            out[name] = median_ms(lambda g=graph: g({'pixels': pixels}), sync, repeats)
     out['vision+prompt'] = median_ms(lambda: runner.prepare_prompt(frames[0],
-                                                                   EngineConfig(**base)))
+                                                                   EngineConfig(**base)),
+                                     sync, repeats)
     for name, (step, embeds) in steps.items():
-        out[name] = median_ms(lambda: ring.run(step, embeds))
+        out[name] = median_ms(lambda: ring.run(step, embeds), sync, repeats)
     return out
 
 
