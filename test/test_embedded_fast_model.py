@@ -6,10 +6,11 @@ simulator and skip with its reason where it cannot render.
 import json
 
 import numpy as np
-import pytest
 
 from vla_spec_ros import assets
 from vla_spec_ros.policy import VLAPolicy
+
+from expert_frames import drawer_close_frames
 
 NAME = 'metaworld-demo-fast'
 MAX_ASSET_BYTES = 12 * 2 ** 20
@@ -39,24 +40,10 @@ def test_it_is_complete_small_and_loads_as_pi0fast():
     assert report['vla']['fast']['fitted_on'] == 'training episodes only'
 
 
-def _episode_frames(num_frames):
-    from vla_spec_ros.sim.metaworld_env import make_env, sim_unavailable_reason
-    reason = sim_unavailable_reason()
-    if reason is not None:
-        pytest.skip(reason)
-    frames = []
-    with make_env('drawer-close', seed=7, image_size=64) as env:
-        image = env.reset(7)
-        for _ in range(num_frames):
-            frames.append(image)
-            image, _, _, _ = env.step(env.expert_action())
-    return frames
-
-
 def test_its_chunks_on_meta_world_frames_decode_and_spec_gives_ar_tokens():
     from vla_spec_ros.engine.result import Frame
     from vla_spec_ros.harness.speed import engine_for
-    images = _episode_frames(6)
+    images = drawer_close_frames(6)
     policy = VLAPolicy.from_pretrained(NAME)
     instruction = 'close the drawer'
     expected = []

@@ -6,11 +6,12 @@ closed-loop tests need the simulator and skip with its reason where it cannot re
 import json
 
 import numpy as np
-import pytest
 
 from vla_spec_ros import assets
 from vla_spec_ros.config import preset
 from vla_spec_ros.policy import VLAPolicy
+
+from expert_frames import drawer_close_frames
 
 NAME = 'metaworld-demo'
 MAX_ASSET_BYTES = 20 * 2 ** 20
@@ -44,23 +45,9 @@ def test_default_commands_use_the_embedded_model():
     assert parser.parse_args(['demo']).model == NAME
 
 
-def _episode_frames(num_frames):
-    from vla_spec_ros.sim.metaworld_env import make_env, sim_unavailable_reason
-    reason = sim_unavailable_reason()
-    if reason is not None:
-        pytest.skip(reason)
-    frames = []
-    with make_env('drawer-close', seed=7, image_size=64) as env:
-        image = env.reset(7)
-        for _ in range(num_frames):
-            frames.append(image)
-            image, _, _, _ = env.step(env.expert_action())
-    return frames
-
-
 def test_strict_speculative_decoding_reproduces_ar_on_simulator_frames():
     """float64, r = 0: the trained draft changes how many forwards run, never the tokens."""
-    frames = _episode_frames(12)
+    frames = drawer_close_frames(12)
     ar = VLAPolicy.from_pretrained(NAME, dtype='float64')
     spec = VLAPolicy.from_pretrained(NAME, dtype='float64', mode='spec')
     instruction = 'close the drawer'
@@ -79,7 +66,7 @@ def test_previous_action_drafting_on_consecutive_simulator_frames():
     temporal drafting gives exactly the AR tokens, and the previous frame's action is accepted
     often enough that a frame takes fewer verifier forwards than the head-less AR's 7 (with no
     draft forward at all)."""
-    frames = _episode_frames(12)
+    frames = drawer_close_frames(12)
     ar = VLAPolicy.from_pretrained(NAME, dtype='float64')
     temporal = VLAPolicy.from_pretrained(NAME, dtype='float64', mode='spec',
                                          draft_path='previous_action', tree_depth=5)
@@ -97,7 +84,7 @@ def test_previous_action_drafting_on_consecutive_simulator_frames():
 def test_shipped_model_closes_the_drawer_in_the_simulator():
     """Behaviour, not numbers: the model drives the arm to success on held-out placements of
     its easiest task (in process; the ROS path is test_closed_loop.py)."""
-    _episode_frames(0)      # skip where the simulator cannot render
+    drawer_close_frames(0)      # skip where the simulator cannot render
     from vla_spec_ros.sim.demos import evaluate_policy
     policy = VLAPolicy.from_pretrained(NAME)
     results = evaluate_policy('drawer-close', lambda image, text: policy.predict(image, text)
