@@ -326,3 +326,49 @@ def test_gpu_verdicts_read_a_run_cut_short_from_its_progress_file(tmp_path):
 def test_gpu_verdicts_say_not_measured_for_an_empty_folder(tmp_path):
     from gpu_verdicts import verdicts
     assert all(ok is None for _, _, ok in verdicts(tmp_path))
+
+
+def test_decode_floor_counts_each_weight_once_and_names_kernel_categories(tmp_path):
+    """The floor part's byte count (every language-model weight once; the embedding table as
+    one row, unless the head is tied to it and reads it all) and kernel categories; the part
+    runs on the CPU (wall time and the CPU operator table)."""
+    from gpu_decode_floor import category, decode_bytes
+    from vla_spec_ros.config import preset
+    from vla_spec_ros.models.openvla.vla import OpenVLA
+    from vla_spec_ros.models.pi0fast.family import build_model
+    for model, tied in ((OpenVLA(preset('tiny')), False),
+                        (build_model(preset('pi0fast-tiny')), True)):
+        lm = model.language_model
+        embed = lm.model.embed_tokens.weight
+        assert (lm.lm_head.weight.data_ptr() == embed.data_ptr()) == tied
+        unique = {t.data_ptr(): t.numel() * t.element_size()
+                  for t in list(lm.parameters()) + list(lm.buffers())}
+        expected = sum(unique.values()) if tied else (
+            sum(unique.values()) - embed.numel() * embed.element_size()
+            + embed.shape[1] * embed.element_size())
+        assert decode_bytes(model) == expected
+    assert category('nvjet_sm90_tst_256x8_64x6_4x1_v_bz_TNT') == 'matmul'
+    assert category('_rms_norm_body') == 'norm'
+    assert category('cudnn_generated_fort_native_sdpa_sm80_flash_fprop') == 'attention'
+    assert category('_rope_kv_write_body') == 'rope+kv'
+    assert category('void at::native::vectorized_gather_kernel<16, long>') == 'copy/index'
+    assert category('some_unknown_kernel') == 'other'
+    record = run_tiny_gpu_bench(tmp_path, '--dtype', 'float32', '--graphs', 'off', '--parts',
+                                'floor', '--baselines', '', '--frames', '2', '--warmup', '1',
+                                '--floor-forwards', '2')
+    floor = record['decode_floor']
+    assert floor['bytes'] > 0 and floor['decode_ms_graphs_off'] > 0
+    assert 'Self CPU time total' in floor['cpu_table']
+
+
+def test_pi0fast_gpu_bench_smoke_run_times_every_path(tmp_path):
+    """bench/gpu_pi0fast.py on pi0fast-tiny on the CPU (random weights built in memory):
+    HF eager, ar, spec and pipeline_spec rows, every chunk the same number of tokens."""
+    done = subprocess.run([sys.executable, str(BENCH / 'gpu_pi0fast.py'), '--smoke', '--out',
+                           str(tmp_path)], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    record = json.loads(next(tmp_path.glob('pi0fast-pi0fast-tiny-cpu-*.json')).read_text())
+    labels = [r['label'].split(' ')[0] for r in record['rows']]
+    assert labels == ['hf', 'ar', 'spec', 'pipeline_spec']
+    assert all(r['tokens_per_action'] == record['tokens'] for r in record['rows'])
+    assert all(r['ms_per_chunk'] > 0 for r in record['rows'])
