@@ -284,8 +284,8 @@ def main(argv=None) -> int:
     ap.add_argument('--compile-backend', default='inductor',
                     help='torch.compile backend of the compiled HF baseline (tests: eager)')
     ap.add_argument('--parts', default='table',
-                    help='table, fidelity, profile, threads, kernels, attention, fp8, paced '
-                    '(any of)')
+                    help='table, fidelity, profile, threads, kernels, attention, fp8, paced, '
+                    'floor (any of)')
     ap.add_argument('--thread-sweep', default='16,4,1',
                     help='intra-op thread counts of the threads part')
     ap.add_argument('--fidelity-frames', type=int, default=200,
