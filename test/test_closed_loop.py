@@ -571,3 +571,23 @@ def test_demo_run_end_to_end(ros_domain, tmp_path, capsys):
         png = json_file.with_name(f'{json_file.stem}-{name}.png')
         assert png.stat().st_size > 0 or importlib.util.find_spec('matplotlib') is None
     assert 'same episodes as AR' in out and 'results: ' in out
+
+
+@needs_sim
+def test_node_parameters_reach_the_node_and_matched_ones_are_refused(ros_domain, policy):
+    """`node_parameters` go to the VLA node, which validates them like any start (a bad
+    chunk_blend is refused by the node, naming it); the harness's matched parameters cannot be
+    overridden."""
+    from vla_spec_ros.harness.closed_loop import run_closed_loop
+    model_policy, key = policy
+    namespace = f'/test_closed_loop_params_{os.getpid()}'
+    with pytest.raises(ValueError, match='control_period'):
+        run_closed_loop(model_policy, [TASK], 1, seed=3, max_steps=2, unnorm_key=key,
+                        namespace=namespace + '_a', node_parameters={'control_period': 0.5})
+    with pytest.raises(ValueError, match='chunk_blend'):
+        run_closed_loop(model_policy, [TASK], 1, seed=3, max_steps=2, unnorm_key=key,
+                        namespace=namespace + '_b', node_parameters={'chunk_blend': 'mean'})
+    report = run_closed_loop(model_policy, [TASK], 1, seed=3, max_steps=2, unnorm_key=key,
+                             namespace=namespace + '_c',
+                             node_parameters={'chunk_blend': 'ensemble'})
+    assert report.chunk_blend == 'ensemble' and len(report.episodes) == 1

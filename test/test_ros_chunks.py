@@ -154,6 +154,16 @@ def test_ensemble_weights():
     assert np.all(np.isfinite(w)) and w[-1] > 0.9999 and w.sum() == pytest.approx(1.0)
 
 
+def test_is_running_until_the_newest_chunk_ends_or_runs_out():
+    schedule = chunks.ChunkSchedule()
+    assert not schedule.is_running(10.0)
+    schedule.add(chunk(10.0), 10.0)             # 4 slots of P = 0.2 s: ends at 10.8
+    assert schedule.is_running(10.0) and schedule.is_running(10.79)
+    assert not schedule.is_running(10.8)
+    assert isinstance(schedule.due(10.85), chunks.RunOut)
+    assert not schedule.is_running(10.5)       # ran out: nothing runs, whatever the time
+
+
 def test_clear_forgets_everything():
     schedule = chunks.ChunkSchedule()
     schedule.add(chunk(10.0), 10.0)
@@ -240,6 +250,12 @@ def test_observation_time_is_the_base_of_observation_age():
 
 def test_blend_parameters():
     assert params.CHUNK_BLENDS == chunks.BLENDS
+    assert params.INVALID_CHUNK_RULES == chunks.INVALID_CHUNK_RULES
+    assert params.PARAMETERS_BY_NAME['invalid_chunk'].default == 'continue'
+    assert 'invalid_chunk' in params.TUNABLE_PARAMETERS
+    assert 'invalid_chunk' in params.ROBOT_PARAMETERS
+    with pytest.raises(ValueError, match='invalid_chunk'):
+        params.settings_from_parameters({'invalid_chunk': 'ignore'})
     assert params.PARAMETERS_BY_NAME['chunk_blend'].default == 'latest'
     for name in ('chunk_blend', 'chunk_ensemble_decay'):
         assert name in params.TUNABLE_PARAMETERS and name in params.ROBOT_PARAMETERS
@@ -257,9 +273,13 @@ def test_chunk_counters():
     stats.record_chunk_step(published=True, num_skipped=0, lateness_s=0.003)
     stats.record_chunk_step(published=False, num_skipped=1)
     stats.record_chunk_run_out(num_skipped=1)
+    stats.record_chunk_refused('invalid action: 50 coefficients')
     snap = stats.snapshot(0.0)
     assert (snap['chunk_steps_published'], snap['chunk_steps_skipped'],
             snap['chunks_replaced'], snap['chunk_run_outs']) == (2, 4, 1, 1)
+    # a refused chunk is an error, not a hold
+    assert (snap['chunks_refused'], snap['errors'], snap['holds']) == (1, 1, 0)
+    assert snap['last_error'] == 'invalid action: 50 coefficients'
     assert snap['step_late_p50_ms'] == pytest.approx(1.0)
     assert snap['step_late_p99_ms'] == pytest.approx(3.0)
     assert math.isnan(InferenceStats().snapshot(0.0)['step_late_p99_ms'])
@@ -603,6 +623,91 @@ def test_ensemble_blends_the_chunks_covering_each_step(chunk_node, chunked):
         assert node.stats_snapshot()['chunks_replaced'] > before['chunks_replaced']
     finally:
         assert probe.probe.set_param('chunk_blend', 'latest').successful
+
+
+class InvalidatingEngine:
+    """Delegates to a real Engine; while `invalid`, every finished frame's chunk comes back as
+    one that did not decode (what a FAST model's malformed token sequence gives)."""
+
+    def __init__(self, engine):
+        self._engine = engine
+        self.invalid = False
+
+    def __getattr__(self, name):
+        return getattr(self._engine, name)
+
+    def step(self):
+        finished = self._engine.step()
+        if not self.invalid:
+            return finished
+        return [dataclasses.replace(f, result=dataclasses.replace(
+            f.result, is_valid=False, invalid_reason='injected: 50 coefficients, 56 needed'))
+            for f in finished]
+
+
+class InvalidatingPolicy:
+    def __init__(self, policy):
+        self.engine = InvalidatingEngine(policy.engine)
+        self.unnorm_keys = policy.unnorm_keys
+        self.model_config = policy.model_config
+
+
+@needs_ros
+@pytest.mark.parametrize('rule', ['continue', 'hold'])
+def test_a_chunk_that_does_not_decode_leaves_the_running_chunk_or_holds(ros, chunked, rule):
+    """invalid_chunk: chunk A runs; B (a newer image) does not decode. continue (the default):
+    A's remaining steps go out as planned and the robot holds only at A's run-out; B counts in
+    chunks_refused and errors. hold: A is dropped and a zero twist follows B at once."""
+    from ros_probe import is_zero, stamp_s, twist_values, wait_until
+
+    from vla_spec_ros import VLAPolicy
+
+    folder, frames, expected = chunked
+    policy = InvalidatingPolicy(VLAPolicy.from_pretrained(str(folder),
+                                                          restrict_to_action_tokens=True))
+    changes = {} if rule == 'continue' else {'invalid_chunk': rule}
+    node, probe = _node(ros, policy, f'vla_chunk_invalid_{rule}', **changes)
+    try:
+        assert node.serving.channels[0].settings.invalid_chunk == rule
+        start = len(probe.probe.twists.snapshot())
+        a = _image(probe, frames[0])
+        probe.probe.send(a, lambda: node.stats_snapshot()['chunk_steps_published'] > 0)
+        before = node.stats_snapshot()
+        policy.engine.invalid = True
+        b = _image(probe, frames[1])
+        if rule == 'continue':
+            probe.probe.send(b, lambda: node.stats_snapshot()['chunks_refused']
+                             > before['chunks_refused'])
+            steps, _ = _run_of(probe, a, start)
+            assert [i for _, i, _ in steps][-1] == K - 1     # A ran to its last step
+            for _, i, twist in steps:
+                np.testing.assert_allclose(twist_values(twist), expected_twist(expected[0][i]),
+                                           rtol=1e-9, atol=1e-12)
+            wait_until(lambda: node.stats_snapshot()['chunk_run_outs']
+                       > before['chunk_run_outs'], what='A\'s run-out')
+            after = node.stats_snapshot()
+            assert after['chunks_refused'] - before['chunks_refused'] == 1
+            assert after['errors'] - before['errors'] == 1
+            assert after['last_error'].startswith('invalid action: injected')
+            assert after['holds'] - before['holds'] == 1           # the run-out's only
+            assert after['hold_reason'].startswith('chunk ran out')
+        else:
+            probe.probe.send(b, lambda: node.stats_snapshot()['holds'] > before['holds'])
+            received, zero = probe.probe.twists.wait_for(
+                lambda m: is_zero(m), start=start, what='the zero twist after B')
+            # A's chunk was dropped: the zero came before A's last slot, and nothing after it
+            # is one of A's steps.
+            assert received < stamp_s(a.header.stamp) + (K - 1) * CONTROL_PERIOD
+            later = probe.probe.twists.snapshot()[start:]
+            index = next(i for i, (_, m) in enumerate(later) if m is zero)
+            assert not [m for _, m in later[index:] if not is_zero(m)]
+            after = node.stats_snapshot()
+            assert after['hold_reason'].startswith('invalid action: injected')
+            assert after['chunks_refused'] == before['chunks_refused']
+            assert after['chunk_run_outs'] == before['chunk_run_outs']
+    finally:
+        ros[1].remove_node(node)
+        node.destroy_node()
 
 
 class RecordingEngine:

@@ -86,12 +86,14 @@ class ClosedLoopReport:
     num_answer_steps_early: int = 0
     max_tick_gap_ms: float = math.nan   # real time: the longest time between two ticks
     action_chunk: int = 1            # control steps per answered frame (the checkpoint's K)
+    chunk_blend: str = 'latest'      # the VLA node's chunk_blend (chunked models)
     # A chunked model's steps on the node (ros/diagnostics.py), counted while episodes ran
     # (from the start of each episode to its end; a run-out after the end is not counted).
     num_chunk_steps_published: int = 0
     num_chunk_steps_skipped: int = 0
     num_chunks_replaced: int = 0
     num_chunk_run_outs: int = 0
+    num_chunks_refused: int = 0      # did not decode while a kept chunk went on
 
     @property
     def mean_answer_lag(self) -> float:
@@ -225,7 +227,8 @@ def run_closed_loop(policy, tasks, episodes_per_task: int, seed: int = 0,
                     episode_timeout_s: float | None = None, namespace: str | None = None,
                     num_warmup_frames: int = 2, on_episode=None, action_delay: int = 0,
                     delay_hold: str = 'previous', delay_frames: str = 'every',
-                    camera_delay: int = 0, log_level: str | None = None) -> ClosedLoopReport:
+                    camera_delay: int = 0, log_level: str | None = None,
+                    node_parameters: dict | None = None) -> ClosedLoopReport:
     """Run `episodes_per_task` episodes of each task with `policy` behind a real VLA node.
 
     `action_delay`, `delay_hold`, `delay_frames` (lock-step only): the bridge's delayed
@@ -234,7 +237,9 @@ def run_closed_loop(policy, tasks, episodes_per_task: int, seed: int = 0,
     policy needs sim_mode 'realtime' (ValueError otherwise, before anything starts).
     `log_level` ('debug', 'info', 'warn', 'error'; None: ROS's default) sets the two nodes'
     loggers before they start: the demo passes 'warn' so that their start-up lines stay out of
-    its output.
+    its output. `node_parameters` (e.g. {'chunk_blend': 'ensemble'}) override the VLA node's
+    own parameters; the harness's matched ones (control period, scales, model) cannot be
+    overridden (ValueError), and the node validates the values as at any start.
     `episode_timeout_s` (default 30 s + 5 s per step) ends an episode whose actions stop
     coming; it counts in `num_timeouts`. `on_episode(result, episode_log)` is called after each
     episode (tests read the applied actions from it). `namespace` (default: unique per call)
@@ -248,6 +253,7 @@ def run_closed_loop(policy, tasks, episodes_per_task: int, seed: int = 0,
     from std_srvs.srv import Trigger
 
     from vla_spec_ros.ros.node import VLASpecNode
+    from vla_spec_ros.ros.params import PARAMETERS_BY_NAME
     from vla_spec_ros.harness.node_threads import NodeThreads
     from vla_spec_ros.harness.sim_bridge import SimBridgeNode
 
@@ -258,6 +264,12 @@ def run_closed_loop(policy, tasks, episodes_per_task: int, seed: int = 0,
     check_camera_delay(camera_delay, sim_mode)
     chunk = check_policy_sim_mode(policy, sim_mode)
     key = _resolve_unnorm_key(policy, unnorm_key)
+    node_values = vla_parameters(policy, key, sim_mode, control_rate_hz)
+    clash = sorted(set(node_parameters or {}) & set(node_values))
+    if clash:
+        raise ValueError(f'node_parameters: {clash} are set by the harness (matched with the '
+                         'simulator bridge or the policy)')
+    node_values.update(node_parameters or {})
     size = policy.model_config.image_size
     for _ in range(num_warmup_frames):
         policy.predict(np.zeros((size, size, 3), np.uint8), get_task(names[0]).instructions[0],
@@ -270,7 +282,9 @@ def run_closed_loop(policy, tasks, episodes_per_task: int, seed: int = 0,
     report = ClosedLoopReport(policy.config.mode, policy.config.relax_threshold, sim_mode,
                               float(control_rate_hz), action_delay=int(action_delay),
                               delay_hold=delay_hold, delay_frames=delay_frames,
-                              camera_delay=int(camera_delay), action_chunk=chunk)
+                              camera_delay=int(camera_delay), action_chunk=chunk,
+                              chunk_blend=str(node_values.get(
+                                  'chunk_blend', PARAMETERS_BY_NAME['chunk_blend'].default)))
     context = rclpy.Context()
     rclpy.init(context=context)
     nodes, spinning = [], None
@@ -278,8 +292,8 @@ def run_closed_loop(policy, tasks, episodes_per_task: int, seed: int = 0,
         _set_log_level([f'{namespace}/vla_spec', f'{namespace}/sim_bridge'], log_level)
     try:
         vla = VLASpecNode(policy=policy, context=context, namespace=namespace,
-                          parameter_overrides=[Parameter(k, value=v) for k, v in vla_parameters(
-                              policy, key, sim_mode, control_rate_hz).items()])
+                          parameter_overrides=[Parameter(k, value=v)
+                                               for k, v in node_values.items()])
         nodes.append(vla)
         bridge_values = bridge_parameters(size, sim_mode, control_rate_hz, max_steps, camera,
                                           lockstep_timeout_s, action_delay, delay_hold,
@@ -362,7 +376,8 @@ def _set_log_level(node_paths, level: str) -> None:
 # ClosedLoopReport field <- the node's stats_snapshot key (ros/diagnostics.py).
 CHUNK_COUNTS = {'num_chunk_steps_published': 'chunk_steps_published',
                 'num_chunk_steps_skipped': 'chunk_steps_skipped',
-                'num_chunks_replaced': 'chunks_replaced', 'num_chunk_run_outs': 'chunk_run_outs'}
+                'num_chunks_replaced': 'chunks_replaced', 'num_chunk_run_outs': 'chunk_run_outs',
+                'num_chunks_refused': 'chunks_refused'}
 
 
 def _chunk_counts(vla) -> dict:

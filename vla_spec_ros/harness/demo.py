@@ -136,6 +136,7 @@ def _closed_loop_row(args, plan, policy, unnorm_key, camera_delay, label):
                                  sim_mode=args.sim_mode, control_rate_hz=plan['control_rate_hz'],
                                  max_steps=plan['max_steps'], unnorm_key=unnorm_key,
                                  on_episode=on_episode, camera_delay=camera_delay,
+                                 node_parameters={'chunk_blend': plan['chunk_blend']},
                                  log_level=None if args.verbose else 'error')
     finally:
         bar.close()

@@ -46,6 +46,9 @@ def add_arguments(parser) -> None:
                         'modes')
     parser.add_argument('--sim-mode', default='lockstep', choices=['lockstep', 'realtime'],
                         help='lock-step part: lockstep (deterministic) or realtime')
+    parser.add_argument('--chunk-blend', default='latest', choices=['latest', 'ensemble'],
+                        help='lock-step part, chunked models: the VLA node\'s chunk_blend '
+                        '(docs/chunks.md)')
     parser.add_argument('--control-rate-hz', type=float, default=10.0,
                         help='lock-step part: the nodes\' control period (realtime: its rate)')
     parser.add_argument('--camera-delays', default='0',
@@ -228,7 +231,7 @@ def resolve_options(args) -> dict:
         'lockstep_models': _check_unique(
             _split(args.lockstep_models, '--lockstep-models')
             if getattr(args, 'lockstep_models', None) else [args.model], '--lockstep-models'),
-        'camera_delays': camera_delays,
+        'camera_delays': camera_delays, 'chunk_blend': args.chunk_blend,
     }
     return plan
 

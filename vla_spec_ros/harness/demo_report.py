@@ -49,7 +49,8 @@ def realtime_caption(record: dict) -> str:
             'not included). Lag of an applied answer: the period of the state it was applied '
             'to minus (its frame\'s period + its chunk step), 0 = time-aligned; on time: lag '
             '0. Late ticks: more than 1.5 periods after the previous one. Chunk '
-            'steps and run-outs are the node\'s counters while episodes ran.\n')
+            'steps, run-outs and refused chunks (did not decode; the kept chunk went on, '
+            'invalid_chunk: continue) are the node\'s counters while episodes ran.\n')
 
 
 def _stream_cell(row: dict, ar: dict | None) -> str:

@@ -114,17 +114,19 @@ def format_realtime_table(record: dict) -> str:
         'mode', 'r', 'camera delay d', 'success'] + list(tasks) + [
         'latency p50 / p99 ms', 'applied answers: mean lag (periods), on time',
         'stale / hold commands / steps', 'late ticks',
-        'chunk steps published / skipped', 'chunk run-outs', 'episodes']
+        'chunk steps published / skipped', 'chunk run-outs / refused', 'episodes']
     rows = []
     for r in lock['rows']:
         chunk = r.get('action_chunk', 1)
         chunk_cells = (['-', '-'] if chunk <= 1 else [
             f"{r['num_chunk_steps_published']} / {r['num_chunk_steps_skipped']}",
-            r['num_chunk_run_outs']])
+            f"{r['num_chunk_run_outs']} / {r.get('num_chunks_refused', '-')}"])
         model = f"{r.get('model', record['model'])} (" + (
             'single-step)' if chunk <= 1 else f'chunks of {chunk})')
         rows.append(([model] if len(models) > 1 else []) + [
-            r['mode'], r['relax_threshold'], r.get('camera_delay', 0), fmt(r['success_rate'])]
+            r['mode'] + ('' if r.get('chunk_blend', 'latest') == 'latest'
+                         else f" ({r['chunk_blend']})"),
+            r['relax_threshold'], r.get('camera_delay', 0), fmt(r['success_rate'])]
             + [fmt(r['success_rate_per_task'].get(t)) for t in tasks]
             + [f"{fmt(r['latency_p50_ms'], 1)} / {fmt(r['latency_p99_ms'], 1)}",
                _lag_cell(r),

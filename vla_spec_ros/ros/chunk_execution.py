@@ -46,6 +46,13 @@ class ChunkExecution:
                 num_steps=channel.chunk_steps, settings=settings,
                 action_dim=channel.action_dim)
             if decision.hold_reason is not None:
+                if self._goes_on_despite(decision.hold_reason, now):
+                    channel.stats.record_chunk_refused(decision.hold_reason)
+                    channel.node.get_logger().error(
+                        f'{channel.label}: chunk refused: {decision.hold_reason}; the chunk '
+                        f'of the image at {self.schedule.newest.start_s:.3f} s goes on '
+                        '(invalid_chunk: continue)', throttle_duration_sec=LOG_THROTTLE_S)
+                    return
                 channel.reject_result(decision.hold_reason)
                 return
             prepared = channel.prepare(info, settings)
@@ -69,6 +76,15 @@ class ChunkExecution:
         record_answer(channel.stats, info, finished.result.stats, channel.age_of(info))
         if self._on_chunk is not None:
             self._on_chunk()
+
+    def _goes_on_despite(self, reason: str, now_s: float) -> bool:
+        """`invalid_chunk: continue`: a chunk refused because it did not decode leaves a kept
+        chunk that still has steps running (each step is still checked for its age when due).
+        Every other reason (disabled, engine error, non-finite, stale) drops the kept chunks
+        and holds."""
+        return (self.channel.settings.invalid_chunk == 'continue'
+                and cmd.reason_kind(reason) == cmd.REASON_INVALID
+                and self.schedule.is_running(now_s))
 
     def publish_due(self, now_s: float) -> float | None:
         """The step due at `now_s` (node clock), if any and not yet decided; returns when the

@@ -37,6 +37,10 @@ import numpy as np
 from vla_spec_ros.ros import command as cmd
 
 BLENDS = ('latest', 'ensemble')
+# What a chunk that does not decode does to the chunks already kept (the node's
+# `invalid_chunk`): `continue` keeps executing them (each step still checked for its age), `hold`
+# drops them and holds.
+INVALID_CHUNK_RULES = ('continue', 'hold')
 # Slot arithmetic in periods: t0 + i*P computed in floats must count as slot i's start.
 _SLOT_ROUNDING = 1e-9
 
@@ -231,6 +235,12 @@ class ChunkSchedule:
         blended = np.tensordot(weights, np.stack(actions), axes=1)
         return DueStep(newest, index, blended, max(ages), skipped, len(actions))
 
+    def is_running(self, now_s: float) -> bool:
+        """Whether the newest chunk still has a slot at or after `now_s` (it has not run
+        out)."""
+        newest = self.newest
+        return newest is not None and not self._ran_out and now_s < newest.end_s
+
     def next_wake_s(self) -> float | None:
         """When `due` has something new next: the next step's slot start, or the newest
         chunk's end (its run-out); None when there is nothing to wait for."""
@@ -241,5 +251,5 @@ class ChunkSchedule:
         return newest.slot_start(nxt) if nxt < newest.num_steps else newest.end_s
 
 
-__all__ = ['BLENDS', 'Chunk', 'StepAction', 'DueStep', 'RunOut', 'ChunkDecision',
-           'ChunkSchedule', 'chunk_age_limit', 'decide_chunk', 'ensemble_weights']
+__all__ = ['BLENDS', 'INVALID_CHUNK_RULES', 'Chunk', 'StepAction', 'DueStep', 'RunOut',
+           'ChunkDecision', 'ChunkSchedule', 'chunk_age_limit', 'decide_chunk', 'ensemble_weights']

@@ -90,12 +90,14 @@ class InferenceStats:
         self.num_accepted_tokens = 0
         # Chunked models (docs/chunks.md): steps published on the control clock, steps whose
         # slot passed unpublished, chunks that arrived while the previous one still had steps,
-        # zero twists because the newest chunk ran out; how late after its slot's start each
+        # zero twists because the newest chunk ran out; chunks that did not decode while a
+        # kept chunk went on (invalid_chunk: continue); how late after its slot's start each
         # step went out (seconds).
         self.num_chunk_steps_published = 0
         self.num_chunk_steps_skipped = 0
         self.num_chunks_replaced = 0
         self.num_chunk_run_outs = 0
+        self.num_chunks_refused = 0
         self._step_lateness: deque = deque(maxlen=max_samples)
         self.hold_reason: str | None = None
         self.last_error = ''
@@ -166,6 +168,14 @@ class InferenceStats:
             self.num_chunk_run_outs += 1
             self.num_chunk_steps_skipped += num_skipped
 
+    def record_chunk_refused(self, reason: str) -> None:
+        """A chunk that did not decode was refused while a kept chunk goes on (no hold):
+        counted as an error, `reason` kept as the last one."""
+        with self._lock:
+            self.num_chunks_refused += 1
+            self.num_errors += 1
+            self.last_error = reason
+
     def record_hold(self, reason: str, *, is_stale_result: bool = False) -> None:
         with self._lock:
             self.num_holds += 1
@@ -205,6 +215,7 @@ class InferenceStats:
                 'chunk_steps_skipped': self.num_chunk_steps_skipped,
                 'chunks_replaced': self.num_chunks_replaced,
                 'chunk_run_outs': self.num_chunk_run_outs,
+                'chunks_refused': self.num_chunks_refused,
                 'hold_reason': self.hold_reason or '',
                 'last_error': self.last_error,
             }

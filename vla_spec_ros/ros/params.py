@@ -26,6 +26,7 @@ from vla_spec_ros.validation import check_int, check_number
 IMAGE_TRANSPORTS = ('raw', 'compressed')
 STAMP_SOURCES = ('header', 'receipt')
 CHUNK_BLENDS = ('latest', 'ensemble')      # chunk_schedule.BLENDS
+INVALID_CHUNK_RULES = ('continue', 'hold')   # chunk_schedule.INVALID_CHUNK_RULES
 GRIPPER_ACTION_TYPES = ('gripper_command', 'parallel_gripper')   # gripper_action.py
 SERVO_COMMAND_TYPE_CHOICES = ('twist', 'pose', 'joint_jog')   # servo_contract's, published
 ACTION_SPACES = ('ee_delta', 'joint_velocity', 'joint_position')   # docs/action_spaces.md
@@ -173,6 +174,10 @@ NODE_PARAMETERS: tuple[ParameterSpec, ...] = (
     _p('chunk_ensemble_decay', 0.5, 'chunk_blend ensemble: the j-th newest chunk (0 = the '
        'newest) weighs exp(-decay * j); 0 = plain mean, negative favours older chunks (ACT)',
        tunable=True, lo=-10.0, hi=10.0),
+    _p('invalid_chunk', 'continue', 'Chunked models: a chunk that does not decode (wrong '
+       'token count or layout) is refused; continue: the chunks already kept go on (each step '
+       'still checked for its age), hold: they are dropped and the robot holds until a valid '
+       'chunk', tunable=True, choices=INVALID_CHUNK_RULES),
     # --- safety and diagnostics ------------------------------------------------------------
     _p('max_action_age', 0.5, 'Never publish an action whose image is older than this; '
        'publish zero twist instead', tunable=True, lo=0.01, hi=60.0, unit='s'),
@@ -209,6 +214,7 @@ ROBOT_PARAMETERS = (
     'angular_scale', 'max_linear_speed', 'max_angular_speed', 'gripper_binarize',
     'gripper_threshold', 'gripper_invert', 'gripper_open_position', 'gripper_closed_position',
     'gripper_action_name', 'gripper_max_effort', 'chunk_blend', 'chunk_ensemble_decay',
+    'invalid_chunk',
     'max_action_age', 'stamp_source', 'num_halt_messages', 'gripper_action_type',
     'gripper_joint_name', 'servo_node', 'servo_command_type', 'servo_pause_on_hold',
     'pose_targets', 'tool_pose_topic', 'tool_frame', 'pose_delta_frame', 'image_sync_tolerance',
@@ -273,6 +279,7 @@ class NodeSettings:
     pose_delta_frame: str
     chunk_blend: str
     chunk_ensemble_decay: float
+    invalid_chunk: str
     max_action_age: float
     stamp_source: str
     num_halt_messages: int
