@@ -67,9 +67,9 @@ def row_dict(row, draft: str, stride: int) -> dict:
 
 def measure(model: str, drafts, modes, num_frames: int, warmup: int, strides, seed: int,
             frame_source: str, device: str = 'cpu', dtype: str = 'float32',
-            with_hf: bool = True, inflight_caps=(None,)) -> list[dict]:
-    """`inflight_caps`: the pipeline modes' `max_inflight` values to run (None: the
-    engine's default); the other modes run once."""
+            with_hf: bool = True, per_stream_caps=(None,)) -> list[dict]:
+    """`per_stream_caps`: the pipeline modes' `max_inflight_per_stream` values to run
+    (None: the engine's default); the other modes run once."""
     from vla_spec_ros.baseline import make_baseline
     from vla_spec_ros.policy import VLAPolicy
     base = dict(device=device, dtype=dtype, restrict_to_action_tokens=False)
@@ -88,19 +88,20 @@ def measure(model: str, drafts, modes, num_frames: int, warmup: int, strides, se
                  for mode in modes if mode in ('spec', 'pipeline_spec')]
         for mode, draft in runs:
             pipelined = mode in ('pipeline', 'pipeline_spec')
-            for cap in (inflight_caps if pipelined else (None,)):
+            for cap in (per_stream_caps if pipelined else (None,)):
                 cfg = EngineConfig(mode=mode, **base,
                                    **({} if draft == '-' else {'draft_path': draft}),
-                                   **({} if cap is None else {'max_inflight': cap}))
+                                   **({} if cap is None else {'max_inflight_per_stream': cap}))
                 row = row_dict(bench_engine(Engine(runner, policy.engine.norm_stats, cfg),
                                             frames, warmup), draft, stride)
-                row['max_inflight'] = cfg.num_inflight
+                # one camera: its frames in flight at once
+                row['max_inflight'] = cfg.stream_inflight_limit
                 rows.append(row)
     return rows
 
 
 COLUMNS = (('stride', 'stride', '{}'), ('mode', 'mode', '{}'), ('draft', 'draft', '{}'),
-           ('max_inflight', 'in flight (max)', '{}'),
+           ('max_inflight', 'frames in flight (max)', '{}'),
            ('acceptance_length', 'tokens / verifier fwd', '{:.2f}'),
            ('frame_forwards_per_chunk', 'verifier fwd / chunk', '{:.2f}'),
            ('forwards_per_action', 'packed fwd / chunk', '{:.2f}'),
@@ -140,9 +141,9 @@ def main(argv=None) -> int:
     p.add_argument('--seed', type=int, default=1)
     p.add_argument('--threads', type=int, default=None)
     p.add_argument('--no-hf', action='store_true')
-    p.add_argument('--max-inflight', default='default', metavar='N,M',
-                   help="the pipeline modes' max_inflight values to run ('default': the "
-                        "engine's)")
+    p.add_argument('--per-stream', default='default', metavar='N,M',
+                   help="the pipeline modes' max_inflight_per_stream values to run "
+                        "('default': the engine's)")
     p.add_argument('--out', default=str(OUT))
     argv = list(sys.argv[1:] if argv is None else argv)
     args = p.parse_args(argv)
@@ -152,8 +153,8 @@ def main(argv=None) -> int:
     strides = [int(s) for s in args.strides.split(',')]
     rows = measure(args.model, args.drafts.split(','), args.modes.split(','), args.frames,
                    args.warmup, strides, args.seed, args.frames_from, with_hf=not args.no_hf,
-                   inflight_caps=[None if c == 'default' else int(c)
-                                  for c in args.max_inflight.split(',')])
+                   per_stream_caps=[None if c == 'default' else int(c)
+                                    for c in args.per_stream.split(',')])
     command = 'python3 bench/fast_drafts.py ' + ' '.join(shlex.quote(a) for a in argv)
     table = format_table(rows)
     print(table)

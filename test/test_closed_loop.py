@@ -42,6 +42,14 @@ SIM_REASON = _sim_reason()
 needs_sim = pytest.mark.skipif(SIM_REASON is not None, reason=f'simulator: {SIM_REASON}')
 
 
+def _second_model():
+    from vla_spec_ros.assets import embedded_checkpoint
+    return 'metaworld-demo-fast' if embedded_checkpoint('metaworld-demo-fast') else 'none'
+
+
+SECOND_MODEL = _second_model()
+
+
 def model_and_key():
     from vla_spec_ros.assets import embedded_checkpoint
     if embedded_checkpoint('metaworld-demo') is not None:
@@ -458,6 +466,27 @@ def test_demo_defaults_are_the_quick_run_and_full_is_everything():
     assert full['relax_tree'] == [6, 1, 7] and full['relax_sweep'] == [0, 2, 8, 32, 64, 128, 255]
 
 
+def test_demo_second_model_pass_is_the_equivalent_standalone_command():
+    from vla_spec_ros.harness.demo_second import second_model_args, second_model_argv
+    parser = argparse.ArgumentParser()
+    demo_options.add_arguments(parser)
+    args = parser.parse_args(['--tasks', 'drawer-open', '--episodes', '3', '--rates', '10,30'])
+    assert args.second_model == 'metaworld-demo-fast'            # the main job runs both
+    argv = second_model_argv(args, demo_options.resolve_options(args))
+    assert argv[:11] == ['demo', '--model', 'metaworld-demo-fast', '--parts',
+                         'stream,lockstep,speed', '--modes', 'ar,pipeline_spec', '--sim-mode',
+                         'realtime', '--chunk-blend', 'ensemble']
+    second = second_model_args(argv)
+    plan = demo_options.resolve_options(second)
+    assert plan['tasks'] == ['drawer-open'] and plan['episodes'] == 3
+    assert plan['rates'] == [10.0, 30.0] and plan['chunk_blend'] == 'ensemble'
+    assert second.argv == argv and second_model_argv(second, plan) is None   # no third pass
+    for changes in (['--second-model', 'none'], ['--model', 'metaworld-demo-fast'],
+                    ['--parts', 'delay']):
+        other = parser.parse_args(changes)
+        assert second_model_argv(other, demo_options.resolve_options(other)) is None
+
+
 def test_demo_configurations_expand_thresholds_for_speculative_modes_only():
     assert demo_options.configurations(['ar', 'spec', 'pipeline_spec'], [0, 2]) == [
         ('ar', 0), ('spec', 0), ('spec', 2), ('pipeline_spec', 0), ('pipeline_spec', 2)]
@@ -530,12 +559,34 @@ def test_demo_run_end_to_end(ros_domain, tmp_path, capsys):
                               '--rates', '30', '--speed-frames', '3', '--relax-sweep', '0,8',
                               '--relax-episodes', '1', '--workers', '1', '--draft-path',
                               'random', '--restrict-to-action-tokens', '--expert', '--out',
-                              str(tmp_path)])
+                              str(tmp_path), '--second-model', SECOND_MODEL])
     args.argv = ['demo', '--model', model]
     assert demo.run(args) == 0
     out = capsys.readouterr().out
-    (json_file,) = tmp_path.glob('demo-*.json')
+    json_files = sorted(tmp_path.glob('demo-*.json'), key=lambda f: f.stat().st_mtime)
+    json_file = json_files[0]
     data = json.loads(json_file.read_text())
+    if SECOND_MODEL != 'none':
+        # The second model's pass: its own record, with its standalone command, AR and the
+        # default mode through the node in real time with the ensemble blend.
+        assert len(json_files) == 2
+        second = json.loads(json_files[1].read_text())
+        assert second['model'] == SECOND_MODEL and second['parts'] == [
+            'stream', 'lockstep', 'speed']
+        assert second['command'].startswith(f'vla-spec demo --model {SECOND_MODEL} ')
+        assert '--sim-mode realtime --chunk-blend ensemble' in second['command']
+        rows = second['lockstep']['rows']
+        assert [(r['mode'], r['chunk_blend'], r['action_chunk']) for r in rows] == [
+            ('ar', 'ensemble', 8), ('pipeline_spec', 'ensemble', 8)]
+        assert all(r['num_steps'] >= 1 and r['num_timeouts'] == 0 for r in rows)
+        assert [r['mode'] for r in second['stream']['rows']] == ['ar', 'pipeline_spec', 'hf']
+        assert [b['mode'] for b in second['speed']['bench_rows']] == [
+            'hf', 'ar', 'pipeline_spec']
+        assert second['speed']['drafter']['pipeline_spec'] == \
+            'previous action + shifted chunk'
+        assert f'# The second model: vla-spec demo --model {SECOND_MODEL}' in out
+    else:
+        assert len(json_files) == 1
     assert data['command'] == f'vla-spec demo --model {model}'
     rows = data['lockstep']['rows']
     assert [(r['mode'], r['relax_threshold']) for r in rows] == [('ar', 0), ('spec', 0)]

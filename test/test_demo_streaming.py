@@ -118,6 +118,12 @@ def test_frame_counts_and_labels_of_the_default_configuration():
     assert streaming.mode_drafter('ar', None) == '-'
     assert streaming.mode_drafter('pipeline_spec', None) == 'previous action'
     assert streaming.mode_drafter('spec', 'checkpoint').startswith('EAGLE head')
+    # a family's default draft names the row when no draft is given; a given one wins
+    fast = 'previous_action+shifted_chunk'
+    assert streaming.mode_drafter('pipeline_spec', None, fast) == \
+        'previous action + shifted chunk'
+    assert streaming.mode_drafter('spec', 'previous_action', fast) == 'previous action'
+    assert streaming.mode_drafter('spec', '/ckpt/draft', fast) == '/ckpt/draft'
     from vla_spec_ros.config import EngineConfig
     default = EngineConfig()
     assert streaming.is_default_configuration(default.mode, default.draft_path)

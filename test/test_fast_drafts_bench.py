@@ -36,9 +36,10 @@ def test_the_table_puts_each_row_against_hf_of_its_stride():
     rows = [dict(base, stride=1, mode='hf', ms_per_chunk=100.0, latency_p50_ms=100.0,
                  forwards_per_action=float('nan')),
             dict(base, stride=1, mode='spec', draft='shifted_chunk', acceptance_length=4.0,
-                 frame_forwards_per_chunk=2.5, ms_per_chunk=25.0, latency_p50_ms=30.0)]
+                 frame_forwards_per_chunk=2.5, ms_per_chunk=25.0, latency_p50_ms=30.0,
+                 max_inflight=1)]
     table = fd.format_table(rows)
-    spec_row = ('| 1 | spec | shifted_chunk | 4.00 | 2.50 | 10.00 | 10.0 | 25.0 | 30.0 | 4.00 '
-                '| 0.30 |')
+    spec_row = ('| 1 | spec | shifted_chunk | 1 | 4.00 | 2.50 | 10.00 | 10.0 | 25.0 | 30.0 '
+                '| 4.00 | 0.30 |')
     assert spec_row in table
     assert '| 1 | hf | - |' in table and '| - |' in table

@@ -217,6 +217,36 @@ def test_max_inflight(policy, frames, reference, max_inflight):
         assert engine.num_verifier_forwards < ACTION_DIM * len(subset)
 
 
+@pytest.mark.parametrize('mode, per_stream, limit', [
+    ('pipeline', 0, 7), ('pipeline', 3, 3), ('pipeline_spec', 0, 2), ('pipeline_spec', 5, 5),
+    ('pipeline', 9, 7), ('ar', 0, 1), ('spec', 4, 1)])
+def test_stream_inflight_limit_resolves_the_mode_default(mode, per_stream, limit):
+    cfg = EngineConfig(mode=mode, max_inflight=7, max_inflight_per_stream=per_stream)
+    assert cfg.stream_inflight_limit == limit
+    with pytest.raises(ValueError, match='max_inflight_per_stream'):
+        EngineConfig(max_inflight_per_stream=-1)
+
+
+@pytest.mark.parametrize('mode', ['pipeline', 'pipeline_spec'])
+def test_one_camera_never_has_more_than_its_limit_in_flight(policy, frames, reference, mode):
+    """max_inflight_per_stream 3 with max_inflight 7: one camera whose frames are all queued
+    keeps at most 3 in flight (the engine's own count after every step) and gets AR's tokens
+    in order."""
+    config = EngineConfig(mode=mode, dtype='float64', max_inflight_per_stream=3,
+                          **({'draft_path': 'random'} if mode == 'pipeline_spec' else {}))
+    engine = Engine(policy.engine.runner, policy.engine.norm_stats, config)
+    subset = frames[:10]
+    for f in subset:
+        engine.submit(f)
+    finished, most = [], 0
+    while engine.has_work():
+        finished.extend(engine.step())
+        most = max(most, engine.num_inflight)
+    assert most == 3
+    assert [fin.frame.user_data for fin in finished] == list(range(10))
+    assert_matches_reference(finished, reference)
+
+
 def test_max_streams_refuses_a_stream_beyond_the_limit_until_one_finishes(policy, frames,
                                                                           reference):
     engine = make_engine(policy, max_streams=2)

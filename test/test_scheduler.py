@@ -184,6 +184,88 @@ def test_large_prompt_is_not_bypassed_by_smaller_ones():
 
 # ---------------------------------------------------------------- streams and speculation
 
+@pytest.mark.parametrize('cap', [1, 2, 3])
+def test_one_stream_at_its_cap_is_a_pipeline_of_that_depth(cap):
+    """max_inflight_per_stream bounds one camera's frames in flight below max_inflight: the
+    timeline is the closed form with max_inflight = the cap."""
+    num_frames = 20
+    requests = [make_request(i, prefix_len=prefix_len_of(i)) for i in range(num_frames)]
+    driver = Driver(Scheduler(7, ACTION_DIM, big_ring(), max_inflight_per_stream=cap))
+    driver.run({i: [requests[i]] for i in range(num_frames)})
+    prefill, emit = expected_plain_timeline(range(num_frames), cap)
+    assert [driver.prefill_step[i] for i in range(num_frames)] == prefill
+    assert [driver.emit_step[i] for i in range(num_frames)] == emit
+    assert max(len(s.decode_ids) + len(s.prefills) for s in driver.steps) == cap
+
+
+def test_a_stream_at_its_cap_is_passed_over_and_keeps_its_place():
+    """Stream a has its two frames in flight; its third waits at the head of the queue while
+    b's frame behind it is admitted. When a frame of a finishes, a's waiting frame goes first
+    again (it kept its place)."""
+    scheduler = Scheduler(7, ACTION_DIM, big_ring(), max_inflight_per_stream=2)
+    for i in range(2):
+        scheduler.submit(make_request(i, 'a'))
+        assert ids(scheduler.schedule().prefills) == [i]
+    scheduler.submit(make_request(2, 'a'))
+    scheduler.submit(make_request(3, 'b'))
+    scheduler.submit(make_request(4, 'b'))
+    step = scheduler.schedule()
+    assert ids(step.prefills) == [3] and step.decode_ids == [0, 1]
+    assert scheduler.waiting_streams == {'a', 'b'}
+    scheduler.on_tokens(0, [0] * ACTION_DIM)           # a's first frame finishes
+    step = scheduler.schedule()
+    assert ids(step.prefills) == [2]                  # a's frame kept the head of the queue
+    step = scheduler.schedule()
+    assert ids(step.prefills) == [4]                  # b is under its cap (3 in flight)
+
+
+@pytest.mark.parametrize('seed', range(6))
+def test_random_streams_under_a_per_stream_cap(seed):
+    """Random arrivals of up to three streams with plain decoding: a stream never has more
+    than its cap in flight, the total never exceeds max_inflight, a waiting frame is passed
+    over only while its stream is at its cap (or its stream's earlier frame waits), every
+    frame is emitted, in order per stream."""
+    rng = random.Random(seed)
+    max_inflight, cap = rng.randint(2, 7), rng.randint(1, 3)
+    streams = ['s%d' % k for k in range(rng.randint(1, 3))]
+    arrivals, step, stream_of = {}, 0, {}
+    for i in range(40):
+        step += rng.choice([0, 0, 1, 2, 4])
+        stream_of[i] = rng.choice(streams)
+        arrivals.setdefault(step, []).append(make_request(i, stream_of[i], rng.randint(3, 30)))
+    scheduler = Scheduler(max_inflight, ACTION_DIM, big_ring(), max_inflight_per_stream=cap)
+    driver = Driver(scheduler)
+    waiting = []                                       # the reference queue, by arrival
+    while driver.step <= max(arrivals) or scheduler.has_work():
+        assert driver.step < 5000
+        arriving = arrivals.get(driver.step, ())
+        waiting += [r.request_id for r in arriving]
+        inflight_before = {i for i in driver.prefill_step if i not in driver.emit_step}
+        scheduled = driver.run_step(arriving)
+        admitted = ids(scheduled.prefills)
+        counts = {}
+        for i in inflight_before:
+            counts[stream_of[i]] = counts.get(stream_of[i], 0) + 1
+        # the reference admission: the first waiting frame whose stream is under its cap
+        expected = []
+        for i in list(waiting):
+            if len(inflight_before) + len(expected) >= max_inflight or expected:
+                break                                   # one prefill per step here
+            if counts.get(stream_of[i], 0) < cap:
+                expected.append(i)
+        assert admitted == expected
+        for i in admitted:
+            waiting.remove(i)
+        inflight = [i for i in driver.prefill_step if i not in driver.emit_step]
+        assert len(inflight) <= max_inflight
+        for stream in streams:
+            assert sum(stream_of[i] == stream for i in inflight) <= cap
+    assert sorted(driver.emitted) == list(range(40))
+    for stream in streams:
+        order = [i for i in driver.emitted if stream_of[i] == stream]
+        assert order == sorted(order)
+
+
 def test_two_interleaved_streams_plain():
     arrivals = {}
     streams = {}
@@ -504,6 +586,8 @@ def test_bad_input_is_rejected_with_the_field_name():
         Scheduler(1, 0, KVRing(10))
     with pytest.raises(ValueError, match='max_prefills'):
         Scheduler(2, ACTION_DIM, KVRing(10), max_prefills=0)
+    with pytest.raises(ValueError, match='max_inflight_per_stream'):
+        Scheduler(2, ACTION_DIM, KVRing(10), max_inflight_per_stream=0)
     with pytest.raises(ValueError, match='num_slots'):
         Request(0, 'a', prefix_len=10, num_tokens_needed=7, num_slots=15)
     with pytest.raises(ValueError, match='prefix_len'):

@@ -448,6 +448,11 @@ class EngineOption:
     not_a_parameter: str = ''          # why the node does not expose it ('' = it does)
 
 
+# pipeline_spec's frames of one stream in flight when max_inflight_per_stream is 0 (measured:
+# docs/engine.md, "Frames of one robot in flight").
+PIPELINE_SPEC_FRAMES_PER_STREAM = 2
+
+
 def _option(default, description: str, **kwargs):
     return dataclasses.field(default=default,
                              metadata={'option': EngineOption(description, **kwargs)})
@@ -518,6 +523,16 @@ class EngineConfig:
     # Pipelining: requests in flight at once (1 = plain AR latency).
     max_inflight: int = _option(7, 'Requests in flight at once in the pipeline modes',
                                 minimum=1, maximum=64)
+    # One stream's frames in flight at once (0: the mode's own, `stream_inflight_limit`). In
+    # pipeline_spec a frame finishes in 2-3 forwards: a third frame of the same robot would
+    # wait behind two of its own and draft from an older action, so one robot gets the same
+    # chunks/s at 2 as at 7 with a lower p50 (docs/engine.md, "Frames of one robot in
+    # flight"). Plain pipeline needs action_dim frames of a robot in flight to answer one per
+    # step, so it keeps max_inflight.
+    max_inflight_per_stream: int = _option(0, 'Frames of one stream (robot) in flight at once '
+                                           'in the pipeline modes; 0 = the mode\'s own: 2 in '
+                                           'pipeline_spec, max_inflight in pipeline',
+                                           minimum=0, maximum=64)
     # Several streams: waiting frames admitted together (their prefills share one step).
     max_prefills_per_step: int = _option(1, 'Waiting frames prefilled together in one step in '
                                          'the pipeline modes (the node keeps one waiting frame '
@@ -621,6 +636,15 @@ class EngineConfig:
         """Requests in flight at once in this mode: max_inflight when pipelined, else 1 (the
         ring, the draft lanes and the node's warm-up are sized by it)."""
         return self.max_inflight if self.is_pipelined else 1
+
+    @property
+    def stream_inflight_limit(self) -> int:
+        """Frames of one stream in flight at once: max_inflight_per_stream, or with 0 the
+        mode's own (2 in pipeline_spec, else num_inflight), never above num_inflight."""
+        limit = self.max_inflight_per_stream or (
+            PIPELINE_SPEC_FRAMES_PER_STREAM if self.mode == 'pipeline_spec'
+            else self.num_inflight)
+        return min(limit, self.num_inflight)
 
     @property
     def num_prefills_per_step(self) -> int:

@@ -99,7 +99,7 @@ class PackedStrategy:
         self.ring = KVRing(capacity)
         self.verifier = runner.new_ring(capacity, config)
         self.scheduler = Scheduler(self.max_inflight, runner.max_action_tokens, self.ring,
-                                   self.max_prefills)
+                                   self.max_prefills, config.stream_inflight_limit)
         self.num_verifier_forwards = 0
         self.stats = StepStats()
         self._captured_prompt_buckets: set[int] = set()     # CUDA graphs: prompt rows built

@@ -46,6 +46,11 @@ episodes per task everywhere):
   and verifier forwards per action at every r, and the distance in bins between each relaxed
   token and the AR token for the same observation, per action dimension.
 
+After these parts, `--second-model` (default: the embedded π0-FAST model
+`metaworld-demo-fast`; `none` to skip) runs the stream, speed and lockstep parts again for a
+second model, AR and the default mode, through the node in real time with the ensemble blend,
+as a record of its own (demo_second.py).
+
 The delay and relax sweeps run in process (inprocess.py: the same episodes, schedule and
 actions as through the bridge, tested), in `--workers` processes. Results go to
 `<out>/demo-<timestamp>.{json,md}` and plots `-delay.png`, `-relax.png`; `--report FILE.json`
@@ -72,6 +77,7 @@ from vla_spec_ros.harness.demo_options import (SPECULATIVE_MODES, action_chunk,
                                                check_lockstep_model, resolve_options)
 from vla_spec_ros.harness.demo_results import (load_record, print_report, reference_7b,
                                                write_results)
+from vla_spec_ros.harness.demo_second import second_model_argv, second_model_args
 
 IN_PROCESS_PATH = ('in process: sim.demos.run_episode with delayed_lockstep.DelayedLockstep, '
                    'policy.predict (the same actions as the ROS bridge path, '
@@ -195,7 +201,7 @@ def _run_speed(args, plan, unnorm_key, cache) -> dict:
     from tqdm import tqdm
 
     from vla_spec_ros.harness import speed
-    from vla_spec_ros.harness.streaming import mode_drafter
+    from vla_spec_ros.harness.streaming import mode_drafter, model_default_draft
     from vla_spec_ros.policy import VLAPolicy
     steps = tqdm(total=1 + len(plan['rates']), desc='model-only speed', unit='part',
                  dynamic_ncols=True)
@@ -218,7 +224,8 @@ def _run_speed(args, plan, unnorm_key, cache) -> dict:
         steps.close()
     return {'bench_rows': [asdict(r) for r in rows], 'bench_frames': plan['speed_frames'],
             'bench_frame_source': speed.BENCH_FRAME_SOURCE,
-            'drafter': {m: mode_drafter(m, args.draft_path) for m in plan['modes']},
+            'drafter': {m: mode_drafter(m, args.draft_path, model_default_draft(policy))
+                        for m in plan['modes']},
             'paced_frames': 'the first frames of the stream part\'s camera (consecutive '
                             'control steps)', 'paced': paced}
 
@@ -300,6 +307,9 @@ def run(args) -> int:
     if 'lockstep' in plan['parts']:
         for model in plan['lockstep_models']:
             check_lockstep_model(model, args.sim_mode)
+    second = second_model_argv(args, plan)
+    if second is not None:
+        action_chunk(args.second_model)    # --second-model: a checkpoint that resolves
     reason = sim_unavailable_reason()
     if reason is not None:
         raise ValueError(f'the simulator is unavailable: {reason}')
@@ -340,6 +350,9 @@ def run(args) -> int:
     paths = write_results(args.out, record, stem)
     print_report(record, paths)           # its last lines: the summary
     print(f'wall time {record["wall_s"]:.0f} s')
+    if second is not None:
+        print(f'\n# The second model: vla-spec {shlex.join(second)}\n', flush=True)
+        return run(second_model_args(second))
     return 0
 
 

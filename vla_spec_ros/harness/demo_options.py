@@ -26,6 +26,10 @@ FULL_EPISODES = 20
 def add_arguments(parser) -> None:
     parser.add_argument('--model', default='metaworld-demo',
                         help='checkpoint folder, embedded model or preset name')
+    parser.add_argument('--second-model', default='metaworld-demo-fast',
+                        help='after --model, the stream, speed and lockstep parts again for '
+                        'this model (chunked: through the node in real time, ensemble), as a '
+                        'record of its own (demo_second.py); none: skip')
     parser.add_argument('--tasks', default=','.join(DEFAULT_TASK_NAMES),
                         help='comma-separated Meta-World task names')
     parser.add_argument('--parts', default=','.join(DEFAULT_PARTS),

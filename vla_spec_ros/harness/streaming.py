@@ -298,13 +298,23 @@ def _load_avg() -> float:
         return math.nan
 
 
-def mode_drafter(mode: str, draft_path: str | None) -> str:
-    """How a mode drafts: '-' for the non-speculative ones."""
+def mode_drafter(mode: str, draft_path: str | None, default_draft: str | None = None) -> str:
+    """How a mode drafts: '-' for the non-speculative ones. Without a `draft_path`, the
+    model's `default_draft` (a family's measured best, e.g. π0-FAST's
+    'previous_action+shifted_chunk'; None: the previous action)."""
     if mode not in ('spec', 'pipeline_spec'):
         return '-'
-    if draft_path in (None, '', 'previous_action'):
-        return 'previous action'
-    return 'EAGLE head (checkpoint draft/)' if draft_path == 'checkpoint' else draft_path
+    path = draft_path or default_draft or 'previous_action'
+    if path == 'checkpoint':
+        return 'EAGLE head (checkpoint draft/)'
+    if all(part.isidentifier() for part in path.split('+')):      # headless drafters' names
+        return ' + '.join(part.replace('_', ' ') for part in path.split('+'))
+    return path
+
+
+def model_default_draft(policy) -> str | None:
+    """The draft a policy's model names as its family's default (None: the engine's)."""
+    return getattr(policy.engine.runner.model, 'default_draft', None)
 
 
 def is_default_configuration(mode: str, draft_path: str | None, relax_threshold: int = 0) -> bool:
@@ -342,7 +352,8 @@ def run_stream(model: str, modes, tasks, *, rate_hz: float, seconds: float, seed
         row = run_stream_mode(policy, frames[:num_warmup + num_timed], rate_hz, num_warmup,
                               unnorm_key, log_level=log_level)
         row.update(load_avg_1m=[load, _load_avg()], mode=mode, where=WHERE_NODE,
-                   drafter=mode_drafter(mode, draft_path if speculative else None),
+                   drafter=mode_drafter(mode, draft_path if speculative else None,
+                                        model_default_draft(policy)),
                    is_default=is_default_configuration(
                        mode, draft_path if speculative else None))
         rows.append(row)

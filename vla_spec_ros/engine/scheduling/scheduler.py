@@ -14,12 +14,16 @@ Life of a request (one camera frame of one stream):
   finished --(every earlier frame of its stream emitted)--> emitted by ``pop_finished``
 
 Contracts:
-- Admission is strictly in queue order over all streams: waiting requests are admitted in
+- Admission is in queue order over all streams: waiting requests are admitted in
   submission order, except that ``replace_waiting`` puts a stream's newer frame in the place
   of the one it replaces (so request ids need not be increasing along the queue); at
   most ``max_prefills`` per step, and admission stops at the first that cannot be admitted
   (``max_inflight`` reached or no room in the ring); with none admitted the step is
   decode-only. A smaller later request never bypasses it, so a large prompt cannot starve.
+  One exception: a stream with ``max_inflight_per_stream`` requests in flight is passed over
+  (its waiting requests keep their place; the streams behind it go on). Its own requests
+  finish within the S2 bound, so it is passed over for at most that long, and its frames
+  stay in order among themselves.
   Liveness: in-flight requests always advance, so the ring eventually empties, and every
   request fits in an empty ring (checked at ``submit``).
 - A request admitted at step s gains its first token in step s; with plain decoding it gains
@@ -65,8 +69,13 @@ class Scheduler:
     the forward pass, reports ``on_tokens`` for every request of the step, then ``pop_finished``.
     """
 
-    def __init__(self, max_inflight: int, max_tokens: int, ring: KVRing, max_prefills: int = 1):
+    def __init__(self, max_inflight: int, max_tokens: int, ring: KVRing, max_prefills: int = 1,
+                 max_inflight_per_stream: int | None = None):
         self.max_inflight = check_int('max_inflight', max_inflight, minimum=1)
+        # None: only max_inflight bounds one stream.
+        self.max_inflight_per_stream = (
+            None if max_inflight_per_stream is None
+            else check_int('max_inflight_per_stream', max_inflight_per_stream, minimum=1))
         self.max_prefills = check_int('max_prefills', max_prefills, minimum=1)
         self.max_tokens = check_int('max_tokens', max_tokens, minimum=1)
         self.ring = ring
@@ -145,11 +154,17 @@ class Scheduler:
         # 1. Every request already in flight advances (S6: also when nothing waits).
         decode = list(self._inflight.values())
         # 2. The oldest waiting requests are prefilled while the pipeline and the ring have
-        #    room, at most max_prefills of them.
+        #    room, at most max_prefills of them; a stream at its own cap is passed over.
         prefills = []
-        while (self._waiting and len(prefills) < self.max_prefills
+        per_stream = self._inflight_per_stream()
+        index = 0
+        while (index < len(self._waiting) and len(prefills) < self.max_prefills
                and len(self._inflight) < self.max_inflight):
-            head = self._waiting[0]
+            head = self._waiting[index]
+            if (self.max_inflight_per_stream is not None
+                    and per_stream.get(head.stream_id, 0) >= self.max_inflight_per_stream):
+                index += 1
+                continue
             if self.ring.allocate(head.request_id, head.num_slots) is None:
                 if not self._inflight:
                     raise RuntimeError(f'request {head.request_id} needs {head.num_slots} '
@@ -157,9 +172,17 @@ class Scheduler:
                                        'nothing in flight: the ring is allocated outside the '
                                        'scheduler')
                 break
-            prefills.append(self._waiting.popleft())
+            del self._waiting[index]
+            prefills.append(head)
             self._inflight[head.request_id] = head
+            per_stream[head.stream_id] = per_stream.get(head.stream_id, 0) + 1
         return ScheduledStep(prefills=prefills, decode=decode)
+
+    def _inflight_per_stream(self) -> dict[str, int]:
+        counts: dict[str, int] = {}
+        for request in self._inflight.values():
+            counts[request.stream_id] = counts.get(request.stream_id, 0) + 1
+        return counts
 
     def on_tokens(self, request_id: int, tokens: Sequence[int], is_final: bool = False) -> bool:
         """Append newly decided ``tokens`` to the request; True when it just finished: it has
