@@ -5,7 +5,8 @@
 # measurement: frames answered, frame -> twist latency, against AR and the Hugging Face
 # baseline), the embedded Meta-World model in lock-step through the node and the simulator
 # bridge (success), model-only speed, and success against action delay with each mode's
-# streaming latency placed on it.
+# streaming latency placed on it; then the embedded pi0-FAST model (metaworld-demo-fast): its
+# stream, model-only speed and real-time success through the node, as a record of its own.
 # Extra arguments go to `vla-spec demo` (e.g. --full for the recorded sweeps, about two hours;
 # --verbose for the nodes' log lines).
 set -euo pipefail

@@ -129,8 +129,8 @@ def format_report(record: dict) -> str:
         out += ['## Model only (no ROS, no simulator)\n', format_speed_table(record),
                 f"`vla-spec bench --frames-from {source}` workload ({speed['bench_frames']} "
                 'frames, a camera faster than inference) for actions/s, × HF (the Hugging Face '
-                'AR baseline, same run), the saturated latency and verifier forwards per '
-                'action; the @ Hz columns feed '
+                'AR baseline, same run), the saturated latency, verifier forwards and generated '
+                'tokens per action (a FAST chunk\'s count varies); the @ Hz columns feed '
                 + (speed.get('paced_frames', 'Meta-World frames') + ' ')
                 + 'at that camera rate the way the node does (the newest frame replaces a '
                 'waiting one).\n']

@@ -156,8 +156,8 @@ def format_speed_table(record: dict) -> str:
     speed = record['speed']
     rates = [str(r) for r in speed.get('paced', {})]
     head = ['mode', 'actions/s', '× HF', 'latency p50 ms (saturated)', 'forwards/action',
-            'acceptance length'] + [f'@ {float(r):g} Hz: latency p50 ms, frames answered'
-                                    for r in rates]
+            'tokens/action', 'acceptance length'] + [
+                f'@ {float(r):g} Hz: latency p50 ms, frames answered' for r in rates]
     rows = []
     drafter = speed.get('drafter', {})
     for b in speed['bench_rows']:
@@ -166,7 +166,7 @@ def format_speed_table(record: dict) -> str:
             label = mode_label({'mode': b['mode'], 'drafter': drafter[b['mode']]})
         cells = [label, fmt(b['actions_per_s'], 1), fmt(b['ratio_vs_hf']),
                  fmt(b['latency_p50_ms'], 1), fmt(b['forwards_per_action']),
-                 fmt(b['acceptance_length'])]
+                 fmt(b.get('tokens_per_action'), 1), fmt(b['acceptance_length'])]
         for rate in rates:
             paced = speed['paced'][rate].get(b['mode'])
             cells.append('-' if paced is None else
