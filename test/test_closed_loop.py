@@ -471,7 +471,7 @@ def test_demo_second_model_pass_is_the_equivalent_standalone_command():
     parser = argparse.ArgumentParser()
     demo_options.add_arguments(parser)
     args = parser.parse_args(['--tasks', 'drawer-open', '--episodes', '3', '--rates', '10,30'])
-    assert args.second_model == 'metaworld-demo-fast'            # the main job runs both
+    assert args.second_model == 'auto' and args.model == 'metaworld-demo'   # the main job
     argv = second_model_argv(args, demo_options.resolve_options(args))
     assert argv[:11] == ['demo', '--model', 'metaworld-demo-fast', '--parts',
                          'stream,lockstep,speed', '--modes', 'ar,pipeline_spec', '--sim-mode',
@@ -482,7 +482,8 @@ def test_demo_second_model_pass_is_the_equivalent_standalone_command():
     assert plan['rates'] == [10.0, 30.0] and plan['chunk_blend'] == 'ensemble'
     assert second.argv == argv and second_model_argv(second, plan) is None   # no third pass
     for changes in (['--second-model', 'none'], ['--model', 'metaworld-demo-fast'],
-                    ['--parts', 'delay']):
+                    ['--parts', 'delay'], ['--model', 'tiny'],
+                    ['--model', 'metaworld-demo-fast', '--second-model', 'metaworld-demo-fast']):
         other = parser.parse_args(changes)
         assert second_model_argv(other, demo_options.resolve_options(other)) is None
 

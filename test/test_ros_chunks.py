@@ -672,6 +672,11 @@ def test_a_chunk_that_does_not_decode_leaves_the_running_chunk_or_holds(ros, chu
         start = len(probe.probe.twists.snapshot())
         a = _image(probe, frames[0])
         probe.probe.send(a, lambda: node.stats_snapshot()['chunk_steps_published'] > 0)
+        # A's first step has arrived: every zero twist of the node's start (no image yet) is
+        # before it (one reliable publisher, in order).
+        probe.probe.twists.wait_for(lambda m: not is_zero(m) and m.header.stamp == a.header.stamp,
+                                    start=start, what='A\'s first step')
+        start_b = len(probe.probe.twists.snapshot())
         before = node.stats_snapshot()
         policy.engine.invalid = True
         b = _image(probe, frames[1])
@@ -694,11 +699,11 @@ def test_a_chunk_that_does_not_decode_leaves_the_running_chunk_or_holds(ros, chu
         else:
             probe.probe.send(b, lambda: node.stats_snapshot()['holds'] > before['holds'])
             received, zero = probe.probe.twists.wait_for(
-                lambda m: is_zero(m), start=start, what='the zero twist after B')
+                lambda m: is_zero(m), start=start_b, what='the zero twist after B')
             # A's chunk was dropped: the zero came before A's last slot, and nothing after it
             # is one of A's steps.
             assert received < stamp_s(a.header.stamp) + (K - 1) * CONTROL_PERIOD
-            later = probe.probe.twists.snapshot()[start:]
+            later = probe.probe.twists.snapshot()[start_b:]
             index = next(i for i, (_, m) in enumerate(later) if m is zero)
             assert not [m for _, m in later[index:] if not is_zero(m)]
             after = node.stats_snapshot()

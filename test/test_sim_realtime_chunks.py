@@ -218,7 +218,7 @@ def test_demo_realtime_table_one_row_per_model_and_camera_delay():
             realtime_row('chunked', K, 0, 1.0, num_chunk_steps_published=90),
             realtime_row('chunked', K, 2, 0.67, num_chunk_steps_published=80,
                          num_chunk_steps_skipped=60, num_chunk_run_outs=3, answer_lag_sum=2,
-                         num_answer_steps_on_time=78)]
+                         num_answer_steps_on_time=78, num_chunks_refused=1)]
     record = {'model': 'single', 'tasks': [TASK], 'lockstep': {
         'episodes': 3, 'sim_mode': 'realtime', 'control_rate_hz': 10.0, 'rows': rows,
         'models': ['single', 'chunked'], 'camera_delays': [0, 2]}}
@@ -226,7 +226,7 @@ def test_demo_realtime_table_one_row_per_model_and_camera_delay():
     lines = [line for line in table.splitlines() if line.startswith('| chunked')]
     assert lines[1].split(' | ')[1:] == [
         'pipeline_spec', '0', '2', '0.67', '0.67', '20.0 / 40.0', '0.03, 98%', '1 / 2 / 100', '0',
-        '80 / 60', '3', '3 |']
+        '80 / 60', '3 / 1', '3 |']
     assert ('| single (single-step) | pipeline_spec | 0 | 2 | 0.33 | 0.33 | 20.0 / 40.0 | '
             '2.00, 0% |') in table
     report = demo_report.format_report(record)

@@ -46,8 +46,9 @@ episodes per task everywhere):
   and verifier forwards per action at every r, and the distance in bins between each relaxed
   token and the AR token for the same observation, per action dimension.
 
-After these parts, `--second-model` (default: the embedded π0-FAST model
-`metaworld-demo-fast`; `none` to skip) runs the stream, speed and lockstep parts again for a
+After these parts, `--second-model` (default `auto`: the embedded π0-FAST model
+`metaworld-demo-fast` after the default `metaworld-demo`, nothing after another model; `none`
+to skip) runs the stream, speed and lockstep parts again for a
 second model, AR and the default mode, through the node in real time with the ensemble blend,
 as a record of its own (demo_second.py).
 
@@ -309,7 +310,7 @@ def run(args) -> int:
             check_lockstep_model(model, args.sim_mode)
     second = second_model_argv(args, plan)
     if second is not None:
-        action_chunk(args.second_model)    # --second-model: a checkpoint that resolves
+        action_chunk(second[2])            # --second-model: a checkpoint that resolves
     reason = sim_unavailable_reason()
     if reason is not None:
         raise ValueError(f'the simulator is unavailable: {reason}')

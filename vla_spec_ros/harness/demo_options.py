@@ -26,10 +26,11 @@ FULL_EPISODES = 20
 def add_arguments(parser) -> None:
     parser.add_argument('--model', default='metaworld-demo',
                         help='checkpoint folder, embedded model or preset name')
-    parser.add_argument('--second-model', default='metaworld-demo-fast',
+    parser.add_argument('--second-model', default='auto',
                         help='after --model, the stream, speed and lockstep parts again for '
-                        'this model (chunked: through the node in real time, ensemble), as a '
-                        'record of its own (demo_second.py); none: skip')
+                        'this model (through the node in real time, ensemble blend), as a '
+                        'record of its own (demo_second.py); auto: metaworld-demo-fast after '
+                        'the default metaworld-demo, nothing after another model; none: skip')
     parser.add_argument('--tasks', default=','.join(DEFAULT_TASK_NAMES),
                         help='comma-separated Meta-World task names')
     parser.add_argument('--parts', default=','.join(DEFAULT_PARTS),

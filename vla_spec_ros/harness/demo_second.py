@@ -1,6 +1,7 @@
-"""The main job's second model (`vla-spec demo --second-model`, default the embedded π0-FAST
-model `metaworld-demo-fast`): after the first model's parts, the same job's stream, speed and
-lockstep parts run again for the second model, as their own record beside the first.
+"""The main job's second model (`vla-spec demo --second-model`; `auto`, the default, is the
+embedded π0-FAST model `metaworld-demo-fast` after the default `metaworld-demo`): after the
+first model's parts, the same job's stream, speed and lockstep parts run again for the second
+model, as their own record beside the first.
 
 The second model is a chunked one, so its success runs through the node in real time
 (`--sim-mode realtime`: the node publishes a chunk's steps on its control clock, the bridge
@@ -18,15 +19,26 @@ import argparse
 SECOND_MODEL_PARTS = ('stream', 'speed', 'lockstep')
 NO_SECOND_MODEL = ('', 'none')
 SECOND_MODEL_BLEND = 'ensemble'
+# `--second-model auto`: the main job's pair of embedded models (first -> second); after any
+# other first model there is no second pass (a user's own checkpoint runs alone).
+AUTO_SECOND_MODEL = {'metaworld-demo': 'metaworld-demo-fast'}
+
+
+def resolve_second_model(args) -> str:
+    """The second model's name, or '' for none (`auto`: AUTO_SECOND_MODEL's)."""
+    second = getattr(args, 'second_model', '') or ''
+    if second == 'auto':
+        return AUTO_SECOND_MODEL.get(args.model, '')
+    return '' if second in NO_SECOND_MODEL else second
 
 
 def second_model_argv(args, plan) -> list[str] | None:
     """The `vla-spec demo` arguments of the second model's pass, or None when there is none
     (`--second-model none`, the same model as `--model`, or no part of SECOND_MODEL_PARTS)."""
     from vla_spec_ros.config import EngineConfig
-    second = getattr(args, 'second_model', '') or ''
+    second = resolve_second_model(args)
     parts = [p for p in plan['parts'] if p in SECOND_MODEL_PARTS]
-    if second in NO_SECOND_MODEL or second == args.model or not parts:
+    if not second or second == args.model or not parts:
         return None
     modes = ['ar'] + [m for m in (EngineConfig().mode,) if m != 'ar']
     argv = ['demo', '--model', second, '--parts', ','.join(parts), '--modes', ','.join(modes),
@@ -53,4 +65,5 @@ def second_model_args(argv: list[str]):
     return args
 
 
-__all__ = ['SECOND_MODEL_PARTS', 'NO_SECOND_MODEL', 'second_model_argv', 'second_model_args']
+__all__ = ['SECOND_MODEL_PARTS', 'NO_SECOND_MODEL', 'AUTO_SECOND_MODEL', 'resolve_second_model',
+           'second_model_argv', 'second_model_args']
