@@ -33,7 +33,7 @@ def main(argv=None) -> int:
     import numpy as np
 
     from vla_spec_ros.policy import VLAPolicy
-    from vla_spec_ros.ros.chunk_schedule import BLENDS, INVALID_CHUNK_RULES, ensemble_weights
+    from vla_spec_ros.ros.chunk_schedule import BLENDS, INVALID_CHUNK_RULES, blend_steps
     from vla_spec_ros.sim.delayed_lockstep import DelayedLockstep
     from vla_spec_ros.sim.demos import (choose_instruction, episode_seed, run_episode,
                                         success_rate)
@@ -89,11 +89,8 @@ def main(argv=None) -> int:
                         if 0 <= step - start < len(c)]
             if args.blend == 'latest':
                 covering = covering[:1]
-            if not covering:
-                plan.append(np.r_[np.zeros(6), 1.0])
-                continue
-            weights = ensemble_weights(len(covering), args.decay)
-            plan.append(np.tensordot(weights, np.stack(covering), axes=1))
+            plan.append(blend_steps(covering, args.decay) if covering
+                        else np.r_[np.zeros(6), 1.0])
         return np.stack(plan)
 
     started = time.time()

@@ -16,6 +16,7 @@ import time
 import numpy as np
 import pytest
 
+from engine_wrappers import FaultEngine, RecordingEngine, WrappedPolicy
 from vla_spec_ros.ros import chunk_schedule as chunks
 from vla_spec_ros.ros import command as cmd
 from vla_spec_ros.ros import params
@@ -625,33 +626,6 @@ def test_ensemble_blends_the_chunks_covering_each_step(chunk_node, chunked):
         assert probe.probe.set_param('chunk_blend', 'latest').successful
 
 
-class InvalidatingEngine:
-    """Delegates to a real Engine; while `invalid`, every finished frame's chunk comes back as
-    one that did not decode (what a FAST model's malformed token sequence gives)."""
-
-    def __init__(self, engine):
-        self._engine = engine
-        self.invalid = False
-
-    def __getattr__(self, name):
-        return getattr(self._engine, name)
-
-    def step(self):
-        finished = self._engine.step()
-        if not self.invalid:
-            return finished
-        return [dataclasses.replace(f, result=dataclasses.replace(
-            f.result, is_valid=False, invalid_reason='injected: 50 coefficients, 56 needed'))
-            for f in finished]
-
-
-class InvalidatingPolicy:
-    def __init__(self, policy):
-        self.engine = InvalidatingEngine(policy.engine)
-        self.unnorm_keys = policy.unnorm_keys
-        self.model_config = policy.model_config
-
-
 @needs_ros
 @pytest.mark.parametrize('rule', ['continue', 'hold'])
 def test_a_chunk_that_does_not_decode_leaves_the_running_chunk_or_holds(ros, chunked, rule):
@@ -663,8 +637,8 @@ def test_a_chunk_that_does_not_decode_leaves_the_running_chunk_or_holds(ros, chu
     from vla_spec_ros import VLAPolicy
 
     folder, frames, expected = chunked
-    policy = InvalidatingPolicy(VLAPolicy.from_pretrained(str(folder),
-                                                          restrict_to_action_tokens=True))
+    policy = WrappedPolicy(VLAPolicy.from_pretrained(str(folder),
+                                                     restrict_to_action_tokens=True), FaultEngine)
     changes = {} if rule == 'continue' else {'invalid_chunk': rule}
     node, probe = _node(ros, policy, f'vla_chunk_invalid_{rule}', **changes)
     try:
@@ -678,7 +652,7 @@ def test_a_chunk_that_does_not_decode_leaves_the_running_chunk_or_holds(ros, chu
                                     start=start, what='A\'s first step')
         start_b = len(probe.probe.twists.snapshot())
         before = node.stats_snapshot()
-        policy.engine.invalid = True
+        policy.engine.fault = 'invalid'
         b = _image(probe, frames[1])
         if rule == 'continue':
             probe.probe.send(b, lambda: node.stats_snapshot()['chunks_refused']
@@ -715,32 +689,6 @@ def test_a_chunk_that_does_not_decode_leaves_the_running_chunk_or_holds(ros, chu
         node.destroy_node()
 
 
-class RecordingEngine:
-    """Delegates to a real Engine and keeps the frames submitted to it."""
-
-    def __init__(self, engine):
-        self._engine = engine
-        self.frames = []
-
-    def __getattr__(self, name):
-        return getattr(self._engine, name)
-
-    def submit(self, frame):
-        self.frames.append(frame)
-        return self._engine.submit(frame)
-
-    def replace_waiting(self, frame):          # how the node submits a camera frame
-        self.frames.append(frame)
-        return self._engine.replace_waiting(frame)
-
-
-class RecordingPolicy:
-    def __init__(self, policy):
-        self.engine = RecordingEngine(policy.engine)
-        self.unnorm_keys = policy.unnorm_keys
-        self.model_config = policy.model_config
-
-
 @needs_ros
 def test_without_trajectory_msgs_the_steps_still_flow(ros, chunked, chunk_node, monkeypatch):
     """No trajectory_msgs: no trajectory publisher, a warning, the steps on ~/twist as usual;
@@ -752,8 +700,9 @@ def test_without_trajectory_msgs_the_steps_still_flow(ros, chunked, chunk_node, 
 
     folder, frames, expected = chunked
     monkeypatch.setattr(command_messages, 'MultiDOFJointTrajectory', None)
-    policy = RecordingPolicy(VLAPolicy.from_pretrained(str(folder),
-                                                       restrict_to_action_tokens=True))
+    policy = WrappedPolicy(VLAPolicy.from_pretrained(str(folder),
+                                                     restrict_to_action_tokens=True),
+                           RecordingEngine)
     node, probe = _node(ros, policy, 'vla_chunk_plain')
     try:
         assert all(c.twist_output.trajectory_pub is None for c in node.serving.channels)

@@ -10,7 +10,6 @@ action tokens so that the random-weight model yields valid actions); the scaling
 them here is the documented one, written out in this file.
 """
 import contextlib
-import dataclasses
 import gc
 import importlib.util
 import os
@@ -19,6 +18,8 @@ import time
 
 import numpy as np
 import pytest
+
+from engine_wrappers import FaultEngine, WrappedPolicy
 
 HAS_ROS = all(importlib.util.find_spec(m) is not None
               for m in ('rclpy', 'sensor_msgs', 'geometry_msgs', 'std_srvs', 'diagnostic_msgs'))
@@ -309,45 +310,10 @@ def test_reset_service(main_node):
 
 # ---- failure injection: a policy wrapper around the real engine ------------------------------
 
-class FaultEngine:
-    """Delegates to a real Engine; `fault` turns its step() output into a failure."""
-
-    def __init__(self, engine):
-        self._engine = engine
-        self.fault = None
-
-    def __getattr__(self, name):
-        return getattr(self._engine, name)
-
-    def step(self):
-        finished = self._engine.step()
-        if self.fault == 'raise':
-            raise RuntimeError('injected failure')
-        if self.fault == 'error':
-            return [dataclasses.replace(f, result=None, error='injected error') for f in finished]
-        if self.fault in ('nan', 'invalid'):
-            out = []
-            for f in finished:
-                action = f.result.action.copy()
-                action[1] = np.nan
-                result = dataclasses.replace(
-                    f.result, action=action, is_valid=self.fault == 'nan',
-                    invalid_reason=None if self.fault == 'nan' else 'injected non-action token')
-                out.append(dataclasses.replace(f, result=result))
-            return out
-        return finished
-
-
-class FaultPolicy:
-    def __init__(self, policy):
-        self.engine = FaultEngine(policy.engine)
-        self.unnorm_keys = policy.unnorm_keys
-
-
 @pytest.fixture(scope='module')
 def fault_node(ros, reference, main_node):
     context, executor, probe_node = ros
-    policy = FaultPolicy(reference[0])
+    policy = WrappedPolicy(reference[0], FaultEngine)
     overrides = {'image_transport': 'compressed', 'enabled': True, 'instruction': INSTRUCTION,
                  'unnorm_key': UNNORM_KEY, 'control_period': CONTROL_PERIOD,
                  'max_linear_speed': 10.0, 'max_angular_speed': 20.0, 'max_action_age': 5.0,

@@ -78,7 +78,8 @@ from vla_spec_ros.harness.demo_options import (SPECULATIVE_MODES, action_chunk,
                                                check_lockstep_model, resolve_options)
 from vla_spec_ros.harness.demo_results import (load_record, print_report, reference_7b,
                                                write_results)
-from vla_spec_ros.harness.demo_second import second_model_argv, second_model_args
+from vla_spec_ros.harness.demo_second import (resolve_second_model, second_model_args,
+                                              second_model_argv)
 
 IN_PROCESS_PATH = ('in process: sim.demos.run_episode with delayed_lockstep.DelayedLockstep, '
                    'policy.predict (the same actions as the ROS bridge path, '
@@ -310,7 +311,7 @@ def run(args) -> int:
             check_lockstep_model(model, args.sim_mode)
     second = second_model_argv(args, plan)
     if second is not None:
-        action_chunk(second[2])            # --second-model: a checkpoint that resolves
+        action_chunk(resolve_second_model(args))     # a checkpoint that resolves, or an error
     reason = sim_unavailable_reason()
     if reason is not None:
         raise ValueError(f'the simulator is unavailable: {reason}')

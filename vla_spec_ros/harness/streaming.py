@@ -300,7 +300,7 @@ def _load_avg() -> float:
 
 def mode_drafter(mode: str, draft_path: str | None, default_draft: str | None = None) -> str:
     """How a mode drafts: '-' for the non-speculative ones. Without a `draft_path`, the
-    model's `default_draft` (a family's measured best, e.g. π0-FAST's
+    model's default draft (`model_default_draft`, e.g. π0-FAST's
     'previous_action+shifted_chunk'; None: the previous action)."""
     if mode not in ('spec', 'pipeline_spec'):
         return '-'
@@ -312,9 +312,10 @@ def mode_drafter(mode: str, draft_path: str | None, default_draft: str | None = 
     return path
 
 
-def model_default_draft(policy) -> str | None:
-    """The draft a policy's model names as its family's default (None: the engine's)."""
-    return getattr(policy.engine.runner.model, 'default_draft', None)
+def model_default_draft(policy) -> str:
+    """The draft the engine runs for `policy` when no draft_path is given."""
+    from vla_spec_ros.engine.drafting.draft_choice import default_draft_path
+    return default_draft_path(policy.engine.runner)
 
 
 def is_default_configuration(mode: str, draft_path: str | None, relax_threshold: int = 0) -> bool:

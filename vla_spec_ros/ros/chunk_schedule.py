@@ -158,6 +158,13 @@ def ensemble_weights(count: int, decay: float) -> np.ndarray:
     return weights / weights.sum()
 
 
+def blend_steps(actions, decay: float) -> np.ndarray:
+    """The ensemble of one slot: `actions` are the due steps of the chunks covering it, the
+    newest first, weighted by `ensemble_weights`."""
+    weights = ensemble_weights(len(actions), decay)
+    return np.tensordot(weights, np.stack(actions), axes=1)
+
+
 class ChunkSchedule:
     """One robot's chunks and which of the newest chunk's steps were decided.
 
@@ -231,9 +238,8 @@ class ChunkSchedule:
             if 0 <= i < chunk.num_steps and chunk.step_age(i, now_s) <= max_age_s:
                 actions.append(chunk.actions[i])
                 ages.append(chunk.step_age(i, now_s))
-        weights = ensemble_weights(len(actions), decay)
-        blended = np.tensordot(weights, np.stack(actions), axes=1)
-        return DueStep(newest, index, blended, max(ages), skipped, len(actions))
+        return DueStep(newest, index, blend_steps(actions, decay), max(ages), skipped,
+                       len(actions))
 
     def is_running(self, now_s: float) -> bool:
         """Whether the newest chunk still has a slot at or after `now_s` (it has not run
@@ -252,4 +258,5 @@ class ChunkSchedule:
 
 
 __all__ = ['BLENDS', 'INVALID_CHUNK_RULES', 'Chunk', 'StepAction', 'DueStep', 'RunOut',
-           'ChunkDecision', 'ChunkSchedule', 'chunk_age_limit', 'decide_chunk', 'ensemble_weights']
+           'ChunkDecision', 'ChunkSchedule', 'blend_steps', 'chunk_age_limit', 'decide_chunk',
+           'ensemble_weights']
