@@ -202,6 +202,46 @@ def test_servo_pose_mode_targets_are_the_deltas_applied_to_the_pose_read(graph, 
         servo.destroy_node()
 
 
+def servo_integrated(quaternion, angular, period):
+    """The orientation after Servo holds the twist's angular velocity w (base frame) for one
+    period: a constant angular velocity about fixed axes turns the tool by exp(w * period),
+    on the left (scipy's rotation vector, independent of the node's rotation math)."""
+    return Rotation.from_rotvec(np.asarray(angular) * period) * Rotation.from_quat(quaternion)
+
+
+def test_the_pose_target_is_where_servo_takes_the_tool_with_the_twist(graph):
+    """Both outputs follow one convention (docs/robot.md, "Rotations"): the action's fixed-axis
+    rotation Rz @ Ry @ Rx. The twist, integrated over one period as Servo integrates it, turns
+    the tool by exactly that rotation, and the pose target of the same frame is that pose."""
+    from vla_spec_ros import VLAPolicy
+
+    policy = VLAPolicy.from_pretrained('tiny', restrict_to_action_tokens=True)
+    reference = VLAPolicy.from_pretrained('tiny', restrict_to_action_tokens=True, mode='ar')
+    rng = np.random.default_rng(11)
+    images = [rng.integers(0, 256, (48, 64, 3), dtype=np.uint8) for _ in range(4)]
+    actions = [reference.predict(im, INSTRUCTION, UNNORM_KEY).action for im in images]
+    # The test tells the conventions apart: reading the angles as a rotation vector is off.
+    gaps = [(Rotation.from_rotvec(a[3:6]).inv() * Rotation.from_euler('xyz', a[3:6]))
+            .magnitude() for a in actions]
+    assert max(gaps) > 1e-6
+    node, probe = start_node(graph, policy, 'vla_pose_twist')
+    try:
+        for image, action, (position, quaternion) in zip(images, actions, tool_poses()):
+            stamp = give_tool_pose(node, probe, position, quaternion)
+            _, target = probe.probe.send(frame_with_stamp(probe, image, stamp),
+                                         answered(probe.targets, stamp))
+            _, twist = probe.probe.twists.wait_for(lambda m: m.header.stamp == stamp,
+                                                   what='the twist of the frame')
+            angular = [twist.twist.angular.x, twist.twist.angular.y, twist.twist.angular.z]
+            turned = servo_integrated(quaternion, angular, CONTROL_PERIOD)
+            _, wanted = expected_target(position, quaternion, action)
+            _, target_rotation = pose_arrays(target.pose)
+            assert (turned.inv() * wanted).magnitude() < 1e-9
+            assert (target_rotation.inv() * turned).magnitude() < 1e-9
+    finally:
+        stop_node(graph, node)
+
+
 def test_without_a_tool_pose_the_robot_holds(graph):
     from ros_probe import is_zero
 

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import pytest
+from scipy.spatial.transform import Rotation
 
 from vla_spec_ros.config import TUNABLE_ENGINE_FIELDS, EngineConfig, engine_option
 from vla_spec_ros.ros import command as cmd
@@ -46,14 +47,35 @@ def test_velocity_is_delta_over_period_times_scale():
     linear, angular = cmd.velocities_from_action(ACTION, s)
     # 0.01 / 0.2 * 2 = 0.1 ; -0.02 / 0.2 * 2 = -0.2 ; 0.02 / 0.2 * 2 = 0.2
     assert linear == pytest.approx((0.1, -0.2, 0.2))
-    # 0.1 / 0.2 * 0.5 = 0.25 ; -0.05 / 0.2 * 0.5 = -0.125
-    assert angular == pytest.approx((0.25, 0.0, -0.125))
+    # The rotation Rz(-0.05) @ Rx(0.1) as a rotation vector (scipy's, an independent
+    # implementation), / 0.2 * 0.5; about (0.25, -0.006, -0.125): not the angles themselves.
+    rotation = Rotation.from_euler('xyz', ACTION[3:6]).as_rotvec()
+    assert angular == pytest.approx(tuple(rotation / 0.2 * 0.5), rel=1e-12, abs=1e-15)
+    assert abs(angular[1]) > 1e-3
+
+
+def test_the_twist_turns_the_tool_by_the_actions_fixed_axis_rotation():
+    """Servo integrates the angular velocity for one period: exp(w * period) must be the
+    action's Rz(dyaw) @ Ry(dpitch) @ Rx(droll), at small and large steps alike."""
+    s = settings(control_period=0.25, angular_scale=1.0, max_angular_speed=20.0)
+    rng = np.random.default_rng(3)
+    for size in (0.03, 0.3, 1.2):
+        rpy = rng.uniform(-size, size, 3)
+        _, angular = cmd.velocities_from_action(np.array([0, 0, 0, *rpy, 1.0]), s)
+        turned = Rotation.from_rotvec(np.array(angular) * 0.25)
+        wanted = Rotation.from_euler('xyz', rpy)
+        assert (turned * wanted.inv()).magnitude() < 1e-12
+        # Reading the angles as a rotation vector is off by second-order terms.
+        naive = Rotation.from_rotvec(rpy)
+        assert (naive * wanted.inv()).magnitude() > 1e-5
 
 
 def test_clamp_keeps_direction_and_caps_the_norm():
     s = settings(control_period=0.1, linear_scale=1.0, max_linear_speed=0.15,
                  max_angular_speed=0.5)
-    action = np.array([0.03, 0.04, 0.0, 0.0, 0.3, 0.4, 0.0])
+    # A turn by 0.5 rad about (0, 0.6, 0.8), written as the fixed-axis angles it has.
+    rpy = Rotation.from_rotvec([0.0, 0.3, 0.4]).as_euler('xyz')
+    action = np.array([0.03, 0.04, 0.0, *rpy, 0.0])
     linear, angular = cmd.velocities_from_action(action, s)
     # unclamped linear (0.3, 0.4, 0) has norm 0.5 -> scaled to 0.15: (0.09, 0.12, 0)
     assert linear == pytest.approx((0.09, 0.12, 0.0))
@@ -116,7 +138,8 @@ def test_valid_fresh_action_is_published():
     command = decide(FakeResult(ACTION), settings=s)
     assert not command.is_hold
     assert command.linear == pytest.approx((0.02, -0.04, 0.04))
-    assert command.angular == pytest.approx((0.2, 0.0, -0.1))
+    rotation = Rotation.from_euler('xyz', ACTION[3:6]).as_rotvec()
+    assert command.angular == pytest.approx(tuple(rotation / 0.5), rel=1e-12, abs=1e-15)
     assert command.gripper == pytest.approx(0.04)
     assert command.action == tuple(ACTION)
 

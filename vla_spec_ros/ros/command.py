@@ -5,9 +5,11 @@ Pure Python + numpy, no rclpy: every rule here is unit-tested on its own.
 
 Action convention (OpenVLA, docs/openvla.md): a 7-vector of end-effector deltas over one
 control step, dx, dy, dz (m), droll, dpitch, dyaw (rad), then the gripper (1 open, 0 closed).
-Twist (REP-103, SI units): velocity = delta / control_period * scale; then each of the linear
-and angular parts is clamped by its norm to the configured limit, which keeps the direction of
-motion (MoveIt Servo caps speed_units commands the same way).
+Twist (REP-103, SI units): velocity = delta / control_period * scale, where the angular delta
+is the rotation vector of droll, dpitch, dyaw (the rotation a twist integrates to, motion.py;
+docs/robot.md, "Rotations"); then each of the linear and angular parts is clamped by its norm
+to the configured limit, which keeps the direction of motion (MoveIt Servo caps speed_units
+commands the same way).
 
 Safety: disabled, an engine error, an invalid action (non-action token, NaN / Inf), a stale
 observation, or a stamp from the future give a zero twist and *hold* the gripper (no gripper
@@ -30,7 +32,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from vla_spec_ros.motion import clamp_norm
+from vla_spec_ros.motion import clamp_norm, rotation_vector_from_rpy
 from vla_spec_ros.ros.params import NodeSettings
 
 ACTION_DIM = 7
@@ -83,10 +85,14 @@ def reason_kind(reason: str | None) -> str | None:
 
 
 def velocities_from_action(action: np.ndarray, settings: NodeSettings) -> tuple[tuple, tuple]:
-    """(7,) delta action -> (linear (3,), angular (3,)) velocities, scaled and clamped."""
+    """(7,) delta action -> (linear (3,), angular (3,)) velocities, scaled and clamped. The
+    angular velocity is the rotation vector of the action's fixed-axis angles over the period
+    (motion.py): integrated for one period, as Servo does, it turns the tool by exactly the
+    action's rotation."""
     action = np.asarray(action, dtype=np.float64)
     linear = action[0:3] / settings.control_period * settings.linear_scale
-    angular = action[3:6] / settings.control_period * settings.angular_scale
+    angular = (rotation_vector_from_rpy(action[3:6]) / settings.control_period
+               * settings.angular_scale)
     linear = clamp_norm(linear, settings.max_linear_speed)
     angular = clamp_norm(angular, settings.max_angular_speed)
     return tuple(float(v) for v in linear), tuple(float(v) for v in angular)

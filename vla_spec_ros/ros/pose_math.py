@@ -3,10 +3,15 @@
 An action's first six values are the change of the tool pose over one control step: dx, dy,
 dz (metres) and droll, dpitch, dyaw (radians). `apply_delta` turns the pose the tool had when
 the image was taken into the pose it should reach; `integrate` chains a chunk's steps.
+`apply_step` / `integrate_steps` do the same for a published command's motion over one period
+(its velocities times control_period), whose rotation is a rotation vector, as MoveIt Servo
+integrates a twist: the node's pose targets go through these, so a target is where the twist
+of the same action takes the tool (vla_spec_ros/motion.py).
 
-Rotation convention (docs/robot.md, "Absolute targets"):
+Rotation convention (docs/robot.md, "Rotations"):
   * droll, dpitch, dyaw are fixed-axis (extrinsic) X, then Y, then Z rotations, i.e. the
-    rotation R_delta = Rz(dyaw) @ Ry(dpitch) @ Rx(droll) (ROS' rpy, tf2's setRPY).
+    rotation R_delta = Rz(dyaw) @ Ry(dpitch) @ Rx(droll) (ROS' rpy, tf2's setRPY); a step's
+    rotation vector w turns the tool by exp(w), and the node makes exp(w) = R_delta.
   * frame 'base' (the default): the translation is along the base frame's axes and the
     rotation turns the tool about base-parallel axes through the tool point:
         p' = p + d,           R' = R_delta @ R
@@ -23,10 +28,12 @@ so that a long chain of steps does not drift off the unit sphere.
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import numpy as np
+
+from vla_spec_ros.motion import (quaternion_from_rotation_vector, quaternion_from_rpy,
+                                 quaternion_multiply)
 
 DELTA_FRAMES = ('base', 'tool')
 
@@ -53,25 +60,6 @@ class Pose:
         object.__setattr__(self, 'orientation', tuple(float(v) for v in orientation / norm))
 
 
-def quaternion_multiply(a, b) -> np.ndarray:
-    """Hamilton product a * b of (x, y, z, w) quaternions: the rotation b, then a."""
-    ax, ay, az, aw = a
-    bx, by, bz, bw = b
-    return np.array([aw * bx + ax * bw + ay * bz - az * by,
-                     aw * by - ax * bz + ay * bw + az * bx,
-                     aw * bz + ax * by - ay * bx + az * bw,
-                     aw * bw - ax * bx - ay * by - az * bz])
-
-
-def quaternion_from_rpy(roll: float, pitch: float, yaw: float) -> np.ndarray:
-    """(x, y, z, w) of Rz(yaw) @ Ry(pitch) @ Rx(roll) (fixed axes X, Y, Z)."""
-    half = 0.5 * np.array([roll, pitch, yaw], dtype=np.float64)
-    qx = np.array([math.sin(half[0]), 0.0, 0.0, math.cos(half[0])])
-    qy = np.array([0.0, math.sin(half[1]), 0.0, math.cos(half[1])])
-    qz = np.array([0.0, 0.0, math.sin(half[2]), math.cos(half[2])])
-    return quaternion_multiply(qz, quaternion_multiply(qy, qx))
-
-
 def rotate(q, vector) -> np.ndarray:
     """(3,) vector rotated by the unit quaternion q."""
     v = np.array([vector[0], vector[1], vector[2], 0.0], dtype=np.float64)
@@ -88,32 +76,56 @@ def _unit(q) -> np.ndarray:
 def apply_delta(pose: Pose, delta, frame: str = 'base') -> Pose:
     """The pose after one step's delta (dx, dy, dz, droll, dpitch, dyaw) applied in `frame`
     ('base' or 'tool', see the module docstring)."""
-    if frame not in DELTA_FRAMES:
-        raise ValueError(f'frame: {frame!r} not in {list(DELTA_FRAMES)}')
-    delta = np.asarray(delta, dtype=np.float64)
-    if delta.shape != (6,) or not np.all(np.isfinite(delta)):
-        raise ValueError(f'delta: expected 6 finite values, got {delta!r}')
-    position = np.asarray(pose.position)
-    orientation = np.asarray(pose.orientation)
-    rotation = quaternion_from_rpy(*delta[3:6])
-    if frame == 'base':
-        position = position + delta[0:3]
-        orientation = quaternion_multiply(rotation, orientation)
-    else:
-        position = position + rotate(orientation, delta[0:3])
-        orientation = quaternion_multiply(orientation, rotation)
-    return Pose(tuple(position), tuple(_unit(orientation)))
+    delta = _checked(delta, 'delta')
+    return _apply(pose, delta[0:3], quaternion_from_rpy(*delta[3:6]), frame)
+
+
+def apply_step(pose: Pose, step, frame: str = 'base') -> Pose:
+    """The pose after one command's motion (dx, dy, dz, rotation vector (3,)) in `frame`:
+    where a twist of velocities step / period, held for one period, takes the tool."""
+    step = _checked(step, 'step')
+    return _apply(pose, step[0:3], quaternion_from_rotation_vector(step[3:6]), frame)
 
 
 def integrate(pose: Pose, deltas, frame: str = 'base') -> list[Pose]:
     """The poses after each of `deltas` (K, 6), each applied to the previous target: the
     absolute targets of a chunk that starts at `pose`."""
+    return _chain(pose, deltas, frame, apply_delta)
+
+
+def integrate_steps(pose: Pose, steps, frame: str = 'base') -> list[Pose]:
+    """`integrate` for commands' motions (rotation vectors, `apply_step`)."""
+    return _chain(pose, steps, frame, apply_step)
+
+
+def _checked(delta, name: str) -> np.ndarray:
+    delta = np.asarray(delta, dtype=np.float64)
+    if delta.shape != (6,) or not np.all(np.isfinite(delta)):
+        raise ValueError(f'{name}: expected 6 finite values, got {delta!r}')
+    return delta
+
+
+def _apply(pose: Pose, translation, rotation, frame: str) -> Pose:
+    if frame not in DELTA_FRAMES:
+        raise ValueError(f'frame: {frame!r} not in {list(DELTA_FRAMES)}')
+    position = np.asarray(pose.position)
+    orientation = np.asarray(pose.orientation)
+    if frame == 'base':
+        position = position + translation
+        orientation = quaternion_multiply(rotation, orientation)
+    else:
+        position = position + rotate(orientation, translation)
+        orientation = quaternion_multiply(orientation, rotation)
+    return Pose(tuple(position), tuple(_unit(orientation)))
+
+
+def _chain(pose: Pose, deltas, frame: str, apply) -> list[Pose]:
     deltas = np.asarray(deltas, dtype=np.float64)
     if deltas.ndim != 2 or deltas.shape[1] != 6:
         raise ValueError(f'deltas: expected shape (K, 6), got {deltas.shape}')
     targets = []
     for delta in deltas:
-        pose = apply_delta(pose, delta, frame)
+        pose = apply(pose, delta, frame)
         targets.append(pose)
     return targets
 
@@ -164,4 +176,5 @@ class PoseHistory:
 
 
 __all__ = ['Pose', 'DELTA_FRAMES', 'quaternion_multiply', 'quaternion_from_rpy', 'rotate',
-           'apply_delta', 'integrate', 'point_times', 'PoseHistory']
+           'apply_delta', 'apply_step', 'integrate', 'integrate_steps', 'point_times',
+           'PoseHistory']

@@ -9,9 +9,11 @@ to start with the reason). The pose read closest in time to the image (within
 
 What goes out (header.frame_id: the frame the tool pose is expressed in):
   pose_target      geometry_msgs/PoseStamped, one per published action (or chunk step):
-                   the start pose with the action's delta applied (pose_math.apply_delta,
-                   `pose_delta_frame`). Stamped like the twist (the image's stamp; a chunk's
-                   step i: + i control periods), so Servo's command timeout sees the same age.
+                   the start pose moved as the published twist moves it over one
+                   period (pose_math.apply_step, `pose_delta_frame`): the action's
+                   rotation R_delta exactly, as Servo integrates the twist. Stamped
+                   like the twist (the image's stamp; a chunk's step i: + i control
+                   periods), so Servo's command timeout sees the same age.
                    Remap it to `<servo>/pose_target_cmds` with `servo_command_type: pose`.
   pose_trajectory  trajectory_msgs/MultiDOFJointTrajectory, a chunked model's chunk on
                    arrival: one joint named `tool_frame`, point i the absolute pose after
@@ -32,7 +34,8 @@ import threading
 
 from geometry_msgs.msg import PoseStamped
 
-from vla_spec_ros.ros.pose_math import Pose, PoseHistory, apply_delta, integrate, point_times
+from vla_spec_ros.ros.pose_math import (Pose, PoseHistory, apply_step, integrate_steps,
+                                        point_times)
 from vla_spec_ros.ros.qos import COMMAND_QOS, IMAGE_QOS
 
 REASON_NO_TOOL_POSE = 'no tool pose'
@@ -62,7 +65,8 @@ def fill_pose(target, pose: Pose) -> None:
 
 
 def step_delta(command, control_period: float) -> list:
-    """The (6,) pose change of one published command: its velocities over one period."""
+    """The (6,) motion of one published command over one period: its velocities times the
+    period (translation, then a rotation vector: pose_math.apply_step)."""
     return [v * control_period for v in tuple(command.linear) + tuple(command.angular)]
 
 
@@ -184,15 +188,16 @@ class PoseTargetOutput:
 
     def publish_action(self, start: Pose, command, stamp, settings) -> Pose:
         """A single-step model's action: its target, published; returned."""
-        target = apply_delta(start, step_delta(command, settings.control_period),
-                             settings.pose_delta_frame)
+        target = apply_step(start, step_delta(command, settings.control_period),
+                            settings.pose_delta_frame)
         self.pose_pub.publish(pose_message(target, stamp, self.source.frame_id))
         return target
 
     def add_chunk(self, chunk, start: Pose, commands, stamp, settings) -> list:
         """A chunk's absolute targets: kept for its steps and published as pose_trajectory."""
-        targets = integrate(start, [step_delta(c, settings.control_period) for c in commands],
-                            settings.pose_delta_frame)
+        targets = integrate_steps(
+            start, [step_delta(c, settings.control_period) for c in commands],
+            settings.pose_delta_frame)
         self._chunk_targets[id(chunk)] = (chunk, targets)
         while len(self._chunk_targets) > 4:                # the chunks still being executed
             del self._chunk_targets[next(iter(self._chunk_targets))]

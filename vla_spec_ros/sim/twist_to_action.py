@@ -4,11 +4,13 @@ rclpy, no torch).
 The `vla_spec` node turns an action into commands (vla_spec_ros/ros/command.py):
 
     linear  = clamp_norm(d[0:3] / control_period * linear_scale,  max_linear_speed)
-    angular = clamp_norm(d[3:6] / control_period * angular_scale, max_angular_speed)
+    angular = clamp_norm(rotation_vector(d[3:6]) / control_period * angular_scale,
+                         max_angular_speed)
     gripper = closed + openness * (open - closed)        (openness in [0, 1], 1 = open)
 
 `action_from_twist` inverts it: the bridge clamps the velocity norms like a servo controller,
-then d = velocity * control_period / scale and openness = (gripper - closed) / (open - closed)
+then d = velocity * control_period / scale (the angular part turned back from a rotation
+vector into fixed-axis angles, motion.py) and openness = (gripper - closed) / (open - closed)
 clipped to [0, 1]. The inversion is exact (up to float rounding) when the bridge's
 control_period, scales, speed limits and gripper positions equal the VLA node's and the node did
 not clamp; a clamped velocity stays clamped (the direction is kept, the length is not).
@@ -21,7 +23,7 @@ import math
 
 import numpy as np
 
-from vla_spec_ros.motion import clamp_norm
+from vla_spec_ros.motion import clamp_norm, rpy_from_rotation_vector
 from vla_spec_ros.sim.bridge_settings import BridgeSettings
 
 ACTION_DIM = 7
@@ -50,7 +52,8 @@ def action_from_twist(linear, angular, gripper_position: float,
     angular = clamp_norm(angular, settings.max_angular_speed)
     action = np.empty(ACTION_DIM, dtype=np.float64)
     action[0:3] = linear * settings.control_period / settings.linear_scale
-    action[3:6] = angular * settings.control_period / settings.angular_scale
+    action[3:6] = rpy_from_rotation_vector(angular * settings.control_period
+                                           / settings.angular_scale)
     action[6] = gripper_openness(gripper_position, settings)
     return action
 
