@@ -150,6 +150,18 @@ def _send(s, robot, *, base_dt=0.0, wrist_dt=0.0, state_dt=0.0, wrist=None, stat
                                                                stamp=stamp(wrist_dt)))
 
 
+def _whole_robot(arm):
+    """A /joint_states as a robot publishes it: the arm's joints (values `arm`, in JOINTS'
+    order) among the gripper fingers, a mobile base and a second arm, in another order; a
+    joint outside JOINTS is NaN (a wheel without an encoder), which must not matter."""
+    names = ['base_x', 'j4', 'finger_left', 'j2', 'right_j1', 'j6', 'j1', 'finger_right',
+             'base_theta', 'j5', 'j3', 'right_j2']
+    by_joint = dict(zip(JOINTS, arm))
+    values = [by_joint.get(name, 0.04 if 'finger' in name else 2.5) for name in names]
+    values[names.index('base_theta')] = float('nan')
+    return names, values
+
+
 def _hold_reason(s, robot):
     return s.node.stats_snapshot(robot)['hold_reason'] or ''
 
@@ -214,6 +226,7 @@ def test_a_stale_state_holds(setup):
 @pytest.mark.parametrize('kind, text', [
     ('missing_joint', "missing joints ['j6']"),
     ('nan', 'non-finite position'),
+    ('nan_among_extra_joints', "non-finite position of ['j3']"),
     ('bad_wrist_size', 'image slot wrist'),
     ('out_of_sync', 'out of sync'),
 ])
@@ -224,6 +237,10 @@ def test_bad_input_is_refused_with_its_reason_and_nothing_is_acted_on(setup, kin
         send = lambda: _send(s, 'a', names=JOINTS[:5], state=STATE[:5])     # noqa: E731
     elif kind == 'nan':
         send = lambda: _send(s, 'a', state=STATE[:5] + [float('nan')])      # noqa: E731
+    elif kind == 'nan_among_extra_joints':
+        names, values = _whole_robot(STATE)
+        values[names.index('j3')] = float('nan')
+        send = lambda: _send(s, 'a', names=names, state=values)             # noqa: E731
     elif kind == 'bad_wrist_size':
         bad = array_to_image(s.wrist, 'rgb8')
         bad.header.stamp = _now(s).to_msg()
@@ -240,3 +257,24 @@ def test_bad_input_is_refused_with_its_reason_and_nothing_is_acted_on(setup, kin
         time.sleep(0.1)
     assert text in _hold_reason(s, 'a')
     assert _answered(s, 'a') == before
+
+
+def test_a_joint_states_of_the_whole_robot_gives_the_model_the_configured_joints(setup):
+    """/joint_states with every joint of the robot, in its own order: accepted, and the model
+    gets the positions of joint_names in their order (a state no other test sends, so the
+    frame that carries it is this message's)."""
+    s = setup
+    arm = [0.15, -0.25, 0.35, -0.45, 0.55, -0.65]
+    names, values = _whole_robot(arm)
+    before = _answered(s, 'a')
+
+    def carried():
+        with s.policy.engine.lock:
+            return any(stream == 'a' and np.allclose(state, arm, rtol=0, atol=0)
+                       for stream, _, state in s.policy.engine.frames)
+    deadline = time.monotonic() + 30.0
+    while not carried() and time.monotonic() < deadline:
+        _send(s, 'a', names=names, state=values)
+        time.sleep(0.1)
+    assert carried(), f'no frame carried the arm\'s state; hold: {_hold_reason(s, "a")!r}'
+    wait_until(lambda: _answered(s, 'a') > before, what='an answer for robot a')

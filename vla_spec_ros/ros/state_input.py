@@ -2,11 +2,14 @@
 time and read at an observation's time (docs/action_spaces.md).
 
   state_input joint_state  <prefix>joint_states (sensor_msgs/JointState): the state vector is
-                           the positions of `state_joint_names` (else `joint_names`), in that
-                           order, whatever the message's order. A message with a joint
-                           missing or an extra joint, a position count that differs from the
-                           name count, or a non-finite position is bad input: the frame it
-                           would pair with is refused with the reason (zero motion).
+                           the positions of `state_joint_names` (else `joint_names`), selected
+                           by name in that order, whatever the message's order. A robot's
+                           /joint_states carries every joint (gripper fingers, a mobile base,
+                           a second arm): joints not configured are ignored, whatever their
+                           values. A configured joint missing or named twice, a position
+                           count that differs from the name count, or a non-finite position
+                           of a configured joint is bad input: the frame it would pair with is
+                           refused with the reason naming the joints (zero motion).
   state_input array        <prefix>state (std_msgs/Float64MultiArray): the data as is (its
                            length must be len(state_joint_names or joint_names) when those
                            are set); no header, so its time is its receipt time.
@@ -28,24 +31,31 @@ from vla_spec_ros.ros import command as cmd
 from vla_spec_ros.ros.qos import IMAGE_QOS
 
 MAX_STATES = 256        # states kept (a 500 Hz joint_states topic: half a second)
+MAX_NAMES_SHOWN = 12    # a refusal quotes at most this many of the message's joint names
 
 
 def state_from_joint_state(names, positions, order) -> np.ndarray:
-    """The positions of `order`'s joints from a JointState's (names, positions); ValueError
-    naming the missing, extra or bad joints."""
+    """The positions of `order`'s joints, selected by name from a JointState's (names,
+    positions); the message's other joints are ignored. ValueError naming the configured
+    joints that are missing, named twice or not finite."""
     names, positions = list(names), list(positions)
     if len(names) != len(positions):
         raise ValueError(f'state: JointState has {len(names)} names and {len(positions)} '
                          'positions')
-    missing = [j for j in order if j not in names]
-    extra = [j for j in names if j not in order]
-    if missing or extra:
-        parts = ([f'missing joints {missing}'] if missing else []) + (
-            [f'extra joints {extra}'] if extra else [])
-        raise ValueError(f'state: JointState {" and ".join(parts)} (state_joint_names: '
-                         f'{list(order)})')
-    by_name = dict(zip(names, positions))
-    vector = np.array([by_name[j] for j in order], dtype=np.float64)
+    index: dict = {}
+    for i, name in enumerate(names):
+        index.setdefault(name, []).append(i)
+    missing = [j for j in order if j not in index]
+    if missing:
+        shown = names[:MAX_NAMES_SHOWN] + (['...'] if len(names) > MAX_NAMES_SHOWN else [])
+        raise ValueError(f'state: JointState missing joints {missing} (state_joint_names: '
+                         f'{list(order)}; the message names {shown})')
+    # A configured joint named twice has no one position: which one the robot meant is
+    # unknown, so the state is refused rather than guessed.
+    repeated = [j for j in order if len(index[j]) > 1]
+    if repeated:
+        raise ValueError(f'state: JointState names joints {repeated} more than once')
+    vector = np.array([positions[index[j][0]] for j in order], dtype=np.float64)
     bad = [j for j, v in zip(order, vector) if not math.isfinite(v)]
     if bad:
         raise ValueError(f'state: non-finite position of {bad}')
