@@ -154,7 +154,8 @@ NODE_PARAMETERS: tuple[ParameterSpec, ...] = (
        'selects servo_command_type on activation, pauses it on a hold, checks its '
        'incoming_command_timeout; empty = off', tunable=False),
     _p('servo_command_type', 'twist', 'The Servo command type the node selects: twist '
-       '(~/twist) or pose (~/pose_target; needs pose_targets)', tunable=False,
+       '(~/twist), pose (~/pose_target; needs pose_targets) or joint_jog (~/joint_jog; '
+       'needs action_space joint_velocity)', tunable=False,
        choices=SERVO_COMMAND_TYPE_CHOICES),
     _p('servo_pause_on_hold', True, 'Pause Servo (~/pause_servo) while the robot holds; '
        'resume with the next command', tunable=True),
