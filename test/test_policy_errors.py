@@ -3,6 +3,8 @@
 "Python API", S1). Also: ``restrict_to_action_tokens`` yields valid actions, and an unrestricted
 non-action token is flagged, never executed.
 """
+import ast
+
 import numpy as np
 import pytest
 
@@ -11,6 +13,7 @@ from vla_spec_ros.engine.ar import causal_batch
 from vla_spec_ros.engine.engine import Engine
 from vla_spec_ros.engine.result import Frame
 from vla_spec_ros.models.openvla.random_checkpoint import make_checkpoint
+from vla_spec_ros.models.weights import CheckpointError
 from vla_spec_ros.policy import VLAPolicy
 
 GOOD_IMAGE = np.random.default_rng(0).integers(0, 256, (48, 64, 3), dtype=np.uint8)
@@ -215,3 +218,31 @@ def test_unrestricted_non_action_tokens_are_flagged(policy):
             assert result.invalid_reason and 'non-action' in result.invalid_reason
     # Random weights put most mass outside the 256 action ids of a 1088-id vocabulary.
     assert seen_invalid
+
+
+# ---- from_pretrained's names --------------------------------------------------------------
+
+@pytest.mark.parametrize('model, drafter', [('metaworld-demo', 'PreviousActionDrafter'),
+                                            ('metaworld-demo-fast', 'MergedChains')])
+def test_an_empty_draft_path_is_the_families_default_draft(model, drafter):
+    """'' is what the node's empty draft_path parameter means (the family's default draft);
+    from_pretrained takes it the same way instead of reading '.' as a draft folder."""
+    policy = VLAPolicy.from_pretrained(model, draft_path='', mode='spec')
+    assert policy.config.draft_path is None
+    assert type(policy.engine.strategy.drafter).__name__ == drafter
+    size = policy.model_config.image_size
+    image = np.random.default_rng(0).integers(0, 256, (size, size, 3), dtype=np.uint8)
+    reference = VLAPolicy.from_pretrained(model, mode='ar')
+    key = reference.unnorm_keys[0]
+    # Exact acceptance: the default draft gives AR's tokens.
+    assert policy.predict(image, 'open the drawer', key).tokens == \
+        reference.predict(image, 'open the drawer', key).tokens
+
+
+def test_an_unknown_model_lists_each_known_name_once():
+    with pytest.raises(CheckpointError) as info:
+        VLAPolicy.from_pretrained('no-such-model')
+    message = str(info.value)
+    names = ast.literal_eval(message[message.index('(') + 1:message.rindex(')')])
+    assert len(names) == len(set(names))
+    assert {'metaworld-demo', 'metaworld-demo-fast', 'tiny', 'pi0fast-tiny'} <= set(names)

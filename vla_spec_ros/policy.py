@@ -49,8 +49,9 @@ def resolve_checkpoint(path_or_preset: str) -> Path:
             else:
                 tmp.replace(folder)
         return folder
+    # An embedded model may share its name with a preset (metaworld-demo): listed once.
     raise CheckpointError(f'{path_or_preset!r} is neither a checkpoint folder nor a preset '
-                          f'({sorted(PRESETS) + assets.embedded_names()})')
+                          f'({sorted(set(PRESETS) | set(assets.embedded_names()))})')
 
 
 class VLAPolicy:
@@ -60,6 +61,21 @@ class VLAPolicy:
 
     @classmethod
     def from_pretrained(cls, path_or_preset: str, **engine_options) -> 'VLAPolicy':
+        """A policy over ``path_or_preset``: a checkpoint folder, an embedded model
+        (``metaworld-demo``, ``metaworld-demo-fast``) or a preset (a random-weight checkpoint
+        made on first use). ``engine_options`` are ``EngineConfig``'s fields (ValueError
+        naming an unknown or bad one).
+
+        ``draft_path`` (the spec modes' drafter): None or ``''`` (the node's empty parameter)
+        = the model's default draft (the family's ``default_draft``: the previous action for
+        OpenVLA, ``previous_action+shifted_chunk`` for pi0-FAST); ``'previous_action'``,
+        ``'shifted_chunk'``, ``'shifted_chunk_linear'`` or several joined by ``+`` (drafts
+        without a draft model); an EAGLE draft-head folder; ``'checkpoint'`` (the
+        checkpoint's ``draft/`` folder); ``'random'`` (a seeded random head, for tests)."""
+        if engine_options.get('draft_path') == '':
+            # '' is how a ROS string parameter says "unset" (ros/params.py); the API takes it
+            # the same way rather than reading the working directory as a draft folder.
+            engine_options = {**engine_options, 'draft_path': None}
         config = EngineConfig.from_dict(engine_options)
         if config.device.startswith('cuda') and not torch.cuda.is_available():
             raise ValueError(f'device: {config.device!r} requested but CUDA is not available')
@@ -93,8 +109,10 @@ class VLAPolicy:
                 state=None) -> ActionResult:
         """One frame -> its action (blocking). Bad input raises ValueError. ``image``: one
         (H, W, 3) uint8 array, or a tuple of them (one per image slot of a multi-camera
-        model); ``state``: the normalised robot state, for a family that reads one (pi0-FAST:
-        zeros when None).
+        model); ``state``: the robot's raw state (joint order, the checkpoint's units), for a
+        family that reads one: the family normalises it (pi0-FAST: with the checkpoint's
+        state statistics; a checkpoint without them takes it as already normalised). None:
+        the family's default (pi0-FAST: the normalised zero state).
 
         The engine must be idle: ``predict`` steps it until its own frame is done, so it would
         otherwise also step (and swallow the results of) the frames a node or another caller
