@@ -31,6 +31,9 @@ class ActionCodec:
     end_token: int | None = None            # a frame ends at this token (variable length)
     action_shape: tuple[int, ...] = ()      # what one frame decodes to: (D,) or (K, D)
     supports_relaxed_acceptance: bool = True    # token_to_bin is defined (relax r > 0)
+    # Most draft tokens a lookup drafter (draft_path previous_output) proposes per verifier
+    # forward; None: up to max_tokens. A codec of long outputs sets it from measured cost.
+    max_draft_chain: int | None = None
 
     @property
     def step_tokens(self) -> int:

@@ -3,6 +3,9 @@
 - ``"previous_action"``: a ``PreviousActionDrafter`` (temporal drafting: each stream's previous
   action, no draft model, works with every checkpoint, and its draft rides the prefill:
   engine/packed.py, speculative prefill);
+- ``"previous_output"``: a ``PreviousOutputDrafter`` (lookup drafting: the stream's previous
+  output re-anchored by context after each mismatch, for long variable-length outputs such
+  as a reasoning policy's text; rides the prefill too);
 - ``"shifted_chunk"`` / ``"shifted_chunk_linear"``: a ``ShiftedChunkDrafter`` (a chunk codec's
   previous chunk shifted by the control steps that passed, its end held or continued, and
   re-encoded through the codec; no draft model, rides the prefill too);
@@ -31,12 +34,14 @@ from .drafter import Drafter
 from .eagle_drafter import EagleDrafter
 from .merged_chains import DRAFT_SEPARATOR, MergedChains
 from .previous_action_drafter import PREVIOUS_ACTION_DRAFT, PreviousActionDrafter
+from .previous_output_drafter import PREVIOUS_OUTPUT_DRAFT, PreviousOutputDrafter
 from .shifted_chunk_drafter import (SHIFTED_CHUNK_DRAFT, SHIFTED_CHUNK_LINEAR_DRAFT,
                                     ShiftedChunkDrafter)
 from .temporal_merge import WithPreviousAction
 
 
-HEADLESS_DRAFTS = (PREVIOUS_ACTION_DRAFT, SHIFTED_CHUNK_DRAFT, SHIFTED_CHUNK_LINEAR_DRAFT)
+HEADLESS_DRAFTS = (PREVIOUS_ACTION_DRAFT, PREVIOUS_OUTPUT_DRAFT, SHIFTED_CHUNK_DRAFT,
+                   SHIFTED_CHUNK_LINEAR_DRAFT)
 
 
 def default_draft_path(runner) -> str:
@@ -62,6 +67,9 @@ def headless_drafter(runner, path: str) -> Drafter:
         return MergedChains([headless_drafter(runner, part) for part in parts])
     if path == PREVIOUS_ACTION_DRAFT:
         return PreviousActionDrafter(runner.max_action_tokens, runner.codec.step_tokens)
+    if path == PREVIOUS_OUTPUT_DRAFT:
+        return PreviousOutputDrafter(runner.max_action_tokens,
+                                     runner.codec.max_draft_chain)
     return ShiftedChunkDrafter(runner.codec, runner.max_action_tokens,
                                'linear' if path == SHIFTED_CHUNK_LINEAR_DRAFT else 'hold')
 
