@@ -215,3 +215,44 @@ def test_bad_inputs_raise():
         run(tree, [2], r=0)
     with pytest.raises(ValueError, match='relax_threshold'):
         run(tree, [2, 3], r=-1)
+
+
+# ---- an action after text: relaxation only after the marker -----------------------------------
+
+MARKER = (7, 8)         # the tokens that open the action ("ACTION:")
+
+
+def test_with_a_marker_text_before_it_is_accepted_only_when_exact():
+    # Chain root -> 3 -> 7 -> 8 -> 200 -> 201. Tokens >= 100 are action tokens (bin = id - 100).
+    # The verifier answering 4 for the text token 3 stops the path at once (text is exact).
+    tree = chain_tree(1, [3, 7, 8, 200, 201])
+    is_action, to_bin = (lambda t: t >= 100), (lambda t: t - 100)
+    acc = accept(tree, [4, 7, 8, 203, 205, 9], relax_threshold=5, is_action_token=is_action,
+                 token_to_bin=to_bin, action_marker=MARKER)
+    assert acc.accepted_tokens == () and acc.bonus_token == 4
+    # Text exact, then the marker, then action tokens within 5 bins: all accepted.
+    acc = accept(tree, [3, 7, 8, 203, 205, 9], relax_threshold=5, is_action_token=is_action,
+                 token_to_bin=to_bin, action_marker=MARKER)
+    assert acc.accepted_tokens == (3, 7, 8, 200, 201) and acc.bin_distance_sum == 7
+
+
+def test_action_ids_in_the_text_are_never_relaxed():
+    # Action-range ids before the marker (text that happens to use those ids): exact only.
+    tree = chain_tree(1, [150, 151, 7, 8, 160])
+    is_action, to_bin = (lambda t: t >= 100), (lambda t: t - 100)
+    acc = accept(tree, [152, 151, 7, 8, 161, 9], relax_threshold=5, is_action_token=is_action,
+                 token_to_bin=to_bin, action_marker=MARKER)
+    assert acc.accepted_tokens == () and acc.bonus_token == 152
+    # Without a marker the same ids are relaxed (a codec whose whole output is the action).
+    acc = accept(tree, [152, 151, 7, 8, 161, 9], relax_threshold=5, is_action_token=is_action,
+                 token_to_bin=to_bin)
+    assert acc.accepted_tokens == (150, 151, 7, 8, 160)
+
+
+def test_a_marker_in_the_decided_tokens_or_split_across_them_opens_the_action():
+    is_action, to_bin = (lambda t: t >= 100), (lambda t: t - 100)
+    tree = chain_tree(8, [200, 201])                 # root 8: "7" was decided before it
+    for decided, expected in (((5, 7, 8), (200, 201)), ((5, 6, 8), ())):
+        acc = accept(tree, [202, 203, 9], relax_threshold=3, is_action_token=is_action,
+                     token_to_bin=to_bin, action_marker=MARKER, decided=decided)
+        assert acc.accepted_tokens == expected

@@ -12,6 +12,10 @@ verifier's greedy token for the position of c:
     accepted  iff  tokens[c] == v
               or  (r > 0 and tokens[c], v are both action tokens
                    and |bin(tokens[c]) - bin(v)| <= r).
+For a codec whose output is text then an action (a reasoning policy: ``action_marker`` names the
+tokens that open the action), relaxation applies only to nodes after the marker, i.e. when the
+decided tokens and the path above the node contain it; reasoning tokens are accepted only when
+exact, whatever ids they are.
 A path is accepted up to its first rejected node. The draft token is kept (the verifier's later
 outputs on that path were computed from it); the bonus token after the path is the verifier's
 exact argmax at the last accepted node, never relaxed.
@@ -51,7 +55,8 @@ class Acceptance:
 
 def accept(tree: DraftTree, verifier_argmax: Sequence[int], *, relax_threshold: int,
            is_action_token: Callable[[int], bool],
-           token_to_bin: Callable[[int], int]) -> Acceptance:
+           token_to_bin: Callable[[int], int], action_marker: Sequence[int] = (),
+           decided: Sequence[int] = ()) -> Acceptance:
     """Choose the accepted path of ``tree`` given the verifier's greedy tokens.
 
     Args:
@@ -61,6 +66,10 @@ def accept(tree: DraftTree, verifier_argmax: Sequence[int], *, relax_threshold: 
         relax_threshold: r >= 0 in bins; 0 means exact matching (greedy EAGLE, S3).
         is_action_token: whether a token id is an action token.
         token_to_bin: the action bin of an action token (called only on action tokens).
+        action_marker: the tokens after which the action starts; empty: every position may
+            be relaxed (a codec whose whole output is the action).
+        decided: the request's output tokens decided before the tree's drafted nodes (its root
+            last when the root is an output token; empty for a prefill's chain).
 
     Path choice: the deepest accepted node wins; on equal depth the smallest summed bin
     distance; then the path whose node-index sequence (root to end) is lexicographically
@@ -71,6 +80,7 @@ def accept(tree: DraftTree, verifier_argmax: Sequence[int], *, relax_threshold: 
                          f'{tree.num_nodes} tree nodes')
     relax_threshold = check_int('relax_threshold', relax_threshold, minimum=0)
     argmax = [int(t) for t in verifier_argmax]
+    in_action = _action_part(tree, action_marker, decided) if relax_threshold > 0 else None
 
     # 1. Per node, in index order (parents first): is the path root..node accepted, and the
     #    summed bin distance along it. None marks a node whose path was rejected.
@@ -82,7 +92,8 @@ def accept(tree: DraftTree, verifier_argmax: Sequence[int], *, relax_threshold: 
         draft, target = tree.tokens[node], argmax[parent]
         if draft == target:
             distance = 0
-        elif relax_threshold > 0 and is_action_token(draft) and is_action_token(target):
+        elif (relax_threshold > 0 and in_action[parent] and is_action_token(draft)
+              and is_action_token(target)):
             distance = abs(int(token_to_bin(draft)) - int(token_to_bin(target)))
             if distance > relax_threshold:
                 continue
@@ -104,6 +115,25 @@ def accept(tree: DraftTree, verifier_argmax: Sequence[int], *, relax_threshold: 
                       accepted_tokens=tuple(tree.tokens[n] for n in nodes),
                       bonus_token=argmax[best_node],
                       bin_distance_sum=path_distance[best_node])
+
+
+def _action_part(tree: DraftTree, marker: Sequence[int], decided: Sequence[int]) -> list[bool]:
+    """Per node p: whether the children of p stand in the action part (the marker lies in the
+    decided tokens or on the path root..p); all True without a marker."""
+    if not marker:
+        return [True] * tree.num_nodes
+    marker, decided = [int(t) for t in marker], [int(t) for t in decided]
+    m = len(marker)
+    started = [any(decided[i:i + m] == marker for i in range(len(decided) - m + 1))]
+    for node in range(1, tree.num_nodes):
+        parent = tree.parents[node]
+        if started[parent]:
+            started.append(True)
+            continue
+        # The last m output tokens up to this node: decided, then its path below the root.
+        path = [tree.tokens[n] for n in tree.path_to(node)[1:]]
+        started.append((decided[-m:] + path)[-m:] == marker)
+    return started
 
 
 def truncate(acc: Acceptance, max_new_tokens: int) -> tuple[int, ...]:
