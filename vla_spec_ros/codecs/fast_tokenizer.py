@@ -4,8 +4,8 @@ FAST (Pertsch et al., "FAST: Efficient Action Tokenization for Vision-Language-A
 2025; the ``physical-intelligence/fast`` processor that openpi and LeRobot load) compresses an
 action chunk of H control steps x D dimensions, already normalised to [-1, 1]:
 
-1. DCT-II with orthonormal scaling along time, per dimension (``scipy.fft.dct(type=2,
-   norm='ortho', axis=0)``);
+1. DCT-II with orthonormal scaling along time, per dimension (what ``scipy.fft.dct(type=2,
+   norm='ortho', axis=0)`` computes; here the matrix product of dct.py, no scipy);
 2. x ``scale`` (10 in the paper), rounded half to even (``np.rint``) to integers q;
 3. flattened frequency-major: coefficient 0 of every dimension first, then coefficient 1, ...
    (the C-order flatten of the (H, D) coefficient array);
@@ -38,7 +38,7 @@ and ``fast_config.json`` (``FastParams``). A folder with the published processor
 ``processor_config.json`` (keys ``scale``, ``min_token``, ``time_horizon``, ``action_dim``)
 loads too; H and D then come from the caller when the file leaves them null.
 
-Pure numpy/scipy plus ``tokenizers``; no torch.
+Pure numpy plus ``tokenizers``; no torch, no scipy (the package does not require it).
 """
 from __future__ import annotations
 
@@ -49,9 +49,9 @@ from pathlib import Path
 from typing import Sequence
 
 import numpy as np
-from scipy.fft import dct, idct
 
 from ..validation import check_int, check_number
+from .dct import dct, idct
 
 TOKENIZER_FILE = 'tokenizer.json'
 FAST_CONFIG_FILE = 'fast_config.json'
@@ -103,7 +103,7 @@ def chunk_to_coefficients(chunk: np.ndarray, scale: float) -> np.ndarray:
         raise ValueError(f'chunk: expected (H, D), got shape {chunk.shape}')
     if not np.isfinite(chunk).all():
         raise ValueError('chunk: non-finite values')
-    coefficients = dct(chunk, type=2, norm='ortho', axis=0) * scale      # (H, D)
+    coefficients = dct(chunk) * scale                                    # (H, D)
     return np.rint(coefficients).astype(np.int64).reshape(-1)            # k-major flatten
 
 
@@ -114,7 +114,7 @@ def coefficients_to_chunk(coefficients: Sequence[int], action_horizon: int, acti
     if q.shape != (action_horizon * action_dim,):
         raise ValueError(f'coefficients: expected {action_horizon * action_dim}, got '
                          f'shape {q.shape}')
-    return idct(q.reshape(action_horizon, action_dim) / scale, type=2, norm='ortho', axis=0)
+    return idct(q.reshape(action_horizon, action_dim) / scale)
 
 
 def coefficients_to_text(coefficients: Sequence[int], min_token: int) -> str:
