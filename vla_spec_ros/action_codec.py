@@ -34,6 +34,9 @@ class ActionCodec:
     # Most draft tokens a lookup drafter (draft_path previous_output) proposes per verifier
     # forward; None: up to max_tokens. A codec of long outputs sets it from measured cost.
     max_draft_chain: int | None = None
+    # The tokens that open the action in an output of text then action (a reasoning policy):
+    # relaxed acceptance compares bins only after them. Empty: the whole output is the action.
+    action_marker: tuple[int, ...] = ()
 
     @property
     def step_tokens(self) -> int:

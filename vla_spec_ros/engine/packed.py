@@ -283,7 +283,8 @@ class PackedStrategy:
         else:
             acc = accept(chain_tree(request.input_ids[-1], chain), picks,
                          relax_threshold=request.tunables.relax_threshold,
-                         is_action_token=codec.is_action_token, token_to_bin=codec.token_to_bin)
+                         is_action_token=codec.is_action_token, token_to_bin=codec.token_to_bin,
+                         action_marker=codec.action_marker)
             emitted = codec.cut((), truncate(acc, request.num_remaining))
             request.prefill_accepted = min(acc.num_accepted, len(emitted))
         request.accepted_lengths.append(len(emitted))
@@ -387,7 +388,8 @@ class PackedStrategy:
         """Acceptance (S3/S4) of one tree; records tokens; returns the draft update, if any."""
         codec = self.runner.codec
         acc = accept(tree, picks, relax_threshold=request.tunables.relax_threshold,
-                     is_action_token=codec.is_action_token, token_to_bin=codec.token_to_bin)
+                     is_action_token=codec.is_action_token, token_to_bin=codec.token_to_bin,
+                     action_marker=codec.action_marker, decided=request.tokens)
         emitted = codec.cut(request.tokens, truncate(acc, request.num_remaining))
         is_final = codec.is_complete(request.tokens + list(emitted))
         request.forward_passes += 1
