@@ -213,3 +213,61 @@ def test_bench_two_streams_admit_two_frames_per_step(checkpoint, tmp_path):
     # Requests per step: pair k (admitted in step k, k = 0..3) takes part in steps k..k+6,
     # so steps 0..9 carry 2, 4, 6, 8, 8, 8, 8, 6, 4, 2 requests.
     assert row['inflight_per_step'] == pytest.approx(56 / 10)
+
+
+# ---- make-checkpoint: a pi0-FAST test checkpoint of other cameras and state ------------------
+
+@pytest.fixture(scope='module')
+def two_camera_fast(tmp_path_factory):
+    out = tmp_path_factory.mktemp('cli') / 'fast2'
+    stdout = io.StringIO()
+    with contextlib.redirect_stdout(stdout):
+        assert cli.main(['make-checkpoint', '--preset', 'pi0fast-tiny', '--out', str(out),
+                         '--seed', '5', '--image-slots', '2', '--image-size', '42',
+                         '--state-dim', '6', '--decodable-chunks']) == 0
+    return out, stdout.getvalue()
+
+
+def test_make_checkpoint_writes_the_cameras_image_size_and_state(two_camera_fast):
+    out, stdout = two_camera_fast
+    config = json.loads((out / 'config.json').read_text())
+    visual = {k: v['shape'] for k, v in config['input_features'].items()
+              if v['type'] == 'VISUAL'}
+    assert list(visual.values()) == [[3, 42, 42], [3, 42, 42]]
+    assert config['input_features']['observation.state']['shape'] == [6]
+    assert config['image_resolution'] == [42, 42]
+    assert 'test aid' in stdout and 'FAST frame' in stdout
+    policy = VLAPolicy.from_pretrained(str(out))
+    model = policy.engine.runner.model
+    assert (model.num_image_slots, model.cfg.state_dim, model.image_size) == (2, 6, 42)
+
+
+@pytest.mark.parametrize('mode', ['ar', 'pipeline_spec'])
+def test_a_decodable_checkpoint_gives_valid_chunks_for_two_cameras_and_a_state(
+        two_camera_fast, mode):
+    out, _ = two_camera_fast
+    recorded = json.loads((out / 'vla_spec_pi0fast.json').read_text())['decodable']
+    policy = VLAPolicy.from_pretrained(str(out), mode=mode)
+    rng = np.random.default_rng(2)
+    for _ in range(4):
+        images = tuple(rng.integers(0, 256, (42, 42, 3), dtype=np.uint8) for _ in range(2))
+        result = policy.predict(images, 'pick up the red cup', state=rng.normal(size=6))
+        assert result.is_valid, result.invalid_reason
+        assert list(result.tokens) == recorded['frame']
+        assert result.normalized.shape == (4, 3)
+        assert np.array_equal(result.normalized, np.array(recorded['chunk']))
+        assert np.isfinite(result.action).all() and result.action.shape == (4, 3)
+    with pytest.raises(ValueError, match='state'):       # the checkpoint reads 6 values
+        policy.predict(images, 'pick up the red cup', state=np.zeros(4))
+
+
+@pytest.mark.parametrize('argv, text', [
+    (['--preset', 'tiny', '--image-slots', '2'], '--image-slots: only pi0fast-* presets'),
+    (['--preset', 'tiny', '--decodable-chunks'], '--decodable-chunks: only pi0fast-* presets'),
+    (['--preset', 'pi0fast-tiny', '--image-slots', '0'], '--image-slots: must be >= 1'),
+    (['--preset', 'pi0fast-tiny', '--state-dim', '-2'], '--state-dim: must be >= 1'),
+    (['--preset', 'pi0fast-tiny', '--image-size', '10'], 'image_size'),
+])
+def test_make_checkpoint_refuses_options_its_preset_cannot_take(tmp_path, capsys, argv, text):
+    assert cli.main(['make-checkpoint', '--out', str(tmp_path / 'x'), *argv]) == 2
+    assert text in capsys.readouterr().err

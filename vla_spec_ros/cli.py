@@ -17,15 +17,35 @@ def _add_engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument('--dtype', default='float32',
                    choices=['float32', 'float64', 'bfloat16', 'float16'])
     p.add_argument('--draft-path', default=None,
-                   help='EAGLE draft head folder (speculative modes), or "random"')
+                   help='drafter of the speculative modes: empty = the model\'s default draft; '
+                   '"previous_action", "shifted_chunk", an EAGLE draft head folder, '
+                   '"checkpoint" or "random"')
 
 
 def cmd_make_checkpoint(args) -> int:
-    from .models.registry import make_checkpoint
+    from .models.registry import family_of_preset, make_checkpoint
     shard = int(args.max_shard_mb * 2 ** 20) if args.max_shard_mb else None
+    options = {'num_image_slots': args.image_slots, 'image_size': args.image_size,
+               'state_dim': args.state_dim}
+    given = [(name, value) for name, value in (
+        ('--image-slots', args.image_slots), ('--image-size', args.image_size),
+        ('--state-dim', args.state_dim), ('--decodable-chunks', args.decodable_chunks or None))
+        if value is not None]
+    if given and family_of_preset(args.preset) != 'pi0fast':
+        raise ValueError(f'{given[0][0]}: only pi0fast-* presets take it ({args.preset} is '
+                         'OpenVLA: one image, no state)')
+    for name, value in given:
+        if value is not True and value < 1:
+            raise ValueError(f'{name}: must be >= 1, got {value}')
     out = make_checkpoint(args.preset, args.out, seed=args.seed, dtype=args.dtype,
-                          max_shard_bytes=shard)
+                          max_shard_bytes=shard, decodable_chunks=args.decodable_chunks,
+                          **options)
     print(f'wrote random-weight {args.preset} checkpoint (seed {args.seed}) to {out}')
+    if args.decodable_chunks:
+        extras = json.loads((out / 'vla_spec_pi0fast.json').read_text())['decodable']
+        print('test aid: greedy decoding writes the same FAST frame for every observation, '
+              f'tokens {extras["frame"]}, the normalised chunk '
+              f'{np.round(extras["chunk"], 4).tolist()}')
     return 0
 
 
@@ -113,6 +133,19 @@ def build_parser() -> argparse.ArgumentParser:
                    choices=['float32', 'float64', 'bfloat16', 'float16'])
     p.add_argument('--max-shard-mb', type=float, default=None,
                    help='shard the weights (model.safetensors.index.json) at this size')
+    p.add_argument('--image-slots', type=int, default=None,
+                   help='pi0fast-*: cameras per frame (default: the preset\'s; the node\'s '
+                   'image_slots may list up to this many)')
+    p.add_argument('--image-size', type=int, default=None,
+                   help='pi0fast-*: the SigLIP tower\'s image size in pixels, every slot '
+                   '(LeRobot\'s image_resolution; default: the preset\'s)')
+    p.add_argument('--state-dim', type=int, default=None,
+                   help='pi0fast-*: values in the robot state (observation.state; default: the '
+                   'preset\'s)')
+    p.add_argument('--decodable-chunks', action='store_true',
+                   help='pi0fast-*, a test aid: set the random weights so that greedy decoding '
+                   'writes one valid FAST chunk (the same for every observation), so the node '
+                   'acts on it; a random model\'s frames are otherwise almost never a chunk')
     p.set_defaults(func=cmd_make_checkpoint)
 
     p = sub.add_parser('predict', help='predict one action for an image + instruction')

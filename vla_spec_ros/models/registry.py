@@ -63,13 +63,27 @@ def load(folder, dtype: torch.dtype = torch.float32, device='cpu',
 
 
 def make_checkpoint(preset_name: str, out, seed: int = 0, dtype: str = 'float32',
-                    max_shard_bytes: int | None = None) -> Path:
-    """A random-weight checkpoint of ``preset_name`` in its family's layout."""
+                    max_shard_bytes: int | None = None, *, num_image_slots: int | None = None,
+                    image_size: int | None = None, state_dim: int | None = None,
+                    decodable_chunks: bool = False) -> Path:
+    """A random-weight checkpoint of ``preset_name`` in its family's layout. pi0-FAST presets
+    only: ``num_image_slots``, ``image_size`` and ``state_dim`` replace the preset's (None
+    keeps it; pi0fast/family.configure); ``decodable_chunks`` makes greedy decoding write a
+    valid FAST frame (a test aid, pi0fast/decodable.py)."""
+    fast_only = {'num_image_slots': num_image_slots, 'image_size': image_size,
+                 'state_dim': state_dim, 'decodable_chunks': decodable_chunks or None}
     if family_of_preset(preset_name) == 'pi0fast':
         if max_shard_bytes is not None:
             raise ValueError('max_shard_bytes: pi0-FAST checkpoints are written unsharded')
-        from .pi0fast.family import make_random
-        return make_random(preset_name, out, seed=seed, dtype=dtype)
+        from .pi0fast.family import configure, make_random
+        cfg = configure(preset_name, num_image_slots=num_image_slots, image_size=image_size,
+                        state_dim=state_dim)
+        return make_random(cfg, out, seed=seed, dtype=dtype,
+                           decodable_chunks=decodable_chunks)
+    given = [name for name, value in fast_only.items() if value is not None]
+    if given:
+        raise ValueError(f'{given[0]}: only pi0-FAST presets take it; {preset_name!r} is an '
+                         'OpenVLA preset (one image, no state, its own action bins)')
     from .openvla.random_checkpoint import make_checkpoint as make_openvla
     return make_openvla(preset_name, out, seed=seed, dtype=dtype,
                         max_shard_bytes=max_shard_bytes)

@@ -2,20 +2,25 @@
 LeRobot-layout folder (``load``), and random-weight checkpoints of that layout (``make_random``,
 ``vla-spec make-checkpoint --preset pi0fast-tiny``): weights, config.json, the PaliGemma and
 style sidecars, a small Gemma-style text tokenizer, a FAST tokenizer fitted on synthetic smooth
-chunks (codecs/fast_synthetic.py) and LeRobot's processor files with synthetic statistics."""
+chunks (codecs/fast_synthetic.py) and LeRobot's processor files with synthetic statistics.
+``configure`` gives a preset other cameras, image size or state size; ``decodable_chunks``
+makes the random model write a valid FAST frame (a test aid: decodable.py)."""
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from ...codecs.fast import FastActionCodec
 from ...codecs.fast_synthetic import fit_synthetic_fast_tokenizer
 from ...config import Pi0FastConfig, preset
 from ..weights import CheckpointError
-from .checkpoint import (FAST_TOKENIZER_FOLDER, TEXT_TOKENIZER_FOLDER, load_model, save_model,
-                         tokenizer_folder)
+from .checkpoint import (EXTRAS_FILE, FAST_TOKENIZER_FOLDER, TEXT_TOKENIZER_FOLDER, load_model,
+                         save_model, tokenizer_folder)
+from .decodable import CHAIN_LOGIT, chain_frame, chain_margin, make_decodable_
 from .model import Pi0Fast
 from .prompt import (ACTION_PREFIX, ACTION_SUFFIX, TOKENIZER_MAX_LENGTH, Pi0FastPrompt,
                      build_text_tokenizer)
@@ -149,18 +154,76 @@ def random_in_memory(cfg: Pi0FastConfig, dtype: torch.dtype, device, workdir, se
     return model, prompt, stats.norm_stats()
 
 
+def configure(cfg_or_preset: Pi0FastConfig | str, *, num_image_slots: int | None = None,
+              image_size: int | None = None, state_dim: int | None = None) -> Pi0FastConfig:
+    """A preset (or config) with other cameras (``num_image_slots``), another image size (every
+    slot's, in pixels: LeRobot's ``image_resolution``) or another state size; None keeps the
+    preset's. ``max_state_dim`` grows to ``state_dim`` when it is smaller. ValueError naming
+    the field for a bad value."""
+    cfg = preset(cfg_or_preset) if isinstance(cfg_or_preset, str) else cfg_or_preset
+    changes: dict = {}
+    if num_image_slots is not None:
+        changes['num_image_slots'] = num_image_slots
+    if state_dim is not None:
+        changes['state_dim'] = state_dim
+        if isinstance(state_dim, int) and state_dim > cfg.max_state_dim:
+            changes['max_state_dim'] = state_dim
+    if image_size is not None:
+        changes['vision'] = dataclasses.replace(cfg.vision, image_size=image_size)
+    return dataclasses.replace(cfg, **changes)
+
+
+def prompt_end_token(prompt: Pi0FastPrompt, state_dim: int) -> int:
+    """The prompt's last id, after which the model writes its frame: the same for every
+    instruction and state (BOS in LeRobot's style, the ";\\n" text in openpi's), checked."""
+    ends = {prompt.encode(text, state)[-1] for text, state in (
+        ('pick up the red cup', None), ('open the drawer', np.full(state_dim, 0.5)))}
+    if len(ends) != 1:
+        raise ValueError(f'decodable chunks: the prompt ends in different ids {sorted(ends)}')
+    return ends.pop()
+
+
 def make_random(cfg_or_preset: Pi0FastConfig | str, out, seed: int = 0,
-                dtype: str = 'float32', style: str = DEFAULT_STYLE) -> Path:
-    """A random-weight pi0-FAST checkpoint in LeRobot's layout (module docstring)."""
+                dtype: str = 'float32', style: str = DEFAULT_STYLE,
+                decodable_chunks: bool = False) -> Path:
+    """A random-weight pi0-FAST checkpoint in LeRobot's layout (module docstring).
+    ``decodable_chunks``: greedy decoding writes one valid FAST frame whatever the observation
+    (a test aid, decodable.py); ``vla_spec_pi0fast.json`` records it under ``decodable``."""
     cfg = preset(cfg_or_preset) if isinstance(cfg_or_preset, str) else cfg_or_preset
     out = Path(out)
     torch_dtype = {'float32': torch.float32, 'float64': torch.float64,
                    'bfloat16': torch.bfloat16, 'float16': torch.float16}[dtype]
-    model = build_model(cfg, torch_dtype, seed=seed, style=style)
-    save_model(model, out, text_tokenizer=build_text_tokenizer(cfg.llm.vocab_size))
-    fit_synthetic_fast_tokenizer(out / FAST_TOKENIZER_FOLDER, action_horizon=cfg.chunk_size,
-                                 action_dim=cfg.action_dim, vocab_size=FAST_VOCAB_TINY,
-                                 seed=seed)
+    stats = synthetic_statistics(cfg.action_dim, cfg.state_dim, seed)
+    if not decodable_chunks:
+        model = build_model(cfg, torch_dtype, seed=seed, style=style)
+        save_model(model, out, text_tokenizer=build_text_tokenizer(cfg.llm.vocab_size))
+        fit_synthetic_fast_tokenizer(out / FAST_TOKENIZER_FOLDER,
+                                     action_horizon=cfg.chunk_size, action_dim=cfg.action_dim,
+                                     vocab_size=FAST_VOCAB_TINY, seed=seed)
+    else:
+        text_tokenizer = build_text_tokenizer(cfg.llm.vocab_size)
+        fit_synthetic_fast_tokenizer(out / FAST_TOKENIZER_FOLDER,
+                                     action_horizon=cfg.chunk_size, action_dim=cfg.action_dim,
+                                     vocab_size=FAST_VOCAB_TINY, seed=seed)
+        prompt = prompt_builder(text_tokenizer, cfg, style=style,
+                                state_normalizer=stats.state_normalizer())
+        codec = fast_codec(out / FAST_TOKENIZER_FOLDER, prompt, cfg)
+        start = prompt_end_token(prompt, cfg.state_dim)
+        frame, chunk = chain_frame(codec, start, cfg.llm.hidden_size, seed)
+        untied = dataclasses.replace(cfg, llm=dataclasses.replace(cfg.llm,
+                                                                  tie_word_embeddings=False))
+        # Set in float32, then cast: the chain's margin is checked in the written dtype.
+        model = build_model(untied, torch.float32, seed=seed, style=style)
+        make_decodable_(model, start, frame)
+        model = model.to(torch_dtype)
+        margin = chain_margin(model, start, frame)
+        if margin < CHAIN_LOGIT / 2:
+            raise ValueError(f'decodable chunks: the chain\'s margin is {margin:.2f} in {dtype} '
+                             f'(want >= {CHAIN_LOGIT / 2})')
+        save_model(model, out, text_tokenizer=text_tokenizer)
+        extras = json.loads((out / EXTRAS_FILE).read_text())
+        extras['decodable'] = {'frame': list(frame), 'chunk': np.asarray(chunk).tolist()}
+        (out / EXTRAS_FILE).write_text(json.dumps(extras, indent=2))
     raw = json.loads((out / 'config.json').read_text())
-    write_statistics(out, synthetic_statistics(cfg.action_dim, cfg.state_dim, seed), raw)
+    write_statistics(out, stats, raw)
     return out
