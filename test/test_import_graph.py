@@ -98,14 +98,13 @@ def test_imports_flow_one_way(path):
 
 # Rooms inside the engine: the scheduling core is plain bookkeeping (no drafting, no device);
 # drafting may drive the device side (its own forwards) but not the scheduler; the device side
-# knows only the draft tree's node convention; no room imports the strategy or the facade
-# above it (engine/packed.py, engine/engine.py).
+# imports neither (the draft tree's node convention it needs sits below both, in
+# engine/tree_nodes.py); no room imports the strategy or the facade above it
+# (engine/packed.py, engine/engine.py).
 ROOM_RULES = {
     'scheduling': lambda name: _room(name) in ('drafting', 'device'),
     'drafting': lambda name: _room(name) == 'scheduling',
-    'device': lambda name: _room(name) == 'scheduling' or (
-        _room(name) == 'drafting' and not name.startswith(
-            'vla_spec_ros.engine.drafting.draft_tree')),
+    'device': lambda name: _room(name) in ('scheduling', 'drafting'),
 }
 TOP_OF_ENGINE = ('vla_spec_ros.engine.packed', 'vla_spec_ros.engine.engine')
 

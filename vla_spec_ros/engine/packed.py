@@ -166,48 +166,90 @@ class PackedStrategy:
 
     @torch.inference_mode()
     def step(self) -> list[Request]:
+        """One packed step, numbered as in the module docstring; returns the requests that
+        leave (in per-stream submission order)."""
         start = time.perf_counter()
         stats = self.stats
         draft_forward_before = self.drafter.forward_s if self.drafter is not None else 0.0
-        sched, cfg, runner = self.scheduler, self.config, self.runner
-        # 1. schedule (with CUDA graphs, a prompt length never seen before first builds every
-        #    step shape it can meet, so no capture lands in the middle of serving it)
-        work = sched.schedule()
+        # 1. schedule
+        work = self.scheduler.schedule()
         if work.is_empty:
             return []
-        if self.runner.use_cuda_graphs:
-            for request in work.prefills:
-                if round_up(request.prefix_len, PROMPT_ROWS_BUCKET) \
-                        not in self._captured_prompt_buckets:
-                    self.capture_graphs(request.prefix_len)
-        # 2. the admitted frames' prompts (upload, preprocessing, vision towers, projector),
-        #    queued first: on a GPU the towers run while the host plans. A frame keeps the
-        #    tunables in force now until its action is decided.
-        prefills, prefill_embeds = [], []
-        if work.prefills:
-            t0 = time.perf_counter()
-            for request in work.prefills:
-                request.tunables = cfg
-                request.start_time = t0
-                # Speculative prefill: the stream's draft rides after the prompt.
-                chain = self.drafter.prefill_draft(request.stream_id, self.max_prefill_draft,
-                                                   request.control_step) \
-                    if self.max_prefill_draft else ()
-                prefills.append(PrefillRows(self.ring.span(request.request_id).start,
-                                            self.ring.capacity, request.prefix_len,
-                                            tuple(chain),
-                                            runner.num_bidirectional(request.prefix_len)))
-            prefill_embeds = [prompt.embeds for prompt in runner.prepare_prompts(
-                [r.frame for r in work.prefills], cfg, [r.input_ids for r in work.prefills])]
-            stats.vision_s += time.perf_counter() - t0
+        self._build_new_prompt_graphs(work.prefills)
+        # 2. the admitted frames' prompts, queued first (the towers run while the host plans)
+        prefills, prefill_embeds = self._start_prefills(work.prefills)
         # 3. draft trees (just the root when not speculating or one token remains)
         t0 = time.perf_counter()
         trees = self._draft_trees(work.decode)
         stats.draft_s += time.perf_counter() - t0
-        # 4. host plan: one segment per in-flight request + last step's KV compaction
+        # 4. host plan: the prefill blocks, one segment per in-flight request, last step's
+        #    KV compaction
+        host = self._plan(prefills, work.decode, trees)
+        # 5. one verifier forward for everything in flight
+        t0 = time.perf_counter()
+        tokens, hidden = self.verifier.run(host, prefill_embeds)
+        stats.verifier_s += time.perf_counter() - t0
+        self.num_verifier_forwards += 1
+        # 6. each prefill decides its request's first action token(s)
+        begins = self._finish_prefills(work.prefills, prefills, prefill_embeds, host, tokens)
+        # 7. verify every tree, keep its accepted path
+        advances = self._verify_trees(work.decode, trees, host, tokens,
+                                      first_row=len(work.prefills) * host.reads_per_prefill)
+        # 8. one batched draft update: the new prefixes and every accepted path
+        if begins or advances:
+            t0 = time.perf_counter()
+            self.drafter.update(begins, advances, hidden)
+            stats.draft_s += time.perf_counter() - t0
+        # 9. emit in per-stream submission order
+        finished = self.scheduler.pop_finished()
+        if self.drafter is not None:
+            stats.draft_forward_s += self.drafter.forward_s - draft_forward_before
+        stats.num_steps += 1
+        stats.num_advanced += len(work.prefills) + len(work.decode)
+        stats.total_s += time.perf_counter() - start
+        return finished
+
+    def _build_new_prompt_graphs(self, admitted: list[Request]) -> None:
+        """Step 1, with CUDA graphs: a prompt length never seen before first builds every step
+        shape it can meet, so that no capture lands in the middle of serving it."""
+        if not self.runner.use_cuda_graphs:
+            return
+        for request in admitted:
+            if round_up(request.prefix_len, PROMPT_ROWS_BUCKET) \
+                    not in self._captured_prompt_buckets:
+                self.capture_graphs(request.prefix_len)
+
+    def _start_prefills(self, admitted: list[Request]
+                        ) -> tuple[list[PrefillRows], list[torch.Tensor]]:
+        """Step 2: the admitted frames' prefill rows and their prompt embeddings (upload,
+        preprocessing, vision towers, projector), queued first: on a GPU the towers run while
+        the host plans. A frame keeps the tunables in force now until its action is decided;
+        with speculative prefill its stream's draft rides after the prompt."""
+        if not admitted:
+            return [], []
+        t0 = time.perf_counter()
+        cfg, runner, rows = self.config, self.runner, []
+        for request in admitted:
+            request.tunables = cfg
+            request.start_time = t0
+            chain = self.drafter.prefill_draft(request.stream_id, self.max_prefill_draft,
+                                               request.control_step) \
+                if self.max_prefill_draft else ()
+            rows.append(PrefillRows(self.ring.span(request.request_id).start,
+                                    self.ring.capacity, request.prefix_len, tuple(chain),
+                                    runner.num_bidirectional(request.prefix_len)))
+        embeds = [prompt.embeds for prompt in runner.prepare_prompts(
+            [r.frame for r in admitted], cfg, [r.input_ids for r in admitted])]
+        self.stats.vision_s += time.perf_counter() - t0
+        return rows, embeds
+
+    def _plan(self, prefills: list[PrefillRows], decode: list[Request],
+              trees: dict[int, DraftTree]):
+        """Step 4: the host plan (engine/device/step_inputs.py) of the prefill blocks and one
+        segment per in-flight request, with the KV compaction last step's acceptance left."""
         capacity = self.ring.capacity
         segments, moves = [], []
-        for request in work.decode:
+        for request in decode:
             tree = trees[request.request_id]
             span = self.ring.span(request.request_id)
             if request.history_len + tree.num_nodes > span.length:     # never: scratch sizing
@@ -217,24 +259,23 @@ class PackedStrategy:
                                       tree.tokens))
             moves += request.pending_moves
             request.pending_moves = []
-        host = pack_step(prefills, segments, self.verifier.scratch_slot, moves=moves,
+        return pack_step(prefills, segments, self.verifier.scratch_slot, moves=moves,
                          **self._padded_sizes(prefills, segments, len(moves)))
-        # 5. one verifier forward for everything in flight
-        t0 = time.perf_counter()
-        tokens, hidden = self.verifier.run(host, prefill_embeds)
-        stats.verifier_s += time.perf_counter() - t0
-        self.num_verifier_forwards += 1
-        # 6. each prefill decides its request's first action token (and, with speculative
-        #    prefill, verifies the chain it carried: the accepted tokens' KV already follows
-        #    the prompt, so the request continues from there)
-        begins, advances = [], []
+
+    def _finish_prefills(self, admitted: list[Request], prefills: list[PrefillRows],
+                         prefill_embeds: list[torch.Tensor], host, tokens) -> list[DraftBegin]:
+        """Step 6: each prefill decides its request's first action token (and, with
+        speculative prefill, verifies the chain it carried: the accepted tokens' KV already
+        follows the prompt, so the request continues from there). Returns the drafter's new
+        prefixes."""
+        begins = []
         block_start, reads = 0, host.reads_per_prefill
-        for p, (request, rows, block) in enumerate(zip(work.prefills, prefills,
+        for p, (request, rows, block) in enumerate(zip(admitted, prefills,
                                                        host.prefill_blocks)):
             emitted = self._after_prefill(request, rows.chain,
                                           tokens[p * reads:p * reads + rows.num_read])
-            is_done = sched.on_tokens(request.request_id, list(emitted),
-                                      runner.codec.is_complete(emitted))
+            is_done = self.scheduler.on_tokens(request.request_id, list(emitted),
+                                               self.runner.codec.is_complete(emitted))
             if is_done:
                 self._decided(request)
             if self.is_speculative and not is_done:
@@ -247,29 +288,23 @@ class PackedStrategy:
                     range(block_start, block_start + num_prefix), emitted[-1],
                     request.stream_id, tuple(emitted[:-1]), request.control_step))
             block_start += block
-        offset = len(work.prefills) * reads
-        # 7. verify every tree, keep its accepted path
+        return begins
+
+    def _verify_trees(self, decode: list[Request], trees: dict[int, DraftTree], host, tokens,
+                      first_row: int) -> list[DraftAdvance]:
+        """Step 7: acceptance of every in-flight request's tree (its greedy tokens start at
+        ``first_row`` of the read-back, one segment of ``host.num_rows`` after another).
+        Returns the drafter's accepted paths."""
+        advances = []
         num_rows = host.num_rows
-        for s, request in enumerate(work.decode):
+        for s, request in enumerate(decode):
             tree = trees[request.request_id]
-            first = offset + s * num_rows
+            first = first_row + s * num_rows
             advance = self._after_verify(request, tree, tokens[first:first + tree.num_nodes],
                                          hidden_row=host.num_prefill + s * num_rows)
             if advance is not None:
                 advances.append(advance)
-        # 8. one batched draft update: the new prefix and every accepted path
-        if begins or advances:
-            t0 = time.perf_counter()
-            self.drafter.update(begins, advances, hidden)
-            stats.draft_s += time.perf_counter() - t0
-        # 9. emit in per-stream submission order
-        finished = sched.pop_finished()
-        if self.drafter is not None:
-            stats.draft_forward_s += self.drafter.forward_s - draft_forward_before
-        stats.num_steps += 1
-        stats.num_advanced += len(work.prefills) + len(work.decode)
-        stats.total_s += time.perf_counter() - start
-        return finished
+        return advances
 
     def _after_prefill(self, request: Request, chain: tuple[int, ...],
                        picks: list[int]) -> tuple[int, ...]:

@@ -42,7 +42,7 @@ from typing import Sequence
 
 import numpy as np
 
-from ..drafting.draft_tree import NO_PARENT
+from ..tree_nodes import NO_PARENT
 
 
 @dataclass(frozen=True)
@@ -257,6 +257,7 @@ def pack_step(prefills: Sequence[PrefillRows], segments: Sequence[SegmentRows],
     last row and the chain rows, then the last real row repeated as padding.
     """
     prefills, segments = list(prefills), list(segments)
+    # 1. the padded sizes, checked against what they must hold
     q = max([s.num_rows for s in segments], default=1) if num_rows is None else num_rows
     k = max([s.num_cols for s in segments], default=1) if num_cols is None else num_cols
     num_s = len(segments) if num_segments is None else num_segments
@@ -264,20 +265,50 @@ def pack_step(prefills: Sequence[PrefillRows], segments: Sequence[SegmentRows],
     if len(segments) > num_s or len(moves) > num_m or q < 1 or k < 1:
         raise ValueError(f'pack_step: {len(segments)} segments / {len(moves)} moves do not fit '
                          f'the padded sizes {num_s} / {num_m} (rows {q}, cols {k})')
+    num_chain = _chain_entries(prefills, chain_per_prefill)
     lengths = [p.length for p in prefills]
-    if chain_per_prefill is None:       # tight: as many entries as each block's chain
-        num_chain = max([len(p.chain) for p in prefills], default=0)
-    else:
-        num_chain = chain_per_prefill
-        if any(len(p.chain) > num_chain for p in prefills):
-            raise ValueError(f'pack_step: chain_per_prefill {num_chain} < a prefill\'s chain')
     if prefill_rows is not None and any(n > prefill_rows for n in lengths):
         raise ValueError(f'pack_step: prefill_rows {prefill_rows} < a prefill length '
                          f'{max(lengths)}')
     blocks = tuple(lengths if prefill_rows is None else [prefill_rows] * len(prefills))
     lp = sum(blocks)
+    # 2. every row writes the scratch slot at position 0 unless a prefill or segment owns it
     positions = np.zeros(lp + num_s * q, dtype=np.int64)
     slot_mapping = np.full(lp + num_s * q, scratch_slot, dtype=np.int64)
+    # 3. the prefill blocks, then 4. the segments after them
+    prefill_extras = _place_prefills(prefills, blocks, num_chain, chain_per_prefill, positions,
+                                     slot_mapping)
+    token_ids, kv_index, mask = _place_segments(segments, lp, num_s, q, k, scratch_slot,
+                                                positions, slot_mapping)
+    # 5. the compaction moves, padded with scratch -> scratch copies
+    copy_src = np.full(num_m, scratch_slot, dtype=np.int64)
+    copy_dst = np.full(num_m, scratch_slot, dtype=np.int64)
+    if moves:
+        copy_src[:len(moves)], copy_dst[:len(moves)] = zip(*moves)
+    extras = {name: np.asarray(a, dtype=np.int64) for name, a in extras.items()} \
+        if extras else {}
+    extras.update(prefill_extras)
+    return HostStep(blocks, token_ids, positions, slot_mapping, kv_index, mask, copy_src,
+                    copy_dst, extras)
+
+
+def _chain_entries(prefills: list[PrefillRows], chain_per_prefill: int | None) -> int:
+    """Chain entries per prefill block: tight (None), as many as the longest chain; else
+    ``chain_per_prefill``, which every chain must fit."""
+    if chain_per_prefill is None:
+        return max([len(p.chain) for p in prefills], default=0)
+    if any(len(p.chain) > chain_per_prefill for p in prefills):
+        raise ValueError(f'pack_step: chain_per_prefill {chain_per_prefill} < a prefill\'s '
+                         'chain')
+    return chain_per_prefill
+
+
+def _place_prefills(prefills: list[PrefillRows], blocks: tuple[int, ...], num_chain: int,
+                    chain_per_prefill: int | None, positions: np.ndarray,
+                    slot_mapping: np.ndarray) -> dict:
+    """Writes each prefill's positions and ring slots into its block (rows 0 .. lp-1 of
+    ``positions`` / ``slot_mapping``); returns the prefill extras (``pack_step``'s docstring):
+    the rows read back, the bidirectional prefixes, the chain rows and their tokens."""
     prefill_read, chain_ids, chain_rows, start = [], [], [], 0
     for prefill, block in zip(prefills, blocks):
         length = prefill.length
@@ -297,11 +328,28 @@ def pack_step(prefills: Sequence[PrefillRows], segments: Sequence[SegmentRows],
         chain_ids += [0] * (entries - len(prefill.chain))
         chain_rows += range(start + prefill.prompt_len, start + prefill.prompt_len + entries)
         start += block
+    extras = {}
+    if prefills:
+        extras['prefill_read'] = np.array(prefill_read, dtype=np.int64)
+        if any(p.num_bidirectional for p in prefills):
+            extras['prefill_prefix'] = np.array([p.num_bidirectional for p in prefills],
+                                                dtype=np.int64)
+        if chain_ids:
+            extras['prefill_chain_ids'] = np.array(chain_ids, dtype=np.int64)
+            extras['prefill_chain_rows'] = np.array(chain_rows, dtype=np.int64)
+    return extras
+
+
+def _place_segments(segments: list[SegmentRows], lp: int, num_s: int, q: int, k: int,
+                    scratch_slot: int, positions: np.ndarray, slot_mapping: np.ndarray):
+    """Writes each segment's positions and ring slots after the prefill rows (segment s at
+    rows lp + s * q ..); -> (token_ids (S*Q,), kv_index (S, K), mask (S, Q, K)). Padding rows
+    and padding segments read column 0 only (never NaN) and gather the scratch slot."""
     token_ids = np.zeros(num_s * q, dtype=np.int64)
     kv_index = np.full((num_s, k), scratch_slot, dtype=np.int64)
     mask = np.zeros((num_s, q, k), dtype=np.bool_)
     if num_s > len(segments):
-        mask[len(segments):, :, 0] = True   # padding rows read column 0 only (never NaN)
+        mask[len(segments):, :, 0] = True
     for s, seg in enumerate(segments):
         n, cols, base, modulus = seg.num_rows, seg.num_cols, seg.base, seg.modulus
         if n > q or cols > k:
@@ -317,22 +365,7 @@ def pack_step(prefills: Sequence[PrefillRows], segments: Sequence[SegmentRows],
         rows[:n, :seg.num_visible] = True
         t0 = seg.tree_start
         rows[:n, t0:t0 + seg.tree_mask.shape[1]] |= seg.tree_mask
-    copy_src = np.full(num_m, scratch_slot, dtype=np.int64)
-    copy_dst = np.full(num_m, scratch_slot, dtype=np.int64)
-    if moves:
-        copy_src[:len(moves)], copy_dst[:len(moves)] = zip(*moves)
-    extras = {name: np.asarray(a, dtype=np.int64) for name, a in extras.items()} \
-        if extras else {}
-    if prefills:
-        extras['prefill_read'] = np.array(prefill_read, dtype=np.int64)
-        if any(p.num_bidirectional for p in prefills):
-            extras['prefill_prefix'] = np.array([p.num_bidirectional for p in prefills],
-                                                dtype=np.int64)
-        if chain_ids:
-            extras['prefill_chain_ids'] = np.array(chain_ids, dtype=np.int64)
-            extras['prefill_chain_rows'] = np.array(chain_rows, dtype=np.int64)
-    return HostStep(blocks, token_ids, positions, slot_mapping, kv_index, mask, copy_src,
-                    copy_dst, extras)
+    return token_ids, kv_index, mask
 
 
 def padding_step(prefill_blocks: Sequence[int], num_segments: int, num_rows: int,

@@ -27,8 +27,7 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Sequence
 
-ROOT = 0            # index of the root node in every tree
-NO_PARENT = -1      # parent index stored for the root
+from ..tree_nodes import NO_PARENT, ROOT
 
 
 def _path_to(parents: Sequence[int], node: int) -> list[int]:
