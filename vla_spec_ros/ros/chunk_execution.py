@@ -3,7 +3,8 @@ one per control period (the rules: chunk_schedule.py, docs/chunks.md).
 
 The channel (robot_channel.py) owns the outputs and the holds; this file owns the robot's
 ChunkSchedule and the lock that orders a chunk's arrival and its steps' publishing (the worker
-thread and the step clock both reach it).
+thread and the step clock both reach it). Its log lines go through the robot's own reason log
+(RobotChannel.log_reason, hold_log.py).
 """
 from __future__ import annotations
 
@@ -13,8 +14,6 @@ from vla_spec_ros.ros import chunk_schedule as chunks
 from vla_spec_ros.ros import command as cmd
 from vla_spec_ros.ros.channel_stats import record_answer
 from vla_spec_ros.ros.command_messages import offset_stamp
-
-LOG_THROTTLE_S = 2.0
 
 
 class ChunkExecution:
@@ -48,10 +47,10 @@ class ChunkExecution:
             if decision.hold_reason is not None:
                 if self._goes_on_despite(decision.hold_reason, now):
                     channel.stats.record_chunk_refused(decision.hold_reason)
-                    channel.node.get_logger().error(
-                        f'{channel.label}: chunk refused: {decision.hold_reason}; the chunk '
-                        f'of the image at {self.schedule.newest.start_s:.3f} s goes on '
-                        '(invalid_chunk: continue)', throttle_duration_sec=LOG_THROTTLE_S)
+                    channel.log_reason(
+                        f'chunk refused: {decision.hold_reason}; the chunk of the image at '
+                        f'{self.schedule.newest.start_s:.3f} s goes on (invalid_chunk: '
+                        'continue)', 'error')
                     return
                 channel.reject_result(decision.hold_reason)
                 return
@@ -63,10 +62,8 @@ class ChunkExecution:
                                  settings.control_period, info.stamp)
             accepted, replaced = self.schedule.add(chunk, now)
             if not accepted:
-                channel.node.get_logger().warning(
-                    f'{channel.label}: chunk ignored: its image is not newer than the chunk '
-                    'being executed (camera clock stepped back?)',
-                    throttle_duration_sec=LOG_THROTTLE_S)
+                channel.log_reason('chunk ignored: its image is not newer than the chunk '
+                                   'being executed (camera clock stepped back?)', 'warning')
                 return
             if channel.is_active:
                 for output, value in zip(channel.outputs, prepared):

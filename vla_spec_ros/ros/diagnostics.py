@@ -99,6 +99,8 @@ class InferenceStats:
         self.num_chunk_run_outs = 0
         self.num_chunks_refused = 0
         self._step_lateness: deque = deque(maxlen=max_samples)
+        # Jumps back of the node clock this robot recovered from (clock_jumps.py).
+        self.num_clock_jumps = 0
         self.hold_reason: str | None = None
         self.last_error = ''
 
@@ -186,6 +188,10 @@ class InferenceStats:
                 self.num_errors += 1
                 self.last_error = reason
 
+    def record_clock_jump(self) -> None:
+        with self._lock:
+            self.num_clock_jumps += 1
+
     def set_hold_reason(self, reason: str | None) -> None:
         with self._lock:
             self.hold_reason = reason
@@ -216,6 +222,7 @@ class InferenceStats:
                 'chunks_replaced': self.num_chunks_replaced,
                 'chunk_run_outs': self.num_chunk_run_outs,
                 'chunks_refused': self.num_chunks_refused,
+                'clock_jumps': self.num_clock_jumps,
                 'hold_reason': self.hold_reason or '',
                 'last_error': self.last_error,
             }

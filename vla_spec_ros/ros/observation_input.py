@@ -8,15 +8,29 @@ conversion happens on the worker (worker.py). A complete set becomes one frame_s
 Observation (latest wins: an untaken one is replaced and counted as dropped); an out-of-sync
 report or a state that cannot be paired travels in it as its `error`, so the worker refuses or
 holds in frame order.
+
+Stamps and order (docs/robot.md, "Stamps, order and clock jumps"):
+  - an image stamped more than `max_action_age` ahead of the node clock (by the time the node
+    ages it by: `stamp_source`) is refused on arrival (`on_refused`: the robot holds with
+    `observation from the future`, naming the slot with several). It never enters the pairing
+    and is never the newest observation, so it moves nothing: the next good image is answered;
+  - the order the pairing keeps is by header stamp with several slots (pairing needs it), and
+    by the time the node ages a frame by with one (`stamp_source: receipt` orders by arrival,
+    so a header stamp the node does not trust cannot hold later frames back either);
+  - the node clock is read under the lock at every image and every watchdog tick
+    (`check_clock`); a reading earlier than the one before (clock_jumps.py) forgets the order,
+    the newest observation and each slot's newest image, then tells `on_clock_jump`.
 """
 from __future__ import annotations
 
+import math
 import threading
 import time
 
 from sensor_msgs.msg import CompressedImage, Image
 
 from vla_spec_ros.ros import command as cmd
+from vla_spec_ros.ros.clock_jumps import ClockWatch
 from vla_spec_ros.ros.frame_slot import FrameInfo, Observation
 from vla_spec_ros.ros.observation_sync import SlotPairing
 from vla_spec_ros.ros.qos import IMAGE_QOS
@@ -38,14 +52,19 @@ def slot_topic(prefix: str, slot: str, transport: str) -> str:
 class ObservationInput:
     """`on_observation(observation)` gets each complete set (executor thread);
     `on_dropped(count)` counts messages dropped by the pairing. `settings()` returns the
-    robot's NodeSettings in force."""
+    robot's NodeSettings in force. `on_refused(info, reason)` gets an image refused on arrival
+    (stamped in the future); `on_clock_jump(jump)` a clock_jumps.ClockJump, after the order
+    kept on the old time line was forgotten (module docstring)."""
 
-    def __init__(self, node, prefix: str, settings, on_observation, on_dropped, get_settings):
+    def __init__(self, node, prefix: str, settings, on_observation, on_dropped, get_settings,
+                 *, on_refused, on_clock_jump):
         self.node = node
         self._on_observation, self._on_dropped = on_observation, on_dropped
+        self._on_refused, self._on_clock_jump = on_refused, on_clock_jump
         self._settings = get_settings
         self.slot_names = tuple(settings.image_slots) or ('',)
         self._lock = threading.Lock()
+        self._clock_watch = ClockWatch()
         self._pairing = SlotPairing([s or 'image' for s in self.slot_names],
                                     settings.image_sync_tolerance)
         self.newest: FrameInfo | None = None                  # the newest complete set's
@@ -67,14 +86,44 @@ class ObservationInput:
     def is_multi_slot(self) -> bool:
         return len(self.slot_names) > 1
 
+    def check_clock(self):
+        """Read the node clock (module docstring): on a jump back, forget the order kept so
+        far and tell `on_clock_jump`. Returns the reading (rclpy Time)."""
+        with self._lock:
+            now = self.node.get_clock().now()
+            jump = self._clock_watch.check(now.nanoseconds * 1e-9)
+            if jump is not None:
+                self._forget()
+        if jump is not None:
+            self._on_clock_jump(jump)
+        return now
+
+    def _future_reason(self, index: int, info: FrameInfo, settings) -> str | None:
+        """Why an image just received is refused on arrival (stamped in the future), or None.
+        Only the future is checked here: a stale image is aged again by the worker."""
+        age_s = cmd.observation_age(info.receipt_s, info.stamp_s, info.receipt_s, settings)
+        reason = cmd.freshness_reason(age_s, settings, max_age_s=math.inf)
+        if reason is None or not self.is_multi_slot:
+            return reason
+        return f'{reason} (image slot {self.slot_names[index]})'
+
+    def _order_stamp(self, info: FrameInfo, settings) -> float:
+        """The time the pairing orders (and, with several slots, pairs) a message by."""
+        if not self.is_multi_slot:
+            return cmd.observation_time(info.stamp_s, info.receipt_s, settings)
+        return info.stamp_s if info.stamp_s > 0.0 else info.receipt_s
+
     def _on_image(self, index: int, msg) -> None:
-        info = frame_info(msg, self.node.get_clock().now())
+        info = frame_info(msg, self.check_clock())
         settings = self._settings()
+        future = self._future_reason(index, info, settings)
+        if future is not None:                # refused: it must not move the order
+            self._on_refused(info, future)
+            return
         with self._lock:
             self.newest_per_slot[index] = info
             self._pairing.tolerance_s = settings.image_sync_tolerance
-            stamp_s = info.stamp_s if info.stamp_s > 0.0 else info.receipt_s
-            pairing = self._pairing.add(index, stamp_s, (msg, info))
+            pairing = self._pairing.add(index, self._order_stamp(info, settings), (msg, info))
         if pairing.num_dropped:
             self._on_dropped(pairing.num_dropped)
         if pairing.out_of_sync is not None:
@@ -114,8 +163,16 @@ class ObservationInput:
         return None if self.state is None else self.state.current_positions(settings)
 
     def clear(self) -> None:
+        """Forget the pending messages and the order kept (`~/reset`)."""
         with self._lock:
             self._pairing.clear()
+
+    def _forget(self) -> None:
+        """The node clock went back: what was kept on the old time line goes (under the
+        lock). The watchdog then holds for `no image received` until a new image comes."""
+        self._pairing.clear()
+        self.newest = None
+        self.newest_per_slot = [None] * len(self.slot_names)
 
     def destroy(self) -> None:
         for sub in self._subs:

@@ -20,7 +20,10 @@ stamp, within `tolerance_s` of the anchor's stamp. Rules:
     robot holds (stale input; the channel names the slot whose newest image is too old).
 
 Messages of one slot are expected in stamp order (a camera driver's); one whose stamp is not
-newer than its slot's previous one is dropped.
+newer than its slot's previous one is dropped. Only messages the caller accepts enter: one
+stamped in the future of the node clock is refused before it reaches the pairing
+(observation_input.py), so it cannot make every later message look out of order; `clear`
+forgets the order (`~/reset`, the node clock going back: clock_jumps.py).
 """
 from __future__ import annotations
 
@@ -62,8 +65,12 @@ class SlotPairing:
         self._num_unpaired = 0
 
     def clear(self) -> None:
+        """Forget every pending message and the order kept so far (`~/reset`, a jump back of
+        the node clock): the next message of each slot is accepted whatever its stamp."""
         for pending in self._pending:
             pending.clear()
+        self._last_stamp = [float('-inf')] * len(self.slots)
+        self._emitted_s = float('-inf')
         self._num_unpaired = 0
 
     def add(self, slot: int, stamp_s: float, item) -> Pairing:

@@ -4,7 +4,9 @@ A node serves one robot (today's `~/image`, `~/twist`, ... names) or several (`r
 parameter: `<name>/image`, `<name>/twist`, ... one RobotChannel each) from one engine. What is
 per robot lives in one file per concern:
 
-  observation_input.py  image subscription -> depth-1 frame slot (frame_slot.py)
+  observation_input.py  image subscription -> depth-1 frame slot (frame_slot.py); an image
+                        stamped in the future is refused on arrival, a jump back of the node
+                        clock resets the robot (clock_jumps.py)
   safety_gate.py        the hold state machine: hold states with a message budget, holds that
                         always go out, refused frames and the results they supersede
   output_adapter.py     the interface of every output; one adapter per output:
@@ -13,6 +15,7 @@ per robot lives in one file per concern:
                         pose_output.py (absolute tool targets)
   servo_contract.py     MoveIt Servo's command type, pause and timeout (servo_node)
   channel_stats.py      the statistics of answered frames and the /diagnostics status
+  hold_log.py           which hold and refusal reasons reach the log (per robot, per reason)
   this file             services, the decision on each finished frame or chunk step, and
                         fanning decided commands / holds out to the adapters
 
@@ -35,13 +38,12 @@ from vla_spec_ros.ros.chunk_schedule import chunk_age_limit
 from vla_spec_ros.ros.diagnostics import InferenceStats
 from vla_spec_ros.ros.frame_slot import FrameInfo, LatestFrameSlot
 from vla_spec_ros.ros.gripper_output import GripperOutput, RawActionOutput
+from vla_spec_ros.ros.hold_log import HoldLog
 from vla_spec_ros.ros.observation_input import ObservationInput
 from vla_spec_ros.ros.pose_output import PoseTargetAdapter
 from vla_spec_ros.ros.qos import INSTRUCTION_QOS, INSTRUCTION_VOLATILE_QOS
 from vla_spec_ros.ros.safety_gate import SafetyGate
 from vla_spec_ros.ros.twist_output import TwistOutput
-
-LOG_THROTTLE_S = 2.0
 
 
 def build_outputs(node, prefix: str, settings, label: str, *, is_chunked: bool,
@@ -94,6 +96,7 @@ class RobotChannel:
         self.stats = InferenceStats()
         self.slot = LatestFrameSlot(wakeup)
         self.gate = SafetyGate()
+        self.hold_log = HoldLog()                 # this robot's reasons in the log (hold_log.py)
         self._on_instruction, self._on_enable, self._on_reset = on_instruction, on_enable, on_reset
         self.chunk_steps = int(chunk_steps)
         self.action_dim = int(action_dim)        # the checkpoint's (command.check_action_dim)
@@ -102,7 +105,9 @@ class RobotChannel:
 
         prefix = f'{name}/' if name else '~/'
         self.observation = ObservationInput(node, prefix, settings, self._on_frame,
-                                            self.stats.record_dropped, lambda: self.settings)
+                                            self.stats.record_dropped, lambda: self.settings,
+                                            on_refused=self._on_refused_frame,
+                                            on_clock_jump=self._on_clock_jump)
         self.outputs = build_outputs(node, prefix, settings, self.label,
                                      is_chunked=self.is_chunked,
                                      current_positions=self.observation.current_positions)
@@ -163,6 +168,25 @@ class RobotChannel:
         if self.is_active and self.settings.enabled and self.slot.put(item):
             self.stats.record_dropped()
 
+    def _on_refused_frame(self, info: FrameInfo, reason: str) -> None:
+        """An image refused on arrival (stamped in the future, observation_input.py): held
+        for at once, counted stale (as the worker counts a future image it takes); it never
+        reaches the slot, so a good frame waiting there still goes to the engine."""
+        self.stats.record_received()
+        if self.is_active and self.settings.enabled:
+            self.reject(reason, is_stale=True)
+
+    def _on_clock_jump(self, jump) -> None:
+        """The node clock went back (clock_jumps.py): everything of this robot kept on the old
+        time line goes, as with `~/reset` (engine requests, the queued frame, the chunks; the
+        frame order is already forgotten), so the frames after the jump are answered."""
+        num_dropped = self._on_reset(self)
+        num_queued = self.slot.clear()
+        self.clear_chunks()
+        self.stats.record_clock_jump()
+        self.log_reason(f'{jump.describe()}: frame order forgotten, {num_dropped} engine '
+                        f'requests and {num_queued} queued frames dropped', 'warning')
+
     def _on_instruction_msg(self, msg: String) -> None:
         if msg.data != self.settings.instruction:   # both subscriptions may deliver it
             self._on_instruction(self, msg.data)
@@ -208,7 +232,10 @@ class RobotChannel:
     # ---- holds (safety_gate.py's verbs) ---------------------------------------------------
 
     def watchdog(self) -> None:
-        """Hold state when disabled, without a fresh image or without an instruction."""
+        """Hold state when disabled, without a fresh image or without an instruction. First
+        the node clock is read for a jump back (observation_input.check_clock), so a robot
+        whose camera paused over a simulator reset is reset too."""
+        self.observation.check_clock()
         settings, newest = self.settings, self.newest
         age = None if newest is None else self.age_of(newest)
         reason = cmd.hold_reason_now(settings.enabled, age, settings,
@@ -231,6 +258,21 @@ class RobotChannel:
         """The outputs' hold now, whatever was sent before (deactivation)."""
         if self.is_active and self.gate.hold_now(reason):
             self._send_hold(reason)
+
+    def log_reason(self, reason: str, level: str) -> None:
+        """`<robot>: <reason>` at `level` ('error', 'warning' or 'info'), unless this robot
+        logged the same reason less than hold_log.THROTTLE_S ago (hold_log.py)."""
+        line = self.hold_log.admit(reason)
+        if line is None:
+            return
+        # One call per level: rclpy refuses two severities from one line of code.
+        log, text = self.node.get_logger(), f'{self.label}: {line}'
+        if level == 'error':
+            log.error(text)
+        elif level == 'warning':
+            log.warning(text)
+        else:
+            log.info(text)
 
     def reject(self, reason: str, *, is_stale: bool = False, keep_chunk: bool = False) -> None:
         """A result, chunk step or frame that may not be acted on: counted as a hold, the
@@ -258,13 +300,13 @@ class RobotChannel:
         if self.servo is not None:
             self.servo.on_hold()
         kind = cmd.reason_kind(reason)
-        log, text = self.node.get_logger(), f'{self.label}: hold: {reason}'
         if kind in cmd.FAILURE_REASONS:
-            log.error(text, throttle_duration_sec=LOG_THROTTLE_S)
+            level = 'error'
         elif kind in (cmd.REASON_DISABLED, cmd.REASON_NO_INSTRUCTION):   # expected states
-            log.info(text, throttle_duration_sec=LOG_THROTTLE_S)
+            level = 'info'
         else:
-            log.warning(text, throttle_duration_sec=LOG_THROTTLE_S)
+            level = 'warning'
+        self.log_reason(f'hold: {reason}', level)
 
     def _is_superseded(self, finished) -> bool:
         """Whether something newer decided against a finished frame's result (safety_gate
@@ -275,8 +317,7 @@ class RobotChannel:
         if why is None:
             return False
         self.stats.record_dropped(1)
-        self.node.get_logger().info(f'{self.label}: result not published: {why}',
-                                    throttle_duration_sec=LOG_THROTTLE_S)
+        self.log_reason(f'result not published: {why}', 'info')
         return True
 
     def reject_result(self, reason: str) -> None:
