@@ -61,6 +61,7 @@ from gpu_setup import (EPISODE_RUN, TARGET_ACCEPTANCE, TEMPORAL_REPEATS, build_m
                        build_runner, eager_reference, engine_for, engine_options,
                        episode_like_frames, load_checkpoint, repeated_frames, run_all,
                        time_pieces)
+from vla_spec_ros.baseline import generate_tokens
 from vla_spec_ros.bench import BenchRow, bench_engine, bench_hf, environment, make_frames
 from vla_spec_ros.config import EngineConfig
 from vla_spec_ros.engine.engine import Engine
@@ -84,7 +85,7 @@ def check_fast_paths(runner, norm_stats, frames, base: dict, hf) -> dict:
             continue
         got = [fin.result.tokens for fin in finished]
         report[mode] = float(np.mean([a == b for a, b in zip(got, ref_list)]))
-    hf_tokens = [tuple(hf.generate_tokens(f.image, f.instruction)) for f in frames]
+    hf_tokens = [tuple(generate_tokens(hf, f.image, f.instruction)) for f in frames]
     report['hf'] = float(np.mean([a == b for a, b in zip(hf_tokens, ref_list)]))
     return report
 
@@ -344,7 +345,7 @@ def main(argv=None) -> int:
     report = {'checks': {}, 'pieces_ms': {}, 'failures': []}
     # The HF baselines are built first, before any graph capture, on an eager runner of the
     # same weights (its weights are copied into transformers' Llama).
-    from vla_spec_ros.baseline import HFBaseline
+    from vla_spec_ros.models.openvla.baseline import HFBaseline
     eager_runner = build_runner(weights, engine_options(args, False))
     engine_cfg = EngineConfig(device=args.device, dtype=args.dtype)
     baselines, hf_model = {}, None

@@ -14,6 +14,7 @@ import torch
 
 from gpu_setup import (build_runner, eager_reference, engine_for, engine_options,
                        graphs_setting, run_all, second_copy, time_pieces)
+from vla_spec_ros.baseline import generate_tokens
 from vla_spec_ros.bench import bench_engine, make_frames
 from vla_spec_ros.config import EngineConfig
 from vla_spec_ros.engine.engine import Engine
@@ -28,10 +29,10 @@ def run_fidelity(args, weights, key, hf) -> dict:
     frames = make_frames(args.fidelity_frames, weights.cfg.image_size, args.seed + 1000, key)
     action_only = args.fidelity_action_only
     if action_only:         # random weights rarely pick action tokens: restrict both sides
-        from vla_spec_ros.baseline import HFBaseline
+        from vla_spec_ros.models.openvla.baseline import HFBaseline
         hf = HFBaseline(hf.runner, hf.engine_config, hf_model=hf.model,
                         action_tokens_only=True)
-    hf_tokens = [tuple(hf.generate_tokens(f.image, f.instruction)) for f in frames]
+    hf_tokens = [tuple(generate_tokens(hf, f.image, f.instruction)) for f in frames]
     use_graphs = graphs_setting(args, 0)
     results = {}
     for kernels in args.fidelity_kernels.split(','):

@@ -33,10 +33,11 @@ if str(ROOT) not in sys.path:
 
 from vla_spec_ros.baseline import make_baseline  # noqa: E402
 from vla_spec_ros.bench import bench_engine, bench_hf, environment, make_frames  # noqa: E402
-from vla_spec_ros.config import EngineConfig, preset  # noqa: E402
+from vla_spec_ros.config import EngineConfig  # noqa: E402
 from vla_spec_ros.engine.device.runner import TORCH_DTYPES, ModelRunner  # noqa: E402
 from vla_spec_ros.engine.engine import Engine  # noqa: E402
 from vla_spec_ros.models.pi0fast.family import random_in_memory  # noqa: E402
+from vla_spec_ros.models.registry import preset  # noqa: E402
 
 
 def measure(args) -> list[dict]:

@@ -10,14 +10,16 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from vla_spec_ros.config import EngineConfig, VLAConfig, preset
+from vla_spec_ros.config import EngineConfig
 from vla_spec_ros.engine.ar import reference_tokens
-from vla_spec_ros.engine.engine import Engine
 from vla_spec_ros.engine.device.runner import TORCH_DTYPES, ModelRunner
+from vla_spec_ros.engine.engine import Engine
 from vla_spec_ros.models.openvla.checkpoint import init_random_
+from vla_spec_ros.models.openvla.config import VLAConfig
+from vla_spec_ros.models.openvla.prompt import PromptTokenizer, build_tokenizer
 from vla_spec_ros.models.openvla.random_checkpoint import synthetic_norm_stats
 from vla_spec_ros.models.openvla.vla import OpenVLA
-from vla_spec_ros.prompt import PromptTokenizer, build_tokenizer
+from vla_spec_ros.models.registry import preset
 from vla_spec_ros.testing import OracleDrafter
 
 # Oracle acceptance lengths of the spec rows; 3.5 is the most seven tokens allow (the prefill
@@ -174,7 +176,7 @@ def time_pieces(runner, frames, base: dict, repeats: int = 20) -> dict:
         'decode_1': (decode_steps(ring, length, 1), []),
         'decode_8x1': (decode_steps(ring, length, 8), [])}
     out = {}
-    from vla_spec_ros.preprocess import preprocess_image
+    from vla_spec_ros.models.openvla.preprocess import preprocess_image
     # The engine's path (uint8 upload, preprocessing on the device) and the CPU reference
     # (preprocessing on the host, a blocking upload of the float pixels).
     out['preprocess'] = median_ms(lambda: runner.prepare_pixels(frames[0], EngineConfig(**base)),

@@ -11,13 +11,14 @@ import numpy as np
 import pytest
 
 from vla_spec_ros.action_codec import ActionCodec
-from vla_spec_ros.actions import ActionTokenizer, DecodedActions
+from vla_spec_ros.actions import DecodedActions
 from vla_spec_ros.config import EngineConfig
 from vla_spec_ros.engine.ar import reference_tokens
+from vla_spec_ros.engine.device.runner import ModelRunner
 from vla_spec_ros.engine.drafting.draft_choice import load_draft_for
 from vla_spec_ros.engine.engine import Engine
 from vla_spec_ros.engine.result import Frame
-from vla_spec_ros.engine.device.runner import ModelRunner
+from vla_spec_ros.models.openvla.action_bins import ActionTokenizer
 from vla_spec_ros.models.openvla.random_checkpoint import make_checkpoint
 
 from helpers import serve_streams

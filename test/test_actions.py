@@ -9,8 +9,8 @@ import math
 import numpy as np
 import pytest
 
-from vla_spec_ros.actions import (ActionStats, ActionTokenizer, UnnormKeyError,
-                                  resolve_unnorm_key)
+from vla_spec_ros.actions import ActionStats, UnnormKeyError, resolve_unnorm_key
+from vla_spec_ros.models.openvla.action_bins import ActionTokenizer
 
 OPENVLA_VOCAB, OPENVLA_PAD = 32064, 64     # Llama 32000 + <PAD>, padded to a multiple of 64
 HALF_BIN = 1.0 / 255.0                     # bins are 2/255 wide

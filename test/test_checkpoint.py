@@ -18,11 +18,11 @@ from safetensors.torch import load_file, save_file
 from tokenizers import Tokenizer
 
 from vla_spec_ros import cli
-from vla_spec_ros.config import preset
 from vla_spec_ros.models.openvla.checkpoint import (CheckpointError, config_from_json,
                                                     config_to_json, load_model, save_model)
 from vla_spec_ros.models.openvla.vision import unused_vision_keys
 from vla_spec_ros.models.openvla.vla import OpenVLA
+from vla_spec_ros.models.registry import preset
 from vla_spec_ros.policy import VLAPolicy
 
 OPENVLA_TIMM_IDS = ['vit_large_patch14_reg4_dinov2.lvd142m', 'vit_so400m_patch14_siglip_224']

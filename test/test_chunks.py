@@ -4,12 +4,12 @@ draft, and at relax_threshold 0 the tokens are the AR reference's (float64)."""
 import numpy as np
 import pytest
 
-from vla_spec_ros.actions import ActionTokenizer
 from vla_spec_ros.config import EngineConfig
 from vla_spec_ros.engine.ar import reference_tokens
+from vla_spec_ros.engine.device.runner import ModelRunner
 from vla_spec_ros.engine.engine import Engine
 from vla_spec_ros.engine.result import Frame
-from vla_spec_ros.engine.device.runner import ModelRunner
+from vla_spec_ros.models.openvla.action_bins import ActionTokenizer
 from vla_spec_ros.models.openvla.random_checkpoint import make_checkpoint
 
 from helpers import serve_streams
@@ -100,7 +100,7 @@ def test_a_chunked_checkpoint_declares_its_chunk_and_the_policy_decodes_it(tmp_p
     import dataclasses
 
     from vla_spec_ros import VLAPolicy
-    from vla_spec_ros.config import preset
+    from vla_spec_ros.models.registry import preset
     folder = make_checkpoint(dataclasses.replace(preset('tiny'), action_chunk=2),
                              tmp_path / 'chunked', seed=4)
     policy = VLAPolicy.from_pretrained(str(folder), dtype='float64')
@@ -115,7 +115,7 @@ def test_a_chunked_checkpoint_declares_its_chunk_and_the_policy_decodes_it(tmp_p
 
 
 def test_training_targets_are_the_next_steps_of_the_episode():
-    from vla_spec_ros.train.train_demo_vla import chunk_actions
+    from vla_spec_ros.actions import chunk_actions
     actions = np.arange(10, dtype=np.float32)[:, None] * np.ones((1, 2), np.float32)
     episodes = np.array([0, 0, 0, 0, 1, 1, 1, 2, 2, 2])
     chunked = chunk_actions(actions, episodes, 3)

@@ -8,7 +8,7 @@ import json
 import numpy as np
 
 from vla_spec_ros import assets
-from vla_spec_ros.config import preset
+from vla_spec_ros.models.registry import preset
 from vla_spec_ros.policy import VLAPolicy
 
 from expert_frames import drawer_close_frames

@@ -12,12 +12,12 @@ import pytest
 import torch
 
 from vla_spec_ros.config import EngineConfig
+from vla_spec_ros.engine.device.step_inputs import PrefillRows, pack_step
 from vla_spec_ros.engine.drafting.previous_action_drafter import PreviousActionDrafter
 from vla_spec_ros.engine.engine import Engine
-from vla_spec_ros.engine.device.step_inputs import PrefillRows, pack_step
 from vla_spec_ros.engine.result import Frame
+from vla_spec_ros.instruction import PromptError
 from vla_spec_ros.models.openvla.random_checkpoint import make_checkpoint
-from vla_spec_ros.prompt import PromptError
 
 from helpers import serve_streams
 

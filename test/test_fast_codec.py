@@ -9,13 +9,14 @@ import numpy as np
 import pytest
 
 from vla_spec_ros.action_codec import ActionCodec
-from vla_spec_ros.actions import ActionStats, ActionTokenizer
+from vla_spec_ros.actions import ActionStats
 from vla_spec_ros.codecs import FastActionCodec
 from vla_spec_ros.codecs.fast import ISOLATED_BIN_BASE, ISOLATED_BIN_STRIDE
 from vla_spec_ros.codecs.fast_synthetic import (fit_synthetic_fast_tokenizer,
                                                 synthetic_action_chunks)
 from vla_spec_ros.engine.drafting.acceptance import accept
 from vla_spec_ros.engine.drafting.draft_tree import chain_tree
+from vla_spec_ros.models.openvla.action_bins import ActionTokenizer
 
 H, D = 10, 7
 PALIGEMMA_VOCAB = 257152

@@ -5,9 +5,9 @@ import numpy as np
 import pytest
 import torch
 
-from vla_spec_ros.config import preset
 from vla_spec_ros.engine.device.frame_upload import MAX_INSTRUCTIONS, FrameUploader, device_ids
-from vla_spec_ros.preprocess import preprocess_image, preprocess_pixels
+from vla_spec_ros.models.openvla.preprocess import preprocess_image, preprocess_pixels
+from vla_spec_ros.models.registry import preset
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(),
                                 reason='device uploads and preprocessing need a CUDA GPU')

@@ -333,7 +333,7 @@ def test_decode_floor_counts_each_weight_once_and_names_kernel_categories(tmp_pa
     one row, unless the head is tied to it and reads it all) and kernel categories; the part
     runs on the CPU (wall time and the CPU operator table)."""
     from gpu_decode_floor import category, decode_bytes
-    from vla_spec_ros.config import preset
+    from vla_spec_ros.models.registry import preset
     from vla_spec_ros.models.openvla.vla import OpenVLA
     from vla_spec_ros.models.pi0fast.family import build_model
     for model, tied in ((OpenVLA(preset('tiny')), False),

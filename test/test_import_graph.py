@@ -23,9 +23,14 @@ FORBIDDEN = {
     'train': {'ros', 'harness', 'cli', 'bench'},
     'motion': {'engine', 'policy', 'ros', 'sim', 'harness', 'models'},
     'config': {'engine', 'policy', 'ros', 'sim', 'harness', 'models', 'train'},
-    'actions': {'engine', 'policy', 'ros', 'sim', 'harness', 'train'},
+    'actions': {'engine', 'policy', 'ros', 'sim', 'harness', 'models', 'train'},
+    'action_codec': {'engine', 'policy', 'ros', 'sim', 'harness', 'models', 'train'},
+    'instruction': {'engine', 'policy', 'ros', 'sim', 'harness', 'models', 'train', 'config'},
+    'image_check': {'engine', 'policy', 'ros', 'sim', 'harness', 'models', 'train', 'config'},
     'image_messages': {'engine', 'policy', 'ros', 'sim', 'harness', 'models', 'train'},
     'validation': {'engine', 'policy', 'ros', 'sim', 'harness', 'models', 'train', 'config'},
+    'baseline': {'ros', 'sim', 'harness', 'train', 'cli', 'bench', 'testing'},
+    'fidelity': {'ros', 'harness', 'train', 'cli', 'bench', 'testing'},
 }
 # Libraries a layer must not import: the engine never touches ROS (it runs without rclpy).
 FORBIDDEN_LIBRARIES = {
@@ -155,7 +160,7 @@ def test_the_engine_knows_models_by_the_protocol_only():
     policy = sorted(n for n in _imports(PACKAGE_ROOT / 'policy.py') if n.startswith(prefixes))
     assert not policy, policy
     torch = pytest.importorskip('torch')
-    from vla_spec_ros.config import preset
+    from vla_spec_ros.models.registry import preset
     from vla_spec_ros.models.openvla.vla import OpenVLA
     from vla_spec_ros.models.pi0fast.model import Pi0Fast
     from vla_spec_ros.models.protocol import Decoder, VLAModel

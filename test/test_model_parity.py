@@ -15,13 +15,14 @@ import torch
 import torch.nn.functional as F
 from safetensors.torch import load_file
 
-from vla_spec_ros.baseline import HFBaseline
+from vla_spec_ros.baseline import generate_tokens
 from vla_spec_ros.engine.ar import causal_batch
 from vla_spec_ros.engine.result import Frame
 from vla_spec_ros.models import layers
+from vla_spec_ros.models.openvla.baseline import HFBaseline
+from vla_spec_ros.models.openvla.preprocess import preprocess_image
 from vla_spec_ros.models.openvla.random_checkpoint import make_checkpoint
 from vla_spec_ros.policy import VLAPolicy
-from vla_spec_ros.preprocess import preprocess_image
 
 INSTRUCTIONS = ('pick up the red cup', 'open the top drawer of the cabinet',
                 'push the small blue block slowly to the left then lift it up', 'close it')
@@ -81,7 +82,7 @@ def test_logits_match_hf_float32(policies, baselines, seed):
 @pytest.mark.parametrize('seed', [0, 1, 2, 3])
 def test_greedy_tokens_match_hf_float32(policies, baselines, seed):
     image, instruction = _image(10 + seed), INSTRUCTIONS[seed]
-    expected = baselines['float32'].generate_tokens(image, instruction)
+    expected = generate_tokens(baselines['float32'], image, instruction)
     result = policies['float32'].predict(image, instruction, UNNORM_KEY)
     assert list(result.tokens) == expected
     assert len(expected) == 7
@@ -90,7 +91,7 @@ def test_greedy_tokens_match_hf_float32(policies, baselines, seed):
 @pytest.mark.parametrize('seed, instruction', [(s, INSTRUCTIONS[s % 4]) for s in range(6)])
 def test_greedy_tokens_identical_float64(policies, baselines, seed, instruction):
     image = _image(20 + seed, shape=(40 + 7 * seed, 90 - 5 * seed, 3))
-    expected = baselines['float64'].generate_tokens(image, instruction)
+    expected = generate_tokens(baselines['float64'], image, instruction)
     result = policies['float64'].predict(image, instruction, UNNORM_KEY)
     assert list(result.tokens) == expected
 
@@ -105,8 +106,8 @@ def test_compiled_baseline_static_cache_gives_the_eager_tokens(policies, baselin
     assert compiled.label == 'hf_compiled'
     for seed in range(3):
         image, instruction = _image(40 + seed), INSTRUCTIONS[seed]
-        assert compiled.generate_tokens(image, instruction) == \
-            baselines['float64'].generate_tokens(image, instruction)
+        assert generate_tokens(compiled, image, instruction) == \
+            generate_tokens(baselines['float64'], image, instruction)
 
 
 def test_baseline_variant_is_checked(policies):

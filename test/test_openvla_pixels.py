@@ -10,10 +10,10 @@ import pytest
 import torch
 from PIL import Image
 
-from vla_spec_ros.config import preset
 from vla_spec_ros.engine.device.frame_upload import FrameUploader, HostSource
-from vla_spec_ros.preprocess import (crop_center, model_pixels, preprocess_image,
-                                     preprocess_pixels)
+from vla_spec_ros.models.openvla.preprocess import (crop_center, model_pixels, preprocess_image,
+                                                    preprocess_pixels)
+from vla_spec_ros.models.registry import preset
 
 # (H, W): up- and down-scaling, odd and non-square, tiny, a 4K camera.
 FRAME_SIZES = [(2, 2), (2, 3), (3, 2), (5, 7), (17, 13), (31, 64), (56, 56), (57, 56),

@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 import torch
 
-from vla_spec_ros.config import preset
 from vla_spec_ros.models.pi0fast.decodable import make_decodable_
 from vla_spec_ros.models.pi0fast.family import build_model, configure, make_random
+from vla_spec_ros.models.registry import preset
 from vla_spec_ros.policy import VLAPolicy
 
 

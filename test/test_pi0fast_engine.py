@@ -15,15 +15,16 @@ import numpy as np
 import pytest
 import torch
 
-from vla_spec_ros.config import EngineConfig, preset
-from vla_spec_ros.engine.device.runner import ModelRunner, dense_batch
+from vla_spec_ros.config import EngineConfig
 from vla_spec_ros.engine.device.packed_forward import PackedForward
+from vla_spec_ros.engine.device.runner import ModelRunner, dense_batch
 from vla_spec_ros.engine.device.step_inputs import PrefillRows, chain_rows, pack_step
 from vla_spec_ros.engine.engine import Engine
 from vla_spec_ros.models import registry
 from vla_spec_ros.models.attention import KVCache, prefill_allowed
 from vla_spec_ros.models.draft import new_draft_head
 from vla_spec_ros.models.pi0fast.family import build_model
+from vla_spec_ros.models.registry import preset
 
 from kernel_checks import assert_close, needs_triton
 

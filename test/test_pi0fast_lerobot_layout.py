@@ -11,6 +11,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from vla_spec_ros.actions import ActionStats
+from vla_spec_ros.instruction import PromptError
 from vla_spec_ros.models import registry
 from vla_spec_ros.models.pi0fast.checkpoint import LEROBOT_PREFIX
 from vla_spec_ros.models.pi0fast.family import make_random
@@ -19,7 +20,6 @@ from vla_spec_ros.models.pi0fast.statistics import (
     POSTPROCESSOR_FILE, PREPROCESSOR_FILE, CheckpointStatistics, StateNormalizer,
     read_statistics, write_statistics)
 from vla_spec_ros.models.weights import CheckpointError
-from vla_spec_ros.prompt import PromptError
 
 # LeRobot 0.6.1's PI0FastPolicy(...).state_dict() keys (transformers 5.5.4), after the prefix
 # model.paligemma_with_expert.paligemma.; "N" is a layer index.

@@ -267,7 +267,7 @@ def test_a_chunk_gives_absolute_poses_on_the_controllers_timing(graph, tmp_path)
     from ros_probe import wait_until, stamp_s
 
     from vla_spec_ros import VLAPolicy
-    from vla_spec_ros.config import preset
+    from vla_spec_ros.models.registry import preset
     from vla_spec_ros.models.openvla.random_checkpoint import make_checkpoint
 
     folder = make_checkpoint(dataclasses.replace(preset('tiny'), action_chunk=K),

@@ -9,10 +9,11 @@ import numpy as np
 import pytest
 import torch
 
-from vla_spec_ros.config import preset
-from vla_spec_ros.preprocess import ImageError, check_image, preprocess_image
-from vla_spec_ros.prompt import (MAX_INSTRUCTION_CHARS, PromptError, PromptTokenizer,
-                                 build_tokenizer, format_prompt)
+from vla_spec_ros.image_check import ImageError, check_image
+from vla_spec_ros.instruction import MAX_INSTRUCTION_CHARS, PromptError
+from vla_spec_ros.models.openvla.preprocess import preprocess_image
+from vla_spec_ros.models.openvla.prompt import PromptTokenizer, build_tokenizer, format_prompt
+from vla_spec_ros.models.registry import preset
 
 # docs/openvla.md, Image preprocessing: as serialised in bf16.
 DINO_MEAN = np.array([0.484375, 0.455078125, 0.40625])

@@ -4,8 +4,8 @@ marker "ACTION:" as ECoT's tokenizer writes it (319 9838 29901), then "▁" (298
 import numpy as np
 import pytest
 
-from vla_spec_ros.actions import ActionTokenizer
 from vla_spec_ros.codecs.reasoning import ReasoningThenAction
+from vla_spec_ros.models.openvla.action_bins import ActionTokenizer
 
 MARKER, SPACE, EOS = (319, 9838, 29901), 29871, 2
 ACTION = (31999, 31744, 31871, 31872, 31900, 31800, 31744)   # bins 0, 255, 128, 127, ...

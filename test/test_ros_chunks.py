@@ -331,7 +331,7 @@ def chunked(tmp_path_factory):
     if not (HAS_ROS and HAS_TORCH):
         pytest.skip('needs rclpy + ROS message wheels and torch')
     from vla_spec_ros import VLAPolicy
-    from vla_spec_ros.config import preset
+    from vla_spec_ros.models.registry import preset
     from vla_spec_ros.models.openvla.random_checkpoint import make_checkpoint
 
     folder = make_checkpoint(dataclasses.replace(preset('tiny'), action_chunk=K),

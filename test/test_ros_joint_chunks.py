@@ -125,7 +125,7 @@ def chunked(tmp_path_factory):
     """A chunked tiny checkpoint, its frames and a separately loaded reference's chunks."""
     from machine_pace import frame_latency_s
     from vla_spec_ros import VLAPolicy
-    from vla_spec_ros.config import preset
+    from vla_spec_ros.models.registry import preset
     from vla_spec_ros.models.openvla.random_checkpoint import make_checkpoint
 
     folder = make_checkpoint(dataclasses.replace(preset('tiny'), action_chunk=K),

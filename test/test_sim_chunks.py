@@ -141,7 +141,7 @@ def test_chunked_random_model_in_process_executes_time_aligned_steps(tmp_path):
     if SIM_REASON is not None:
         pytest.skip(f'simulator: {SIM_REASON}')
     os.environ.setdefault('MUJOCO_GL', 'osmesa')
-    from vla_spec_ros.config import preset
+    from vla_spec_ros.models.registry import preset
     from vla_spec_ros.harness import inprocess
     from vla_spec_ros.models.openvla.random_checkpoint import make_checkpoint
     folder = tmp_path / 'tiny-chunk4'
@@ -170,7 +170,7 @@ def test_chunked_random_model_in_process_executes_time_aligned_steps(tmp_path):
 
 @pytest.fixture(scope='module')
 def chunked_folder(tmp_path_factory):
-    from vla_spec_ros.config import preset
+    from vla_spec_ros.models.registry import preset
     from vla_spec_ros.models.openvla.random_checkpoint import make_checkpoint
     folder = tmp_path_factory.mktemp('models') / 'tiny-chunk4'
     make_checkpoint(dataclasses.replace(preset('tiny'), action_chunk=K), folder, seed=5)

@@ -61,7 +61,7 @@ def test_a_chunked_model_is_refused_in_lockstep_and_served_in_realtime():
 
 
 def test_bridge_image_size_defaults_to_the_embedded_model_input_size():
-    from vla_spec_ros.config import preset
+    from vla_spec_ros.models.registry import preset
     from vla_spec_ros.sim.bridge_settings import BridgeSettings
 
     module = load_launch_module()

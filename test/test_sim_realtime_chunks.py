@@ -261,7 +261,7 @@ def chunked_policy(tmp_path_factory):
     if embedded_checkpoint('metaworld-demo-chunk4') is not None:
         model, key = 'metaworld-demo-chunk4', 'metaworld_scripted'
     else:
-        from vla_spec_ros.config import preset
+        from vla_spec_ros.models.registry import preset
         from vla_spec_ros.models.openvla.random_checkpoint import make_checkpoint
         folder = tmp_path_factory.mktemp('models') / 'tiny-chunk4'
         make_checkpoint(dataclasses.replace(preset('tiny'), action_chunk=K), folder, seed=5)

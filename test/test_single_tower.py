@@ -16,16 +16,18 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from vla_spec_ros.config import (DINOV2_MEAN, DINOV2_STD, MODES, SIGLIP_MEAN, SIGLIP_STD,
-                                 LlamaConfig, VisionTowerConfig, VLAConfig, preset)
+                                 LlamaConfig, VisionTowerConfig)
 from vla_spec_ros.engine.device.frame_upload import FrameUploader
 from vla_spec_ros.engine.result import Frame
 from vla_spec_ros.models.openvla.checkpoint import (CheckpointError, config_from_json,
                                                     config_to_json, load_model, save_model)
+from vla_spec_ros.models.openvla.config import VLAConfig
+from vla_spec_ros.models.openvla.preprocess import preprocess_image, preprocess_pixels
 from vla_spec_ros.models.openvla.random_checkpoint import make_checkpoint
 from vla_spec_ros.models.openvla.vision import GeluMLP, unused_vision_keys
 from vla_spec_ros.models.openvla.vla import OpenVLA
+from vla_spec_ros.models.registry import preset
 from vla_spec_ros.policy import VLAPolicy
-from vla_spec_ros.preprocess import preprocess_image, preprocess_pixels
 
 from helpers import serve_streams
 from reference import ar_reference_tokens

@@ -1,8 +1,6 @@
-"""``train-demo-vla --family pi0fast`` (train/train_demo_fast.py, train/prefix_lm_forcing.py):
+"""``train-demo-vla --family pi0fast`` (models/pi0fast/demo_training.py, prefix_lm_forcing.py):
 the teacher-forced prefix-LM forward equals the engine's AR decode in float64, the mask, and a
 few training steps on a synthetic demo set give a checkpoint the family loads."""
-import argparse
-
 import numpy as np
 import torch
 
@@ -11,10 +9,12 @@ from vla_spec_ros.engine.ar import reference_tokens
 from vla_spec_ros.engine.device.runner import ModelRunner
 from vla_spec_ros.engine.result import Frame
 from vla_spec_ros.models import registry
+from vla_spec_ros.models.pi0fast import demo_training as fast_recipe
+from vla_spec_ros.models.pi0fast.prefix_lm_forcing import (pixel_values_pi0fast,
+                                                           prefix_lm_batch, prefix_lm_logits)
 from vla_spec_ros.sim.demos import DemoSet
-from vla_spec_ros.train import train_demo_fast, train_demo_vla
-from vla_spec_ros.train.prefix_lm_forcing import (pixel_values_pi0fast, prefix_lm_batch,
-                                                  prefix_lm_logits)
+from vla_spec_ros.train import train_demo_vla
+from vla_spec_ros.train.demo_training import train_model
 
 TEXTS = ['Pick up the red cup', 'open the drawer', 'put the block on the plate now']
 
@@ -76,12 +76,12 @@ def synthetic_demos(num_episodes=4, length=12, size=64, seed=0) -> DemoSet:
 def test_a_few_steps_write_a_checkpoint_the_family_loads(tmp_path):
     cfg = train_demo_vla.DemoTrainConfig(steps=2, batch_size=4, log_every=1, save_every=10,
                                          val_every_nth_episode=2, chunk=8, family='pi0fast')
-    report = train_demo_fast.train_fast(argparse.Namespace(resume=False), cfg,
-                                        synthetic_demos(), tmp_path / 'out', tmp_path / 'work')
+    report = train_model(cfg, synthetic_demos(), tmp_path / 'out', tmp_path / 'work',
+                         resume=False)
     assert report['final']['step'] == 2 and 'val_token_accuracy' in report['final']
     loaded = registry.load(tmp_path / 'out', torch.float32)
     assert loaded.family == 'pi0fast'
     assert loaded.codec.action_shape == (8, 7)
-    assert loaded.model.style == train_demo_fast.STYLE == 'openpi'
+    assert loaded.model.style == fast_recipe.STYLE == 'openpi'
     assert loaded.cfg.max_action_tokens == report['fast']['frame_tokens']['max'] + \
-        train_demo_fast.FRAME_MARGIN
+        fast_recipe.FRAME_MARGIN

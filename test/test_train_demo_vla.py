@@ -6,18 +6,21 @@ import numpy as np
 import pytest
 import torch
 
-from vla_spec_ros.actions import ActionStats, ActionTokenizer
-from vla_spec_ros.config import EngineConfig, preset
+from vla_spec_ros.actions import ActionStats
+from vla_spec_ros.config import EngineConfig
 from vla_spec_ros.engine.ar import run_ar
-from vla_spec_ros.engine.result import Frame
 from vla_spec_ros.engine.device.runner import ModelRunner
+from vla_spec_ros.engine.result import Frame
+from vla_spec_ros.models.openvla.action_bins import ActionTokenizer
 from vla_spec_ros.models.openvla.checkpoint import build_model
-from vla_spec_ros.preprocess import preprocess_image
-from vla_spec_ros.prompt import PromptTokenizer, build_instruction_tokenizer
+from vla_spec_ros.models.openvla.preprocess import preprocess_image
+from vla_spec_ros.models.openvla.prompt import PromptTokenizer, build_instruction_tokenizer
+from vla_spec_ros.models.registry import preset
 from vla_spec_ros.sim.metaworld_env import TASKS
+from vla_spec_ros.models.openvla.teacher_forcing import (action_logits, build_sequences,
+                                                         pixel_values_batch)
 from vla_spec_ros.train import train_demo_vla as tdv
-from vla_spec_ros.train.teacher_forcing import (action_logits, build_sequences,
-                                                pixel_values_batch, random_shift)
+from vla_spec_ros.train.demo_training import lr_at, random_shift
 
 INSTRUCTIONS = sorted({text for task in TASKS for text in task.instructions})
 
@@ -117,7 +120,7 @@ def test_random_shift_moves_content_and_zero_shift_is_identity():
 
 def test_lr_schedule_warms_up_then_decays_to_the_floor():
     cfg = tdv.DemoTrainConfig(steps=100, warmup_steps=10, lr=1e-3, min_lr_ratio=0.1)
-    lrs = [tdv.lr_at(s, cfg) for s in range(101)]
+    lrs = [lr_at(s, cfg) for s in range(101)]
     assert lrs[0] == pytest.approx(1e-4) and lrs[9] == pytest.approx(1e-3)
     assert all(a >= b for a, b in zip(lrs[9:], lrs[10:]))
     assert lrs[100] == pytest.approx(1e-4)

@@ -135,12 +135,15 @@ def bench_engine(engine: Engine, frames: list[Frame], warmup: int) -> BenchRow:
 
 
 def bench_hf(baseline, frames: list[Frame], warmup: int) -> BenchRow:
+    """The family's transformers baseline (baseline.make_baseline) on each frame's image and
+    instruction."""
+    from .baseline import generate_tokens, timed
     for f in frames[:warmup]:
-        baseline.generate_tokens(f.image, f.instruction)
+        generate_tokens(baseline, f.image, f.instruction)
     latencies, lengths = [], []
     start = time.perf_counter()
     for f in frames[warmup:]:
-        tokens, dt = baseline.timed(f.image, f.instruction)
+        tokens, dt = timed(baseline, f.image, f.instruction)
         latencies.append(dt)
         lengths.append(len(tokens))
     elapsed = time.perf_counter() - start

@@ -9,7 +9,8 @@ import sys
 
 import numpy as np
 
-from .config import MODES, PRESETS
+from .config import MODES
+from .models.registry import PRESETS
 
 
 def _add_engine_args(p: argparse.ArgumentParser) -> None:
@@ -23,7 +24,7 @@ def _add_engine_args(p: argparse.ArgumentParser) -> None:
 
 
 def cmd_make_checkpoint(args) -> int:
-    from .models.registry import family_of_preset, make_checkpoint
+    from .models.registry import checkpoint_options, make_checkpoint
     shard = int(args.max_shard_mb * 2 ** 20) if args.max_shard_mb else None
     options = {'num_image_slots': args.image_slots, 'image_size': args.image_size,
                'state_dim': args.state_dim}
@@ -31,7 +32,7 @@ def cmd_make_checkpoint(args) -> int:
         ('--image-slots', args.image_slots), ('--image-size', args.image_size),
         ('--state-dim', args.state_dim), ('--decodable-chunks', args.decodable_chunks or None))
         if value is not None]
-    if given and family_of_preset(args.preset) != 'pi0fast':
+    if given and not set(options) <= set(checkpoint_options(args.preset)):
         raise ValueError(f'{given[0][0]}: only pi0fast-* presets take it ({args.preset} is '
                          'OpenVLA: one image, no state)')
     for name, value in given:

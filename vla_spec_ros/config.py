@@ -1,13 +1,11 @@
-"""Model presets and engine options as frozen, validated dataclasses.
+"""The generic configuration: the parts of a model every family builds from (a vision tower, a
+RoPE decoder) and the engine's options, as frozen, validated dataclasses.
 
 Every field is checked at construction; bad values raise ``ValueError`` naming the field, and
 unknown keys fail loudly (``from_dict``). Values computed at run time (sequence lengths, ring
-sizes) live in plan objects elsewhere, never written back onto a config.
-
-Dimensions of the ``openvla-7b`` preset follow docs/openvla.md, Architecture (DINOv2-L/14 with 4
-registers + SigLIP So400m/14 at 224 px, fused-GELU-MLP projector, Llama-2-7B with vocab 32064).
-Single-tower models (one SigLIP or DINOv2 tower, two-layer GELU-MLP projector) leave
-``VLAConfig.fused_featurizer`` as None.
+sizes) live in plan objects elsewhere, never written back onto a config. A family's own config
+class and its presets live in its folder (``models/<family>/config.py``); ``models/registry``
+looks a preset up by name.
 """
 from __future__ import annotations
 
@@ -25,7 +23,8 @@ SIGLIP_MEAN = (0.5, 0.5, 0.5)
 SIGLIP_STD = (0.5, 0.5, 0.5)
 
 
-def _require(condition: bool, name: str, message: str) -> None:
+def require(condition: bool, name: str, message: str) -> None:
+    """ValueError ``'<name>: <message>'`` unless ``condition`` (every config's field check)."""
     if not condition:
         raise ValueError(f'{name}: {message}')
 
@@ -54,20 +53,20 @@ class VisionTowerConfig:
     std: tuple = DINOV2_STD
 
     def __post_init__(self):
-        _require(self.kind in ('dinov2', 'siglip'), 'kind', f'{self.kind!r} not in dinov2/siglip')
+        require(self.kind in ('dinov2', 'siglip'), 'kind', f'{self.kind!r} not in dinov2/siglip')
         for name in ('image_size', 'patch_size', 'embed_dim', 'depth', 'num_heads', 'mlp_dim'):
-            _require(int(getattr(self, name)) > 0, name, 'must be > 0')
-        _require(self.depth >= 2, 'depth', 'needs >= 2 blocks (OpenVLA reads block depth-2)')
+            require(int(getattr(self, name)) > 0, name, 'must be > 0')
+        require(self.depth >= 2, 'depth', 'needs >= 2 blocks (OpenVLA reads block depth-2)')
         # Pixels beyond the last whole patch are dropped, as timm's strided convolution drops
         # them (SigLIP So400m/14 at 384 px sees 27 x 27 patches of 14).
-        _require(self.image_size >= self.patch_size, 'image_size',
-                 f'{self.image_size} is smaller than patch_size {self.patch_size}')
-        _require(self.embed_dim % self.num_heads == 0, 'embed_dim',
-                 'must be divisible by num_heads')
-        _require(self.num_register_tokens >= 0, 'num_register_tokens', 'must be >= 0')
-        _require(self.kind == 'dinov2' or self.num_register_tokens == 0, 'num_register_tokens',
-                 'only dinov2 towers carry register tokens')
-        _require(len(self.mean) == 3 and len(self.std) == 3, 'mean/std', 'need 3 channels')
+        require(self.image_size >= self.patch_size, 'image_size',
+                f'{self.image_size} is smaller than patch_size {self.patch_size}')
+        require(self.embed_dim % self.num_heads == 0, 'embed_dim',
+                'must be divisible by num_heads')
+        require(self.num_register_tokens >= 0, 'num_register_tokens', 'must be >= 0')
+        require(self.kind == 'dinov2' or self.num_register_tokens == 0, 'num_register_tokens',
+                'only dinov2 towers carry register tokens')
+        require(len(self.mean) == 3 and len(self.std) == 3, 'mean/std', 'need 3 channels')
         object.__setattr__(self, 'mean', tuple(float(x) for x in self.mean))
         object.__setattr__(self, 'std', tuple(float(x) for x in self.std))
 
@@ -117,19 +116,19 @@ class LlamaConfig:
             object.__setattr__(self, 'num_kv_heads', self.num_heads)
         for name in ('hidden_size', 'num_layers', 'num_heads', 'intermediate_size',
                      'vocab_size', 'max_position_embeddings'):
-            _require(int(getattr(self, name)) > 0, name, 'must be > 0')
-        _require(self.head_dim >= 0, 'head_dim', 'must be >= 0 (0: hidden_size // num_heads)')
+            require(int(getattr(self, name)) > 0, name, 'must be > 0')
+        require(self.head_dim >= 0, 'head_dim', 'must be >= 0 (0: hidden_size // num_heads)')
         if self.head_dim == 0:
-            _require(self.hidden_size % self.num_heads == 0, 'hidden_size',
-                     'must be divisible by num_heads (or give head_dim)')
+            require(self.hidden_size % self.num_heads == 0, 'hidden_size',
+                    'must be divisible by num_heads (or give head_dim)')
             object.__setattr__(self, 'head_dim', self.hidden_size // self.num_heads)
-        _require(self.num_kv_heads > 0 and self.num_heads % self.num_kv_heads == 0,
-                 'num_kv_heads', 'must divide num_heads')
-        _require(self.head_dim % 2 == 0, 'head_dim', 'must be even for RoPE')
-        _require(self.rms_norm_eps > 0, 'rms_norm_eps', 'must be > 0')
-        _require(self.rope_theta > 0, 'rope_theta', 'must be > 0')
-        _require(self.hidden_act in HIDDEN_ACTS, 'hidden_act',
-                 f'{self.hidden_act!r} not in {HIDDEN_ACTS}')
+        require(self.num_kv_heads > 0 and self.num_heads % self.num_kv_heads == 0,
+                'num_kv_heads', 'must divide num_heads')
+        require(self.head_dim % 2 == 0, 'head_dim', 'must be even for RoPE')
+        require(self.rms_norm_eps > 0, 'rms_norm_eps', 'must be > 0')
+        require(self.rope_theta > 0, 'rope_theta', 'must be > 0')
+        require(self.hidden_act in HIDDEN_ACTS, 'hidden_act',
+                f'{self.hidden_act!r} not in {HIDDEN_ACTS}')
 
     @property
     def embedding_multiplier(self) -> float | None:
@@ -145,89 +144,6 @@ class LlamaConfig:
 HIDDEN_ACTS = ('silu', 'gelu_tanh')
 
 
-@dataclass(frozen=True)
-class VLAConfig:
-    """An OpenVLA-architecture model: vision tower(s) → GELU MLP projector → Llama.
-
-    Fused (OpenVLA-7B): ``featurizer`` DINOv2 and ``fused_featurizer`` SigLIP read the same
-    image, their patch features are concatenated, and the projector has three layers. Single
-    tower (Prismatic's ``siglip-vit-so400m`` style): ``fused_featurizer`` is None, the one
-    ``featurizer`` is SigLIP or DINOv2, and the projector has two layers.
-    """
-
-    featurizer: VisionTowerConfig
-    fused_featurizer: VisionTowerConfig | None
-    llm: LlamaConfig
-    n_action_bins: int = 256
-    pad_to_multiple_of: int = 64
-    pad_token_id: int = 32000
-    action_dim: int = 7
-    # Control steps one frame decodes (a chunked policy: action_chunk * action_dim tokens, step
-    # after step); OpenVLA's checkpoints decode one.
-    action_chunk: int = 1
-
-    def __post_init__(self):
-        f, g = self.featurizer, self.fused_featurizer
-        _require(isinstance(f, VisionTowerConfig), 'featurizer',
-                 f'expected a VisionTowerConfig, got {type(f).__name__}')
-        _require(g is None or isinstance(g, VisionTowerConfig), 'fused_featurizer',
-                 f'expected a VisionTowerConfig or None (one tower), got {type(g).__name__}')
-        _require(isinstance(self.llm, LlamaConfig), 'llm',
-                 f'expected a LlamaConfig, got {type(self.llm).__name__}')
-        if g is not None:
-            _require(f.kind == 'dinov2', 'featurizer.kind',
-                     f'{f.kind!r} in a fused backbone: OpenVLA fuses DINOv2 first')
-            _require(g.kind == 'siglip', 'fused_featurizer.kind',
-                     f'{g.kind!r}: OpenVLA fuses SigLIP second')
-            _require(f.image_size == g.image_size and f.patch_size == g.patch_size,
-                     'fused_featurizer', f'both towers must see the same image and patch '
-                     f'sizes, got {f.image_size}/{f.patch_size} and '
-                     f'{g.image_size}/{g.patch_size}')
-        _require(self.n_action_bins >= 2, 'n_action_bins', 'must be >= 2')
-        _require(self.pad_to_multiple_of >= 0, 'pad_to_multiple_of', 'must be >= 0')
-        _require(self.action_dim > 0, 'action_dim', 'must be > 0')
-        _require(isinstance(self.action_chunk, int) and self.action_chunk >= 1, 'action_chunk',
-                 f'must be an int >= 1, got {self.action_chunk!r}')
-        _require(self.text_vocab_size - self.n_action_bins >= 3, 'llm.vocab_size',
-                 f'vocab_size - pad_to_multiple_of = {self.text_vocab_size} leaves no room for '
-                 f'{self.n_action_bins} action bins plus special tokens')
-
-    # Facts of the vision backbone, derived from the tower(s) here and nowhere else.
-    @property
-    def is_fused(self) -> bool:
-        """Two towers (OpenVLA's ``use_fused_vision_backbone``), else one."""
-        return self.fused_featurizer is not None
-
-    @property
-    def towers(self) -> tuple[VisionTowerConfig, ...]:
-        """The towers in input-channel order: (featurizer,) or (featurizer, fused)."""
-        return (self.featurizer,) if self.fused_featurizer is None \
-            else (self.featurizer, self.fused_featurizer)
-
-    @property
-    def pixel_channels(self) -> int:
-        """Channels of ``pixel_values``: 3 per tower, each normalised with its tower's stats."""
-        return 3 * len(self.towers)
-
-    @property
-    def image_size(self) -> int:
-        return self.featurizer.image_size       # every tower's (checked)
-
-    @property
-    def num_patches(self) -> int:
-        return self.featurizer.num_patches      # every tower's (same image and patch sizes)
-
-    @property
-    def vision_dim(self) -> int:
-        """Width of the backbone's output: the towers' widths added (features concatenated)."""
-        return sum(tower.embed_dim for tower in self.towers)
-
-    @property
-    def text_vocab_size(self) -> int:
-        """OpenVLA's V: action token ids are V-1 (bin 0) down to V-n_action_bins."""
-        return self.llm.vocab_size - self.pad_to_multiple_of
-
-
 def dinov2_vit_l(image_size: int = 224) -> VisionTowerConfig:
     """DINOv2-L/14 with 4 registers (timm ``vit_large_patch14_reg4_dinov2.lvd142m``)."""
     return VisionTowerConfig('dinov2', image_size, 14, 1024, 24, 16, 4096,
@@ -238,194 +154,6 @@ def siglip_so400m(image_size: int = 224) -> VisionTowerConfig:
     """SigLIP So400m/14 (timm ``vit_so400m_patch14_siglip_224`` / ``_384``)."""
     return VisionTowerConfig('siglip', image_size, 14, 1152, 27, 16, 4304,
                              mean=SIGLIP_MEAN, std=SIGLIP_STD)
-
-
-def _openvla_7b() -> VLAConfig:
-    return VLAConfig(
-        featurizer=dinov2_vit_l(224),
-        fused_featurizer=siglip_so400m(224),
-        llm=LlamaConfig(hidden_size=4096, num_layers=32, num_heads=32, intermediate_size=11008,
-                        vocab_size=32064),
-        pad_token_id=32000,
-    )
-
-
-def _tiny() -> VLAConfig:
-    """Same structure, small dims: a few MB, for tests. Tokenizer vocab 1024 (+<PAD>)."""
-    return VLAConfig(
-        featurizer=VisionTowerConfig('dinov2', 56, 14, 32, 3, 2, 64, num_register_tokens=4,
-                                     mean=DINOV2_MEAN, std=DINOV2_STD),
-        fused_featurizer=VisionTowerConfig('siglip', 56, 14, 48, 3, 2, 96,
-                                           mean=SIGLIP_MEAN, std=SIGLIP_STD),
-        llm=LlamaConfig(hidden_size=64, num_layers=2, num_heads=4, intermediate_size=160,
-                        vocab_size=1088, max_position_embeddings=512),
-        pad_token_id=1024,
-    )
-
-
-def _tiny_siglip() -> VLAConfig:
-    """``tiny`` with a single SigLIP tower (no DINOv2, two-layer projector): the layout of
-    Prismatic's ``siglip-vit-so400m`` backbones, for tests."""
-    return VLAConfig(
-        featurizer=VisionTowerConfig('siglip', 56, 14, 48, 3, 2, 96,
-                                     mean=SIGLIP_MEAN, std=SIGLIP_STD),
-        fused_featurizer=None,
-        llm=LlamaConfig(hidden_size=64, num_layers=2, num_heads=4, intermediate_size=160,
-                        vocab_size=1088, max_position_embeddings=512),
-        pad_token_id=1024,
-    )
-
-
-def _metaworld_demo() -> VLAConfig:
-    """The embedded default model's architecture: 64 x 64 images in 16-pixel patches
-    (16 patches), two 3-block 96-wide towers, a 4-layer 128-wide Llama; a 512-id tokenizer
-    learned from the Meta-World instructions whose last 256 ids are the action bins. Sized to
-    train on a 2-core CPU in about an hour (8-pixel patches cost 4.6x more per step there) and
-    to run well above 10 actions/s on it in AR mode."""
-    return VLAConfig(
-        featurizer=VisionTowerConfig('dinov2', 64, 16, 96, 3, 2, 384, num_register_tokens=4,
-                                     mean=DINOV2_MEAN, std=DINOV2_STD),
-        fused_featurizer=VisionTowerConfig('siglip', 64, 16, 96, 3, 2, 384,
-                                           mean=SIGLIP_MEAN, std=SIGLIP_STD),
-        llm=LlamaConfig(hidden_size=128, num_layers=4, num_heads=4, intermediate_size=344,
-                        vocab_size=576, max_position_embeddings=512),
-        pad_token_id=512,
-    )
-
-
-@dataclass(frozen=True)
-class Pi0FastConfig:
-    """A pi0-FAST model (docs/pi0fast.md): PaliGemma = a SigLIP tower (every block, then its
-    post-layernorm) -> one linear projector -> a Gemma decoder (``llm`` with Gemma's options),
-    prefix-LM attention over ``num_image_slots`` images and the prompt
-    ``Task: {instruction}, State: {state in 256 bins};\n`` after BOS; FAST action tokens.
-
-    ``max_state_dim``: the state is zero-padded to this many dimensions before it is
-    discretised (openpi / LeRobot: 32); ``state_dim`` is what a frame's state carries (the
-    checkpoint's ``observation.state`` shape; a frame without a state gets zeros).
-    ``chunk_size`` x ``action_dim``: the chunk the FAST codec decodes a frame to.
-    """
-
-    vision: VisionTowerConfig
-    llm: LlamaConfig
-    num_image_slots: int = 1
-    state_dim: int = 8
-    max_state_dim: int = 32
-    chunk_size: int = 10
-    action_dim: int = 7
-    max_action_tokens: int = 256
-    fast_skip_tokens: int = 128
-    lowercase_instruction: bool = True
-    # The spec modes' draft when EngineConfig.draft_path is unset (headless drafters' names,
-    # engine/drafting/draft_choice.py): the previous frame's tokens with the previous chunk
-    # shifted and re-encoded beside them in one tree, the best measured on FAST tokens
-    # (docs/speculation.md, Drafting FAST tokens).
-    default_draft: str = 'previous_action+shifted_chunk'
-
-    def __post_init__(self):
-        _require(isinstance(self.vision, VisionTowerConfig) and self.vision.kind == 'siglip',
-                 'vision', 'expected a siglip VisionTowerConfig')
-        _require(isinstance(self.llm, LlamaConfig), 'llm', 'expected a LlamaConfig')
-        for name in ('num_image_slots', 'state_dim', 'max_state_dim', 'chunk_size',
-                     'action_dim', 'max_action_tokens'):
-            check_int(name, getattr(self, name), minimum=1)
-        check_int('fast_skip_tokens', self.fast_skip_tokens, minimum=0)
-        _require(self.state_dim <= self.max_state_dim, 'state_dim',
-                 f'{self.state_dim} exceeds max_state_dim {self.max_state_dim}')
-        _require(isinstance(self.default_draft, str) and bool(self.default_draft),
-                 'default_draft', f'expected a drafter name, got {self.default_draft!r}')
-
-    @property
-    def image_size(self) -> int:
-        return self.vision.image_size
-
-    @property
-    def num_patches(self) -> int:
-        return self.vision.num_patches
-
-    @property
-    def action_chunk(self) -> int:
-        """Control steps one frame decodes (what the node schedules a chunk by, as for a
-        chunked OpenVLA checkpoint's ``action_chunk``)."""
-        return self.chunk_size
-
-
-def gemma_2b(vocab_size: int = 257152) -> LlamaConfig:
-    """PaliGemma's Gemma-2B: width 2048, 18 layers, 8 query heads, 1 KV head of 256, GeGLU
-    16384, RMSNorm (1 + w), scaled embeddings, tied head."""
-    return LlamaConfig(hidden_size=2048, num_layers=18, num_heads=8, num_kv_heads=1,
-                       head_dim=256, intermediate_size=16384, vocab_size=vocab_size,
-                       max_position_embeddings=8192, norm_unit_offset=True,
-                       hidden_act='gelu_tanh', embed_scale=True, tie_word_embeddings=True)
-
-
-def _pi0fast_tiny() -> Pi0FastConfig:
-    """pi0-FAST's structure, small dims, for tests and benches: a 2-block SigLIP at 28 px
-    (4 patches per image), a 2-layer Gemma with one KV head of 16 (not width / heads), three
-    image slots. Vocabulary 1024: the text tokenizer's ids, then FAST's, then 128 skipped."""
-    return Pi0FastConfig(
-        vision=VisionTowerConfig('siglip', 28, 14, 32, 2, 2, 64, mean=SIGLIP_MEAN,
-                                 std=SIGLIP_STD),
-        llm=LlamaConfig(hidden_size=48, num_layers=2, num_heads=4, num_kv_heads=1, head_dim=16,
-                        intermediate_size=96, vocab_size=1024, max_position_embeddings=1024,
-                        norm_unit_offset=True, hidden_act='gelu_tanh', embed_scale=True,
-                        tie_word_embeddings=True),
-        num_image_slots=3, state_dim=4, max_state_dim=8, chunk_size=4, action_dim=3,
-        max_action_tokens=24)
-
-
-def _metaworld_demo_fast() -> Pi0FastConfig:
-    """The embedded pi0-FAST model (``metaworld-demo-fast``): PaliGemma's layout at
-    ``metaworld-demo``'s size, one 64 x 64 image in 16-pixel patches (16 patches) through a
-    3-block 96-wide SigLIP, a 4-layer 128-wide Gemma (one KV head of 32). Vocabulary 1024:
-    256 text ids learned from the prompt's words and the Meta-World instructions, FAST ids
-    below the 128 skipped ones. Chunks of 8 control steps x 7 dimensions; the demonstrations
-    carry no proprioception, so the state is one zero (what the node sends without a state
-    topic). ``max_action_tokens`` is the longest training frame with a margin
-    (train/train_demo_fast.py writes the fitted value into config.json)."""
-    return Pi0FastConfig(
-        vision=VisionTowerConfig('siglip', 64, 16, 96, 3, 2, 384, mean=SIGLIP_MEAN,
-                                 std=SIGLIP_STD),
-        llm=LlamaConfig(hidden_size=128, num_layers=4, num_heads=4, num_kv_heads=1,
-                        head_dim=32, intermediate_size=344, vocab_size=1024,
-                        max_position_embeddings=512, norm_unit_offset=True,
-                        hidden_act='gelu_tanh', embed_scale=True, tie_word_embeddings=True),
-        num_image_slots=1, state_dim=1, max_state_dim=1, chunk_size=8, action_dim=7,
-        max_action_tokens=64)
-
-
-def _pi0fast_3b() -> Pi0FastConfig:
-    """pi0-FAST's published shape (PaliGemma-3B, docs/pi0fast.md): SigLIP So400m/14 at 224 px
-    (256 tokens per image; 27 blocks, 1152 wide, 16 heads, MLP 4304), Gemma-2B (18 layers,
-    2048 wide, 8 heads, one KV head of 256, GeGLU 16384, vocabulary 257152, tied head), three
-    cameras, an 8-dim state padded to 32, chunks of 10 x 7, at most 256 action tokens. For GPU
-    benches with random weights (bench/gpu_pi0fast.py); no such checkpoint is embedded."""
-    return Pi0FastConfig(
-        vision=VisionTowerConfig('siglip', 224, 14, 1152, 27, 16, 4304, mean=SIGLIP_MEAN,
-                                 std=SIGLIP_STD),
-        llm=LlamaConfig(hidden_size=2048, num_layers=18, num_heads=8, num_kv_heads=1,
-                        head_dim=256, intermediate_size=16384, vocab_size=257152,
-                        max_position_embeddings=8192, norm_unit_offset=True,
-                        hidden_act='gelu_tanh', embed_scale=True, tie_word_embeddings=True),
-        num_image_slots=3, state_dim=8, max_state_dim=32, chunk_size=10, action_dim=7,
-        max_action_tokens=256)
-
-
-PRESETS = {
-    'openvla-7b': _openvla_7b,
-    'tiny': _tiny,
-    'tiny-siglip': _tiny_siglip,
-    'metaworld-demo': _metaworld_demo,
-    'pi0fast-tiny': _pi0fast_tiny,
-    'metaworld-demo-fast': _metaworld_demo_fast,
-    'pi0fast-3b': _pi0fast_3b,
-}
-
-
-def preset(name: str) -> VLAConfig | Pi0FastConfig:
-    if name not in PRESETS:
-        raise ValueError(f'unknown preset {name!r}; available presets: {sorted(PRESETS)}')
-    return PRESETS[name]()
 
 
 MODES = ('ar', 'pipeline', 'spec', 'pipeline_spec')
@@ -569,12 +297,12 @@ class EngineConfig:
         for f in dataclasses.fields(self):
             option, value = f.metadata['option'], getattr(self, f.name)
             if option.choices:
-                _require(value in option.choices, f.name, f'{value!r} not in {option.choices}'
-                         + (' ("sdpa" and "flex" were replaced by "segments", the '
+                require(value in option.choices, f.name, f'{value!r} not in {option.choices}'
+                        + (' ("sdpa" and "flex" were replaced by "segments", the '
                             'work-proportional path, and "dense", the reference)'
                             if f.name == 'attention_backend' else ''))
             elif isinstance(f.default, bool):
-                _require(isinstance(value, bool), f.name, f'must be a bool, got {value!r}')
+                require(isinstance(value, bool), f.name, f'must be a bool, got {value!r}')
             elif isinstance(f.default, int):
                 check_int(f.name, value, minimum=option.minimum, maximum=option.maximum,
                           unit=option.unit)
@@ -582,37 +310,37 @@ class EngineConfig:
                 object.__setattr__(self, f.name, check_number(
                     f.name, value, minimum=option.minimum, maximum=option.maximum,
                     unit=option.unit))
-        _require(isinstance(self.device, str) and (self.device == 'cpu'
-                                                   or self.device.startswith('cuda')),
-                 'device', f'{self.device!r}: expected "cpu" or "cuda[:N]"')
-        _require(self.draft_path is None or isinstance(self.draft_path, str), 'draft_path',
-                 f'expected a folder path, "random", "previous_action" or None, got '
-                 f'{self.draft_path!r}')
+        require(isinstance(self.device, str) and (self.device == 'cpu'
+                or self.device.startswith('cuda')),
+                'device', f'{self.device!r}: expected "cpu" or "cuda[:N]"')
+        require(self.draft_path is None or isinstance(self.draft_path, str), 'draft_path',
+                f'expected a folder path, "random", "previous_action" or None, got '
+                f'{self.draft_path!r}')
         # 2. Rules between fields.
-        _require(not self.use_cuda_graphs or self.device.startswith('cuda'), 'use_cuda_graphs',
-                 f'CUDA graphs need device "cuda", got {self.device!r}')
-        _require(not self.is_pipelined or self.max_prefills_per_step <= self.max_inflight,
-                 'max_prefills_per_step',
-                 f'{self.max_prefills_per_step} exceeds max_inflight {self.max_inflight} (a '
-                 'prefilled frame is in flight)')
+        require(not self.use_cuda_graphs or self.device.startswith('cuda'), 'use_cuda_graphs',
+                f'CUDA graphs need device "cuda", got {self.device!r}')
+        require(not self.is_pipelined or self.max_prefills_per_step <= self.max_inflight,
+                'max_prefills_per_step',
+                f'{self.max_prefills_per_step} exceeds max_inflight {self.max_inflight} (a '
+                'prefilled frame is in flight)')
         drafts_previous_action = self.draft_previous_action or \
             self.draft_path in (None, 'previous_action')
-        _require(not (self.is_speculative and drafts_previous_action
-                      and self.relax_threshold > MAX_RELAX_WITH_PREVIOUS_ACTION),
-                 'relax_threshold', f'{self.relax_threshold} bins while drafting the previous '
-                 'action: a bin within r of the verifier\'s is kept, so the robot would hold '
-                 'its previous action\'s bins until the policy moves more than r bins away '
-                 '(closed-loop success fell to 0.72 at 32 bins and 0 at 255 on the embedded '
-                 f'model, docs/speculation.md); at most {MAX_RELAX_WITH_PREVIOUS_ACTION} with '
-                 'temporal drafting')
-        _require(not (self.draft_previous_action
-                      and self.draft_path in (None, 'previous_action')),
-                 'draft_previous_action', 'draft_path "previous_action" (the default) already '
-                 'drafts the previous action alone; draft_previous_action merges it into a '
-                 'draft head\'s trees: set draft_path to a draft folder or "checkpoint"')
-        _require(not (self.use_cuda_graphs and self.attention_backend == 'dense'),
-                 'use_cuda_graphs', 'the dense reference attention is never graphed; use '
-                 'attention_backend "segments" or "auto"')
+        require(not (self.is_speculative and drafts_previous_action
+                     and self.relax_threshold > MAX_RELAX_WITH_PREVIOUS_ACTION),
+                'relax_threshold', f'{self.relax_threshold} bins while drafting the previous '
+                'action: a bin within r of the verifier\'s is kept, so the robot would hold '
+                'its previous action\'s bins until the policy moves more than r bins away '
+                '(closed-loop success fell to 0.72 at 32 bins and 0 at 255 on the embedded '
+                f'model, docs/speculation.md); at most {MAX_RELAX_WITH_PREVIOUS_ACTION} with '
+                'temporal drafting')
+        require(not (self.draft_previous_action
+                     and self.draft_path in (None, 'previous_action')),
+                'draft_previous_action', 'draft_path "previous_action" (the default) already '
+                'drafts the previous action alone; draft_previous_action merges it into a '
+                'draft head\'s trees: set draft_path to a draft folder or "checkpoint"')
+        require(not (self.use_cuda_graphs and self.attention_backend == 'dense'),
+                'use_cuda_graphs', 'the dense reference attention is never graphed; use '
+                'attention_backend "segments" or "auto"')
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> 'EngineConfig':
@@ -667,7 +395,6 @@ def config_to_dict(cfg) -> dict:
     return dataclasses.asdict(cfg)
 
 
-__all__ = ['VisionTowerConfig', 'LlamaConfig', 'VLAConfig', 'Pi0FastConfig', 'gemma_2b',
-           'EngineConfig', 'PRESETS', 'preset',
-           'MODES', 'DTYPES', 'TUNABLE_ENGINE_FIELDS', 'EngineOption', 'engine_option',
-           'MAX_RELAX_WITH_PREVIOUS_ACTION']
+__all__ = ['VisionTowerConfig', 'LlamaConfig', 'dinov2_vit_l', 'siglip_so400m', 'require',
+           'EngineConfig', 'MODES', 'DTYPES', 'TUNABLE_ENGINE_FIELDS', 'EngineOption',
+           'engine_option', 'MAX_RELAX_WITH_PREVIOUS_ACTION']

@@ -3,19 +3,23 @@
 For a checkpoint and a set of frames (image files, or held-out Meta-World observations):
 
 - **pixels**: the uint8 S x S image the engine feeds the towers, taken through the engine's
-  own path on each device (``FrameUploader`` then ``preprocess_pixels``), against OpenVLA's
-  processor written out on its own (Pillow's ``resize(..., BICUBIC)``, after the evaluation
-  code's crop when ``--center-crop``): the largest difference in uint8 levels, the share of
-  values and the frames that differ. For contrast, the same for the one-pass antialiased
-  float64 bicubic this project resized with before.
-- **normalised pixels, vision features, projected patches**: each run (device, dtype)
-  against the reference run (float64 on the CPU unless ``--reference``): the largest absolute
-  error of the normalised pixels, and per frame the relative error ||run - ref|| / ||ref|| of
-  the towers' concatenated features and of the projector's output (median and largest).
+  own path on each device (``FrameUploader`` then the model's ``preprocess``), against the
+  family's reference processor written out on its own (OpenVLA's: Pillow's ``resize(...,
+  BICUBIC)``, after the evaluation code's crop when ``--center-crop``): the largest difference
+  in uint8 levels, the share of values and the frames that differ. For contrast, the same for
+  the one-pass antialiased float64 bicubic this project resized with before.
+- **normalised pixels and the vision stages** (OpenVLA: the towers' concatenated features,
+  the projector's output): each run (device, dtype) against the reference run (float64 on the
+  CPU unless ``--reference``): the largest absolute error of the normalised pixels, and per
+  frame the relative error ||run - ref|| / ||ref|| of each stage (median and largest).
 - **action tokens**: the run's greedy tokens against the reference's (``--mode``, AR by
   default): frames whose tokens all agree, and per token the distance in bins (adjacent action
   tokens are adjacent bins) as 0, 1, 2 and 3+, over all tokens and per action dimension. A
   token outside the action range counts as 3+ unless both runs produced it.
+
+The family's part (its reference processor, its vision stages, its image size from config.json)
+comes from its registry entry's ``fidelity`` hooks (models/family.py, FidelityHooks); a family
+without them is refused, naming it.
 """
 from __future__ import annotations
 
@@ -31,7 +35,7 @@ from PIL import Image
 
 from .engine.device.frame_upload import FrameUploader
 from .engine.result import Frame
-from .preprocess import crop_center, preprocess_pixels
+from .models import registry
 
 BUCKETS = ('0', '1', '2', '3+')
 IMAGE_SUFFIXES = ('.png', '.jpg', '.jpeg')
@@ -55,18 +59,6 @@ def folder_frames(folder: str, instruction: str, limit: int | None,
 
 # ---- pixels ----------------------------------------------------------------------------------
 
-def processor_pixels(image: np.ndarray, size: int, center_crop: bool = False,
-                     rotate_180: bool = False) -> np.ndarray:
-    """OpenVLA's pixels: the frame (rotated, cropped as its evaluation code does) handed to
-    Pillow as an RGB image and resized to size x size with BICUBIC, as its processor does."""
-    if rotate_180:
-        image = image[::-1, ::-1]
-    if center_crop:
-        image = crop_center(image, size)
-    pil = Image.fromarray(np.ascontiguousarray(image)).convert('RGB')
-    return np.asarray(pil.resize((size, size), Image.BICUBIC))
-
-
 def one_pass_pixels(image: np.ndarray, size: int, rotate_180: bool = False) -> np.ndarray:
     """The resize this project used before: one antialiased float64 bicubic pass, rounded
     once (no crop)."""
@@ -77,16 +69,6 @@ def one_pass_pixels(image: np.ndarray, size: int, rotate_180: bool = False) -> n
         x = F.interpolate(x[None], size=(size, size), mode='bicubic', antialias=True,
                           align_corners=False)[0]
     return x.round().clamp(0, 255).to(torch.uint8).permute(1, 2, 0).numpy()
-
-
-def levels(pixels: torch.Tensor, cfg) -> np.ndarray:
-    """(3 or 6, S, S) normalised pixels -> the uint8 levels (S, S, 3) behind the last tower's
-    channels (SigLIP's in a fused model)."""
-    tower = cfg.towers[-1]
-    std = torch.tensor(tower.std, dtype=torch.float64)[:, None, None]
-    mean = torch.tensor(tower.mean, dtype=torch.float64)[:, None, None]
-    x = pixels[-3:].detach().to('cpu', torch.float64) * std + mean
-    return np.rint(x.numpy() * 255.0).clip(0, 255).astype(np.uint8).transpose(1, 2, 0)
 
 
 def pixel_stats(ours: list, reference: list) -> dict:
@@ -120,20 +102,27 @@ def bin_histogram(ours: list, reference: list, first_action_id: int,
 
 # ---- runs ------------------------------------------------------------------------------------
 
+def fidelity_hooks(cfg):
+    """The fidelity hooks of the family whose config ``cfg`` is (ValueError naming it when it
+    has none)."""
+    family = registry.family_of_config(cfg)
+    if family.fidelity is None:
+        raise ValueError(f'--model: the {family.name} family has no fidelity stages')
+    return family.fidelity()
+
+
 def _run_stages(policy, frames: list[Frame], center_crop: bool, rotate_180: bool,
                 unnorm_key: str) -> dict:
-    """Normalised pixels, features, projected patches (float64 on the CPU) and tokens of every
+    """Normalised pixels, the family's vision stages (float64 on the CPU) and tokens of every
     frame, each stage through the engine's own path."""
     runner, config = policy.engine.runner, policy.config
-    out = {'pixels': [], 'features': [], 'patches': [], 'tokens': []}
+    hooks = fidelity_hooks(runner.cfg)
+    out = {'pixels': [], 'tokens': []}
     with torch.inference_mode():
         for frame in frames:
             pixels = runner.prepare_pixels(frame, config)          # (1, C, S, S): one image
-            features = runner.model.vision_backbone(pixels)
-            patches = runner.model.projector(features)
-            for name, value in (('pixels', pixels), ('features', features),
-                                ('patches', patches)):
-                out[name].append(value[0].to('cpu', torch.float64))
+            for name, value in (('pixels', pixels), *hooks.stages(runner.model, pixels).items()):
+                out.setdefault(name, []).append(value[0].to('cpu', torch.float64))
     for frame in frames:
         out['tokens'].append(tuple(policy.predict(frame.image, frame.instruction,
                                                   unnorm_key).tokens))
@@ -151,23 +140,26 @@ def measure(model: str, frames: list[Frame], dtypes, devices, reference: str = '
     from .policy import VLAPolicy
     options = {'mode': mode, 'center_crop': center_crop, 'rotate_180': rotate_180}
     ref_policy = VLAPolicy.from_pretrained(model, device='cpu', dtype=reference, **options)
-    cfg = ref_policy.model_config
+    cfg, ref_model = ref_policy.model_config, ref_policy.engine.runner.model
+    hooks = fidelity_hooks(cfg)
     size = cfg.image_size
     key = unnorm_key or ref_policy.unnorm_keys[0]
     images = [f.image for f in frames]
 
-    expected = [processor_pixels(im, size, center_crop, rotate_180) for im in images]
+    expected = [hooks.reference_pixels(im, size, center_crop, rotate_180) for im in images]
     pixels = {}
     for device in devices:
         uploader = FrameUploader(device)
-        ours = [levels(preprocess_pixels(uploader.upload(im), cfg, center_crop=center_crop,
-                                         rotate_180=rotate_180), cfg) for im in images]
+        ours = [hooks.levels(ref_model.preprocess(uploader.upload(im), center_crop=center_crop,
+                                                  rotate_180=rotate_180), cfg)
+                for im in images]
         pixels[f'engine path, {device}'] = pixel_stats(ours, expected)
     if not center_crop:
         pixels['one-pass float64 bicubic (before)'] = pixel_stats(
             [one_pass_pixels(im, size, rotate_180) for im in images], expected)
 
     ref = _run_stages(ref_policy, frames, center_crop, rotate_180, key)
+    stage_names = [name for name in ref if name not in ('pixels', 'tokens')]
     at = ref_policy.engine.runner.codec
     runs = []
     for device in devices:
@@ -179,11 +171,10 @@ def measure(model: str, frames: list[Frame], dtypes, devices, reference: str = '
                 'device': device, 'dtype': dtype,
                 'pixels_max_abs': max(float((a - b).abs().max())
                                       for a, b in zip(got['pixels'], ref['pixels'])),
-                'features': _relative(got['features'], ref['features']),
-                'patches': _relative(got['patches'], ref['patches']),
+                **{name: _relative(got[name], ref[name]) for name in stage_names},
                 'tokens': bin_histogram(got['tokens'], ref['tokens'], at.first_action_id,
                                         at.last_action_id)})
-    return {'model': model, 'image_size': size, 'frames': len(frames),
+    return {'model': model, 'image_size': size, 'frames': len(frames), 'stages': stage_names,
             'frame_sizes': sorted({f'{im.shape[1]}x{im.shape[0]}' for im in images}),
             'reference': f'cpu {reference}', 'mode': mode, 'center_crop': center_crop,
             'rotate_180': rotate_180, 'unnorm_key': key, 'pixels': pixels, 'runs': runs}
@@ -207,18 +198,18 @@ def format_report(result: dict) -> str:
     for name, p in result['pixels'].items():
         lines.append(f'| {name} | {p["max_levels"]} | {100 * p["values_differing"]:.2f} % | '
                      f'{p["frames_differing"]} / {p["frames"]} |')
+    stages = result['stages']
     lines += ['', f'Against the reference ({result["reference"]}): normalised pixels (max abs '
-              'error), relative error of the towers\' features and of the projected patches '
-              '(median / max over frames), action tokens (bin distance)', '',
-              '| run | pixels | features | patches | frames exact | 0 bins | 1 bin | 2 bins '
-              '| 3+ bins |', '|---|---|---|---|---|---|---|---|---|']
+              'error), relative error of each vision stage (median / max over frames), action '
+              'tokens (bin distance)', '',
+              '| run | pixels | ' + ' | '.join(stages) + ' | frames exact | 0 bins | 1 bin '
+              '| 2 bins | 3+ bins |', '|---|---|' + '---|' * len(stages) + '---|---|---|---|---|']
     for r in result['runs']:
         t = r['tokens']
         n = sum(t['total'].values())
         lines.append(f'| {r["device"]} {r["dtype"]} | {r["pixels_max_abs"]:.2e} | '
-                     f'{r["features"]["median"]:.2e} / {r["features"]["max"]:.2e} | '
-                     f'{r["patches"]["median"]:.2e} / {r["patches"]["max"]:.2e} | '
-                     f'{t["frames_exact"]} / {t["frames"]} | '
+                     + ''.join(f'{r[s]["median"]:.2e} / {r[s]["max"]:.2e} | ' for s in stages)
+                     + f'{t["frames_exact"]} / {t["frames"]} | '
                      + ' | '.join(_share(t['total'][b], n) for b in BUCKETS) + ' |')
     runs = result['runs']
     lines += ['', 'Bin distance per action dimension: tokens at 0 / 1 / 2 / 3+ bins from the '
@@ -269,7 +260,6 @@ def add_arguments(p) -> None:
 
 def run(args) -> int:
     import shlex
-    from .models.openvla.checkpoint import config_from_json
     from .policy import resolve_checkpoint
     dtypes = [d.strip() for d in args.dtypes.split(',') if d.strip()]
     devices = [d.strip() for d in args.devices.split(',') if d.strip()] if args.devices else \
@@ -279,8 +269,11 @@ def run(args) -> int:
     else:
         from .sim.frames import benchmark_frames
         folder = resolve_checkpoint(args.model)
-        size = args.frame_size or config_from_json(
-            json.loads((folder / 'config.json').read_text())).image_size
+        raw = json.loads((folder / 'config.json').read_text())
+        family = registry.detect(raw)
+        if family.fidelity is None:
+            raise ValueError(f'--model: the {family.name} family has no fidelity stages')
+        size = args.frame_size or family.fidelity().image_size(raw)
         frames = benchmark_frames(args.frames, size, args.seed, args.unnorm_key)
     result = measure(args.model, frames, dtypes, devices, args.reference, args.mode,
                      args.center_crop, args.rotate_180, args.unnorm_key)

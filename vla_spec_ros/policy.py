@@ -15,11 +15,12 @@ from pathlib import Path
 
 import torch
 
-from .config import PRESETS, EngineConfig
+from .config import EngineConfig
 from .engine.engine import Engine
 from .engine.result import ActionResult, Frame
 from .engine.device.runner import TORCH_DTYPES, ModelRunner
 from .models import registry
+from .models.registry import PRESETS
 from .models.weights import CheckpointError
 
 PREDICT_STREAM = '__predict__'

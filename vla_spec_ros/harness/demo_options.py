@@ -241,17 +241,28 @@ def resolve_options(args) -> dict:
     return plan
 
 
-def action_chunk(model: str) -> int:
-    """Control steps per answer of a checkpoint, without loading it: its config.json
-    `action_chunk` (OpenVLA, default 1) or `chunk_size` (pi0-FAST, LeRobot's name)."""
+def _config_json(model: str) -> dict:
     import json
 
-    from vla_spec_ros.models.registry import family_of
     from vla_spec_ros.policy import resolve_checkpoint
-    config = json.loads((resolve_checkpoint(model) / 'config.json').read_text())
-    if family_of(config) == 'pi0fast':
-        return int(config.get('chunk_size') or 1)
-    return int(config.get('action_chunk') or 1)
+    return json.loads((resolve_checkpoint(model) / 'config.json').read_text())
+
+
+def action_chunk(model: str) -> int:
+    """Control steps per answer of a checkpoint, without loading it: what its family reads in
+    its config.json (models/registry.py; OpenVLA's `action_chunk`, default 1, pi0-FAST's
+    `chunk_size`, LeRobot's name)."""
+    from vla_spec_ros.models import registry
+    config = _config_json(model)
+    return registry.detect(config).action_chunk(config)
+
+
+def recommended_chunk_blend(model: str) -> str:
+    """The node's `chunk_blend` a checkpoint's family recommends (its registry entry's
+    node_settings: pi0-FAST's chunks measured best with `ensemble`), else the node's
+    default `latest`."""
+    from vla_spec_ros.models import registry
+    return registry.detect(_config_json(model)).node_settings.get('chunk_blend', 'latest')
 
 
 def check_lockstep_model(model: str, sim_mode: str) -> None:
@@ -267,4 +278,4 @@ def check_lockstep_model(model: str, sim_mode: str) -> None:
 
 
 __all__ = ['add_arguments', 'configurations', 'resolve_options', 'action_chunk',
-           'check_lockstep_model']
+           'recommended_chunk_blend', 'check_lockstep_model']

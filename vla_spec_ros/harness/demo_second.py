@@ -5,9 +5,10 @@ model, as their own record beside the first.
 
 The second model is a chunked one, so its success runs through the node in real time
 (`--sim-mode realtime`: the node publishes a chunk's steps on its control clock, the bridge
-steps the arm on its own), with ACT's temporal ensemble (`chunk_blend: ensemble`, the blend
-that measured best for it: docs/demo.md), and only AR and the engine's default mode run (its
-own baseline and what a user gets). Everything else (tasks, episodes, rates, seconds, seed,
+steps the arm on its own), with the `chunk_blend` its family recommends (the registry's
+node_settings: ACT's temporal ensemble for pi0-FAST, the blend that measured best for it:
+docs/demo.md), and only AR and the engine's default mode run (its own baseline and what a user
+gets). Everything else (tasks, episodes, rates, seconds, seed,
 dtype, device, control rate, out) is the first run's. The pass is written as the equivalent
 standalone `vla-spec demo` command, recorded in its record.
 """
@@ -18,7 +19,6 @@ import argparse
 # Parts that run again for the second model; delay and relax stay the first model's.
 SECOND_MODEL_PARTS = ('stream', 'speed', 'lockstep')
 NO_SECOND_MODEL = ('', 'none')
-SECOND_MODEL_BLEND = 'ensemble'
 # `--second-model auto`: the main job's pair of embedded models (first -> second); after any
 # other first model there is no second pass (a user's own checkpoint runs alone).
 AUTO_SECOND_MODEL = {'metaworld-demo': 'metaworld-demo-fast'}
@@ -36,13 +36,14 @@ def second_model_argv(args, plan) -> list[str] | None:
     """The `vla-spec demo` arguments of the second model's pass, or None when there is none
     (`--second-model none`, the same model as `--model`, or no part of SECOND_MODEL_PARTS)."""
     from vla_spec_ros.config import EngineConfig
+    from vla_spec_ros.harness.demo_options import recommended_chunk_blend
     second = resolve_second_model(args)
     parts = [p for p in plan['parts'] if p in SECOND_MODEL_PARTS]
     if not second or second == args.model or not parts:
         return None
     modes = ['ar'] + [m for m in (EngineConfig().mode,) if m != 'ar']
     argv = ['demo', '--model', second, '--parts', ','.join(parts), '--modes', ','.join(modes),
-            '--sim-mode', 'realtime', '--chunk-blend', SECOND_MODEL_BLEND,
+            '--sim-mode', 'realtime', '--chunk-blend', recommended_chunk_blend(second),
             '--second-model', 'none', '--tasks', ','.join(plan['tasks']),
             '--episodes', str(plan['episodes']), '--seed', str(args.seed),
             '--max-steps', str(plan['max_steps']),

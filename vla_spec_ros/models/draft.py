@@ -26,8 +26,7 @@ from torch import nn
 from ..config import LlamaConfig
 from ..validation import require_int_fields
 from .attention import KVCache, StepBatch
-from .openvla.checkpoint import (CheckpointError, _check_safetensors_file, load_state_dict,
-                                 weight_files)
+from .weights import CheckpointError, _check_safetensors_file, load_state_dict, weight_files
 from .layers import PLAIN, LayerKernels, LlamaDecoderLayer
 from .rope import RopeRows, RopeTables
 

@@ -1,89 +1,137 @@
-"""Model families by checkpoint: which family a folder holds, loading it, and random-weight
-checkpoints of a preset. ``policy.VLAPolicy.from_pretrained`` and ``vla-spec make-checkpoint``
-go through here; the engine never names a family.
+"""The model families, as one table: which family a checkpoint folder holds, loading it,
+random-weight checkpoints of a preset, presets by name, and each family's tools (its baseline,
+demo training, fidelity, default draft, recommended node settings). Everything that needs a
+family's own code asks here: ``policy.VLAPolicy.from_pretrained``, ``vla-spec
+make-checkpoint``, ``baseline.make_baseline``, the demo, fidelity and demo training. The engine
+never does (it sees ``models/protocol``).
 
-A folder is pi0-FAST when its config.json has LeRobot's ``type`` "pi0_fast" (or "pi0fast"),
-else OpenVLA (``architectures`` ``OpenVLAForActionPrediction``, ``model_type`` "openvla", or
-the layout this package has always read)."""
+A family is a folder under models/ whose ``entry.py`` defines its ``Family`` record
+(models/family.py); it joins the table with one line in ``FAMILIES`` below. Detection: the
+families whose ``detects`` accept a folder's config.json; more than one is an error, none
+means the default family (OpenVLA: the layout this package has always read). Reading the
+table and the presets imports no torch (the records' hooks import their family's modules when
+called; detection may).
+"""
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import torch
+from .family import Family, LoadedModel
+from .openvla.entry import FAMILY as OPENVLA
+from .pi0fast.entry import FAMILY as PI0FAST
 
-from ..config import Pi0FastConfig, preset
-from .weights import CheckpointError, _read_json
+# The registry table: one line per family.
+FAMILIES: dict[str, Family] = {family.name: family for family in (
+    OPENVLA,
+    PI0FAST,
+)}
 
-FAMILIES = ('openvla', 'pi0fast')
+
+def _presets() -> dict:
+    presets, owner = {}, {}
+    for family in FAMILIES.values():
+        for name, factory in family.presets.items():
+            if name in presets:
+                raise ValueError(f'preset {name!r}: named by both {owner[name]} and '
+                                 f'{family.name}')
+            presets[name], owner[name] = factory, family.name
+    return presets
 
 
-@dataclass
-class LoadedModel:
-    """What a runner needs: the model, its config, config.json, its prompt builder and its
-    action codec; ``norm_stats``: the dataset statistics when the family keeps them outside
-    config.json (pi0-FAST: LeRobot's processor files), else None."""
+# Preset name -> its config's factory, every family's.
+PRESETS = _presets()
+_DEFAULTS = [f for f in FAMILIES.values() if f.is_default]
+if len(_DEFAULTS) != 1:
+    raise ValueError(f'is_default: exactly one family takes unclaimed folders, got '
+                     f'{[f.name for f in _DEFAULTS]}')
+DEFAULT_FAMILY = _DEFAULTS[0]
 
-    model: Any
-    cfg: Any
-    raw: dict
-    tokenizer: Any
-    codec: Any
-    family: str
-    norm_stats: dict | None = None
+
+def family(name: str) -> Family:
+    """The family of that name (ValueError naming the known ones)."""
+    if name not in FAMILIES:
+        raise ValueError(f'family: unknown {name!r}; the families are {sorted(FAMILIES)}')
+    return FAMILIES[name]
+
+
+def detect(raw: dict) -> Family:
+    """The family of a checkpoint's config.json (module docstring)."""
+    claims = [f for f in FAMILIES.values() if not f.is_default and f.detects(raw)]
+    if len(claims) > 1:
+        from .weights import CheckpointError
+        raise CheckpointError(f'config.json: claimed by several families '
+                              f'{[f.name for f in claims]}')
+    return claims[0] if claims else DEFAULT_FAMILY
 
 
 def family_of(raw: dict) -> str:
-    if raw.get('type') in ('pi0_fast', 'pi0fast'):
-        return 'pi0fast'
-    return 'openvla'
+    """The name of ``detect(raw)``."""
+    return detect(raw).name
 
 
-def family_of_preset(name: str) -> str:
-    return 'pi0fast' if isinstance(preset(name), Pi0FastConfig) else 'openvla'
-
-
-def load(folder, dtype: torch.dtype = torch.float32, device='cpu',
-         max_instruction_tokens: int = 128) -> LoadedModel:
+def family_of_folder(folder) -> Family:
+    """The family of a checkpoint folder, from its config.json (CheckpointError when the
+    folder or the file is missing or not JSON)."""
+    from .weights import CheckpointError, _read_json
     folder = Path(folder)
     if not folder.is_dir():
         raise CheckpointError(f'checkpoint folder {folder} does not exist')
-    family = family_of(_read_json(folder / 'config.json'))
-    if family == 'pi0fast':
-        from .pi0fast.family import load as load_pi0fast
-        model, cfg, raw, prompt, norm_stats = load_pi0fast(folder, dtype, device,
-                                                           max_instruction_tokens)
-        return LoadedModel(model, cfg, raw, prompt, model.action_codec(), family, norm_stats)
-    from ..prompt import PromptTokenizer
-    from .openvla.checkpoint import load_model
-    model, cfg, raw = load_model(folder, dtype, device)
-    tokenizer = PromptTokenizer.from_folder(folder, max_instruction_tokens)
-    return LoadedModel(model, cfg, raw, tokenizer, model.action_codec(), family)
+    return detect(_read_json(folder / 'config.json'))
+
+
+def preset(name: str) -> Any:
+    """The config of preset ``name``, of whichever family names it."""
+    if name not in PRESETS:
+        raise ValueError(f'unknown preset {name!r}; available presets: {sorted(PRESETS)}')
+    return PRESETS[name]()
+
+
+def family_of_preset(name: str) -> str:
+    """The name of the family whose presets include ``name``."""
+    return family_of_config(preset(name)).name
+
+
+def family_of_config(cfg) -> Family:
+    """The family whose config class ``cfg`` is (a model's config, a runner's ``cfg``)."""
+    for family_ in FAMILIES.values():
+        if isinstance(cfg, family_.config_class):
+            return family_
+    raise ValueError(f'cfg: a {type(cfg).__name__} is no family\'s config; the families are '
+                     f'{sorted(FAMILIES)}')
+
+
+def load(folder, dtype=None, device='cpu', max_instruction_tokens: int = 128) -> LoadedModel:
+    """The checkpoint in ``folder`` through its family's loader (``dtype``: a torch dtype,
+    None = float32)."""
+    if dtype is None:
+        import torch
+        dtype = torch.float32
+    return family_of_folder(folder).load(Path(folder), dtype, device, max_instruction_tokens)
+
+
+def checkpoint_options(preset_name: str) -> tuple[str, ...]:
+    """The options ``make_checkpoint`` takes for ``preset_name`` beyond seed and dtype."""
+    return family(family_of_preset(preset_name)).checkpoint_options
 
 
 def make_checkpoint(preset_name: str, out, seed: int = 0, dtype: str = 'float32',
-                    max_shard_bytes: int | None = None, *, num_image_slots: int | None = None,
-                    image_size: int | None = None, state_dim: int | None = None,
-                    decodable_chunks: bool = False) -> Path:
-    """A random-weight checkpoint of ``preset_name`` in its family's layout. pi0-FAST presets
-    only: ``num_image_slots``, ``image_size`` and ``state_dim`` replace the preset's (None
-    keeps it; pi0fast/family.configure); ``decodable_chunks`` makes greedy decoding write a
-    valid FAST frame (a test aid, pi0fast/decodable.py)."""
-    fast_only = {'num_image_slots': num_image_slots, 'image_size': image_size,
-                 'state_dim': state_dim, 'decodable_chunks': decodable_chunks or None}
-    if family_of_preset(preset_name) == 'pi0fast':
-        if max_shard_bytes is not None:
-            raise ValueError('max_shard_bytes: pi0-FAST checkpoints are written unsharded')
-        from .pi0fast.family import configure, make_random
-        cfg = configure(preset_name, num_image_slots=num_image_slots, image_size=image_size,
-                        state_dim=state_dim)
-        return make_random(cfg, out, seed=seed, dtype=dtype,
-                           decodable_chunks=decodable_chunks)
-    given = [name for name, value in fast_only.items() if value is not None]
-    if given:
-        raise ValueError(f'{given[0]}: only pi0-FAST presets take it; {preset_name!r} is an '
-                         'OpenVLA preset (one image, no state, its own action bins)')
-    from .openvla.random_checkpoint import make_checkpoint as make_openvla
-    return make_openvla(preset_name, out, seed=seed, dtype=dtype,
-                        max_shard_bytes=max_shard_bytes)
+                    **options) -> Path:
+    """A random-weight checkpoint of ``preset_name`` in its family's layout. ``options``: the
+    family's own (``checkpoint_options``; OpenVLA: ``max_shard_bytes``; pi0-FAST:
+    ``num_image_slots``, ``image_size``, ``state_dim``, ``decodable_chunks``); an option left
+    None or False is not given, and one the family does not take is a ValueError naming it."""
+    family_ = family(family_of_preset(preset_name))
+    given = {k: v for k, v in options.items() if v is not None and v is not False}
+    for name in given:
+        if name not in family_.checkpoint_options:
+            takers = sorted(f.name for f in FAMILIES.values() if name in f.checkpoint_options)
+            raise ValueError(f'{name}: {preset_name!r} is a {family_.name} preset, whose '
+                             f'checkpoints take {list(family_.checkpoint_options)}; '
+                             f'{name} is for {takers or "no family"}')
+    return Path(family_.make_checkpoint(preset_name, out, seed=seed, dtype=dtype, **given))
+
+
+__all__ = ['FAMILIES', 'PRESETS', 'DEFAULT_FAMILY', 'Family', 'LoadedModel', 'family',
+           'detect', 'family_of', 'family_of_folder', 'family_of_config', 'family_of_preset',
+           'preset', 'load', 'make_checkpoint', 'checkpoint_options']

@@ -305,10 +305,9 @@ def _barrier(world_size: int) -> None:
         torch.distributed.barrier()
 
 
-def _generate(args, folder, model, vla_cfg, engine_cfg, data_dir: Path, rank: int,
-              world_size: int, progress: bool) -> None:
+def _generate(args, loaded, engine_cfg, data_dir: Path, rank: int, world_size: int,
+              progress: bool) -> None:
     from ..engine.device.runner import ModelRunner
-    from ..prompt import PromptTokenizer
     if args.bag is not None:
         from .bag_frames import load_bag_observations
         observations = load_bag_observations(args.bag, args.image_topic,
@@ -318,8 +317,8 @@ def _generate(args, folder, model, vla_cfg, engine_cfg, data_dir: Path, rank: in
         observations = load_observations(args.data)
     if args.max_samples is not None:
         observations = observations.limit(args.max_samples)
-    tokenizer = PromptTokenizer.from_folder(folder, engine_cfg.max_instruction_tokens)
-    runner = ModelRunner(model, vla_cfg, tokenizer, engine_cfg)
+    runner = ModelRunner(loaded.model, loaded.cfg, loaded.tokenizer, engine_cfg,
+                         codec=loaded.codec)
     generate_shards(runner, engine_cfg, observations, data_dir, rank=rank,
                     world_size=world_size, progress=progress)
 
@@ -329,7 +328,7 @@ def _train(args, rank: int, world_size: int, device: torch.device) -> dict:
 
     from ..config import EngineConfig
     from ..engine.device.runner import TORCH_DTYPES
-    from ..models.openvla.checkpoint import load_model
+    from ..models import registry
     from ..policy import resolve_checkpoint
     cfg = TrainDraftConfig(**{f.name: getattr(args, f.name)
                               for f in dataclasses.fields(TrainDraftConfig)})
@@ -345,7 +344,9 @@ def _train(args, rank: int, world_size: int, device: torch.device) -> dict:
     engine_cfg = EngineConfig(device=str(device), dtype=args.dtype, center_crop=args.center_crop,
                               rotate_180=args.rotate_180,
                               restrict_to_action_tokens=args.restrict_to_action_tokens)
-    model, vla_cfg, _ = load_model(folder, TORCH_DTYPES[args.dtype], str(device))
+    loaded = registry.load(folder, TORCH_DTYPES[args.dtype], str(device),
+                           engine_cfg.max_instruction_tokens)
+    model, vla_cfg = loaded.model, loaded.cfg
     # 2. Training data: generated once per settings, each rank doing its share.
     settings = {'model': str(folder.resolve()), **source,
                 'dtype': args.dtype, 'center_crop': args.center_crop,
@@ -356,8 +357,7 @@ def _train(args, rank: int, world_size: int, device: torch.device) -> dict:
         _barrier(world_size)        # every rank has read the old manifest
         if is_main and (data_dir / 'manifest.json').exists():
             (data_dir / 'manifest.json').unlink()
-        _generate(args, folder, model, vla_cfg, engine_cfg, data_dir, rank, world_size,
-                  progress)
+        _generate(args, loaded, engine_cfg, data_dir, rank, world_size, progress)
         _barrier(world_size)
         if is_main:
             write_manifest(data_dir, settings)

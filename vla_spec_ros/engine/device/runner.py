@@ -29,7 +29,7 @@ from ...models.attention import KVCache, StepBatch
 from ...models.fp8 import apply_weight_dtype
 from ...models.layers import LayerKernels, fuse_projections
 from ...models.protocol import PREFIX_ATTENTION, PromptBuilder, VLAModel
-from ...preprocess import ImageError, check_image
+from ...image_check import ImageError, check_image
 from .frame_upload import FrameUploader, device_ids
 from .kernel_choice import select_layer_kernels, with_attention_backend
 from .packed_forward import GraphedFunction, PackedForward

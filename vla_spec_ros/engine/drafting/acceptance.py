@@ -82,8 +82,25 @@ def accept(tree: DraftTree, verifier_argmax: Sequence[int], *, relax_threshold: 
     argmax = [int(t) for t in verifier_argmax]
     in_action = _action_part(tree, action_marker, decided) if relax_threshold > 0 else None
 
-    # 1. Per node, in index order (parents first): is the path root..node accepted, and the
-    #    summed bin distance along it. None marks a node whose path was rejected.
+    # 1. Per node: is the path root..node accepted, and its summed bin distance.
+    path_distance = _path_distances(tree, argmax, relax_threshold, in_action, is_action_token,
+                                    token_to_bin)
+    # 2. The best accepted node by (deepest, smallest distance, lowest node indices).
+    best_node = _best_node(tree, path_distance)
+    nodes = tuple(tree.path_to(best_node)[1:])
+    return Acceptance(accepted_nodes=nodes,
+                      accepted_tokens=tuple(tree.tokens[n] for n in nodes),
+                      bonus_token=argmax[best_node],
+                      bin_distance_sum=path_distance[best_node])
+
+
+def _path_distances(tree: DraftTree, argmax: list[int], relax_threshold: int, in_action,
+                    is_action_token: Callable[[int], bool],
+                    token_to_bin: Callable[[int], int]) -> list[int | None]:
+    """Per node, in index order (parents first): the summed bin distance along root..node when
+    that path is accepted, None when it was rejected (the root: 0). A node is accepted when its
+    parent's path is and its token is the verifier's at the parent, or, relaxed, an action token
+    within ``relax_threshold`` bins of it in the action part (``in_action``)."""
     path_distance: list[int | None] = [0] + [None] * (tree.num_nodes - 1)
     for node in range(1, tree.num_nodes):
         parent = tree.parents[node]
@@ -100,8 +117,12 @@ def accept(tree: DraftTree, verifier_argmax: Sequence[int], *, relax_threshold: 
         else:
             continue
         path_distance[node] = path_distance[parent] + distance
+    return path_distance
 
-    # 2. The best accepted node by (deepest, smallest distance, lowest node indices).
+
+def _best_node(tree: DraftTree, path_distance: list[int | None]) -> int:
+    """The accepted node ending the chosen path: the deepest, then the smallest summed
+    distance, then the lowest node indices (root to end)."""
     best_key, best_node = None, ROOT
     for node, distance in enumerate(path_distance):
         if distance is None:
@@ -109,12 +130,7 @@ def accept(tree: DraftTree, verifier_argmax: Sequence[int], *, relax_threshold: 
         key = (-tree.depths[node], distance, tree.path_to(node))
         if best_key is None or key < best_key:
             best_key, best_node = key, node
-
-    nodes = tuple(tree.path_to(best_node)[1:])
-    return Acceptance(accepted_nodes=nodes,
-                      accepted_tokens=tuple(tree.tokens[n] for n in nodes),
-                      bonus_token=argmax[best_node],
-                      bin_distance_sum=path_distance[best_node])
+    return best_node
 
 
 def _action_part(tree: DraftTree, marker: Sequence[int], decided: Sequence[int]) -> list[bool]:

@@ -22,9 +22,10 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
-from ...config import LlamaConfig, VisionTowerConfig, VLAConfig, dinov2_vit_l, siglip_so400m
+from ...config import LlamaConfig, VisionTowerConfig, dinov2_vit_l, siglip_so400m
 from ..weights import (CheckpointError, _check_safetensors_file, _read_json,  # noqa: F401
                        load_state_dict, weight_files)
+from .config import VLAConfig
 from .vision import TOWER_PREFIXES, unused_vision_keys
 from .vla import OpenVLA
 

@@ -8,9 +8,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ...config import VLAConfig, preset
-from ...prompt import build_tokenizer, save_tokenizer
 from .checkpoint import build_model, save_model
+from .config import VLAConfig, config_of
+from .prompt import build_tokenizer, save_tokenizer
 
 DTYPES = {'float32': torch.float32, 'float64': torch.float64, 'bfloat16': torch.bfloat16,
           'float16': torch.float16}
@@ -37,7 +37,7 @@ def synthetic_norm_stats(action_dim: int = 7, seed: int = 0) -> dict:
 def make_checkpoint(cfg_or_preset: VLAConfig | str, out: str | Path, seed: int = 0,
                     dtype: str = 'float32', max_shard_bytes: int | None = None,
                     norm_stats: dict | None = None) -> Path:
-    cfg = preset(cfg_or_preset) if isinstance(cfg_or_preset, str) else cfg_or_preset
+    cfg = config_of(cfg_or_preset)
     if dtype not in DTYPES:
         raise ValueError(f'dtype: {dtype!r} not in {sorted(DTYPES)}')
     out = Path(out)

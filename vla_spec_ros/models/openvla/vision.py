@@ -17,7 +17,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ...config import VisionTowerConfig, VLAConfig
+from ...config import VisionTowerConfig
+from .config import VLAConfig
 
 
 class LayerScale(nn.Module):

@@ -9,10 +9,10 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ...actions import ActionTokenizer
-from ...config import VLAConfig
-from ...preprocess import preprocess_pixels
 from ..llama import LlamaForCausalLM
+from .action_bins import ActionTokenizer
+from .config import DEFAULT_DRAFT, VLAConfig
+from .preprocess import preprocess_pixels
 from .vision import VisionBackbone, make_projector
 
 
@@ -21,7 +21,7 @@ class OpenVLA(nn.Module):
     num_image_slots = 1
     prefix_attention = 'causal'
     uses_state = False
-    default_draft = None
+    default_draft = DEFAULT_DRAFT
 
     def __init__(self, cfg: VLAConfig):
         super().__init__()
@@ -36,7 +36,7 @@ class OpenVLA(nn.Module):
 
     def preprocess(self, image: torch.Tensor, *, center_crop: bool = False,
                    rotate_180: bool = False) -> torch.Tensor:
-        """OpenVLA's preprocessing (preprocess.py): (H, W, 3) uint8 -> (C, S, S) float64."""
+        """OpenVLA's preprocessing (preprocess.py here): (H, W, 3) uint8 -> (C, S, S) float64."""
         return preprocess_pixels(image, self.cfg, center_crop=center_crop,
                                  rotate_180=rotate_180)
 
@@ -45,7 +45,7 @@ class OpenVLA(nn.Module):
         return num_prompt_ids + num_images * self.cfg.num_patches
 
     def action_codec(self):
-        """OpenVLA's bins (actions.ActionTokenizer), ``action_chunk`` steps per frame."""
+        """OpenVLA's bins (action_bins.ActionTokenizer), ``action_chunk`` steps per frame."""
         cfg = self.cfg
         return ActionTokenizer(cfg.llm.vocab_size, cfg.pad_to_multiple_of, cfg.n_action_bins,
                                cfg.action_dim, cfg.action_chunk)

@@ -45,8 +45,9 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from ...config import LlamaConfig, Pi0FastConfig, VisionTowerConfig, gemma_2b, siglip_so400m
+from ...config import LlamaConfig, VisionTowerConfig, siglip_so400m
 from ..weights import CheckpointError, _read_json, load_state_dict, weight_files
+from .config import Pi0FastConfig, gemma_2b
 from .model import Pi0Fast
 from .statistics import DEFAULT_MAPPING
 from .style import DEFAULT_STYLE, STYLES

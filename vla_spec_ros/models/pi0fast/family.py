@@ -16,10 +16,10 @@ import torch
 
 from ...codecs.fast import FastActionCodec
 from ...codecs.fast_synthetic import fit_synthetic_fast_tokenizer
-from ...config import Pi0FastConfig, preset
 from ..weights import CheckpointError
 from .checkpoint import (EXTRAS_FILE, FAST_TOKENIZER_FOLDER, TEXT_TOKENIZER_FOLDER, load_model,
                          save_model, tokenizer_folder)
+from .config import Pi0FastConfig, config_of
 from .decodable import CHAIN_LOGIT, chain_frame, chain_margin, make_decodable_
 from .model import Pi0Fast
 from .prompt import (ACTION_PREFIX, ACTION_SUFFIX, TOKENIZER_MAX_LENGTH, Pi0FastPrompt,
@@ -160,7 +160,7 @@ def configure(cfg_or_preset: Pi0FastConfig | str, *, num_image_slots: int | None
     slot's, in pixels: LeRobot's ``image_resolution``) or another state size; None keeps the
     preset's. ``max_state_dim`` grows to ``state_dim`` when it is smaller. ValueError naming
     the field for a bad value."""
-    cfg = preset(cfg_or_preset) if isinstance(cfg_or_preset, str) else cfg_or_preset
+    cfg = config_of(cfg_or_preset)
     changes: dict = {}
     if num_image_slots is not None:
         changes['num_image_slots'] = num_image_slots
@@ -189,7 +189,7 @@ def make_random(cfg_or_preset: Pi0FastConfig | str, out, seed: int = 0,
     """A random-weight pi0-FAST checkpoint in LeRobot's layout (module docstring).
     ``decodable_chunks``: greedy decoding writes one valid FAST frame whatever the observation
     (a test aid, decodable.py); ``vla_spec_pi0fast.json`` records it under ``decodable``."""
-    cfg = preset(cfg_or_preset) if isinstance(cfg_or_preset, str) else cfg_or_preset
+    cfg = config_of(cfg_or_preset)
     out = Path(out)
     torch_dtype = {'float32': torch.float32, 'float64': torch.float64,
                    'bfloat16': torch.bfloat16, 'float16': torch.float16}[dtype]

@@ -21,8 +21,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ...config import Pi0FastConfig
 from ..llama import LlamaForCausalLM
+from .config import Pi0FastConfig
 from .siglip import SiglipVisionTower
 from .style import DEFAULT_STYLE, OPENPI, check_style
 

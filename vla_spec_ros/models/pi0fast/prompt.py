@@ -34,7 +34,7 @@ from typing import Sequence
 import numpy as np
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
-from ...prompt import MAX_INSTRUCTION_CHARS, PromptError
+from ...instruction import MAX_INSTRUCTION_CHARS, PromptError
 from .model import discretize_state
 from .style import DEFAULT_STYLE, LEROBOT, OPENPI, check_style
 

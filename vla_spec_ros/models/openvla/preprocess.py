@@ -1,4 +1,4 @@
-"""Image checks and OpenVLA preprocessing (docs/openvla.md, Image preprocessing).
+"""OpenVLA's image preprocessing (docs/openvla.md, Image preprocessing).
 
 RGB uint8 (H, W, 3) -> optional 180° rotation (LIBERO agent view) -> optional centre crop
 (90 % of the area, sampled bilinearly to S x S and converted back to uint8 with the arithmetic
@@ -20,27 +20,10 @@ import numpy as np
 import torch
 from PIL import Image
 
+from ...image_check import check_image
 from .config import VLAConfig
 
 CROP_AREA = 0.9
-MAX_IMAGE_SIDE = 8192
-
-
-class ImageError(ValueError):
-    """An image the model cannot use (wrong dtype, shape, size)."""
-
-
-def check_image(image) -> np.ndarray:
-    if not isinstance(image, np.ndarray):
-        raise ImageError(f'image must be a numpy array, got {type(image).__name__}')
-    if image.dtype != np.uint8:
-        raise ImageError(f'image must be uint8 RGB, got dtype {image.dtype}')
-    if image.ndim != 3 or image.shape[2] != 3:
-        raise ImageError(f'image must have shape (H, W, 3), got {image.shape}')
-    h, w = image.shape[:2]
-    if min(h, w) < 2 or max(h, w) > MAX_IMAGE_SIDE:
-        raise ImageError(f'image size {w}x{h} outside [2, {MAX_IMAGE_SIDE}] pixels per side')
-    return image
 
 
 def resize_bicubic(image: np.ndarray, size: int) -> np.ndarray:

@@ -2,7 +2,7 @@
 
 The engine decodes one packed sequence over a KV cache; training wants (B, L) batches with
 autograd. This runs the SAME modules (SigLIP tower, projector, Gemma layers through
-``teacher_forcing._layer_forward``) with one explicit mask per sample (models/pi0fast/model.py):
+``models/batched_forward.layer_forward``) with one explicit mask per sample (model.py here):
 
     rows   [ I x P image patches | prompt ids (BOS first) | generated tokens[:-1] | pad ]
     keys   the prefix (patches + prompt) is seen by every row; a generated row also sees the
@@ -19,7 +19,7 @@ from typing import Sequence
 
 import torch
 
-from .teacher_forcing import _layer_forward
+from ..batched_forward import layer_forward
 
 
 def pixel_values_pi0fast(images: torch.Tensor, dtype=torch.float32) -> torch.Tensor:
@@ -74,7 +74,7 @@ def prefix_lm_logits(model, pixel_values: torch.Tensor, ids: torch.Tensor,
     positions = torch.arange(length, device=x.device).repeat(b)             # (B * L,)
     cos, sin = cos_table[positions], sin_table[positions]
     for layer in lm.model.layers:
-        x = _layer_forward(layer, x, cos, sin, attn_mask)
+        x = layer_forward(layer, x, cos, sin, attn_mask)
     x = lm.model.norm(x)
     hidden = torch.gather(x, 1, predict_rows[:, :, None].expand(-1, -1, x.shape[-1]))
     return lm.logits(hidden)

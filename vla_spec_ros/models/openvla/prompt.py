@@ -14,13 +14,10 @@ from pathlib import Path
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
+from ...instruction import MAX_INSTRUCTION_CHARS, PromptError
+
 PROMPT_TEMPLATE = 'In: What action should the robot take to {}?\nOut:'
 SPACE_PIECE = '\u2581'   # "▁", SentencePiece's word-boundary marker
-MAX_INSTRUCTION_CHARS = 2000
-
-
-class PromptError(ValueError):
-    """An instruction that cannot be turned into a prompt (empty, too long, ...)."""
 
 
 def format_prompt(instruction: str) -> str:
