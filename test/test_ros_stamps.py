@@ -9,7 +9,7 @@ DDS, no mocks of rclpy; the node is the package's VLASpecNode, every frame publi
   - a robot state stamped in the future does not hold later frames back;
   - hold and refusal reasons reach the log per robot and per reason (read from /rosout): two
     robots whose wrist cameras stall together both log it; one robot's single out-of-sync pair
-    is logged while another robot keeps failing.
+    is logged while another robot keeps failing; an image of a refused size names its slot.
 
 Expected behaviour: docs/robot.md ("Stamps, order and clock jumps") and docs/node.md (Safety).
 """
@@ -418,3 +418,13 @@ def test_one_out_of_sync_pair_is_logged_while_another_robot_keeps_failing(two_ca
     line = s.log.wait_for('b: hold: bad input: image slots out of sync', start=mark)
     assert line.level == Log.ERROR
     s.answered('b')
+
+
+def test_an_image_of_a_refused_size_names_its_slot(two_cameras):
+    s = two_cameras
+    s.answered('a')
+    tiny = array_to_image(np.zeros((1, 1, 3), np.uint8), 'rgb8')
+    mark = s.log.mark()
+    s.hold_with('a', 'bad input', 'image slot wrist', 'height/width',
+                sends=lambda: s.send('a', wrist=tiny))
+    s.log.wait_for('a: hold: bad input: image slot wrist height/width', start=mark)

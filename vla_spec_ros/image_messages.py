@@ -22,6 +22,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from vla_spec_ros.image_check import check_image
+
 try:  # cv2 ships with opencv-python-headless (a declared dependency) but keep imports cheap
     import cv2
 except ImportError:  # pragma: no cover - install_requires has it
@@ -123,6 +125,18 @@ def compressed_to_rgb(msg) -> np.ndarray:
     return np.ascontiguousarray(rgb)
 
 
+def model_rgb(msg) -> np.ndarray:
+    """An Image or CompressedImage -> (H, W, 3) uint8 RGB the model accepts: converted as above,
+    then checked as the engine checks every image (image_check.check_image: its size), so that
+    a caller holding several images (the node's image slots) can name the one refused.
+    ValueError naming the field otherwise."""
+    rgb = compressed_to_rgb(msg) if hasattr(msg, 'format') else image_to_rgb(msg)
+    try:
+        return check_image(rgb)
+    except ValueError as exc:     # conversion gave (H, W, 3) uint8: only the size can fail
+        raise ValueError(f'height/width: {exc}') from exc
+
+
 def array_to_image(array: np.ndarray, encoding: str = 'rgb8', *, stamp=None,
                    frame_id: str = '', row_padding: int = 0, is_bigendian: bool = False):
     """Array already in `encoding`'s channel layout -> sensor_msgs/Image.
@@ -196,5 +210,5 @@ def rgb_to_compressed(rgb: np.ndarray, image_format: str = 'png', *, quality: in
     return msg
 
 
-__all__ = ['SUPPORTED_ENCODINGS', 'image_to_rgb', 'compressed_to_rgb', 'array_to_image',
-           'rgb_to_image', 'rgb_to_compressed']
+__all__ = ['SUPPORTED_ENCODINGS', 'image_to_rgb', 'compressed_to_rgb', 'model_rgb',
+           'array_to_image', 'rgb_to_image', 'rgb_to_compressed']

@@ -23,8 +23,6 @@ import dataclasses
 import threading
 import time
 
-from sensor_msgs.msg import CompressedImage
-
 from vla_spec_ros import image_messages
 from vla_spec_ros.engine.result import Frame, describe_error
 from vla_spec_ros.ros import command as cmd
@@ -121,10 +119,8 @@ class InferenceWorker:
             return
         images = []
         for name, msg in zip(channel.observation.slot_names, observation.messages):
-            try:
-                images.append(image_messages.compressed_to_rgb(msg)
-                              if isinstance(msg, CompressedImage)
-                              else image_messages.image_to_rgb(msg))
+            try:            # converted and size-checked here, so a refusal names its slot
+                images.append(image_messages.model_rgb(msg))
             except ValueError as exc:
                 where = f'image slot {name}' if name else 'image'
                 self._refuse(channel, info, f'{cmd.REASON_BAD_INPUT}: {where} {exc}')
