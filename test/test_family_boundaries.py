@@ -6,8 +6,8 @@ table holds every family folder once, and reading the table imports no torch.
 its name (``Pi0FastConfig``, ``make_openvla``), its config class by name (``VLAConfig``), or a
 string that is its name (``family == 'pi0fast'``). Docstrings and comments may speak of a
 family; code may not. The one exception is the registry's registration line of each family
-(models/registry.py imports its entry and lists it in ``FAMILIES``). Tests and bench/ scripts
-are per family by nature and are not scanned. Pure Python except the last test.
+(its folder's name in models/registry.py's ``FAMILY_FOLDERS``). Tests and bench/ scripts are
+per family by nature and are not scanned.
 """
 import ast
 import subprocess
@@ -53,18 +53,13 @@ def _docstrings(tree) -> set:
     return out
 
 
-def _registration(tree, families: list[str]) -> set:
-    """ids of the registry's registration nodes: ``from .<family>.entry import FAMILY as X``
-    and the names X it binds, wherever they are used."""
-    allowed, bound = set(), set()
+def _registration(tree) -> set:
+    """ids of the registry's registration lines: the strings of ``FAMILY_FOLDERS = (...)``."""
+    allowed = set()
     for node in ast.walk(tree):
-        if isinstance(node, ast.ImportFrom) and node.level == 1 and \
-                node.module in {f'{f}.entry' for f in families}:
-            allowed.add(id(node))
-            bound.update(alias.asname or alias.name for alias in node.names)
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Name) and node.id in bound:
-            allowed.add(id(node))
+        if isinstance(node, ast.Assign) and [getattr(t, 'id', None) for t in node.targets] \
+                == ['FAMILY_FOLDERS']:
+            allowed.update(id(n) for n in ast.walk(node.value) if isinstance(n, ast.Constant))
     return allowed
 
 
@@ -74,7 +69,7 @@ def family_mentions(path: Path, source: str | None = None) -> list[str]:
     families = _family_folders()
     text = path.read_text() if source is None else source
     tree = ast.parse(text, str(path))
-    skip = _docstrings(tree) | (_registration(tree, families) if path == REGISTRY else set())
+    skip = _docstrings(tree) | (_registration(tree) if path == REGISTRY else set())
     prefixes = tuple(f'vla_spec_ros.models.{f}' for f in families)
     found = []
     if path.is_relative_to(LAUNCH_ROOT):       # launch files import absolutely
@@ -83,8 +78,6 @@ def family_mentions(path: Path, source: str | None = None) -> list[str]:
     else:
         imported = _imports(path, text)
     for name in sorted(imported):
-        if path == REGISTRY and (name.endswith('.entry') or '.entry.' in name):
-            continue                                # a registration line
         if name.startswith(prefixes):
             found.append(f'imports {name}')
     for node in ast.walk(tree):
@@ -142,10 +135,11 @@ def test_the_scanner_sees_a_branch_on_the_family():
         found = family_mentions(path, path.read_text() + snippet)
         assert any(expected in f for f in found), (snippet, found)
     # The registry's registration lines are allowed there, and only there.
-    registration = 'from .openvla.entry import FAMILY as OPENVLA\nTABLE = (OPENVLA,)\n'
+    registration = "FAMILY_FOLDERS = (\n    'openvla',\n    'pi0fast',\n)\n"
     assert not family_mentions(REGISTRY, registration)
     assert family_mentions(path, registration)
     assert family_mentions(REGISTRY, registration + "FALLBACK = 'openvla'\n")
+    assert family_mentions(REGISTRY, registration + 'from .openvla.entry import FAMILY\n')
 
 
 def test_every_family_folder_is_registered_once_under_its_own_name():
@@ -153,7 +147,7 @@ def test_every_family_folder_is_registered_once_under_its_own_name():
     folder, and the registry table lists it (its one line)."""
     from vla_spec_ros.models import registry
     from vla_spec_ros.models.family import Family
-    assert sorted(registry.FAMILIES) == _family_folders()
+    assert sorted(registry.FAMILIES) == sorted(registry.FAMILY_FOLDERS) == _family_folders()
     assert {'openvla', 'pi0fast'} <= set(registry.FAMILIES)
     for name, family in registry.FAMILIES.items():
         assert isinstance(family, Family) and family.name == name

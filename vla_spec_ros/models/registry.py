@@ -6,7 +6,8 @@ make-checkpoint``, ``baseline.make_baseline``, the demo, fidelity and demo train
 never does (it sees ``models/protocol``).
 
 A family is a folder under models/ whose ``entry.py`` defines its ``Family`` record
-(models/family.py); it joins the table with one line in ``FAMILIES`` below. Detection: the
+(models/family.py); it joins the table with one line in ``FAMILY_FOLDERS`` below, its folder's
+name (as vLLM's registry names a model's module). Detection: the
 families whose ``detects`` accept a folder's config.json; more than one is an error, none
 means the default family (OpenVLA: the layout this package has always read). Reading the
 table and the presets imports no torch (the records' hooks import their family's modules when
@@ -14,18 +15,27 @@ called; detection may).
 """
 from __future__ import annotations
 
+from importlib import import_module
 from pathlib import Path
 from typing import Any
 
 from .family import Family, LoadedModel
-from .openvla.entry import FAMILY as OPENVLA
-from .pi0fast.entry import FAMILY as PI0FAST
 
-# The registry table: one line per family.
-FAMILIES: dict[str, Family] = {family.name: family for family in (
-    OPENVLA,
-    PI0FAST,
-)}
+# The registry table: one line per family, the name of its folder under models/.
+FAMILY_FOLDERS = (
+    'openvla',
+    'pi0fast',
+)
+
+
+def _entry(folder: str) -> Family:
+    family = import_module(f'{__package__}.{folder}.entry').FAMILY
+    if family.name != folder:
+        raise ValueError(f'name: the family of models/{folder}/ is named {family.name!r}')
+    return family
+
+
+FAMILIES: dict[str, Family] = {folder: _entry(folder) for folder in FAMILY_FOLDERS}
 
 
 def _presets() -> dict:
@@ -132,6 +142,6 @@ def make_checkpoint(preset_name: str, out, seed: int = 0, dtype: str = 'float32'
     return Path(family_.make_checkpoint(preset_name, out, seed=seed, dtype=dtype, **given))
 
 
-__all__ = ['FAMILIES', 'PRESETS', 'DEFAULT_FAMILY', 'Family', 'LoadedModel', 'family',
-           'detect', 'family_of', 'family_of_folder', 'family_of_config', 'family_of_preset',
-           'preset', 'load', 'make_checkpoint', 'checkpoint_options']
+__all__ = ['FAMILY_FOLDERS', 'FAMILIES', 'PRESETS', 'DEFAULT_FAMILY', 'Family', 'LoadedModel',
+           'family', 'detect', 'family_of', 'family_of_folder', 'family_of_config',
+           'family_of_preset', 'preset', 'load', 'make_checkpoint', 'checkpoint_options']
