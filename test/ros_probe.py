@@ -137,6 +137,15 @@ def stamp_s(stamp):
     return stamp.sec + 1e-9 * stamp.nanosec
 
 
+def turn_rate(rpy, period, scale=1.0):
+    """The twist's angular velocity for an action's fixed-axis angles (docs/robot.md,
+    "Rotations"): the rotation vector of Rz @ Ry @ Rx over the period, by scipy (not the node's
+    own rotation math)."""
+    from scipy.spatial.transform import Rotation
+    return Rotation.from_euler('xyz', np.asarray(rpy, dtype=np.float64)).as_rotvec() \
+        / period * scale
+
+
 def is_zero(twist_msg):
     t = twist_msg.twist
     return all(v == 0.0 for v in (t.linear.x, t.linear.y, t.linear.z,

@@ -207,7 +207,10 @@ def test_a_good_chunk_gives_its_scaled_limited_commands():
     # linear (0.1, -0.2, 0.2) * 2 has norm 0.6 -> clamped to 0.25, direction kept
     expected = np.array([0.2, -0.4, 0.4]) * 0.25 / 0.6
     np.testing.assert_allclose(decision.commands[2].linear, expected)
-    np.testing.assert_allclose(decision.commands[2].angular, (0.5, 0.0, -0.25))
+    # angular: the rotation vector of Rz(-0.05) @ Rx(0.1) over 0.2 s, about (0.5, -0.01, -0.25)
+    from ros_probe import turn_rate
+    np.testing.assert_allclose(decision.commands[2].angular, turn_rate((0.1, 0.0, -0.05), 0.2),
+                               rtol=1e-12)
     assert decision.commands[0].gripper == 1.0
 
 
@@ -317,8 +320,10 @@ def _pace_to(latency_s: float) -> None:
 
 
 def expected_twist(action):
-    # Documented scaling: velocity = delta / control_period (scales 1, limits set high here).
-    return np.concatenate([action[:3] / CONTROL_PERIOD, action[3:6] / CONTROL_PERIOD])
+    # Documented scaling: velocity = delta / control_period (scales 1, limits set high here),
+    # the angular delta as the rotation vector of its fixed-axis angles.
+    from ros_probe import turn_rate
+    return np.concatenate([action[:3] / CONTROL_PERIOD, turn_rate(action[3:6], CONTROL_PERIOD)])
 
 
 def _ns(stamp):

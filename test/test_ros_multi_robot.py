@@ -25,7 +25,8 @@ if HAS_ROS and HAS_TORCH:
     from std_msgs.msg import String
     from std_srvs.srv import SetBool
 
-    from ros_probe import Probe, ros_graph, Recorder, is_zero, stamp_s, twist_values, wait_until
+    from ros_probe import (Probe, ros_graph, Recorder, is_zero, stamp_s, turn_rate,
+                           twist_values, wait_until)
     from vla_spec_ros.ros.node import VLASpecNode
 
 DOMAIN_ID = 131 + (os.getpid() % 40)
@@ -101,9 +102,10 @@ def test_each_robot_gets_only_its_own_actions_equal_to_ar(fleet, reference):
             twist = probe.send(images[robot],
                                lambda: _twist_for(probe, images[robot], starts[robot]),
                                restamp=True)[1]
-            expected = np.concatenate([reference[robot][i][:3], reference[robot][i][3:6]])
-            np.testing.assert_allclose(twist_values(twist), expected / CONTROL_PERIOD,
-                                       rtol=1e-12, atol=1e-12)
+            action = reference[robot][i]
+            expected = np.concatenate([action[:3] / CONTROL_PERIOD,
+                                       turn_rate(action[3:6], CONTROL_PERIOD)])
+            np.testing.assert_allclose(twist_values(twist), expected, rtol=1e-12, atol=1e-12)
             assert twist.header.frame_id == {'arm_a': 'a_tool', 'arm_b': 'b_tool'}[robot]
     # No robot ever received a twist stamped with the other robot's frames.
     for robot in ROBOTS:

@@ -51,9 +51,11 @@ TIMEOUT = 20.0
 # ---- helpers ----------------------------------------------------------------------------------
 
 def expected_twist(action, linear_scale=1.0, angular_scale=1.0):
-    # Documented scaling: velocity = delta / control_period * scale (limits set high here).
+    # Documented scaling: velocity = delta / control_period * scale, the angular delta as the
+    # rotation vector of its fixed-axis angles (limits set high here).
+    from ros_probe import turn_rate
     return np.concatenate([action[:3] / CONTROL_PERIOD * linear_scale,
-                           action[3:6] / CONTROL_PERIOD * angular_scale])
+                           turn_rate(action[3:6], CONTROL_PERIOD, angular_scale)])
 
 
 def expected_gripper(action):
