@@ -55,6 +55,17 @@ class ActionCodec:
         """A frame's tokens -> ``actions.DecodedActions`` (normalised, ``action_shape``)."""
         raise NotImplementedError
 
+    def describe(self, tokens: Sequence[int]):
+        """What a frame's tokens say besides the action (a reasoning policy's text, parsed:
+        ``ActionResult.reasoning``); None for a codec whose output is the action alone."""
+        return None
+
+    def with_reasoning_budget(self, max_reasoning_tokens: int) -> 'ActionCodec':
+        """This codec with another budget of text before the action (``EngineConfig.
+        max_reasoning_tokens``); a codec of the action alone refuses it."""
+        raise ValueError(f'max_reasoning_tokens: {max_reasoning_tokens} given, but this model '
+                         f'writes no reasoning before its action ({type(self).__name__})')
+
     def action_token_range(self) -> tuple[int, int] | None:
         """(first, last) ids of the action tokens, a contiguous range, for greedy decoding
         restricted to them; None when the codec's action tokens are not one range."""

@@ -289,6 +289,13 @@ class EngineConfig:
                                     'and the draft forwards (device cuda only)')
     max_instruction_tokens: int = _option(128, 'Longest accepted instruction, in tokens',
                                           minimum=1, maximum=1024)
+    # A reasoning policy (ECoT) writes text before its action: the KV ring, the draft lanes
+    # and the position check are sized by this budget (codecs/reasoning.py).
+    max_reasoning_tokens: int = _option(0, 'Reasoning policies (ECoT): most tokens of text '
+                                        'before the action; a frame without an action within '
+                                        'them is refused (0 = the checkpoint\'s own budget; '
+                                        'refused for a model that writes no reasoning)',
+                                        minimum=0, maximum=4096, unit='tokens')
     seed: int = _option(0, 'Seed for anything random in the engine', minimum=0,
                         maximum=2 ** 31 - 1)
 

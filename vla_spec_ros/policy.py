@@ -90,8 +90,11 @@ class VLAPolicy:
                 raise CheckpointError(f'{folder}: no norm_stats in config.json and no '
                                       'dataset_statistics.json')
             norm_stats = json.loads(stats_file.read_text())
+        codec = loaded.codec
+        if config.max_reasoning_tokens:
+            codec = codec.with_reasoning_budget(config.max_reasoning_tokens)
         runner = ModelRunner(loaded.model, loaded.cfg, loaded.tokenizer, config,
-                             codec=loaded.codec, checkpoint_folder=folder)
+                             codec=codec, checkpoint_folder=folder)
         return cls(Engine(runner, norm_stats, config), str(folder))
 
     @property

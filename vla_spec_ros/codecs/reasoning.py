@@ -16,14 +16,16 @@ the engine, through the ``action_codec.ActionCodec`` protocol:
   ``engine/drafting/acceptance.py``): reasoning tokens are accepted only when exact;
 - greedy decoding cannot be restricted to action tokens (``action_token_range`` None: the
   text needs the whole vocabulary);
-- ``max_draft_chain``: draft tokens a lookup drafter proposes per verifier forward.
+- ``max_draft_chain``: draft tokens a lookup drafter proposes per verifier forward;
+- ``describe``: the reasoning's tokens read by the family (``describe_text``: detokenised and
+  parsed into its fields), for ``ActionResult.reasoning``.
 
 Plain Python and numpy, no torch.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -54,7 +56,8 @@ class ReasoningThenAction(ActionCodec):
     def __init__(self, inner: ActionCodec, marker: Sequence[int], *,
                  separator: Sequence[int] = (), stop_tokens: Sequence[int] = (),
                  max_reasoning_tokens: int = DEFAULT_MAX_REASONING_TOKENS,
-                 max_draft_chain: int | None = DEFAULT_MAX_DRAFT_CHAIN):
+                 max_draft_chain: int | None = DEFAULT_MAX_DRAFT_CHAIN,
+                 describe_text: Callable[[tuple], Any] | None = None):
         if inner.end_token is not None:
             raise ValueError('inner: the action after a reasoning must have a fixed length')
         self.inner = inner
@@ -72,6 +75,20 @@ class ReasoningThenAction(ActionCodec):
         self.max_draft_chain = None if max_draft_chain is None else check_int(
             'max_draft_chain', max_draft_chain, minimum=1)
         self.supports_relaxed_acceptance = inner.supports_relaxed_acceptance
+        self._describe_text = describe_text
+        self._settings = dict(separator=separator, stop_tokens=stop_tokens,
+                              max_draft_chain=max_draft_chain, describe_text=describe_text)
+
+    def with_reasoning_budget(self, max_reasoning_tokens: int) -> 'ReasoningThenAction':
+        return ReasoningThenAction(self.inner, self.marker,
+                                   max_reasoning_tokens=max_reasoning_tokens, **self._settings)
+
+    def describe(self, tokens: Sequence[int]):
+        """The reasoning before the marker as the family reads it (``describe_text`` of its
+        tokens: ECoT's parsed fields), or None when the family gave no reader."""
+        if self._describe_text is None:
+            return None
+        return self._describe_text(self.split(tokens).reasoning)
 
     @property
     def step_tokens(self) -> int:

@@ -36,6 +36,13 @@ class Engine:
         self.runner = runner
         self.norm_stats = norm_stats
         self._config = config
+        # No frame fits when even an empty instruction's prompt and the output's budget (a
+        # reasoning policy's text) exceed the model's positions: refused here, not per frame.
+        shortest = runner.max_prefix_len(0) + runner.max_action_tokens + config.tree_depth
+        if shortest > runner.max_positions:
+            raise ValueError(f'max_reasoning_tokens: a frame needs at least {shortest} '
+                             f'positions ({runner.max_action_tokens} output tokens); the model '
+                             f'has {runner.max_positions}')
         self._stats = {key: ActionStats.from_norm_stats(entry, key)
                        for key, entry in norm_stats.items()}
         self._ids = itertools.count()
@@ -193,5 +200,6 @@ class Engine:
                    'prefill_accepted': request.prefill_accepted,
                    'latency_s': now - request.submit_time,
                    'compute_s': now - (request.start_time or request.submit_time),
-                   'unnorm_key': request.unnorm_key})
+                   'unnorm_key': request.unnorm_key, 'num_tokens': len(request.tokens)},
+            reasoning=self.runner.codec.describe(request.tokens))
         return FinishedAction(request.request_id, request.frame, result, None)

@@ -19,6 +19,9 @@ class ActionResult:
     is_valid:   False when a token is not an action token or a value is not finite; such a
                 result must never be executed (the ROS node publishes zero motion instead)
     stats:      forward_passes, accepted_lengths, latency_s, unnorm_key, mode, ...
+    reasoning:  what a reasoning policy wrote before its action, as its family reads it (ECoT:
+                ``models/ecot/reasoning_text.Reasoning``: text, fields, ...); None for a
+                policy whose output is the action alone
     """
 
     tokens: tuple
@@ -27,6 +30,7 @@ class ActionResult:
     is_valid: bool
     invalid_reason: str | None = None
     stats: dict = field(default_factory=dict)
+    reasoning: Any = None
 
 
 @dataclass(frozen=True)

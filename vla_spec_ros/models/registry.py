@@ -104,7 +104,8 @@ def family_of_preset(name: str) -> str:
 
 def family_of_config(cfg) -> Family:
     """The family whose config class ``cfg`` is (a model's config, a runner's ``cfg``)."""
-    for family_ in FAMILIES.values():
+    # The most derived class first: a family may extend another's config (ECoT's OpenVLA's).
+    for family_ in sorted(FAMILIES.values(), key=lambda f: -len(f.config_class.__mro__)):
         if isinstance(cfg, family_.config_class):
             return family_
     raise ValueError(f'cfg: a {type(cfg).__name__} is no family\'s config; the families are '
