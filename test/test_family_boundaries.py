@@ -160,7 +160,7 @@ def test_every_family_folder_is_registered_once_under_its_own_name():
 
 
 # Each family's smallest preset, for the checks that build its model (a new family adds its own).
-SMALL_PRESETS = {'openvla': 'tiny', 'pi0fast': 'pi0fast-tiny'}
+SMALL_PRESETS = {'openvla': 'tiny', 'pi0fast': 'pi0fast-tiny', 'ecot': 'ecot-tiny'}
 
 
 def test_a_family_model_reports_its_entrys_default_draft(tmp_path):

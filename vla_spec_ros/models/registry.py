@@ -25,6 +25,7 @@ from .family import Family, LoadedModel
 FAMILY_FOLDERS = (
     'openvla',
     'pi0fast',
+    'ecot',
 )
 
 

@@ -1,0 +1,42 @@
+"""ECoT's entry in the registry table (models/family.py says what an entry holds).
+
+A folder is ECoT's when its config.json names Prismatic's Vicuna v1.5 backbone
+(``llm_backbone_id`` "vicuna-v15-7b", the released ``ecot-openvla-7b-bridge``), or says so
+itself (``vla_spec_family``: "ecot"). Hooks import the family's modules when called.
+"""
+from __future__ import annotations
+
+from ..family import Family
+from .config import DEFAULT_DRAFT, PRESETS, EcotConfig
+
+NAME = 'ecot'
+
+
+def detects(raw: dict) -> bool:
+    return raw.get('vla_spec_family') == NAME or str(
+        raw.get('llm_backbone_id', '')).startswith('vicuna')
+
+
+def load(folder, dtype, device, max_instruction_tokens: int):
+    from .checkpoint import load_model
+    return load_model(folder, dtype, device, max_instruction_tokens)
+
+
+def make_checkpoint(preset_name, out, seed: int = 0, dtype: str = 'float32',
+                    scripted_reasoning: bool = False):
+    """A random-weight ECoT checkpoint; ``scripted_reasoning``: the test aid of scripted.py."""
+    from .checkpoint import make_checkpoint as make_random
+    return make_random(preset_name, out, seed=seed, dtype=dtype,
+                       scripted_reasoning=scripted_reasoning)
+
+
+def action_chunk(raw: dict) -> int:
+    return 1
+
+
+FAMILY = Family(
+    name=NAME, config_class=EcotConfig, presets=PRESETS, detects=detects, load=load,
+    make_checkpoint=make_checkpoint, checkpoint_options=('scripted_reasoning',),
+    action_chunk=action_chunk, default_draft=DEFAULT_DRAFT)
+
+__all__ = ['FAMILY', 'NAME']
