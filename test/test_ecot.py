@@ -236,3 +236,16 @@ def test_the_ar_reference_helper_agrees_with_predict(folders):
     frames = drifting_frames(2, 1)
     assert ar_reference_tokens(p, frames) == [
         p.predict(f.image, f.instruction, f.unnorm_key).tokens for f in frames]
+
+
+@pytest.mark.parametrize('which', ['random', 'scripted'])
+def test_transformers_generate_gives_the_same_tokens(folders, which):
+    """ECoT's baseline (transformers' Llama on the same prompt embeddings, greedy until the
+    frame is complete) against the engine's AR, float64: the same tokens, budget hit or not."""
+    pytest.importorskip('transformers')
+    from vla_spec_ros.baseline import generate_tokens, make_baseline
+    p = policy(folders[which], mode='ar', max_reasoning_tokens=40)
+    baseline = make_baseline(p.engine.runner, p.config)
+    for frame in drifting_frames(3, 1, seed=5):
+        ours = p.predict(frame.image, frame.instruction, frame.unnorm_key).tokens
+        assert tuple(generate_tokens(baseline, frame.image, frame.instruction)) == ours

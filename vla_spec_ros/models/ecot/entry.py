@@ -34,9 +34,15 @@ def action_chunk(raw: dict) -> int:
     return 1
 
 
+def baseline(runner, engine_config, variant: str = 'eager'):
+    """The transformers baseline, decoding until the action is done (baseline.py here)."""
+    from .baseline import make_baseline
+    return make_baseline(runner, engine_config, variant)
+
+
 FAMILY = Family(
     name=NAME, config_class=EcotConfig, presets=PRESETS, detects=detects, load=load,
     make_checkpoint=make_checkpoint, checkpoint_options=('scripted_reasoning',),
-    action_chunk=action_chunk, default_draft=DEFAULT_DRAFT)
+    action_chunk=action_chunk, default_draft=DEFAULT_DRAFT, baseline=baseline)
 
 __all__ = ['FAMILY', 'NAME']
