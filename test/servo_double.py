@@ -17,8 +17,21 @@ What it implements, as MoveIt's documentation and servo_node state it:
 
 Every command is kept with its verdict ('executed' or the reason it was not), and every
 service call in order, for the test to read.
+
+In its own process (`python3 test/servo_double.py --name servo_node --namespace /arm_a
+--timeout 0.1`, the environment of ros_interfaces.node_env so moveit_msgs imports), as a
+launch file runs Servo: it prints one JSON object per line, flushed, for the test to read
+(ServoProcess in test/servo_process.py): `ready` once its services and subscriptions exist,
+then every service call and every command with its verdict, each with the time it happened
+(system clock seconds, the clock of every process on the machine). It exits 0 on SIGINT; a
+SIGKILL leaves its entries in DDS discovery, as a crashed Servo's.
 """
+import argparse
+import json
+import os
+import sys
 import threading
+import time
 
 from geometry_msgs.msg import PoseStamped, TwistStamped
 from rclpy.node import Node
@@ -32,7 +45,7 @@ EXECUTED = 'executed'
 class ServoDouble(Node):
 
     def __init__(self, name='servo_node', *, timeout_s=0.1, known_frames=('base_link',),
-                 **node_kwargs):
+                 on_event=None, **node_kwargs):
         super().__init__(name, **node_kwargs)
         from moveit_msgs.srv import ServoCommandType
 
@@ -44,6 +57,7 @@ class ServoDouble(Node):
         self.commands = []          # (time s, kind, message, verdict), receipt or resume
         self._newest = None         # (kind, message) of the newest command received
         self.calls = []             # ('switch_command_type', value, success) / ('pause', bool)
+        self._on_event = on_event   # on_event(dict) for each call and command, under the lock
         qos = QoSProfile(depth=10, reliability=ReliabilityPolicy.RELIABLE)
         self.create_service(ServoCommandType, '~/switch_command_type', self._on_switch)
         self.create_service(SetBool, '~/pause_servo', self._on_pause)
@@ -62,6 +76,8 @@ class ServoDouble(Node):
             if response.success:
                 self.command_type = request.command_type
             self.calls.append(('switch_command_type', request.command_type, response.success))
+            self._event('call', name='switch_command_type', value=request.command_type,
+                        success=response.success)
         return response
 
     def _on_pause(self, request, response):
@@ -69,10 +85,11 @@ class ServoDouble(Node):
         with self._lock:
             was_paused, self.paused = self.paused, bool(request.data)
             self.calls.append(('pause', self.paused))
+            self._event('call', name='pause', value=self.paused, success=True)
             if was_paused and not self.paused and self._newest is not None:
                 kind, msg = self._newest      # the newest command, looked at again on resume
                 if self.commands and self.commands[-1][3] == 'paused':
-                    self.commands.append((now_s, kind, msg, self._verdict(kind, msg, now_s)))
+                    self._keep(now_s, kind, msg)
         response.success = True
         response.message = 'paused' if request.data else 'resumed'
         return response
@@ -95,8 +112,64 @@ class ServoDouble(Node):
         now_s = self.get_clock().now().nanoseconds * 1e-9
         with self._lock:
             self._newest = (kind, msg)
-            self.commands.append((now_s, kind, msg, self._verdict(kind, msg, now_s)))
+            self._keep(now_s, kind, msg)
+
+    def _keep(self, now_s, kind, msg) -> None:
+        verdict = self._verdict(kind, msg, now_s)
+        self.commands.append((now_s, kind, msg, verdict))
+        self._event('command', kind=kind, verdict=verdict, is_zero=is_zero_command(kind, msg),
+                    stamp=msg.header.stamp.sec + 1e-9 * msg.header.stamp.nanosec)
+
+    def _event(self, event: str, **values) -> None:
+        if self._on_event is not None:
+            self._on_event(dict(event=event, t=time.time(), **values))
 
     def snapshot(self):
         with self._lock:
             return list(self.commands), list(self.calls)
+
+
+def is_zero_command(kind, msg) -> bool:
+    """A twist of zero velocity (a pose target is never "zero")."""
+    if kind != TWIST:
+        return False
+    t = msg.twist
+    return all(v == 0.0 for v in (t.linear.x, t.linear.y, t.linear.z,
+                                  t.angular.x, t.angular.y, t.angular.z))
+
+
+def main(argv=None) -> int:
+    """Servo in its own process, printing its events (module docstring)."""
+    import rclpy
+    from rclpy.executors import ExternalShutdownException
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument('--name', default='servo_node')
+    parser.add_argument('--namespace', default='/')
+    parser.add_argument('--timeout', type=float, default=0.1,
+                        help='moveit_servo.incoming_command_timeout, s')
+    options = parser.parse_args(argv)
+    lock = threading.Lock()
+
+    def emit(event: dict) -> None:
+        with lock:
+            sys.stdout.write(json.dumps(event) + '\n')
+            sys.stdout.flush()
+
+    rclpy.init()
+    servo = ServoDouble(options.name, namespace=options.namespace, timeout_s=options.timeout,
+                        on_event=emit)
+    emit(dict(event='ready', t=time.time(), pid=os.getpid(),
+              node=servo.get_fully_qualified_name()))
+    try:
+        rclpy.spin(servo)
+    except (KeyboardInterrupt, ExternalShutdownException):
+        pass
+    finally:
+        servo.destroy_node()
+        rclpy.try_shutdown()
+    return 0
+
+
+if __name__ == '__main__':
+    sys.exit(main())

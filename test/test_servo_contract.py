@@ -10,7 +10,10 @@ Checked: without `servo_node` the double never acts on the node's twists (no typ
 with it the node selects TWIST and its commands are acted on; a hold (disable) pauses Servo
 and fresh frames after enabling resume it; a frame_id Servo cannot resolve is refused; a
 Servo timeout below the node's latency + one control period turns the robot's /diagnostics
-status to WARN, naming the parameter. The pure timeout rule is tested on its own.
+status to WARN, naming the parameter. The pure timeout rule is tested on its own, and so are
+the bookkeeping of calls Servo may never answer (servo_calls.py) and the rule that tells a new
+Servo by its service's endpoints (servo_presence.py). Servo in its own process, killed and
+respawned: test_servo_respawn.py.
 """
 import importlib.util
 import itertools
@@ -59,6 +62,80 @@ def test_servo_names_resolve_in_the_node_namespace():
     assert fully_qualified('/servo_node', '/cell1') == '/servo_node'
     assert fully_qualified('servo_node', '/cell1') == '/cell1/servo_node'
     assert fully_qualified('servo_node', '/') == '/servo_node'
+
+
+def test_a_new_servo_is_one_whose_server_the_type_was_not_selected_on():
+    from vla_spec_ros.ros.servo_presence import request_topic, unselected
+
+    assert request_topic('/arm/servo_node/switch_command_type') == \
+        'rq/arm/servo_node/switch_command_typeRequest'
+    old, new = b'old', b'new'
+    assert unselected(frozenset({old}), None) == {old}              # never selected
+    assert unselected(frozenset({old}), frozenset({old})) == set()
+    # Killed and respawned: the dead one lingers beside the new one.
+    assert unselected(frozenset({old, new}), frozenset({old})) == {new}
+    assert unselected(frozenset({new}), frozenset({old, new})) == set()   # old expired
+
+
+class _Client:
+    """The part of an rclpy client a CallSlot uses, with real rclpy Futures; `answer(i)`
+    completes the i-th call as the executor would."""
+
+    def __init__(self):
+        self.calls, self.removed = [], []
+
+    def call_async(self, request):
+        from rclpy.task import Future
+
+        future = Future()
+        self.calls.append((request, future))
+        return future
+
+    def remove_pending_request(self, future):
+        self.removed.append(future)
+
+    def answer(self, index, response='ok'):
+        future = self.calls[index][1]
+        if future not in self.removed:
+            future.set_result(response)
+
+
+@pytest.mark.skipif(not HAS_ROS, reason='needs rclpy')
+def test_retried_calls_keep_earlier_ones_pending_and_any_answer_counts():
+    from vla_spec_ros.ros.servo_calls import CallSlot
+
+    client, answers = _Client(), []
+    slot = CallSlot(client, retry_s=0.3, max_pending=2)
+    assert slot.send('select', answers.append, now=0.0)
+    assert not slot.send('select', answers.append, now=0.1)       # too soon
+    assert slot.send('select', answers.append, now=0.3)           # unanswered: again
+    assert slot.send('select', answers.append, now=0.6)           # the oldest given up
+    assert client.removed == [client.calls[0][1]] and len(client.calls) == 3
+    client.answer(0)                                               # given up: no callback
+    assert answers == []
+    client.answer(1)                                               # a later answer counts
+    assert [f.result() for f in answers] == ['ok'] and slot.is_pending
+    slot.clear()
+    assert not slot.is_pending and client.calls[2][1] in client.removed
+
+
+@pytest.mark.skipif(not HAS_ROS, reason='needs rclpy')
+def test_an_expiring_call_is_one_at_a_time_and_given_up_after_its_time():
+    from vla_spec_ros.ros.servo_calls import CallSlot
+
+    client, answers = _Client(), []
+    slot = CallSlot(client, retry_s=1.0)
+    assert slot.send(True, answers.append, now=0.0)
+    assert not slot.send(False, answers.append, now=5.0)          # one at a time
+    assert not slot.expire(now=0.9)
+    assert slot.expire(now=1.0) and not slot.is_pending           # a killed Servo's call
+    client.answer(0)
+    assert answers == []                                          # its late answer ignored
+    assert slot.send(False, answers.append, now=1.0)
+    client.answer(1, 'resumed')
+    assert [f.result() for f in answers] == ['resumed'] and not slot.is_pending
+    with pytest.raises(ValueError, match='max_pending'):
+        CallSlot(client, 1.0, max_pending=0)
 
 
 @pytest.mark.skipif(not HAS_ROS, reason='needs rclpy + ROS message wheels')

@@ -49,6 +49,9 @@ REASON_NON_FINITE = 'non-finite action'
 REASON_BAD_INPUT = 'bad input'
 # A chunked model's newest chunk has no step left and no newer chunk arrived (docs/chunks.md).
 REASON_CHUNK_END = 'chunk ran out'
+# With servo_node: MoveIt Servo is not there or its command type is not selected (yet, or
+# again after a restart), so it would drop the command (servo_contract.py).
+REASON_SERVO_NOT_READY = 'servo not ready'
 
 # Holds caused by a failure (diagnostics level ERROR) rather than by a state (WARN).
 FAILURE_REASONS = (REASON_ENGINE_ERROR, REASON_INVALID, REASON_NON_FINITE, REASON_BAD_INPUT)
@@ -241,4 +244,4 @@ __all__ = ['Command', 'zero_command', 'action_dims', 'check_action_dim', 'joint_
            'reason_kind', 'velocities_from_action',
            'gripper_position', 'command_from_action', 'observation_time', 'observation_age',
            'freshness_reason', 'hold_reason_now', 'decide_command', 'FAILURE_REASONS',
-           'ACTION_DIM', 'REASON_CHUNK_END']
+           'ACTION_DIM', 'REASON_CHUNK_END', 'REASON_SERVO_NOT_READY']

@@ -376,8 +376,13 @@ class RobotChannel:
 
     def release(self) -> bool:
         """Before a command goes out: leave the hold state (safety_gate.released) and resume
-        Servo; False while inactive (nothing is published)."""
+        Servo; False while inactive (nothing is published) or while MoveIt Servo would drop
+        the command (servo_contract.hold_reason): the robot holds instead."""
         if not self.is_active:
+            return False
+        waiting = self.servo.hold_reason() if self.servo is not None else None
+        if waiting is not None:
+            self.reject(waiting, keep_chunk=True)
             return False
         self.gate.released()
         if self.servo is not None:

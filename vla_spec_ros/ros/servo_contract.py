@@ -8,35 +8,53 @@ POSE 2); it halts when `now - header.stamp >= incoming_command_timeout` (its par
 
 With `servo_node` set, each robot's channel keeps one `ServoContract`, which
   1. selects the command type matching what the node publishes (`servo_command_type`:
-     twist on ~/twist, pose on ~/pose_target) on activation, and again whenever Servo's
-     service reappears (a restarted Servo forgets the selection);
-  2. pauses Servo when the robot enters a hold (disabled, stale camera, failure, chunk run
+     twist on ~/twist, pose on ~/pose_target) on activation, and again on every new Servo
+     instance: one whose service reappears after a clean stop, or one respawned beside the
+     lingering entries of a Servo killed outright, told apart by the GIDs of the service's
+     endpoints (servo_presence.py);
+  2. holds the robot's commands until that selection is answered: `hold_reason()` says why
+     a command may not go out (Servo not there, its type not selected yet or not again), and
+     the channel holds (zero motion) instead of publishing what Servo would drop. It looks at
+     the graph before every command, so a respawned Servo is caught before the next one;
+  3. pauses Servo when the robot enters a hold (disabled, stale camera, failure, chunk run
      out, deactivation) and resumes it with the next command (`servo_pause_on_hold`): a
      paused Servo halts at once instead of waiting out its command timeout, and ignores other
      sources until the node acts again;
-  3. reads `moveit_servo.incoming_command_timeout` through Servo's parameter service (then
-     follows its changes on /parameter_events) and warns when it is below the node's
-     measured frame -> command latency (p99) plus one control period: each command must stay
-     fresh until the next one arrives, else Servo halts between actions;
-  4. reports all of this as `servo_*` values of the robot's /diagnostics status.
+  4. reads `moveit_servo.incoming_command_timeout` through Servo's parameter service at once
+     on every new instance and every TIMEOUT_REREAD_S (then follows /parameter_events, though
+     Jazzy's Servo reads it at start-up only), and warns, in the log and /diagnostics at the
+     same time, when it is below the node's measured frame -> command latency (p99) plus one
+     control period: each command must stay fresh until the next one arrives, else Servo
+     halts between actions; the log says when the warning is gone;
+  5. reports all of this as `servo_*` values of the robot's /diagnostics status.
 
-Service calls are asynchronous (never block a callback); one call of each kind is in flight at
-a time and the wanted state is re-sent when it changed meanwhile. moveit_msgs is imported here
-only: where it is missing the contract reports why (ERROR in /diagnostics, one log line) and
-the node keeps publishing.
+Service calls are asynchronous (never block a callback) and bounded (servo_calls.py: a killed
+Servo never answers): the selection and the parameter read are sent again every
+SELECT_RETRY_S until answered, a pause unanswered after CALL_TIMEOUT_S is given up and sent
+again. moveit_msgs is imported here only: where it is missing the contract reports why (ERROR
+in /diagnostics, one log line) and the node keeps publishing.
 """
 from __future__ import annotations
 
 import math
 import threading
+import time
 
+from vla_spec_ros.ros.command import REASON_SERVO_NOT_READY
 from vla_spec_ros.ros.diagnostics import ERROR, OK, WARN
+from vla_spec_ros.ros.servo_calls import CallSlot
+from vla_spec_ros.ros.servo_presence import server_gids, unselected
 
 # moveit_msgs/srv/ServoCommandType's constants.
 SERVO_COMMAND_TYPES = {'joint_jog': 0, 'twist': 1, 'pose': 2}
 # Servo declares its parameters under the `moveit_servo` prefix (its ParamListener's name).
 TIMEOUT_PARAMETER = 'moveit_servo.incoming_command_timeout'
-CHECK_PERIOD_S = 0.5            # how often the contract looks at Servo's services
+CHECK_PERIOD_S = 0.1            # how often the contract looks at Servo's services
+# An unanswered selection or parameter read goes out again this often: a respawned Servo drops
+# calls until it has discovered the node, and the first call after that must not wait long.
+SELECT_RETRY_S = 0.3
+CALL_TIMEOUT_S = 1.0            # a pause or resume unanswered this long is given up
+MAX_PENDING_CALLS = 8           # retried calls kept waiting for an answer, per kind
 TIMEOUT_REREAD_S = 30.0         # Servo's timeout is read again this often (events can be lost)
 
 
@@ -80,15 +98,20 @@ class ServoContract:
         self._measure = measure
         self._lock = threading.Lock()
         self.is_active = False
-        self.type_selected = False
+        # The servers of switch_command_type (their GIDs) the selection was answered for;
+        # None: not selected (servo_presence.py).
+        self._selected_on: frozenset | None = None
+        self._servers = frozenset()              # as the graph listed them last
+        self._servo_was_up = False
+        self._ever_up = False
+        self.num_restarts = 0                    # new Servo instances after the first
         self.paused: bool | None = None          # as Servo last confirmed; None: not known
         self.timeout_s: float | None = None
         self.error: str | None = None            # why the contract cannot be kept at all
         self.last_failure: str | None = None     # the last refused or failed call
         self._want_paused = False
-        self._select_in_flight = self._pause_in_flight = self._read_in_flight = False
-        self._servo_was_up = False
-        self._since_read_s = math.inf
+        self._read_due = 0.0                     # time.monotonic of the next timeout read
+        self._warned: tuple | None = None        # (timeout warned about, when) in the log
         self._clients, self._timer, self._events = [], None, None
         try:
             from moveit_msgs.srv import ServoCommandType
@@ -106,6 +129,11 @@ class ServoContract:
         self._pause = node.create_client(SetBool, f'{base}/pause_servo')
         self._params = node.create_client(GetParameters, f'{base}/get_parameters')
         self._clients = [self._switch, self._pause, self._params]
+        self._select_calls = CallSlot(self._switch, SELECT_RETRY_S,
+                                      max_pending=MAX_PENDING_CALLS)
+        self._pause_calls = CallSlot(self._pause, CALL_TIMEOUT_S)
+        self._read_calls = CallSlot(self._params, SELECT_RETRY_S,
+                                    max_pending=MAX_PENDING_CALLS)
         self._timer = node.create_timer(CHECK_PERIOD_S, self.check)
         from rcl_interfaces.msg import ParameterEvent
         from rclpy.qos import qos_profile_parameter_events
@@ -114,7 +142,11 @@ class ServoContract:
                                                 self._on_parameter_event,
                                                 qos_profile_parameter_events)
 
-    # ---- what the channel tells it ------------------------------------------------------------
+    @property
+    def type_selected(self) -> bool:
+        return self._selected_on is not None
+
+    # ---- what the channel tells it and asks it ------------------------------------------------
 
     def set_active(self, is_active: bool) -> None:
         """Activation selects the command type (again); deactivation pauses Servo (the channel
@@ -122,7 +154,7 @@ class ServoContract:
         with self._lock:
             self.is_active = is_active
             if is_active:
-                self.type_selected = False
+                self._selected_on = None
         self.check()
 
     def on_hold(self) -> None:
@@ -134,6 +166,19 @@ class ServoContract:
         """A command is being published: Servo must not be paused."""
         self._want(False)
 
+    def hold_reason(self) -> str | None:
+        """Why a command must not go out now, or None: Servo is not there, or its command
+        type is not selected on every Servo instance in the graph (it would drop the
+        command). The graph is read first, so a Servo respawned since the last check is held
+        for from this command on, and its selection goes out now. None when the contract
+        cannot be kept at all (`error`: the node keeps publishing) or while inactive (the
+        channel publishes nothing then anyway)."""
+        if self.error is not None or not self.is_active:
+            return None
+        self._look()
+        level, message = self._readiness()
+        return None if level == OK else f'{REASON_SERVO_NOT_READY}: {message}'
+
     def _want(self, paused: bool) -> None:
         with self._lock:
             if self._want_paused == paused:
@@ -141,68 +186,115 @@ class ServoContract:
             self._want_paused = paused
         self._sync_pause()
 
-    # ---- service calls ------------------------------------------------------------------------
+    # ---- the graph and the service calls --------------------------------------------------
 
     def check(self) -> None:
-        """Timer (and activation): select the type when needed, keep the pause state, read
-        Servo's timeout now and then."""
+        """Timer (and activation): look for a new Servo and select the type when needed, give
+        up unanswered pauses and keep the pause state, read Servo's timeout when due, and
+        log the timeout warning when /diagnostics shows it."""
         if self.error is not None:
             return
-        is_up = self._switch.service_is_ready()
+        self._look()
+        now = time.monotonic()
         with self._lock:
-            if is_up and not self._servo_was_up:
-                self.type_selected = False          # a (re)started Servo
-            self._servo_was_up = is_up
-            select = (is_up and self.is_active and not self.type_selected
-                      and not self._select_in_flight)
-            if select:
-                self._select_in_flight = True
-            self._since_read_s += CHECK_PERIOD_S
-            read = (self._params.service_is_ready() and not self._read_in_flight
-                    and self._since_read_s >= TIMEOUT_REREAD_S)
-            if read:
-                self._read_in_flight, self._since_read_s = True, 0.0
+            read = now >= self._read_due and self._params.service_is_ready()
+        if read:
+            request = self._types[2].Request(names=[TIMEOUT_PARAMETER])
+            self._read_calls.send(request, self._on_timeout_read, now)
+        if self._pause_calls.expire(now):
+            with self._lock:
+                self.paused = None                  # it may or may not have been applied
+            self.last_failure = f'pause_servo unanswered after {CALL_TIMEOUT_S} s'
+        self._sync_pause()
+        self._log_timeout_state(now)
+
+    def _look(self) -> None:
+        """Read the graph: a Servo gone, a (re)started or respawned one forgets the
+        selection; then send the selection when one is needed."""
+        is_up = self._switch.service_is_ready()
+        servers = server_gids(self.node, self._switch.srv_name) if is_up else frozenset()
+        now = time.monotonic()
+        with self._lock:
+            event = self._observe(is_up, servers, now)
+            select = self.is_active and is_up and self._selected_on is None
+        if event:
+            self.node.get_logger().info(f'{self.label}: {event}')
         if select:
             request = self._types[0].Request()
             request.command_type = SERVO_COMMAND_TYPES[self.command_type]
-            self._switch.call_async(request).add_done_callback(self._on_selected)
-        if read:
-            request = self._types[2].Request(names=[TIMEOUT_PARAMETER])
-            self._params.call_async(request).add_done_callback(self._on_timeout_read)
-        self._sync_pause()
+            self._select_calls.send(request, lambda f: self._on_selected(f, servers), now)
+
+    def _observe(self, is_up: bool, servers: frozenset, now: float) -> str | None:
+        """(Under the lock.) What changed since the last look, as a log line, or None."""
+        was_up, known = self._servo_was_up, self._servers
+        self._servo_was_up, self._servers = is_up, servers
+        if not is_up:
+            if was_up:
+                self._forget()
+                return f'Servo {self.servo_node} is gone: holding until it is back'
+            return None
+        # A new instance: the service (re)appeared, or a server GID not listed before. The
+        # first GIDs listed for a Servo already up are not one (the graph may list them a
+        # moment after it reports the service): a selection made then covers them.
+        is_new = not was_up or bool(known and servers - known)
+        if not is_new and not known and self._selected_on is not None:
+            self._selected_on |= servers
+        if self._selected_on is not None and unselected(servers, self._selected_on):
+            self._selected_on = None        # a server the type was not selected on
+        if not is_new:
+            return None
+        self._forget()
+        self._read_due = now                # its timeout, read at once
+        if not self._ever_up:
+            self._ever_up = True
+            return None
+        self.num_restarts += 1
+        return (f'a new Servo instance at {self.servo_node}: selecting {self.command_type} '
+                'again before the next command')
+
+    def _forget(self) -> None:
+        """(Under the lock.) What a Servo instance knew is gone with it."""
+        self._selected_on = None
+        self.paused = None
+        self.timeout_s = None
+        self._select_calls.clear()
+        self._read_calls.clear()
 
     def _sync_pause(self) -> None:
         if self.error is not None:
             return
         with self._lock:
             # An inactive node may pause Servo (its deactivation hold) but never resumes it.
-            if (self._pause_in_flight or self.paused == self._want_paused
+            if (self.paused == self._want_paused
                     or (not self._want_paused and not self.is_active)
                     or not self._pause.service_is_ready()):
                 return
-            self._pause_in_flight = True
             wanted = self._want_paused
-        self._pause.call_async(self._types[1].Request(data=wanted)).add_done_callback(
-            lambda future: self._on_paused(future, wanted))
+        self._pause_calls.send(self._types[1].Request(data=wanted),
+                               lambda future: self._on_paused(future, wanted),
+                               time.monotonic())
 
-    def _on_selected(self, future) -> None:
+    def _on_selected(self, future, servers: frozenset) -> None:
         response, failure = self._result(future, 'switch_command_type')
+        is_selected = response is not None and response.success
         with self._lock:
-            self._select_in_flight = False
-            self.type_selected = bool(response is not None and response.success)
+            first = is_selected and self._selected_on is None
+            if is_selected:
+                self._selected_on = servers | (self._selected_on or frozenset())
+        if is_selected:
+            self._select_calls.clear()      # one answer is enough
         if response is not None and not response.success:
             failure = f'switch_command_type to {self.command_type} refused by Servo'
         if failure:
             self.last_failure = failure
             self.node.get_logger().error(f'{self.label}: {failure}', throttle_duration_sec=5.0)
-        else:
+        elif first:
             self.node.get_logger().info(f'{self.label}: Servo {self.servo_node} accepts '
                                         f'{self.command_type} commands')
 
     def _on_paused(self, future, wanted: bool) -> None:
         response, failure = self._result(future, 'pause_servo')
         with self._lock:
-            self._pause_in_flight = False
             if response is not None and response.success:
                 self.paused = wanted
         if response is not None and not response.success:
@@ -222,22 +314,31 @@ class ServoContract:
             if value.type == 3:         # rcl_interfaces/ParameterType PARAMETER_DOUBLE
                 timeout = value.double_value
         with self._lock:
-            self._read_in_flight = False
             if timeout is not None:
                 self.timeout_s = timeout
-        warning = self.timeout_warning()
-        if warning:
-            self.node.get_logger().warning(f'{self.label}: {warning}',
-                                           throttle_duration_sec=30.0)
+            if response is not None:        # answered (a Servo without the parameter too)
+                self._read_due = time.monotonic() + TIMEOUT_REREAD_S
+        self._read_calls.clear()
+        if failure:
+            self.last_failure = failure
+        self._log_timeout_state(time.monotonic())
 
     def _on_parameter_event(self, event) -> None:
-        """`ros2 param set <servo> moveit_servo.incoming_command_timeout ...` seen at once."""
+        """`ros2 param set <servo> moveit_servo.incoming_command_timeout ...` seen at once;
+        Jazzy's Servo itself applies it only when it restarts, which the log says."""
         if event.node != self.servo_node:
             return
         for parameter in list(event.new_parameters) + list(event.changed_parameters):
             if parameter.name == TIMEOUT_PARAMETER and parameter.value.type == 3:
+                value = parameter.value.double_value
                 with self._lock:
-                    self.timeout_s = parameter.value.double_value
+                    changed = self.timeout_s is not None and value != self.timeout_s
+                    self.timeout_s = value
+                if changed:
+                    self.node.get_logger().info(
+                        f'{self.label}: {TIMEOUT_PARAMETER} set to {value:.3f} s on '
+                        f'{self.servo_node}; MoveIt Servo (Jazzy) reads it at start-up, so '
+                        'it applies once Servo restarts')
 
     @staticmethod
     def _result(future, what: str):
@@ -252,16 +353,46 @@ class ServoContract:
         latency_s, control_period = self._measure()
         return timeout_warning(self.timeout_s, latency_s, control_period)
 
+    def _readiness(self) -> tuple[int, str]:
+        """(OK, '') when Servo acts on the node's commands, else (WARN, why not)."""
+        if not self._servo_was_up:
+            return WARN, f'waiting for {self.servo_node}/switch_command_type'
+        if not self.type_selected:
+            return WARN, f'selecting the {self.command_type} command type'
+        return OK, ''
+
+    def _log_timeout_state(self, now: float) -> None:
+        """Log the timeout warning when /diagnostics shows it (`state`), again every
+        TIMEOUT_REREAD_S while it lasts or when the timeout changes, and say when it is
+        gone."""
+        warning = self.timeout_warning() if self.is_active and self.type_selected else None
+        with self._lock:
+            timeout, warned = self.timeout_s, self._warned
+            if warning is not None:
+                if warned is not None and warned[0] == timeout \
+                        and now - warned[1] < TIMEOUT_REREAD_S:
+                    return
+                self._warned = (timeout, now)
+            elif warned is not None and timeout is not None and self.timeout_warning() is None:
+                self._warned = None
+            else:
+                return
+        if warning is not None:
+            self.node.get_logger().warning(f'{self.label}: {warning}')
+        else:
+            self.node.get_logger().info(
+                f'{self.label}: {TIMEOUT_PARAMETER} {timeout:.3f} s covers the frame -> '
+                'command latency and one control period again')
+
     def state(self) -> tuple[int, str]:
         """(diagnostic level, message) of the contract."""
         if self.error is not None:
             return ERROR, self.error
         if not self.is_active:
             return OK, 'inactive'
-        if not self._servo_was_up:
-            return WARN, f'waiting for {self.servo_node}/switch_command_type'
-        if not self.type_selected:
-            return WARN, f'selecting the {self.command_type} command type'
+        level, message = self._readiness()
+        if level != OK:
+            return level, message
         warning = self.timeout_warning()
         if warning:
             return WARN, warning
@@ -277,6 +408,7 @@ class ServoContract:
                 'servo_paused': paused,
                 'servo_incoming_command_timeout_s': 'unknown' if timeout is None
                 else f'{timeout:.3f}',
+                'servo_restarts': str(self.num_restarts),
                 'servo_state': message, 'servo_last_failure': self.last_failure or ''}
 
     def add_to_status(self, status) -> None:
