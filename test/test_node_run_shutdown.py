@@ -1,7 +1,15 @@
-"""``node.run`` (the node's ``main``): an error raised by a callback that races Ctrl-C's
-shutdown of the context is part of shutting down (exit 0); the same error while the context is
-up is a fault and propagates. Real rclpy, the process's default context."""
+"""``node.run`` (the node's ``main``): an error raised by a callback that races a shutdown of
+the context is part of shutting down (exit 0); the same error while the context is up is a
+fault and propagates (real rclpy, the process's default context). And the node as a process
+(`python3 -m vla_spec_ros.ros.node`, as `vla-spec-node` and `ros2 launch` run it), stopped with
+SIGINT or SIGTERM while its camera streams: exit 0, the last twist zero."""
 import importlib.util
+import itertools
+import os
+import signal
+import subprocess
+import sys
+import time
 
 import pytest
 
@@ -41,3 +49,111 @@ def test_a_fault_while_the_context_is_up_propagates():
     from vla_spec_ros.ros.node import run
     with pytest.raises(RuntimeError, match='a fault while serving'):
         run(_node_whose_timer(shutdown_first=False), 'probe', args=[])
+
+
+# ---- the node as a process, stopped while its camera streams ----------------------------------
+
+HAS_NODE_DEPS = all(importlib.util.find_spec(m) is not None
+                    for m in ('rclpy', 'sensor_msgs', 'geometry_msgs', 'std_srvs',
+                              'diagnostic_msgs', 'lifecycle_msgs', 'torch'))
+DOMAIN_ID = 221 + (os.getpid() % 10)     # Fast DDS takes domains 0..232 only
+START_TIMEOUT_S = 120.0                 # the child imports torch and loads the model
+NODE_PARAMETERS = {'model_path': 'tiny', 'restrict_to_action_tokens': 'true',
+                   'unnorm_key': 'bridge_orig', 'enabled': 'true',
+                   'instruction': 'wipe the table', 'max_action_age': '5.0',
+                   'max_linear_speed': '10.0', 'max_angular_speed': '20.0'}
+RUNS = itertools.count()
+
+
+@pytest.fixture(scope='module')
+def probe_graph():
+    if not HAS_NODE_DEPS:
+        pytest.skip('needs rclpy, the ROS message wheels and torch')
+    from ros_probe import ros_graph
+
+    with ros_graph(DOMAIN_ID, 'shutdown_probe', num_threads=2) as graph:
+        yield graph
+
+
+def node_argv(module: str, name: str):
+    argv = [sys.executable, '-m', module, '--ros-args', '-r', f'__node:={name}']
+    for key, value in NODE_PARAMETERS.items():
+        argv += ['-p', f'{key}:={value}']
+    return argv
+
+
+def change_state(probe_node, name: str, transition_id: int) -> bool:
+    from lifecycle_msgs.msg import Transition
+    from lifecycle_msgs.srv import ChangeState
+    from ros_probe import wait_until
+
+    client = probe_node.create_client(ChangeState, f'/{name}/change_state')
+    try:
+        assert client.wait_for_service(timeout_sec=START_TIMEOUT_S)
+        future = client.call_async(ChangeState.Request(transition=Transition(id=transition_id)))
+        wait_until(future.done, timeout=60.0, what=f'/{name}/change_state')
+        return future.result().success
+    finally:
+        probe_node.destroy_client(client)
+
+
+def settled(recorder, quiet_s=0.5, timeout=10.0):
+    """The recorder's messages once none has arrived for `quiet_s` (what the process sent
+    before it exited is in the probe's reader; this lets its executor hand all of it over)."""
+    from ros_probe import wait_until
+
+    state = {'count': -1, 'since': 0.0}
+
+    def quiet():
+        count, now = len(recorder.snapshot()), time.monotonic()
+        if count != state['count']:
+            state.update(count=count, since=now)
+        return now - state['since'] >= quiet_s
+    wait_until(quiet, timeout=timeout, what='the twists to settle')
+    return recorder.snapshot()
+
+
+@pytest.mark.parametrize('kind, stop_signal', [('plain', signal.SIGINT),
+                                               ('plain', signal.SIGTERM),
+                                               ('managed', signal.SIGINT)],
+                         ids=['plain-SIGINT', 'plain-SIGTERM', 'managed-SIGINT'])
+def test_a_node_stopped_while_the_camera_streams_leaves_the_robot_still(probe_graph, kind,
+                                                                        stop_signal):
+    """SIGINT (Ctrl-C, `ros2 launch`) or SIGTERM while frames keep coming: the process exits 0
+    and the last twist it published is zero motion, after every action."""
+    from geometry_msgs.msg import TwistStamped
+    from lifecycle_msgs.msg import Transition
+    from rclpy.qos import QoSProfile, ReliabilityPolicy
+
+    from camera_stream import CameraStream
+    from launch_util import child_env
+    from ros_probe import Recorder, is_zero, wait_until
+
+    _, _, probe = probe_graph
+    name = f'vla_stop_{kind}_{next(RUNS)}'
+    twists = Recorder(probe.get_clock())
+    sub = probe.create_subscription(TwistStamped, f'/{name}/twist', twists,
+                                    QoSProfile(depth=100, reliability=ReliabilityPolicy.RELIABLE))
+    camera = CameraStream(probe, [f'/{name}/image'])
+    module = 'vla_spec_ros.ros.' + ('lifecycle_node' if kind == 'managed' else 'node')
+    process = subprocess.Popen(node_argv(module, name), env=child_env(DOMAIN_ID),
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        if kind == 'managed':
+            assert change_state(probe, name, Transition.TRANSITION_CONFIGURE)
+            assert change_state(probe, name, Transition.TRANSITION_ACTIVATE)
+        wait_until(lambda: sum(not is_zero(m) for _, m in twists.snapshot()) >= 5,
+                   timeout=START_TIMEOUT_S, what='actions published')
+        process.send_signal(stop_signal)             # the camera still streams
+        code = process.wait(timeout=30)
+        output = process.stdout.read()
+        assert code == 0, f'exit {code}:\n{output[-3000:]}'
+        received = [msg for _, msg in settled(twists)]
+        assert is_zero(received[-1]), (
+            f'the last twist is an action: {received[-1].twist}\n{output[-2000:]}')
+    finally:
+        camera.close()
+        probe.destroy_subscription(sub)
+        if process.poll() is None:
+            process.kill()
+            process.wait(timeout=10)

@@ -3,7 +3,9 @@ real DDS (lifecycle_msgs ChangeState / GetState, as `ros2 lifecycle set` calls t
 
 Checked: nothing is published before activate (not even zero twists); activate acts on frames;
 deactivate publishes a zero twist and stops acting; cleanup frees the model; a configure whose
-model does not load fails with the reason and leaves the node unconfigured and silent.
+model does not load fails with the reason and leaves the node unconfigured and silent; `~/enable`
+and the `enabled` parameter are one switch in every state: set while inactive, both are
+accepted and kept, nothing is published until activate, which then acts without another enable.
 """
 import importlib.util
 import os
@@ -152,6 +154,47 @@ def test_configure_with_a_missing_model_fails_cleanly_and_stays_silent(ros, tmp_
         # The parameter can be fixed while unconfigured (load-time parameters included).
         result = probe.set_param('model_path', 'tiny')
         assert result.successful, result.reason
+    finally:
+        executor.remove_node(node)
+        node.destroy_node()
+
+
+def test_enable_and_the_enabled_parameter_agree_while_inactive(ros):
+    from std_srvs.srv import SetBool
+
+    from vla_spec_ros import VLAPolicy
+
+    context, executor, probe_node = ros
+    policy = VLAPolicy.from_pretrained('tiny', restrict_to_action_tokens=True)
+    overrides = {'instruction': INSTRUCTION, 'unnorm_key': 'bridge_orig', 'max_action_age': 5.0,
+                 'max_linear_speed': 10.0, 'max_angular_speed': 20.0}      # enabled: false
+    node = VLASpecLifecycleNode(policy, node_name='vla_enable', context=context,
+                                parameter_overrides=[Parameter(k, value=v)
+                                                     for k, v in overrides.items()])
+    executor.add_node(node)
+    try:
+        probe = Probe(probe_node, 'vla_enable')
+        life = Lifecycle(probe, 'vla_enable')
+        assert life.transition(Transition.TRANSITION_CONFIGURE)
+        assert life.state() == State.PRIMARY_STATE_INACTIVE
+        # Inactive: the service is accepted as the parameter is, and says it waits.
+        answer = probe.call(probe.enable_client, SetBool.Request(data=True))
+        assert answer.success, answer.message
+        assert 'inactive' in answer.message and 'once activated' in answer.message
+        assert probe.get_param('enabled') is True
+        wait_until(lambda: probe.image_pub.get_subscription_count() > 0, what='subscription')
+        assert _quiet(probe, 0) == 0                 # kept, not acted on: still nothing
+        assert probe.set_param('enabled', False).successful
+        answer = probe.call(probe.enable_client, SetBool.Request(data=False))
+        assert answer.success and probe.get_param('enabled') is False
+        assert probe.set_param('enabled', True).successful
+        assert _quiet(probe, 0) == 0
+        # Activate alone then acts: `enabled` was set before.
+        assert life.transition(Transition.TRANSITION_ACTIVATE)
+        image = probe.raw_image(_frame(np.random.default_rng(3)))
+        twist = probe.send(image, lambda: probe.twists.find(
+            lambda m: m.header.stamp == image.header.stamp), restamp=True)[1]
+        assert not is_zero(twist)
     finally:
         executor.remove_node(node)
         node.destroy_node()

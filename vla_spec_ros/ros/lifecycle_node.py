@@ -5,11 +5,17 @@ Transitions (the standard lifecycle services: `ros2 lifecycle set /vla_spec conf
   configure   validate the parameters, load the model, warm it up (CUDA graphs are captured
               here when enabled), create the robots' topics and services; nothing is published
   activate    start acting: frames are taken, actions and zero-twist holds are published
-  deactivate  publish one zero twist per robot (gripper held), drop queued frames and every
-              engine request, stop acting
+  deactivate  publish one zero twist per robot (gripper held) after the last action, drop
+              queued frames and every engine request, stop acting
   cleanup     stop the worker, remove the topics and services, free the model
-  shutdown    as cleanup, from any state
+  shutdown    (from any state) stop the worker, one zero twist per robot if active, then as
+              cleanup
   error       (a callback raised) zero twist per robot, then as cleanup
+
+`enabled` (the parameter, or `~/enable`, the same switch) may be set in every state: it is kept
+and acted on once the node is active. Activation alone publishes actions only where `enabled`
+is true (the parameters file, or set before); the node starts disabled otherwise. SIGINT and
+SIGTERM end the process as node.py's `run` does (holds last, then exit 0).
 
 A configure that fails (bad parameter, missing or corrupt checkpoint) returns FAILURE with the
 reason in the log and leaves the node unconfigured: fix the parameter (every parameter may be
@@ -46,6 +52,11 @@ class VLASpecLifecycleNode(LifecycleNode):
     @property
     def serving(self) -> Serving | None:
         return self._serving
+
+    def stop_serving(self, reason: str) -> None:
+        """The process is ending: an active node's holds go out last (Serving.stop)."""
+        if self._serving is not None:
+            self._serving.stop(reason)
 
     # ---- parameters -----------------------------------------------------------------------
 
@@ -102,8 +113,7 @@ class VLASpecLifecycleNode(LifecycleNode):
         return TransitionCallbackReturn.SUCCESS
 
     def on_shutdown(self, state) -> TransitionCallbackReturn:
-        if self._serving is not None:
-            self._serving.set_active(False, 'shutting down')
+        self.stop_serving('shutting down')
         self._free()
         return TransitionCallbackReturn.SUCCESS
 

@@ -15,6 +15,10 @@ A thin adapter over the engine's streaming interface (the ros2/examples idioms):
   node.py          this file: load the model, build the serving, `main`
   lifecycle_node.py the same as a managed (lifecycle) node
 
+Stopping (`run`): SIGINT (Ctrl-C, `ros2 launch`) and SIGTERM end the spin; the node then takes
+no frame and publishes no action any more, sends each robot's hold (a zero twist) last, waits
+for it to be acknowledged, and the process exits 0 (Serving.stop).
+
 Topics of a single-robot node (the default): ~/image or ~/image/compressed, ~/instruction in;
 ~/twist, ~/gripper, ~/action (+ ~/velocity_trajectory, formerly ~/trajectory, for a chunked
 model; + ~/pose_target, ~/pose_trajectory with pose_targets) out; ~/enable, ~/reset services;
@@ -24,16 +28,23 @@ robot has a/image, a/instruction, a/twist, ... and a.enabled, a.frame_id, ... pa
 """
 from __future__ import annotations
 
+import contextlib
+import signal
 import sys
+import threading
 from dataclasses import asdict
 
 import rclpy
 from rclpy.exceptions import ParameterException
-from rclpy.executors import ExternalShutdownException
+from rclpy.executors import ExternalShutdownException, SingleThreadedExecutor
 from rclpy.node import Node
+from rclpy.signals import SignalHandlerOptions
 
 from vla_spec_ros.ros import params
 from vla_spec_ros.ros.serving import Serving
+
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+SPIN_PERIOD_S = 0.1      # the spin looks for a stop request at least this often
 
 
 def load_policy(settings: params.NodeSettings, engine_config):
@@ -101,6 +112,10 @@ class VLASpecNode(Node):
     def stats_snapshot(self, robot: str = '') -> dict:
         return self._serving.stats_snapshot(robot)
 
+    def stop_serving(self, reason: str) -> None:
+        """The process is ending: each robot's hold last (Serving.stop)."""
+        self._serving.stop(reason)
+
     def destroy_node(self):
         # A node whose construction failed (bad parameters, a checkpoint that does not load)
         # has nothing to stop; its context still destroys it at shutdown.
@@ -110,23 +125,77 @@ class VLASpecNode(Node):
         return super().destroy_node()
 
 
+class StopRequest:
+    """Set by SIGINT or SIGTERM while `installed()`: the spin ends at its next look and the
+    node stops in order, with its context still valid (rclpy's own handler would shut the
+    context down inside the signal, so the node could no longer publish its holds)."""
+
+    def __init__(self):
+        self._event = threading.Event()
+        self.reason = 'shutting down'
+
+    def is_set(self) -> bool:
+        return self._event.is_set()
+
+    def _on_signal(self, number, frame) -> None:
+        self.reason = f'shutting down ({signal.Signals(number).name})'
+        self._event.set()
+
+    @contextlib.contextmanager
+    def installed(self):
+        """The handlers of STOP_SIGNALS, restored after (only the main thread has them)."""
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+        previous = {number: signal.signal(number, self._on_signal) for number in STOP_SIGNALS}
+        try:
+            yield
+        finally:
+            for number, handler in previous.items():
+                signal.signal(number, handler)
+
+
+def spin_until(node, stop: StopRequest) -> None:
+    """Spin `node` until `stop` is set or its context is shut down."""
+    executor = SingleThreadedExecutor(context=node.context)
+    executor.add_node(node)
+    try:
+        while node.context.ok() and not stop.is_set():
+            executor.spin_once(timeout_sec=SPIN_PERIOD_S)
+    finally:
+        executor.remove_node(node)
+        executor.shutdown()
+
+
+def stop_in_order(node, reason: str) -> None:
+    """The node's `stop_serving(reason)` (holds last), while its context can still publish."""
+    stop_serving = getattr(node, 'stop_serving', None)
+    if stop_serving is not None and node.context.ok():
+        stop_serving(reason)
+
+
 def run(node_factory, name: str, args=None) -> int:
-    """Spin the node `node_factory()` builds until Ctrl-C or shutdown; exit code 1 with a
-    message on bad parameters or a checkpoint that does not load."""
-    rclpy.init(args=args)
-    node = None
+    """Spin the node `node_factory()` builds until SIGINT, SIGTERM or shutdown, then stop it
+    in order (`stop_serving`: holds last) and exit 0; exit code 1 with a message on bad
+    parameters or a checkpoint that does not load. Ctrl-C while the model loads ends at once
+    (nothing was published yet)."""
+    rclpy.init(args=args, signal_handler_options=SignalHandlerOptions.NO)
+    node, stop = None, StopRequest()
     try:
         node = node_factory()
-        rclpy.spin(node)
+        with stop.installed():
+            spin_until(node, stop)
+            stop_in_order(node, stop.reason)
     except (KeyboardInterrupt, ExternalShutdownException):
         pass
     except (ValueError, ParameterException) as exc:   # bad parameters or checkpoint
         print(f'{name}: {exc}', file=sys.stderr)
         return 1
     except Exception:
-        # Ctrl-C shuts the context down from the signal handler; a timer callback already
-        # running (the watchdog publishing its zero twist) then fails on the invalid context.
-        # That is the shutdown, not a fault: only an error while the context is up is one.
+        # A context shut down from elsewhere (another thread, an embedding application) makes
+        # a callback running then (the watchdog publishing its zero twist) fail on the
+        # invalid context. That is the shutdown, not a fault: only an error while the context
+        # is up is one.
         if rclpy.ok():
             raise
     finally:

@@ -11,6 +11,12 @@ next submit (a request keeps the tunables it was submitted with).
 
 A chunked model (action_chunk K > 1) also gets the step clock (step_clock.py), which publishes
 each robot's chunk one step per control period (docs/chunks.md).
+
+Stopping leaves every robot still: deactivation (`set_active(False)`) and the end of the
+process (`stop`) send each robot's hold (zero twist and the other outputs' holds) after the
+last action the worker or the step clock publishes, never before one: deactivation pauses the
+worker and drops the chunks around its holds, `stop` ends both threads first and then waits,
+at most STOP_ACK_TIMEOUT_S, until reliable subscribers have acknowledged the holds.
 """
 from __future__ import annotations
 
@@ -33,6 +39,7 @@ from vla_spec_ros.ros.worker import InferenceWorker
 
 WARM_UP_IMAGE_SIZE = 224
 WARM_UP_STREAM = '__warm_up__'      # the engine stream of the warm-up's throw-away frames
+STOP_ACK_TIMEOUT_S = 1.0            # how long `stop` waits for the holds to be acknowledged
 
 
 class Serving:
@@ -103,18 +110,44 @@ class Serving:
         return bool(self.settings.robots)
 
     def set_active(self, is_active: bool, reason: str = '') -> None:
-        """Start or stop acting. Stopping sends each robot's hold once (`reason`) and
-        drops every queued frame and engine request: nothing decided before it is sent."""
-        if not is_active:
+        """Start or stop acting. Stopping sends each robot's hold once (`reason`) and drops
+        every queued frame, chunk and engine request: the worker is paused meanwhile, so no
+        action follows the hold, and nothing decided before it is published after."""
+        if is_active:
             for channel in self.channels:
-                channel.send_hold(reason or 'deactivated')
+                channel.is_active = True
+            return
+        with self.worker.paused():
+            self._hold_last(reason or 'deactivated')
+        self.release_engine()
+
+    def _hold_last(self, reason: str) -> None:
+        """(The worker paused or stopped.) Every robot's queued frame and chunks dropped, so
+        the step clock has nothing left to publish; then its hold; then inactive."""
         for channel in self.channels:
-            channel.is_active = is_active
-            if not is_active:
-                channel.slot.clear()
-                channel.clear_chunks()
-        if not is_active:
-            self.release_engine()
+            channel.slot.clear()
+            channel.clear_chunks()
+        for channel in self.channels:
+            channel.send_hold(reason)
+        for channel in self.channels:
+            channel.is_active = False
+
+    def stop(self, reason: str = 'shutting down') -> None:
+        """The process is ending (SIGINT, SIGTERM, lifecycle shutdown): no frame is taken and
+        no action published any more, each active robot's hold goes out last, and the node
+        waits (at most STOP_ACK_TIMEOUT_S) until reliable subscribers acknowledged it, so
+        the robot is left still. `destroy` may follow."""
+        if not self.worker.stop():
+            self.node.get_logger().error('the inference worker did not stop in time: an '
+                                         'action still in the engine is not published, but '
+                                         'its frame may be lost')
+        if self.step_clock is not None:
+            self.step_clock.stop()
+        for timer in self._timers:
+            timer.cancel()                     # the watchdog's holds would follow the last
+        self._hold_last(reason)
+        self.release_engine()
+        wait_for_acknowledgements(self.node, STOP_ACK_TIMEOUT_S)
 
     @property
     def engine_streams(self) -> tuple[str, ...]:
@@ -255,12 +288,17 @@ class Serving:
                                            f'{result.reason}')
 
     def _on_enable(self, channel, flag: bool) -> tuple[bool, str]:
-        if not channel.is_active:
-            return False, 'the node is not active (lifecycle state); activate it first'
+        """`~/enable` is `ros2 param set <node> enabled`, in every state: an inactive managed
+        node keeps the value and acts on it once activated (docs/node.md)."""
         name = self._parameter_name(channel, 'enabled')
         result = self.node.set_parameters([Parameter(name, value=flag)])[0]
-        return result.successful, (('enabled' if flag else 'disabled') if result.successful
-                                   else result.reason)
+        if not result.successful:
+            return False, result.reason
+        message = 'enabled' if flag else 'disabled'
+        if not channel.is_active:
+            message += (' (the node is inactive: it acts once activated)' if flag
+                        else ' (the node is inactive)')
+        return True, message
 
     def _on_reset(self, channel) -> int:
         with self.engine_lock:
@@ -311,6 +349,24 @@ class Serving:
         if recorder is not None and not recorder.is_full:
             recorder.record(frame.images[0], frame.instruction,
                             self.node.get_clock().now().nanoseconds)
+
+
+def wait_for_acknowledgements(node, timeout_s: float) -> bool:
+    """Wait until every subscriber of `node`'s reliable publishers has acknowledged what was
+    published (best-effort ones are done at once), `timeout_s` in all; whether all were."""
+    from rclpy.duration import Duration
+
+    deadline = time.monotonic() + timeout_s
+    for publisher in list(node.publishers):
+        remaining = deadline - time.monotonic()
+        if remaining <= 0.0:
+            return False
+        try:
+            if not publisher.wait_for_all_acked(Duration(nanoseconds=int(remaining * 1e9))):
+                return False
+        except Exception:          # a publisher destroyed meanwhile, a context shut down
+            return False
+    return True
 
 
 @dataclass(frozen=True)
@@ -379,5 +435,5 @@ def make_recorder(settings, robot: str):
                          split_s=settings.record_split_s or None)
 
 
-__all__ = ['Serving', 'make_recorder', 'chunk_steps_of', 'ModelIO', 'model_io_of',
-           'check_model_io']
+__all__ = ['Serving', 'make_recorder', 'wait_for_acknowledgements', 'chunk_steps_of',
+           'ModelIO', 'model_io_of', 'check_model_io']

@@ -16,9 +16,15 @@ so a robot with a fast camera cannot starve a slow one.
 Order: a frame refused as bad input gets its robot's hold (zero motion), and no command for an
 older image of that robot follows it: its waiting frame is dropped, and the results of its
 frames in flight are not published (RobotChannel.refuse).
+
+Stopping: each turn of the loop (take frames, submit, step, publish) runs under `_turn`, so
+`paused()` waits for the turn in progress and keeps the next one from starting (deactivation
+sends its holds inside it: no action of the worker can follow them), and `stop()` returns only
+once the thread has ended (or says it has not).
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import threading
 import time
@@ -49,16 +55,28 @@ class InferenceWorker:
         self._take_tunables = take_tunables
         self._on_submitted = on_submitted
         self._stop = threading.Event()
+        self._turn = threading.Lock()        # held for one turn of the loop
         self._thread = threading.Thread(target=self._loop, name='vla_spec_worker', daemon=True)
 
     def start(self) -> None:
         self._thread.start()
 
-    def stop(self, timeout: float = 30.0) -> None:
+    def stop(self, timeout: float = 30.0) -> bool:
+        """End the thread after its turn in progress; whether it has ended within `timeout`
+        (a turn stuck in the engine may still publish after a False)."""
         self._stop.set()
         self._wakeup.set()
         if self._thread.is_alive():
             self._thread.join(timeout=timeout)
+        return not self._thread.is_alive()
+
+    @contextlib.contextmanager
+    def paused(self):
+        """No turn of the loop runs inside: waits for the one in progress (one engine step, or
+        an idle wait of WORKER_IDLE_WAIT_S) and holds the next one back until the block
+        ends."""
+        with self._turn:
+            yield
 
     def _has_work(self) -> bool:
         with self.engine_lock:
@@ -67,27 +85,37 @@ class InferenceWorker:
     def _loop(self) -> None:
         turn = 0
         while not self._stop.is_set():
+            with self._turn:
+                turn = self._turn_once(turn)
+
+    def _turn_once(self, turn: int) -> int:
+        """One turn: (idle: wait for a frame, at most WORKER_IDLE_WAIT_S) each robot's newest
+        frame submitted, one engine step, its results published; an engine failure holds
+        every robot and resets the engine."""
+        try:
+            if not self._has_work():
+                self._wakeup.wait(WORKER_IDLE_WAIT_S)
+            if self._stop.is_set():
+                return turn
+            self._wakeup.clear()
+            # Visit robots in rotating order so none is always submitted last.
+            turn = (turn + 1) % len(self._order)
+            for channel in self._order[turn:] + self._order[:turn]:
+                observation = channel.slot.take(0.0)
+                if observation is not None:
+                    self._submit(channel, observation)
+            if self._has_work():
+                self._step()
+        except Exception as exc:   # the engine broke its contract; hold and start over
+            self._fail_all(f'{cmd.REASON_ENGINE_ERROR}: {describe_error(exc)}')
             try:
-                if not self._has_work():
-                    self._wakeup.wait(WORKER_IDLE_WAIT_S)
-                self._wakeup.clear()
-                # Visit robots in rotating order so none is always submitted last.
-                turn = (turn + 1) % len(self._order)
-                for channel in self._order[turn:] + self._order[:turn]:
-                    observation = channel.slot.take(0.0)
-                    if observation is not None:
-                        self._submit(channel, observation)
-                if self._has_work():
-                    self._step()
-            except Exception as exc:   # the engine broke its contract; hold and start over
-                self._fail_all(f'{cmd.REASON_ENGINE_ERROR}: {describe_error(exc)}')
-                try:
-                    with self.engine_lock:
-                        self.engine.reset()
-                except Exception as reset_exc:
-                    self._fail_all(f'{cmd.REASON_ENGINE_ERROR}: reset failed: '
-                                   f'{describe_error(reset_exc)}')
-                    self._stop.wait(1.0)
+                with self.engine_lock:
+                    self.engine.reset()
+            except Exception as reset_exc:
+                self._fail_all(f'{cmd.REASON_ENGINE_ERROR}: reset failed: '
+                               f'{describe_error(reset_exc)}')
+                self._stop.wait(1.0)
+        return turn
 
     def _fail_all(self, reason: str) -> None:
         for channel in self._order:
