@@ -249,3 +249,18 @@ def test_transformers_generate_gives_the_same_tokens(folders, which):
     for frame in drifting_frames(3, 1, seed=5):
         ours = p.predict(frame.image, frame.instruction, frame.unnorm_key).tokens
         assert tuple(generate_tokens(baseline, frame.image, frame.instruction)) == ours
+
+
+def test_make_checkpoint_writes_the_scripted_test_aid(tmp_path, capsys):
+    from vla_spec_ros.cli import main
+    assert main(['make-checkpoint', '--preset', 'ecot-tiny', '--out', str(tmp_path / 'e'),
+                 '--scripted-reasoning']) == 0
+    raw = json.loads((tmp_path / 'e' / 'config.json').read_text())
+    assert raw['vla_spec_scripted_reasoning'] is True
+    result = policy(tmp_path / 'e').predict(drifting_frames(1, 1)[0].image, INSTRUCTION,
+                                            UNNORM_KEY)
+    assert result.is_valid and result.reasoning.fields['plan']
+    # An OpenVLA preset takes no such option: exit code 2, the option named.
+    assert main(['make-checkpoint', '--preset', 'tiny', '--out', str(tmp_path / 't'),
+                 '--scripted-reasoning']) == 2
+    assert 'scripted_reasoning' in capsys.readouterr().err

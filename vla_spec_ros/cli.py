@@ -40,7 +40,7 @@ def cmd_make_checkpoint(args) -> int:
             raise ValueError(f'{name}: must be >= 1, got {value}')
     out = make_checkpoint(args.preset, args.out, seed=args.seed, dtype=args.dtype,
                           max_shard_bytes=shard, decodable_chunks=args.decodable_chunks,
-                          **options)
+                          scripted_reasoning=args.scripted_reasoning, **options)
     print(f'wrote random-weight {args.preset} checkpoint (seed {args.seed}) to {out}')
     if args.decodable_chunks:
         extras = json.loads((out / 'vla_spec_pi0fast.json').read_text())['decodable']
@@ -126,7 +126,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest='command', required=True)
 
     p = sub.add_parser('make-checkpoint', help='write a random-weight checkpoint in its '
-                       "family's layout (OpenVLA's Hugging Face layout; pi0fast-*: LeRobot's)")
+                       "family's layout (OpenVLA's Hugging Face layout; pi0fast-*: LeRobot's; "
+                       "ecot-*: ECoT's, OpenVLA's with a Vicuna prompt)")
     p.add_argument('--preset', required=True, choices=sorted(PRESETS))
     p.add_argument('--out', required=True)
     p.add_argument('--seed', type=int, default=0)
@@ -147,6 +148,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help='pi0fast-*, a test aid: set the random weights so that greedy decoding '
                    'writes one valid FAST chunk (the same for every observation), so the node '
                    'acts on it; a random model\'s frames are otherwise almost never a chunk')
+    p.add_argument('--scripted-reasoning', action='store_true',
+                   help='ecot-*, a test aid: set the random weights so that greedy decoding '
+                   'writes a short reasoning, ACTION: and 7 bins (nearly the same for every '
+                   'observation); a random model otherwise never reaches its action')
     p.set_defaults(func=cmd_make_checkpoint)
 
     p = sub.add_parser('predict', help='predict one action for an image + instruction')
