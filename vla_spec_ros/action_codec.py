@@ -37,6 +37,7 @@ class ActionCodec:
     # The tokens that open the action in an output of text then action (a reasoning policy):
     # relaxed acceptance compares bins only after them. Empty: the whole output is the action.
     action_marker: tuple[int, ...] = ()
+    writes_reasoning: bool = False          # text before the action (``describe`` reads it)
 
     @property
     def step_tokens(self) -> int:

@@ -72,6 +72,7 @@ class ReasoningThenAction(ActionCodec):
                            + inner.max_tokens)
         self.action_shape = inner.action_shape
         self.action_marker = self.marker
+        self.writes_reasoning = True
         self.max_draft_chain = None if max_draft_chain is None else check_int(
             'max_draft_chain', max_draft_chain, minimum=1)
         self.supports_relaxed_acceptance = inner.supports_relaxed_acceptance

@@ -42,6 +42,7 @@ from vla_spec_ros.ros.hold_log import HoldLog
 from vla_spec_ros.ros.observation_input import ObservationInput
 from vla_spec_ros.ros.pose_output import PoseTargetAdapter
 from vla_spec_ros.ros.qos import INSTRUCTION_QOS, INSTRUCTION_VOLATILE_QOS
+from vla_spec_ros.ros.reasoning_output import ReasoningOutput
 from vla_spec_ros.ros.safety_gate import SafetyGate
 from vla_spec_ros.ros.twist_output import TwistOutput
 
@@ -86,7 +87,8 @@ class RobotChannel:
 
     def __init__(self, node, name: str, settings, *, wakeup: threading.Event,
                  on_instruction, on_enable, on_reset, chunk_steps: int = 1, on_chunk=None,
-                 action_dim: int = cmd.ACTION_DIM, model_reads_state: bool = False):
+                 action_dim: int = cmd.ACTION_DIM, model_reads_state: bool = False,
+                 writes_reasoning: bool = False):
         self.node = node
         self.name = name
         self.stream_id = name or 'default'
@@ -111,6 +113,10 @@ class RobotChannel:
         self.outputs = build_outputs(node, prefix, settings, self.label,
                                      is_chunked=self.is_chunked,
                                      current_positions=self.observation.current_positions)
+        # A reasoning policy's text on ~/reasoning (reasoning_output.py), else None.
+        self.reasoning_output = ReasoningOutput(node, prefix) if writes_reasoning else None
+        if self.reasoning_output is not None:
+            self.outputs.append(self.reasoning_output)
         self.twist_output = self.outputs[0] if isinstance(self.outputs[0], TwistOutput) else None
         # The absolute-target publisher (pose_targets.py) when pose_targets is on, else None.
         self.pose_output = next((o.output for o in self.outputs
@@ -332,6 +338,9 @@ class RobotChannel:
         instead (``_is_superseded``)."""
         if self._is_superseded(finished):
             return
+        if self.reasoning_output is not None:       # what it thought, acted on or not
+            self.reasoning_output.publish_reasoning(finished.result,
+                                                    finished.frame.user_data.stamp)
         if self.is_chunked:
             self.chunk_execution.handle_finished(finished)
             return

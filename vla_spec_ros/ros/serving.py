@@ -84,7 +84,8 @@ class Serving:
                                       chunk_steps=self.chunk_steps,
                                       on_chunk=self.step_clock and self.step_clock.wake,
                                       action_dim=self.model_io.action_dim,
-                                      model_reads_state=self.model_io.uses_state)
+                                      model_reads_state=self.model_io.uses_state,
+                                      writes_reasoning=self.model_io.writes_reasoning)
                          for robot, settings in per_robot.items()]
         for channel in self.channels:
             channel.is_active = is_active
@@ -376,6 +377,7 @@ class ModelIO:
     num_image_slots: int      # images a frame may carry (1 .. this)
     uses_state: bool          # whether its prompt reads Frame.state
     action_dim: int           # values per action step
+    writes_reasoning: bool = False    # text before the action (ECoT): ~/reasoning
 
 
 def model_io_of(policy) -> ModelIO:
@@ -385,7 +387,8 @@ def model_io_of(policy) -> ModelIO:
     model, codec = getattr(runner, 'model', None), getattr(runner, 'codec', None)
     shape = tuple(getattr(codec, 'action_shape', ()) or (7,))
     return ModelIO(int(getattr(model, 'num_image_slots', 1)),
-                   bool(getattr(model, 'uses_state', False)), int(shape[-1]))
+                   bool(getattr(model, 'uses_state', False)), int(shape[-1]),
+                   bool(getattr(codec, 'writes_reasoning', False)))
 
 
 def check_model_io(model_io: ModelIO, settings, logger) -> None:
