@@ -264,3 +264,13 @@ def test_make_checkpoint_writes_the_scripted_test_aid(tmp_path, capsys):
     assert main(['make-checkpoint', '--preset', 'tiny', '--out', str(tmp_path / 't'),
                  '--scripted-reasoning']) == 2
     assert 'scripted_reasoning' in capsys.readouterr().err
+
+
+def test_the_ring_and_chains_are_sized_by_the_draft_chain_not_the_budget(folders):
+    """A verified row is not free: a forward checks at most the codec's max_draft_chain
+    drafts, so the ring's per-request scratch and a prefill's chain follow it, not the
+    hundreds of tokens of the budget."""
+    strategy = policy(folders['random']).engine.strategy
+    codec = strategy.runner.codec
+    assert codec.max_tokens == 256 + 1 + 1 + 7 and codec.max_draft_chain == 32
+    assert strategy.max_prefill_draft == 32 and strategy.scratch == 33

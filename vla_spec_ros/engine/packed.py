@@ -79,9 +79,13 @@ class PackedStrategy:
         self.drafter_needs_features = drafter is not None and drafter.needs_features
         self.max_inflight = config.num_inflight
         self.max_prefills = config.num_prefills_per_step
+        # The longest chain one verifier forward checks: the codec's max_draft_chain for long
+        # outputs (a reasoning policy's: a verified row is not free), else the whole output.
+        max_tokens = runner.max_action_tokens
+        self.max_chain = min(runner.codec.max_draft_chain or max_tokens, max_tokens)
         # Speculative prefill: the longest chain a prefill block carries (0 = off). The last
         # token comes from the last chain row, so max_action_tokens - 1 drafts decide it all.
-        self.max_prefill_draft = runner.max_action_tokens - 1 if (
+        self.max_prefill_draft = min(max_tokens - 1, self.max_chain) if (
             self.is_speculative and config.speculative_prefill
             and drafter is not None and drafter.has_prefill_draft) else 0
         # Ring scratch per request: a verified tree writes all its nodes before compaction. The
@@ -91,7 +95,7 @@ class PackedStrategy:
         if not self.is_speculative:
             self.scratch = 1
         elif self.derives_depth:
-            self.scratch = runner.max_action_tokens
+            self.scratch = min(max_tokens, self.max_chain + 1)
         else:
             self.scratch = config.tree_max_nodes
         max_prefix = runner.max_prefix_len(config.max_instruction_tokens)
@@ -376,7 +380,7 @@ class PackedStrategy:
         for request in decode:
             cfg = request.tunables
             # The previous action's chain is as long as the stream knows (derives_depth).
-            depth = request.num_remaining - 1 if self.derives_depth \
+            depth = min(request.num_remaining - 1, self.max_chain) if self.derives_depth \
                 else min(cfg.tree_depth, request.num_remaining - 1)
             if self.is_speculative and depth >= 1:
                 ids, depths = groups.setdefault(
