@@ -5,6 +5,7 @@ a best-effort publisher; a transient-local subscriber never matches a volatile p
 """
 from __future__ import annotations
 
+from rclpy.event_handler import SubscriptionEventCallbacks
 from rclpy.qos import DurabilityPolicy, HistoryPolicy, QoSProfile, ReliabilityPolicy
 
 RELIABLE, BEST_EFFORT = ReliabilityPolicy.RELIABLE, ReliabilityPolicy.BEST_EFFORT
@@ -22,13 +23,32 @@ IMAGE_QOS = _keep_last(1, BEST_EFFORT, VOLATILE)
 # A camera publisher (the simulator bridge): reliable, depth 1, so that it matches both
 # best-effort (the VLA node) and reliable subscribers.
 IMAGE_PUBLISHER_QOS = _keep_last(1, RELIABLE, VOLATILE)
-# Latched instruction: a late-joining node still gets the current one.
+# The instruction topic: reliable, depth 1, subscribed twice. The transient-local subscription
+# takes a latched publisher (a task manager, the simulator bridge), whose instruction reaches
+# a node that starts after it was published; a volatile publisher (`ros2 topic pub`) never
+# matches it, so a volatile subscription on the same topic takes those.
 INSTRUCTION_QOS = _keep_last(1, RELIABLE, TRANSIENT_LOCAL)
-# A volatile publisher (plain `ros2 topic pub`) does not match a transient-local subscription,
-# so a second, volatile subscription on the same topic takes those.
 INSTRUCTION_VOLATILE_QOS = _keep_last(1, RELIABLE, VOLATILE)
+
+
+def _ignore_incompatible(event) -> None:
+    pass
+
+
+def instruction_subscriptions() -> list:
+    """[(QoS, SubscriptionEventCallbacks)] of the instruction topic's two subscriptions.
+
+    rclpy's default handler warns "offering incompatible QoS ... DURABILITY" whenever a
+    volatile publisher meets the transient-local subscription, though the volatile one
+    receives it. That subscription therefore reports no incompatibility: a publisher it cannot
+    match is either volatile (received by the other) or also incompatible with the volatile
+    subscription (best effort), whose default handler warns about it."""
+    return [(INSTRUCTION_QOS, SubscriptionEventCallbacks(incompatible_qos=_ignore_incompatible)),
+            (INSTRUCTION_VOLATILE_QOS, SubscriptionEventCallbacks())]
+
+
 # Reliable + volatile: matches MoveIt Servo's and forward_command_controller's SystemDefaults.
 COMMAND_QOS = _keep_last(10, RELIABLE, VOLATILE)
 
 __all__ = ['IMAGE_QOS', 'IMAGE_PUBLISHER_QOS', 'INSTRUCTION_QOS', 'INSTRUCTION_VOLATILE_QOS',
-           'COMMAND_QOS']
+           'COMMAND_QOS', 'instruction_subscriptions']

@@ -41,7 +41,7 @@ from vla_spec_ros.ros.gripper_output import GripperOutput, RawActionOutput
 from vla_spec_ros.ros.hold_log import HoldLog
 from vla_spec_ros.ros.observation_input import ObservationInput
 from vla_spec_ros.ros.pose_output import PoseTargetAdapter
-from vla_spec_ros.ros.qos import INSTRUCTION_QOS, INSTRUCTION_VOLATILE_QOS
+from vla_spec_ros.ros.qos import instruction_subscriptions
 from vla_spec_ros.ros.reasoning_output import ReasoningOutput
 from vla_spec_ros.ros.safety_gate import SafetyGate
 from vla_spec_ros.ros.twist_output import TwistOutput
@@ -129,9 +129,10 @@ class RobotChannel:
                                        measure=self._servo_measure)
             # Inactive until the owner sets is_active (the plain node at once, the managed
             # node on activate): a configured node leaves Servo alone.
-        self._instruction_subs = [
+        self._instruction_subs = [      # latched and plain publishers alike (ros/qos.py)
             node.create_subscription(String, prefix + 'instruction', self._on_instruction_msg,
-                                     qos) for qos in (INSTRUCTION_QOS, INSTRUCTION_VOLATILE_QOS)]
+                                     qos, event_callbacks=events)
+            for qos, events in instruction_subscriptions()]
         self._services = [node.create_service(SetBool, prefix + 'enable', self._on_enable_srv),
                           node.create_service(Trigger, prefix + 'reset', self._on_reset_srv)]
 
