@@ -5,16 +5,22 @@
 
 runs the default configuration (config/robot.yaml): pipelined speculation drafting each
 camera's previous action, exact (AR's tokens), no draft model needed; `draft_path:=<folder>`
-uses a trained EAGLE head instead, `mode:=ar` the plain reference.
+uses a trained EAGLE head instead, `mode:=ar` the plain reference. Without a checkpoint:
+
+    ros2 launch vla_spec_ros robot.launch.py model_path:=tiny unnorm_key:=bridge_orig \\
+        restrict_to_action_tokens:=true
+
+(random weights: only greedy decoding over the action tokens gives them valid actions).
 
 Defaults plug into MoveIt Servo (`/servo_node/delta_twist_cmds`, TwistStamped) and a
 forward command controller for the gripper (`/gripper_controller/commands`,
 Float64MultiArray); `servo_node:=/servo_node` makes the node keep Servo's contract
 (command type, pause on a hold, timeout check) and `pose_target_topic` /
 `pose_trajectory_topic` route the absolute targets of `pose_targets: true` (docs/robot.md).
-Empty model / draft / unnorm_key / mode / servo_node / tool_pose_topic arguments keep the
-values of `params_file` (config/robot.yaml by default). Several robots on one node:
-`params_file:=<share>/config/two_robots.yaml` (its own `robots` list and per-robot values).
+Empty model / draft / unnorm_key / mode / restrict_to_action_tokens / servo_node /
+tool_pose_topic arguments keep the values of `params_file` (config/robot.yaml by default).
+Several robots on one node: `params_file:=<share>/config/two_robots.yaml` (its own `robots`
+list and per-robot values).
 `lifecycle:=true` starts the managed node instead.
 
 `launch` and `launch_ros` are imported inside `generate_launch_description` only, so this
@@ -36,6 +42,9 @@ ARGUMENTS = (
     ('unnorm_key', '', 'Dataset statistics key; empty = the params_file value'),
     ('mode', '', 'ar, pipeline, spec or pipeline_spec (the default in config/robot.yaml); '
                  'empty = the params_file value'),
+    ('restrict_to_action_tokens', '', 'true: greedy over the action tokens only (a random-'
+     'weight preset such as tiny needs it, else its actions are invalid); empty = the '
+     'params_file value'),
     ('params_file', DEFAULT_PARAMS_FILE, 'YAML parameter file of the node'),
     ('namespace', '', 'Namespace of the node (one per robot)'),
     ('node_name', 'vla_spec', 'Name of the node'),
@@ -71,13 +80,26 @@ REMAPPINGS = (
 )
 
 # Launch arguments that override a node parameter when non-empty.
-PARAMETER_ARGUMENTS = ('model_path', 'draft_path', 'unnorm_key', 'mode', 'servo_node',
-                       'tool_pose_topic')
+PARAMETER_ARGUMENTS = ('model_path', 'draft_path', 'unnorm_key', 'mode',
+                       'restrict_to_action_tokens', 'servo_node', 'tool_pose_topic')
+# Of those, the boolean parameters: launch_ros hands a string value to the node as a string,
+# which the node refuses for a bool, so 'true' / 'false' become booleans here.
+BOOLEAN_ARGUMENTS = ('restrict_to_action_tokens',)
+
+
+def _parameter_value(name: str, text: str):
+    if name not in BOOLEAN_ARGUMENTS:
+        return text
+    flag = text.strip().lower()
+    if flag not in ('true', 'false'):
+        raise ValueError(f'{name}: expected true or false, got {text!r}')
+    return flag == 'true'
 
 
 def node_options(values: dict) -> dict:
     """Argument values (strings) -> name, namespace, parameters and remappings of the node."""
-    overrides = {name: values[name] for name in PARAMETER_ARGUMENTS if values.get(name)}
+    overrides = {name: _parameter_value(name, values[name]) for name in PARAMETER_ARGUMENTS
+                 if values.get(name)}
     parameters = [values['params_file']] + ([overrides] if overrides else [])
     remappings = [(own, values[arg]) for arg, own in REMAPPINGS if values.get(arg)]
     return {'name': values['node_name'], 'namespace': values['namespace'],

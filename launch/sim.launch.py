@@ -5,7 +5,9 @@
 The bridge publishes the camera and the instruction to the VLA node's private topics and applies
 its twist and gripper commands to the simulator; both nodes get the same control period, scales,
 speed limits and gripper convention (the bridge inverts exactly what the VLA node applies). The
-bridge runs `episodes` seeded episodes of `task_name` and logs each result. `sim_mode:=lockstep`
+bridge runs `episodes` seeded episodes of `task_name` and logs each result; when it exits,
+launch stops the VLA node and ends. It renders off-screen, so no display is needed (MUJOCO_GL
+picks the back end, osmesa unless set). `sim_mode:=lockstep`
 waits for the action of every frame (deterministic), with `action_delay:=d` applying it d
 control periods later (delayed lock-step); `realtime` steps at `control_rate_hz` whether or
 not an action arrived. `vla-spec demo` runs the same pair in one process.
@@ -84,15 +86,22 @@ def node_options(values: dict) -> tuple[dict, dict]:
 
 
 def _launch_nodes(context, *args, **kwargs):
+    from launch.actions import EmitEvent, RegisterEventHandler
+    from launch.event_handlers import OnProcessExit
+    from launch.events import Shutdown
     from launch.substitutions import LaunchConfiguration
     from launch_ros.actions import Node
 
     values = {name: LaunchConfiguration(name).perform(context) for name, _, _ in ARGUMENTS}
     vla, bridge = node_options(values)
+    bridge_node = Node(package='vla_spec_ros', executable='vla-spec-sim-bridge',
+                       output='screen', emulate_tty=True, **bridge)
+    # The bridge's episodes are the run: once it exits, launch stops the VLA node and ends.
+    done = RegisterEventHandler(OnProcessExit(
+        target_action=bridge_node,
+        on_exit=[EmitEvent(event=Shutdown(reason='the simulator bridge has exited'))]))
     return [Node(package='vla_spec_ros', executable='vla-spec-node', output='screen',
-                 emulate_tty=True, **vla),
-            Node(package='vla_spec_ros', executable='vla-spec-sim-bridge', output='screen',
-                 emulate_tty=True, **bridge)]
+                 emulate_tty=True, **vla), bridge_node, done]
 
 
 def generate_launch_description():

@@ -1,7 +1,8 @@
 """`colcon build` of this package into a fresh workspace, then the installed entry point.
 
 The repository is copied to `<tmp>/src/vla_spec_ros` (so nothing is written into the source
-tree) and built with colcon (colcon-core + colcon-ros: the `ros.ament_python` build type).
+tree) and built with colcon (colcon-core + colcon-ros: the `ros.ament_python` build type),
+once per test process: launch_util.colcon_workspace, shared with the `ros2 launch` tests.
 The install space must hold what a ROS 2 user expects: the ament index marker, package.xml,
 launch files, YAML configs and the node executables in `lib/vla_spec_ros` (setup.cfg's
 script-dir entries). The node is then started from the install space, with its environment
@@ -11,70 +12,37 @@ import importlib.util
 import os
 import pathlib
 import re
-import shutil
 import subprocess
 import sys
 import time
 
 import pytest
 
+import launch_util
 from launch_util import NodeProcess
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-PACKAGE = 'vla_spec_ros'
-COLCON_MODULES = ('colcon_core', 'colcon_ros', 'colcon_python_setup_py')
-HAS_COLCON = all(importlib.util.find_spec(m) is not None for m in COLCON_MODULES)
+PACKAGE = launch_util.PACKAGE
+HAS_COLCON = launch_util.has_colcon()
 HAS_RCLPY = all(importlib.util.find_spec(m) is not None
                 for m in ('rclpy', 'sensor_msgs', 'geometry_msgs', 'std_srvs', 'diagnostic_msgs'))
 HAS_TORCH = importlib.util.find_spec('torch') is not None
 DOMAIN_ID = 211 + (os.getpid() % 10)    # other tests: 11..210
 TIMEOUT = 60.0
 EXECUTABLES = ('vla-spec', 'vla-spec-node', 'vla-spec-lifecycle-node', 'vla-spec-sim-bridge')
-# Top-level paths of the repository that are not part of the package source.
-NOT_COPIED = {'.git', 'build', 'install', 'log', '.venv', '.pytest_cache', 'results', 'runs',
-              '.dbg'}
 
 needs_colcon = pytest.mark.skipif(
     not HAS_COLCON, reason='colcon is not installed (colcon-core, colcon-ros, '
     'colcon-python-setup-py: pip install -e ".[test]")')
 
 
-def _copy_ignore(directory, names):
-    ignored = {n for n in names if n == '__pycache__' or n.endswith('.egg-info')}
-    if pathlib.Path(directory) == ROOT:
-        ignored |= NOT_COPIED & set(names)
-    return ignored
-
-
 @pytest.fixture(scope='module')
-def workspace(tmp_path_factory):
-    """Build once per module; returns (workspace, install prefix of the package)."""
-    ws = tmp_path_factory.mktemp('colcon_ws')
-    shutil.copytree(ROOT, ws / 'src' / PACKAGE, ignore=_copy_ignore, symlinks=True)
-    env = dict(os.environ, COLCON_HOME=str(ws / 'colcon_home'), COLCON_LOG_PATH=str(ws / 'log'),
-               PYTHONDONTWRITEBYTECODE='1')
-    argv = [sys.executable, '-c', 'import sys; from colcon_core.command import main; '
-            'sys.exit(main())', 'build', '--base-paths', str(ws / 'src'),
-            '--build-base', str(ws / 'build'), '--install-base', str(ws / 'install')]
-    started = time.monotonic()
-    result = subprocess.run(argv, cwd=str(ws), env=env, capture_output=True, text=True,
-                            timeout=300)
-    output = result.stdout + result.stderr
-    assert result.returncode == 0, output[-6000:]
-    assert f'Finished <<< {PACKAGE}' in output, output[-6000:]
-    print(f'colcon build: {time.monotonic() - started:.1f} s')
-    return ws, ws / 'install' / PACKAGE
+def workspace():
+    """(workspace, install prefix of the package), built once per test process."""
+    return launch_util.colcon_workspace()
 
 
-def install_env(ws):
-    """The install space's environment, as `. install/setup.sh` leaves it."""
-    setup = ws / 'install' / 'setup.sh'
-    assert setup.is_file(), 'colcon did not generate install/setup.sh'
-    env = dict(os.environ)
-    env.pop('AMENT_PREFIX_PATH', None)
-    out = subprocess.run(['sh', '-c', f'. "{setup}" >/dev/null && env -0'], env=env,
-                         capture_output=True, check=True, timeout=60).stdout
-    return dict(item.split('=', 1) for item in out.decode().split('\0') if '=' in item)
+install_env = launch_util.install_env
 
 
 def test_package_xml_declares_the_interfaces_the_code_imports():

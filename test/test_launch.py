@@ -1,13 +1,14 @@
-"""launch/robot.launch.py and config/robot.yaml.
+"""launch/robot.launch.py and config/robot.yaml, and the launch arguments the docs name.
 
-Where `launch` and `launch_ros` are importable (a ROS 2 distribution) and the package is
-installed, the launch file is started for real. Everywhere else (pip-only rclpy) the same
-options the launch file builds are turned into `--ros-args --params-file ... -r ...` for the
-node's own entry point, which is started as a process and inspected over DDS.
+The options the launch file builds are turned into `--ros-args --params-file ... -r ...` for the
+node's own entry point (what a user without ROS 2's launch system runs), which is started as a
+process and inspected over DDS. The real `ros2 launch` of every launch file, from a colcon
+build: test_ros2_cli.py, test_ros2_fleet_launch.py and test_sim_launch.py.
 """
 import importlib.util
 import os
 import pathlib
+import re
 import subprocess
 import sys
 import time
@@ -24,23 +25,6 @@ HAS_RCLPY = all(importlib.util.find_spec(m) is not None
 HAS_TORCH = importlib.util.find_spec('torch') is not None
 DOMAIN_ID = 51 + (os.getpid() % 40)     # test_ros_node uses 11..50
 TIMEOUT = 60.0
-
-
-def _has_real_launch():
-    """`launch` may resolve to this repository's launch/ folder (a namespace package)."""
-    if importlib.util.find_spec('launch_ros') is None:
-        return False
-    import launch
-    return hasattr(launch, 'LaunchDescription')
-
-
-def _is_package_installed():
-    try:
-        from ament_index_python.packages import get_package_share_directory
-        get_package_share_directory('vla_spec_ros')
-        return True
-    except Exception:
-        return False
 
 
 def load_launch_module():
@@ -225,37 +209,44 @@ def test_bad_params_file_fails_loudly(tmp_path, old, new, words):
     assert words in result.stderr
 
 
-# ---- the real launch file -------------------------------------------------------------------
+# ---- the launch arguments the docs name -----------------------------------------------------
+# (`ros2 launch` itself: test_ros2_cli.py, test_ros2_fleet_launch.py, test_sim_launch.py)
 
-LAUNCH_SCRIPT = """
-import sys
-from launch import LaunchService
-from launch.actions import IncludeLaunchDescription
-from launch.launch_description_sources import PythonLaunchDescriptionSource
-service = LaunchService(argv=[])
-service.include_launch_description(IncludeLaunchDescription(
-    PythonLaunchDescriptionSource(sys.argv[1]),
-    launch_arguments={'model_path': 'tiny', 'namespace': 'robot1'}.items()))
-sys.exit(service.run())
-"""
+def _declared(file_name):
+    return [name for name, _, _ in launch_util.load_launch_module(file_name).ARGUMENTS]
 
 
-def _launch_skip_reason():
-    if not (HAS_RCLPY and HAS_TORCH):
-        return 'needs rclpy, the ROS message wheels and torch'
-    if not _has_real_launch():
-        return ('launch / launch_ros are not importable (not on PyPI); the YAML and the launch '
-                'options are tested through the node\'s own --params-file path instead')
-    if not _is_package_installed():
-        return 'vla_spec_ros is not installed in an ament prefix (colcon build)'
-    return None
+def _section(path, heading):
+    text = path.read_text()
+    section = text[text.index(heading) + len(heading):]
+    return section[:section.index('\n#')] if '\n#' in section else section
 
 
-@pytest.mark.skipif(_launch_skip_reason() is not None, reason=str(_launch_skip_reason()))
-def test_launch_file_starts_the_node(probe):
-    with NodeProcess([sys.executable, '-c', LAUNCH_SCRIPT, str(LAUNCH_FILE)],
-                     env=child_env()):
-        wait_until(lambda: ('vla_spec', '/robot1') in probe.get_node_names_and_namespaces(),
-                   what='/robot1/vla_spec')
-        wait_until(lambda: probe.count_publishers('/servo_node/delta_twist_cmds') >= 1,
-                   what='twist publisher on the Servo topic')
+def test_every_robot_launch_argument_is_in_the_node_docs_table_and_back():
+    table = [line for line in _section(ROOT / 'docs' / 'node.md', '\n## Launch\n').splitlines()
+             if line.startswith('| `')]
+    documented = [name for line in table for name in re.findall(r'`(\w+)`', line.split('|')[1])]
+    assert sorted(documented) == sorted(_declared('robot.launch.py'))
+
+
+def test_every_fleet_and_sim_launch_argument_is_documented_and_back():
+    text = ' '.join((ROOT / 'docs' / 'fleet.md').read_text().split())
+    sentence = text[text.index('Launch arguments: '):].split('. ')[0]
+    assert sorted(re.findall(r'`(\w+)` \(', sentence)) == sorted(_declared('fleet.launch.py'))
+    text = ' '.join((ROOT / 'docs' / 'demo.md').read_text().split())
+    sentence = text[text.index('`sim.launch.py` arguments: '):].split('. ')[0]
+    documented = re.findall(r'`(\w+)`', sentence.split(':', 1)[1])
+    assert sorted(documented) == sorted(_declared('sim.launch.py'))
+
+
+def test_every_documented_ros2_launch_line_uses_declared_arguments():
+    from ros2_commands import doc_commands, launch_arguments
+
+    lines = [(path, number, argv) for path in [ROOT / 'README.md', *(ROOT / 'docs').glob('*.md')]
+             for number, argv in doc_commands(path) if argv[1] == 'launch']
+    assert {argv[3] for _, _, argv in lines} == {'robot.launch.py', 'fleet.launch.py',
+                                                 'sim.launch.py'}
+    for path, number, argv in lines:
+        assert argv[2] == 'vla_spec_ros', (path.name, number)
+        unknown = set(launch_arguments(argv)) - set(_declared(argv[3]))
+        assert not unknown, f'{path.name}:{number}: {sorted(unknown)} not declared in {argv[3]}'

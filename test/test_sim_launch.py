@@ -2,7 +2,9 @@
 
 The options the launch file builds are checked for consistency (both nodes must share the
 command conventions), then started as two processes (the nodes' own entry points with the same
-`--ros-args`, as launch_ros would) for one short lock-step episode over DDS.
+`--ros-args`, as launch_ros would) for one short lock-step episode over DDS. Where ROS 2's
+launch system is installed, docs/demo.md's own `ros2 launch vla_spec_ros sim.launch.py ...`
+line runs as written from a colcon build, without a display, and ends by itself.
 """
 import dataclasses
 import importlib.util
@@ -13,6 +15,7 @@ import subprocess
 import pytest
 
 import launch_util
+import ros2_commands
 from launch_util import default_values
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -21,6 +24,8 @@ HAS_RCLPY = all(importlib.util.find_spec(m) is not None
                 for m in ('rclpy', 'sensor_msgs', 'geometry_msgs', 'std_srvs', 'diagnostic_msgs'))
 DOMAIN_ID = 91 + (os.getpid() % 40)     # test_ros_node: 11..50, test_launch: 51..90
 TIMEOUT = 120.0
+DEMO_DOC = ROOT / 'docs' / 'demo.md'
+LAUNCH_TIMEOUT = 300.0      # the docs' five episodes, model loading included, on a loaded CPU
 
 
 def load_launch_module():
@@ -124,3 +129,32 @@ def test_launch_options_run_an_episode_between_two_processes():
     assert 'episode 0:' in output, output
     # Every step was taken with a command from the VLA node (4 steps, 4 commands applied).
     assert 'num_steps=4' in output and 'commands_applied=4' in output, output
+
+
+def test_docs_ros2_launch_line_runs_its_episodes_headless_and_ends():
+    reason = _skip_reason() or ros2_commands.skip_reason()
+    if reason is not None:
+        pytest.skip(reason)
+    import re
+    import tempfile
+
+    argv = ros2_commands.find_command(ros2_commands.doc_commands(DEMO_DOC), 'ros2', 'launch',
+                                      'vla_spec_ros', 'sim.launch.py')
+    episodes = int(ros2_commands.launch_arguments(argv)['episodes'])
+    ws, _ = launch_util.colcon_workspace()
+    with tempfile.TemporaryDirectory() as logs:
+        env = ros2_commands.cli_env(ws, DOMAIN_ID, logs)
+        env.pop('DISPLAY', None)            # headless: rendering is off-screen
+        env.setdefault('MUJOCO_GL', 'osmesa')
+        ros2 = ros2_commands.Ros2(env, ws)
+        with ros2.launch(argv, pathlib.Path(logs) / 'sim.log') as launched:
+            code = launched.popen.wait(timeout=LAUNCH_TIMEOUT)
+            output = launched.output()
+    assert code == 0, output[-6000:]
+    results = re.findall(r'\[sim_bridge\]: episode (\d+): EpisodeResult\(.*num_steps=(\d+)\)'
+                         r'.*num_commands_applied=(\d+)', output)
+    assert [int(index) for index, _, _ in results] == list(range(episodes)), output[-6000:]
+    for _, steps, applied in results:       # every step took the VLA node's command
+        assert steps == applied, output[-6000:]
+    assert len(re.findall(r'process has finished cleanly', output)) == 2, output[-6000:]
+    assert 'has died' not in output, output[-6000:]
