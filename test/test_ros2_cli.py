@@ -26,8 +26,8 @@ from ros2_commands import doc_commands, find_command, launch_arguments
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 README = ROOT / 'README.md'
 NODE_DOC = ROOT / 'docs' / 'node.md'
-# 102..120: no other test file uses these; the managed node gets a domain of its own, so that
-# a plain node left running by a failed test cannot answer for it.
+# 102..120, shared with test_ros2_fleet_launch.py (a third value); the managed node gets a
+# domain of its own, so that a plain node left running by a failed test cannot answer for it.
 DOMAIN_ID = 102 + (os.getpid() % 19)
 MANAGED_DOMAIN_ID = 102 + ((os.getpid() + 9) % 19)
 QUIET_S = 1.0               # no twist for this long after the node exited: nothing in transit
@@ -199,7 +199,7 @@ def readme_launch_line():
                         'robot.launch.py', model_path='tiny')
 
 
-def wait_until_up(graph, launched, argv):
+def wait_until_up(graph, launched):
     """The launched node answers its parameter services and says it is ready."""
     from rclpy.parameter_client import AsyncParameterClient
 
@@ -213,7 +213,7 @@ def robot(graph):
     """The README's `tiny` launch line, running (until the SIGINT test stops it)."""
     argv = readme_launch_line()
     with graph.launch(argv, 'robot') as launched:
-        wait_until_up(graph, launched, argv)
+        wait_until_up(graph, launched)
         yield launched
 
 
