@@ -3,8 +3,10 @@
 ``VLAPolicy.from_pretrained(path_or_preset, **engine_options)`` loads a checkpoint folder of
 any family the registry knows (models/registry.py: OpenVLA's Hugging Face layout, pi0-FAST's
 LeRobot layout), or a preset name (a random-weight checkpoint of that preset is written once
-to a cache folder and loaded through the same loader). ``predict`` runs one frame
-to completion; ``engine`` is the streaming interface over the same model.
+to a cache folder and loaded through the same loader). ``VLAPolicy.from_config(path_or_preset,
+config)`` is the same with an ``EngineConfig`` already built (the node builds its own from its
+parameters): the engine runs with that very object. ``predict`` runs one frame to completion;
+``engine`` is the streaming interface over the same model.
 """
 from __future__ import annotations
 
@@ -77,7 +79,14 @@ class VLAPolicy:
             # '' is how a ROS string parameter says "unset" (ros/params.py); the API takes it
             # the same way rather than reading the working directory as a draft folder.
             engine_options = {**engine_options, 'draft_path': None}
-        config = EngineConfig.from_dict(engine_options)
+        return cls.from_config(path_or_preset, EngineConfig.from_dict(engine_options))
+
+    @classmethod
+    def from_config(cls, path_or_preset: str, config: EngineConfig) -> 'VLAPolicy':
+        """A policy over ``path_or_preset`` (as ``from_pretrained``) whose engine runs with
+        ``config`` itself (``policy.config is config``)."""
+        if not isinstance(config, EngineConfig):
+            raise TypeError(f'config: expected an EngineConfig, got {type(config).__name__}')
         if config.device.startswith('cuda') and not torch.cuda.is_available():
             raise ValueError(f'device: {config.device!r} requested but CUDA is not available')
         folder = resolve_checkpoint(path_or_preset)

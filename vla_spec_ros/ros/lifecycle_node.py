@@ -66,8 +66,7 @@ class VLASpecLifecycleNode(LifecycleNode):
         proposed = dict(self._values)
         proposed.update((c.name, c.value) for c in changes if c.name in proposed)
         try:
-            _, settings = params.settings_from_parameters(proposed)
-            params.robot_settings(settings, proposed)
+            params.configuration_from_parameters(proposed)
         except ValueError as exc:
             return SetParametersResult(successful=False, reason=str(exc))
         return SetParametersResult(successful=True)
@@ -83,8 +82,9 @@ class VLASpecLifecycleNode(LifecycleNode):
 
     def on_configure(self, state) -> TransitionCallbackReturn:
         try:
-            policy = load_for_node(self, self._values, self._given_policy)
-            serving = Serving(self, policy, self._values, is_active=False)
+            config = params.configuration_from_parameters(self._values)
+            policy = load_for_node(self, config, self._given_policy)
+            serving = Serving(self, policy, self._values, config, is_active=False)
         except (ValueError, OSError) as exc:
             self.get_logger().error(f'configure failed: {describe_error(exc)}')
             return TransitionCallbackReturn.FAILURE

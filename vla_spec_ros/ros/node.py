@@ -32,7 +32,6 @@ import contextlib
 import signal
 import sys
 import threading
-from dataclasses import asdict
 
 import rclpy
 from rclpy.exceptions import ParameterException
@@ -47,11 +46,12 @@ STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 SPIN_PERIOD_S = 0.1      # the spin looks for a stop request at least this often
 
 
-def load_policy(settings: params.NodeSettings, engine_config):
-    """VLAPolicy.from_pretrained(model_path, **EngineConfig fields); torch imports here."""
+def load_policy(config: params.Configuration):
+    """The policy of `model_path`, its engine running with `config.engine` itself (no copy
+    through keyword options); torch imports here."""
     from vla_spec_ros.policy import VLAPolicy
 
-    return VLAPolicy.from_pretrained(settings.model_path, **asdict(engine_config))
+    return VLAPolicy.from_config(config.node.model_path, config.engine)
 
 
 def refuse_unknown_overrides(node) -> None:
@@ -66,18 +66,17 @@ def refuse_unknown_overrides(node) -> None:
                          f'<robot>.{{{", ".join(params.ROBOT_PARAMETERS)}}}')
 
 
-def load_for_node(node, values: dict, policy=None):
-    """Validate the parameter values, set the process's torch threads (``torch_threads``),
-    then load the policy (unless one is given)."""
-    engine_config, settings = params.settings_from_parameters(values)
-    params.robot_settings(settings, values)          # each robot's own values, validated
+def load_for_node(node, config: params.Configuration, policy=None):
+    """Set the process's torch threads (``torch_threads``), then load the policy of the
+    validated `config` (unless one is given)."""
+    settings, engine_config = config.node, config.engine
     if settings.torch_threads:
         import torch
         torch.set_num_threads(settings.torch_threads)
     if policy is None:
         node.get_logger().info(f'loading {settings.model_path!r} (mode {engine_config.mode}, '
                                f'device {engine_config.device})')
-        return load_policy(settings, engine_config)
+        return load_policy(config)
     node.get_logger().info('using the policy passed to the node; load-time engine parameters '
                            'come from it')
     return policy
@@ -92,8 +91,10 @@ class VLASpecNode(Node):
         #    before anything is subscribed (a bad file fails here, loudly).
         values = params.declare_parameters(self)
         refuse_unknown_overrides(self)
-        # 2. Model, then the robots' channels, the worker and the timers.
-        self._serving = Serving(self, load_for_node(self, values, policy), values,
+        config = params.configuration_from_parameters(values)
+        # 2. Model, then the robots' channels, the worker and the timers, from that one
+        #    configuration object.
+        self._serving = Serving(self, load_for_node(self, config, policy), values, config,
                                 is_active=True)
         self._serving.warm_up()      # before anything is served: the first action is not slow
         self.add_on_set_parameters_callback(self._serving.validate)

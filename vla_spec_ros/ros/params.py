@@ -5,8 +5,11 @@ Every parameter is declared from `PARAMETERS` with a default, a description and 
 field metadata (config.py `EngineOption`): their range, default, description and tunability are
 written once, there; the node's own parameters are the table below.
 `settings_from_parameters` is the single place where parameter values become the frozen
-`EngineConfig` and the frozen `NodeSettings` below; the node calls it at start-up (before it
-subscribes) and on every `ros2 param set` to validate the proposed values.
+`EngineConfig` and the frozen `NodeSettings` below. The node calls it through
+`configuration_from_parameters`, which adds each robot's own settings: one `Configuration`
+object, built once at start-up (before anything is subscribed) and handed as is to the policy
+loader (its `engine` is the engine's config, no dict in between) and to the serving; again on
+every `ros2 param set`, to validate the proposed values and to apply them.
 
 Parameters are either tunable (applied from the next frame: a request keeps the values it was
 submitted with) or load-time (the model is built from them; a runtime change is refused with
@@ -488,6 +491,23 @@ def settings_from_parameters(values: Mapping[str, Any]) -> tuple[EngineConfig, N
     return EngineConfig.from_dict(engine), NodeSettings(**node)
 
 
+@dataclass(frozen=True)
+class Configuration:
+    """Everything the parameters decide, as one object: the engine's config, the node-wide
+    settings and each robot's own (`robot_settings`; {'': node} for a single robot)."""
+
+    engine: EngineConfig
+    node: NodeSettings
+    robots: Mapping[str, NodeSettings]
+
+
+def configuration_from_parameters(values: Mapping[str, Any]) -> Configuration:
+    """The node's configuration from its parameter values (`settings_from_parameters`, then
+    each robot's `<robot>.<name>` overlay); ValueError naming the first bad parameter."""
+    engine, node = settings_from_parameters(values)
+    return Configuration(engine, node, robot_settings(node, values))
+
+
 def default_node_settings() -> NodeSettings:
     return settings_from_parameters({})[1]
 
@@ -558,7 +578,8 @@ def _declare(node, specs, defaults) -> dict[str, Any]:
 
 __all__ = ['ParameterSpec', 'PARAMETERS', 'PARAMETERS_BY_NAME', 'TUNABLE_PARAMETERS',
            'LOAD_TIME_PARAMETERS', 'ENGINE_FIELDS_NOT_EXPOSED', 'NodeSettings',
-           'settings_from_parameters', 'default_values', 'default_node_settings',
+           'settings_from_parameters', 'Configuration', 'configuration_from_parameters',
+           'default_values', 'default_node_settings',
            'load_time_refusal', 'tunable_engine_changes', 'describe_range',
            'declare_parameters', 'ROBOT_PARAMETERS', 'robot_parameter_name',
            'robot_settings']

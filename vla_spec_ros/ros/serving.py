@@ -45,25 +45,30 @@ STOP_ACK_TIMEOUT_S = 1.0            # how long `stop` waits for the holds to be 
 class Serving:
     """Channels (one per robot), the inference worker and the timers of one loaded node.
 
-    `values`: every parameter value after overrides (params.declare_parameters).
+    `values`: every parameter value after overrides (params.declare_parameters); `config`:
+    the configuration the node built from them (params.configuration_from_parameters), the
+    one its policy was loaded with. A parameter change builds the next one from `values`.
     """
 
-    def __init__(self, node, policy, values: dict, *, is_active: bool):
+    def __init__(self, node, policy, values: dict, config: params.Configuration, *,
+                 is_active: bool):
         self.node = node
         self.policy = policy
         self.engine = policy.engine
         self.values = dict(values)
-        self.engine_config, self.settings = params.settings_from_parameters(self.values)
+        self.config = config
         self.unnorm_keys = tuple(policy.unnorm_keys)
         if len(self.settings.robots) > self.engine.config.max_streams:
             raise ValueError(f'robots: {len(self.settings.robots)} robots but the engine '
                              f'serves at most max_streams={self.engine.config.max_streams}')
-        per_robot = params.robot_settings(self.settings, self.values)
+        per_robot = config.robots
         for settings in per_robot.values():
             self._check_unnorm_key(settings.unnorm_key)
         self.engine_lock = threading.Lock()
+        # A policy passed in (tests, embedding) was loaded with its own config: the tunable
+        # parameters still apply, from the first frame.
         self._pending_tunables = params.tunable_engine_changes(self.engine.config,
-                                                               self.engine_config)
+                                                               config.engine)
         self._tunables_lock = threading.Lock()
         self.recorders = {robot: make_recorder(settings, robot)
                           for robot, settings in per_robot.items()}
@@ -105,6 +110,17 @@ class Serving:
         self.gc_pauses = GcPauses(window_s=self.channels[0].stats.window_s)
 
     # ---- state ------------------------------------------------------------------------------
+
+    @property
+    def settings(self) -> params.NodeSettings:
+        """The node-wide settings in force (each robot's own: its channel's `settings`)."""
+        return self.config.node
+
+    @property
+    def engine_config(self):
+        """The EngineConfig the parameters say (the engine takes its tunables from it before
+        its next submit)."""
+        return self.config.engine
 
     @property
     def is_multi_robot(self) -> bool:
@@ -246,8 +262,8 @@ class Serving:
                     'at start-up)'))
             proposed[change.name] = change.value
         try:
-            _, settings = params.settings_from_parameters(proposed)
-            for robot_settings in params.robot_settings(settings, proposed).values():
+            config = params.configuration_from_parameters(proposed)
+            for robot_settings in config.robots.values():
                 self._check_unnorm_key(robot_settings.unnorm_key)
         except ValueError as exc:
             return SetParametersResult(successful=False, reason=str(exc))
@@ -258,14 +274,13 @@ class Serving:
         for change in changes:
             if change.name in self.values:
                 self.values[change.name] = change.value
-        engine_config, self.settings = params.settings_from_parameters(self.values)
+        config = params.configuration_from_parameters(self.values)
         with self._tunables_lock:
             self._pending_tunables.update(
-                params.tunable_engine_changes(self.engine_config, engine_config))
-        self.engine_config = engine_config
-        per_robot = params.robot_settings(self.settings, self.values)
+                params.tunable_engine_changes(self.config.engine, config.engine))
+        self.config = config
         for channel in self.channels:
-            was_enabled, channel.settings = channel.settings.enabled, per_robot[channel.name]
+            was_enabled, channel.settings = channel.settings.enabled, config.robots[channel.name]
             if was_enabled != channel.settings.enabled:
                 self.node.get_logger().info(
                     f'{channel.label}: {"enabled" if channel.settings.enabled else "disabled"}')
