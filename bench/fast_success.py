@@ -2,7 +2,7 @@
 (``sim.demos.run_episode``, lock-step with ``DelayedLockstep()``: a frame every control step,
 no latency, d = 0), no ROS node, the chunks executed by the node's rules (``--blend``,
 ``--decay``, ``--on-invalid``: the node's ``chunk_blend``, ``chunk_ensemble_decay`` and
-``invalid_chunk``, ros/chunk_schedule.py).
+``invalid_chunk``, ros/chunk_rules.py).
 
     python3 bench/fast_success.py [--model metaworld-demo-fast] [--episodes 10] [--seed 1000]
         [--mode ar] [--tasks ...] [--blend latest|ensemble] [--on-invalid continue|hold]
@@ -33,7 +33,7 @@ def main(argv=None) -> int:
     import numpy as np
 
     from vla_spec_ros.policy import VLAPolicy
-    from vla_spec_ros.ros.chunk_schedule import BLENDS, INVALID_CHUNK_RULES, blend_steps
+    from vla_spec_ros.ros.chunk_rules import BLENDS, INVALID_CHUNK_RULES, blend_steps
     from vla_spec_ros.sim.delayed_lockstep import DelayedLockstep
     from vla_spec_ros.sim.demos import (choose_instruction, episode_seed, run_episode,
                                         success_rate)
@@ -68,7 +68,7 @@ def main(argv=None) -> int:
 
     def act(image, instruction, period):
         """A frame's plan for periods period .. period + K - 1, by the node's chunk rules
-        (ros/chunk_schedule.py): `latest` executes the newest valid chunk; `ensemble` the
+        (ros/chunk_rules.py): `latest` executes the newest valid chunk; `ensemble` the
         weighted mean of every valid chunk covering each step (weights exp(-decay * j), j = 0
         for the newest). A frame that does not decode adds no chunk: the chunks already
         planned keep running (`--on-invalid continue`, the node's default) or the arm holds

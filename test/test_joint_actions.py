@@ -1,4 +1,4 @@
-"""Joint action spaces without a node: the command's per-joint clamps (ros/command.py), the
+"""Joint action spaces without a node: the command's per-joint clamps (ros/command_rules.py), the
 state vector from a JointState (ros/state_input.py) and the JointTrajectory's timing checked
 against JointTrajectoryController's documented acceptance rules (ros/joint_outputs.py).
 
@@ -13,7 +13,7 @@ import math
 import numpy as np
 import pytest
 
-from vla_spec_ros.ros import command as cmd
+from vla_spec_ros.ros import command_rules as cmd
 from vla_spec_ros.ros import params
 from vla_spec_ros.ros.state_input import state_from_array, state_from_joint_state
 

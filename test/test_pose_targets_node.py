@@ -1,4 +1,4 @@
-"""Absolute targets from the real node over DDS (ros/pose_targets.py): MoveIt Servo's pose mode
+"""Absolute targets from the real node over DDS (ros/pose_output.py): MoveIt Servo's pose mode
 and a Cartesian trajectory controller's absolute poses.
 
 A probe publishes the tool pose (PoseStamped, as a robot driver does) and camera frames; the

@@ -1,6 +1,6 @@
 """A chunked model's steps on the controller's clock (docs/chunks.md).
 
-Pure part (no rclpy): the schedule of ros/chunk_schedule.py on a fake clock (due step, skip,
+Pure part (no rclpy): the schedule of ros/chunk_rules.py on a fake clock (due step, skip,
 run-out, expiry, latest vs ensemble), the arrival checks and the counters. DDS part: the real
 node with a chunked tiny model (action_chunk 4, random weights) and a probe camera recording
 ~/twist, ~/action and ~/trajectory: steps one control period apart, stamped image stamp +
@@ -17,8 +17,8 @@ import numpy as np
 import pytest
 
 from engine_wrappers import FaultEngine, RecordingEngine, WrappedPolicy
-from vla_spec_ros.ros import chunk_schedule as chunks
-from vla_spec_ros.ros import command as cmd
+from vla_spec_ros.ros import chunk_rules as chunks
+from vla_spec_ros.ros import command_rules as cmd
 from vla_spec_ros.ros import params
 from vla_spec_ros.ros.diagnostics import InferenceStats
 
@@ -441,7 +441,7 @@ def test_steps_follow_the_control_clock_and_the_trajectory_is_the_chunk(chunk_no
 
     node, probe = chunk_node
     _, frames, expected = chunked
-    assert node.serving.chunk_steps == K and node.serving.step_clock is not None
+    assert node.serving.chunk_steps == K and node.serving.chunk_clock is not None
     before = node.stats_snapshot()
     start = len(probe.probe.twists.snapshot())
     traj_start = len(probe.trajectories.snapshot())
@@ -701,10 +701,10 @@ def test_without_trajectory_msgs_the_steps_still_flow(ros, chunked, chunk_node, 
     from ros_probe import wait_until
 
     from vla_spec_ros import VLAPolicy
-    from vla_spec_ros.ros import command_messages
+    from vla_spec_ros.ros import twist_messages
 
     folder, frames, expected = chunked
-    monkeypatch.setattr(command_messages, 'MultiDOFJointTrajectory', None)
+    monkeypatch.setattr(twist_messages, 'MultiDOFJointTrajectory', None)
     policy = WrappedPolicy(VLAPolicy.from_pretrained(str(folder),
                                                      restrict_to_action_tokens=True),
                            RecordingEngine)

@@ -14,7 +14,7 @@ import pytest
 from scipy.spatial.transform import Rotation
 
 from vla_spec_ros.config import TUNABLE_ENGINE_FIELDS, EngineConfig, engine_option
-from vla_spec_ros.ros import command as cmd
+from vla_spec_ros.ros import command_rules as cmd
 from vla_spec_ros.ros import params
 from vla_spec_ros.ros.diagnostics import (ERROR, FRAME_STAGES, OK, WARN, InferenceStats,
                                           frame_stages, level_for, percentile)

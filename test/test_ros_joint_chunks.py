@@ -219,7 +219,7 @@ def test_joint_velocity_chunk_goes_out_as_one_joint_jog_per_control_period(
     node, image_pub = _start(ros, chunked, name, action_space='joint_velocity',
                              joint_max_velocity=MAX_VELOCITY)
     try:
-        assert node.serving.chunk_steps == K and node.serving.step_clock is not None
+        assert node.serving.chunk_steps == K and node.serving.chunk_clock is not None
         wait_until(lambda: sub.get_publisher_count() > 0, what='joint_jog publisher')
         start = len(jogs.snapshot())
 

@@ -5,7 +5,7 @@ entering it and then stays quiet; a change of kind starts a new budget; a hold t
 out always does; a command releases the state; a refused frame supersedes the results of older
 frames; an instruction change supersedes results decided under the old one.
 """
-from vla_spec_ros.ros import command as cmd
+from vla_spec_ros.ros import command_rules as cmd
 from vla_spec_ros.ros.safety_gate import SafetyGate
 
 

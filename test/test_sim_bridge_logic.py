@@ -1,6 +1,6 @@
 """Pure-Python tests of the simulator bridge's command logic (no rclpy, torch or Meta-World).
 
-The round trip goes through the VLA node's own conversion (ros/command.py) so that the bridge
+The round trip goes through the VLA node's own conversion (ros/command_rules.py) so that the bridge
 is tested against what the node really publishes, not against a copy of its formula.
 """
 import dataclasses
@@ -10,7 +10,7 @@ import sys
 import numpy as np
 import pytest
 
-from vla_spec_ros.ros import command as cmd
+from vla_spec_ros.ros import command_rules as cmd
 from vla_spec_ros.ros.params import settings_from_parameters
 from vla_spec_ros.sim.answer_pairing import AnswerPairs, FrameRegistry, next_stamp_ns
 from vla_spec_ros.sim.bridge_settings import DESCRIPTIONS, BridgeSettings

@@ -92,7 +92,7 @@ FRAME_NS = (1_000_000_007, 1_000_000_007 + 30_000_000)      # two frames 30 ms a
 
 
 def step_stamp(frame_ns: int, index: int) -> int:
-    """The node's stamp of chunk step `index` (ros/robot_channel.offset_stamp)."""
+    """The node's stamp of chunk step `index` (ros/message_time.offset_stamp)."""
     return frame_ns + round(index * PERIOD_S * 1e9)
 
 

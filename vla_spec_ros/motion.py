@@ -1,8 +1,8 @@
 """Command math shared by the node (action -> twist, pose targets) and the simulator bridge
 (twist -> action).
 
-Pure numpy, no rclpy: `ros/command.py`, `ros/pose_math.py` and `sim/twist_to_action.py` all use
-these, so the directions of the command path cannot drift apart.
+Pure numpy, no rclpy: `ros/command_rules.py`, `ros/pose_math.py` and `sim/twist_to_action.py`
+all use these, so the directions of the command path cannot drift apart.
 
 What a rotation delta means (docs/robot.md, "Rotations"): an action's droll, dpitch, dyaw are
 fixed-axis X, then Y, then Z angles, the rotation R_delta = Rz(dyaw) @ Ry(dpitch) @ Rx(droll)

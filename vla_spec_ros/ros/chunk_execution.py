@@ -1,5 +1,5 @@
 """One robot's chunked-model execution: a finished chunk checked and kept, its steps published
-one per control period (the rules: chunk_schedule.py, docs/chunks.md).
+one per control period (the rules: chunk_rules.py, docs/chunks.md).
 
 The channel (robot_channel.py) owns the outputs and the holds; this file owns the robot's
 ChunkSchedule and the lock that orders a chunk's arrival and its steps' publishing (the worker
@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import threading
 
-from vla_spec_ros.ros import chunk_schedule as chunks
-from vla_spec_ros.ros import command as cmd
+from vla_spec_ros.ros import chunk_rules as chunks
+from vla_spec_ros.ros import command_rules as cmd
 from vla_spec_ros.ros.channel_stats import record_answer
-from vla_spec_ros.ros.command_messages import offset_stamp
+from vla_spec_ros.ros.message_time import offset_stamp
 
 
 class ChunkExecution:
@@ -31,7 +31,7 @@ class ChunkExecution:
             self.schedule.clear()
 
     def handle_finished(self, finished) -> None:
-        """A chunked model's frame: check the whole chunk (chunk_schedule.decide_chunk), keep
+        """A chunked model's frame: check the whole chunk (chunk_rules.decide_chunk), keep
         it, hand it to the outputs whole and publish its step that is due now."""
         channel = self.channel
         info = finished.frame.user_data

@@ -22,7 +22,7 @@ import threading
 import time
 from collections import deque
 
-from vla_spec_ros.ros.command import FAILURE_REASONS, reason_kind
+from vla_spec_ros.ros.command_rules import FAILURE_REASONS, reason_kind
 from vla_spec_ros.validation import check_number
 
 OK, WARN, ERROR = 0, 1, 2          # diagnostic_msgs/DiagnosticStatus levels

@@ -9,8 +9,8 @@
                     (empty when unset), position [position], effort [gripper_max_effort]
                     (the largest effort allowed while moving), no velocity (not limited)
 
-A goal is sent when the mapped gripper position changes (command.gripper_position), never on a
-hold (the controller keeps its last goal). control_msgs is imported here only: where it is
+A goal is sent when the mapped gripper position changes (command_rules.gripper_position), never
+on a hold (the controller keeps its last goal). control_msgs is imported here only: where it is
 missing one warning says so and the node publishes ~/gripper alone.
 """
 from __future__ import annotations

@@ -1,14 +1,12 @@
-"""Output adapters every action space shares: the gripper and the raw action
-(output_adapter.py).
+"""Output adapter of the gripper, every action space's (output_adapter.py).
 
-  <prefix>gripper   std_msgs/Float64MultiArray [position] per command (command.gripper_position
-                    mapping), for a forward command controller; plus, with
-                    gripper_action_name, a control_msgs gripper goal when the position changes
-                    (gripper_action.py). Nothing on a hold: the controller keeps its last
-                    command. A command without a gripper value (an action space whose
-                    checkpoint has no gripper dimension) sends nothing either.
-  <prefix>action    std_msgs/Float64MultiArray: the raw un-normalised action of every
-                    published command (or chunk step).
+  <prefix>gripper   std_msgs/Float64MultiArray [position] per command
+                    (command_rules.gripper_position mapping), for a forward command
+                    controller; plus, with gripper_action_name, a control_msgs gripper goal
+                    when the position changes (gripper_action.py). Nothing on a hold: the
+                    controller keeps its last command. A command without a gripper value (an
+                    action space whose checkpoint has no gripper dimension) sends nothing
+                    either.
 """
 from __future__ import annotations
 
@@ -41,17 +39,4 @@ class GripperOutput(OutputAdapter):
             self.action_client.destroy()
 
 
-class RawActionOutput(OutputAdapter):
-    def __init__(self, node, prefix: str):
-        self.node = node
-        self.action_pub = node.create_publisher(Float64MultiArray, prefix + 'action',
-                                                COMMAND_QOS)
-
-    def publish_command(self, command, stamp, settings, prepared=None) -> None:
-        self.action_pub.publish(Float64MultiArray(data=list(command.action)))
-
-    def destroy(self) -> None:
-        self.node.destroy_publisher(self.action_pub)
-
-
-__all__ = ['GripperOutput', 'RawActionOutput']
+__all__ = ['GripperOutput']

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import threading
 
-from vla_spec_ros.ros.command_messages import set_duration
+from vla_spec_ros.ros.message_time import set_duration
 from vla_spec_ros.ros.output_adapter import OutputAdapter
 from vla_spec_ros.ros.qos import COMMAND_QOS
 

@@ -6,11 +6,14 @@ A thin adapter over the engine's streaming interface (the ros2/examples idioms):
   params.py        every parameter, declared with a range; one mapping onto EngineConfig +
                    NodeSettings (+ each robot's own settings)
   robot_channel.py one robot's topics, services and holds; its parts: observation_input.py,
-                   safety_gate.py, chunk_execution.py, output_adapter.py and one adapter per
-                   output (twist_output.py, gripper_output.py, pose_output.py)
+                   safety_gate.py (with command_rules.py, the safety decisions),
+                   chunk_execution.py, output_adapter.py and one adapter per output
+                   (twist_output.py, joint_outputs.py, gripper_output.py,
+                   raw_action_output.py, pose_output.py, reasoning_output.py)
   worker.py        the inference thread: newest frame of each robot -> engine -> channels
-  chunk_schedule.py, step_clock.py
-                   a chunked model's steps, one per control period (docs/chunks.md)
+  chunk_rules.py, chunk_execution.py, chunk_clock.py
+                   a chunked model's steps, one per control period (docs/chunks.md): the
+                   rules, one robot's chunks, the thread that publishes them on time
   serving.py       channels + worker + timers + parameter callbacks of a loaded node
   node.py          this file: load the model, build the serving, `main`
   lifecycle_node.py the same as a managed (lifecycle) node

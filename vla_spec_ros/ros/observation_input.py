@@ -29,7 +29,7 @@ import time
 
 from sensor_msgs.msg import CompressedImage, Image
 
-from vla_spec_ros.ros import command as cmd
+from vla_spec_ros.ros import command_rules as cmd
 from vla_spec_ros.ros.clock_jumps import ClockWatch
 from vla_spec_ros.ros.frame_slot import FrameInfo, Observation
 from vla_spec_ros.ros.observation_sync import SlotPairing

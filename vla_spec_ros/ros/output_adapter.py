@@ -1,7 +1,7 @@
 """The interface every output of a robot implements: one adapter per thing the node sends.
 
-A robot channel (robot_channel.py) decides *whether* to act (safety_gate.py, command.py,
-chunk_schedule.py) and then hands the decided commands to its adapters, in order; each adapter
+A robot channel (robot_channel.py) decides *whether* to act (safety_gate.py, command_rules.py,
+chunk_rules.py) and then hands the decided commands to its adapters, in order; each adapter
 decides *what goes on the wire*. Adding an output (a new action space, a new controller's
 message) is one new file with one `OutputAdapter` subclass, and one line in
 `robot_channel.build_outputs`.
@@ -15,10 +15,10 @@ force:
         publish_command / publish_chunk. A non-None `hold_reason` means the command cannot be
         computed (pose targets: tool pose unknown): the robot holds with that reason instead.
   publish_command(command, stamp, settings, prepared)
-        A single-step model's decided command (command.Command), stamped `stamp` (the
+        A single-step model's decided command (command_rules.Command), stamped `stamp` (the
         observation's header stamp, builtin_interfaces/Time).
   publish_chunk(chunk, commands, settings, prepared)
-        A chunked model's chunk on arrival (chunk_schedule.Chunk and its K decided commands):
+        A chunked model's chunk on arrival (chunk_rules.Chunk and its K decided commands):
         the whole chunk at once, for outputs that send trajectories.
   publish_step(chunk, index, command, stamp, settings)
         Step `index` of `chunk`, due now on the control clock (`command`: after blending and

@@ -28,8 +28,8 @@ from vla_spec_ros.validation import check_int, check_number
 
 IMAGE_TRANSPORTS = ('raw', 'compressed')
 STAMP_SOURCES = ('header', 'receipt')
-CHUNK_BLENDS = ('latest', 'ensemble')      # chunk_schedule.BLENDS
-INVALID_CHUNK_RULES = ('continue', 'hold')   # chunk_schedule.INVALID_CHUNK_RULES
+CHUNK_BLENDS = ('latest', 'ensemble')      # chunk_rules.BLENDS
+INVALID_CHUNK_RULES = ('continue', 'hold')   # chunk_rules.INVALID_CHUNK_RULES
 GRIPPER_ACTION_TYPES = ('gripper_command', 'parallel_gripper')   # gripper_action.py
 SERVO_COMMAND_TYPE_CHOICES = ('twist', 'pose', 'joint_jog')   # servo_contract's, published
 ACTION_SPACES = ('ee_delta', 'joint_velocity', 'joint_position')   # docs/action_spaces.md

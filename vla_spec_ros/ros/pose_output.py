@@ -1,39 +1,162 @@
-"""Output adapter of `pose_targets: true`: absolute tool targets (pose_targets.py) behind the
-OutputAdapter interface (output_adapter.py).
+"""Output adapter of `pose_targets: true` (output_adapter.py): absolute tool targets for MoveIt
+Servo's pose mode and Cartesian trajectory controllers.
 
-prepare() reads the tool pose at the observation's time (no pose: the robot holds with
-`no tool pose`); publish_command / publish_chunk apply the decided deltas to it; a chunk
-step publishes the target kept for that chunk's step; a hold stops ~/pose_trajectory.
+`prepare` reads the tool pose at the observation's time (tool_pose.py; none: the robot holds
+with `no tool pose`, its commanded output cannot be computed); `publish_command` and
+`publish_chunk` apply the decided deltas to it; a chunk step publishes the target kept for
+that chunk's step; a hold stops ~/pose_trajectory.
+
+What goes out (header.frame_id: the frame the tool pose is expressed in):
+  pose_target      geometry_msgs/PoseStamped, one per published action (or chunk step):
+                   the start pose moved as the published twist moves it over one
+                   period (pose_math.apply_step, `pose_delta_frame`): the action's
+                   rotation R_delta exactly, as Servo integrates the twist. Stamped
+                   like the twist (the image's stamp; a chunk's step i: + i control
+                   periods), so Servo's command timeout sees the same age.
+                   Remap it to `<servo>/pose_target_cmds` with `servo_command_type: pose`.
+  pose_trajectory  trajectory_msgs/MultiDOFJointTrajectory, a chunked model's chunk on
+                   arrival: one joint named `tool_frame`, point i the absolute pose after
+                   steps 0..i (transforms[0]), time_from_start (i + 1) control periods
+                   (strictly increasing, the first after 0), header.stamp the image's time;
+                   when the robot holds after one, the stop: a one-point trajectory to the
+                   tool pose measured last, one control period after the hold's time (a
+                   trajectory controller rejects an empty trajectory, and would go on with
+                   the previous one).
+
+The delta is the published command's (after scaling and speed limits) times control_period,
+so the limits bound pose targets as they bound the twist.
 """
 from __future__ import annotations
 
+from geometry_msgs.msg import PoseStamped
+
+from vla_spec_ros.ros.message_time import set_duration
 from vla_spec_ros.ros.output_adapter import OutputAdapter
-from vla_spec_ros.ros.pose_targets import PoseTargetOutput
+from vla_spec_ros.ros.pose_math import Pose, apply_step, integrate_steps, point_times
+from vla_spec_ros.ros.qos import COMMAND_QOS
+from vla_spec_ros.ros.tool_pose import ToolPoseSource
+
+MAX_KEPT_CHUNKS = 4      # the chunks whose targets are kept: those still being executed
 
 
-class PoseTargetAdapter(OutputAdapter):
+def pose_message(pose: Pose, stamp, frame_id: str) -> PoseStamped:
+    msg = PoseStamped()
+    msg.header.stamp = stamp
+    msg.header.frame_id = frame_id
+    fill_pose(msg.pose, pose)
+    return msg
+
+
+def fill_pose(target, pose: Pose) -> None:
+    """Writes `pose` into a geometry_msgs Pose (or the translation/rotation of a Transform)."""
+    is_pose = hasattr(target, 'position')
+    position = target.position if is_pose else target.translation
+    orientation = target.orientation if is_pose else target.rotation
+    position.x, position.y, position.z = pose.position
+    orientation.x, orientation.y, orientation.z, orientation.w = pose.orientation
+
+
+def step_delta(command, control_period: float) -> list:
+    """The (6,) motion of one published command over one period: its velocities times the
+    period (translation, then a rotation vector: pose_math.apply_step)."""
+    return [v * control_period for v in tuple(command.linear) + tuple(command.angular)]
+
+
+def trajectory_message(targets, stamp, frame_id: str, joint_name: str, period_s: float):
+    """Absolute targets as trajectory_msgs/MultiDOFJointTrajectory (module docstring)."""
+    from geometry_msgs.msg import Transform
+    from trajectory_msgs.msg import MultiDOFJointTrajectory, MultiDOFJointTrajectoryPoint
+
+    msg = MultiDOFJointTrajectory()
+    msg.header.stamp = stamp
+    msg.header.frame_id = frame_id
+    msg.joint_names = [joint_name]
+    for pose, time_s in zip(targets, point_times(len(targets), period_s)):
+        transform = Transform()
+        fill_pose(transform, pose)
+        point = MultiDOFJointTrajectoryPoint(transforms=[transform])
+        set_duration(point.time_from_start, time_s)
+        msg.points.append(point)
+    return msg
+
+
+class PoseTargetOutput(OutputAdapter):
+    """One robot's absolute-target publishers (module docstring). `prefix`: '~/' or
+    '<robot>/'; `source` is where the tool pose comes from (tool_pose.py)."""
+
     def __init__(self, node, prefix: str, settings, label: str, *, is_chunked: bool):
-        self.output = PoseTargetOutput(node, prefix, settings, label, is_chunked=is_chunked)
+        self.node, self.label = node, label
+        self.source = ToolPoseSource(node, settings, label)
+        self.pose_pub = node.create_publisher(PoseStamped, prefix + 'pose_target', COMMAND_QOS)
+        self.trajectory_pub = None
+        self._trajectory_live = False
+        self._chunk_targets: dict[int, tuple] = {}      # id(chunk) -> (chunk, targets)
+        if is_chunked:
+            try:
+                from trajectory_msgs.msg import MultiDOFJointTrajectory
+            except ImportError:
+                node.get_logger().warning(f'{label}: trajectory_msgs is not importable: no '
+                                          'pose_trajectory')
+            else:
+                self.trajectory_pub = node.create_publisher(
+                    MultiDOFJointTrajectory, prefix + 'pose_trajectory', COMMAND_QOS)
 
     def prepare(self, observation_s: float, settings):
-        return self.output.start_pose(observation_s, settings)
+        """The tool pose the image's action starts from, or (None, why the robot holds)."""
+        return self.source.at(observation_s, settings.max_action_age)
 
     def publish_command(self, command, stamp, settings, prepared=None) -> None:
-        if prepared is not None:
-            self.output.publish_action(prepared, command, stamp, settings)
+        """A single-step model's action: its target from the start pose `prepared`."""
+        if prepared is None:
+            return
+        target = apply_step(prepared, step_delta(command, settings.control_period),
+                            settings.pose_delta_frame)
+        self.pose_pub.publish(pose_message(target, stamp, self.source.frame_id))
 
     def publish_chunk(self, chunk, commands, settings, prepared=None) -> None:
-        if prepared is not None:
-            self.output.add_chunk(chunk, prepared, commands, chunk.stamp, settings)
+        """A chunk's absolute targets from the start pose `prepared`: kept for its steps and
+        published as pose_trajectory."""
+        if prepared is None:
+            return
+        targets = integrate_steps(
+            prepared, [step_delta(c, settings.control_period) for c in commands],
+            settings.pose_delta_frame)
+        self._chunk_targets[id(chunk)] = (chunk, targets)
+        while len(self._chunk_targets) > MAX_KEPT_CHUNKS:
+            del self._chunk_targets[next(iter(self._chunk_targets))]
+        if self.trajectory_pub is not None:
+            self.trajectory_pub.publish(trajectory_message(
+                targets, chunk.stamp, self.source.frame_id, settings.tool_frame,
+                settings.control_period))
+            self._trajectory_live = True
 
     def publish_step(self, chunk, index: int, command, stamp, settings) -> None:
-        self.output.publish_step(chunk, index, stamp)
+        """Step `index` of a chunk kept by `publish_chunk`: its absolute target (that
+        chunk's, whatever chunk_blend blended into the twist)."""
+        kept = self._chunk_targets.get(id(chunk))
+        if kept is not None and kept[0] is chunk:
+            self.pose_pub.publish(pose_message(kept[1][index], stamp, self.source.frame_id))
 
     def hold(self, stamp, settings) -> None:
-        self.output.stop(stamp, settings)
+        """Stop a trajectory controller with a one-point trajectory to the tool pose measured
+        last, one period after `stamp` (the hold's time); with no pose ever measured (no
+        trajectory can have been sent then), nothing. The chunks' targets are kept: a hold
+        that keeps its chunk (one step refused) publishes the next steps' targets; the others
+        drop the chunk from the schedule, so none of its steps comes again."""
+        if self._trajectory_live and self.trajectory_pub is not None:
+            pose = self.source.newest()
+            if pose is None:
+                return
+            self._trajectory_live = False
+            self.trajectory_pub.publish(trajectory_message([pose], stamp, self.source.frame_id,
+                                                           settings.tool_frame,
+                                                           settings.control_period))
 
     def destroy(self) -> None:
-        self.output.destroy()
+        self.source.destroy()
+        self.node.destroy_publisher(self.pose_pub)
+        if self.trajectory_pub is not None:
+            self.node.destroy_publisher(self.trajectory_pub)
 
 
-__all__ = ['PoseTargetAdapter']
+__all__ = ['PoseTargetOutput', 'trajectory_message', 'pose_message', 'step_delta']

@@ -9,10 +9,16 @@ per robot lives in one file per concern:
                         clock resets the robot (clock_jumps.py)
   safety_gate.py        the hold state machine: hold states with a message budget, holds that
                         always go out, refused frames and the results they supersede
-  output_adapter.py     the interface of every output; one adapter per output:
+  output_adapter.py     the interface of every output; one adapter per output
+                        (`build_outputs` below is where they are listed):
                         twist_output.py (TwistStamped + velocity trajectory),
-                        gripper_output.py (gripper topic + action goals, raw action),
-                        pose_output.py (absolute tool targets)
+                        joint_outputs.py (JointJog, JointTrajectory),
+                        gripper_output.py (gripper topic + action goals),
+                        raw_action_output.py (the raw action),
+                        pose_output.py (absolute tool targets, from tool_pose.py),
+                        reasoning_output.py (a reasoning policy's text on ~/reasoning)
+  chunk_execution.py    a chunked model's chunks, kept and published step by step (its
+                        rules: chunk_rules.py; its thread: chunk_clock.py)
   servo_contract.py     MoveIt Servo's command type, pause and timeout (servo_node)
   channel_stats.py      the statistics of answered frames and the /diagnostics status
   hold_log.py           which hold and refusal reasons reach the log (per robot, per reason)
@@ -31,28 +37,29 @@ import threading
 from std_msgs.msg import String
 from std_srvs.srv import SetBool, Trigger
 
-from vla_spec_ros.ros import command as cmd
+from vla_spec_ros.ros import command_rules as cmd
 from vla_spec_ros.ros.channel_stats import record_answer, robot_status
 from vla_spec_ros.ros.chunk_execution import ChunkExecution
-from vla_spec_ros.ros.chunk_schedule import chunk_age_limit
+from vla_spec_ros.ros.chunk_rules import chunk_age_limit
 from vla_spec_ros.ros.diagnostics import InferenceStats
 from vla_spec_ros.ros.frame_slot import FrameInfo, LatestFrameSlot
-from vla_spec_ros.ros.gripper_output import GripperOutput, RawActionOutput
+from vla_spec_ros.ros.gripper_output import GripperOutput
 from vla_spec_ros.ros.hold_log import HoldLog
 from vla_spec_ros.ros.observation_input import ObservationInput
-from vla_spec_ros.ros.pose_output import PoseTargetAdapter
+from vla_spec_ros.ros.pose_output import PoseTargetOutput
 from vla_spec_ros.ros.qos import instruction_subscriptions
+from vla_spec_ros.ros.raw_action_output import RawActionOutput
 from vla_spec_ros.ros.reasoning_output import ReasoningOutput
 from vla_spec_ros.ros.safety_gate import SafetyGate
 from vla_spec_ros.ros.twist_output import TwistOutput
 
 
 def build_outputs(node, prefix: str, settings, label: str, *, is_chunked: bool,
-                  current_positions=None) -> list:
+                  current_positions=None, writes_reasoning: bool = False) -> list:
     """The robot's output adapters, in publishing order (output_adapter.py): the action
     space's own first (`action_space`, docs/action_spaces.md), then the gripper and the raw
-    action, then pose targets. `current_positions(settings)`: the measured joint positions
-    (the joint-position hold, joint_outputs.py)."""
+    action, then pose targets, then a reasoning policy's text. `current_positions(settings)`:
+    the measured joint positions (the joint-position hold, joint_outputs.py)."""
     if settings.action_space == 'joint_velocity':
         from vla_spec_ros.ros.joint_outputs import JointJogOutput
 
@@ -66,7 +73,9 @@ def build_outputs(node, prefix: str, settings, label: str, *, is_chunked: bool,
     outputs = [primary, GripperOutput(node, prefix, settings, label),
                RawActionOutput(node, prefix)]
     if settings.pose_targets:
-        outputs.append(PoseTargetAdapter(node, prefix, settings, label, is_chunked=is_chunked))
+        outputs.append(PoseTargetOutput(node, prefix, settings, label, is_chunked=is_chunked))
+    if writes_reasoning:
+        outputs.append(ReasoningOutput(node, prefix))
     return outputs
 
 
@@ -101,7 +110,7 @@ class RobotChannel:
         self.hold_log = HoldLog()                 # this robot's reasons in the log (hold_log.py)
         self._on_instruction, self._on_enable, self._on_reset = on_instruction, on_enable, on_reset
         self.chunk_steps = int(chunk_steps)
-        self.action_dim = int(action_dim)        # the checkpoint's (command.check_action_dim)
+        self.action_dim = int(action_dim)     # the checkpoint's (command_rules.check_action_dim)
         self.model_reads_state = model_reads_state     # the Frame carries the state
         self.chunk_execution = ChunkExecution(self, on_chunk)
 
@@ -112,15 +121,15 @@ class RobotChannel:
                                             on_clock_jump=self._on_clock_jump)
         self.outputs = build_outputs(node, prefix, settings, self.label,
                                      is_chunked=self.is_chunked,
-                                     current_positions=self.observation.current_positions)
+                                     current_positions=self.observation.current_positions,
+                                     writes_reasoning=writes_reasoning)
         # A reasoning policy's text on ~/reasoning (reasoning_output.py), else None.
-        self.reasoning_output = ReasoningOutput(node, prefix) if writes_reasoning else None
-        if self.reasoning_output is not None:
-            self.outputs.append(self.reasoning_output)
+        self.reasoning_output = next((o for o in self.outputs
+                                      if isinstance(o, ReasoningOutput)), None)
         self.twist_output = self.outputs[0] if isinstance(self.outputs[0], TwistOutput) else None
-        # The absolute-target publisher (pose_targets.py) when pose_targets is on, else None.
-        self.pose_output = next((o.output for o in self.outputs
-                                 if isinstance(o, PoseTargetAdapter)), None)
+        # The absolute-target output (pose_output.py) when pose_targets is on, else None.
+        self.pose_output = next((o for o in self.outputs
+                                 if isinstance(o, PoseTargetOutput)), None)
         if settings.servo_node:
             from vla_spec_ros.ros.servo_contract import ServoContract
 
@@ -224,7 +233,7 @@ class RobotChannel:
     def age_limit(self, settings) -> float | None:
         """The oldest image worth acting on: None (max_action_age) for a single-step model;
         for a chunked one, max_action_age + (K - 1) control periods (its last step may still
-        be due, chunk_schedule.py)."""
+        be due, chunk_rules.py)."""
         return chunk_age_limit(self.chunk_steps, settings) if self.is_chunked else None
 
     def control_step(self, info: FrameInfo, settings) -> int | None:

@@ -2,7 +2,7 @@
 
 Pure Python (no rclpy); the channel (robot_channel.py) asks it and publishes. The decision
 whether one action or chunk may be acted on at all (enabled, engine error, invalid, not finite,
-stale) is command.decide_command / chunk_schedule.decide_chunk; this file is what happens
+stale) is command_rules.decide_command / chunk_rules.decide_chunk; this file is what happens
 around those decisions, in four distinct verbs:
 
   hold_state(reason)   a standing state says "do not move" (disabled, stale or missing input,
@@ -25,7 +25,7 @@ from __future__ import annotations
 import math
 import threading
 
-from vla_spec_ros.ros import command as cmd
+from vla_spec_ros.ros import command_rules as cmd
 
 
 class SafetyGate:

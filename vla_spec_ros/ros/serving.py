@@ -9,7 +9,7 @@ parameters and invalid values; `apply(changes)` (post-set callback) rebuilds the
 every robot for the next frame and queues engine tunables, which the worker applies before its
 next submit (a request keeps the tunables it was submitted with).
 
-A chunked model (action_chunk K > 1) also gets the step clock (step_clock.py), which publishes
+A chunked model (action_chunk K > 1) also gets the step clock (chunk_clock.py), which publishes
 each robot's chunk one step per control period (docs/chunks.md).
 
 Stopping leaves every robot still: deactivation (`set_active(False)`) and the end of the
@@ -30,11 +30,11 @@ from rcl_interfaces.msg import SetParametersResult
 from rclpy.parameter import Parameter
 
 from vla_spec_ros.engine.result import Frame
-from vla_spec_ros.ros import command_messages, diagnostics, params
+from vla_spec_ros.ros import twist_messages, diagnostics, params
 from vla_spec_ros.ros.gc_pauses import GcPauses, freeze_after_load, unfreeze
 from vla_spec_ros.ros.qos import COMMAND_QOS
 from vla_spec_ros.ros.robot_channel import RobotChannel
-from vla_spec_ros.ros.step_clock import StepClock
+from vla_spec_ros.ros.chunk_clock import ChunkClock
 from vla_spec_ros.ros.worker import InferenceWorker
 
 WARM_UP_IMAGE_SIZE = 224
@@ -77,8 +77,8 @@ class Serving:
         self.model_io = model_io_of(policy)
         for settings in per_robot.values():
             check_model_io(self.model_io, settings, node.get_logger())
-        self.step_clock = StepClock(node) if self.chunk_steps > 1 else None
-        if self.step_clock is not None and command_messages.MultiDOFJointTrajectory is None:
+        self.chunk_clock = ChunkClock(node) if self.chunk_steps > 1 else None
+        if self.chunk_clock is not None and twist_messages.MultiDOFJointTrajectory is None:
             node.get_logger().warning(
                 f'action_chunk {self.chunk_steps}: trajectory_msgs is not importable, so no '
                 'trajectory topic; the steps are published on twist as usual')
@@ -87,7 +87,7 @@ class Serving:
                                       on_instruction=self._on_instruction,
                                       on_enable=self._on_enable, on_reset=self._on_reset,
                                       chunk_steps=self.chunk_steps,
-                                      on_chunk=self.step_clock and self.step_clock.wake,
+                                      on_chunk=self.chunk_clock and self.chunk_clock.wake,
                                       action_dim=self.model_io.action_dim,
                                       model_reads_state=self.model_io.uses_state,
                                       writes_reasoning=self.model_io.writes_reasoning)
@@ -103,9 +103,9 @@ class Serving:
         self.worker = InferenceWorker(self.engine, self.channels, self.engine_lock, wakeup,
                                       self._take_tunables, self._on_submitted)
         self.worker.start()
-        if self.step_clock is not None:
-            self.step_clock.channels = list(self.channels)
-            self.step_clock.start()
+        if self.chunk_clock is not None:
+            self.chunk_clock.channels = list(self.channels)
+            self.chunk_clock.start()
         # Every garbage collection's pause, for /diagnostics (gc_pauses.py).
         self.gc_pauses = GcPauses(window_s=self.channels[0].stats.window_s)
 
@@ -158,8 +158,8 @@ class Serving:
             self.node.get_logger().error('the inference worker did not stop in time: an '
                                          'action still in the engine is not published, but '
                                          'its frame may be lost')
-        if self.step_clock is not None:
-            self.step_clock.stop()
+        if self.chunk_clock is not None:
+            self.chunk_clock.stop()
         for timer in self._timers:
             timer.cancel()                     # the watchdog's holds would follow the last
         self._hold_last(reason)
@@ -221,8 +221,8 @@ class Serving:
         if self._frozen:
             unfreeze()               # the model can be freed once the node lets go of it
             self._frozen = False
-        if self.step_clock is not None:
-            self.step_clock.stop()
+        if self.chunk_clock is not None:
+            self.chunk_clock.stop()
         for timer in self._timers:
             self.node.destroy_timer(timer)
         for channel in self.channels:
@@ -409,7 +409,7 @@ def model_io_of(policy) -> ModelIO:
 def check_model_io(model_io: ModelIO, settings, logger) -> None:
     """Refuse, before anything is subscribed, a robot whose inputs or action space do not fit
     the checkpoint (ValueError naming the parameter); warn about a state nobody reads."""
-    from vla_spec_ros.ros.command import check_action_dim
+    from vla_spec_ros.ros.command_rules import check_action_dim
 
     if settings.num_image_slots > model_io.num_image_slots:
         raise ValueError(f'image_slots: {list(settings.image_slots)} but the model reads at '

@@ -40,7 +40,7 @@ import math
 import threading
 import time
 
-from vla_spec_ros.ros.command import REASON_SERVO_NOT_READY
+from vla_spec_ros.ros.command_rules import REASON_SERVO_NOT_READY
 from vla_spec_ros.ros.diagnostics import ERROR, OK, WARN
 from vla_spec_ros.ros.servo_calls import CallSlot
 from vla_spec_ros.ros.servo_presence import server_gids, unselected

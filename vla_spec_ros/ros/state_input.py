@@ -27,7 +27,7 @@ from collections import deque
 
 import numpy as np
 
-from vla_spec_ros.ros import command as cmd
+from vla_spec_ros.ros import command_rules as cmd
 from vla_spec_ros.ros.qos import IMAGE_QOS
 
 MAX_STATES = 256        # states kept (a 500 Hz joint_states topic: half a second)

@@ -6,10 +6,10 @@ velocities as a MultiDOFJointTrajectory (output_adapter.py).
                                 control periods), frame_id from the parameter; a hold is a
                                 zero twist stamped now
   <prefix>velocity_trajectory   chunked models, where trajectory_msgs is importable: each
-                                chunk once, on arrival (command_messages.trajectory_message);
+                                chunk once, on arrival (twist_messages.trajectory_message);
                                 on the first hold after one, the stop: one point of zero
                                 velocity one control period after the hold's time
-                                (command_messages.stop_trajectory_message; a trajectory
+                                (twist_messages.stop_trajectory_message; a trajectory
                                 controller rejects an empty trajectory)
   <prefix>trajectory            the former name of velocity_trajectory, the same messages
 """
@@ -17,12 +17,12 @@ from __future__ import annotations
 
 from geometry_msgs.msg import TwistStamped
 
-from vla_spec_ros.ros import command as cmd
-from vla_spec_ros.ros import command_messages
-from vla_spec_ros.ros.command_messages import (stop_trajectory_message, trajectory_message,
-                                               twist_message)
+from vla_spec_ros.ros import command_rules as cmd
+from vla_spec_ros.ros import twist_messages
 from vla_spec_ros.ros.output_adapter import OutputAdapter
 from vla_spec_ros.ros.qos import COMMAND_QOS
+from vla_spec_ros.ros.twist_messages import (stop_trajectory_message, trajectory_message,
+                                             twist_message)
 
 
 class TwistOutput(OutputAdapter):
@@ -31,7 +31,7 @@ class TwistOutput(OutputAdapter):
         self.twist_pub = node.create_publisher(TwistStamped, prefix + 'twist', COMMAND_QOS)
         # A chunk's velocities; `trajectory` is the topic's former name, kept as an alias.
         self.trajectory_pub = self.legacy_trajectory_pub = None
-        trajectory_type = command_messages.MultiDOFJointTrajectory
+        trajectory_type = twist_messages.MultiDOFJointTrajectory
         if is_chunked and trajectory_type is not None:
             self.trajectory_pub = node.create_publisher(
                 trajectory_type, prefix + 'velocity_trajectory', COMMAND_QOS)

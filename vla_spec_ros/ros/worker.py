@@ -31,7 +31,7 @@ import time
 
 from vla_spec_ros import image_messages
 from vla_spec_ros.engine.result import Frame, describe_error
-from vla_spec_ros.ros import command as cmd
+from vla_spec_ros.ros import command_rules as cmd
 
 WORKER_IDLE_WAIT_S = 0.05     # how long the idle worker blocks waiting for a frame
 

@@ -15,7 +15,7 @@ pairs with the n-th gripper message: `AnswerPairs` keeps one FIFO of each and po
 order. Pairing by position inside a per-frame window would go wrong as soon as a gripper
 arrived after the next frame began (a late duplicate answer shifts every later pair by one).
 A chunked model's node publishes step i of a frame's chunk with the stamp frame stamp +
-round(i * control_period * 1e9) ns (ros/robot_channel.offset_stamp), each step with its gripper:
+round(i * control_period * 1e9) ns (ros/message_time.offset_stamp), each step with its gripper:
 `FrameRegistry.frame_of` recognises such stamps (the bridge's control_period equals the node's),
 so chunk steps pair like answers and `MatchedCommand` carries the frame stamp and step index.
 """

@@ -1,7 +1,7 @@
 """Simulator side of the command path: twist + gripper in, a 7-dim action out (pure Python: no
 rclpy, no torch).
 
-The `vla_spec` node turns an action into commands (vla_spec_ros/ros/command.py):
+The `vla_spec` node turns an action into commands (vla_spec_ros/ros/command_rules.py):
 
     linear  = clamp_norm(d[0:3] / control_period * linear_scale,  max_linear_speed)
     angular = clamp_norm(rotation_vector(d[3:6]) / control_period * angular_scale,

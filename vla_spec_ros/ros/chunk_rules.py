@@ -13,8 +13,8 @@ stamp, or the receipt time with ``stamp_source: receipt`` or an unstamped driver
   - a step is decided at most once, only inside its slot; a step whose slot has passed before
     it could be published is skipped (counted, never published late);
   - a step is published only while its age <= max_action_age (the usual safety decision,
-    command.decide_command, with the step's age; inside its slot a step is younger than P, so
-    this only bites when control_period > max_action_age);
+    command_rules.decide_command, with the step's age; inside its slot a step is younger than
+    P, so this only bites when control_period > max_action_age);
   - a chunk is refused on arrival (zero twist, counted stale) when its image is older than
     max_action_age + (K - 1)*P: no step of it could pass the rule above. A stamp more than
     max_action_age in the future is refused as a clock mismatch, as for a single action.
@@ -34,7 +34,7 @@ from typing import Any
 
 import numpy as np
 
-from vla_spec_ros.ros import command as cmd
+from vla_spec_ros.ros import command_rules as cmd
 
 BLENDS = ('latest', 'ensemble')
 # What a chunk that does not decode does to the chunks already kept (the node's
@@ -75,7 +75,7 @@ class Chunk:
 
 @dataclass(frozen=True)
 class StepAction:
-    """Duck-typed ActionResult of one step, for command.decide_command."""
+    """Duck-typed ActionResult of one step, for command_rules.decide_command."""
 
     action: np.ndarray
     is_valid: bool = True
@@ -108,7 +108,7 @@ class ChunkDecision:
 
     hold_reason: str | None
     actions: np.ndarray | None = None       # (K, 7)
-    commands: tuple = ()                    # K command.Command, scaled and limited
+    commands: tuple = ()                    # K command_rules.Command, scaled and limited
 
 
 def chunk_age_limit(num_steps: int, settings) -> float:
@@ -120,9 +120,9 @@ def chunk_age_limit(num_steps: int, settings) -> float:
 def decide_chunk(result, *, error: str | None, is_enabled: bool, age_s: float | None,
                  num_steps: int, settings, action_dim: int = cmd.ACTION_DIM) -> ChunkDecision:
     """The safety checks of a whole chunk when it arrives (the chunk form of
-    command.decide_command): disabled, engine error, invalid, wrong shape, not finite, stale
-    or future image (chunk_age_limit), a step whose command overflows. Each published step
-    then goes through command.decide_command again, with its own age."""
+    command_rules.decide_command): disabled, engine error, invalid, wrong shape, not finite,
+    stale or future image (chunk_age_limit), a step whose command overflows. Each published
+    step then goes through command_rules.decide_command again, with its own age."""
     if not is_enabled:
         return ChunkDecision(cmd.REASON_DISABLED)
     if error is not None or result is None:

@@ -17,7 +17,7 @@ command is sent, so a forward command controller keeps its last position); the r
 goes to the log and /diagnostics.
 
 A chunked model's steps go through `decide_command` one at a time, each with its own age
-(chunk_schedule.py, docs/chunks.md).
+(chunk_rules.py, docs/chunks.md).
 
 Joint action spaces (`action_space`, docs/action_spaces.md): the action's first
 len(joint_names) values are per-joint velocities (joint_velocity, rad/s or m/s) or positions
@@ -187,7 +187,7 @@ def freshness_reason(age_s: float | None, settings: NodeSettings, *,
                      max_age_s: float | None = None) -> str | None:
     """None when an observation of this age may be acted on, else why not. `max_age_s`
     (default max_action_age) is the limit; a chunk's image may be older than a single
-    action's (chunk_schedule.chunk_age_limit)."""
+    action's (chunk_rules.chunk_age_limit)."""
     if age_s is None:
         return REASON_NO_IMAGE
     limit = settings.max_action_age if max_age_s is None else max_age_s

@@ -1,12 +1,16 @@
-"""Message builders of the end-effector outputs: TwistStamped and the velocity trajectory.
+"""Message builders of the twist output (twist_output.py): TwistStamped and the velocity
+trajectory of a chunk.
 
-Plain functions from already-decided commands (command.Command) to ROS messages; no state,
-no safety decision (that is safety_gate.py's and command.py's). The joint-space builders live
-beside their adapters (joint_outputs.py), the absolute-pose ones in pose_targets.py.
+Plain functions from already-decided commands (command_rules.Command) to ROS messages; no
+state, no safety decision (that is safety_gate.py's and command_rules.py's). The joint-space
+builders live beside their adapters (joint_outputs.py), the absolute-pose ones in
+pose_output.py.
 """
 from __future__ import annotations
 
 from geometry_msgs.msg import Twist, TwistStamped
+
+from vla_spec_ros.ros.message_time import set_duration
 
 try:  # ros-kilted-trajectory-msgs on PyPI; a chunked model's ~/velocity_trajectory needs it
     from trajectory_msgs.msg import MultiDOFJointTrajectory, MultiDOFJointTrajectoryPoint
@@ -21,19 +25,6 @@ def twist_message(linear, angular, stamp, frame_id: str) -> TwistStamped:
     msg.twist.linear.x, msg.twist.linear.y, msg.twist.linear.z = linear
     msg.twist.angular.x, msg.twist.angular.y, msg.twist.angular.z = angular
     return msg
-
-
-def offset_stamp(stamp, seconds: float):
-    """builtin_interfaces/Time `stamp` + `seconds` (>= 0), in whole nanoseconds."""
-    total = stamp.sec * 1_000_000_000 + stamp.nanosec + round(seconds * 1e9)
-    return type(stamp)(sec=total // 1_000_000_000, nanosec=total % 1_000_000_000)
-
-
-def set_duration(duration, seconds: float) -> None:
-    """Writes `seconds` (>= 0) into a builtin_interfaces/Duration, in whole nanoseconds."""
-    nanoseconds = round(seconds * 1e9)
-    duration.sec = nanoseconds // 1_000_000_000
-    duration.nanosec = nanoseconds % 1_000_000_000
 
 
 def trajectory_message(commands, stamp, frame_id: str, period_s: float):
@@ -69,5 +60,5 @@ def stop_trajectory_message(stamp, frame_id: str, period_s: float):
     return msg
 
 
-__all__ = ['twist_message', 'offset_stamp', 'set_duration', 'trajectory_message',
-           'stop_trajectory_message', 'MultiDOFJointTrajectory']
+__all__ = ['twist_message', 'trajectory_message', 'stop_trajectory_message',
+           'MultiDOFJointTrajectory']

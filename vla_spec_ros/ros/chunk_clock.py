@@ -22,7 +22,7 @@ IDLE_SLEEP_S = 0.25      # no chunk anywhere: wait this long (or for `wake`)
 WAKE_MARGIN_S = 1e-4     # wake just after a slot starts, not just before it
 
 
-class StepClock:
+class ChunkClock:
     """Calls `channel.publish_due_step(now)` for every channel at each due time."""
 
     def __init__(self, node, channels=()):
@@ -67,4 +67,4 @@ class StepClock:
                 self._wakeup.wait(min(delay, MAX_SLEEP_S))
 
 
-__all__ = ['StepClock', 'MAX_SLEEP_S']
+__all__ = ['ChunkClock', 'MAX_SLEEP_S']

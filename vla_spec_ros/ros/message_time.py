@@ -1,0 +1,19 @@
+"""builtin_interfaces Time and Duration arithmetic, in whole nanoseconds (no float drift in a
+stamp): the stamps of a chunk's steps and the time_from_start of trajectory points."""
+from __future__ import annotations
+
+
+def offset_stamp(stamp, seconds: float):
+    """builtin_interfaces/Time `stamp` + `seconds` (>= 0), in whole nanoseconds."""
+    total = stamp.sec * 1_000_000_000 + stamp.nanosec + round(seconds * 1e9)
+    return type(stamp)(sec=total // 1_000_000_000, nanosec=total % 1_000_000_000)
+
+
+def set_duration(duration, seconds: float) -> None:
+    """Writes `seconds` (>= 0) into a builtin_interfaces/Duration, in whole nanoseconds."""
+    nanoseconds = round(seconds * 1e9)
+    duration.sec = nanoseconds // 1_000_000_000
+    duration.nanosec = nanoseconds % 1_000_000_000
+
+
+__all__ = ['offset_stamp', 'set_duration']

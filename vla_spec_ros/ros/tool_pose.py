@@ -1,0 +1,99 @@
+"""Where one robot's tool is: the tool pose read at an observation's time, for the absolute
+targets of `pose_targets: true` (pose_output.py).
+
+Two sources: a geometry_msgs/PoseStamped topic of the robot driver (`tool_pose_topic`, the tool
+in the robot base frame), or, with no topic, TF's `frame_id` -> `tool_frame` transform (only
+where tf2_ros is installed: a ROS distribution; without it the node refuses to start with the
+reason). The pose read closest in time to the image (within `max_action_age`) is the pose the
+action's delta starts from; none there is the hold reason `no tool pose`.
+"""
+from __future__ import annotations
+
+import threading
+
+from geometry_msgs.msg import PoseStamped
+
+from vla_spec_ros.ros.pose_math import Pose, PoseHistory
+from vla_spec_ros.ros.qos import IMAGE_QOS
+
+REASON_NO_TOOL_POSE = 'no tool pose'
+LOG_THROTTLE_S = 2.0
+
+
+def pose_from_message(msg) -> Pose:
+    p, q = msg.position, msg.orientation
+    return Pose((p.x, p.y, p.z), (q.x, q.y, q.z, q.w))
+
+
+class ToolPoseSource:
+    """The tool poses of one robot, from a PoseStamped topic or from TF."""
+
+    def __init__(self, node, settings, label: str):
+        self.node, self.label = node, label
+        self.history = PoseHistory()
+        self.frame_id = settings.frame_id       # the frame poses are expressed in
+        self._lock = threading.Lock()
+        self._subscription = self._tf_buffer = self._tf_listener = None
+        if settings.tool_pose_topic:
+            self._subscription = node.create_subscription(
+                PoseStamped, settings.tool_pose_topic, self._on_pose, IMAGE_QOS)
+            return
+        try:
+            import tf2_ros
+        except ImportError:
+            raise ValueError('tool_pose_topic: empty and tf2_ros is not installed; pose '
+                             'targets need the tool pose from a topic (the robot driver\'s '
+                             'PoseStamped) or from TF (a ROS distribution)') from None
+        self._tf_buffer = tf2_ros.Buffer()
+        self._tf_listener = tf2_ros.TransformListener(self._tf_buffer, node)
+        self._tool_frame = settings.tool_frame
+
+    def _on_pose(self, msg) -> None:
+        try:
+            pose = pose_from_message(msg.pose)
+        except ValueError as exc:
+            self.node.get_logger().warning(f'{self.label}: tool pose ignored: {exc}',
+                                           throttle_duration_sec=LOG_THROTTLE_S)
+            return
+        stamp_s = msg.header.stamp.sec + 1e-9 * msg.header.stamp.nanosec
+        if stamp_s <= 0.0:
+            stamp_s = self.node.get_clock().now().nanoseconds * 1e-9
+        with self._lock:
+            if msg.header.frame_id:
+                self.frame_id = msg.header.frame_id
+            self.history.add(stamp_s, pose)
+
+    def at(self, stamp_s: float, max_gap_s: float) -> tuple[Pose | None, str | None]:
+        """(the tool pose at the image time, None) or (None, the reason to hold)."""
+        if self._tf_buffer is not None:
+            return self._lookup_tf(stamp_s, max_gap_s)
+        with self._lock:
+            pose, why = self.history.at(stamp_s, max_gap_s)
+        return pose, None if pose is not None else f'{REASON_NO_TOOL_POSE}: {why}'
+
+    def newest(self) -> Pose | None:
+        """The tool pose measured last, however old (a stop's target), or None."""
+        if self._tf_buffer is not None:
+            return self._lookup_tf(None, 0.0)[0]          # TF's latest transform
+        with self._lock:
+            newest = self.history.newest
+        return newest[1] if newest is not None else None
+
+    def _lookup_tf(self, stamp_s: float | None, max_gap_s: float):
+        from rclpy.time import Time
+
+        when = Time() if stamp_s is None else Time(nanoseconds=round(stamp_s * 1e9))
+        try:
+            transform = self._tf_buffer.lookup_transform(
+                self.frame_id, self._tool_frame, when)
+        except Exception as exc:       # tf2's LookupException, ExtrapolationException, ...
+            return None, f'{REASON_NO_TOOL_POSE}: TF {self.frame_id} -> {self._tool_frame}: {exc}'
+        t, r = transform.transform.translation, transform.transform.rotation
+        return Pose((t.x, t.y, t.z), (r.x, r.y, r.z, r.w)), None
+
+    def destroy(self) -> None:
+        if self._subscription is not None:
+            self.node.destroy_subscription(self._subscription)
+
+
+__all__ = ['ToolPoseSource', 'REASON_NO_TOOL_POSE', 'pose_from_message']
