@@ -1,27 +1,73 @@
 """One robot's chunked-model execution: a finished chunk checked and kept, its steps published
 one per control period (the rules: chunk_rules.py, docs/chunks.md).
 
-The channel (robot_channel.py) owns the outputs and the holds; this file owns the robot's
-ChunkSchedule and the lock that orders a chunk's arrival and its steps' publishing (the worker
-thread and the step clock both reach it). Its log lines go through the robot's own reason log
-(RobotChannel.log_reason, hold_log.py).
+The robot's channel (robot_channel.py) owns the outputs and the holds; this file owns the
+robot's ChunkSchedule and the lock that orders a chunk's arrival and its steps' publishing (the
+worker thread and the chunk clock both reach it). It sees the channel only through
+`ChunkChannel`, the few values and callables it needs, so it runs without rclpy (as its tests
+do, on a fake clock).
 """
 from __future__ import annotations
 
 import threading
+from dataclasses import dataclass
+from typing import Any, Callable
 
 from vla_spec_ros.ros import chunk_rules as chunks
 from vla_spec_ros.ros import command_rules as cmd
 from vla_spec_ros.ros.channel_stats import record_answer
+from vla_spec_ros.ros.diagnostics import InferenceStats
 from vla_spec_ros.ros.message_time import offset_stamp
 
 
-class ChunkExecution:
-    """`channel`: the RobotChannel whose chunks these are; `on_chunk()` (optional) wakes the
-    step clock when a chunk arrives."""
+@dataclass(frozen=True)
+class ChunkChannel:
+    """What a robot's chunk execution needs from its channel, and nothing more.
 
-    def __init__(self, channel, on_chunk=None):
-        self.channel = channel
+    Values:
+      num_steps     K, the model's action_chunk (steps per chunk)
+      action_dim    values per step (command_rules.check_action_dim)
+      stats         the robot's counters (chunks, steps, answered frames)
+    Reads:
+      settings()    the robot's NodeSettings in force
+      is_active()   whether the node acts (a lifecycle node: active)
+      now_s()       the node clock, in seconds
+    Acts (called under the execution's lock):
+      prepare(info, settings) -> list | None
+                    each output's `prepare` for the observation `info` (frame_slot.FrameInfo),
+                    or None after the channel held because one cannot be computed
+      publish_chunk(chunk, commands, settings, prepared)
+                    a kept chunk (chunk_rules.Chunk, its K decided commands) to every output,
+                    whole; nothing while inactive
+      publish_step(chunk, index, command, stamp, settings)
+                    step `index`, due now, to every output; the channel holds instead while it
+                    may not command (inactive, MoveIt Servo not ready)
+      reject(reason, *, is_stale=False, keep_chunk=False)
+                    count a hold and send it; the chunks are dropped (clear) unless keep_chunk
+      log_reason(text, level)
+                    the robot's throttled log line (hold_log.py), level 'error', 'warning' or
+                    'info'
+    """
+
+    num_steps: int
+    action_dim: int
+    stats: InferenceStats
+    settings: Callable[[], Any]
+    is_active: Callable[[], bool]
+    now_s: Callable[[], float]
+    prepare: Callable[..., list | None]
+    publish_chunk: Callable[..., None]
+    publish_step: Callable[..., None]
+    reject: Callable[..., None]
+    log_reason: Callable[[str, str], None]
+
+
+class ChunkExecution:
+    """`robot`: the ChunkChannel of the robot whose chunks these are; `on_chunk()` (optional)
+    wakes the chunk clock when a chunk arrives."""
+
+    def __init__(self, robot: ChunkChannel, on_chunk=None):
+        self.robot = robot
         self.schedule = chunks.ChunkSchedule()
         self._lock = threading.RLock()            # schedule + the steps' publishing order
         self._on_chunk = on_chunk
@@ -33,92 +79,101 @@ class ChunkExecution:
     def handle_finished(self, finished) -> None:
         """A chunked model's frame: check the whole chunk (chunk_rules.decide_chunk), keep
         it, hand it to the outputs whole and publish its step that is due now."""
-        channel = self.channel
-        info = finished.frame.user_data
-        settings = channel.settings
+        robot, info = self.robot, finished.frame.user_data
         with self._lock:
-            now = channel.now_s()
-            decision = chunks.decide_chunk(
-                finished.result, error=finished.error,
-                is_enabled=settings.enabled and channel.is_active,
-                age_s=cmd.observation_age(now, info.stamp_s, info.receipt_s, settings),
-                num_steps=channel.chunk_steps, settings=settings,
-                action_dim=channel.action_dim)
-            if decision.hold_reason is not None:
-                if self._goes_on_despite(decision.hold_reason, now):
-                    channel.stats.record_chunk_refused(decision.hold_reason)
-                    channel.log_reason(
-                        f'chunk refused: {decision.hold_reason}; the chunk of the image at '
-                        f'{self.schedule.newest.start_s:.3f} s goes on (invalid_chunk: '
-                        'continue)', 'error')
-                    return
-                channel.reject_result(decision.hold_reason)
-                return
-            prepared = channel.prepare(info, settings)
-            if prepared is None:
-                return
-            chunk = chunks.Chunk(decision.actions,
-                                 cmd.observation_time(info.stamp_s, info.receipt_s, settings),
-                                 settings.control_period, info.stamp)
-            accepted, replaced = self.schedule.add(chunk, now)
-            if not accepted:
-                channel.log_reason('chunk ignored: its image is not newer than the chunk '
-                                   'being executed (camera clock stepped back?)', 'warning')
-                return
-            if channel.is_active:
-                for output, value in zip(channel.outputs, prepared):
-                    output.publish_chunk(chunk, decision.commands, settings, value)
-            self._publish_due(now, from_clock=False)
-        channel.stats.record_chunk(replaced=replaced)
-        record_answer(channel.stats, info, finished.result.stats, channel.age_of(info))
+            replaced = self._keep(finished, robot.settings(), robot.now_s())
+        if replaced is None:
+            return
+        settings = robot.settings()
+        robot.stats.record_chunk(replaced=replaced)
+        record_answer(robot.stats, info, finished.result.stats,
+                      cmd.observation_age(robot.now_s(), info.stamp_s, info.receipt_s, settings))
         if self._on_chunk is not None:
             self._on_chunk()
 
-    def _goes_on_despite(self, reason: str, now_s: float) -> bool:
-        """`invalid_chunk: continue`: a chunk refused because it did not decode leaves a kept
-        chunk that still has steps running (each step is still checked for its age when due).
-        Every other reason (disabled, engine error, non-finite, stale) drops the kept chunks
-        and holds."""
-        return (self.channel.settings.invalid_chunk == 'continue'
+    def _keep(self, finished, settings, now: float) -> bool | None:
+        """(Under the lock.) Whether the kept chunk replaced another, or None when it was not
+        kept (refused, held, or its image not newer)."""
+        robot, info = self.robot, finished.frame.user_data
+        decision = chunks.decide_chunk(
+            finished.result, error=finished.error,
+            is_enabled=settings.enabled and robot.is_active(),
+            age_s=cmd.observation_age(now, info.stamp_s, info.receipt_s, settings),
+            num_steps=robot.num_steps, settings=settings, action_dim=robot.action_dim)
+        if decision.hold_reason is not None:
+            self._refuse(decision.hold_reason, settings, now)
+            return None
+        prepared = robot.prepare(info, settings)
+        if prepared is None:
+            return None
+        chunk = chunks.Chunk(decision.actions,
+                             cmd.observation_time(info.stamp_s, info.receipt_s, settings),
+                             settings.control_period, info.stamp)
+        accepted, replaced = self.schedule.add(chunk, now)
+        if not accepted:
+            robot.log_reason('chunk ignored: its image is not newer than the chunk being '
+                             'executed (camera clock stepped back?)', 'warning')
+            return None
+        robot.publish_chunk(chunk, decision.commands, settings, prepared)
+        self._publish_due(now, from_clock=False)
+        return replaced
+
+    def _refuse(self, reason: str, settings, now_s: float) -> None:
+        """A chunk that may not be kept. `invalid_chunk: continue`: one refused because it did
+        not decode leaves a kept chunk that still has steps running (each step is still
+        checked for its age when due). Every other reason (disabled, engine error,
+        non-finite, stale) drops the kept chunks and holds."""
+        robot = self.robot
+        if (settings.invalid_chunk == 'continue'
                 and cmd.reason_kind(reason) == cmd.REASON_INVALID
-                and self.schedule.is_running(now_s))
+                and self.schedule.is_running(now_s)):
+            robot.stats.record_chunk_refused(reason)
+            robot.log_reason(f'chunk refused: {reason}; the chunk of the image at '
+                             f'{self.schedule.newest.start_s:.3f} s goes on (invalid_chunk: '
+                             'continue)', 'error')
+            return
+        robot.reject(reason, is_stale=cmd.is_stale_reason(reason))
 
     def publish_due(self, now_s: float) -> float | None:
         """The step due at `now_s` (node clock), if any and not yet decided; returns when the
-        next one is due (node clock seconds) or None. (Step clock thread.)"""
+        next one is due (node clock seconds) or None. (Chunk clock thread.)"""
         with self._lock:
             return self._publish_due(now_s, from_clock=True)
 
     def _publish_due(self, now_s: float, *, from_clock: bool) -> float | None:
-        channel = self.channel
-        settings = channel.settings
-        if not (settings.enabled and channel.is_active):
+        robot = self.robot
+        settings = robot.settings()
+        if not (settings.enabled and robot.is_active()):
             self.schedule.clear()
             return None
         due = self.schedule.due(now_s, blend=settings.chunk_blend,
                                 decay=settings.chunk_ensemble_decay,
                                 max_age_s=settings.max_action_age)
         if isinstance(due, chunks.RunOut):
-            channel.stats.record_chunk_run_out(due.num_skipped)
-            channel.reject(f'{cmd.REASON_CHUNK_END}: the {due.chunk.num_steps} steps of the '
-                           f'image at {due.chunk.start_s:.3f} s are done and no newer chunk '
-                           'arrived')
+            robot.stats.record_chunk_run_out(due.num_skipped)
+            robot.reject(f'{cmd.REASON_CHUNK_END}: the {due.chunk.num_steps} steps of the '
+                         f'image at {due.chunk.start_s:.3f} s are done and no newer chunk '
+                         'arrived')
         elif due is not None:
-            command = cmd.decide_command(chunks.StepAction(due.action), error=None,
-                                         is_enabled=True, age_s=due.age_s, settings=settings,
-                                         action_dim=channel.action_dim)
-            if command.is_hold:
-                channel.stats.record_chunk_step(published=False, num_skipped=due.num_skipped)
-                channel.reject(command.hold_reason, keep_chunk=True)
-            else:
-                stamp = offset_stamp(due.chunk.stamp, due.index * due.chunk.period_s)
-                if channel.release():
-                    for output in channel.outputs:
-                        output.publish_step(due.chunk, due.index, command, stamp, settings)
-                late = channel.now_s() - due.chunk.slot_start(due.index) if from_clock else None
-                channel.stats.record_chunk_step(published=True, num_skipped=due.num_skipped,
-                                                lateness_s=late)
+            self._publish_step(due, settings, from_clock)
         return self.schedule.next_wake_s()
 
+    def _publish_step(self, due, settings, from_clock: bool) -> None:
+        """A due step through its own safety decision (its age), then to the outputs; a
+        step that may not go out holds the robot and keeps the chunk (the next may be fine)."""
+        robot = self.robot
+        command = cmd.decide_command(chunks.StepAction(due.action), error=None, is_enabled=True,
+                                     age_s=due.age_s, settings=settings,
+                                     action_dim=robot.action_dim)
+        if command.is_hold:
+            robot.stats.record_chunk_step(published=False, num_skipped=due.num_skipped)
+            robot.reject(command.hold_reason, keep_chunk=True)
+            return
+        stamp = offset_stamp(due.chunk.stamp, due.index * due.chunk.period_s)
+        robot.publish_step(due.chunk, due.index, command, stamp, settings)
+        late = robot.now_s() - due.chunk.slot_start(due.index) if from_clock else None
+        robot.stats.record_chunk_step(published=True, num_skipped=due.num_skipped,
+                                      lateness_s=late)
 
-__all__ = ['ChunkExecution']
+
+__all__ = ['ChunkChannel', 'ChunkExecution']

@@ -87,6 +87,12 @@ def reason_kind(reason: str | None) -> str | None:
     return None if reason is None else reason.split(':', 1)[0]
 
 
+def is_stale_reason(reason: str | None) -> bool:
+    """Whether a hold reason counts as a stale result in the statistics: an image too old,
+    or stamped in the future."""
+    return reason_kind(reason) in (REASON_STALE, REASON_FUTURE)
+
+
 def velocities_from_action(action: np.ndarray, settings: NodeSettings) -> tuple[tuple, tuple]:
     """(7,) delta action -> (linear (3,), angular (3,)) velocities, scaled and clamped. The
     angular velocity is the rotation vector of the action's fixed-axis angles over the period
@@ -241,7 +247,7 @@ def decide_command(result, *, error: str | None, is_enabled: bool, age_s: float 
 
 
 __all__ = ['Command', 'zero_command', 'action_dims', 'check_action_dim', 'joint_values',
-           'reason_kind', 'velocities_from_action',
+           'reason_kind', 'is_stale_reason', 'velocities_from_action',
            'gripper_position', 'command_from_action', 'observation_time', 'observation_age',
            'freshness_reason', 'hold_reason_now', 'decide_command', 'FAILURE_REASONS',
            'ACTION_DIM', 'REASON_CHUNK_END', 'REASON_SERVO_NOT_READY']

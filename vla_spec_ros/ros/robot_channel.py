@@ -39,7 +39,7 @@ from std_srvs.srv import SetBool, Trigger
 
 from vla_spec_ros.ros import command_rules as cmd
 from vla_spec_ros.ros.channel_stats import record_answer, robot_status
-from vla_spec_ros.ros.chunk_execution import ChunkExecution
+from vla_spec_ros.ros.chunk_execution import ChunkChannel, ChunkExecution
 from vla_spec_ros.ros.chunk_rules import chunk_age_limit
 from vla_spec_ros.ros.diagnostics import InferenceStats
 from vla_spec_ros.ros.frame_slot import FrameInfo, LatestFrameSlot
@@ -112,7 +112,7 @@ class RobotChannel:
         self.chunk_steps = int(chunk_steps)
         self.action_dim = int(action_dim)     # the checkpoint's (command_rules.check_action_dim)
         self.model_reads_state = model_reads_state     # the Frame carries the state
-        self.chunk_execution = ChunkExecution(self, on_chunk)
+        self.chunk_execution = ChunkExecution(self._chunk_channel(), on_chunk)
 
         prefix = f'{name}/' if name else '~/'
         self.observation = ObservationInput(node, prefix, settings, self._on_frame,
@@ -176,6 +176,14 @@ class RobotChannel:
     @property
     def is_chunked(self) -> bool:
         return self.chunk_steps > 1
+
+    def _chunk_channel(self) -> ChunkChannel:
+        """What chunk_execution.py may use of this channel (its ChunkChannel)."""
+        return ChunkChannel(
+            num_steps=self.chunk_steps, action_dim=self.action_dim, stats=self.stats,
+            settings=lambda: self.settings, is_active=lambda: self.is_active,
+            now_s=self.now_s, prepare=self.prepare, publish_chunk=self.publish_chunk,
+            publish_step=self.publish_step, reject=self.reject, log_reason=self.log_reason)
 
     # ---- callbacks (executor thread) ------------------------------------------------------
 
@@ -337,8 +345,7 @@ class RobotChannel:
         return True
 
     def reject_result(self, reason: str) -> None:
-        kind = cmd.reason_kind(reason)
-        self.reject(reason, is_stale=kind in (cmd.REASON_STALE, cmd.REASON_FUTURE))
+        self.reject(reason, is_stale=cmd.is_stale_reason(reason))
 
     # ---- results (worker thread) ----------------------------------------------------------
 
@@ -415,6 +422,20 @@ class RobotChannel:
         prepared = prepared or [None] * len(self.outputs)
         for output, value in zip(self.outputs, prepared):
             output.publish_command(command, stamp, self.settings, value)
+
+    def publish_chunk(self, chunk, commands, settings, prepared) -> None:
+        """A chunk kept by chunk_execution to every output, whole (nothing while inactive)."""
+        if not self.is_active:
+            return
+        for output, value in zip(self.outputs, prepared):
+            output.publish_chunk(chunk, commands, settings, value)
+
+    def publish_step(self, chunk, index: int, command: cmd.Command, stamp, settings) -> None:
+        """A chunk's due step to every output, unless the robot holds instead (release)."""
+        if not self.release():
+            return
+        for output in self.outputs:
+            output.publish_step(chunk, index, command, stamp, settings)
 
     # ---- diagnostics and teardown ---------------------------------------------------------
 

@@ -1,0 +1,152 @@
+"""One robot's chunk execution (ros/chunk_execution.py) through its narrow interface alone.
+
+`ChunkExecution` sees its robot only as a `ChunkChannel` (values and callables), so these tests
+run it without rclpy and without a channel: a fake robot records what would be published and
+held, on a fake node clock. The DDS tests of the whole node are test_ros_chunks.py.
+"""
+import dataclasses
+
+import numpy as np
+import pytest
+
+from vla_spec_ros.engine.result import ActionResult, FinishedAction, Frame
+from vla_spec_ros.ros import command_rules as cmd
+from vla_spec_ros.ros import params
+from vla_spec_ros.ros.chunk_execution import ChunkChannel, ChunkExecution
+from vla_spec_ros.ros.diagnostics import InferenceStats
+from vla_spec_ros.ros.frame_slot import FrameInfo
+
+K, P = 4, 0.2          # steps per chunk, control period (s)
+
+
+@dataclasses.dataclass(frozen=True)
+class Stamp:
+    """builtin_interfaces/Time's fields (message_time.offset_stamp builds another)."""
+
+    sec: int
+    nanosec: int
+
+
+class FakeRobot:
+    """A robot as ChunkExecution sees it: settings, a clock, and records of every call."""
+
+    def __init__(self, **settings):
+        self.settings = dataclasses.replace(params.default_node_settings(), enabled=True,
+                                            instruction='go', max_action_age=0.5, **settings)
+        self.now, self.is_active, self.can_prepare = 100.0, True, True
+        self.stats = InferenceStats()
+        self.chunks, self.steps, self.holds, self.logs = [], [], [], []
+
+    def channel(self) -> ChunkChannel:
+        return ChunkChannel(
+            num_steps=K, action_dim=7, stats=self.stats, settings=lambda: self.settings,
+            is_active=lambda: self.is_active, now_s=lambda: self.now, prepare=self._prepare,
+            publish_chunk=lambda chunk, commands, settings, prepared:
+                self.chunks.append((chunk, commands, prepared)),
+            publish_step=lambda chunk, index, command, stamp, settings:
+                self.steps.append((index, command, stamp)),
+            reject=self._reject, log_reason=lambda text, level: self.logs.append((level, text)))
+
+    def _prepare(self, info, settings):
+        if not self.can_prepare:
+            self._reject('no tool pose: none yet')
+            return None
+        return ['prepared']
+
+    def _reject(self, reason, *, is_stale=False, keep_chunk=False):
+        self.holds.append((reason, is_stale, keep_chunk))
+
+
+def finished(t0: float, action=None, *, is_valid=True, error=None):
+    """The engine's answer to an image stamped t0 (node clock seconds)."""
+    info = FrameInfo(Stamp(int(t0), round((t0 % 1) * 1e9)), t0, t0, 0.0)
+    if action is None:
+        action = np.tile(np.arange(K, dtype=np.float64)[:, None] * 0.01, (1, 7))
+    result = None if error else ActionResult((), action, action, is_valid,
+                                             None if is_valid else 'token 3 is not an action')
+    return FinishedAction(0, Frame(np.zeros((2, 2, 3), np.uint8), 'go', user_data=info),
+                          result, error)
+
+
+def test_a_chunk_is_kept_whole_then_published_one_step_per_period_then_runs_out():
+    robot = FakeRobot()
+    woken = []
+    execution = ChunkExecution(robot.channel(), on_chunk=lambda: woken.append(True))
+    robot.now = 100.05
+    execution.handle_finished(finished(100.0))
+    assert len(robot.chunks) == 1 and len(robot.chunks[0][1]) == K     # whole, K commands
+    assert robot.chunks[0][2] == ['prepared'] and woken == [True]
+    assert [s[0] for s in robot.steps] == [0]                          # step 0 is due now
+    assert robot.steps[0][2] == Stamp(100, 0)
+    for index in range(1, K):
+        wake = execution.publish_due(robot.now)
+        assert wake == pytest.approx(100.0 + index * P)
+        robot.now = wake + 1e-6
+        assert execution.publish_due(robot.now) is not None
+        assert robot.steps[-1][0] == index
+        # The step's stamp: the image's + index periods, in whole nanoseconds.
+        assert robot.steps[-1][2] == Stamp(100, round(index * P * 1e9))
+    robot.now = 100.0 + K * P
+    execution.publish_due(robot.now)
+    assert robot.holds[-1][0].startswith(cmd.REASON_CHUNK_END)
+    snapshot = robot.stats.snapshot(0.0)
+    assert snapshot['chunk_steps_published'] == K and snapshot['chunk_run_outs'] == 1
+
+
+def test_invalid_chunk_continue_keeps_the_running_chunk_and_hold_drops_it():
+    for rule, expect_hold in (('continue', False), ('hold', True)):
+        robot = FakeRobot(invalid_chunk=rule)
+        execution = ChunkExecution(robot.channel())
+        execution.handle_finished(finished(100.0))
+        robot.now = 100.1
+        execution.handle_finished(finished(100.05, is_valid=False))
+        if expect_hold:
+            assert robot.holds and robot.holds[-1][0].startswith(cmd.REASON_INVALID)
+            assert robot.holds[-1][1:] == (False, False)      # not stale, chunks dropped
+        else:
+            assert robot.holds == []
+            assert robot.logs[-1][0] == 'error' and 'goes on' in robot.logs[-1][1]
+            assert robot.stats.snapshot(0.0)['chunks_refused'] == 1
+            robot.now = 100.2 + 1e-6
+            execution.publish_due(robot.now)
+            assert robot.steps[-1][0] == 1                    # the kept chunk's next step
+
+
+def test_a_stale_chunk_is_a_stale_hold_and_nothing_is_kept():
+    robot = FakeRobot()
+    execution = ChunkExecution(robot.channel())
+    robot.now = 100.0 + 0.5 + (K - 1) * P + 0.1           # past the chunk's age limit
+    execution.handle_finished(finished(100.0))
+    assert robot.chunks == [] and robot.steps == []
+    assert robot.holds[-1][0].startswith(cmd.REASON_STALE) and robot.holds[-1][1] is True
+    assert len(execution.schedule) == 0
+
+
+def test_an_output_that_cannot_prepare_keeps_nothing():
+    robot = FakeRobot()
+    robot.can_prepare = False
+    execution = ChunkExecution(robot.channel())
+    execution.handle_finished(finished(100.0))
+    assert robot.chunks == [] and len(execution.schedule) == 0
+    assert robot.holds == [('no tool pose: none yet', False, False)]
+
+
+def test_a_disabled_or_inactive_robot_publishes_no_step_and_forgets_its_chunks():
+    robot = FakeRobot()
+    execution = ChunkExecution(robot.channel())
+    execution.handle_finished(finished(100.0))
+    robot.is_active = False
+    robot.now = 100.2 + 1e-6
+    assert execution.publish_due(robot.now) is None
+    assert [s[0] for s in robot.steps] == [0] and len(execution.schedule) == 0
+    robot.is_active = True
+    robot.settings = dataclasses.replace(robot.settings, enabled=False)
+    execution.handle_finished(finished(100.3))
+    assert robot.holds[-1][0] == cmd.REASON_DISABLED
+
+
+def test_an_engine_error_holds_with_its_reason():
+    robot = FakeRobot()
+    execution = ChunkExecution(robot.channel())
+    execution.handle_finished(finished(100.0, error='RuntimeError: boom'))
+    assert robot.holds[-1][0] == f'{cmd.REASON_ENGINE_ERROR}: RuntimeError: boom'
