@@ -131,10 +131,20 @@ def build_package(name: str) -> pathlib.Path:
 
 def interface_prefix(name: str):
     """None when the package `name` is installed (a ROS distribution), else the prefix it was
-    generated into (skips the test when it cannot be generated)."""
-    if importlib.util.find_spec(name) is not None:
+    generated into (skips the test when it cannot be generated). A package importable only
+    because an earlier test of this process imported it from a generated prefix is not
+    installed: a child process needs that prefix on its paths."""
+    spec = importlib.util.find_spec(name)
+    if spec is not None and not _is_generated(spec):
         return None
     return build_package(name)
+
+
+def _is_generated(spec) -> bool:
+    """Whether a module was imported from a prefix build_package generated."""
+    locations = list(spec.submodule_search_locations or []) + [spec.origin or '']
+    generated = str(pathlib.Path(tempfile.gettempdir()) / 'vla-spec-')
+    return any(str(location).startswith(generated) for location in locations)
 
 
 def use_prefix(prefix, name: str) -> None:
