@@ -6,7 +6,8 @@ Pure Python (no rclpy): the worker takes the newest observation of each robot fr
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any, Mapping
 
 
 @dataclass(frozen=True)
@@ -29,15 +30,21 @@ class FrameInfo:
 @dataclass(frozen=True)
 class Observation:
     """What waits in a robot's slot for the worker: one image message per image slot (slot
-    order), its FrameInfo, the robot state paired with it (or None), and, when the
-    observation may not be answered, why: `error` with `is_bad_input` (refused: bad input,
-    out of sync) or not (a stale state: a hold)."""
+    order), its FrameInfo, the values of the robot's paired inputs read at its time
+    (`inputs`, by adapter key: input_adapter.py), and, when the observation may not be
+    answered, why: `error` with `is_bad_input` (refused: bad input, out of sync) or not (a
+    stale input: a hold)."""
 
     messages: tuple
     info: FrameInfo
-    state: object = None             # np.ndarray (n,) float64, or None
+    inputs: Mapping[str, Any] = field(default_factory=dict)
     error: str | None = None
     is_bad_input: bool = False
+
+    @property
+    def state(self):
+        """The robot state paired with the images (np.ndarray (n,) float64), or None."""
+        return self.inputs.get('state')
 
 
 class LatestFrameSlot:

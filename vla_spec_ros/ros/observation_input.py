@@ -1,13 +1,15 @@
 """One robot's observation: its image slots (one topic each, raw or compressed), paired by
-stamp (observation_sync.py), and its robot state (state_input.py), into its frame slot.
+stamp (observation_sync.py), and its paired inputs (input_adapter.py: the robot state,
+state_input.py; listed by robot_channel.build_inputs) read at the set's time, into its frame
+slot.
 
 Topics: one camera (no `image_slots`): `<prefix>image` (or `<prefix>image/compressed`), as
 before; with `image_slots: [base, wrist]`: `<prefix>base/image`, `<prefix>wrist/image` (or
 `.../image/compressed`, per slot from `image_transports`). The callbacks only stamp and pair;
 conversion happens on the worker (worker.py). A complete set becomes one frame_slot.
-Observation (latest wins: an untaken one is replaced and counted as dropped); an out-of-sync
-report or a state that cannot be paired travels in it as its `error`, so the worker refuses or
-holds in frame order.
+Observation (latest wins: an untaken one is replaced and counted as dropped) carrying each
+input's value under its key; an out-of-sync report or an input's problem (a state that cannot
+be paired) travels in it as its `error`, so the worker refuses or holds in frame order.
 
 Stamps and order (docs/robot.md, "Stamps, order and clock jumps"):
   - an image stamped more than `max_action_age` ahead of the node clock (by the time the node
@@ -54,10 +56,11 @@ class ObservationInput:
     `on_dropped(count)` counts messages dropped by the pairing. `settings()` returns the
     robot's NodeSettings in force. `on_refused(info, reason)` gets an image refused on arrival
     (stamped in the future); `on_clock_jump(jump)` a clock_jumps.ClockJump, after the order
-    kept on the old time line was forgotten (module docstring)."""
+    kept on the old time line was forgotten (module docstring). `inputs`: the robot's paired
+    inputs (input_adapter.InputAdapter), read in this order; this object owns them."""
 
     def __init__(self, node, prefix: str, settings, on_observation, on_dropped, get_settings,
-                 *, on_refused, on_clock_jump):
+                 *, on_refused, on_clock_jump, inputs=()):
         self.node = node
         self._on_observation, self._on_dropped = on_observation, on_dropped
         self._on_refused, self._on_clock_jump = on_refused, on_clock_jump
@@ -69,11 +72,10 @@ class ObservationInput:
                                     settings.image_sync_tolerance)
         self.newest: FrameInfo | None = None                  # the newest complete set's
         self.newest_per_slot: list = [None] * len(self.slot_names)
-        self.state = None
-        if settings.state_input != 'none':
-            from vla_spec_ros.ros.state_input import StateInput
-
-            self.state = StateInput(node, prefix, settings, get_settings)
+        self.inputs = list(inputs)
+        keys = [adapter.key for adapter in self.inputs]
+        if len(set(keys)) != len(keys) or not all(keys):
+            raise ValueError(f'inputs: each input needs its own non-empty key, got {keys}')
         self._subs = []
         for index, slot in enumerate(self.slot_names):
             transport = settings.slot_transport(index)
@@ -137,14 +139,23 @@ class ObservationInput:
         # The set's time is its first slot's stamp; it was received when it became complete.
         info = FrameInfo(anchor.stamp, anchor.stamp_s, info.receipt_s, info.receipt_mono)
         self.newest = info
-        observation = Observation(messages, info)
-        if self.state is not None:
-            state, problem = self.state.state_at(
-                cmd.observation_time(info.stamp_s, info.receipt_s, settings), settings)
-            observation = (Observation(messages, info, state=state) if problem is None else
-                           Observation(messages, info, error=problem[0],
-                                       is_bad_input=problem[1]))
-        self._on_observation(observation)
+        self._on_observation(self._read_inputs(messages, info, settings))
+
+    def _read_inputs(self, messages, info: FrameInfo, settings) -> Observation:
+        """The observation with each input's value at its time, or with the first input's
+        problem as its error (input_adapter.py)."""
+        time_s = cmd.observation_time(info.stamp_s, info.receipt_s, settings)
+        values = {}
+        for adapter in self.inputs:
+            value, problem = adapter.read_at(time_s, settings)
+            if problem is not None:
+                return Observation(messages, info, error=problem[0], is_bad_input=problem[1])
+            values[adapter.key] = value
+        return Observation(messages, info, inputs=values)
+
+    def input(self, key: str):
+        """The input adapter of `key`, or None."""
+        return next((adapter for adapter in self.inputs if adapter.key == key), None)
 
     def stale_slot_reason(self, age_of, max_age_s: float | None, settings) -> str | None:
         """With several slots: why the robot holds because one slot stopped (its newest image
@@ -160,7 +171,9 @@ class ObservationInput:
         return None
 
     def current_positions(self, settings):
-        return None if self.state is None else self.state.current_positions(settings)
+        """The measured joint positions, from the state input (state_input.py), or None."""
+        state = self.input('state')
+        return None if state is None else state.current_positions(settings)
 
     def clear(self) -> None:
         """Forget the pending messages and the order kept (`~/reset`)."""
@@ -177,8 +190,8 @@ class ObservationInput:
     def destroy(self) -> None:
         for sub in self._subs:
             self.node.destroy_subscription(sub)
-        if self.state is not None:
-            self.state.destroy()
+        for adapter in self.inputs:
+            adapter.destroy()
 
 
 __all__ = ['ObservationInput', 'frame_info', 'slot_topic']

@@ -4,9 +4,13 @@ A node serves one robot (today's `~/image`, `~/twist`, ... names) or several (`r
 parameter: `<name>/image`, `<name>/twist`, ... one RobotChannel each) from one engine. What is
 per robot lives in one file per concern:
 
-  observation_input.py  image subscription -> depth-1 frame slot (frame_slot.py); an image
-                        stamped in the future is refused on arrival, a jump back of the node
-                        clock resets the robot (clock_jumps.py)
+  observation_input.py  image subscriptions -> depth-1 frame slot (frame_slot.py), with the
+                        paired inputs read at each set's time; an image stamped in the
+                        future is refused on arrival, a jump back of the node clock resets
+                        the robot (clock_jumps.py)
+  input_adapter.py      the interface of every paired input; one adapter per input
+                        (`build_inputs` below is where they are listed): state_input.py
+                        (JointState or an array)
   safety_gate.py        the hold state machine: hold states with a message budget, holds that
                         always go out, refused frames and the results they supersede
   output_adapter.py     the interface of every output; one adapter per output
@@ -52,6 +56,22 @@ from vla_spec_ros.ros.raw_action_output import RawActionOutput
 from vla_spec_ros.ros.reasoning_output import ReasoningOutput
 from vla_spec_ros.ros.safety_gate import SafetyGate
 from vla_spec_ros.ros.twist_output import TwistOutput
+
+
+def build_inputs(node, prefix: str, settings, get_settings) -> list:
+    """The robot's paired inputs (input_adapter.py), read in this order at each observation:
+    the robot state of `state_input` (state_input.py). `get_settings()`: the robot's
+    NodeSettings in force."""
+    inputs = []
+    if settings.state_input == 'joint_state':
+        from vla_spec_ros.ros.state_input import JointStateInput
+
+        inputs.append(JointStateInput(node, prefix, get_settings))
+    elif settings.state_input == 'array':
+        from vla_spec_ros.ros.state_input import ArrayStateInput
+
+        inputs.append(ArrayStateInput(node, prefix, get_settings))
+    return inputs
 
 
 def build_outputs(node, prefix: str, settings, label: str, *, is_chunked: bool,
@@ -115,10 +135,13 @@ class RobotChannel:
         self.chunk_execution = ChunkExecution(self._chunk_channel(), on_chunk)
 
         prefix = f'{name}/' if name else '~/'
+        get_settings = (lambda: self.settings)
         self.observation = ObservationInput(node, prefix, settings, self._on_frame,
-                                            self.stats.record_dropped, lambda: self.settings,
+                                            self.stats.record_dropped, get_settings,
                                             on_refused=self._on_refused_frame,
-                                            on_clock_jump=self._on_clock_jump)
+                                            on_clock_jump=self._on_clock_jump,
+                                            inputs=build_inputs(node, prefix, settings,
+                                                                get_settings))
         self.outputs = build_outputs(node, prefix, settings, self.label,
                                      is_chunked=self.is_chunked,
                                      current_positions=self.observation.current_positions,
@@ -443,7 +466,8 @@ class RobotChannel:
         name = f'{self.node.get_fully_qualified_name()}: inference'
         if self.name:
             name += f' ({self.name})'
-        extras = [o for o in self.outputs] + ([self.servo] if self.servo is not None else [])
+        extras = (list(self.observation.inputs) + list(self.outputs)
+                  + ([self.servo] if self.servo is not None else []))
         return robot_status(self.stats, name=name, hardware_id=self.settings.model_path,
                             mode=mode, is_enabled=self.settings.enabled and self.is_active,
                             extras=extras)
@@ -460,4 +484,4 @@ class RobotChannel:
             node.destroy_service(srv)
 
 
-__all__ = ['RobotChannel', 'build_outputs', 'FrameInfo', 'LatestFrameSlot']
+__all__ = ['RobotChannel', 'build_inputs', 'build_outputs', 'FrameInfo', 'LatestFrameSlot']

@@ -1,5 +1,7 @@
 """One robot's state input: sensor_msgs/JointState or a plain Float64MultiArray, kept with its
-time and read at an observation's time (docs/action_spaces.md).
+time and read at an observation's time (docs/action_spaces.md). Two input adapters
+(input_adapter.py), key 'state', one per `state_input` choice: JointStateInput and
+ArrayStateInput, over the history and pairing they share (StateInput).
 
   state_input joint_state  <prefix>joint_states (sensor_msgs/JointState): the state vector is
                            the positions of `state_joint_names` (else `joint_names`), selected
@@ -28,6 +30,7 @@ from collections import deque
 import numpy as np
 
 from vla_spec_ros.ros import command_rules as cmd
+from vla_spec_ros.ros.input_adapter import InputAdapter
 from vla_spec_ros.ros.qos import IMAGE_QOS
 
 MAX_STATES = 256        # states kept (a 500 Hz joint_states topic: half a second)
@@ -72,51 +75,31 @@ def state_from_array(data, order) -> np.ndarray:
     return vector
 
 
-class StateInput:
-    """The state subscription of one robot and its recent states (module docstring)."""
+class StateInput(InputAdapter):
+    """One robot's recent states and their pairing with an observation (module docstring);
+    a subclass subscribes its message type and calls `_add`. `get_settings()`: the robot's
+    NodeSettings in force."""
 
-    def __init__(self, node, prefix: str, settings, get_settings):
+    key = 'state'
+
+    def __init__(self, node, get_settings):
         self.node = node
-        self.kind = settings.state_input
-        self._get_settings = get_settings           # the robot's NodeSettings in force
+        self._get_settings = get_settings
         self._lock = threading.Lock()
         self._states: deque = deque(maxlen=MAX_STATES)  # (time_s, vector or None, error)
-        if self.kind == 'joint_state':
-            from sensor_msgs.msg import JointState
-
-            self._sub = node.create_subscription(JointState, prefix + 'joint_states',
-                                                 self._on_joint_state, IMAGE_QOS)
-        else:
-            from std_msgs.msg import Float64MultiArray
-
-            self._sub = node.create_subscription(Float64MultiArray, prefix + 'state',
-                                                 self._on_array, IMAGE_QOS)
+        self._sub = None
 
     def _now_s(self) -> float:
         return self.node.get_clock().now().nanoseconds * 1e-9
-
-    def _on_joint_state(self, msg) -> None:
-        stamp_s = msg.header.stamp.sec + 1e-9 * msg.header.stamp.nanosec
-        try:
-            vector, error = state_from_joint_state(msg.name, msg.position,
-                                                   self._get_settings().state_order), None
-        except ValueError as exc:
-            vector, error = None, str(exc)
-        self._add(stamp_s if stamp_s > 0.0 else self._now_s(), vector, error)
-
-    def _on_array(self, msg) -> None:
-        try:
-            vector, error = state_from_array(msg.data, self._get_settings().state_order), None
-        except ValueError as exc:
-            vector, error = None, str(exc)
-        self._add(self._now_s(), vector, error)
 
     def _add(self, time_s: float, vector, error) -> None:
         with self._lock:
             self._states.append((time_s, vector, error))
 
-    def state_at(self, time_s: float, settings):
-        """(vector, None), or (None, (reason, is_bad_input)) for the observation at `time_s`."""
+    def read_at(self, time_s: float, settings):
+        """(vector, None), or (None, (reason, is_bad_input)) for the observation at `time_s`:
+        the state received closest in time; stale beyond max_state_age (or none yet); bad
+        input when that state's message was (input_adapter.py's contract)."""
         with self._lock:
             nearest = min(self._states, key=lambda s: abs(s[0] - time_s), default=None)
         if nearest is None:
@@ -146,7 +129,49 @@ class StateInput:
             return None
 
     def destroy(self) -> None:
-        self.node.destroy_subscription(self._sub)
+        if self._sub is not None:
+            self.node.destroy_subscription(self._sub)
 
 
-__all__ = ['StateInput', 'state_from_joint_state', 'state_from_array', 'MAX_STATES']
+class JointStateInput(StateInput):
+    """state_input joint_state: <prefix>joint_states, the positions of state_order's joints
+    selected by name; the header stamp (else the receipt time) is the state's time."""
+
+    def __init__(self, node, prefix: str, get_settings):
+        from sensor_msgs.msg import JointState
+
+        super().__init__(node, get_settings)
+        self._sub = node.create_subscription(JointState, prefix + 'joint_states',
+                                             self._on_joint_state, IMAGE_QOS)
+
+    def _on_joint_state(self, msg) -> None:
+        stamp_s = msg.header.stamp.sec + 1e-9 * msg.header.stamp.nanosec
+        try:
+            vector, error = state_from_joint_state(msg.name, msg.position,
+                                                   self._get_settings().state_order), None
+        except ValueError as exc:
+            vector, error = None, str(exc)
+        self._add(stamp_s if stamp_s > 0.0 else self._now_s(), vector, error)
+
+
+class ArrayStateInput(StateInput):
+    """state_input array: <prefix>state (Float64MultiArray), the data as is; no header, so
+    the receipt time is the state's time."""
+
+    def __init__(self, node, prefix: str, get_settings):
+        from std_msgs.msg import Float64MultiArray
+
+        super().__init__(node, get_settings)
+        self._sub = node.create_subscription(Float64MultiArray, prefix + 'state',
+                                             self._on_array, IMAGE_QOS)
+
+    def _on_array(self, msg) -> None:
+        try:
+            vector, error = state_from_array(msg.data, self._get_settings().state_order), None
+        except ValueError as exc:
+            vector, error = None, str(exc)
+        self._add(self._now_s(), vector, error)
+
+
+__all__ = ['StateInput', 'JointStateInput', 'ArrayStateInput', 'state_from_joint_state',
+           'state_from_array', 'MAX_STATES']
