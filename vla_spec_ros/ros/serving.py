@@ -58,12 +58,9 @@ class Serving:
         self.values = dict(values)
         self.config = config
         self.unnorm_keys = tuple(policy.unnorm_keys)
-        if len(self.settings.robots) > self.engine.config.max_streams:
-            raise ValueError(f'robots: {len(self.settings.robots)} robots but the engine '
-                             f'serves at most max_streams={self.engine.config.max_streams}')
-        per_robot = config.robots
-        for settings in per_robot.values():
-            self._check_unnorm_key(settings.unnorm_key)
+        self.chunk_steps = chunk_steps_of(policy)
+        self.model_io = model_io_of(policy)
+        self._check_robots(config)               # before anything is created
         self.engine_lock = threading.Lock()
         # A policy passed in (tests, embedding) was loaded with its own config: the tunable
         # parameters still apply, from the first frame.
@@ -71,17 +68,8 @@ class Serving:
                                                                config.engine)
         self._tunables_lock = threading.Lock()
         self.recorders = {robot: make_recorder(settings, robot)
-                          for robot, settings in per_robot.items()}
-
-        self.chunk_steps = chunk_steps_of(policy)
-        self.model_io = model_io_of(policy)
-        for settings in per_robot.values():
-            check_model_io(self.model_io, settings, node.get_logger())
-        self.chunk_clock = ChunkClock(node) if self.chunk_steps > 1 else None
-        if self.chunk_clock is not None and twist_messages.MultiDOFJointTrajectory is None:
-            node.get_logger().warning(
-                f'action_chunk {self.chunk_steps}: trajectory_msgs is not importable, so no '
-                'trajectory topic; the steps are published on twist as usual')
+                          for robot, settings in config.robots.items()}
+        self.chunk_clock = self._make_chunk_clock()
         wakeup = threading.Event()
         self.channels = [RobotChannel(node, robot, settings, wakeup=wakeup,
                                       on_instruction=self._on_instruction,
@@ -91,7 +79,7 @@ class Serving:
                                       action_dim=self.model_io.action_dim,
                                       model_reads_state=self.model_io.uses_state,
                                       writes_reasoning=self.model_io.writes_reasoning)
-                         for robot, settings in per_robot.items()]
+                         for robot, settings in config.robots.items()]
         for channel in self.channels:
             channel.is_active = is_active
         self._frozen = False         # freeze_after_load called by warm_up, not yet undone
@@ -108,6 +96,27 @@ class Serving:
             self.chunk_clock.start()
         # Every garbage collection's pause, for /diagnostics (gc_pauses.py).
         self.gc_pauses = GcPauses(window_s=self.channels[0].stats.window_s)
+
+    def _check_robots(self, config: params.Configuration) -> None:
+        """Refuse (ValueError naming the parameter) robots the engine or the checkpoint
+        cannot serve: more than max_streams, an unknown unnorm_key, inputs or an action
+        space that do not fit the model."""
+        if len(config.node.robots) > self.engine.config.max_streams:
+            raise ValueError(f'robots: {len(config.node.robots)} robots but the engine '
+                             f'serves at most max_streams={self.engine.config.max_streams}')
+        for settings in config.robots.values():
+            self._check_unnorm_key(settings.unnorm_key)
+            check_model_io(self.model_io, settings, self.node.get_logger())
+
+    def _make_chunk_clock(self):
+        """The chunk clock of a chunked model (chunk_clock.py), else None."""
+        if self.chunk_steps <= 1:
+            return None
+        if twist_messages.MultiDOFJointTrajectory is None:
+            self.node.get_logger().warning(
+                f'action_chunk {self.chunk_steps}: trajectory_msgs is not importable, so no '
+                'trajectory topic; the steps are published on twist as usual')
+        return ChunkClock(self.node)
 
     # ---- state ------------------------------------------------------------------------------
 
