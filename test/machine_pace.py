@@ -27,6 +27,6 @@ def control_rate_for(policy, instruction: str, unnorm_key: str, *, max_hz: float
                      periods_per_frame: float = 0.25) -> float:
     """The highest control rate (at most ``max_hz``) at which one frame's measured inference
     takes at most ``periods_per_frame`` control periods: the node's own overheads (DDS, image
-    conversion, the camera's and the step clock's timers) get the rest of the period."""
+    conversion, the camera's and the chunk clock's timers) get the rest of the period."""
     latency = frame_latency_s(policy, instruction, unnorm_key)
     return min(max_hz, periods_per_frame / latency)

@@ -461,7 +461,7 @@ def test_steps_follow_the_control_clock_and_the_trajectory_is_the_chunk(chunk_no
                                    rtol=1e-9, atol=1e-12)
         # published inside its slot (received at most SLACK after it ended)
         assert t0 + i * CONTROL_PERIOD <= received < t0 + (i + 1) * CONTROL_PERIOD + SLACK
-    # the steps the step clock published are one control period apart
+    # the steps the chunk clock published are one control period apart
     clocked = [t for t, _, _ in steps[1:]]
     for a, b in zip(clocked, clocked[1:]):
         assert abs((b - a) - CONTROL_PERIOD) < SLACK, (a, b)

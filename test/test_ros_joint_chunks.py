@@ -7,7 +7,7 @@ separately loaded reference policy's `predict` and the documented per-joint clam
 (docs/action_spaces.md), written out here:
 
   joint_velocity: step i's JointJog has velocities = clip(chunk[i][:6], -limit, +limit), one
-      message per control period on the node's step clock, stamped image stamp + i periods;
+      message per control period on the node's chunk clock, stamped image stamp + i periods;
       the run-out (and any hold) is a JointJog of zero velocities.
   joint_position: the chunk, on arrival, as one JointTrajectory whose timing ROS 2's
       JointTrajectoryController (JTC) accepts (the rules in `jtc_rejection` below); a hold
@@ -265,7 +265,7 @@ def test_joint_velocity_chunk_goes_out_as_one_joint_jog_per_control_period(
             # published inside its slot on the control clock
             assert t0 + i * period - 0.01 <= t < t0 + (i + 1) * period + SLACK, (i, t - t0)
             received.append(t)
-        for a, b in zip(received[1:], received[2:]):      # the step clock's steps: one period
+        for a, b in zip(received[1:], received[2:]):      # the chunk clock's steps: one period
             assert abs((b - a) - period) < SLACK, (a, b)
         # the run-out: a JointJog of zero velocities, once the last slot ended
         t, msg = items[zero]

@@ -56,7 +56,7 @@ class ChunkClock:
                 due = [t for t in (c.publish_due_step(now) for c in self.channels)
                        if t is not None]
             except Exception as exc:      # keep the clock alive; the watchdog still holds
-                self._node.get_logger().error(f'step clock: {describe_error(exc)}',
+                self._node.get_logger().error(f'chunk clock: {describe_error(exc)}',
                                               throttle_duration_sec=2.0)
                 due = []
             if not due:

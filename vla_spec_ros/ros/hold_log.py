@@ -35,7 +35,7 @@ def reason_key(reason: str) -> str:
 
 class HoldLog:
     """`admit(reason)` says whether and what to log for one robot (module docstring);
-    thread-safe (the worker, the step clock and the executor all report holds)."""
+    thread-safe (the worker, the chunk clock and the executor all report holds)."""
 
     def __init__(self, throttle_s: float = THROTTLE_S, clock=time.monotonic):
         self.throttle_s = float(throttle_s)

@@ -26,8 +26,8 @@ per robot lives in one file per concern:
   servo_contract.py     MoveIt Servo's command type, pause and timeout (servo_node)
   channel_stats.py      the statistics of answered frames and the /diagnostics status
   hold_log.py           which hold and refusal reasons reach the log (per robot, per reason)
-  this file             services, the decision on each finished frame or chunk step, and
-                        fanning decided commands / holds out to the adapters
+  this file             services, the decision on each finished frame, and fanning decided
+                        commands, chunks, steps and holds out to the adapters
 
 Its settings are a NodeSettings built from the node's parameters overlaid with the robot's own
 (`<name>.frame_id`, ...; params.robot_settings). The node swaps them in on `ros2 param set`.
@@ -110,7 +110,7 @@ class RobotChannel:
 
     `chunk_steps`: the model's action_chunk K. With K > 1 a finished frame's chunk is kept by
     `chunk_execution` (chunk_execution.py) and its steps are published by `publish_due_step`,
-    which the node's step clock calls at every slot start (`on_chunk()` wakes it when a chunk
+    which the node's chunk clock calls at every slot start (`on_chunk()` wakes it when a chunk
     arrives).
     """
 
@@ -135,13 +135,12 @@ class RobotChannel:
         self.chunk_execution = ChunkExecution(self._chunk_channel(), on_chunk)
 
         prefix = f'{name}/' if name else '~/'
-        get_settings = (lambda: self.settings)
         self.observation = ObservationInput(node, prefix, settings, self._on_frame,
-                                            self.stats.record_dropped, get_settings,
+                                            self.stats.record_dropped, self.current_settings,
                                             on_refused=self._on_refused_frame,
                                             on_clock_jump=self._on_clock_jump,
                                             inputs=build_inputs(node, prefix, settings,
-                                                                get_settings))
+                                                                self.current_settings))
         self.outputs = build_outputs(node, prefix, settings, self.label,
                                      is_chunked=self.is_chunked,
                                      current_positions=self.observation.current_positions,
@@ -200,11 +199,15 @@ class RobotChannel:
     def is_chunked(self) -> bool:
         return self.chunk_steps > 1
 
+    def current_settings(self):
+        """The robot's NodeSettings in force (swapped on `ros2 param set`)."""
+        return self.settings
+
     def _chunk_channel(self) -> ChunkChannel:
         """What chunk_execution.py may use of this channel (its ChunkChannel)."""
         return ChunkChannel(
             num_steps=self.chunk_steps, action_dim=self.action_dim, stats=self.stats,
-            settings=lambda: self.settings, is_active=lambda: self.is_active,
+            settings=self.current_settings, is_active=lambda: self.is_active,
             now_s=self.now_s, prepare=self.prepare, publish_chunk=self.publish_chunk,
             publish_step=self.publish_step, reject=self.reject, log_reason=self.log_reason)
 

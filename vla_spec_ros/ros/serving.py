@@ -9,12 +9,12 @@ parameters and invalid values; `apply(changes)` (post-set callback) rebuilds the
 every robot for the next frame and queues engine tunables, which the worker applies before its
 next submit (a request keeps the tunables it was submitted with).
 
-A chunked model (action_chunk K > 1) also gets the step clock (chunk_clock.py), which publishes
+A chunked model (action_chunk K > 1) also gets the chunk clock (chunk_clock.py), which publishes
 each robot's chunk one step per control period (docs/chunks.md).
 
 Stopping leaves every robot still: deactivation (`set_active(False)`) and the end of the
 process (`stop`) send each robot's hold (zero twist and the other outputs' holds) after the
-last action the worker or the step clock publishes, never before one: deactivation pauses the
+last action the worker or the chunk clock publishes, never before one: deactivation pauses the
 worker and drops the chunks around its holds, `stop` ends both threads first and then waits,
 at most STOP_ACK_TIMEOUT_S, until reliable subscribers have acknowledged the holds.
 """
@@ -149,7 +149,7 @@ class Serving:
 
     def _hold_last(self, reason: str) -> None:
         """(The worker paused or stopped.) Every robot's queued frame and chunks dropped, so
-        the step clock has nothing left to publish; then its hold; then inactive."""
+        the chunk clock has nothing left to publish; then its hold; then inactive."""
         for channel in self.channels:
             channel.slot.clear()
             channel.clear_chunks()
