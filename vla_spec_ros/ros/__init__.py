@@ -8,7 +8,8 @@ action's end-effector delta applied to the tool pose, docs/robot.md), `message_t
 and duration arithmetic). Image messages <-> numpy live one level up in `image_messages` (the
 bag reader uses them too). With rclpy and the message packages: `qos`, `robot_channel` (one
 robot's interfaces, wiring `observation_input`, `safety_gate`, `chunk_execution` and its
-output adapters), the output adapters (`output_adapter` is their interface: `twist_output`
+input and output adapters), the input adapters (`input_adapter` is their interface:
+`state_input`), the output adapters (`output_adapter` is their interface: `twist_output`
 with its builders `twist_messages`, `joint_outputs`, `gripper_output` over `gripper_action`
 (the control_msgs gripper actions), `raw_action_output`, `pose_output` over `tool_pose`
 (absolute targets from the tool pose), `reasoning_output`), `servo_contract` (MoveIt Servo's
