@@ -32,7 +32,8 @@ from rclpy.lifecycle import LifecycleNode, TransitionCallbackReturn
 
 from vla_spec_ros.engine.result import describe_error
 from vla_spec_ros.ros import params
-from vla_spec_ros.ros.node import load_for_node, refuse_unknown_overrides, run
+from vla_spec_ros.ros.node import (load_for_node, refuse_unknown_overrides, run,
+                                   take_recommendations)
 from vla_spec_ros.ros.serving import Serving
 
 
@@ -45,6 +46,7 @@ class VLASpecLifecycleNode(LifecycleNode):
         self._values = params.declare_parameters(self)
         refuse_unknown_overrides(self)
         self._given_policy = policy
+        self._recommended_for = None      # the model_path whose recommendations were taken
         self._serving: Serving | None = None
         self.add_on_set_parameters_callback(self._validate)
         self.add_post_set_parameters_callback(self._apply)
@@ -82,6 +84,10 @@ class VLASpecLifecycleNode(LifecycleNode):
 
     def on_configure(self, state) -> TransitionCallbackReturn:
         try:
+            if self._recommended_for != self._values['model_path']:
+                # Once per model (a later `ros2 param set` of a recommended one stands).
+                self._values = take_recommendations(self, self._values, self._given_policy)
+                self._recommended_for = self._values['model_path']
             config = params.configuration_from_parameters(self._values)
             policy = load_for_node(self, config, self._given_policy)
             serving = Serving(self, policy, self._values, config, is_active=False)

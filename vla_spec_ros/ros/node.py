@@ -69,6 +69,23 @@ def refuse_unknown_overrides(node) -> None:
                          f'<robot>.{{{", ".join(params.ROBOT_PARAMETERS)}}}')
 
 
+def take_recommendations(node, values: dict, policy=None) -> dict:
+    """`values` with the node settings the checkpoint recommends, where the user set none
+    (recommended_settings.py); the checkpoint is the given policy's, else `model_path`'s."""
+    from pathlib import Path
+
+    from vla_spec_ros.ros.recommended_settings import (apply_recommendations,
+                                                       checkpoint_recommendations)
+    folder = getattr(policy, 'source', None) if policy is not None else None
+    if folder is None or not Path(folder).is_dir():
+        if policy is not None:
+            return values           # a wrapper in tests, no checkpoint folder to read
+        from vla_spec_ros.policy import resolve_checkpoint
+        folder = resolve_checkpoint(values['model_path'])
+    recommended, source = checkpoint_recommendations(Path(folder))
+    return apply_recommendations(node, values, recommended, source) if recommended else values
+
+
 def load_for_node(node, config: params.Configuration, policy=None):
     """Set the process's torch threads (``torch_threads``), then load the policy of the
     validated `config` (unless one is given)."""
@@ -94,6 +111,7 @@ class VLASpecNode(Node):
         #    before anything is subscribed (a bad file fails here, loudly).
         values = params.declare_parameters(self)
         refuse_unknown_overrides(self)
+        values = take_recommendations(self, values, policy)
         config = params.configuration_from_parameters(values)
         # 2. Model, then the robots' channels, the worker and the timers, from that one
         #    configuration object.

@@ -376,6 +376,12 @@ class NodeSettings:
         return self.unnorm_key or None
 
 
+def check_value(spec: ParameterSpec, value: Any) -> Any:
+    """`_check_value`, for a value from elsewhere than a parameter (a checkpoint's
+    recommendation, recommended_settings.py)."""
+    return _check_value(spec, value)
+
+
 def _check_value(spec: ParameterSpec, value: Any) -> Any:
     """`value` (ints widened to float where the parameter is a float); ValueError naming the
     parameter when it has the wrong type or is out of range."""
