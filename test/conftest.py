@@ -1,11 +1,19 @@
 """Test-session settings: one torch thread (the CI machine has 2 shared cores; two threads on
 tiny matrices spend their time synchronising) and a private preset cache."""
 import os
+import signal
 import tempfile
 
 import pytest
 
 os.environ.setdefault('VLA_SPEC_CACHE', tempfile.mkdtemp(prefix='vla-spec-test-cache-'))
+
+# A suite started as a shell's background job inherits SIGINT ignored, and so would every
+# process it starts (an ignored signal stays ignored across exec): `ros2 launch` and the nodes
+# the tests stop with SIGINT would never see it. A handled signal is reset to its default in
+# a child, so the tests' processes get SIGINT as under a terminal or a supervisor.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @pytest.fixture(scope='session', autouse=True)

@@ -18,6 +18,7 @@ check the commands the README and docs/ show.
 """
 import importlib.util
 import os
+import pathlib
 import re
 import shlex
 import signal
@@ -237,9 +238,31 @@ class Ros2Launch:
         return pids
 
     def interrupt(self, timeout=60.0) -> int:
-        """SIGINT to launch (which sends SIGINT to its nodes); returns launch's exit status."""
+        """SIGINT to launch (which sends SIGINT to its nodes); returns launch's exit status.
+        Launch still running after `timeout` fails with its output and its processes' signal
+        dispositions (an ignored SIGINT is inherited from whatever started the suite)."""
         self.popen.send_signal(signal.SIGINT)
-        return self.popen.wait(timeout=timeout)
+        try:
+            return self.popen.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            raise AssertionError(f'launch still runs {timeout} s after SIGINT; '
+                                 f'{self._signal_states()}; its output:\n'
+                                 f'{self.output()[-6000:]}') from None
+
+    def _signal_states(self) -> str:
+        """SigIgn / SigCgt of launch and its children (/proc), for a failure message."""
+        import psutil
+
+        states = []
+        try:
+            for process in [psutil.Process(self.popen.pid),
+                            *psutil.Process(self.popen.pid).children(recursive=True)]:
+                lines = pathlib.Path(f'/proc/{process.pid}/status').read_text().splitlines()
+                masks = [line for line in lines if line.startswith(('SigIgn', 'SigCgt'))]
+                states.append(f'{process.pid} {" ".join(process.cmdline()[:3])}: {masks}')
+        except (psutil.Error, OSError) as exc:
+            states.append(f'unreadable ({exc})')
+        return 'processes: ' + '; '.join(states)
 
     def close(self) -> None:
         """Stop whatever still runs (SIGINT, then SIGKILL to the group) and close the log."""
@@ -247,8 +270,8 @@ class Ros2Launch:
             if self.popen.poll() is None:
                 try:
                     self.interrupt(timeout=30.0)
-                except subprocess.TimeoutExpired:
-                    pass
+                except AssertionError:
+                    pass                    # still running: killed below
         finally:
             try:
                 os.killpg(self.popen.pid, signal.SIGKILL)
