@@ -13,5 +13,9 @@ if command -v apt-get >/dev/null 2>&1 \
     || echo "warning: cmake / g++ not installed; the gripper and Servo tests will be skipped"
 fi
 python3 -m pip install -q torch==2.13.0
-python3 -m pip install -q -e ".[$1]"
+# --use-pep517: an editable install through setuptools' own hook, which maps the top-level
+# kernels/ folder onto vla_spec_ros.kernels; pip's legacy `setup.py develop` path (taken
+# without this flag once a newer setuptools is installed, as the launch system's installer
+# does) links the source tree only, and vla_spec_ros.kernels would not import.
+python3 -m pip install -q --use-pep517 -e ".[$1]"
 export MUJOCO_GL="${MUJOCO_GL:-osmesa}"
