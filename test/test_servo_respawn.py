@@ -353,8 +353,10 @@ def test_a_short_servo_timeout_is_logged_with_the_diagnostics_and_reread_on_rest
 
     warned_at, _ = wait_until(warning_in_diagnostics, timeout=TIMEOUT,
                               what='the timeout warning in /diagnostics')
-    wait_until(lambda: logged('incoming_command_timeout 0.001 s <'), timeout=10.0,
-               what='the timeout warning in the log')
+    # This robot's own line (with two robots the other one's may come first).
+    own = f'{robot}: ' if robot else ''
+    wait_until(lambda: logged(f'{own}moveit_servo.incoming_command_timeout 0.001 s <'),
+               timeout=10.0, what='the timeout warning in the log')
     logged_at = time.time()
     assert logged_at - warned_at < 2.0, (
         f'logged {logged_at - warned_at:.1f} s after /diagnostics showed it')
@@ -368,7 +370,8 @@ def test_a_short_servo_timeout_is_logged_with_the_diagnostics_and_reread_on_rest
     assert shown_at - answering < 2.0, (
         f"the restarted Servo's timeout shown {shown_at - answering:.1f} s after it answered")
     try:
-        wait_until(lambda: logged(f'incoming_command_timeout {HEALTHY_TIMEOUT_S:.3f} s covers'),
+        wait_until(lambda: logged(f'{own}moveit_servo.incoming_command_timeout '
+                                  f'{HEALTHY_TIMEOUT_S:.3f} s covers'),
                    timeout=5.0, what='the end of the warning in the log')
     except AssertionError as exc:
         raise AssertionError(f'{exc}; the log:\n{"".join(log)[-4000:]}') from None
