@@ -64,10 +64,12 @@ def _image(seed: int = 0):
 
 
 class SimClock:
-    """The simulator's /clock, published every 5 ms from a thread: simulated time runs at wall
-    speed from `start_s`; `reset(start_s)` sends it back, as a simulator reset does."""
+    """The simulator's /clock, published every 20 ms from a thread: simulated time runs at wall
+    speed from `start_s`; `reset(start_s)` sends it back, as a simulator reset does. (Every 5
+    ms flooded the test's executor on a loaded 2-core machine: image callbacks ran seconds
+    late and every frame was stale; 20 ms is fine-grained beside 0.25 s control periods.)"""
 
-    PERIOD_S = 0.005
+    PERIOD_S = 0.02
 
     def __init__(self, node, start_s: float):
         self._pub = node.create_publisher(Clock, '/clock', QoSProfile(
