@@ -86,7 +86,6 @@ class PreviousOutputDrafter(Drafter):
         self.anchor_len = check_int('anchor_len', anchor_len, minimum=1)
         self._own: dict[int, _Output] = {}              # request id -> its output so far
         self._stream_of: dict[int, str] = {}
-        self._roots: dict[int, int] = {}
         self._outputs: dict[str, dict[int, _Output]] = {}  # stream -> request id -> output
 
     # ---- the drafter interface ---------------------------------------------------------------
@@ -99,11 +98,9 @@ class PreviousOutputDrafter(Drafter):
             output.tokens = [int(t) for t in (*begin.decided_before_root, begin.root_token)]
             self._own[begin.request_id] = output
             self._stream_of[begin.request_id] = str(begin.stream_id)
-            self._roots[begin.request_id] = int(begin.root_token)
         for adv in advances:
             output = self._own[adv.request_id]
             output.tokens += [*[int(t) for t in list(adv.path_tokens)[1:]], int(adv.bonus)]
-            self._roots[adv.request_id] = int(adv.bonus)
 
     def check_update(self, begins, advances) -> None:
         for begin in begins:
@@ -115,7 +112,7 @@ class PreviousOutputDrafter(Drafter):
                                  f'{begin.request_id}, got {begin.stream_id!r}')
         for adv in advances:
             self._check_known(adv.request_id)
-            check_path_from_root(adv, self._roots[adv.request_id])
+            check_path_from_root(adv, self._own[adv.request_id].tokens[-1])
 
     def propose_batch(self, request_ids, depths, top_k, max_nodes,
                       min_prob=0.0) -> list[DraftTree]:
@@ -127,7 +124,7 @@ class PreviousOutputDrafter(Drafter):
             budget = min(depth, max_nodes - 1, self.max_chain,
                          self.max_tokens - len(decided))
             chain = self._chain(self._stream_of[request_id], request_id, decided, budget)
-            trees.append(chain_tree(self._roots[request_id], chain))
+            trees.append(chain_tree(decided[-1], chain))    # the root: the last decided
         return trees
 
     @property
@@ -151,7 +148,6 @@ class PreviousOutputDrafter(Drafter):
     def release(self, request_id) -> None:
         self._own.pop(request_id, None)
         self._stream_of.pop(request_id, None)
-        self._roots.pop(request_id, None)
 
     def observe_action(self, stream_id: str, tokens: Sequence[int], request_id: int,
                        step: int | None = None) -> None:
