@@ -12,4 +12,17 @@ class PromptError(ValueError):
     """An instruction that cannot be turned into a prompt (empty, too long, ...)."""
 
 
-__all__ = ['PromptError', 'MAX_INSTRUCTION_CHARS']
+def checked_instruction(instruction) -> str:
+    """The instruction stripped, or PromptError when it is not a str, empty or too long."""
+    if not isinstance(instruction, str):
+        raise PromptError(f'instruction must be a str, got {type(instruction).__name__}')
+    text = instruction.strip()
+    if not text:
+        raise PromptError('instruction is empty')
+    if len(text) > MAX_INSTRUCTION_CHARS:
+        raise PromptError(f'instruction has {len(text)} characters; the limit is '
+                          f'{MAX_INSTRUCTION_CHARS}')
+    return text
+
+
+__all__ = ['PromptError', 'MAX_INSTRUCTION_CHARS', 'checked_instruction']

@@ -13,7 +13,7 @@ writes its reasoning, `` ACTION:``, a "▁" token and the 7 action tokens, then 
 """
 from __future__ import annotations
 
-from ...instruction import MAX_INSTRUCTION_CHARS, PromptError
+from ...instruction import PromptError, checked_instruction
 from ..openvla.prompt import SPACE_PIECE, PromptTokenizer
 from .reasoning_text import ACTION_TAG
 
@@ -54,14 +54,7 @@ class EcotPrompt:
         """Instruction -> prompt ids (BOS first, ending with ``TASK:``'s tokens)."""
         if state is not None:
             raise PromptError("state: this model's prompt reads no robot state")
-        if not isinstance(instruction, str):
-            raise PromptError(f'instruction must be a str, got {type(instruction).__name__}')
-        text = instruction.strip()
-        if not text:
-            raise PromptError('instruction is empty')
-        if len(text) > MAX_INSTRUCTION_CHARS:
-            raise PromptError(f'instruction has {len(text)} characters; the limit is '
-                              f'{MAX_INSTRUCTION_CHARS}')
+        text = checked_instruction(instruction)
         ids = self._encode_raw(format_prompt(text))
         num_instruction_tokens = len(ids) - self.prompt_overhead
         if num_instruction_tokens > self.max_instruction_tokens:

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
-from ...instruction import MAX_INSTRUCTION_CHARS, PromptError
+from ...instruction import PromptError, checked_instruction
 
 PROMPT_TEMPLATE = 'In: What action should the robot take to {}?\nOut:'
 SPACE_PIECE = '\u2581'   # "▁", SentencePiece's word-boundary marker
@@ -63,14 +63,7 @@ class PromptTokenizer:
         prompt reads no robot state: a state is refused rather than ignored."""
         if state is not None:
             raise PromptError('state: this model\'s prompt reads no robot state')
-        if not isinstance(instruction, str):
-            raise PromptError(f'instruction must be a str, got {type(instruction).__name__}')
-        text = instruction.strip()
-        if not text:
-            raise PromptError('instruction is empty')
-        if len(text) > MAX_INSTRUCTION_CHARS:
-            raise PromptError(f'instruction has {len(text)} characters; the limit is '
-                              f'{MAX_INSTRUCTION_CHARS}')
+        text = checked_instruction(instruction)
         ids = self._encode_raw(format_prompt(text))
         num_instruction_tokens = len(ids) - self.prompt_overhead
         if num_instruction_tokens > self.max_instruction_tokens:
