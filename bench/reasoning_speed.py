@@ -2,7 +2,12 @@
 the previous output) and the transformers baseline, in one run.
 
     python3 bench/reasoning_speed.py [--frames 24] [--warmup 3] [--rounds 3] [--budget 200]
-        [--drift 3] [--modes ar,spec,pipeline_spec] [--out DIR]
+        [--drift 3] [--modes ar,spec,pipeline_spec] [--model NAME] [--seed 0] [--out DIR]
+
+``--model``: a trained reasoning checkpoint (the embedded ``metaworld-demo-reason``, or a
+folder) on consecutive control steps of the scripted expert's Meta-World episodes
+(``sim.frames.episode_frames``: held-out placements, every task in turn, one camera) instead
+of the two random-weight models below.
 
 Models (random weights, ECoT's layout: models/ecot/): ``ecot-tiny --scripted-reasoning``
 (about 40 tokens of reasoning, ``ACTION:``, 7 bins: the text repeats from step to step) and
@@ -78,7 +83,19 @@ def field_acceptance(policy, frames) -> dict:
     return {name: round(float(np.mean(v)), 2) for name, v in per_field.items()}
 
 
+def _trained_model(args):
+    """(models, frames) for ``--model``: the checkpoint and the episodes' frames."""
+    from vla_spec_ros.sim.frames import episode_frames
+    policy = VLAPolicy.from_pretrained(args.model, mode='ar')
+    frames = episode_frames(args.frames + args.warmup, policy.model_config.image_size,
+                            args.seed, policy.unnorm_keys[0])
+    return {args.model: (args.model, {})}, frames
+
+
 def run(args) -> dict:
+    if args.model:
+        models, frames = _trained_model(args)
+        return _run_models(args, models, frames, with_fields=True)
     tmp = Path(tempfile.mkdtemp(prefix='reasoning-bench-'))
     models = {
         'scripted': (registry.make_checkpoint('ecot-tiny', tmp / 'scripted', seed=0,
@@ -87,6 +104,10 @@ def run(args) -> dict:
                                   {'max_reasoning_tokens': args.budget}),
     }
     frames = drifting_frames(args.frames + args.warmup, args.drift)
+    return _run_models(args, models, frames, with_fields=False)
+
+
+def _run_models(args, models: dict, frames, with_fields: bool) -> dict:
     rows = {}
     for name, (folder, options) in models.items():
         policies = {mode: VLAPolicy.from_pretrained(str(folder), mode=mode, **options)
@@ -113,7 +134,8 @@ def run(args) -> dict:
             row['p50_vs_ar'] = row['p50_ms'] / table['ar']['p50_ms']
         default = 'pipeline_spec' if 'pipeline_spec' in args.modes else args.modes[-1]
         policies[default].engine.reset()
-        fields = field_acceptance(policies[default], frames) if name == 'scripted' else {}
+        fields = (field_acceptance(policies[default], frames)
+                  if with_fields or name == 'scripted' else {})
         rows[name] = {'table': table, 'accepted_per_forward_by_field': fields}
     return rows
 
@@ -144,8 +166,15 @@ def main(argv=None) -> int:
     parser.add_argument('--budget', type=int, default=200)
     parser.add_argument('--drift', type=int, default=3)
     parser.add_argument('--modes', default='ar,spec,pipeline_spec')
+    parser.add_argument('--model', default='', help='a trained reasoning checkpoint on '
+                        "Meta-World episodes' consecutive steps (module docstring)")
+    parser.add_argument('--seed', type=int, default=0, help='--model: the frames\' seed')
+    parser.add_argument('--threads', type=int, default=None, help='torch CPU threads')
     parser.add_argument('--out', type=Path, default=OUT)
     args = parser.parse_args(argv)
+    if args.threads:
+        import torch
+        torch.set_num_threads(args.threads)
     args.modes = args.modes.split(',')
     if 'ar' not in args.modes:
         parser.error('--modes: ar is the baseline every ratio needs')

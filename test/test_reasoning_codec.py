@@ -76,3 +76,22 @@ def test_bad_settings_name_the_field():
         ReasoningThenAction(inner, MARKER, max_reasoning_tokens=0)
     with pytest.raises(ValueError, match='max_draft_chain'):
         ReasoningThenAction(inner, MARKER, max_draft_chain=0)
+
+
+def test_cut_equals_its_plain_definition_on_random_outputs(codec):
+    """The incremental ``cut`` (the marker found once) against ``cut_reference`` (the whole
+    output checked after each token), on random outputs rich in marker pieces, separators,
+    stop tokens and action ids, cut at random points."""
+    rng = np.random.default_rng(0)
+    alphabet = list(MARKER) + [SPACE, EOS, 7, 8, 9] + list(ACTION)
+    for _ in range(3000):
+        length = int(rng.integers(0, codec.max_tokens + 5))
+        tokens = [int(t) for t in rng.choice(alphabet, length)]
+        if rng.random() < 0.5 and length > 4:     # a real marker somewhere
+            at = int(rng.integers(0, length - 3))
+            tokens[at:at + len(MARKER)] = MARKER
+        split = int(rng.integers(0, length + 1))
+        decided, new = tokens[:split], tokens[split:]
+        if len(decided) and codec.is_complete(decided):
+            continue                       # the engine never cuts a complete frame
+        assert codec.cut(decided, new) == codec.cut_reference(decided, new), (decided, new)

@@ -288,3 +288,38 @@ def test_benchmark_frames_without_the_simulator_say_how_to_install_it(monkeypatc
         benchmark_frames(3, 64, seed=1, unnorm_key=None)
     with pytest.raises(RuntimeError, match='install.sh sim.*no mujoco here'):
         episode_frames(3, 64, seed=1, unnorm_key=None)
+
+
+@needs_sim
+def test_dart_noise_moves_the_arm_but_labels_stay_the_experts(tmp_path):
+    """``action_noise``: the visited states differ from the clean run's, and each recorded
+    label is the expert's own action at its recorded state; two folders load as one set."""
+    import warnings
+
+    import metaworld
+
+    from vla_spec_ros.sim.demos import load_demo_sets
+    from vla_spec_ros.sim.metaworld_env import to_vla_action
+    clean, noisy = str(tmp_path / "clean"), str(tmp_path / "noisy")
+    collect_demos(clean, [FAST_TASK], 1, image_size=16, seed=5, progress=False)
+    manifest = collect_demos(noisy, [FAST_TASK], 1, image_size=16, seed=5, progress=False,
+                             action_noise=0.5)
+    assert manifest["action_noise"] == 0.5
+    a, b = load_demos(clean), load_demos(noisy)
+    n = min(len(a.states), len(b.states))
+    assert not np.allclose(a.states[1:n, :3], b.states[1:n, :3])     # the arm drifted
+    expert = metaworld.policies.ENV_POLICY_MAP[get_task(FAST_TASK).env_name]()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for state, label in zip(b.states, b.actions):
+            np.testing.assert_allclose(to_vla_action(expert.get_action(
+                state.astype(np.float64))), label, atol=1e-4)
+    both = load_demo_sets([clean, noisy])
+    assert len(both.actions) == len(a.actions) + len(b.actions)
+    assert sorted(np.unique(both.episode_index)) == [0, 1]
+    (entry,) = both.norm_stats.values()
+    assert entry["num_trajectories"] == 2
+    np.testing.assert_allclose(entry["action"]["max"], np.concatenate(
+        [a.actions, b.actions]).max(0), atol=1e-7)
+    with pytest.raises(ValueError, match="action_noise"):
+        collect_demos(clean, [FAST_TASK], 1, action_noise=2.0, progress=False)

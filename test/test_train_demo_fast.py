@@ -2,6 +2,7 @@
 the teacher-forced prefix-LM forward equals the engine's AR decode in float64, the mask, and a
 few training steps on a synthetic demo set give a checkpoint the family loads."""
 import numpy as np
+import pytest
 import torch
 
 from vla_spec_ros.config import EngineConfig
@@ -85,3 +86,42 @@ def test_a_few_steps_write_a_checkpoint_the_family_loads(tmp_path):
     assert loaded.model.style == fast_recipe.STYLE == 'openpi'
     assert loaded.cfg.max_action_tokens == report['fast']['frame_tokens']['max'] + \
         fast_recipe.FRAME_MARGIN
+
+
+def test_init_from_continues_the_trained_model_with_its_tokenizers_and_statistics(tmp_path):
+    """``init_from``: the first checkpoint's weights, text and FAST tokenizers and statistics
+    carry over (not refitted on the new demonstrations), so its ids keep their meaning."""
+    import json
+
+    from safetensors.torch import load_file
+    demos = synthetic_demos()
+    first_cfg = train_demo_vla.DemoTrainConfig(steps=1, batch_size=4, log_every=1,
+                                               val_every_nth_episode=2, chunk=8,
+                                               family='pi0fast')
+    train_model(first_cfg, demos, tmp_path / 'first', tmp_path / 'w1')
+    shifted = DemoSet(demos.images, demos.actions * 1.5, demos.instructions,
+                      demos.episode_index, demos.task_index, demos.task_names,
+                      {'other': {'action': {k: (np.asarray(v) * 3).tolist() if k != 'mask' else v
+                                            for k, v in demos.norm_stats[
+                                                next(iter(demos.norm_stats))]['action'].items()}}})
+    cfg = train_demo_vla.DemoTrainConfig(steps=1, batch_size=4, log_every=1, lr=1e-12,
+                                         warmup_steps=0, val_every_nth_episode=2, chunk=8,
+                                         family='pi0fast', init_from=str(tmp_path / 'first'))
+    report = train_model(cfg, shifted, tmp_path / 'second', tmp_path / 'w2')
+    assert report['init_from'] == str(tmp_path / 'first')
+    first, second = tmp_path / 'first', tmp_path / 'second'
+    assert (json.loads((second / 'dataset_statistics.json').read_text())
+            == json.loads((first / 'dataset_statistics.json').read_text()))
+    assert ((second / 'tokenizer.json').read_text() == (first / 'tokenizer.json').read_text())
+    for name in sorted(p.name for p in (first / fast_recipe.FAST_TOKENIZER_FOLDER).iterdir()):
+        assert ((second / fast_recipe.FAST_TOKENIZER_FOLDER / name).read_bytes()
+                == (first / fast_recipe.FAST_TOKENIZER_FOLDER / name).read_bytes())
+    a, b = load_file(first / 'model.safetensors'), load_file(second / 'model.safetensors')
+    assert a.keys() == b.keys()
+    for key in a:      # one step at lr 1e-12 moves a weight by at most about 1e-12
+        torch.testing.assert_close(a[key], b[key], atol=1e-9, rtol=0)
+    wrong = train_demo_vla.DemoTrainConfig(steps=1, batch_size=4, chunk=4, family='pi0fast',
+                                           val_every_nth_episode=2,
+                                           init_from=str(tmp_path / 'first'))
+    with pytest.raises(ValueError, match='chunks of 8'):
+        train_model(wrong, demos, tmp_path / 'third', tmp_path / 'w3')

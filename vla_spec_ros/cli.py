@@ -116,7 +116,8 @@ def cmd_collect_demos(args) -> int:
         raise ValueError(f'the simulator is unavailable: {reason}')
     tasks = [t.strip() for t in args.tasks.split(',') if t.strip()]
     manifest = collect_demos(args.out, tasks, args.episodes_per_task, args.image_size,
-                             args.seed, args.max_steps, True, args.camera)
+                             args.seed, args.max_steps, True, args.camera,
+                             action_noise=args.action_noise)
     print(json.dumps(manifest, indent=2))
     return 0
 
@@ -220,6 +221,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument('--max-steps', type=int, default=150)
     p.add_argument('--camera', default='corner4')
     p.add_argument('--seed', type=int, default=0)
+    p.add_argument('--action-noise', type=float, default=0.0,
+                   help='DART-style: executed position deltas get Gaussian noise of this '
+                   'standard deviation (a fraction of the 1 cm step); labels stay the expert\'s')
     p.set_defaults(func=cmd_collect_demos)
 
     try:

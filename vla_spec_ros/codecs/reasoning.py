@@ -132,7 +132,27 @@ class ReasoningThenAction(ActionCodec):
         return bool(tokens) and tokens[-1] in self.stop_tokens
 
     def cut(self, decided: Sequence[int], new_tokens: Sequence[int]) -> tuple[int, ...]:
-        """The new tokens up to the one that completes the frame (included)."""
+        """The new tokens up to the one that completes the frame (included). Finds the marker
+        in ``decided`` once and then follows the new tokens one by one (a long reasoning
+        would otherwise be scanned again for every token); ``cut_reference`` is the plain
+        definition it must equal."""
+        so_far = [int(t) for t in decided]
+        start = _find(so_far, self.marker)
+        kept = []
+        for token in new_tokens:
+            if len(so_far) >= self.max_tokens:
+                break
+            kept.append(int(token))
+            so_far.append(int(token))
+            if start is None and tuple(so_far[-len(self.marker):]) == self.marker:
+                start = len(so_far) - len(self.marker)
+            if self._is_complete_at(so_far, start):
+                break
+        return tuple(kept)
+
+    def cut_reference(self, decided: Sequence[int], new_tokens: Sequence[int]
+                      ) -> tuple[int, ...]:
+        """``cut`` by its definition: ``is_complete`` of the whole output after each token."""
         so_far, kept = [int(t) for t in decided], []
         for token in new_tokens:
             if len(so_far) >= self.max_tokens:
@@ -142,6 +162,20 @@ class ReasoningThenAction(ActionCodec):
             if self.is_complete(so_far):
                 break
         return tuple(kept)
+
+    def _is_complete_at(self, tokens: list, start: int | None) -> bool:
+        """``is_complete`` given the first marker's position ``start`` (None: no marker)."""
+        if len(tokens) >= self.max_tokens:
+            return True
+        if start is None:
+            return bool(tokens) and tokens[-1] in self.stop_tokens
+        position = start + len(self.marker)
+        for token in self.separator:                 # optional, in order (as ``split``)
+            if position < len(tokens) and tokens[position] == token:
+                position += 1
+            elif position >= len(tokens):
+                return False
+        return len(tokens) - position >= self.inner.max_tokens
 
     def decode(self, tokens: Sequence[int]) -> DecodedActions:
         parts = self.split(tokens)

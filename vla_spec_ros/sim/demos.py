@@ -7,10 +7,12 @@ embedded default model:
     out_dir/<task>.npz            per task, compressed:
         images (N, H, W, 3) uint8, actions (N, 7) float32, instructions (N,) str,
         episode_index (N,) int32 (unique over the dataset), step_index (N,) int32,
-        episode_seeds (E,) int64, episode_instructions (E,) str, episode_lengths (E,) int32
+        episode_seeds (E,) int64, episode_instructions (E,) str, episode_lengths (E,) int32,
+        states (N, 39) float32 (Meta-World's state vector the expert read at each image)
     out_dir/dataset_statistics.json   OpenVLA norm_stats: {dataset_name: {"action": {mean, std,
         max, min, q01, q99, mask}, num_transitions, num_trajectories}} (docs/openvla.md)
-    out_dir/manifest.json             seeds, versions, per-task counts, conventions
+    out_dir/manifest.json             seeds, versions, per-task counts, conventions, the
+        camera's 3 x 4 projection to image pixels (``camera_matrix``, sim/camera_projection.py)
 
 Images are the observation the action was chosen from; an episode ends at the first success.
 `evaluate_scripted` measures the expert with the same loop (`run_episode`) that evaluates a model
@@ -210,11 +212,19 @@ def _versions() -> dict:
 def collect_demos(out_dir: str, tasks: Sequence[str], episodes_per_task: int,
                   image_size: int = DEFAULT_IMAGE_SIZE, seed: int = 0,
                   max_steps: int = DEFAULT_MAX_STEPS, progress: bool = True,
-                  camera: str = DEFAULT_CAMERA, dataset_name: str = DATASET_NAME) -> dict:
+                  camera: str = DEFAULT_CAMERA, dataset_name: str = DATASET_NAME,
+                  action_noise: float = 0.0) -> dict:
     """Collect scripted demonstrations; returns the manifest written to out_dir/manifest.json.
 
     Runs `episodes_per_task` seeded episodes per task and keeps the successful ones.
+    `action_noise` > 0 (DART-style): the arm executes the expert's position delta plus Gaussian
+    noise of that standard deviation (a fraction of the 1 cm largest step; the result clipped to
+    the action box, the gripper untouched), while the recorded label is the expert's own action
+    at every visited state: the demonstrations then show how the expert corrects a drift, which a
+    policy's own errors cause at test time. The noise is seeded by the episode's seed.
     """
+    if not (isinstance(action_noise, (int, float)) and 0.0 <= action_noise <= 1.0):
+        raise ValueError(f"action_noise: expected a number in [0, 1], got {action_noise!r}")
     if not tasks:
         raise ValueError("tasks: expected at least one task name")
     specs = [get_task(name) for name in tasks]
@@ -226,20 +236,40 @@ def collect_demos(out_dir: str, tasks: Sequence[str], episodes_per_task: int,
         raise ValueError("dataset_name: expected a non-empty string")
     os.makedirs(out_dir, exist_ok=True)
     all_actions, task_counts = [], {}
-    num_episodes = 0
+    num_episodes, projection = 0, None
     for spec in specs:
         images, actions, instructions, episode_index, step_index = [], [], [], [], []
-        kept_seeds, kept_instructions, kept_lengths = [], [], []
+        kept_seeds, kept_instructions, kept_lengths, states = [], [], [], []
         with make_env(spec.name, seed=seed, image_size=image_size, camera=camera,
                       max_steps=max_steps) as env:
-            policy = _expert_policy(env)
+            projection = env.camera_matrix()
+            episode_states, labels, noise = [], [], [np.random.default_rng(0)]
+
+            def policy(image, instruction):
+                # The state the expert reads for this image (a reasoning's facts: data).
+                episode_states.append(env.state.astype(np.float32))
+                label = env.expert_action()
+                labels.append(label)
+                if action_noise == 0.0:
+                    return label
+                executed = label.copy()
+                executed[:3] = np.clip(executed[:3] + noise[0].normal(
+                    0.0, action_noise * POSITION_SCALE_M, 3), -POSITION_SCALE_M,
+                    POSITION_SCALE_M)
+                return executed
+
             bar = _progress(range(episodes_per_task), episodes_per_task, spec.name, progress)
             for episode in bar:
                 ep_seed = episode_seed(seed, spec.name, episode)
                 instruction = choose_instruction(spec, ep_seed)
-                result, ep_images, ep_actions = run_episode(env, policy, ep_seed, instruction,
-                                                            is_recording=True)
+                episode_states.clear()
+                labels.clear()
+                noise[0] = np.random.default_rng([ep_seed, 1])
+                result, ep_images, _ = run_episode(env, policy, ep_seed, instruction,
+                                                   is_recording=True)
+                ep_actions = np.stack(labels).astype(np.float32)
                 if result.is_success:
+                    states.append(np.stack(episode_states))
                     num_steps = len(ep_actions)
                     images.append(ep_images)
                     actions.append(ep_actions)
@@ -263,7 +293,8 @@ def collect_demos(out_dir: str, tasks: Sequence[str], episodes_per_task: int,
                 step_index=np.concatenate(step_index),
                 episode_seeds=np.array(kept_seeds, dtype=np.int64),
                 episode_instructions=np.array(kept_instructions),
-                episode_lengths=np.array(kept_lengths, dtype=np.int32))
+                episode_lengths=np.array(kept_lengths, dtype=np.int32),
+                states=np.concatenate(states))
         task_counts[spec.name] = {
             "env_name": spec.env_name,
             "file": file_name if kept_seeds else None,
@@ -285,6 +316,8 @@ def collect_demos(out_dir: str, tasks: Sequence[str], episodes_per_task: int,
         "episodes_per_task": episodes_per_task,
         "image_size": int(image_size),
         "camera": camera,
+        "camera_matrix": np.asarray(projection).tolist(),
+        "action_noise": float(action_noise),
         "max_steps": int(max_steps),
         "action": {
             "layout": "dx, dy, dz (m per step), droll, dpitch, dyaw (rad, always 0), gripper",
@@ -312,6 +345,11 @@ class DemoSet:
     task_index: np.ndarray      # (N,) int32, into task_names
     task_names: tuple[str, ...]
     norm_stats: dict
+    # Collected since 2026-11-29 (None in older datasets): the state the expert read at each
+    # image, and the camera's projection (collect_demos' docstring).
+    states: np.ndarray | None = None         # (N, 39) float32
+    step_index: np.ndarray | None = None     # (N,) int32, within the episode
+    camera_matrix: np.ndarray | None = None  # (3, 4)
 
 
 def load_demos(data_dir: str, tasks: Sequence[str] | None = None) -> DemoSet:
@@ -321,7 +359,8 @@ def load_demos(data_dir: str, tasks: Sequence[str] | None = None) -> DemoSet:
     with open(os.path.join(data_dir, STATISTICS_FILE)) as f:
         norm_stats = json.load(f)
     names = list(manifest["tasks"]) if tasks is None else [get_task(t).name for t in tasks]
-    parts = {key: [] for key in ("images", "actions", "instructions", "episode_index")}
+    parts = {key: [] for key in ("images", "actions", "instructions", "episode_index",
+                                 "step_index", "states")}
     task_index, task_names = [], []
     for name in names:
         if name not in manifest["tasks"]:
@@ -331,7 +370,8 @@ def load_demos(data_dir: str, tasks: Sequence[str] | None = None) -> DemoSet:
             continue
         with np.load(os.path.join(data_dir, entry["file"]), allow_pickle=False) as data:
             for key in parts:
-                parts[key].append(data[key])
+                if key in data:
+                    parts[key].append(data[key])
             task_index.append(np.full(len(data["actions"]), len(task_names), dtype=np.int32))
         task_names.append(name)
     if not task_names:
@@ -341,4 +381,43 @@ def load_demos(data_dir: str, tasks: Sequence[str] | None = None) -> DemoSet:
                    instructions=np.concatenate(parts["instructions"]),
                    episode_index=np.concatenate(parts["episode_index"]),
                    task_index=np.concatenate(task_index), task_names=tuple(task_names),
-                   norm_stats=norm_stats)
+                   norm_stats=norm_stats, states=_whole(parts["states"], len(task_names)),
+                   step_index=_whole(parts["step_index"], len(task_names)),
+                   camera_matrix=(np.asarray(manifest["camera_matrix"])
+                                  if "camera_matrix" in manifest else None))
+
+
+def load_demo_sets(data_dirs: Sequence[str]) -> DemoSet:
+    """Several datasets of the same tasks as one (e.g. clean demonstrations and DART-perturbed
+    ones, collected with different seeds): transitions concatenated folder by folder, episode
+    indices kept unique, ``norm_stats`` computed again over every action under the first
+    dataset's name. The folders must share tasks, image size and camera projection."""
+    if not data_dirs:
+        raise ValueError("data_dirs: expected at least one folder")
+    sets = [load_demos(d) for d in data_dirs]
+    if len(sets) == 1:
+        return sets[0]
+    first = sets[0]
+    for d, other in zip(data_dirs[1:], sets[1:]):
+        if other.task_names != first.task_names or other.images.shape[1:] != first.images.shape[1:]:
+            raise ValueError(f"{d}: tasks {other.task_names} and images "
+                             f"{other.images.shape[1:]} differ from {data_dirs[0]}'s")
+    offsets = np.cumsum([0] + [int(s.episode_index.max()) + 1 for s in sets[:-1]])
+    actions = np.concatenate([s.actions for s in sets])
+    (name, _), = first.norm_stats.items()
+    episodes = np.concatenate([s.episode_index + o for s, o in zip(sets, offsets)])
+    has = lambda field: all(getattr(s, field) is not None for s in sets)  # noqa: E731
+    return DemoSet(
+        images=np.concatenate([s.images for s in sets]), actions=actions,
+        instructions=np.concatenate([s.instructions for s in sets]),
+        episode_index=episodes.astype(np.int32),
+        task_index=np.concatenate([s.task_index for s in sets]), task_names=first.task_names,
+        norm_stats={name: action_norm_stats(actions, len(np.unique(episodes)))},
+        states=np.concatenate([s.states for s in sets]) if has("states") else None,
+        step_index=np.concatenate([s.step_index for s in sets]) if has("step_index") else None,
+        camera_matrix=first.camera_matrix)
+
+
+def _whole(arrays: list, num_files: int) -> np.ndarray | None:
+    """The concatenation when every task file has the array, else None (an older dataset)."""
+    return np.concatenate(arrays) if len(arrays) == num_files else None

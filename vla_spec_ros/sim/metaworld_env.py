@@ -308,6 +308,23 @@ class MetaWorldTask:
         }
         return self.render(), self.is_success, is_done, info
 
+    @property
+    def state(self) -> np.ndarray:
+        """Meta-World's state vector (39,) of the current step (hand position 0:3, gripper
+        opening 3, the task object's position 4:7, ..., the goal 36:39), a copy."""
+        if self._state is None:
+            raise ValueError("state: call reset() first")
+        return np.array(self._state, dtype=np.float64)
+
+    def camera_matrix(self) -> np.ndarray:
+        """The camera's 3 x 4 projection of world points to pixels of ``render``'s image
+        (sim/camera_projection.py); the camera is fixed, so one matrix serves an episode."""
+        from .camera_projection import camera_matrix
+        model, data = self._env.model, self._env.data
+        return camera_matrix(data.cam_xpos[self._camera_id], data.cam_xmat[self._camera_id],
+                             float(model.cam_fovy[self._camera_id]), self.image_size,
+                             self._is_upside_down)
+
     def expert_action(self) -> np.ndarray:
         """The built-in scripted expert's action for the current state, as a VLA action (7,)."""
         if self._state is None:

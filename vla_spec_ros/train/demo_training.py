@@ -136,6 +136,8 @@ def train_model(cfg, demos, out, work_dir, resume: bool = False) -> dict:
     family = registry.family(cfg.family)
     torch.manual_seed(cfg.seed)
     recipe = family.demo_recipe(cfg, demos, Path(out))
+    if getattr(cfg, 'init_from', '') and not getattr(recipe, 'reads_init_from', False):
+        raise ValueError(f'init_from: the {family.name} recipe starts from random weights only')
     history = fit(recipe, cfg, Path(work_dir), resume)
     recipe.save(Path(out))
     return {'family': family.name, **recipe.report(), 'history': history,

@@ -54,6 +54,9 @@ class DemoTrainConfig:
     seed: int = 0
     # The family whose demo preset is trained (models/registry.py; its demo_recipe).
     family: str = registry.DEFAULT_FAMILY.name
+    # A trained checkpoint whose weights start the model, where the family's recipe reads
+    # one (ECoT's: every tensor of the same shape, the action bins' token rows); '' = random.
+    init_from: str = ''
 
     def __post_init__(self):
         require_int_fields(self, ('steps', 'batch_size', 'log_every', 'save_every',
@@ -93,7 +96,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument('--out', required=True, help='checkpoint folder to write (the embedded '
                    'models live in vla_spec_ros/assets/)')
     p.add_argument('--data', required=True, help='collect-demos folder (collected with the '
-                   'default tasks, 100 episodes per task and --seed when missing)')
+                   'default tasks, 100 episodes per task and --seed when missing), or several '
+                   'comma-separated (sim.demos.load_demo_sets: norm_stats over all of them)')
     p.add_argument('--work-dir', default=None, help='training state (default <out>/../'
                    '<name>-train)')
     p.add_argument('--resume', action='store_true', help='continue from <work-dir>/last.pt')
@@ -111,13 +115,14 @@ def run(args: argparse.Namespace) -> int:
     out = Path(args.out)
     work_dir = Path(args.work_dir) if args.work_dir else out.parent / f'{out.name}-train'
     work_dir.mkdir(parents=True, exist_ok=True)
-    from ..sim.demos import MANIFEST_FILE, collect_demos, load_demos
-    if not (Path(args.data) / MANIFEST_FILE).is_file():
+    from ..sim.demos import MANIFEST_FILE, collect_demos, load_demo_sets
+    folders = [d for d in str(args.data).split(',') if d]
+    if len(folders) == 1 and not (Path(args.data) / MANIFEST_FILE).is_file():
         from ..sim.metaworld_env import DEFAULT_TASK_NAMES
         print(f'{args.data}: no demonstrations yet; collecting them (seed {cfg.seed})')
         size = registry.preset(registry.family(cfg.family).demo_preset).image_size
         collect_demos(args.data, DEFAULT_TASK_NAMES, 100, size, seed=cfg.seed)
-    demos = load_demos(args.data)
+    demos = load_demo_sets(folders)
     if len(demos.norm_stats) != 1:
         raise ValueError(f'--data: expected one dataset in norm_stats, got '
                          f'{sorted(demos.norm_stats)}')

@@ -101,18 +101,25 @@ def make_checkpoint(preset_name: str | EcotConfig, out, seed: int = 0, dtype: st
         from .scripted import script_reasoning_
         script_reasoning_(model, model.prompt, SAMPLE_REASONINGS[seed % len(SAMPLE_REASONINGS)])
     model = model.to(dtype=DTYPES[dtype]).eval()
-    save_model(model, cfg, out, synthetic_norm_stats(cfg.action_dim, seed), unused_seed=seed)
+    save_checkpoint(model, cfg, out, synthetic_norm_stats(cfg.action_dim, seed), tokenizer,
+                    seed, {'vla_spec_scripted_reasoning': True} if scripted_reasoning else {})
+    return out
+
+
+def save_checkpoint(model, cfg: EcotConfig, out, norm_stats: dict, tokenizer, seed: int,
+                    extra: dict | None = None) -> None:
+    """OpenVLA's files (save_model), ECoT's config.json keys (module docstring) plus
+    ``extra``, and the tokenizer."""
+    out = Path(out)
+    save_model(model, cfg, out, norm_stats, unused_seed=seed)
     path = out / 'config.json'
     raw = json.loads(path.read_text())
     raw.update({'llm_backbone_id': VICUNA_BACKBONE, 'hf_llm_id': 'lmsys/vicuna-7b-v1.5',
                 'image_resize_strategy': cfg.image_resize_strategy,
-                BUDGET_KEY: cfg.max_reasoning_tokens})
-    if scripted_reasoning:
-        raw['vla_spec_scripted_reasoning'] = True       # a test aid, not a policy
+                BUDGET_KEY: cfg.max_reasoning_tokens, **(extra or {})})
     path.write_text(json.dumps(raw, indent=2))
     save_tokenizer(tokenizer, out)
-    return out
 
 
 __all__ = ['BUDGET_KEY', 'NAME', 'VICUNA_BACKBONE', 'config_from_raw', 'load_model',
-           'make_checkpoint']
+           'make_checkpoint', 'save_checkpoint']

@@ -9,10 +9,11 @@ Vicuna v1.5 7B) and ``ecot-tiny`` (the same layout, small, for tests). Plain Pyt
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 
 from ...config import (SIGLIP_MEAN, SIGLIP_STD, LlamaConfig, VisionTowerConfig, require,
                        siglip_so400m)
+from ..openvla.config import PRESETS as OPENVLA_PRESETS
 from ..openvla.config import VLAConfig
 
 # A reasoning policy's previous output, re-anchored by context, is its best draft
@@ -64,10 +65,23 @@ def _ecot_tiny() -> EcotConfig:
         pad_token_id=1024, max_reasoning_tokens=256)
 
 
+def _metaworld_demo_reason() -> EcotConfig:
+    """The embedded reasoning model's architecture: OpenVLA's ``metaworld-demo`` (64 px,
+    fused DINOv2 + SigLIP towers of 3 blocks, a 4-layer 128-wide Llama) with a 768-id
+    tokenizer learned from the prompts and the reasoning texts (the last 256 ids the action
+    bins) and a 160-token reasoning budget (its texts run 50-90 tokens)."""
+    base = OPENVLA_PRESETS['metaworld-demo']()
+    return EcotConfig.from_vla(replace(base, llm=replace(base.llm, vocab_size=832),
+                                       pad_token_id=768),
+                               max_reasoning_tokens=160, image_resize_strategy='letterbox')
+
+
 PRESETS = {
     'ecot-openvla-7b-bridge': _ecot_openvla_7b_bridge,
     'ecot-tiny': _ecot_tiny,
+    'metaworld-demo-reason': _metaworld_demo_reason,
 }
+DEMO_PRESET = 'metaworld-demo-reason'
 
-__all__ = ['DEFAULT_DRAFT', 'DEFAULT_MAX_REASONING_TOKENS', 'EcotConfig', 'PRESETS',
+__all__ = ['DEMO_PRESET', 'DEFAULT_DRAFT', 'DEFAULT_MAX_REASONING_TOKENS', 'EcotConfig', 'PRESETS',
            'RESIZE_STRATEGIES']

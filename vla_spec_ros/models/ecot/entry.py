@@ -7,7 +7,7 @@ itself (``vla_spec_family``: "ecot"). Hooks import the family's modules when cal
 from __future__ import annotations
 
 from ..family import Family
-from .config import DEFAULT_DRAFT, PRESETS, EcotConfig
+from .config import DEFAULT_DRAFT, DEMO_PRESET, PRESETS, EcotConfig
 
 NAME = 'ecot'
 
@@ -40,9 +40,16 @@ def baseline(runner, engine_config, variant: str = 'eager'):
     return make_baseline(runner, engine_config, variant)
 
 
+def demo_recipe(cfg, demos, out):
+    """Demo training's hooks (demo_training.py here; train/demo_training.py runs them)."""
+    from .demo_training import DemoRecipe
+    return DemoRecipe(cfg, demos, out)
+
+
 FAMILY = Family(
     name=NAME, config_class=EcotConfig, presets=PRESETS, detects=detects, load=load,
     make_checkpoint=make_checkpoint, checkpoint_options=('scripted_reasoning',),
-    action_chunk=action_chunk, default_draft=DEFAULT_DRAFT, baseline=baseline)
+    action_chunk=action_chunk, default_draft=DEFAULT_DRAFT, baseline=baseline,
+    demo_recipe=demo_recipe, demo_preset=DEMO_PRESET)
 
 __all__ = ['FAMILY', 'NAME']

@@ -136,18 +136,25 @@ RESERVED_TOKEN = '<unused_{}>'
 
 def build_instruction_tokenizer(instructions: list[str], vocab_size: int,
                                 num_reserved: int) -> Tokenizer:
-    """A BPE tokenizer learned from the prompts of ``instructions`` only, then padded with
-    ``<unused_k>`` placeholder ids to exactly ``vocab_size`` ids, then ``<PAD>`` at
-    ``vocab_size``.
+    """A BPE tokenizer learned from the prompts of ``instructions`` only (``build_text_
+    tokenizer`` on OpenVLA's prompts)."""
+    if not instructions:
+        raise ValueError('instructions: expected at least one instruction')
+    return build_text_tokenizer([format_prompt(text.strip()) for text in instructions],
+                                vocab_size, num_reserved)
+
+
+def build_text_tokenizer(texts: list[str], vocab_size: int, num_reserved: int) -> Tokenizer:
+    """A BPE tokenizer learned from ``texts`` only, then padded with ``<unused_k>``
+    placeholder ids to exactly ``vocab_size`` ids, then ``<PAD>`` at ``vocab_size``.
 
     The last ``num_reserved`` ids must be placeholders: an OpenVLA-layout model reads them as
     its action bins (OpenVLA overwrites Llama's least-used ids the same way), so no learned
     text piece may live there. Raises ValueError when the learned vocabulary is too large.
     """
-    if not instructions:
-        raise ValueError('instructions: expected at least one instruction')
-    prompts = [format_prompt(text.strip()) for text in instructions]
-    alphabet = sorted(set(''.join(prompts).replace(' ', SPACE_PIECE)) | {SPACE_PIECE})
+    if not texts:
+        raise ValueError('texts: expected at least one text')
+    alphabet = sorted(set(''.join(texts).replace(' ', SPACE_PIECE)) | {SPACE_PIECE})
     max_learned = vocab_size - num_reserved
     tok = Tokenizer(models.BPE(unk_token='<unk>', fuse_unk=True, byte_fallback=False))
     tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement=SPACE_PIECE,
@@ -156,7 +163,7 @@ def build_instruction_tokenizer(instructions: list[str], vocab_size: int,
     trainer = trainers.BpeTrainer(vocab_size=max_learned, min_frequency=1,
                                   special_tokens=['<unk>', '<s>', '</s>'],
                                   initial_alphabet=alphabet, show_progress=False)
-    tok.train_from_iterator(prompts, trainer=trainer)
+    tok.train_from_iterator(texts, trainer=trainer)
     num_learned = tok.get_vocab_size()
     if num_learned > max_learned:
         raise ValueError(f'tokenizer learned {num_learned} ids; at most {max_learned} fit '

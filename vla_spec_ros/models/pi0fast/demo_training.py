@@ -16,6 +16,10 @@ train/demo_training.py's, which calls this).
    (openpi's loss), teacher-forced with the prefix-LM mask (prefix_lm_forcing.py here);
 5. the checkpoint in LeRobot's layout (checkpoint.py here), ``max_action_tokens`` = the longest
    training frame + ``FRAME_MARGIN``.
+
+``init_from`` (a trained checkpoint of this recipe, e.g. the shipped model) continues from it
+instead: its weights, its text and FAST tokenizers and its action statistics (the ids and the
+normalisation must mean what they meant), on the new demonstrations.
 """
 from __future__ import annotations
 
@@ -69,6 +73,17 @@ def fit_codec_tokenizer(chunks: np.ndarray, train_index: np.ndarray, folder: Pat
                               vocab_size=FAST_VOCAB_SIZE, folder=folder)
 
 
+def _copy_fast_tokenizer(init: Path, out: Path):
+    """The trained checkpoint's FAST tokenizer, copied into ``out`` and read back."""
+    import shutil
+    from ...codecs.fast_tokenizer import FastTokenizer
+    target = out / FAST_TOKENIZER_FOLDER
+    if target.resolve() != (init / FAST_TOKENIZER_FOLDER).resolve():
+        shutil.rmtree(target, ignore_errors=True)
+        shutil.copytree(init / FAST_TOKENIZER_FOLDER, target)
+    return FastTokenizer.load(target)
+
+
 def batch_loss(model, data: FastDemoTensors, index: np.ndarray, images: torch.Tensor,
                num_patches: int, pad_id: int):
     """Cross-entropy over every generated token of samples ``index`` (their ``images``,
@@ -120,13 +135,30 @@ class DemoRecipe:
             raise ValueError(f'--data: images are {demos.images.shape[1:3]} pixels; {PRESET} '
                              f'needs {base.image_size} x {base.image_size}')
         instructions = sorted({str(text) for text in demos.instructions})
-        self.text_tok = build_text_tokenizer(base.llm.vocab_size, instructions=instructions)
-        (dataset_name, entry), = demos.norm_stats.items()
+        init = Path(cfg.init_from) if getattr(cfg, 'init_from', '') else None
+        if init is None:
+            self.text_tok = build_text_tokenizer(base.llm.vocab_size, instructions=instructions)
+            self.norm_stats = demos.norm_stats
+        else:
+            from tokenizers import Tokenizer
+
+            from .checkpoint import load_model
+            trained, trained_cfg, _ = load_model(init)
+            if trained_cfg.chunk_size != cfg.chunk:
+                raise ValueError(f'init_from: {init} decodes chunks of '
+                                 f'{trained_cfg.chunk_size}, not --chunk {cfg.chunk}')
+            self.text_tok = Tokenizer.from_file(str(init / 'tokenizer.json'))
+            self.norm_stats = json.loads((init / 'dataset_statistics.json').read_text())
+        (dataset_name, entry), = self.norm_stats.items()
         stats = ActionStats.from_norm_stats(entry, dataset_name)
         is_val = demos.episode_index % cfg.val_every_nth_episode == 0
         self.train_index, self.val_index = np.flatnonzero(~is_val), np.flatnonzero(is_val)
         chunks = normalized_chunks(demos, stats, cfg.chunk)
-        self.fast = fit_codec_tokenizer(chunks, self.train_index, out / FAST_TOKENIZER_FOLDER)
+        if init is None:
+            self.fast = fit_codec_tokenizer(chunks, self.train_index,
+                                            out / FAST_TOKENIZER_FOLDER)
+        else:
+            self.fast = _copy_fast_tokenizer(init, out)
         vla_cfg = dataclasses.replace(base, chunk_size=cfg.chunk, action_dim=chunks.shape[2])
         prompt = prompt_builder(self.text_tok, vla_cfg, style=STYLE)
         codec = fast_codec(out / FAST_TOKENIZER_FOLDER, prompt, vla_cfg)
@@ -140,9 +172,14 @@ class DemoRecipe:
                                     self.train_index, self.val_index)
         self.images = self.data.images
         self.pad_id = self.text_tok.token_to_id('<pad>')
-        self.norm_stats = demos.norm_stats
         self.model = build_model(self.vla_cfg, torch.float32, 'cpu', cfg.seed,
                                  style=STYLE).train()
+        self.init_from = str(init) if init is not None else None
+        if init is not None:
+            self.model.load_state_dict(trained.state_dict(), strict=True)
+            self.model.train()
+
+    reads_init_from = True
 
     def batch_loss(self, index: np.ndarray, images: torch.Tensor):
         loss, pred, target = batch_loss(self.model, self.data, index, images,
@@ -168,8 +205,11 @@ class DemoRecipe:
     def report(self) -> dict:
         lengths, fast = self.lengths, self.fast
         return {'preset': PRESET, 'style': STYLE, 'model_config': config_to_dict(self.vla_cfg),
+                'init_from': self.init_from,
                 'fast': {'num_ids': fast.num_ids, 'min_token': fast.params.min_token,
-                         'scale': fast.params.scale, 'fitted_on': 'training episodes only',
+                         'scale': fast.params.scale,
+                         'fitted_on': ('training episodes only' if self.init_from is None
+                                       else f'copied from {self.init_from}'),
                          'frame_tokens': {'min': int(lengths.min()), 'max': int(lengths.max()),
                                           'mean': float(lengths.mean())}}}
 
