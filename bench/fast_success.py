@@ -1,4 +1,4 @@
-"""Held-out Meta-World success of a chunked model, model only: the simulator driven in process
+"""Held-out Meta-World success of an embedded model, model only: the simulator driven in process
 (``sim.demos.run_episode``, lock-step with ``DelayedLockstep()``: a frame every control step,
 no latency, d = 0), no ROS node, the chunks executed by the node's rules (``--blend``,
 ``--decay``, ``--on-invalid``: the node's ``chunk_blend``, ``chunk_ensemble_decay`` and
@@ -14,6 +14,11 @@ instruction per episode as the node's closed loop (sim/demos.choose_instruction)
 rendered at the model's own size, as the node's simulator bridge renders them (``--image-size``
 renders larger and lets the policy resize: a different image). Strict modes give AR's tokens
 (test/test_fast_drafts.py), so one mode's success is every strict mode's.
+
+A single-step model (OpenVLA's, a reasoning model) runs the same loop with plans of one step.
+The record counts refused frames per task (a chunk or action that does not decode) and the
+mean tokens and verifier forwards per frame; ``--seed``: sim/placement_ranges.py says which
+base seeds choose (validation, 2000) and which report (test, 3000).
 """
 from __future__ import annotations
 
@@ -64,6 +69,7 @@ def main(argv=None) -> int:
     image_size = args.image_size or policy.model_config.image_size
     chunk = policy.model_config.action_chunk
     num_invalid = [0]
+    tokens, forwards = [], []
     history = []    # (period, chunk) of this episode's valid chunks, the newest last
 
     def act(image, instruction, period):
@@ -77,8 +83,11 @@ def main(argv=None) -> int:
         if period == 0:
             history.clear()
         result = policy.predict(image, instruction)
+        tokens.append(len(result.tokens))
+        forwards.append(result.stats['forward_passes'])
         if result.is_valid:
-            history.append((period, np.asarray(result.action, dtype=np.float64)))
+            history.append((period, np.asarray(result.action, dtype=np.float64).reshape(
+                chunk, -1)))
         else:
             num_invalid[0] += 1
             if args.on_invalid == 'hold':
@@ -94,10 +103,10 @@ def main(argv=None) -> int:
         return np.stack(plan)
 
     started = time.time()
-    per_task = {}
+    per_task, invalid_per_task = {}, {}
     for name in args.tasks:
         task = get_task(name)
-        results = []
+        results, invalid_before = [], num_invalid[0]
         with make_env(task.name, seed=args.seed, image_size=image_size) as env:
             for episode in range(args.episodes):
                 ep_seed = episode_seed(args.seed, task.name, episode)
@@ -105,6 +114,7 @@ def main(argv=None) -> int:
                                            delay=DelayedLockstep(), with_period=True)
                 results.append(result)
         per_task[task.name] = success_rate(results)
+        invalid_per_task[task.name] = num_invalid[0] - invalid_before
         print(f'{task.name}: {per_task[task.name]:.2f} '
               f'{"".join("+" if r.is_success else "-" for r in results)}', flush=True)
     overall = sum(per_task.values()) / len(per_task)
@@ -114,6 +124,9 @@ def main(argv=None) -> int:
               'blend': args.blend, 'decay': args.decay, 'on_invalid': args.on_invalid,
               'success': overall,
               'per_task': per_task, 'invalid_frames': num_invalid[0],
+              'invalid_frames_per_task': invalid_per_task, 'frames': len(tokens),
+              'tokens_per_frame': float(np.mean(tokens)),
+              'forwards_per_frame': float(np.mean(forwards)),
               'wall_s': time.time() - started}
     print(json.dumps(record, indent=2))
     if args.out:

@@ -114,6 +114,33 @@ def test_no_action_within_the_budget_holds_and_still_says_why(ros, folders):
         stop(ros, node)
 
 
+def test_reasoning_every_n_set_at_run_time_reuses_the_text(ros, folders):
+    """``ros2 param set reasoning_every_n 3`` (a tunable): the next frames of the robot say
+    ``reasoning_reused`` true after a fresh one, with the fresh frame's text."""
+    from rclpy.parameter import Parameter
+    from ros_probe import wait_until
+
+    node, probe, reasoning = start(ros, folders['scripted'], 'vla_ecot_every_n')
+    try:
+        result = node.set_parameters([Parameter('reasoning_every_n', value=3)])
+        assert result[0].successful, result[0].reason
+        rng = np.random.default_rng(3)
+        for _ in range(4):
+            msg = probe.raw_image(rng.integers(0, 256, (48, 64, 3), dtype=np.uint8))
+            stamp = {'sec': msg.header.stamp.sec, 'nanosec': msg.header.stamp.nanosec}
+            probe.send(msg, lambda: reasoning.find(
+                lambda m: json.loads(m.data)['stamp'] == stamp), restamp=True)
+        published = [json.loads(m.data) for _, m in reasoning.snapshot()]
+        fresh = [d for d in published if not d['reasoning_reused']]
+        reused = [d for d in published if d['reasoning_reused']]
+        assert fresh and reused
+        assert all(d['text'] == fresh[0]['text'] for d in reused)
+        wait_until(lambda: node.get_parameter('reasoning_every_n').value == 3,
+                   what='the parameter kept')
+    finally:
+        stop(ros, node)
+
+
 def _status_values(probe):
     statuses = [s for _, m in probe.diagnostic_arrays.snapshot() for s in m.status]
     return [v for s in statuses for v in s.values]

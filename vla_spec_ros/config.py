@@ -296,6 +296,13 @@ class EngineConfig:
                                         'them is refused (0 = the checkpoint\'s own budget; '
                                         'refused for a model that writes no reasoning)',
                                         minimum=0, maximum=4096, unit='tokens')
+    # Reasoning policies: write a fresh reasoning every N-th frame of a robot and reuse the
+    # last one on the others (Fast-ECoT's lossy cache): the reused text is taken as decided,
+    # unverified, and only the action is decoded after it (engine/reasoning_reuse.py).
+    reasoning_every_n: int = _option(1, 'Reasoning policies (ECoT): reason afresh on every '
+                                     'N-th frame of a robot and reuse its last reasoning on '
+                                     'the others, unverified (lossy; 1 = every frame, exact)',
+                                     is_tunable=True, minimum=1, maximum=1000, unit='frames')
     seed: int = _option(0, 'Seed for anything random in the engine', minimum=0,
                         maximum=2 ** 31 - 1)
 

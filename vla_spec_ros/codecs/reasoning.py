@@ -122,6 +122,22 @@ class ReasoningThenAction(ActionCodec):
         action = tokens[position:position + self.inner.max_tokens]
         return OutputParts(tuple(tokens[:start]), tuple(action), True)
 
+    def reasoning_prefix(self, tokens: Sequence[int]) -> tuple[int, ...] | None:
+        """The output's tokens before its action (the reasoning, the marker and the separator
+        tokens present), when the output holds a complete action; else None (what a reused
+        reasoning starts from: engine/reasoning_reuse.py)."""
+        tokens = [int(t) for t in tokens]
+        start = _find(tokens, self.marker)
+        if start is None:
+            return None
+        position = start + len(self.marker)
+        for token in self.separator:
+            if position < len(tokens) and tokens[position] == token:
+                position += 1
+        if len(tokens) - position < self.inner.max_tokens:
+            return None
+        return tuple(tokens[:position])
+
     def is_complete(self, tokens: Sequence[int]) -> bool:
         tokens = [int(t) for t in tokens]
         if len(tokens) >= self.max_tokens:

@@ -17,9 +17,17 @@ import numpy as np
 from ..actions import ActionStats, resolve_unnorm_key
 from ..config import TUNABLE_ENGINE_FIELDS, EngineConfig
 from .packed import PackedStrategy
+from .reasoning_reuse import ReasoningReuse
 from .scheduling.request import Request
 from .result import ActionResult, FinishedAction, Frame, describe_error
 from .device.runner import ModelRunner
+
+
+def _check_reasoning_reuse(config: EngineConfig, codec) -> None:
+    """``reasoning_every_n`` > 1 means something only for a model that writes reasoning."""
+    if config.reasoning_every_n > 1 and not getattr(codec, 'writes_reasoning', False):
+        raise ValueError(f'reasoning_every_n: {config.reasoning_every_n} given, but this model '
+                         'writes no reasoning before its action (use 1)')
 
 
 class Engine:
@@ -46,6 +54,8 @@ class Engine:
         self._stats = {key: ActionStats.from_norm_stats(entry, key)
                        for key, entry in norm_stats.items()}
         self._ids = itertools.count()
+        _check_reasoning_reuse(config, runner.codec)
+        self._reuse = ReasoningReuse()
         self.strategy = PackedStrategy(runner, config, draft)
 
     # ---- configuration ----------------------------------------------------------------------
@@ -66,6 +76,7 @@ class Engine:
             raise ValueError(f'{bad} cannot change at run time; tunables are '
                              f'{list(TUNABLE_ENGINE_FIELDS)}')
         config = self._config.replace(**changes)
+        _check_reasoning_reuse(config, self.runner.codec)
         self.strategy.config_changed(config)
         self._config = config
 
@@ -112,7 +123,9 @@ class Engine:
         request = Request(next(self._ids), frame.stream_id, prefix_len, max_tokens,
                           self.strategy.slots_for(prefix_len), frame=frame,
                           input_ids=input_ids, unnorm_key=key, control_step=frame.control_step,
-                          submit_time=time.perf_counter())
+                          submit_time=time.perf_counter(),
+                          forced=self._reuse.forced_for(frame.stream_id,
+                                                        self._config.reasoning_every_n))
         return request
 
     def has_work(self) -> bool:
@@ -144,6 +157,7 @@ class Engine:
 
     def reset(self, stream_id: str | None = None) -> list[int]:
         """Drop waiting and in-flight requests (of one stream, or all)."""
+        self._reuse.forget(stream_id)
         return [r.request_id for r in self.strategy.reset(stream_id)]
 
     def capture_graphs(self, frame: Frame) -> int:
@@ -180,7 +194,11 @@ class Engine:
 
     def finish(self, request: Request) -> FinishedAction:
         """Tokens -> ActionResult (de-tokenise, un-normalise, validity check)."""
-        decoded = self.runner.codec.decode(request.tokens)
+        codec = self.runner.codec
+        decoded = codec.decode(request.tokens)
+        if self._config.reasoning_every_n > 1:
+            self._reuse.observe(request.stream_id, codec.reasoning_prefix(request.tokens),
+                                bool(request.forced))
         stats = self._stats[request.unnorm_key]
         is_valid, reason = decoded.is_valid, decoded.invalid_reason
         normalized = decoded.normalized
@@ -200,6 +218,7 @@ class Engine:
                    'prefill_accepted': request.prefill_accepted,
                    'latency_s': now - request.submit_time,
                    'compute_s': now - (request.start_time or request.submit_time),
-                   'unnorm_key': request.unnorm_key, 'num_tokens': len(request.tokens)},
+                   'unnorm_key': request.unnorm_key, 'num_tokens': len(request.tokens),
+                   'reasoning_reused': bool(request.forced)},
             reasoning=self.runner.codec.describe(request.tokens))
         return FinishedAction(request.request_id, request.frame, result, None)

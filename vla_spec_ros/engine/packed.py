@@ -318,12 +318,12 @@ class PackedStrategy:
         request.forward_passes += 1
         codec = self.runner.codec
         if not chain:
-            emitted = (int(picks[0]),)
+            emitted = (request.forced[0] if request.forced else int(picks[0]),)
         else:
             acc = accept(chain_tree(request.input_ids[-1], chain), picks,
                          relax_threshold=request.tunables.relax_threshold,
                          is_action_token=codec.is_action_token, token_to_bin=codec.token_to_bin,
-                         action_marker=codec.action_marker)
+                         action_marker=codec.action_marker, forced=request.forced)
             emitted = codec.cut((), truncate(acc, request.num_remaining))
             request.prefill_accepted = min(acc.num_accepted, len(emitted))
         request.accepted_lengths.append(len(emitted))
@@ -428,7 +428,8 @@ class PackedStrategy:
         codec = self.runner.codec
         acc = accept(tree, picks, relax_threshold=request.tunables.relax_threshold,
                      is_action_token=codec.is_action_token, token_to_bin=codec.token_to_bin,
-                     action_marker=codec.action_marker, decided=request.tokens)
+                     action_marker=codec.action_marker, decided=request.tokens,
+                     forced=request.forced[len(request.tokens):])
         emitted = codec.cut(request.tokens, truncate(acc, request.num_remaining))
         is_final = codec.is_complete(request.tokens + list(emitted))
         request.forward_passes += 1

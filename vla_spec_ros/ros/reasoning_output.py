@@ -10,6 +10,8 @@ no stamped string; JSON keeps the parsed fields without a custom interface packa
      "objects": [[name, [x1, y1, x2, y2]], ...], "gripper": [[x, y], ...],
      "num_tokens": ...,        tokens the frame generated (reasoning, marker and action)
      "forward_passes": ...,    verifier forwards the frame took
+     "reasoning_reused": ...,  true when the text is an earlier frame's, reused unverified
+                               (``reasoning_every_n`` > 1), false when reasoned afresh
      "action_valid": true | false, "invalid_reason": null | "..."}
 
 It goes out for every frame the engine answered, acted on or not (a frame refused for having
@@ -37,6 +39,7 @@ def reasoning_json(result, stamp) -> str:
         'gripper': [list(point) for point in reasoning.gripper],
         'num_tokens': len(result.tokens),
         'forward_passes': int(result.stats.get('forward_passes', 0)),
+        'reasoning_reused': bool(result.stats.get('reasoning_reused', False)),
         'action_valid': bool(result.is_valid), 'invalid_reason': result.invalid_reason})
 
 

@@ -19,6 +19,11 @@ exact, whatever ids they are.
 A path is accepted up to its first rejected node. The draft token is kept (the verifier's later
 outputs on that path were computed from it); the bonus token after the path is the verifier's
 exact argmax at the last accepted node, never relaxed.
+
+Forced tokens (``forced``, the lossy reuse of a previous reasoning: engine/reasoning_reuse.py):
+the output must continue with them whatever the verifier says. A node at depth d <= len(forced)
+is accepted iff its token is forced[d - 1]; deeper nodes follow the rule above; and while the
+path ends inside the forced tokens, the bonus is the next forced token, not the verifier's.
 """
 from __future__ import annotations
 
@@ -56,7 +61,7 @@ class Acceptance:
 def accept(tree: DraftTree, verifier_argmax: Sequence[int], *, relax_threshold: int,
            is_action_token: Callable[[int], bool],
            token_to_bin: Callable[[int], int], action_marker: Sequence[int] = (),
-           decided: Sequence[int] = ()) -> Acceptance:
+           decided: Sequence[int] = (), forced: Sequence[int] = ()) -> Acceptance:
     """Choose the accepted path of ``tree`` given the verifier's greedy tokens.
 
     Args:
@@ -70,6 +75,8 @@ def accept(tree: DraftTree, verifier_argmax: Sequence[int], *, relax_threshold: 
             be relaxed (a codec whose whole output is the action).
         decided: the request's output tokens decided before the tree's drafted nodes (its root
             last when the root is an output token; empty for a prefill's chain).
+        forced: the tokens the output must continue with from the first drafted node on
+            (module docstring); empty: none.
 
     Path choice: the deepest accepted node wins; on equal depth the smallest summed bin
     distance; then the path whose node-index sequence (root to end) is lexicographically
@@ -83,30 +90,38 @@ def accept(tree: DraftTree, verifier_argmax: Sequence[int], *, relax_threshold: 
     in_action = _action_part(tree, action_marker, decided) if relax_threshold > 0 else None
 
     # 1. Per node: is the path root..node accepted, and its summed bin distance.
+    forced = [int(t) for t in forced]
     path_distance = _path_distances(tree, argmax, relax_threshold, in_action, is_action_token,
-                                    token_to_bin)
+                                    token_to_bin, forced)
     # 2. The best accepted node by (deepest, smallest distance, lowest node indices).
     best_node = _best_node(tree, path_distance)
     nodes = tuple(tree.path_to(best_node)[1:])
+    bonus = forced[len(nodes)] if len(nodes) < len(forced) else argmax[best_node]
     return Acceptance(accepted_nodes=nodes,
                       accepted_tokens=tuple(tree.tokens[n] for n in nodes),
-                      bonus_token=argmax[best_node],
-                      bin_distance_sum=path_distance[best_node])
+                      bonus_token=bonus, bin_distance_sum=path_distance[best_node])
 
 
 def _path_distances(tree: DraftTree, argmax: list[int], relax_threshold: int, in_action,
                     is_action_token: Callable[[int], bool],
-                    token_to_bin: Callable[[int], int]) -> list[int | None]:
+                    token_to_bin: Callable[[int], int], forced: list[int]
+                    ) -> list[int | None]:
     """Per node, in index order (parents first): the summed bin distance along root..node when
     that path is accepted, None when it was rejected (the root: 0). A node is accepted when its
     parent's path is and its token is the verifier's at the parent, or, relaxed, an action token
-    within ``relax_threshold`` bins of it in the action part (``in_action``)."""
+    within ``relax_threshold`` bins of it in the action part (``in_action``); a node within
+    the ``forced`` depth is accepted iff it is the forced token there."""
     path_distance: list[int | None] = [0] + [None] * (tree.num_nodes - 1)
     for node in range(1, tree.num_nodes):
         parent = tree.parents[node]
         if path_distance[parent] is None:
             continue
         draft, target = tree.tokens[node], argmax[parent]
+        depth = tree.depths[node]
+        if depth <= len(forced):
+            if draft == forced[depth - 1]:
+                path_distance[node] = path_distance[parent]
+            continue
         if draft == target:
             distance = 0
         elif (relax_threshold > 0 and in_action[parent] and is_action_token(draft)

@@ -43,6 +43,9 @@ class Request:
     # The run-time tunables in force when the request was admitted (relax_threshold and the
     # tree sizes): a change applies from the next admitted frame, never part-way through one.
     tunables: Any = None
+    # Tokens the output must begin with, taken as decided without verification (a reused
+    # reasoning: engine/reasoning_reuse.py); empty for every exact frame.
+    forced: tuple = ()
 
     def __post_init__(self):
         for name in ('request_id', 'prefix_len', 'num_tokens_needed', 'num_slots'):
