@@ -55,6 +55,8 @@ def main(argv=None) -> int:
     p.add_argument('--decay', type=float, default=0.5, help="the node's chunk_ensemble_decay")
     p.add_argument('--on-invalid', default='continue', choices=INVALID_CHUNK_RULES,
                    help="the node's invalid_chunk")
+    p.add_argument('--reasoning-every-n', type=int, default=1,
+                   help="a reasoning model's reasoning_every_n (1: every frame, exact)")
     p.add_argument('--image-size', type=int, default=None,
                    help="rendered frame size (default: the model's own, as the node's bridge "
                         "renders; the policy resizes any other)")
@@ -64,8 +66,10 @@ def main(argv=None) -> int:
     if args.threads:
         import torch
         torch.set_num_threads(args.threads)
+    options = ({'reasoning_every_n': args.reasoning_every_n}
+               if args.reasoning_every_n != 1 else {})
     policy = VLAPolicy.from_pretrained(args.model, mode=args.mode,
-                                       restrict_to_action_tokens=False)
+                                       restrict_to_action_tokens=False, **options)
     image_size = args.image_size or policy.model_config.image_size
     chunk = policy.model_config.action_chunk
     num_invalid = [0]
@@ -122,6 +126,7 @@ def main(argv=None) -> int:
     record = {'command': command, 'model': args.model, 'mode': args.mode,
               'episodes_per_task': args.episodes, 'seed': args.seed, 'image_size': image_size,
               'blend': args.blend, 'decay': args.decay, 'on_invalid': args.on_invalid,
+              'reasoning_every_n': args.reasoning_every_n,
               'success': overall,
               'per_task': per_task, 'invalid_frames': num_invalid[0],
               'invalid_frames_per_task': invalid_per_task, 'frames': len(tokens),

@@ -2,12 +2,14 @@
 the previous output) and the transformers baseline, in one run.
 
     python3 bench/reasoning_speed.py [--frames 24] [--warmup 3] [--rounds 3] [--budget 200]
-        [--drift 3] [--modes ar,spec,pipeline_spec] [--model NAME] [--seed 0] [--out DIR]
+        [--drift 3] [--modes ar,spec,pipeline_spec] [--model NAME] [--seed 0]
+        [--every-n 2,4] [--threads N] [--out DIR]
 
 ``--model``: a trained reasoning checkpoint (the embedded ``metaworld-demo-reason``, or a
 folder) on consecutive control steps of the scripted expert's Meta-World episodes
 (``sim.frames.episode_frames``: held-out placements, every task in turn, one camera) instead
-of the two random-weight models below.
+of the two random-weight models below. ``--every-n``: the default mode again with
+``reasoning_every_n`` N (the lossy reuse, docs/reasoning.md), one row per N.
 
 Models (random weights, ECoT's layout: models/ecot/): ``ecot-tiny --scripted-reasoning``
 (about 40 tokens of reasoning, ``ACTION:``, 7 bins: the text repeats from step to step) and
@@ -112,10 +114,15 @@ def _run_models(args, models: dict, frames, with_fields: bool) -> dict:
     for name, (folder, options) in models.items():
         policies = {mode: VLAPolicy.from_pretrained(str(folder), mode=mode, **options)
                     for mode in args.modes}
+        default_mode = 'pipeline_spec' if 'pipeline_spec' in args.modes else args.modes[-1]
+        for n in args.every_n:        # the lossy option, on the default mode
+            policies[f'{default_mode} every {n}'] = VLAPolicy.from_pretrained(
+                str(folder), mode=default_mode, reasoning_every_n=n, **options)
         baseline = make_baseline(policies['ar'].engine.runner, policies['ar'].config)
-        samples = {label: [] for label in [*args.modes, 'hf']}
+        labels = list(policies)
+        samples = {label: [] for label in [*labels, 'hf']}
         for _ in range(args.rounds):            # interleaved: each round runs every row once
-            for mode in args.modes:
+            for mode in labels:
                 engine = policies[mode].engine
                 engine.reset()
                 samples[mode].append(bench_engine(engine, frames, args.warmup))
@@ -169,6 +176,9 @@ def main(argv=None) -> int:
     parser.add_argument('--model', default='', help='a trained reasoning checkpoint on '
                         "Meta-World episodes' consecutive steps (module docstring)")
     parser.add_argument('--seed', type=int, default=0, help='--model: the frames\' seed')
+    parser.add_argument('--every-n', default='', help='comma-separated reasoning_every_n '
+                        'values: the default mode again with the lossy reuse (rows '
+                        '"pipeline_spec every N")')
     parser.add_argument('--threads', type=int, default=None, help='torch CPU threads')
     parser.add_argument('--out', type=Path, default=OUT)
     args = parser.parse_args(argv)
@@ -176,6 +186,7 @@ def main(argv=None) -> int:
         import torch
         torch.set_num_threads(args.threads)
     args.modes = args.modes.split(',')
+    args.every_n = [int(n) for n in args.every_n.split(',') if n]
     if 'ar' not in args.modes:
         parser.error('--modes: ar is the baseline every ratio needs')
     stamp = time.strftime('%Y%m%d-%H%M%S')

@@ -480,8 +480,12 @@ def test_demo_second_model_pass_is_the_equivalent_standalone_command():
     plan = demo_options.resolve_options(second)
     assert plan['tasks'] == ['drawer-open'] and plan['episodes'] == 3
     assert plan['rates'] == [10.0, 30.0] and plan['chunk_blend'] == 'ensemble'
-    assert second.argv == argv and second_model_argv(second, plan) is None   # no third pass
-    for changes in (['--second-model', 'none'], ['--model', 'metaworld-demo-fast'],
+    third = second_model_argv(second, plan)            # the reasoning model after it
+    assert second.argv == argv and third[:11] == [
+        'demo', '--model', 'metaworld-demo-reason', '--parts', 'stream,lockstep,speed',
+        '--modes', 'ar,pipeline_spec', '--sim-mode', 'realtime', '--chunk-blend', 'latest']
+    assert second_model_argv(second_model_args(third), plan) is None     # the chain's end
+    for changes in (['--second-model', 'none'], ['--model', 'metaworld-demo-reason'],
                     ['--parts', 'delay'], ['--model', 'tiny'],
                     ['--model', 'metaworld-demo-fast', '--second-model', 'metaworld-demo-fast']):
         other = parser.parse_args(changes)

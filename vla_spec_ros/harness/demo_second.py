@@ -1,14 +1,15 @@
-"""The main job's second model (`vla-spec demo --second-model`; `auto`, the default, is the
-embedded π0-FAST model `metaworld-demo-fast` after the default `metaworld-demo`): after the
-first model's parts, the same job's stream, speed and lockstep parts run again for the second
-model, as their own record beside the first.
+"""The main job's further models (`vla-spec demo --second-model`; `auto`, the default, is the
+next embedded model: the π0-FAST model `metaworld-demo-fast` after the default
+`metaworld-demo`, then the reasoning model `metaworld-demo-reason` after it): after the first
+model's parts, the same job's stream, speed and lockstep parts run again for the next model, as
+their own record beside the first; a pass with `auto` then runs the model after it.
 
-The second model is a chunked one, so its success runs through the node in real time
+Each further model's success runs through the node in real time
 (`--sim-mode realtime`: the node publishes a chunk's steps on its control clock, the bridge
 steps the arm on its own), with the `chunk_blend` its family recommends (the registry's
 node_settings: ACT's temporal ensemble for pi0-FAST, the blend that measured best for it:
-docs/demo.md), and only AR and the engine's default mode run (its own baseline and what a user
-gets). Everything else (tasks, episodes, rates, seconds, seed,
+docs/demo.md; a single-step model's is the node's default), and only AR and the engine's
+default mode run (its own baseline and what a user gets). Everything else (tasks, episodes, rates, seconds, seed,
 dtype, device, control rate, out) is the first run's. The pass is written as the equivalent
 standalone `vla-spec demo` command, recorded in its record.
 """
@@ -19,9 +20,10 @@ import argparse
 # Parts that run again for the second model; delay and relax stay the first model's.
 SECOND_MODEL_PARTS = ('stream', 'speed', 'lockstep')
 NO_SECOND_MODEL = ('', 'none')
-# `--second-model auto`: the main job's pair of embedded models (first -> second); after any
-# other first model there is no second pass (a user's own checkpoint runs alone).
-AUTO_SECOND_MODEL = {'metaworld-demo': 'metaworld-demo-fast'}
+# `--second-model auto`: the main job's chain of embedded models (each -> the next); after any
+# other model there is no further pass (a user's own checkpoint runs alone).
+AUTO_SECOND_MODEL = {'metaworld-demo': 'metaworld-demo-fast',
+                     'metaworld-demo-fast': 'metaworld-demo-reason'}
 
 
 def resolve_second_model(args) -> str:
@@ -44,7 +46,8 @@ def second_model_argv(args, plan) -> list[str] | None:
     modes = ['ar'] + [m for m in (EngineConfig().mode,) if m != 'ar']
     argv = ['demo', '--model', second, '--parts', ','.join(parts), '--modes', ','.join(modes),
             '--sim-mode', 'realtime', '--chunk-blend', recommended_chunk_blend(second),
-            '--second-model', 'none', '--tasks', ','.join(plan['tasks']),
+            '--second-model', 'auto' if second in AUTO_SECOND_MODEL else 'none',
+            '--tasks', ','.join(plan['tasks']),
             '--episodes', str(plan['episodes']), '--seed', str(args.seed),
             '--max-steps', str(plan['max_steps']),
             '--control-rate-hz', f"{plan['control_rate_hz']:g}",

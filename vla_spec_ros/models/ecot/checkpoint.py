@@ -17,12 +17,11 @@ from pathlib import Path
 import torch
 
 from ..family import LoadedModel
-from ..openvla.checkpoint import (check_vision_layout, config_from_json, init_random_,
-                                  save_model)
+from ..openvla.checkpoint import config_from_json, init_random_, save_model
+from ..openvla.checkpoint import load_model as load_openvla_layout
 from ..openvla.prompt import PromptTokenizer, build_tokenizer, save_tokenizer
 from ..openvla.random_checkpoint import DTYPES, synthetic_norm_stats
-from ..openvla.vision import unused_vision_keys
-from ..weights import CheckpointError, _read_json, load_state_dict, weight_files
+from ..weights import CheckpointError
 from .config import DEFAULT_MAX_REASONING_TOKENS, RESIZE_STRATEGIES, EcotConfig
 from .model import EcotVLA
 from .prompt import EcotPrompt
@@ -49,19 +48,10 @@ def config_from_raw(raw: dict, source: str = 'config.json') -> EcotConfig:
 
 def load_model(folder: str | os.PathLike, dtype: torch.dtype, device,
                max_instruction_tokens: int = 128) -> LoadedModel:
-    folder = Path(folder)
-    raw = _read_json(folder / 'config.json')
-    cfg = config_from_raw(raw, str(folder / 'config.json'))
-    mapping = weight_files(folder)
-    check_vision_layout(cfg, mapping, str(folder))
-    with torch.device('meta'):
-        model = EcotVLA(cfg)
-    expected = {k: tuple(v.shape) for k, v in model.state_dict().items()}
-    state = load_state_dict(folder, expected, set(unused_vision_keys(cfg)), dtype, device,
-                            mapping)
-    model.load_state_dict(state, strict=True, assign=True)
-    model.use_prompt(EcotPrompt.from_folder(folder, max_instruction_tokens))
-    model.eval()
+    """OpenVLA's loading with ECoT's config reading and model class, then its prompt."""
+    model, cfg, raw = load_openvla_layout(folder, dtype, device, read_config=config_from_raw,
+                                          model_class=EcotVLA)
+    model.use_prompt(EcotPrompt.from_folder(Path(folder), max_instruction_tokens))
     return LoadedModel(model, cfg, raw, model.prompt, model.action_codec(), NAME)
 
 

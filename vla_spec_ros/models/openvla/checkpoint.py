@@ -291,18 +291,20 @@ def check_vision_layout(cfg: VLAConfig, keys, source: str) -> None:
 
 
 def load_model(folder: str | os.PathLike, dtype: torch.dtype = torch.float32,
-               device='cpu') -> tuple[OpenVLA, VLAConfig, dict]:
+               device='cpu', read_config=None, model_class=None
+               ) -> tuple[OpenVLA, VLAConfig, dict]:
     """Load an OpenVLA-layout checkpoint (fused or single vision tower) -> (model, config,
-    config.json dict)."""
+    config.json dict). A family in the same layout passes its own ``read_config(raw,
+    source)`` and ``model_class`` (ECoT's: models/ecot/checkpoint.py)."""
     folder = Path(folder)
     if not folder.is_dir():
         raise CheckpointError(f'checkpoint folder {folder} does not exist')
     raw = _read_json(folder / 'config.json')
-    cfg = config_from_json(raw, str(folder / 'config.json'))
+    cfg = (read_config or config_from_json)(raw, str(folder / 'config.json'))
     mapping = weight_files(folder)
     check_vision_layout(cfg, mapping, str(folder))
     with torch.device('meta'):
-        model = OpenVLA(cfg)
+        model = (model_class or OpenVLA)(cfg)
     expected = {k: tuple(v.shape) for k, v in model.state_dict().items()}
     state = load_state_dict(folder, expected, set(unused_vision_keys(cfg)), dtype, device,
                             mapping)
