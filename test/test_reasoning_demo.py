@@ -8,10 +8,10 @@ import pytest
 import torch
 
 from vla_spec_ros.models import registry
-from vla_spec_ros.models.ecot.demo_reasoning import (direction_words, object_box,
-                                                     reasoning_text)
+from vla_spec_ros.models.ecot.demo_reasoning import direction_words, reasoning_text
 from vla_spec_ros.models.ecot.reasoning_text import parse_reasoning
 from vla_spec_ros.sim.camera_projection import camera_matrix, project
+from vla_spec_ros.sim.expert_facts import expert_facts, object_box
 from vla_spec_ros.sim.expert_phases import PHASES, phase_index, phase_target
 from vla_spec_ros.sim.metaworld_env import make_env, sim_unavailable_reason
 
@@ -73,8 +73,9 @@ def test_reasoning_text_parses_back_into_its_fields():
     state = np.zeros(39)
     state[:3] = (0.1, 0.2, 0.3)
     state[4:7] = (0.1, 0.3, 0.05)
-    text = reasoning_text('button-press-topdown', 'Press the Button', state,
-                          np.array([0.0, 0.01, 0.0, 0, 0, 0, 1]), matrix, 64)
+    facts = expert_facts('button-press-topdown', state, np.array([0.0, 0.01, 0.0, 0, 0, 0, 1]),
+                         matrix, 64)
+    text = reasoning_text('Press the Button', facts)
     reasoning = parse_reasoning(text)
     fields = reasoning.fields
     assert fields['task'] == 'press the button.'

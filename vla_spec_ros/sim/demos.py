@@ -351,6 +351,17 @@ class DemoSet:
     step_index: np.ndarray | None = None     # (N,) int32, within the episode
     camera_matrix: np.ndarray | None = None  # (3, 4)
 
+    def expert_facts(self) -> list:
+        """What the expert knew at each transition (sim/expert_facts.py), for a reasoning
+        policy's training text; ValueError for a dataset collected without states."""
+        if self.states is None or self.camera_matrix is None:
+            raise ValueError("--data: these demonstrations carry no expert states or camera "
+                             "projection; collect them again with `vla-spec collect-demos`")
+        from .expert_facts import expert_facts
+        size = self.images.shape[1]
+        return [expert_facts(self.task_names[task], state, action, self.camera_matrix, size)
+                for task, state, action in zip(self.task_index, self.states, self.actions)]
+
 
 def load_demos(data_dir: str, tasks: Sequence[str] | None = None) -> DemoSet:
     """Read a dataset written by `collect_demos` (all its tasks, or the named ones)."""

@@ -3,8 +3,9 @@ scripted Meta-World demonstrations with reasoning written from the expert's stat
 (``vla-spec train-demo-vla --family ecot``; the loop, optimiser, schedule and augmentation are
 train/demo_training.py's, which calls this).
 
-1. text: per transition, the reasoning of demo_reasoning.py (the demonstrations must carry the
-   expert's states and the camera's projection: ``collect-demos`` since 2026-11-29), then
+1. text: per transition, the reasoning of demo_reasoning.py from the dataset's expert facts
+   (``demos.expert_facts()``: the demonstrations must carry the expert's states and the
+   camera's projection, ``collect-demos`` since 2026-11-29), then
    `` ACTION:``, "▁" and the 7 action tokens (OpenVLA's bins of the q01/q99-normalised
    action) as the answer after ECoT's prompt (prompt.py);
 2. tokenizer: BPE learned from the prompts and the reasoning texts, 768 ids whose last 256 are
@@ -59,15 +60,9 @@ class AnswerTensors:
 
 
 def demo_texts(demos) -> list[str]:
-    """The reasoning text of every transition (step 1)."""
-    if demos.states is None or demos.camera_matrix is None:
-        raise ValueError('--data: these demonstrations carry no expert states or camera '
-                         'projection; collect them again with `vla-spec collect-demos`')
-    size = demos.images.shape[1]
-    return [reasoning_text(demos.task_names[task], instruction, state, action,
-                           demos.camera_matrix, size)
-            for task, instruction, state, action in zip(
-                demos.task_index, demos.instructions, demos.states, demos.actions)]
+    """The reasoning text of every transition (step 1), from the dataset's expert facts."""
+    return [reasoning_text(instruction, facts)
+            for instruction, facts in zip(demos.instructions, demos.expert_facts())]
 
 
 def answer_ids(prompt: EcotPrompt, texts: list[str], action_tokens: np.ndarray) -> list[list]:

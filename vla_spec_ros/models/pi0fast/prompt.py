@@ -34,7 +34,7 @@ from typing import Sequence
 import numpy as np
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
-from ...instruction import MAX_INSTRUCTION_CHARS, PromptError
+from ...instruction import PromptError, checked_instruction
 from .model import discretize_state
 from .style import DEFAULT_STYLE, LEROBOT, OPENPI, check_style
 
@@ -132,12 +132,9 @@ class Pi0FastPrompt:
         """-> prompt ids, BOS first (``state_bins`` for ``state``)."""
         if not isinstance(instruction, str):
             raise PromptError(f'instruction must be a str, got {type(instruction).__name__}')
-        text = clean_instruction(instruction, self.lowercase)
-        if not text:
-            raise PromptError('instruction is empty')
-        if len(text) > MAX_INSTRUCTION_CHARS:
-            raise PromptError(f'instruction has {len(text)} characters; the limit is '
-                              f'{MAX_INSTRUCTION_CHARS}')
+        # The family's cleaning first (it may empty a text of punctuation), then the checks
+        # every family shares.
+        text = checked_instruction(clean_instruction(instruction, self.lowercase))
         num_tokens = len(self.text_ids(text))
         if num_tokens > self.max_instruction_tokens:
             raise PromptError(f'instruction has {num_tokens} tokens; the limit '
