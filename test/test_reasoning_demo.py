@@ -5,7 +5,6 @@ import json
 
 import numpy as np
 import pytest
-import torch
 
 from vla_spec_ros.models import registry
 from vla_spec_ros.models.ecot.demo_reasoning import direction_words, reasoning_text
@@ -27,7 +26,8 @@ def test_projection_of_points_on_and_off_the_camera_axis():
     np.testing.assert_allclose(project(matrix, [0, 1, 0]), [32, 0], atol=1e-12)
     np.testing.assert_allclose(project(matrix, [1, 0, 0]), [64, 32], atol=1e-12)
     turned = camera_matrix((0, 0, 1), np.eye(3), 90.0, 64, is_upside_down=True)
-    np.testing.assert_allclose(project(turned, [0.5, 0.25, 0]), 64 - project(matrix, [0.5, 0.25, 0]))
+    point = [0.5, 0.25, 0]
+    np.testing.assert_allclose(project(turned, point), 64 - project(matrix, point))
 
 
 @needs_sim

@@ -4,7 +4,6 @@ frame's text, marker and separator), then the greedy action given the prompt and
 in float64 in every mode; N = 1 forces nothing; models without reasoning refuse N > 1."""
 import dataclasses
 
-import numpy as np
 import pytest
 import torch
 

@@ -9,9 +9,9 @@ Each further model's success runs through the node in real time
 steps the arm on its own), with the `chunk_blend` its family recommends (the registry's
 node_settings: ACT's temporal ensemble for pi0-FAST, the blend that measured best for it:
 docs/demo.md; a single-step model's is the node's default), and only AR and the engine's
-default mode run (its own baseline and what a user gets). Everything else (tasks, episodes, rates, seconds, seed,
-dtype, device, control rate, out) is the first run's. The pass is written as the equivalent
-standalone `vla-spec demo` command, recorded in its record.
+default mode run (its own baseline and what a user gets). Everything else (tasks, episodes,
+rates, seconds, seed, dtype, device, control rate, out) is the first run's. The pass is
+written as the equivalent standalone `vla-spec demo` command, recorded in its record.
 """
 from __future__ import annotations
 

@@ -410,7 +410,8 @@ def load_demo_sets(data_dirs: Sequence[str]) -> DemoSet:
         return sets[0]
     first = sets[0]
     for d, other in zip(data_dirs[1:], sets[1:]):
-        if other.task_names != first.task_names or other.images.shape[1:] != first.images.shape[1:]:
+        if (other.task_names != first.task_names
+                or other.images.shape[1:] != first.images.shape[1:]):
             raise ValueError(f"{d}: tasks {other.task_names} and images "
                              f"{other.images.shape[1:]} differ from {data_dirs[0]}'s")
     offsets = np.cumsum([0] + [int(s.episode_index.max()) + 1 for s in sets[:-1]])
