@@ -574,7 +574,9 @@ def test_demo_run_end_to_end(ros_domain, tmp_path, capsys):
     if SECOND_MODEL != 'none':
         # The second model's pass: its own record, with its standalone command, AR and the
         # default mode through the node in real time with the ensemble blend.
-        assert len(json_files) == 2
+        from vla_spec_ros.assets import embedded_checkpoint
+        third = 'metaworld-demo-reason' if embedded_checkpoint('metaworld-demo-reason') else None
+        assert len(json_files) == (3 if third else 2)
         second = json.loads(json_files[1].read_text())
         assert second['model'] == SECOND_MODEL and second['parts'] == [
             'stream', 'lockstep', 'speed']
@@ -589,7 +591,18 @@ def test_demo_run_end_to_end(ros_domain, tmp_path, capsys):
             'hf', 'ar', 'pipeline_spec']
         assert second['speed']['drafter']['pipeline_spec'] == \
             'previous action + shifted chunk'
-        assert f'# The second model: vla-spec demo --model {SECOND_MODEL}' in out
+        assert f'# The next model: vla-spec demo --model {SECOND_MODEL}' in out
+        if third:
+            # Then the reasoning model: single-step, the node's default blend, its draft.
+            reason = json.loads(json_files[2].read_text())
+            assert reason['model'] == third
+            assert f'# The next model: vla-spec demo --model {third}' in out
+            assert '--sim-mode realtime --chunk-blend latest' in reason['command']
+            assert [(r['mode'], r['action_chunk']) for r in reason['lockstep']['rows']] == [
+                ('ar', 1), ('pipeline_spec', 1)]
+            assert all(r['num_timeouts'] == 0 for r in reason['lockstep']['rows'])
+            assert [b['mode'] for b in reason['speed']['bench_rows']] == [
+                'hf', 'ar', 'pipeline_spec']
     else:
         assert len(json_files) == 1
     assert data['command'] == f'vla-spec demo --model {model}'

@@ -37,7 +37,11 @@ def test_it_is_complete_small_and_loads_as_pi0fast():
     report = json.loads((folder / 'training.json').read_text())
     assert report['vla']['family'] == 'pi0fast'
     assert report['vla']['final']['step'] == report['config']['steps']
-    assert report['vla']['fast']['fitted_on'] == 'training episodes only'
+    # Fitted on the first model's training episodes; the shipped model continued that model
+    # with its tokenizers (docs/demo.md), so its record says where they came from.
+    fitted_on = report['vla']['fast']['fitted_on']
+    assert fitted_on == 'training episodes only' or (
+        report['vla']['init_from'] and fitted_on == f"copied from {report['vla']['init_from']}")
 
 
 def test_its_chunks_on_meta_world_frames_decode_and_spec_gives_ar_tokens():

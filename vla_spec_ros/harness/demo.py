@@ -353,7 +353,7 @@ def run(args) -> int:
     print_report(record, paths)           # its last lines: the summary
     print(f'wall time {record["wall_s"]:.0f} s')
     if second is not None:
-        print(f'\n# The second model: vla-spec {shlex.join(second)}\n', flush=True)
+        print(f'\n# The next model: vla-spec {shlex.join(second)}\n', flush=True)
         return run(second_model_args(second))
     return 0
 
