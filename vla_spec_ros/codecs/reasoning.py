@@ -113,13 +113,8 @@ class ReasoningThenAction(ActionCodec):
         start = _find(tokens, self.marker)
         if start is None:
             return OutputParts(tuple(tokens), (), False)
-        position = start + len(self.marker)
-        for token in self.separator:                 # optional, in order
-            if position < len(tokens) and tokens[position] == token:
-                position += 1
-            elif position >= len(tokens):
-                return OutputParts(tuple(tokens[:start]), (), True)
-        action = tokens[position:position + self.inner.max_tokens]
+        position = self._action_start(tokens, start)
+        action = () if position is None else tokens[position:position + self.inner.max_tokens]
         return OutputParts(tuple(tokens[:start]), tuple(action), True)
 
     def reasoning_prefix(self, tokens: Sequence[int]) -> tuple[int, ...] | None:
@@ -128,24 +123,14 @@ class ReasoningThenAction(ActionCodec):
         reasoning starts from: engine/reasoning_reuse.py)."""
         tokens = [int(t) for t in tokens]
         start = _find(tokens, self.marker)
-        if start is None:
-            return None
-        position = start + len(self.marker)
-        for token in self.separator:
-            if position < len(tokens) and tokens[position] == token:
-                position += 1
-        if len(tokens) - position < self.inner.max_tokens:
+        position = None if start is None else self._action_start(tokens, start)
+        if position is None or len(tokens) - position < self.inner.max_tokens:
             return None
         return tuple(tokens[:position])
 
     def is_complete(self, tokens: Sequence[int]) -> bool:
         tokens = [int(t) for t in tokens]
-        if len(tokens) >= self.max_tokens:
-            return True
-        parts = self.split(tokens)
-        if parts.has_marker:
-            return len(parts.action) >= self.inner.max_tokens
-        return bool(tokens) and tokens[-1] in self.stop_tokens
+        return self._is_complete_at(tokens, _find(tokens, self.marker))
 
     def cut(self, decided: Sequence[int], new_tokens: Sequence[int]) -> tuple[int, ...]:
         """The new tokens up to the one that completes the frame (included). Finds the marker
@@ -185,13 +170,20 @@ class ReasoningThenAction(ActionCodec):
             return True
         if start is None:
             return bool(tokens) and tokens[-1] in self.stop_tokens
+        position = self._action_start(tokens, start)
+        return position is not None and len(tokens) - position >= self.inner.max_tokens
+
+    def _action_start(self, tokens: list, start: int) -> int | None:
+        """Where the action begins after the marker at ``start``: past the ``separator``
+        tokens present (each optional, in order); None while the output ends before the
+        separators are settled."""
         position = start + len(self.marker)
-        for token in self.separator:                 # optional, in order (as ``split``)
-            if position < len(tokens) and tokens[position] == token:
+        for token in self.separator:
+            if position >= len(tokens):
+                return None
+            if tokens[position] == token:
                 position += 1
-            elif position >= len(tokens):
-                return False
-        return len(tokens) - position >= self.inner.max_tokens
+        return position
 
     def decode(self, tokens: Sequence[int]) -> DecodedActions:
         parts = self.split(tokens)

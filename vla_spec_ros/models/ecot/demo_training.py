@@ -21,6 +21,7 @@ train/demo_training.py's, which calls this).
 """
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -94,7 +95,6 @@ def init_from_checkpoint(model: EcotVLA, folder: Path, num_action_ids: int,
     wanted = {k: shapes[k] for k in own if k in shapes}
     state = load_state_dict(folder, wanted, set(shapes) - set(wanted), torch.float32, 'cpu',
                             mapping)
-    import json
     other_pad = int(json.loads((folder / 'config.json').read_text())['pad_token_id'])
     copied, rows = 0, 0
     with torch.no_grad():
