@@ -4,6 +4,7 @@ import contextlib
 import os
 import threading
 import time
+import traceback
 
 import numpy as np
 import rclpy
@@ -22,6 +23,29 @@ from vla_spec_ros.image_messages import array_to_image
 TIMEOUT = 20.0
 
 
+def spin_keeping_errors(executor, stop: threading.Event) -> None:
+    """`executor.spin()`, except that an exception a callback raised is printed and appended
+    to `executor.callback_errors` instead of ending the thread. rclpy's spin re-raises it,
+    and a module's shared graph would then answer nothing for every later test (a node
+    destroyed at a test's end while one of its callbacks still runs is enough); a test that
+    cares asserts the list is empty (`assert_no_callback_errors`)."""
+    while not stop.is_set() and executor.context.ok():
+        try:
+            executor.spin_once(timeout_sec=0.1)
+        except Exception as exc:          # noqa: BLE001 - kept, printed, the spin goes on
+            if stop.is_set() or not executor.context.ok():
+                return
+            executor.callback_errors.append(exc)
+            traceback.print_exception(exc)
+
+
+def assert_no_callback_errors(executor, since: int = 0) -> None:
+    """No callback of `executor` (a ros_graph's) raised after its `since`-th error."""
+    errors = executor.callback_errors[since:]
+    assert not errors, ('a callback raised: '
+                        + '; '.join(f'{type(e).__name__}: {e}' for e in errors))
+
+
 @contextlib.contextmanager
 def ros_graph(domain_id: int, probe_name: str, num_threads: int = 1):
     """An isolated graph (its own domain, localhost discovery, a private Context) with an
@@ -32,13 +56,16 @@ def ros_graph(domain_id: int, probe_name: str, num_threads: int = 1):
     rclpy.init(context=context, domain_id=domain_id)
     executor = (SingleThreadedExecutor(context=context) if num_threads == 1
                 else MultiThreadedExecutor(num_threads=num_threads, context=context))
-    thread = threading.Thread(target=executor.spin, daemon=True)
+    executor.callback_errors = []
+    stop = threading.Event()
+    thread = threading.Thread(target=spin_keeping_errors, args=(executor, stop), daemon=True)
     probe_node = Node(probe_name, context=context)
     executor.add_node(probe_node)
     thread.start()
     try:
         yield context, executor, probe_node
     finally:
+        stop.set()
         executor.shutdown()
         thread.join(timeout=5.0)          # before the node is destroyed (TopicProbe.close)
         probe_node.destroy_node()

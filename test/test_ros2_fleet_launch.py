@@ -23,6 +23,7 @@ FLEET_DOC = ROOT / 'docs' / 'fleet.md'
 DOMAIN_ID = 102 + ((os.getpid() + 5) % 19)    # test_ros2_cli: the other 102..120 values
 UP_TIMEOUT = 180.0          # two engines loading on a loaded 2-core machine
 TIMEOUT = 60.0
+ENABLE_RETRY_S = 5.0        # an unanswered enable call is sent again after this
 ENGINES = {'vla_cpu0': 'arm0', 'vla_cpu1': 'arm1'}
 INSTRUCTIONS = {'arm0': 'open the drawer', 'arm1': 'push the button'}
 SKIP_REASON = ros2_commands.skip_reason()
@@ -39,15 +40,25 @@ def fleet_line():
 
 
 def _enable(probe, robot):
+    """Call `/{robot}/enable` (true) until it answers. After a respawn the killed engine's
+    server lingers in discovery, so `wait_for_service` can return before the new server has
+    matched this client, and a request sent then is lost (volatile): enabling twice is
+    harmless, so a call unanswered for ENABLE_RETRY_S is sent again."""
     from std_srvs.srv import SetBool
-
-    from ros_probe import wait_until
 
     client = probe.create_client(SetBool, f'/{robot}/enable')
     try:
         assert client.wait_for_service(timeout_sec=TIMEOUT), f'no /{robot}/enable'
-        future = client.call_async(SetBool.Request(data=True))
-        wait_until(future.done, timeout=TIMEOUT, what=f'/{robot}/enable')
+        deadline = time.monotonic() + TIMEOUT
+        while True:
+            future = client.call_async(SetBool.Request(data=True))
+            sent = time.monotonic()
+            while not future.done() and time.monotonic() - sent < ENABLE_RETRY_S:
+                time.sleep(0.01)
+            if future.done():
+                break
+            client.remove_pending_request(future)
+            assert time.monotonic() < deadline, f'/{robot}/enable never answered'
         assert future.result().success, future.result().message
     finally:
         probe.destroy_client(client)

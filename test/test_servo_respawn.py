@@ -244,14 +244,21 @@ class Setup:
 
 @pytest.fixture
 def setup_of(graph, moveit_prefix):
+    from ros_probe import assert_no_callback_errors
+
     made = []
+    executor = graph[2]
+    errors_before = len(executor.callback_errors)
 
     def make(kind, **kwargs):
         made.append(Setup(graph, moveit_prefix, kind, **kwargs))
         return made[-1]
     yield make
-    for setup in made:
-        setup.close()
+    try:       # no callback of the node or the probe raised while the test ran ...
+        assert_no_callback_errors(executor, since=errors_before)
+    finally:   # ... (one raising while its node is destroyed leaves the graph serving)
+        for setup in made:
+            setup.close()
 
 
 def is_executed(event) -> bool:
