@@ -218,7 +218,7 @@ def test_max_inflight(policy, frames, reference, max_inflight):
 
 
 @pytest.mark.parametrize('mode, per_stream, limit', [
-    ('pipeline', 0, 7), ('pipeline', 3, 3), ('pipeline_spec', 0, 2), ('pipeline_spec', 5, 5),
+    ('pipeline', 0, 7), ('pipeline', 3, 3), ('pipeline_spec', 0, 1), ('pipeline_spec', 5, 5),
     ('pipeline', 9, 7), ('ar', 0, 1), ('spec', 4, 1)])
 def test_stream_inflight_limit_resolves_the_mode_default(mode, per_stream, limit):
     cfg = EngineConfig(mode=mode, max_inflight=7, max_inflight_per_stream=per_stream)

@@ -243,7 +243,9 @@ def test_tunables_apply_from_the_next_admitted_frame(tmp_path_factory):
     engine = Engine(policy.engine.runner, policy.engine.norm_stats,
                     EngineConfig(mode='pipeline_spec', dtype='float64', tree_depth=3,
                                  tree_top_k=1, tree_max_nodes=4, draft_path='random',
-                                 restrict_to_action_tokens=True), draft=draft)
+                                 restrict_to_action_tokens=True,
+                                 max_inflight_per_stream=2),      # one camera, 2 in flight
+                    draft=draft)
     for f in frames:
         engine.submit(f)
     finished = engine.step() + engine.step()            # frames 0 and 1 admitted at r = 0
@@ -260,7 +262,9 @@ def test_several_prefills_per_step_keep_the_ar_tokens(policy, frames_and_referen
     its own prompt's verifier features), and every request proposes exactly the trees it
     proposes with one admission per step; tokens stay the AR tokens, in fewer steps."""
     frames, reference = frames_and_reference
-    options = dict(mode='pipeline_spec', tree_depth=4, tree_top_k=4, tree_max_nodes=20)
+    # Two cameras and three prefills per step: each camera may have several frames in flight.
+    options = dict(mode='pipeline_spec', tree_depth=4, tree_top_k=4, tree_max_nodes=20,
+                   max_inflight_per_stream=7)
     steps, trees = {}, {}
     for prefills in (1, 3):
         cfg = EngineConfig(dtype='float64', max_prefills_per_step=prefills, **options)

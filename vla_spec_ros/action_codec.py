@@ -34,6 +34,12 @@ class ActionCodec:
     # Most draft tokens a lookup drafter (draft_path previous_output) proposes per verifier
     # forward; None: up to max_tokens. A codec of long outputs sets it from measured cost.
     max_draft_chain: int | None = None
+    # Most draft tokens verified right after a verification that accepted none of its draft
+    # (None: no cap). A codec whose later tokens follow from the earlier ones (BPE over a whole
+    # chunk: one changed token changes or shifts what follows, so a positional chain that
+    # missed keeps missing) sets it from measured cost; one whose positions are independent (a
+    # bin per dimension: a miss in one says nothing of the next) leaves it None.
+    draft_after_miss: int | None = None
     # The tokens that open the action in an output of text then action (a reasoning policy):
     # relaxed acceptance compares bins only after them. Empty: the whole output is the action.
     action_marker: tuple[int, ...] = ()

@@ -178,7 +178,7 @@ class EngineOption:
 
 # pipeline_spec's frames of one stream in flight when max_inflight_per_stream is 0 (measured:
 # docs/engine.md, "Frames of one robot in flight").
-PIPELINE_SPEC_FRAMES_PER_STREAM = 2
+PIPELINE_SPEC_FRAMES_PER_STREAM = 1
 
 
 def _option(default, description: str, **kwargs):
@@ -252,13 +252,14 @@ class EngineConfig:
     max_inflight: int = _option(7, 'Requests in flight at once in the pipeline modes',
                                 minimum=1, maximum=64)
     # One stream's frames in flight at once (0: the mode's own, `stream_inflight_limit`). In
-    # pipeline_spec a frame finishes in 2-3 forwards: a third frame of the same robot would
-    # wait behind two of its own and draft from an older action, so one robot gets the same
-    # chunks/s at 2 as at 7 with a lower p50 (docs/engine.md, "Frames of one robot in
-    # flight"). Plain pipeline needs action_dim frames of a robot in flight to answer one per
-    # step, so it keeps max_inflight.
+    # pipeline_spec a robot's frame finishes in a few forwards; a second frame of the same
+    # robot packed beside it makes every one of those forwards dearer and drafts from an
+    # older action, so the frames whose drafts miss (the p99) get slower than AR's: one robot
+    # is answered as often at 1 as at 2, with a lower p99 (docs/engine.md, "Frames of one
+    # robot in flight"). Several robots still share every step. Plain pipeline needs
+    # action_dim frames of a robot in flight to answer one per step, so it keeps max_inflight.
     max_inflight_per_stream: int = _option(0, 'Frames of one stream (robot) in flight at once '
-                                           'in the pipeline modes; 0 = the mode\'s own: 2 in '
+                                           'in the pipeline modes; 0 = the mode\'s own: 1 in '
                                            'pipeline_spec, max_inflight in pipeline',
                                            minimum=0, maximum=64)
     # Several streams: waiting frames admitted together (their prefills share one step).
@@ -382,7 +383,7 @@ class EngineConfig:
     @property
     def stream_inflight_limit(self) -> int:
         """Frames of one stream in flight at once: max_inflight_per_stream, or with 0 the
-        mode's own (2 in pipeline_spec, else num_inflight), never above num_inflight."""
+        mode's own (1 in pipeline_spec, else num_inflight), never above num_inflight."""
         limit = self.max_inflight_per_stream or (
             PIPELINE_SPEC_FRAMES_PER_STREAM if self.mode == 'pipeline_spec'
             else self.num_inflight)

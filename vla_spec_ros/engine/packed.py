@@ -85,6 +85,9 @@ class PackedStrategy:
         self.max_chain = min(runner.codec.max_draft_chain or max_tokens, max_tokens)
         # Speculative prefill: the longest chain a prefill block carries (0 = off). The last
         # token comes from the last chain row, so max_action_tokens - 1 drafts decide it all.
+        # After a verification that accepted none of its draft, the next one verifies at most
+        # this many draft tokens (the codec's draft_after_miss; None: no cap).
+        self.draft_after_miss = runner.codec.draft_after_miss
         self.max_prefill_draft = min(max_tokens - 1, self.max_chain) if (
             self.is_speculative and config.speculative_prefill
             and drafter is not None and drafter.has_prefill_draft) else 0
@@ -372,9 +375,9 @@ class PackedStrategy:
         return built
 
     def _draft_trees(self, decode: list[Request]) -> dict[int, DraftTree]:
-        """One tree per in-flight request, with the tree settings it was admitted under;
-        requests sharing (top_k, max_nodes, min_prob) (all of them, unless a tunable just
-        changed) are drafted together."""
+        """One tree per in-flight request, with the tree settings it was admitted under (a
+        request whose last draft missed: at most the codec's draft_after_miss tokens);
+        requests sharing (top_k, max_nodes, min_prob) are drafted together."""
         trees = {}
         groups: dict[tuple[int, int, float], tuple[list[int], list[int]]] = {}
         for request in decode:
@@ -382,9 +385,13 @@ class PackedStrategy:
             # The previous action's chain is as long as the stream knows (derives_depth).
             depth = min(request.num_remaining - 1, self.max_chain) if self.derives_depth \
                 else min(cfg.tree_depth, request.num_remaining - 1)
+            max_nodes = cfg.tree_max_nodes
+            if request.draft_missed and self.draft_after_miss is not None:
+                depth = min(depth, self.draft_after_miss)
+                max_nodes = min(max_nodes, self.draft_after_miss + 1)
             if self.is_speculative and depth >= 1:
                 ids, depths = groups.setdefault(
-                    (cfg.tree_top_k, cfg.tree_max_nodes, cfg.tree_min_prob), ([], []))
+                    (cfg.tree_top_k, max_nodes, cfg.tree_min_prob), ([], []))
                 ids.append(request.request_id)
                 depths.append(depth)
             else:
@@ -434,6 +441,7 @@ class PackedStrategy:
         is_final = codec.is_complete(request.tokens + list(emitted))
         request.forward_passes += 1
         request.accepted_lengths.append(len(emitted))
+        request.draft_missed = tree.num_nodes > 1 and len(acc.path_nodes) == 1
         advance = None
         if not is_final:
             # Compact the accepted path's KV: node i sits at logical history_len + i; the path
