@@ -10,7 +10,9 @@ published at --rate to a VLASpecNode (harness/streaming.run_stream_mode) while t
   compute      its prefill started -> finished
   wait         submitted -> prefill started (another frame was being stepped)
   outside      latency - engine: conversion, the worker's turn, the chunk logic, DDS
-  before       image published -> submitted (DDS, the image callback, the worker, conversion)
+  before       image published -> submitted, in stages: dds_in (published -> the node's
+               image callback), slot (-> the worker took it), convert (-> converted),
+               to_submit (-> Engine.submit)
   after        finished -> its twist received (the chunk logic, the outputs, DDS)
   forwards     verifier forwards the frame took part in
   overlap      whether another frame of the robot was in flight when it started
@@ -65,7 +67,12 @@ class EngineRecorder:
                     'forwards': int(stats.get('forward_passes', 0)),
                     'tokens': int(stats.get('num_tokens', 0)),
                     'prefill_accepted': int(stats.get('prefill_accepted') or 0),
-                    'valid': bool(finished.result is not None and finished.result.is_valid)}
+                    'valid': bool(finished.result is not None and finished.result.is_valid),
+                    # the node's own stage times (time.monotonic, the clock of perf_counter
+                    # on Linux): image received, taken by the worker, converted
+                    'receipt': getattr(info, 'receipt_mono', float('nan')),
+                    'taken': getattr(info, 'taken_mono', float('nan')),
+                    'converted': getattr(info, 'converted_mono', float('nan'))}
         return finished
 
     def restore(self):
@@ -117,6 +124,10 @@ def frame_table(trace, recorder, pauses, chunk_steps, period_s):
                        wait_ms=1e3 * (rec['start'] - rec['submit']),
                        outside_ms=1e3 * (received - sent - (rec['end'] - rec['submit'])),
                        before_ms=1e3 * (rec['submit'] - sent),
+                       dds_in_ms=1e3 * (rec['receipt'] - sent),
+                       slot_ms=1e3 * (rec['taken'] - rec['receipt']),
+                       convert_ms=1e3 * (rec['converted'] - rec['taken']),
+                       to_submit_ms=1e3 * (rec['submit'] - rec['converted']),
                        after_ms=1e3 * (received - rec['end']),
                        forwards=rec['forwards'], tokens=rec['tokens'],
                        overlap=any(s < rec['start'] < e and (s, e) != (rec['start'], rec['end'])
@@ -128,7 +139,8 @@ def frame_table(trace, recorder, pauses, chunk_steps, period_s):
 
 def summarize(rows, mode):
     keys = ('latency_ms', 'engine_ms', 'wait_ms', 'compute_ms', 'outside_ms', 'before_ms',
-            'after_ms', 'forwards', 'gc_ms')
+            'dds_in_ms', 'slot_ms', 'convert_ms', 'to_submit_ms', 'after_ms', 'forwards',
+            'gc_ms')
     lines = [f'## {mode}: {len(rows)} frames answered', '',
              '| column | p50 | p99 | max |', '|---|---|---|---|']
     for key in keys:
