@@ -45,6 +45,10 @@
 #   bash bench/gpu_suite.sh pi0fast   pi0-FAST at PaliGemma-3B's shape, random weights: ms per
 #                                     chunk of HF eager, AR, spec and pipeline_spec
 #                                     (bench/gpu_pi0fast.py, 32-token chunks)
+#   bash bench/gpu_suite.sh reasoning a reasoning VLA's step at ECoT-7B's shape, random weights:
+#                                     ms per step of HF generate, AR and the spec modes with an
+#                                     oracle chain at the embedded reasoning model's tokens per
+#                                     forward, 200 reasoning tokens (bench/gpu_reasoning.py)
 #   bash bench/gpu_suite.sh paced-fp8 4 robots at a paced 25 Hz with FP8 decoder weights
 #   bash bench/gpu_suite.sh table-paced  the table-prefill rows with AR, then 1, 2 and 4 robots
 #                                     each at a paced 25 Hz camera (AR and the default
@@ -159,6 +163,9 @@ for part in "$@"; do
         pi0fast)
             bounded python3 bench/gpu_pi0fast.py --out "$RESULTS" --frames 4 --warmup 1 \
                 --tokens 32 2>&1 | tee "$RESULTS/log-pi0fast.txt" || status=1 ;;
+        reasoning)
+            bounded python3 bench/gpu_reasoning.py --out "$RESULTS" --frames 4 --warmup 1 \
+                --reasoning-tokens 200 2>&1 | tee "$RESULTS/log-reasoning.txt" || status=1 ;;
         paced-fp8)
             bounded $GPU --graphs on --streams 1 --frames 12 --warmup 4 --parts paced \
                 --baselines '' --weight-dtype fp8 --camera-hz 25 --paced-robots 4 \
@@ -175,7 +182,7 @@ for part in "$@"; do
                 --rows prefill --baselines eager \
                 --progress-file "$RESULTS/rows-table-prefill.json" 2>&1 \
                 | tee "$RESULTS/log-table-prefill.txt" || status=1 ;;
-        *) echo "unknown part: $part (tests, graph-tests, table, table-on, table-off, kernels-ab, fidelity, fidelity-bins, engine-tests, table-long, table-eagle, table-temporal, table-streams, attention-ab, fp8, pi0fast, paced-fp8, table-prefill, table-paced)"; exit 2 ;;
+        *) echo "unknown part: $part (tests, graph-tests, table, table-on, table-off, kernels-ab, fidelity, fidelity-bins, engine-tests, table-long, table-eagle, table-temporal, table-streams, attention-ab, fp8, pi0fast, reasoning, paced-fp8, table-prefill, table-paced)"; exit 2 ;;
     esac
     echo "== part $part: $(( $(date +%s) - start )) s"
 done

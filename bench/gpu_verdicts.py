@@ -17,6 +17,8 @@ cut short by their time limit, and says so. The targets:
   target <= 45;
 - FP8 (fp8 part): action tokens within 1 bin of the model dtype's, target >= 99 %, and the
   step-time ratio per mode (reported, no target);
+- the reasoning step (``reasoning-*.json`` of bench/gpu_reasoning.py): the default
+  configuration's (pipeline_spec) p50 ms per step over AR's, target <= 0.25;
 - the GPU test logs: passed / failed / skipped per log, target no failure.
 
 A target with no data in the folder is listed as "not measured". Thresholds are the issue's;
@@ -39,6 +41,7 @@ FLEET_MIN_ANSWERED = 0.99
 FLEET_MAX_P99_MS = 40.0
 AR_MAX_MS_PER_ACTION = 45.0
 FP8_MIN_WITHIN_ONE_BIN = 0.99
+REASONING_MAX_OVER_AR = 0.25
 
 
 def _verdict(ok: bool | None) -> str:
@@ -98,6 +101,19 @@ def fp8(records: list[dict]) -> tuple[str, bool | None]:
             within >= FP8_MIN_WITHIN_ONE_BIN)
 
 
+def reasoning_step(records: list[dict]) -> tuple[str, bool | None]:
+    """The default's p50 per reasoning step over AR's, in the newest record holding both."""
+    for record in reversed(records):
+        rows = {row['label'].split(' ')[0]: row for row in record.get('rows', [])}
+        if 'ar' in rows and 'pipeline_spec' in rows:
+            ratio = rows['pipeline_spec']['latency_p50_ms'] / rows['ar']['latency_p50_ms']
+            return (f"default {rows['pipeline_spec']['latency_p50_ms']:.1f} ms per step against "
+                    f"AR's {rows['ar']['latency_p50_ms']:.1f} ({ratio:.3f} x AR; target <= "
+                    f'{REASONING_MAX_OVER_AR}; {record.get("tokens_per_step")} tokens per step)',
+                    ratio <= REASONING_MAX_OVER_AR)
+    return 'no reasoning part', None
+
+
 TEST_SUMMARY = re.compile(r'^(?:=+ )?((?:\d+ (?:passed|failed|skipped|errors?|deselected)'
                           r'(?:, )?)+)(?: in [\d.]+s)?', re.MULTILINE)
 
@@ -141,6 +157,8 @@ def verdicts(folder: Path) -> list[tuple[str, str, bool | None]]:
              (f'{FLEET_ROBOTS} robots at the paced camera rate', fleet),
              ('AR per action', ar_action),
              ('FP8 fidelity (and speed)', fp8))]
+    reasoning = [json.loads(p.read_text()) for p in sorted(folder.rglob('reasoning-*.json'))]
+    rows.append(('reasoning step (ECoT shape)', *reasoning_step(reasoning)))
     rows += [(f'tests: {name}', summary, ok) for name, summary, ok in test_logs(folder)]
     rows += [('progress file', f'{name}: unreadable, skipped', None) for name in unreadable]
     return rows

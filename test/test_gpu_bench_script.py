@@ -372,3 +372,24 @@ def test_pi0fast_gpu_bench_smoke_run_times_every_path(tmp_path):
     assert labels == ['hf', 'ar', 'spec', 'pipeline_spec']
     assert all(r['tokens_per_action'] == record['tokens'] for r in record['rows'])
     assert all(r['ms_per_chunk'] > 0 for r in record['rows'])
+
+
+def test_reasoning_gpu_bench_smoke_run_times_every_path(tmp_path):
+    """bench/gpu_reasoning.py on ecot-tiny on the CPU (random weights built in memory, the text
+    budget run out on every path): HF generate, ar, spec and pipeline_spec rows; the engine's
+    rows checked token-equal to the eager AR reference inside the script (a row that is not
+    would be a failure and a non-zero exit); the oracle chain needs fewer forwards than AR."""
+    done = subprocess.run([sys.executable, str(BENCH / 'gpu_reasoning.py'), '--smoke', '--out',
+                           str(tmp_path)], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    record = json.loads(next(tmp_path.glob('reasoning-ecot-tiny-*.json')).read_text())
+    assert record['failures'] == []
+    rows = {r['label'].split(' ')[0]: r for r in record['rows']}
+    assert list(rows) == ['hf', 'ar', 'spec', 'pipeline_spec']
+    assert rows['ar']['forwards_per_action'] == record['tokens_per_step'] > 40
+    for mode in ('spec', 'pipeline_spec'):
+        assert rows[mode]['forwards_per_action'] < rows['ar']['forwards_per_action'] / 4
+    assert all(r['ms_per_step'] > 0 for r in record['rows'])
+    from gpu_verdicts import reasoning_step
+    text, ok = reasoning_step([record])
+    assert ok is not None and 'x AR' in text

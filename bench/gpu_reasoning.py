@@ -1,0 +1,215 @@
+"""A reasoning VLA's control step at its published shape (preset ``ecot-openvla-7b-bridge``:
+OpenVLA-7B with ECoT's prompt and codec), random weights built on the device: ms per step of
+the transformers baseline (``generate`` with the same budget), the engine's AR, and the spec
+modes drafting the AR tokens at the embedded reasoning model's measured acceptance.
+
+Random weights never write ``ACTION:``, so every step runs to its text budget
+(``--reasoning-tokens``, 200 by default) and is then refused for want of an action; the
+refusal costs the same on every path, and every path decodes the same tokens (checked against
+the eager AR reference). A random model's own outputs say nothing about a trained one's
+drafts, so the spec rows draft with an oracle chain (testing.OracleDrafter): the AR tokens with
+a per-position error rate chosen so that a verifier forward gains ``--tokens-per-forward``
+tokens on average (12.2 by default: metaworld-demo-reason's default mode, 66 tokens per step
+in 5.4 forwards, docs/reasoning.md), in chains of up to ``--chain`` tokens per forward.
+
+    python3 bench/gpu_reasoning.py --out DIR              # CUDA, bf16, the 7B shape
+    python3 bench/gpu_reasoning.py --smoke --out DIR      # CPU, float32, ecot-tiny: the script
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from vla_spec_ros.bench import bench_engine, bench_hf, environment, make_frames  # noqa: E402
+from vla_spec_ros.config import EngineConfig  # noqa: E402
+from vla_spec_ros.engine.ar import reference_tokens  # noqa: E402
+from vla_spec_ros.engine.device.runner import TORCH_DTYPES, ModelRunner  # noqa: E402
+from vla_spec_ros.engine.engine import Engine  # noqa: E402
+from vla_spec_ros.models.ecot.baseline import make_baseline  # noqa: E402
+from vla_spec_ros.models.ecot.checkpoint import SAMPLE_REASONINGS  # noqa: E402
+from vla_spec_ros.models.ecot.model import EcotVLA  # noqa: E402
+from vla_spec_ros.models.ecot.prompt import EcotPrompt  # noqa: E402
+from vla_spec_ros.models.openvla.checkpoint import init_random_  # noqa: E402
+from vla_spec_ros.models.openvla.prompt import PromptTokenizer, build_tokenizer  # noqa: E402
+from vla_spec_ros.models.openvla.random_checkpoint import synthetic_norm_stats  # noqa: E402
+from vla_spec_ros.models.registry import preset  # noqa: E402
+from vla_spec_ros.testing import OracleDrafter  # noqa: E402
+
+TOKENIZER_VOCAB = 1024      # a small real tokenizer; the 7B vocabulary only sizes the tables
+
+
+def chain_tokens_per_forward(error_rate: float, chain: int) -> float:
+    """Expected tokens a verifier forward gains from an oracle chain of ``chain`` drafts, each
+    wrong with probability ``error_rate``: the accepted prefix plus the bonus token."""
+    keep = 1.0 - error_rate
+    return 1.0 + sum(keep ** k for k in range(1, chain + 1))
+
+
+def error_rate_for(tokens_per_forward: float, chain: int) -> float:
+    """The error rate whose chain gains ``tokens_per_forward`` (bisection; clipped to what a
+    chain of ``chain`` can give: 1 to chain + 1)."""
+    target = min(max(tokens_per_forward, 1.0), chain + 1.0)
+    low, high = 0.0, 1.0
+    for _ in range(60):
+        mid = (low + high) / 2
+        if chain_tokens_per_forward(mid, chain) > target:
+            low = mid
+        else:
+            high = mid
+    return (low + high) / 2
+
+
+def build(name: str, device: str, dtype: str, budget: int, seed: int):
+    """Preset ``name`` with random weights materialised on the device in ``dtype``, a small
+    tokenizer that knows ECoT's tags, synthetic statistics -> (model, cfg, prompt, stats)."""
+    cfg = dataclasses.replace(preset(name), max_reasoning_tokens=budget)
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(TORCH_DTYPES[dtype])
+    try:
+        with torch.device(device):
+            torch.manual_seed(seed)
+            model = EcotVLA(cfg)
+            init_random_(model)
+    finally:
+        torch.set_default_dtype(previous)
+    tokenizer = build_tokenizer(min(cfg.pad_token_id, TOKENIZER_VOCAB), seed,
+                                extra_text=list(SAMPLE_REASONINGS) * 50)
+    prompt = EcotPrompt(PromptTokenizer(tokenizer))
+    model.use_prompt(prompt)
+    return model.eval(), cfg, prompt, synthetic_norm_stats(cfg.action_dim, seed)
+
+
+def measure(args) -> dict:
+    start = time.perf_counter()
+    model, cfg, prompt, norm_stats = build(args.preset, args.device, args.dtype,
+                                           args.reasoning_tokens, args.seed)
+    print(f'built {args.preset} ({sum(p.numel() for p in model.parameters()) / 1e9:.2f} B '
+          f'parameters) in {time.perf_counter() - start:.1f} s', flush=True)
+    base = dict(device=args.device, dtype=args.dtype, max_reasoning_tokens=args.reasoning_tokens,
+                use_cuda_graphs=args.device == 'cuda' and not args.no_graphs)
+    runner = ModelRunner(model, cfg, prompt, EngineConfig(**base), codec=model.action_codec())
+    key = sorted(norm_stats)[0]
+    frames = make_frames(args.warmup + args.frames, runner.image_size, args.seed, key)
+    reference = reference_tokens(runner, frames, EngineConfig(**{**base,
+                                                                 'use_cuda_graphs': False}))
+    rate = error_rate_for(args.tokens_per_forward, args.chain)
+    rows, failures = [], []
+
+    def record(label, make_row):
+        try:
+            row = make_row()
+        except Exception as exc:     # noqa: BLE001 - one failing row keeps the others
+            failures.append(f'{label}: {type(exc).__name__}: {exc}')
+            print(failures[-1], flush=True)
+            return
+        out = asdict(row)
+        out.update(label=label, ms_per_step=1e3 / row.actions_per_s)
+        rows.append(out)
+        print(f'{label}: {out["ms_per_step"]:.1f} ms per step, p50 {row.latency_p50_ms:.1f} ms, '
+              f'{row.forwards_per_action:.1f} verifier forwards per step, '
+              f'{row.tokens_per_action:.0f} tokens per step', flush=True)
+
+    def engine_row(mode):
+        draft = None
+        options = dict(base)
+        if mode in ('spec', 'pipeline_spec'):
+            # Request ids count the frames through every pass of this engine, in order.
+            draft = OracleDrafter(lambda rid: reference[rid % len(frames)],
+                                  runner.max_action_tokens, rate, seed=args.seed)
+            options.update(tree_depth=args.chain, tree_top_k=1, tree_max_nodes=args.chain + 1)
+        engine = Engine(runner, norm_stats, EngineConfig(mode=mode, **options), draft=draft)
+        row = bench_engine(engine, frames, args.warmup)
+        tokens = [fin.result.tokens for fin in _tokens_of(engine, frames)]
+        if tokens != reference:
+            raise AssertionError(f'{mode}: tokens differ from the eager AR reference')
+        return row
+
+    if not args.no_hf:
+        record('hf generate (eager, same budget)',
+               lambda: bench_hf(make_baseline(runner, EngineConfig(**base)), frames,
+                                args.warmup))
+    for mode in ('ar', 'spec', 'pipeline_spec'):
+        label = mode if mode == 'ar' else (f'{mode} (oracle chain, {args.tokens_per_forward:g} '
+                                           'tokens per forward)')
+        record(label, lambda mode=mode: engine_row(mode))
+    return {'rows': rows, 'failures': failures, 'error_rate': rate,
+            'tokens_per_step': len(reference[0]) if reference else 0}
+
+
+def _tokens_of(engine, frames):
+    """Every frame once more through ``engine`` (a fresh request each), in order."""
+    for frame in frames:
+        engine.submit(frame)
+    return sorted(engine.run_until_idle(), key=lambda fin: fin.request_id)[-len(frames):]
+
+
+def format_rows(result: dict) -> str:
+    rows = result['rows']
+    ar = next((r for r in rows if r['label'] == 'ar'), None)
+    hf = next((r for r in rows if r['label'].startswith('hf')), None)
+    lines = ['| row | ms per step | p50 ms | verifier forwards per step | x AR ms | x HF ms |',
+             '|---|---|---|---|---|---|']
+    for r in rows:
+        x_ar = f'{r["ms_per_step"] / ar["ms_per_step"]:.3f}' if ar else '-'
+        x_hf = f'{r["ms_per_step"] / hf["ms_per_step"]:.3f}' if hf else '-'
+        lines.append(f'| {r["label"]} | {r["ms_per_step"]:.1f} | {r["latency_p50_ms"]:.1f} | '
+                     f'{r["forwards_per_action"]:.1f} | {x_ar} | {x_hf} |')
+    return '\n'.join(lines)
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
+    parser.add_argument('--smoke', action='store_true',
+                        help='CPU, float32, ecot-tiny, 40 reasoning tokens: checks the script')
+    parser.add_argument('--preset', default='ecot-openvla-7b-bridge')
+    parser.add_argument('--device', default='cuda')
+    parser.add_argument('--dtype', default='bfloat16')
+    parser.add_argument('--reasoning-tokens', type=int, default=200)
+    parser.add_argument('--tokens-per-forward', type=float, default=12.2)
+    parser.add_argument('--chain', type=int, default=16, help='draft tokens per forward (<= 16)')
+    parser.add_argument('--frames', type=int, default=4)
+    parser.add_argument('--warmup', type=int, default=1)
+    parser.add_argument('--seed', type=int, default=0)
+    parser.add_argument('--no-hf', action='store_true')
+    parser.add_argument('--no-graphs', action='store_true')
+    parser.add_argument('--out', default=None)
+    args = parser.parse_args(argv)
+    if args.smoke:
+        args.preset, args.device, args.dtype = 'ecot-tiny', 'cpu', 'float32'
+        args.reasoning_tokens, args.frames = min(args.reasoning_tokens, 40), 2
+    result = measure(args)
+    table = format_rows(result)
+    given = sys.argv[1:] if argv is None else argv
+    text = '\n'.join([
+        f'# A reasoning step at {args.preset}\'s shape ({time.strftime("%Y-%m-%d %H:%M:%S")})',
+        '', f'command: `python3 bench/gpu_reasoning.py {" ".join(given)}`', '',
+        f'{result["tokens_per_step"]} tokens per step (the {args.reasoning_tokens}-token budget '
+        f'run out: random weights), oracle error rate {result["error_rate"]:.4f} per draft '
+        f'token, chains of {args.chain}', '', table, '',
+        *(f'- FAILED {f}' for f in result['failures'])])
+    print(text)
+    if args.out:
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        stem = out / f'reasoning-{args.preset}-{time.strftime("%Y%m%d-%H%M%S")}'
+        stem.with_suffix('.md').write_text(text + '\n')
+        stem.with_suffix('.json').write_text(json.dumps(
+            {'args': vars(args), 'environment': environment(), **result}, indent=1,
+            default=str))
+        print(f'written {stem}.md')
+    return 1 if result['failures'] else 0
+
+
+if __name__ == '__main__':
+    sys.exit(main())
