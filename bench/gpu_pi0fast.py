@@ -64,6 +64,14 @@ def measure(args) -> list[dict]:
     if not args.no_hf:
         record(bench_hf(make_baseline(runner, EngineConfig(**base)), frames, args.warmup),
                'hf eager')
+        if not args.no_compiled:
+            # The static-cache + torch.compile baseline (its compilation falls in the warm-up
+            # frames); the smoke run goes through torch.compile's cheap "eager" backend.
+            from vla_spec_ros.models.pi0fast.baseline import PaliGemmaBaseline
+            compiled = PaliGemmaBaseline(runner, EngineConfig(**base), variant='compiled',
+                                         compile_backend='eager' if args.smoke else 'inductor')
+            record(bench_hf(compiled, frames, args.warmup), 'hf compiled')
+            compiled = None
     for mode in ('ar', 'spec', 'pipeline_spec'):
         try:
             engine = Engine(runner, norm_stats, EngineConfig(mode=mode, **base))
@@ -78,11 +86,13 @@ def measure(args) -> list[dict]:
 
 def format_rows(rows: list[dict]) -> str:
     hf = next((r for r in rows if r['label'] == 'hf eager'), None)
-    lines = ['| path | ms / chunk | vs HF eager | p50 ms | tokens / chunk | '
-             'tokens / verifier forward |', '|---|---|---|---|---|---|']
+    compiled = next((r for r in rows if r['label'] == 'hf compiled'), None)
+    lines = ['| path | ms / chunk | vs HF eager | vs HF compiled | p50 ms | tokens / chunk | '
+             'tokens / verifier forward |', '|---|---|---|---|---|---|---|']
     for r in rows:
         ratio = f'{r["ms_per_chunk"] / hf["ms_per_chunk"]:.3f}' if hf else '–'
-        lines.append(f'| {r["label"]} | {r["ms_per_chunk"]:.1f} | {ratio} | '
+        ratio_c = f'{r["ms_per_chunk"] / compiled["ms_per_chunk"]:.3f}' if compiled else '–'
+        lines.append(f'| {r["label"]} | {r["ms_per_chunk"]:.1f} | {ratio} | {ratio_c} | '
                      f'{r["latency_p50_ms"]:.1f} | {r["tokens_per_action"]:.1f} | '
                      f'{r["acceptance_length"]:.2f} |')
     return '\n'.join(lines)
@@ -99,6 +109,8 @@ def main(argv=None) -> int:
     p.add_argument('--warmup', type=int, default=2)
     p.add_argument('--seed', type=int, default=0)
     p.add_argument('--no-hf', action='store_true')
+    p.add_argument('--no-compiled', action='store_true',
+                   help='without the static-cache + torch.compile baseline row')
     p.add_argument('--smoke', action='store_true',
                    help='CPU, float32, pi0fast-tiny: checks the script, timings meaningless')
     p.add_argument('--out', type=Path, default=ROOT / 'bench' / 'results' / 'gpu')

@@ -188,6 +188,9 @@ def main(argv=None):
     if args.smoke:
         args.preset, args.device, args.dtype = 'ecot-tiny', 'cpu', 'float32'
         args.reasoning_tokens, args.frames = min(args.reasoning_tokens, 40), 2
+    elif not torch.cuda.is_available() and args.device.startswith('cuda'):
+        print('gpu_reasoning: CUDA is required (use --smoke to check the script on CPU)')
+        return 0
     result = measure(args)
     table = format_rows(result)
     given = sys.argv[1:] if argv is None else argv

@@ -19,6 +19,9 @@ cut short by their time limit, and says so. The targets:
   step-time ratio per mode (reported, no target);
 - the reasoning step (``reasoning-*.json`` of bench/gpu_reasoning.py): the default
   configuration's (pipeline_spec) p50 ms per step over AR's, target <= 0.25;
+- pi0-FAST (``pi0fast-*.json`` of bench/gpu_pi0fast.py): the default configuration's
+  (pipeline_spec) ms per chunk over the compiled transformers baseline's (it stops at the
+  codec's end marker, as the engine does), target <= 0.25;
 - the GPU test logs: passed / failed / skipped per log, target no failure.
 
 A target with no data in the folder is listed as "not measured". Thresholds are the issue's;
@@ -42,6 +45,7 @@ FLEET_MAX_P99_MS = 40.0
 AR_MAX_MS_PER_ACTION = 45.0
 FP8_MIN_WITHIN_ONE_BIN = 0.99
 REASONING_MAX_OVER_AR = 0.25
+PI0FAST_MAX_OVER_COMPILED = 0.25
 
 
 def _verdict(ok: bool | None) -> str:
@@ -114,6 +118,19 @@ def reasoning_step(records: list[dict]) -> tuple[str, bool | None]:
     return 'no reasoning part', None
 
 
+def pi0fast_chunk(records: list[dict]) -> tuple[str, bool | None]:
+    """The default's ms per chunk over the compiled baseline's, in the newest record with both."""
+    for record in reversed(records):
+        rows = {row['label'].split(' (')[0]: row for row in record.get('rows', [])}
+        if 'hf compiled' in rows and 'pipeline_spec' in rows:
+            ratio = rows['pipeline_spec']['ms_per_chunk'] / rows['hf compiled']['ms_per_chunk']
+            return (f"default {rows['pipeline_spec']['ms_per_chunk']:.1f} ms per chunk against "
+                    f"HF compiled {rows['hf compiled']['ms_per_chunk']:.1f} ({ratio:.3f} x; "
+                    f'target <= {PI0FAST_MAX_OVER_COMPILED}; {record.get("tokens")} tokens)',
+                    ratio <= PI0FAST_MAX_OVER_COMPILED)
+    return 'no pi0fast part with a compiled baseline', None
+
+
 TEST_SUMMARY = re.compile(r'^(?:=+ )?((?:\d+ (?:passed|failed|skipped|errors?|deselected)'
                           r'(?:, )?)+)(?: in [\d.]+s)?', re.MULTILINE)
 
@@ -159,6 +176,8 @@ def verdicts(folder: Path) -> list[tuple[str, str, bool | None]]:
              ('FP8 fidelity (and speed)', fp8))]
     reasoning = [json.loads(p.read_text()) for p in sorted(folder.rglob('reasoning-*.json'))]
     rows.append(('reasoning step (ECoT shape)', *reasoning_step(reasoning)))
+    pi0fast = [json.loads(p.read_text()) for p in sorted(folder.rglob('pi0fast-*.json'))]
+    rows.append(('pi0-FAST against the compiled baseline', *pi0fast_chunk(pi0fast)))
     rows += [(f'tests: {name}', summary, ok) for name, summary, ok in test_logs(folder)]
     rows += [('progress file', f'{name}: unreadable, skipped', None) for name in unreadable]
     return rows

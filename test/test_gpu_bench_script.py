@@ -363,15 +363,19 @@ def test_decode_floor_counts_each_weight_once_and_names_kernel_categories(tmp_pa
 
 def test_pi0fast_gpu_bench_smoke_run_times_every_path(tmp_path):
     """bench/gpu_pi0fast.py on pi0fast-tiny on the CPU (random weights built in memory):
-    HF eager, ar, spec and pipeline_spec rows, every chunk the same number of tokens."""
+    HF eager, HF compiled (static cache), ar, spec and pipeline_spec rows, every chunk the same
+    number of tokens; the pi0-FAST verdict reads the record."""
     done = subprocess.run([sys.executable, str(BENCH / 'gpu_pi0fast.py'), '--smoke', '--out',
                            str(tmp_path)], capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-2000:]
     record = json.loads(next(tmp_path.glob('pi0fast-pi0fast-tiny-cpu-*.json')).read_text())
-    labels = [r['label'].split(' ')[0] for r in record['rows']]
-    assert labels == ['hf', 'ar', 'spec', 'pipeline_spec']
+    labels = [r['label'].split(' (')[0] for r in record['rows']]
+    assert labels == ['hf eager', 'hf compiled', 'ar', 'spec', 'pipeline_spec']
     assert all(r['tokens_per_action'] == record['tokens'] for r in record['rows'])
     assert all(r['ms_per_chunk'] > 0 for r in record['rows'])
+    from gpu_verdicts import pi0fast_chunk
+    text, ok = pi0fast_chunk([record])
+    assert ok is not None and 'compiled' in text
 
 
 def test_reasoning_gpu_bench_smoke_run_times_every_path(tmp_path):

@@ -211,3 +211,36 @@ def test_an_eagle_draft_head_gives_the_reference_tokens(loaded, options):
     runner, config = runner_for(loaded, mode='ar')
     assert run_engine(loaded, frames, max_inflight=3, **options) == \
         reference_tokens(runner, frames, config)
+
+
+@pytest.mark.parametrize('variant', ['eager', 'compiled'])
+def test_the_baseline_stops_where_the_model_stops(loaded, hf_model, variant):
+    """The package's transformers baseline (models/pi0fast/baseline.py) decodes what
+    transformers' own PaliGemma decodes, ends each frame at the codec's end marker as the engine
+    does, and its compiled variant (one StaticCache reset per frame, generate's compiled
+    decode; torch.compile's "eager" backend here, so it runs on a CPU) gives the same tokens,
+    frame after frame."""
+    from vla_spec_ros.models.pi0fast.baseline import PaliGemmaBaseline
+
+    frames = make_frames(4, 1, seed=21)
+    runner, config = runner_for(loaded, mode='ar')
+    first = reference_tokens(runner, frames[:1], config)[0]
+    codec = loaded.codec
+    end = next(t for t in first[2:] if not codec.is_action_token(t)
+               and t not in codec.prefix_tokens + codec.suffix_tokens)
+    runner, config = runner_for(loaded, _codec_ending_at(loaded, end), mode='ar')
+    baseline = PaliGemmaBaseline(runner, config, variant=variant, compile_backend='eager')
+    assert baseline.label == ('hf' if variant == 'eager' else 'hf_compiled')
+    got = [tuple(baseline.generate_frame(f)) for f in frames]
+    expected = [hf_tokens(hf_model, runner, f, runner.codec.max_tokens, end) for f in frames]
+    assert got == expected
+    assert any(len(t) < runner.codec.max_tokens and t[-1] == end for t in got)
+    assert got == [tuple(t) for t in run_engine(loaded, frames, codec=runner.codec, mode='ar')]
+
+
+def test_the_baseline_variant_is_checked(loaded):
+    from vla_spec_ros.models.pi0fast.baseline import PaliGemmaBaseline
+
+    runner, config = runner_for(loaded, mode='ar')
+    with pytest.raises(ValueError, match='variant'):
+        PaliGemmaBaseline(runner, config, variant='fast')

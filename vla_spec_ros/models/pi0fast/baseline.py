@@ -1,7 +1,15 @@
 """pi0-FAST's transformers baseline: the same weights in
 ``transformers.PaliGemmaForConditionalGeneration``, greedy ``generate`` with ``token_type_ids``
 marking the bidirectional prefix, stopping at the codec's end marker or ``max_tokens``, as
-openpi decodes.
+openpi decodes (and LeRobot's pi0_fast, which stops at ``|``: a baseline that decoded past the
+model's end would flatter every ratio against it).
+
+Two variants, as OpenVLA's (models/openvla/baseline.py):
+- ``eager``: ``generate`` with its default dynamic KV cache;
+- ``compiled``: a ``StaticCache`` of fixed length (allocated once, reset per frame) and
+  ``torch.compile`` of the decode forward, which ``generate`` applies itself when the cache is
+  static (``CompileConfig``: inductor, "reduce-overhead"); ``compile_backend`` lets CPU tests
+  run the same path through a cheap backend.
 
 A baseline runs on an engine's ``ModelRunner`` (its prompt, preprocessing and weights): it is
 handed the runner and the frames, and never builds either (baseline.py, above the engine, does).
@@ -13,10 +21,11 @@ import torch
 from .checkpoint import hf_name, paligemma_config_json
 
 
+VARIANTS = ('eager', 'compiled')
+
+
 def make_baseline(runner, engine_config, variant: str = 'eager') -> 'PaliGemmaBaseline':
-    if variant != 'eager':
-        raise ValueError(f'variant {variant!r}: the PaliGemma baseline is eager only')
-    return PaliGemmaBaseline(runner, engine_config)
+    return PaliGemmaBaseline(runner, engine_config, variant=variant)
 
 
 class PaliGemmaBaseline:
@@ -24,13 +33,16 @@ class PaliGemmaBaseline:
     vision tower included; our preprocessing and prompt ids (one camera and the zero state of
     ``Frame``'s defaults, or what ``generate_frame`` is given)."""
 
-    label = 'hf'
-
-    def __init__(self, runner, engine_config):
+    def __init__(self, runner, engine_config, variant: str = 'eager',
+                 compile_backend: str = 'inductor'):
         from transformers import PaliGemmaConfig, PaliGemmaForConditionalGeneration
 
+        if variant not in VARIANTS:
+            raise ValueError(f'variant {variant!r}: the PaliGemma baseline is one of '
+                             f'{VARIANTS}')
         self.runner = runner
         self.engine_config = engine_config
+        self.variant = variant
         hf_cfg = PaliGemmaConfig(**paligemma_config_json(runner.cfg))
         with torch.device(runner.device):
             model = PaliGemmaForConditionalGeneration(hf_cfg).to(dtype=runner.dtype)
@@ -43,6 +55,23 @@ class PaliGemmaBaseline:
         model.tie_weights()
         self.model = model.eval()
         self.image_token_id = hf_cfg.image_token_id
+        self._generate_kwargs = {}
+        if variant == 'compiled':
+            from transformers import StaticCache
+            from transformers.generation.configuration_utils import CompileConfig
+            longest = (runner.max_prefix_len(engine_config.max_instruction_tokens)
+                       + runner.codec.max_tokens)
+            self.cache = StaticCache(config=self.model.config, max_cache_len=longest)
+            compile_config = CompileConfig(fullgraph=True, mode='reduce-overhead',
+                                           backend=compile_backend)
+            # generate() compiles only on accelerators unless told to compile everywhere.
+            compile_config._compile_all_devices = True
+            self._generate_kwargs.update(past_key_values=self.cache,
+                                         compile_config=compile_config)
+
+    @property
+    def label(self) -> str:
+        return 'hf' if self.variant == 'eager' else 'hf_compiled'
 
     @torch.no_grad()
     def generate_frame(self, frame) -> list[int]:
@@ -55,12 +84,15 @@ class PaliGemmaBaseline:
         input_ids = torch.tensor([[self.image_token_id] * num_image_rows + ids],
                                  device=runner.device)
         codec = runner.codec
+        if self.variant == 'compiled':
+            self.cache.reset()          # the one static cache, reused frame after frame
         out = self.model.generate(input_ids=input_ids, pixel_values=pixels,
                                   attention_mask=torch.ones_like(input_ids),
                                   token_type_ids=torch.zeros_like(input_ids),
                                   max_new_tokens=codec.max_tokens, do_sample=False,
-                                  num_beams=1, eos_token_id=codec.end_token, pad_token_id=0)
+                                  num_beams=1, eos_token_id=codec.end_token, pad_token_id=0,
+                                  **self._generate_kwargs)
         return [int(t) for t in out[0, input_ids.shape[1]:]]
 
 
-__all__ = ['PaliGemmaBaseline', 'make_baseline']
+__all__ = ['PaliGemmaBaseline', 'VARIANTS', 'make_baseline']
