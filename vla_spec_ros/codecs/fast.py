@@ -74,8 +74,8 @@ DEFAULT_MAX_TOKENS = 256            # openpi's and LeRobot's max_decoding_steps
 # Draft tokens verified after a verification that accepted none (ActionCodec.draft_after_miss).
 # Measured on metaworld-demo-fast's consecutive control steps (spec mode, 1 thread, its default
 # draft): after a miss the positional chains accepted nothing in 89 % of verifications, and
-# cutting the next chain to 2 tokens took a frame's p99 from 44 to 33 ms at equal forwards
-# (0, 1 and 4 tokens: 37, 34 and 35 ms); docs/speculation.md, "After a miss".
+# cutting the next chain to 2 tokens took a frame's p99 to 0.76-0.80x the unbounded one's, at
+# equal forwards (bench/draft_after_miss.py; docs/speculation.md, "After a miss").
 DRAFT_AFTER_MISS = 2
 DEFAULT_SKIP_TOKENS = 128           # pi0-FAST leaves the last 128 ids (PaliGemma's <seg>) out
 

@@ -441,7 +441,8 @@ class PackedStrategy:
         is_final = codec.is_complete(request.tokens + list(emitted))
         request.forward_passes += 1
         request.accepted_lengths.append(len(emitted))
-        request.draft_missed = tree.num_nodes > 1 and len(acc.path_nodes) == 1
+        if tree.num_nodes > 1:          # a forward without a draft says nothing of the draft
+            request.draft_missed = len(acc.path_nodes) == 1
         advance = None
         if not is_final:
             # Compact the accepted path's KV: node i sits at logical history_len + i; the path

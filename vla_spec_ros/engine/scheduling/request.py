@@ -37,8 +37,8 @@ class Request:
     forward_passes: int = 0                                 # verifier forwards it rode in
     accepted_lengths: list[int] = field(default_factory=list)
     prefill_accepted: int = 0       # drafted tokens its prefill accepted (speculative prefill)
-    # Its last verification drafted tokens and accepted none (the codec's draft_after_miss
-    # then bounds its next draft).
+    # Its last verification that had a draft accepted none of it (the codec's
+    # draft_after_miss then bounds its next draft; a hit lifts the bound).
     draft_missed: bool = False
     # KV compaction of the last accepted tree path, (src, dst) physical ring slots: applied at
     # the start of every layer of the request's next verifier forward (before any KV write).
