@@ -32,8 +32,8 @@ class EcotBaseline(HFBaseline):
         prompt = self.runner.prepare_prompt(frame, self.engine_config)
         embeds = prompt.embeds[None]
         mask = torch.ones(embeds.shape[:2], dtype=torch.long, device=embeds.device)
-        if self.variant == 'compiled':
-            self.cache.reset()
+        if self.static is not None:
+            self.static.reset()
         codec = self.runner.codec
         out = self.model.generate(inputs_embeds=embeds, attention_mask=mask,
                                   max_new_tokens=codec.max_tokens, do_sample=False,

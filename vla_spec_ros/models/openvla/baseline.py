@@ -8,13 +8,8 @@ reference never stops early either).
 
 Two variants, both baselines (speed tables report a ratio against each):
 - ``eager``: ``generate`` with its default dynamic KV cache, as OpenVLA ships.
-- ``compiled``: what transformers' own performance guide prescribes for fast decoding, a
-  ``StaticCache`` of fixed length (allocated once, reset per frame: one shape for every
-  prompt, so one compilation) and ``torch.compile`` of the decode forward, which ``generate``
-  applies itself when the cache is static (``CompileConfig``: inductor, "reduce-overhead",
-  i.e. CUDA graphs). ``generate`` compiles only on accelerators unless the compile config
-  says otherwise; ``compile_backend`` lets CPU tests run the same static-cache path through a
-  cheap backend.
+- ``compiled``: a static cache and ``torch.compile`` of the decode forward, as transformers'
+  performance guide prescribes (models/static_generate.py, shared with the other families).
 
 A baseline runs on an engine's ``ModelRunner`` (its prompt, preprocessing and weights): it is
 handed the runner and the frames, and never builds either (baseline.py, above the engine, does).
@@ -23,6 +18,7 @@ from __future__ import annotations
 
 import torch
 
+from ..static_generate import StaticGenerate
 from .config import VLAConfig
 
 
@@ -86,20 +82,13 @@ class HFBaseline:
             self._generate_kwargs['suppress_tokens'] = [
                 t for t in range(runner.cfg.llm.vocab_size)
                 if not at.first_action_id <= t <= at.last_action_id]
+        self.static = None
         if variant == 'compiled':
-            from transformers import StaticCache
-            from transformers.generation.configuration_utils import CompileConfig
             max_prompt_len = max_prompt_len or runner.max_prefix_len(
                 engine_config.max_instruction_tokens)
-            self.cache = StaticCache(config=self.model.config,
-                                     max_cache_len=max_prompt_len + runner.max_action_tokens)
-            compile_config = CompileConfig(fullgraph=True, mode='reduce-overhead',
-                                           backend=compile_backend)
-            # generate() compiles only on accelerators unless told to compile everywhere
-            # (transformers' own switch for this; CPU tests use a cheap backend).
-            compile_config._compile_all_devices = True
-            self._generate_kwargs.update(past_key_values=self.cache,
-                                         compile_config=compile_config)
+            self.static = StaticGenerate(self.model, max_prompt_len + runner.max_action_tokens,
+                                         compile_backend)
+            self._generate_kwargs.update(self.static.kwargs)
 
     @property
     def label(self) -> str:
@@ -111,8 +100,8 @@ class HFBaseline:
         prompt = self.runner.prepare_prompt(frame, self.engine_config)
         embeds = prompt.embeds[None]
         mask = torch.ones(embeds.shape[:2], dtype=torch.long, device=embeds.device)
-        if self.variant == 'compiled':
-            self.cache.reset()          # the one static cache, reused frame after frame
+        if self.static is not None:
+            self.static.reset()
         out = self.model.generate(inputs_embeds=embeds, attention_mask=mask,
                                   max_new_tokens=self.runner.max_action_tokens,
                                   do_sample=False,

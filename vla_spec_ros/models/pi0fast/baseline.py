@@ -6,10 +6,8 @@ model's end would flatter every ratio against it).
 
 Two variants, as OpenVLA's (models/openvla/baseline.py):
 - ``eager``: ``generate`` with its default dynamic KV cache;
-- ``compiled``: a ``StaticCache`` of fixed length (allocated once, reset per frame) and
-  ``torch.compile`` of the decode forward, which ``generate`` applies itself when the cache is
-  static (``CompileConfig``: inductor, "reduce-overhead"); ``compile_backend`` lets CPU tests
-  run the same path through a cheap backend.
+- ``compiled``: a static cache and ``torch.compile`` of the decode forward
+  (models/static_generate.py).
 
 A baseline runs on an engine's ``ModelRunner`` (its prompt, preprocessing and weights): it is
 handed the runner and the frames, and never builds either (baseline.py, above the engine, does).
@@ -18,6 +16,7 @@ from __future__ import annotations
 
 import torch
 
+from ..static_generate import StaticGenerate
 from .checkpoint import hf_name, paligemma_config_json
 
 
@@ -55,19 +54,9 @@ class PaliGemmaBaseline:
         model.tie_weights()
         self.model = model.eval()
         self.image_token_id = hf_cfg.image_token_id
-        self._generate_kwargs = {}
-        if variant == 'compiled':
-            from transformers import StaticCache
-            from transformers.generation.configuration_utils import CompileConfig
-            longest = (runner.max_prefix_len(engine_config.max_instruction_tokens)
-                       + runner.codec.max_tokens)
-            self.cache = StaticCache(config=self.model.config, max_cache_len=longest)
-            compile_config = CompileConfig(fullgraph=True, mode='reduce-overhead',
-                                           backend=compile_backend)
-            # generate() compiles only on accelerators unless told to compile everywhere.
-            compile_config._compile_all_devices = True
-            self._generate_kwargs.update(past_key_values=self.cache,
-                                         compile_config=compile_config)
+        self.static = StaticGenerate(
+            self.model, runner.max_prefix_len(engine_config.max_instruction_tokens)
+            + runner.codec.max_tokens, compile_backend) if variant == 'compiled' else None
 
     @property
     def label(self) -> str:
@@ -84,14 +73,14 @@ class PaliGemmaBaseline:
         input_ids = torch.tensor([[self.image_token_id] * num_image_rows + ids],
                                  device=runner.device)
         codec = runner.codec
-        if self.variant == 'compiled':
-            self.cache.reset()          # the one static cache, reused frame after frame
+        if self.static is not None:
+            self.static.reset()
         out = self.model.generate(input_ids=input_ids, pixel_values=pixels,
                                   attention_mask=torch.ones_like(input_ids),
                                   token_type_ids=torch.zeros_like(input_ids),
                                   max_new_tokens=codec.max_tokens, do_sample=False,
                                   num_beams=1, eos_token_id=codec.end_token, pad_token_id=0,
-                                  **self._generate_kwargs)
+                                  **(self.static.kwargs if self.static is not None else {}))
         return [int(t) for t in out[0, input_ids.shape[1]:]]
 
 
