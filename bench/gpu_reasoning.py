@@ -31,16 +31,16 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from gpu_setup import random_on_device  # noqa: E402
 from vla_spec_ros.bench import bench_engine, bench_hf, environment, make_frames  # noqa: E402
 from vla_spec_ros.config import EngineConfig  # noqa: E402
 from vla_spec_ros.engine.ar import reference_tokens  # noqa: E402
-from vla_spec_ros.engine.device.runner import TORCH_DTYPES, ModelRunner  # noqa: E402
+from vla_spec_ros.engine.device.runner import ModelRunner  # noqa: E402
 from vla_spec_ros.engine.engine import Engine  # noqa: E402
 from vla_spec_ros.models.ecot.baseline import make_baseline  # noqa: E402
 from vla_spec_ros.models.ecot.checkpoint import SAMPLE_REASONINGS  # noqa: E402
 from vla_spec_ros.models.ecot.model import EcotVLA  # noqa: E402
 from vla_spec_ros.models.ecot.prompt import EcotPrompt  # noqa: E402
-from vla_spec_ros.models.openvla.checkpoint import init_random_  # noqa: E402
 from vla_spec_ros.models.openvla.prompt import PromptTokenizer, build_tokenizer  # noqa: E402
 from vla_spec_ros.models.openvla.random_checkpoint import synthetic_norm_stats  # noqa: E402
 from vla_spec_ros.models.registry import preset  # noqa: E402
@@ -74,20 +74,12 @@ def build(name: str, device: str, dtype: str, budget: int, seed: int):
     """Preset ``name`` with random weights materialised on the device in ``dtype``, a small
     tokenizer that knows ECoT's tags, synthetic statistics -> (model, cfg, prompt, stats)."""
     cfg = dataclasses.replace(preset(name), max_reasoning_tokens=budget)
-    previous = torch.get_default_dtype()
-    torch.set_default_dtype(TORCH_DTYPES[dtype])
-    try:
-        with torch.device(device):
-            torch.manual_seed(seed)
-            model = EcotVLA(cfg)
-            init_random_(model)
-    finally:
-        torch.set_default_dtype(previous)
+    model = random_on_device(EcotVLA, cfg, device, dtype, seed)
     tokenizer = build_tokenizer(min(cfg.pad_token_id, TOKENIZER_VOCAB), seed,
                                 extra_text=list(SAMPLE_REASONINGS) * 50)
     prompt = EcotPrompt(PromptTokenizer(tokenizer))
     model.use_prompt(prompt)
-    return model.eval(), cfg, prompt, synthetic_norm_stats(cfg.action_dim, seed)
+    return model, cfg, prompt, synthetic_norm_stats(cfg.action_dim, seed)
 
 
 def measure(args) -> dict:

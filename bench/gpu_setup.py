@@ -66,24 +66,29 @@ class Weights:
     source: str | None = None      # a checkpoint's folder (its draft head), None for presets
 
 
-def build_model(name: str, device: str, dtype: str, seed: int) -> Weights:
-    """Preset ``name`` with random weights, materialised directly on the device in the target
-    dtype (no 30 GB float32 copy on the host), a real small tokenizer (the prompt path is that
-    of a loaded checkpoint; the 7B vocabulary only sizes the embedding table) and synthetic
-    dataset statistics."""
-    cfg = preset(name)
-    torch_dtype = TORCH_DTYPES[dtype]
+def random_on_device(model_class, cfg, device: str, dtype: str, seed: int):
+    """``model_class(cfg)`` with random weights (``init_random_``), materialised directly on
+    the device in the target dtype (no 30 GB float32 copy on the host), in eval mode."""
     previous = torch.get_default_dtype()
-    torch.set_default_dtype(torch_dtype)
+    torch.set_default_dtype(TORCH_DTYPES[dtype])
     try:
         with torch.device(device):
             torch.manual_seed(seed)
-            model = OpenVLA(cfg)
+            model = model_class(cfg)
             init_random_(model)
     finally:
         torch.set_default_dtype(previous)
+    return model.eval()
+
+
+def build_model(name: str, device: str, dtype: str, seed: int) -> Weights:
+    """Preset ``name`` with random weights on the device (``random_on_device``), a real small
+    tokenizer (the prompt path is that of a loaded checkpoint; the 7B vocabulary only sizes
+    the embedding table) and synthetic dataset statistics."""
+    cfg = preset(name)
+    model = random_on_device(OpenVLA, cfg, device, dtype, seed)
     tokenizer = PromptTokenizer(build_tokenizer(min(cfg.pad_token_id, 1024), seed))
-    return Weights(model.eval(), cfg, tokenizer, synthetic_norm_stats(cfg.action_dim))
+    return Weights(model, cfg, tokenizer, synthetic_norm_stats(cfg.action_dim))
 
 
 def load_checkpoint(source: str, device: str, dtype: str, weight_dtype: str = 'auto') -> Weights:

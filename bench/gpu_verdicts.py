@@ -105,30 +105,37 @@ def fp8(records: list[dict]) -> tuple[str, bool | None]:
             within >= FP8_MIN_WITHIN_ONE_BIN)
 
 
+def _newest_ratio(records: list[dict], row: str, against: str, key: str):
+    """(record, value of ``row``, value of ``against``, their ratio) of ``key`` in the newest
+    record holding both rows (a row is named by its label up to " ("), or None."""
+    for record in reversed(records):
+        rows = {r['label'].split(' (')[0]: r for r in record.get('rows', [])}
+        if row in rows and against in rows:
+            value, base = rows[row][key], rows[against][key]
+            return record, value, base, value / base
+    return None
+
+
 def reasoning_step(records: list[dict]) -> tuple[str, bool | None]:
     """The default's p50 per reasoning step over AR's, in the newest record holding both."""
-    for record in reversed(records):
-        rows = {row['label'].split(' ')[0]: row for row in record.get('rows', [])}
-        if 'ar' in rows and 'pipeline_spec' in rows:
-            ratio = rows['pipeline_spec']['latency_p50_ms'] / rows['ar']['latency_p50_ms']
-            return (f"default {rows['pipeline_spec']['latency_p50_ms']:.1f} ms per step against "
-                    f"AR's {rows['ar']['latency_p50_ms']:.1f} ({ratio:.3f} x AR; target <= "
-                    f'{REASONING_MAX_OVER_AR}; {record.get("tokens_per_step")} tokens per step)',
-                    ratio <= REASONING_MAX_OVER_AR)
-    return 'no reasoning part', None
+    found = _newest_ratio(records, 'pipeline_spec', 'ar', 'latency_p50_ms')
+    if found is None:
+        return 'no reasoning part', None
+    record, value, base, ratio = found
+    return (f"default {value:.1f} ms per step against AR's {base:.1f} ({ratio:.3f} x AR; "
+            f'target <= {REASONING_MAX_OVER_AR}; {record.get("tokens_per_step")} tokens per '
+            'step)', ratio <= REASONING_MAX_OVER_AR)
 
 
 def pi0fast_chunk(records: list[dict]) -> tuple[str, bool | None]:
     """The default's ms per chunk over the compiled baseline's, in the newest record with both."""
-    for record in reversed(records):
-        rows = {row['label'].split(' (')[0]: row for row in record.get('rows', [])}
-        if 'hf compiled' in rows and 'pipeline_spec' in rows:
-            ratio = rows['pipeline_spec']['ms_per_chunk'] / rows['hf compiled']['ms_per_chunk']
-            return (f"default {rows['pipeline_spec']['ms_per_chunk']:.1f} ms per chunk against "
-                    f"HF compiled {rows['hf compiled']['ms_per_chunk']:.1f} ({ratio:.3f} x; "
-                    f'target <= {PI0FAST_MAX_OVER_COMPILED}; {record.get("tokens")} tokens)',
-                    ratio <= PI0FAST_MAX_OVER_COMPILED)
-    return 'no pi0fast part with a compiled baseline', None
+    found = _newest_ratio(records, 'pipeline_spec', 'hf compiled', 'ms_per_chunk')
+    if found is None:
+        return 'no pi0fast part with a compiled baseline', None
+    record, value, base, ratio = found
+    return (f'default {value:.1f} ms per chunk against HF compiled {base:.1f} ({ratio:.3f} x; '
+            f'target <= {PI0FAST_MAX_OVER_COMPILED}; {record.get("tokens")} tokens)',
+            ratio <= PI0FAST_MAX_OVER_COMPILED)
 
 
 TEST_SUMMARY = re.compile(r'^(?:=+ )?((?:\d+ (?:passed|failed|skipped|errors?|deselected)'
