@@ -88,11 +88,8 @@ def main(argv=None):
     text = '\n'.join(lines)
     print(text)
     if args.out:
-        out = pathlib.Path(args.out)
-        out.mkdir(parents=True, exist_ok=True)
-        path = out / f'draft_after_miss-{time.strftime("%Y%m%d-%H%M%S")}.md'
-        path.write_text(text + '\n')
-        print(f'written {path}')
+        from records import write_record      # bench/, beside this script
+        write_record(args.out, 'draft_after_miss', text)
 
 
 if __name__ == '__main__':

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import sys
 import time
 from dataclasses import asdict
@@ -32,6 +31,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from gpu_setup import random_on_device  # noqa: E402
+from records import write_record  # noqa: E402
 from vla_spec_ros.bench import bench_engine, bench_hf, environment, make_frames  # noqa: E402
 from vla_spec_ros.config import EngineConfig  # noqa: E402
 from vla_spec_ros.engine.ar import reference_tokens  # noqa: E402
@@ -195,14 +195,8 @@ def main(argv=None):
         *(f'- FAILED {f}' for f in result['failures'])])
     print(text)
     if args.out:
-        out = Path(args.out)
-        out.mkdir(parents=True, exist_ok=True)
-        stem = out / f'reasoning-{args.preset}-{time.strftime("%Y%m%d-%H%M%S")}'
-        stem.with_suffix('.md').write_text(text + '\n')
-        stem.with_suffix('.json').write_text(json.dumps(
-            {'args': vars(args), 'environment': environment(), **result}, indent=1,
-            default=str))
-        print(f'written {stem}.md')
+        write_record(args.out, f'reasoning-{args.preset}', text,
+                     {'args': vars(args), 'environment': environment(), **result})
     return 1 if result['failures'] else 0
 
 

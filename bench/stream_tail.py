@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import argparse
 import gc
-import json
 import os
 import pathlib
 import sys
@@ -251,13 +250,8 @@ def main(argv=None):
     text = '\n'.join(report)
     print(text)
     if args.out:
-        out = pathlib.Path(args.out)
-        out.mkdir(parents=True, exist_ok=True)
-        stem = out / f'stream_tail-{time.strftime("%Y%m%d-%H%M%S")}'
-        stem.with_suffix('.md').write_text(text + '\n')
-        stem.with_suffix('.json').write_text(json.dumps(
-            {'command': command, 'results': results}, default=str, indent=1))
-        print(f'written {stem}.md')
+        from records import write_record      # bench/, beside this script
+        write_record(args.out, 'stream_tail', text, {'command': command, 'results': results})
 
 
 if __name__ == '__main__':
