@@ -123,6 +123,25 @@ class TopicProbe:
         rclpy.try_shutdown(context=self.context)
 
 
+def call_until_answered(client, request, retry_s: float, timeout: float = TIMEOUT,
+                        what: str = 'the service'):
+    """The answered future of ``client.call_async(request)``, sent again whenever
+    ``retry_s`` pass unanswered. A server that was killed lingers in discovery beside its
+    replacement, so a request can go out before the new server has matched the client and be
+    lost (volatile): for an idempotent call, resending is the cure."""
+    deadline = time.monotonic() + timeout
+    while True:
+        future = client.call_async(request)
+        sent = time.monotonic()
+        while not future.done() and time.monotonic() - sent < retry_s:
+            time.sleep(0.002)
+        if future.done():
+            return future
+        client.remove_pending_request(future)
+        if time.monotonic() > deadline:
+            raise AssertionError(f'{what} never answered within {timeout} s')
+
+
 def wait_until(predicate, timeout=TIMEOUT, what='condition'):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

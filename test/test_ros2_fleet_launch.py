@@ -40,25 +40,17 @@ def fleet_line():
 
 
 def _enable(probe, robot):
-    """Call `/{robot}/enable` (true) until it answers. After a respawn the killed engine's
-    server lingers in discovery, so `wait_for_service` can return before the new server has
-    matched this client, and a request sent then is lost (volatile): enabling twice is
-    harmless, so a call unanswered for ENABLE_RETRY_S is sent again."""
+    """Call `/{robot}/enable` (true) until it answers: after a respawn a first request can be
+    lost (ros_probe.call_until_answered); enabling twice is harmless."""
     from std_srvs.srv import SetBool
+
+    from ros_probe import call_until_answered
 
     client = probe.create_client(SetBool, f'/{robot}/enable')
     try:
         assert client.wait_for_service(timeout_sec=TIMEOUT), f'no /{robot}/enable'
-        deadline = time.monotonic() + TIMEOUT
-        while True:
-            future = client.call_async(SetBool.Request(data=True))
-            sent = time.monotonic()
-            while not future.done() and time.monotonic() - sent < ENABLE_RETRY_S:
-                time.sleep(0.01)
-            if future.done():
-                break
-            client.remove_pending_request(future)
-            assert time.monotonic() < deadline, f'/{robot}/enable never answered'
+        future = call_until_answered(client, SetBool.Request(data=True), ENABLE_RETRY_S,
+                                     TIMEOUT, what=f'/{robot}/enable')
         assert future.result().success, future.result().message
     finally:
         probe.destroy_client(client)

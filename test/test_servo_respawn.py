@@ -78,18 +78,13 @@ def answering_time(probe_node, servo_fqn: str, timeout=TIMEOUT) -> float:
     answers nothing, so after a respawn this is the new one."""
     from rcl_interfaces.srv import GetParameters
 
+    from ros_probe import call_until_answered
+
     client = probe_node.create_client(GetParameters, f'{servo_fqn}/get_parameters')
-    deadline = time.monotonic() + timeout
     try:
-        while time.monotonic() < deadline:
-            future = client.call_async(GetParameters.Request(names=['use_sim_time']))
-            sent = time.monotonic()
-            while not future.done() and time.monotonic() - sent < 0.2:
-                time.sleep(0.002)
-            if future.done():
-                return time.time()
-            client.remove_pending_request(future)
-        raise AssertionError(f'{servo_fqn} never answered')
+        call_until_answered(client, GetParameters.Request(names=['use_sim_time']), 0.2,
+                            timeout, what=servo_fqn)
+        return time.time()
     finally:
         probe_node.destroy_client(client)
 
