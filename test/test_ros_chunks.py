@@ -149,6 +149,7 @@ def test_ensemble_leaves_out_expired_and_too_old_steps():
 
 def test_ensemble_weights():
     np.testing.assert_allclose(chunks.ensemble_weights(3, 0.0), [1 / 3] * 3)
+    assert not chunks.ensemble_weights(3, 0.0).flags.writeable     # cached: shared, read-only
     w = chunks.ensemble_weights(2, math.log(2.0))          # 1 and 1/2
     np.testing.assert_allclose(w, [2 / 3, 1 / 3])
     w = chunks.ensemble_weights(200, -10.0)                # ACT's order: the oldest weighs most
@@ -720,4 +721,43 @@ def test_without_trajectory_msgs_the_steps_still_flow(ros, chunked, chunk_node, 
         assert submitted[-1].control_step == round(stamp / CONTROL_PERIOD)
     finally:
         ros[1].remove_node(node)
+        node.destroy_node()
+
+
+@needs_ros
+@pytest.mark.skipif(not HAS_TRAJECTORY, reason='needs trajectory_msgs')
+def test_a_trajectory_topic_goes_out_only_while_subscribed(ros):
+    """The chunk's trajectory is built and sent only to the topics someone listens to (the
+    chunk's first twist waits for it); a listener that joins gets the next chunk."""
+    from rclpy.node import Node
+    from rclpy.qos import QoSProfile, ReliabilityPolicy
+    from ros_probe import Recorder, wait_until
+    from trajectory_msgs.msg import MultiDOFJointTrajectory
+
+    from vla_spec_ros.ros.twist_output import TwistOutput
+
+    context, _, probe_node = ros
+    node = Node('lazy_trajectory', context=context)
+    try:
+        output = TwistOutput(node, '/lazy_trajectory/', is_chunked=True)
+        decision = decide()
+        chunk = chunks.Chunk(decision.actions, 0.0, 0.2, node.get_clock().now().to_msg())
+        node_settings = settings(frame_id='tool0')
+        output.publish_chunk(chunk, decision.commands, node_settings)
+        assert not output._trajectory_live          # nobody listened: nothing to stop later
+
+        received = Recorder(probe_node.get_clock())
+        probe_node.create_subscription(MultiDOFJointTrajectory,
+                                       '/lazy_trajectory/velocity_trajectory', received,
+                                       QoSProfile(depth=10,
+                                                  reliability=ReliabilityPolicy.RELIABLE))
+        wait_until(lambda: output.trajectory_pub.get_subscription_count() > 0,
+                   what='the listener to match')
+        assert output.legacy_trajectory_pub.get_subscription_count() == 0
+        output.publish_chunk(chunk, decision.commands, node_settings)
+        assert output._trajectory_live
+        _, msg = wait_until(lambda: received.snapshot()[:1], what='the chunk')[0]
+        assert len(msg.points) == len(decision.commands)
+        assert msg.header.stamp == chunk.stamp
+    finally:
         node.destroy_node()

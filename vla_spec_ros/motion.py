@@ -37,23 +37,33 @@ def clamp_norm(vector: np.ndarray, max_norm: float) -> np.ndarray:
     return vector * (max_norm / norm)
 
 
-def quaternion_multiply(a, b) -> np.ndarray:
-    """Hamilton product a * b of (x, y, z, w) quaternions: the rotation b, then a."""
+def _multiply(a, b) -> tuple:
+    """quaternion_multiply on float 4-tuples (the command path calls this per step: plain
+    floats are several times faster than numpy's small arrays, and give the same values)."""
     ax, ay, az, aw = a
     bx, by, bz, bw = b
-    return np.array([aw * bx + ax * bw + ay * bz - az * by,
-                     aw * by - ax * bz + ay * bw + az * bx,
-                     aw * bz + ax * by - ay * bx + az * bw,
-                     aw * bw - ax * bx - ay * by - az * bz])
+    return (aw * bx + ax * bw + ay * bz - az * by,
+            aw * by - ax * bz + ay * bw + az * bx,
+            aw * bz + ax * by - ay * bx + az * bw,
+            aw * bw - ax * bx - ay * by - az * bz)
+
+
+def quaternion_multiply(a, b) -> np.ndarray:
+    """Hamilton product a * b of (x, y, z, w) quaternions: the rotation b, then a."""
+    return np.array(_multiply(tuple(float(v) for v in a), tuple(float(v) for v in b)))
+
+
+def _quaternion_from_rpy(roll: float, pitch: float, yaw: float) -> tuple:
+    hr, hp, hy = 0.5 * roll, 0.5 * pitch, 0.5 * yaw
+    qx = (math.sin(hr), 0.0, 0.0, math.cos(hr))
+    qy = (0.0, math.sin(hp), 0.0, math.cos(hp))
+    qz = (0.0, 0.0, math.sin(hy), math.cos(hy))
+    return _multiply(qz, _multiply(qy, qx))
 
 
 def quaternion_from_rpy(roll: float, pitch: float, yaw: float) -> np.ndarray:
     """(x, y, z, w) of Rz(yaw) @ Ry(pitch) @ Rx(roll) (fixed axes X, Y, Z)."""
-    half = 0.5 * np.array([roll, pitch, yaw], dtype=np.float64)
-    qx = np.array([math.sin(half[0]), 0.0, 0.0, math.cos(half[0])])
-    qy = np.array([0.0, math.sin(half[1]), 0.0, math.cos(half[1])])
-    qz = np.array([0.0, 0.0, math.sin(half[2]), math.cos(half[2])])
-    return quaternion_multiply(qz, quaternion_multiply(qy, qx))
+    return np.array(_quaternion_from_rpy(float(roll), float(pitch), float(yaw)))
 
 
 def rpy_from_quaternion(q) -> np.ndarray:
@@ -74,21 +84,25 @@ def quaternion_from_rotation_vector(vector) -> np.ndarray:
     return np.array([*(vector * scale), math.cos(0.5 * angle)])
 
 
+def _rotation_vector_from_quaternion(x: float, y: float, z: float, w: float) -> tuple:
+    if w < 0.0:
+        x, y, z, w = -x, -y, -z, -w            # the same rotation, angle <= pi
+    sine = math.sqrt(x * x + y * y + z * z)    # sin(angle / 2)
+    if sine < SMALL_ANGLE:
+        return (2.0 * x / w, 2.0 * y / w, 2.0 * z / w)
+    scale = 2.0 * math.atan2(sine, w) / sine
+    return (x * scale, y * scale, z * scale)
+
+
 def rotation_vector_from_quaternion(q) -> np.ndarray:
     """log: axis times angle (angle in [0, pi]) of the unit quaternion q."""
-    q = np.asarray(q, dtype=np.float64)
-    if q[3] < 0.0:
-        q = -q                                 # the same rotation, angle <= pi
-    sine = float(np.linalg.norm(q[:3]))        # sin(angle / 2)
-    if sine < SMALL_ANGLE:
-        return 2.0 * q[:3] / q[3]
-    return q[:3] * (2.0 * math.atan2(sine, q[3]) / sine)
+    return np.array(_rotation_vector_from_quaternion(*(float(v) for v in q)))
 
 
 def rotation_vector_from_rpy(rpy) -> np.ndarray:
     """The (3,) rotation vector that turns the tool as the fixed-axis angles `rpy` do."""
     roll, pitch, yaw = (float(v) for v in rpy)
-    return rotation_vector_from_quaternion(quaternion_from_rpy(roll, pitch, yaw))
+    return np.array(_rotation_vector_from_quaternion(*_quaternion_from_rpy(roll, pitch, yaw)))
 
 
 def rpy_from_rotation_vector(vector) -> np.ndarray:

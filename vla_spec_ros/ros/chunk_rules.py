@@ -28,6 +28,7 @@ oldest, which is a negative decay here).
 """
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -151,11 +152,16 @@ def decide_chunk(result, *, error: str | None, is_enabled: bool, age_s: float | 
     return ChunkDecision(None, actions, tuple(commands))
 
 
+@functools.lru_cache(maxsize=64)
 def ensemble_weights(count: int, decay: float) -> np.ndarray:
-    """Normalised weights exp(-decay * j), j = 0 (newest) .. count - 1."""
+    """Normalised weights exp(-decay * j), j = 0 (newest) .. count - 1. Cached (a few
+    (count, decay) pairs occur while a decay is in force, and the step clock asks every
+    step); the array returned is read-only."""
     exponents = -decay * np.arange(count, dtype=np.float64)
     weights = np.exp(exponents - exponents.max())          # no overflow for negative decay
-    return weights / weights.sum()
+    weights = weights / weights.sum()
+    weights.flags.writeable = False
+    return weights
 
 
 def blend_steps(actions, decay: float) -> np.ndarray:
