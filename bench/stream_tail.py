@@ -164,27 +164,6 @@ def summarize(rows, mode):
     return '\n'.join(lines)
 
 
-def _value(text: str):
-    for kind in (int, float):
-        try:
-            return kind(text)
-        except ValueError:
-            pass
-    return {'true': True, 'false': False}.get(text.lower(), text)
-
-
-def parse_row(text: str) -> tuple[str, dict]:
-    """'ar' -> ('ar', {'mode': 'ar'}); 'ps1=pipeline_spec:max_inflight_per_stream=1' ->
-    ('ps1', {'mode': 'pipeline_spec', 'max_inflight_per_stream': 1})."""
-    label, _, rest = text.partition('=') if ':' in text else (text, '', text)
-    mode, *options = rest.split(':')
-    parsed = {'mode': mode}
-    for option in options:
-        name, _, value = option.partition('=')
-        parsed[name] = _value(value)
-    return label, parsed
-
-
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
     parser.add_argument('--model', default='metaworld-demo-fast')
@@ -202,6 +181,8 @@ def main(argv=None):
     args = parser.parse_args(argv)
 
     import torch
+
+    from records import parse_row, write_record      # bench/, beside this script
 
     from vla_spec_ros.harness import streaming
     from vla_spec_ros.harness.closed_loop import _resolve_unnorm_key
@@ -250,7 +231,6 @@ def main(argv=None):
     text = '\n'.join(report)
     print(text)
     if args.out:
-        from records import write_record      # bench/, beside this script
         write_record(args.out, 'stream_tail', text, {'command': command, 'results': results})
 
 

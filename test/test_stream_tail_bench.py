@@ -10,18 +10,23 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 
 
-@pytest.fixture(scope='module')
-def stream_tail():
-    spec = importlib.util.spec_from_file_location('stream_tail', ROOT / 'bench' / 'stream_tail.py')
+def _bench_module(name):
+    spec = importlib.util.spec_from_file_location(name, ROOT / 'bench' / f'{name}.py')
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
 
 
-def test_a_row_is_a_mode_or_a_labelled_mode_with_options(stream_tail):
-    assert stream_tail.parse_row('ar') == ('ar', {'mode': 'ar'})
-    assert stream_tail.parse_row('ps1=pipeline_spec:max_inflight_per_stream=1:'
-                                 'speculative_prefill=false:tree_min_prob=0.3') == (
+@pytest.fixture(scope='module')
+def stream_tail():
+    return _bench_module('stream_tail')
+
+
+def test_a_row_is_a_mode_or_a_labelled_mode_with_options():
+    records = _bench_module('records')
+    assert records.parse_row('ar') == ('ar', {'mode': 'ar'})
+    assert records.parse_row('ps1=pipeline_spec:max_inflight_per_stream=1:'
+                             'speculative_prefill=false:tree_min_prob=0.3') == (
         'ps1', {'mode': 'pipeline_spec', 'max_inflight_per_stream': 1,
                 'speculative_prefill': False, 'tree_min_prob': 0.3})
 
