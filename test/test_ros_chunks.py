@@ -761,3 +761,45 @@ def test_a_trajectory_topic_goes_out_only_while_subscribed(ros):
         assert msg.header.stamp == chunk.stamp
     finally:
         node.destroy_node()
+
+
+@needs_ros
+def test_jittered_stamps_half_a_period_in_are_still_one_step_apart(ros, chunked):
+    """Two images 1.03 periods apart, the first 0.49 of a period past a whole one: rounded from
+    the clock's zero they would be 2 steps apart; the node counts 1 (ros/control_steps.py), so
+    the drafter shifts the previous chunk by the step the robot really took."""
+    from builtin_interfaces.msg import Time
+    from ros_probe import wait_until
+
+    from vla_spec_ros import VLAPolicy
+
+    def stamped(array, time_s):
+        msg = probe.probe.raw_image(array)
+        msg.header.stamp = Time(sec=int(time_s), nanosec=int(round((time_s % 1) * 1e9)))
+        return msg
+
+    def submitted_at(msg):
+        return [f for f in policy.engine.frames
+                if f.user_data is not None and f.user_data.stamp == msg.header.stamp]
+
+    folder, frames, _ = chunked
+    policy = WrappedPolicy(VLAPolicy.from_pretrained(str(folder),
+                                                     restrict_to_action_tokens=True),
+                           RecordingEngine)
+    node, probe = _node(ros, policy, 'vla_chunk_steps')
+    try:
+        now_s = probe.probe.now().nanoseconds * 1e-9
+        first_s = (math.floor(now_s / CONTROL_PERIOD) - 1 + 0.49) * CONTROL_PERIOD
+        second_s = first_s + 1.03 * CONTROL_PERIOD
+        assert round(second_s / CONTROL_PERIOD) - round(first_s / CONTROL_PERIOD) == 2
+        first = stamped(frames[0], first_s)
+        probe.probe.send(first, lambda: submitted_at(first))
+        wait_until(lambda: probe.probe.now().nanoseconds * 1e-9 >= second_s,
+                   what='the second image\'s time')
+        second = stamped(frames[1], second_s)
+        probe.probe.send(second, lambda: submitted_at(second))
+        assert (submitted_at(second)[0].control_step
+                - submitted_at(first)[0].control_step) == 1
+    finally:
+        ros[1].remove_node(node)
+        node.destroy_node()

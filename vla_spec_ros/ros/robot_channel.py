@@ -45,6 +45,7 @@ from vla_spec_ros.ros import command_rules as cmd
 from vla_spec_ros.ros.channel_stats import record_answer, robot_status
 from vla_spec_ros.ros.chunk_execution import ChunkChannel, ChunkExecution
 from vla_spec_ros.ros.chunk_rules import chunk_age_limit
+from vla_spec_ros.ros.control_steps import ControlSteps
 from vla_spec_ros.ros.diagnostics import InferenceStats
 from vla_spec_ros.ros.frame_slot import FrameInfo, LatestFrameSlot
 from vla_spec_ros.ros.gripper_output import GripperOutput
@@ -133,6 +134,7 @@ class RobotChannel:
         self.action_dim = int(action_dim)     # the checkpoint's (command_rules.check_action_dim)
         self.model_reads_state = model_reads_state     # the Frame carries the state
         self.chunk_execution = ChunkExecution(self._chunk_channel(), on_chunk)
+        self._control_steps = ControlSteps()      # the images' steps, for temporal drafting
 
         prefix = f'{name}/' if name else '~/'
         self.observation = ObservationInput(node, prefix, settings, self._on_frame,
@@ -272,12 +274,13 @@ class RobotChannel:
 
     def control_step(self, info: FrameInfo, settings) -> int | None:
         """The control step the image was taken at, for a chunked model's temporal drafting
-        (Frame.control_step): its header stamp, else its receipt time, over control_period;
-        None for a single-step model."""
+        (Frame.control_step): its header stamp, else its receipt time, counted in
+        control_period from the robot's previous image (control_steps.py); None for a
+        single-step model. (Worker thread.)"""
         if not self.is_chunked:
             return None
         time_s = info.stamp_s if info.stamp_s > 0.0 else info.receipt_s
-        return round(time_s / settings.control_period)
+        return self._control_steps.step_at(time_s, settings.control_period)
 
     # ---- holds (safety_gate.py's verbs) ---------------------------------------------------
 
