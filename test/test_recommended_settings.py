@@ -109,3 +109,29 @@ def test_the_node_takes_the_embedded_fast_models_blend_unless_it_is_set(ros):
     finally:
         ros[1].remove_node(node)
         node.destroy_node()
+
+
+def test_the_shipped_params_file_leaves_the_blend_to_the_checkpoint(ros):
+    """config/robot.yaml (what robot.launch.py and sim.launch.py load) sets no chunk_blend, so
+    the embedded FAST model's ensemble applies; the file's values are passed as a params file
+    passes them, as overrides."""
+    import pathlib
+
+    import yaml
+
+    from vla_spec_ros.assets import embedded_checkpoint
+
+    if embedded_checkpoint('metaworld-demo-fast') is None:
+        pytest.skip('metaworld-demo-fast is not shipped in this tree')
+    path = pathlib.Path(__file__).resolve().parent.parent / 'config' / 'robot.yaml'
+    values = yaml.safe_load(path.read_text())['/**']['ros__parameters']
+    overrides = {k: v for k, v in values.items() if v != []}      # rclpy: [] is "not set"
+    overrides['model_path'] = 'metaworld-demo-fast'
+    node, _ = start_node(ros, overrides, 'vla_params_file')
+    try:
+        assert node.get_parameter('chunk_blend').value == 'ensemble'
+        assert node.serving.config.robots[next(iter(node.serving.config.robots))] \
+            .chunk_blend == 'ensemble'
+    finally:
+        ros[1].remove_node(node)
+        node.destroy_node()

@@ -22,6 +22,12 @@ from vla_spec_ros.ros import params
 
 RECOMMENDATIONS_FILE = 'vla_spec_node.json'
 
+# What the shipped params file (config/robot.yaml) leaves unset, listed there only as comments:
+# a value in a params file counts as the user's, so a file that set these would override every
+# checkpoint's recommendation (pi0-FAST's measured chunk_blend: ensemble) without anyone having
+# chosen to. Unset, the node takes the checkpoint's value, else the parameter's default.
+LEFT_TO_THE_CHECKPOINT = ('chunk_blend', 'chunk_ensemble_decay')
+
 
 def checkpoint_recommendations(folder: Path) -> tuple[dict, str]:
     """({parameter: value}, where it comes from) for the checkpoint in ``folder``."""
@@ -83,5 +89,5 @@ def apply_recommendations(node, values: dict, recommended: dict, source: str) ->
     return values
 
 
-__all__ = ['RECOMMENDATIONS_FILE', 'apply_recommendations', 'checkpoint_recommendations',
-           'user_given']
+__all__ = ['LEFT_TO_THE_CHECKPOINT', 'RECOMMENDATIONS_FILE', 'apply_recommendations',
+           'checkpoint_recommendations', 'user_given']
