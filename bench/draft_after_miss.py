@@ -19,8 +19,6 @@ import numpy as np
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-WARMUP_FRAMES = 45
-
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
@@ -35,7 +33,8 @@ def main(argv=None):
 
     import torch
 
-    from vla_spec_ros.engine.result import Frame
+    from frame_runs import WARMUP_FRAMES, run_frames   # bench/, beside this script
+
     from vla_spec_ros.harness import streaming
     from vla_spec_ros.harness.closed_loop import _resolve_unnorm_key
     from vla_spec_ros.policy import VLAPolicy
@@ -54,17 +53,7 @@ def main(argv=None):
     measured = {label: [] for label in rows}
     for _ in range(args.rounds):
         for label, policy in rows.items():
-            engine = policy.engine
-            engine.reset()
-            for i, f in enumerate(frames):
-                frame = Frame(f.image, f.instruction, unnorm_key, 'default', control_step=i)
-                start = time.perf_counter()
-                engine.submit(frame)
-                (done,) = engine.run_until_idle()
-                elapsed = time.perf_counter() - start
-                if i >= WARMUP_FRAMES:
-                    measured[label].append((1e3 * elapsed, done.result.stats['forward_passes'],
-                                            done.result.tokens))
+            measured[label] += run_frames(policy, frames, unnorm_key)
     reference = [tokens for _, _, tokens in measured['ar']]
     base = next((k for k in rows if k.endswith('bound none')), None)
     base_p99 = np.percentile([m for m, _, _ in measured[base]], 99) if base else None

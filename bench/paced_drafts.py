@@ -5,7 +5,8 @@ as it does behind the node), each row a mode with EngineConfig options, interlea
 the share decided in one forward and in at most two), p50 against AR's and whether every
 frame's tokens equal AR's.
 
-Rows are written as in bench/stream_tail.py: a mode, or label=mode:option=value:... For an EAGLE
+The frame loop is bench/frame_runs.py (shared with draft_after_miss.py). Rows are written as in
+bench/stream_tail.py: a mode, or label=mode:option=value:... For an EAGLE
 head trained on the scripted expert's frames (training placements, seed 0), first write the
 observations, then train the head:
 
@@ -28,37 +29,12 @@ import numpy as np
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-WARMUP_FRAMES = 45
-
 
 def write_observations(path: str, frames) -> None:
     """The frames as train-draft's observations: images (N, H, W, 3) uint8, instructions (N,)."""
     np.savez(path, images=np.stack([f.image for f in frames]),
              instructions=np.array([f.instruction for f in frames]))
     print(f'written {path}: {len(frames)} observations')
-
-
-def paced_run(policy, frames, unnorm_key: str, period_s: float) -> list[tuple]:
-    """(ms, verifier forwards, tokens) of each frame after the warm-up, one frame submitted
-    every `period_s` (none waits: a frame slower than the period delays the next one)."""
-    from vla_spec_ros.engine.result import Frame
-
-    engine = policy.engine
-    engine.reset()
-    measured, due = [], time.perf_counter()
-    for i, f in enumerate(frames):
-        wait = due - time.perf_counter()
-        if wait > 0:
-            time.sleep(wait)
-        due = max(due, time.perf_counter()) + period_s
-        start = time.perf_counter()
-        engine.submit(Frame(f.image, f.instruction, unnorm_key, 'default', control_step=i))
-        (done,) = engine.run_until_idle()
-        elapsed = time.perf_counter() - start
-        if i >= WARMUP_FRAMES:
-            measured.append((1e3 * elapsed, int(done.result.stats['forward_passes']),
-                             tuple(done.result.tokens)))
-    return measured
 
 
 def row_summary(values, reference, ar_p50: float | None) -> dict:
@@ -96,7 +72,8 @@ def main(argv=None):
 
     import torch
 
-    from records import parse_row, write_record      # bench/, beside this script
+    from frame_runs import WARMUP_FRAMES, run_frames   # bench/, beside this script
+    from records import parse_row, write_record
 
     from vla_spec_ros.harness import streaming
     from vla_spec_ros.harness.closed_loop import _resolve_unnorm_key
@@ -122,7 +99,7 @@ def main(argv=None):
     measured = {label: [] for label in rows}
     for _ in range(args.rounds):
         for label, policy in policies.items():
-            measured[label] += paced_run(policy, frames, unnorm_key, 1.0 / args.rate)
+            measured[label] += run_frames(policy, frames, unnorm_key, 1.0 / args.rate)
     reference = [t for _, _, t in measured['ar']]
     ar_p50 = float(np.percentile([m for m, _, _ in measured['ar']], 50))
     results = {label: row_summary(values, reference, ar_p50)

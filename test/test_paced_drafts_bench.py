@@ -41,3 +41,33 @@ def test_observations_are_what_train_draft_reads(paced_drafts, tmp_path):
     assert len(loaded) == 3
     for frame, (image, instruction) in zip(frames, (loaded[i] for i in range(3))):
         assert np.array_equal(frame.image, image) and instruction == frame.instruction
+
+
+def test_run_frames_resets_numbers_the_steps_and_skips_the_warmup():
+    import sys
+    sys.path.insert(0, str(ROOT / 'bench'))
+    from frame_runs import run_frames
+
+    class Engine:
+        def __init__(self):
+            self.resets, self.submitted = 0, []
+
+        def reset(self):
+            self.resets += 1
+
+        def submit(self, frame):
+            self.submitted.append(frame)
+
+        def run_until_idle(self):
+            step = self.submitted[-1].control_step
+            return [SimpleNamespace(result=SimpleNamespace(
+                stats={'forward_passes': step % 3 + 1}, tokens=[step, step + 1]))]
+
+    engine = Engine()
+    frames = [SimpleNamespace(image=np.zeros((4, 4, 3), np.uint8), instruction='t')] * 6
+    measured = run_frames(SimpleNamespace(engine=engine), frames, 'key', period_s=0.001,
+                          warmup=2)
+    assert engine.resets == 1
+    assert [f.control_step for f in engine.submitted] == list(range(6))
+    assert [(f, t) for _, f, t in measured] == [(s % 3 + 1, (s, s + 1)) for s in range(2, 6)]
+    assert all(ms >= 0.0 for ms, _, _ in measured)
