@@ -788,6 +788,10 @@ def test_jittered_stamps_half_a_period_in_are_still_one_step_apart(ros, chunked)
                            RecordingEngine)
     node, probe = _node(ros, policy, 'vla_chunk_steps')
     try:
+        # Matched first: the stamps below leave the first image about one period old, and
+        # discovery on a loaded machine must not age it further before it is sent.
+        wait_until(lambda: probe.probe.image_pub.get_subscription_count() > 0,
+                   what='image subscriber')
         now_s = probe.probe.now().nanoseconds * 1e-9
         first_s = (math.floor(now_s / CONTROL_PERIOD) - 1 + 0.49) * CONTROL_PERIOD
         second_s = first_s + 1.03 * CONTROL_PERIOD
