@@ -6,7 +6,9 @@ the share decided in one forward and in at most two), p50 against AR's and wheth
 frame's tokens equal AR's.
 
 The frame loop is bench/frame_runs.py (shared with draft_after_miss.py). Rows are written as in
-bench/stream_tail.py: a mode, or label=mode:option=value:... For an EAGLE
+bench/stream_tail.py: a mode, or label=mode:option=value:... One option is not the engine's:
+`positional_drafts=true` continues the row's drafts by token position (the protocol's rule),
+not by the codec's own continue_draft, to compare the two in one run. For an EAGLE
 head trained on the scripted expert's frames (training placements, seed 0), first write the
 observations, then train the head:
 
@@ -35,6 +37,26 @@ def write_observations(path: str, frames) -> None:
     np.savez(path, images=np.stack([f.image for f in frames]),
              instructions=np.array([f.instruction for f in frames]))
     print(f'written {path}: {len(frames)} observations')
+
+
+def load_row(model: str, options: dict):
+    """The row's policy; with `positional_drafts` true its codec continues drafts by position
+    (ActionCodec's rule) before its engine's drafters are built."""
+    from vla_spec_ros.action_codec import ActionCodec
+    from vla_spec_ros.harness.speed import engine_for
+    from vla_spec_ros.policy import VLAPolicy
+    options = dict(options)
+    positional = bool(options.pop('positional_drafts', False))
+    policy = VLAPolicy.from_pretrained(model, **options)
+    if positional:
+        codec = policy.engine.runner.codec
+        codec.positional_drafts = True
+        codec.continue_draft = lambda decided, draft: ActionCodec.continue_draft(
+            codec, decided, draft)
+        engine_options = {k: v for k, v in options.items() if k != 'mode'}
+        policy.engine = engine_for(policy, options.get('mode', 'pipeline_spec'),
+                                   **engine_options)
+    return policy
 
 
 def row_summary(values, reference, ar_p50: float | None) -> dict:
@@ -90,8 +112,7 @@ def main(argv=None):
     rows = dict(parse_row(text) for text in args.rows.split(','))
     if 'ar' not in rows:
         parser.error('--rows: needs a row named ar (the baseline)')
-    policies = {label: VLAPolicy.from_pretrained(args.model, **options)
-                for label, options in rows.items()}
+    policies = {label: load_row(args.model, options) for label, options in rows.items()}
     unnorm_key = _resolve_unnorm_key(policies['ar'], None)
     frames = streaming.stream_frames(tasks, WARMUP_FRAMES + args.frames,
                                      policies['ar'].model_config.image_size, args.seed,

@@ -65,3 +65,44 @@ def test_its_chunks_on_meta_world_frames_decode_and_spec_gives_ar_tokens():
             done = {f.request_id: f for f in engine.run_until_idle()}
             tokens.append(done[request_id].result.tokens)
         assert tokens == expected, draft
+
+
+def test_drafts_continued_by_coefficient_give_ar_tokens_in_fewer_forwards():
+    """float64, 40 consecutive expert frames, the default drafts in both speculative modes:
+    the tokens are AR's. The same drafts continued by token position (the codec's
+    continuation switched off) take more verifier forwards on these frames: a decided token
+    that spells another stretch of coefficients than the draft's no longer leaves the rest
+    of the draft off by one piece."""
+    from vla_spec_ros.action_codec import ActionCodec
+    from vla_spec_ros.engine.result import Frame
+    from vla_spec_ros.harness.speed import engine_for
+    images = drawer_close_frames(40)
+    instruction = 'close the drawer'
+    policy = VLAPolicy.from_pretrained(NAME, mode='ar', dtype='float64')
+    expected = [policy.predict(image, instruction).tokens for image in images]
+    codec = policy.engine.runner.codec
+
+    def run(mode):
+        engine = engine_for(policy, mode)
+        tokens = []
+        for step, image in enumerate(images):
+            request_id = engine.submit(Frame(image, instruction, None, 'robot',
+                                             control_step=step))
+            done = {f.request_id: f for f in engine.run_until_idle()}
+            tokens.append(done[request_id].result.tokens)
+        return tokens, engine.num_verifier_forwards
+
+    for mode in ('spec', 'pipeline_spec'):
+        tokens, forwards = run(mode)
+        assert tokens == expected, mode
+        assert not codec.positional_drafts
+        codec.continue_draft = lambda decided, draft: ActionCodec.continue_draft(
+            codec, decided, draft)
+        codec.positional_drafts = True
+        try:
+            by_position, forwards_by_position = run(mode)
+        finally:
+            del codec.continue_draft            # the codec's own method again
+            codec.positional_drafts = False
+        assert by_position == expected, mode
+        assert forwards < forwards_by_position, (mode, forwards, forwards_by_position)

@@ -241,3 +241,81 @@ def test_relaxed_acceptance_can_be_refused(tokenizer):
 
 def test_one_frame_is_one_unit_for_temporal_drafting(codec):
     assert codec.step_tokens == codec.max_tokens
+
+
+# ---- continue_draft: a draft continued by coefficient, not by token position ----------------
+
+def _text(codec, frame) -> str:
+    """The coefficient characters a frame's FAST ids spell."""
+    body = [t for t in frame if codec.is_action_token(t)]
+    return codec.tokenizer.bpe.decode([codec.to_fast_id(t) for t in body])
+
+
+def _spelled(codec, text) -> tuple:
+    """``text`` spelled on its own by the BPE, as model ids."""
+    return tuple(codec.to_model_id(i) for i in codec.tokenizer.bpe.encode(text).ids)
+
+
+def test_a_draft_continues_after_the_coefficients_the_decided_tokens_spell(codec):
+    """Decided tokens that spell the draft's first m coefficients in other pieces (each
+    coefficient a token of its own) are continued by the draft's coefficients from m on, then
+    "|" and EOS; by position the draft would repeat or skip coefficients."""
+    tail = (*codec.suffix_tokens, codec.end_token)
+    checked = differs = 0
+    for seed in range(6):
+        draft = codec.encode(synthetic_action_chunks(1, H, D, seed=40 + seed)[0])
+        text = _text(codec, draft)
+        for m in range(0, len(text) + 1, 7):
+            decided = ACTION_PREFIX + tuple(t for c in text[:m] for t in _spelled(codec, c))
+            continued = codec.continue_draft(decided, draft)
+            assert continued[-len(tail):] == tail
+            assert _text(codec, continued) == text[m:]
+            # The decided tokens and their continuation decode to the draft's chunk.
+            assert np.array_equal(codec.decode((*decided, *continued)).normalized,
+                                  codec.decode(draft).normalized)
+            differs += continued != draft[len(decided):]
+            checked += 1
+    assert checked > 20 and differs > checked // 2
+
+
+def test_a_decided_coefficient_that_differs_keeps_the_drafts_later_ones(codec):
+    """The verifier decided another value for one coefficient: the continuation is the draft's
+    coefficients after it, whatever length the decided token had."""
+    draft = codec.encode(synthetic_action_chunks(1, H, D, seed=3)[0])
+    text = _text(codec, draft)
+    for m in (1, 5, 20):
+        changed = text[:m - 1] + chr(ord(text[m - 1]) + 1)
+        decided = ACTION_PREFIX + _spelled(codec, changed)
+        assert _text(codec, codec.continue_draft(decided, draft)) == text[m:]
+
+
+def test_where_coefficients_mean_nothing_the_draft_continues_by_position(codec, tokenizer):
+    draft = codec.encode(synthetic_action_chunks(1, H, D, seed=4)[0])
+    # Still in the "Action: " prefix, or already past the FAST ids ("|" decided).
+    for decided in (ACTION_PREFIX[:1], ACTION_PREFIX,
+                    draft[:len(ACTION_PREFIX) + 2] + (BAR,)):
+        assert codec.continue_draft(decided, draft) == draft[len(decided):]
+    # A draft in another layout (no prefix) is continued by position too.
+    decided = draft[:len(ACTION_PREFIX) + 2]
+    assert codec.continue_draft(decided, draft[3:]) == draft[3 + len(decided):]
+
+
+def test_decided_tokens_ending_inside_a_character_continue_by_position():
+    """At scale 100 the coefficients reach code points past 127, two UTF-8 bytes each, and the
+    byte-level alphabet holds ids of one byte: decided tokens may end halfway through a
+    coefficient, where no coefficient index is known."""
+    wide = openpi_codec(fit_synthetic_fast_tokenizer(action_horizon=H, action_dim=D,
+                                                     scale=100.0, vocab_size=1024))
+    draft = wide.encode(synthetic_action_chunks(1, H, D, seed=5)[0])
+    partial = [i for i in range(wide.tokenizer.num_ids)
+               if wide.tokenizer.token_text(i) == '\ufffd']
+    assert partial, 'the scale-100 tokenizer has no id of part of a character'
+    decided = ACTION_PREFIX + (wide.to_model_id(partial[0]),)
+    assert wide.continue_draft(decided, draft) == draft[len(decided):]
+
+
+def test_the_protocol_continues_a_draft_by_position():
+    bins = ActionTokenizer(32000, 64)
+    assert bins.positional_drafts
+    assert bins.continue_draft([31800, 31801], [1, 2, 3, 4, 5]) == (3, 4, 5)
+    assert bins.continue_draft([1, 2, 3, 4, 5, 6], [1, 2, 3]) == ()

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 import torch
 
+from vla_spec_ros.action_codec import ActionCodec
 from vla_spec_ros.actions import DecodedActions
 from vla_spec_ros.codecs.fast import FastActionCodec
 from vla_spec_ros.codecs.fast_synthetic import (fit_synthetic_fast_tokenizer,
@@ -75,6 +76,63 @@ def test_the_chain_is_the_shifted_chunk_re_encoded(codec):
     drafter.release(5)
     drafter.forget_stream('cam')
     assert drafter.prefill_draft('cam', 40, step=12) == []
+
+
+def _one_token_per_coefficient(codec, frame) -> tuple:
+    """``frame`` spelled again with every coefficient a token of its own (the same
+    coefficients in other pieces than the BPE's merges)."""
+    body = [t for t in frame if codec.is_action_token(t)]
+    text = codec.tokenizer.bpe.decode([codec.to_fast_id(t) for t in body])
+    return (*codec.prefix_tokens,
+            *(codec.to_model_id(i) for c in text for i in codec.tokenizer.bpe.encode(c).ids))
+
+
+def test_after_tokens_that_split_the_chunk_differently_the_chain_follows_the_coefficients(
+        codec):
+    """The verifier decided the draft's first coefficients in other pieces: the chain is the
+    codec's continuation by coefficient (FAST), where by position it would be off."""
+    chunk = codec.decode(codec.encode(synthetic_action_chunks(1, H, D, seed=4)[0])).normalized
+    drafter = ShiftedChunkDrafter(codec, codec.max_tokens)
+    drafter.observe_action('cam', codec.encode(chunk), request_id=0, step=10)
+    expected = codec.encode(shift_chunk(chunk, 1))
+    split = _one_token_per_coefficient(codec, expected)
+    assert len(split) > len(expected) - 2          # the BPE merged some coefficients
+    decided = split[:6]
+    drafter.update([DraftBegin(5, None, range(0), decided[-1], 'cam', decided[:-1], 11)], [],
+                   None)
+    tree = drafter.propose_batch([5], [40], 8, 50)[0]
+    continued = codec.continue_draft(decided, expected)
+    assert continued != expected[len(decided):]
+    assert tree.tokens == (decided[-1], *continued)
+    # The previous action's chain follows the same rule once given the codec's.
+    previous = PreviousActionDrafter(codec.max_tokens, codec.step_tokens, codec.continue_draft)
+    previous.observe_action('cam', expected, request_id=0, step=10)
+    previous.update([DraftBegin(6, None, range(0), decided[-1], 'cam', decided[:-1], 11)], [],
+                    None)
+    assert previous.propose_batch([6], [40], 8, 50)[0].tokens == (decided[-1], *continued)
+    assert previous.propose_batch([6], [3], 8, 50)[0].tokens == (decided[-1], *continued[:3])
+
+
+def test_a_previous_action_continued_by_the_codec_comes_from_a_whole_action(codec):
+    """The source is the stream's newest whole action, never the request's own tokens or a
+    frame still in flight; a chunk of several control steps has no single source."""
+    frame = codec.encode(synthetic_action_chunks(1, H, D, seed=8)[0])
+    calls = []
+
+    def continue_draft(decided, draft):
+        calls.append((tuple(decided), tuple(draft)))
+        return codec.continue_draft(decided, draft)
+
+    drafter = PreviousActionDrafter(codec.max_tokens, None, continue_draft)
+    drafter.update([DraftBegin(1, None, range(0), frame[0], 'cam', (), 3)], [], None)
+    assert drafter.propose_batch([1], [40], 8, 50)[0].tokens == (frame[0],)   # none yet
+    assert calls == []
+    drafter.observe_action('cam', frame, request_id=0, step=2)
+    drafter.update([DraftBegin(2, None, range(0), frame[0], 'cam', (), 4)], [], None)
+    drafter.propose_batch([2], [40], 8, 50)
+    assert calls[-1] == ((frame[0],), frame)        # not request 1's tokens in flight
+    with pytest.raises(ValueError, match='one unit'):
+        PreviousActionDrafter(8, 2, continue_draft)
 
 
 def test_a_chunk_older_than_the_frame_is_the_source(codec):
@@ -174,6 +232,10 @@ class EchoCodec:
 
     def encode(self, chunk):
         return self.frames[int(round(chunk[0, 0]))]
+
+    def continue_draft(self, decided, draft):
+        # Echoed frames are any tokens, not FAST spellings: by position (the protocol's rule).
+        return ActionCodec.continue_draft(self, decided, draft)
 
 
 def run(loaded, frames, mode, drafter=None, draft_path=None):

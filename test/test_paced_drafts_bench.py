@@ -71,3 +71,20 @@ def test_run_frames_resets_numbers_the_steps_and_skips_the_warmup():
     assert [f.control_step for f in engine.submitted] == list(range(6))
     assert [(f, t) for _, f, t in measured] == [(s % 3 + 1, (s, s + 1)) for s in range(2, 6)]
     assert all(ms >= 0.0 for ms, _, _ in measured)
+
+
+def test_a_positional_drafts_row_continues_its_drafts_by_position(paced_drafts):
+    """The comparison row: its engine's drafters see the protocol's rule; a plain row keeps
+    the FAST codec's continuation by coefficient. Each row loads its own codec."""
+    from vla_spec_ros.engine.drafting.merged_chains import MergedChains
+    plain = paced_drafts.load_row('metaworld-demo-fast', {'mode': 'spec'})
+    positional = paced_drafts.load_row('metaworld-demo-fast',
+                                       {'mode': 'spec', 'positional_drafts': True})
+    assert not plain.engine.runner.codec.positional_drafts
+    assert positional.engine.runner.codec.positional_drafts
+    assert positional.engine.config.mode == 'spec'
+    for policy in (plain, positional):
+        drafter = policy.engine.strategy.drafter
+        assert isinstance(drafter, MergedChains)
+        previous = drafter.drafters[0]
+        assert (previous._continue_draft is None) == (policy is positional)

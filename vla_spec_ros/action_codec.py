@@ -44,6 +44,11 @@ class ActionCodec:
     # relaxed acceptance compares bins only after them. Empty: the whole output is the action.
     action_marker: tuple[int, ...] = ()
     writes_reasoning: bool = False          # text before the action (``describe`` reads it)
+    # Whether a token's position in the frame is its meaning (a bin per dimension: the draft's
+    # token at a position is the guess for that position). False for a codec whose tokens
+    # spell pieces of varying length (BPE over a chunk): ``continue_draft`` then realigns a
+    # draft after a decided token that spelled a different piece than the draft's.
+    positional_drafts: bool = True
 
     @property
     def step_tokens(self) -> int:
@@ -77,6 +82,14 @@ class ActionCodec:
         """(first, last) ids of the action tokens, a contiguous range, for greedy decoding
         restricted to them; None when the codec's action tokens are not one range."""
         return None
+
+    def continue_draft(self, decided: Sequence[int], draft: Sequence[int]) -> tuple[int, ...]:
+        """How ``draft`` (a whole drafted frame) continues a frame that has decided the tokens
+        ``decided``: the draft tokens for the positions after them. By position here
+        (``draft[len(decided):]``); a codec with ``positional_drafts`` False continues from
+        the place in the draft that matches what ``decided`` spells. Any answer is only a
+        draft: the verifier decides every token."""
+        return tuple(int(t) for t in draft[len(decided):])
 
     def is_complete(self, tokens: Sequence[int]) -> bool:
         """Whether a frame that decided ``tokens`` is done."""

@@ -62,7 +62,7 @@ import numpy as np
 from ..action_codec import ActionCodec
 from ..actions import DecodedActions
 from ..validation import check_int
-from .fast_tokenizer import FastDecodeError, FastTokenizer
+from .fast_tokenizer import REPLACEMENT_CHAR, FastDecodeError, FastTokenizer
 
 # Bins of tokens that spell more (or less) than one coefficient: token id t gets
 # ISOLATED_BIN_BASE + t * ISOLATED_BIN_STRIDE, farther from every other bin than any
@@ -71,12 +71,14 @@ ISOLATED_BIN_BASE = 1 << 32
 ISOLATED_BIN_STRIDE = 1 << 20
 
 DEFAULT_MAX_TOKENS = 256            # openpi's and LeRobot's max_decoding_steps
-# Draft tokens verified after a verification that accepted none (ActionCodec.draft_after_miss).
-# Measured on metaworld-demo-fast's consecutive control steps (spec mode, 1 thread, its default
-# draft): after a miss the positional chains accepted nothing in 89 % of verifications, and
-# cutting the next chain to 2 tokens took a frame's p99 to 0.76-0.80x the unbounded one's, at
-# equal forwards (bench/draft_after_miss.py; docs/speculation.md, "After a miss").
-DRAFT_AFTER_MISS = 2
+# Draft tokens verified after a verification that accepted none (ActionCodec.draft_after_miss):
+# no bound. While drafts were continued by token position, a chain that missed once accepted
+# nothing in 89 % of the next verifications, and a bound of 2 cut a frame's p99. Continued by
+# coefficient (continue_draft) they keep being accepted: on metaworld-demo-fast's validation
+# frames (seed 2000, spec, 1 thread, 3 rounds) no bound took 3.06 forwards per frame against
+# 3.26 with a bound of 2, p99 33.4 against 37.6 ms (bench/draft_after_miss.py;
+# docs/speculation.md, "After a miss").
+DRAFT_AFTER_MISS = None
 DEFAULT_SKIP_TOKENS = 128           # pi0-FAST leaves the last 128 ids (PaliGemma's <seg>) out
 
 
@@ -96,6 +98,7 @@ class FastActionCodec(ActionCodec):
         self.max_tokens = check_int('max_tokens', max_tokens, minimum=1)
         self.supports_relaxed_acceptance = bool(relaxed_acceptance)
         self.draft_after_miss = DRAFT_AFTER_MISS
+        self.positional_drafts = False      # continue_draft realigns by coefficient
         params = tokenizer.params
         self.action_shape = (params.action_horizon, params.action_dim)
         # FAST id t <-> model id last_action_id - t; FAST ids 0 .. num_ids - 1.
@@ -184,6 +187,43 @@ class FastActionCodec(ActionCodec):
         except FastDecodeError as exc:
             return DecodedActions(np.full(self.action_shape, np.nan), False, str(exc))
         return DecodedActions(chunk, True, None)
+
+    def continue_draft(self, decided: Sequence[int], draft: Sequence[int]) -> tuple[int, ...]:
+        """The draft's coefficients after the ones ``decided`` spells, spelled again by the
+        BPE, then the suffix and end marker: aligned by coefficient, not by token position.
+
+        Why: a BPE token spells one coefficient, several, or part of one. When the verifier
+        decides a token that spells a different stretch than the draft's token there (one
+        coefficient where the draft merged two), every later draft token stands one piece
+        off, and by position the draft is not accepted again in that frame (measured: after
+        such a miss a positional chain accepted nothing in 89 % of verifications). Re-spelling
+        the draft's own later coefficients from the decided one on keeps its guess for them.
+
+        By position (the protocol's default) where this has no meaning: ``decided`` still in
+        the prefix or already past the FAST ids, or ending inside a character; a draft that
+        is not a frame of this codec's layout."""
+        decided = tuple(int(t) for t in decided)
+        draft = tuple(int(t) for t in draft)
+        by_position = draft[len(decided):]
+        num_prefix = len(self.prefix_tokens)
+        body = decided[num_prefix:]
+        if len(decided) <= num_prefix or decided[:num_prefix] != self.prefix_tokens \
+                or draft[:num_prefix] != self.prefix_tokens \
+                or not all(self.is_action_token(t) for t in body):
+            return by_position
+        draft_body = []
+        for token in draft[num_prefix:]:
+            if not self.is_action_token(token):
+                break
+            draft_body.append(self.last_action_id - token)
+        bpe = self.tokenizer.bpe
+        spelled = bpe.decode([self.last_action_id - t for t in body])
+        drafted = bpe.decode(draft_body)
+        if REPLACEMENT_CHAR in spelled or REPLACEMENT_CHAR in drafted:
+            return by_position
+        rest = drafted[len(spelled):]
+        ids = bpe.encode(rest).ids if rest else []
+        return (*(self.last_action_id - i for i in ids), *self.suffix_tokens, self.end_token)
 
     # ---- helpers --------------------------------------------------------------------------
 

@@ -66,7 +66,9 @@ def headless_drafter(runner, path: str) -> Drafter:
     if len(parts) > 1:
         return MergedChains([headless_drafter(runner, part) for part in parts])
     if path == PREVIOUS_ACTION_DRAFT:
-        return PreviousActionDrafter(runner.max_action_tokens, runner.codec.step_tokens)
+        codec = runner.codec
+        return PreviousActionDrafter(runner.max_action_tokens, codec.step_tokens,
+                                     None if codec.positional_drafts else codec.continue_draft)
     if path == PREVIOUS_OUTPUT_DRAFT:
         return PreviousOutputDrafter(runner.max_action_tokens,
                                      runner.codec.max_draft_chain)

@@ -13,6 +13,12 @@ earlier is one step ahead). The verifier checks the chain like any draft tree: w
 chain buys is the tokens it gets right, at no drafting cost (no draft forward, no device
 work, a few microseconds of host work per request).
 
+For a codec whose drafts are not positional (``ActionCodec.positional_drafts`` False: FAST's
+BPE tokens spell stretches of varying length), the drafter is given the codec's
+``continue_draft``: a frame that is one unit (``step_tokens == max_tokens``) is then drafted
+from its stream's newest whole action, continued past the request's decided tokens by that
+rule (by coefficient for FAST), instead of token by token by position.
+
 Selected with ``draft_path: previous_action``. Plain Python (no torch).
 
 Contract with the speculative strategy (engine/packed.py): ``update`` as for every drafter
@@ -36,7 +42,7 @@ tokens the prefill accepted.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Callable, Sequence
 
 from ...validation import check_int
 from .draft_tree import DraftTree, chain_tree
@@ -58,6 +64,7 @@ class _FrameTokens:
     request_id: int
     step: int | None
     tokens: list = field(default_factory=list)
+    whole: bool = False         # the whole action (observe_action), not a frame in flight
 
 
 class PreviousActionDrafter(Drafter):
@@ -65,10 +72,13 @@ class PreviousActionDrafter(Drafter):
 
     ``max_tokens``: tokens one frame decides (the codec's); ``step_tokens``: tokens per
     control step (a chunk of K steps has max_tokens = K * step_tokens; default one step per
-    frame).
+    frame); ``continue_draft``: the codec's, for a codec whose drafts are not positional
+    (frames of one unit only; see the module docstring).
     """
 
-    def __init__(self, max_tokens: int, step_tokens: int | None = None):
+    def __init__(self, max_tokens: int, step_tokens: int | None = None,
+                 continue_draft: Callable[[Sequence[int], Sequence[int]], Sequence[int]]
+                 | None = None):
         self.max_tokens = check_int('max_tokens', max_tokens, minimum=1)
         self.step_tokens = self.max_tokens if step_tokens is None else check_int(
             'step_tokens', step_tokens, minimum=1, maximum=self.max_tokens)
@@ -76,6 +86,10 @@ class PreviousActionDrafter(Drafter):
             raise ValueError(f'step_tokens: {self.step_tokens} does not divide max_tokens '
                              f'{self.max_tokens} (a chunk is whole control steps)')
         self.num_steps = self.max_tokens // self.step_tokens
+        if continue_draft is not None and self.num_steps != 1:
+            raise ValueError(f'continue_draft: only for a frame of one unit, but step_tokens '
+                             f'{self.step_tokens} makes {self.num_steps} control steps')
+        self._continue_draft = continue_draft
         self.max_frames_kept = max(MIN_FRAMES_KEPT, 2 * self.num_steps)
         self._frame_of: dict[int, _FrameTokens] = {}    # request id -> its frame (in flight)
         self._stream_of: dict[int, str] = {}            # request id -> its stream
@@ -128,8 +142,11 @@ class PreviousActionDrafter(Drafter):
             self._check_known(request_id)
             frame = self._frame_of[request_id]
             decided = len(frame.tokens)
-            chain = self._chain(self._stream_of[request_id], frame.step, decided,
-                                min(decided + depth, decided + max_nodes - 1, self.max_tokens))
+            end = min(decided + depth, decided + max_nodes - 1, self.max_tokens)
+            if self._continue_draft is None:
+                chain = self._chain(self._stream_of[request_id], frame.step, decided, end)
+            else:
+                chain = self._continued(self._stream_of[request_id], frame, end - decided)
             trees.append(chain_tree(self._roots[request_id], chain))
         return trees
 
@@ -168,6 +185,7 @@ class PreviousActionDrafter(Drafter):
                              f'{len(tokens)}')
         frame = self._frame(str(stream_id), int(request_id), step)
         frame.tokens = tokens
+        frame.whole = True
 
     def forget_stream(self, stream_id: str | None) -> None:
         if stream_id is None:
@@ -228,6 +246,15 @@ class PreviousActionDrafter(Drafter):
                 break
             chain.append(token)
         return chain
+
+    def _continued(self, stream_id: str, frame: _FrameTokens, length: int) -> list[int]:
+        """At most ``length`` draft tokens after ``frame``'s decided ones: the stream's newest
+        whole action, continued past them by the codec's rule (none before a first action)."""
+        source = next((f for f in self._newest_first(stream_id) if f.whole and f is not frame),
+                      None)
+        if source is None or length <= 0:
+            return []
+        return [int(t) for t in self._continue_draft(frame.tokens, source.tokens)[:length]]
 
     def _frame(self, stream_id: str, request_id: int, step) -> _FrameTokens:
         """The stream's record of ``request_id`` (made if new; the oldest beyond

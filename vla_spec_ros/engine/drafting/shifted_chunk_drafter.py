@@ -9,10 +9,12 @@ plan from its row k = s - s_r on, with k rows past its end to fill. ``ShiftedChu
 drafts exactly that frame: the stream's newest decoded chunk (``codec.decode`` of an observed
 action, in the codec's normalised units), shifted by k rows (``shift_chunk``), its last k rows
 extrapolated, then ``codec.encode`` (the whole frame: the codec's prefix text tokens, its action
-tokens, its suffix and end marker). The chain for a request that has decided d tokens is the
-draft's tokens d, d + 1, ... (by position; once a decided token differs, the rest is still
-tried where it stands). The verifier checks it like any draft: with ``relax_threshold`` 0 the
-tokens are greedy decoding's, whatever is proposed.
+tokens, its suffix and end marker). The chain for a request that has decided some tokens is
+``codec.continue_draft(decided, draft)``: by position for most codecs (the draft's tokens d,
+d + 1, ...), by coefficient for FAST (after a decided token that spelled another stretch of
+coefficients than the draft's, the draft's later coefficients are spelled again from there).
+The verifier checks it like any draft: with ``relax_threshold`` 0 the tokens are greedy
+decoding's, whatever is proposed.
 
 Extrapolation past the old plan's end (``EXTRAPOLATIONS``):
 - ``hold``: the last planned step repeated. What the demonstrations' chunks do past an
@@ -75,7 +77,8 @@ class _Chunk:
 
 class ShiftedChunkDrafter(Drafter):
     """See the module docstring. ``codec``: the runner's action codec (``decode``, ``encode``,
-    ``action_shape`` of two dimensions); ``max_tokens``: tokens one frame decides at most."""
+    ``continue_draft``, ``action_shape`` of two dimensions); ``max_tokens``: tokens one frame
+    decides at most."""
 
     def __init__(self, codec, max_tokens: int, extrapolation: str = 'hold'):
         if len(tuple(codec.action_shape)) != 2:
@@ -89,7 +92,7 @@ class ShiftedChunkDrafter(Drafter):
         self.extrapolation = extrapolation
         self._chunks: dict[str, list[_Chunk]] = {}       # stream -> newest first
         self._draft_of: dict[int, tuple[int, ...]] = {}  # request id -> its drafted frame
-        self._decided: dict[int, int] = {}               # request id -> tokens decided
+        self._decided: dict[int, list[int]] = {}         # request id -> tokens decided
         self._roots: dict[int, int] = {}
 
     # ---- the drafter interface ---------------------------------------------------------------
@@ -100,10 +103,12 @@ class ShiftedChunkDrafter(Drafter):
         for begin in begins:
             self._draft_of[begin.request_id] = self.draft_frame(str(begin.stream_id),
                                                                 begin.step)
-            self._decided[begin.request_id] = len(begin.decided_before_root) + 1
+            self._decided[begin.request_id] = [int(t) for t in (*begin.decided_before_root,
+                                                                begin.root_token)]
             self._roots[begin.request_id] = int(begin.root_token)
         for adv in advances:
-            self._decided[adv.request_id] += len(adv.path_tokens)
+            self._decided[adv.request_id] += [*(int(t) for t in list(adv.path_tokens)[1:]),
+                                              int(adv.bonus)]
             self._roots[adv.request_id] = int(adv.bonus)
 
     def check_update(self, begins, advances) -> None:
@@ -125,9 +130,9 @@ class ShiftedChunkDrafter(Drafter):
         for request_id, depth in zip(request_ids, depths):
             self._check_known(request_id)
             decided = self._decided[request_id]
-            end = min(decided + depth, decided + max_nodes - 1, self.max_tokens)
-            trees.append(chain_tree(self._roots[request_id],
-                                    self._draft_of[request_id][decided:end]))
+            length = min(depth, max_nodes - 1, self.max_tokens - len(decided))
+            chain = self.codec.continue_draft(decided, self._draft_of[request_id])
+            trees.append(chain_tree(self._roots[request_id], chain[:max(0, length)]))
         return trees
 
     @property
