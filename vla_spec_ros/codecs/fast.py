@@ -76,7 +76,7 @@ DEFAULT_MAX_TOKENS = 256            # openpi's and LeRobot's max_decoding_steps
 # nothing in 89 % of the next verifications, and a bound of 2 cut a frame's p99. Continued by
 # coefficient (continue_draft) they keep being accepted: on metaworld-demo-fast's validation
 # frames (seed 2000, spec, 1 thread, 3 rounds) no bound took 3.06 forwards per frame against
-# 3.26 with a bound of 2, p99 33.4 against 37.6 ms (bench/draft_after_miss.py;
+# 3.26 with a bound of 2, p99 34.0 against 36.5 ms (bench/draft_after_miss.py;
 # docs/speculation.md, "After a miss").
 DRAFT_AFTER_MISS = None
 DEFAULT_SKIP_TOKENS = 128           # pi0-FAST leaves the last 128 ids (PaliGemma's <seg>) out
