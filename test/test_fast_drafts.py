@@ -6,7 +6,6 @@ import numpy as np
 import pytest
 import torch
 
-from vla_spec_ros.action_codec import ActionCodec
 from vla_spec_ros.actions import DecodedActions
 from vla_spec_ros.codecs.fast import FastActionCodec
 from vla_spec_ros.codecs.fast_synthetic import (fit_synthetic_fast_tokenizer,
@@ -232,10 +231,6 @@ class EchoCodec:
 
     def encode(self, chunk):
         return self.frames[int(round(chunk[0, 0]))]
-
-    def continue_draft(self, decided, draft):
-        # Echoed frames are any tokens, not FAST spellings: by position (the protocol's rule).
-        return ActionCodec.continue_draft(self, decided, draft)
 
 
 def run(loaded, frames, mode, drafter=None, draft_path=None):

@@ -66,9 +66,10 @@ def headless_drafter(runner, path: str) -> Drafter:
     if len(parts) > 1:
         return MergedChains([headless_drafter(runner, part) for part in parts])
     if path == PREVIOUS_ACTION_DRAFT:
-        codec = runner.codec
+        codec = runner.codec        # a codec that does not say is positional (the protocol's)
+        positional = getattr(codec, 'positional_drafts', True)
         return PreviousActionDrafter(runner.max_action_tokens, codec.step_tokens,
-                                     None if codec.positional_drafts else codec.continue_draft)
+                                     None if positional else codec.continue_draft)
     if path == PREVIOUS_OUTPUT_DRAFT:
         return PreviousOutputDrafter(runner.max_action_tokens,
                                      runner.codec.max_draft_chain)

@@ -77,8 +77,8 @@ class _Chunk:
 
 class ShiftedChunkDrafter(Drafter):
     """See the module docstring. ``codec``: the runner's action codec (``decode``, ``encode``,
-    ``continue_draft``, ``action_shape`` of two dimensions); ``max_tokens``: tokens one frame
-    decides at most."""
+    ``action_shape`` of two dimensions; ``continue_draft`` if it has one, else drafts go by
+    position); ``max_tokens``: tokens one frame decides at most."""
 
     def __init__(self, codec, max_tokens: int, extrapolation: str = 'hold'):
         if len(tuple(codec.action_shape)) != 2:
@@ -131,7 +131,10 @@ class ShiftedChunkDrafter(Drafter):
             self._check_known(request_id)
             decided = self._decided[request_id]
             length = min(depth, max_nodes - 1, self.max_tokens - len(decided))
-            chain = self.codec.continue_draft(decided, self._draft_of[request_id])
+            draft = self._draft_of[request_id]
+            continue_draft = getattr(self.codec, 'continue_draft', None)
+            chain = draft[len(decided):] if continue_draft is None \
+                else continue_draft(decided, draft)     # without one: by position
             trees.append(chain_tree(self._roots[request_id], chain[:max(0, length)]))
         return trees
 
