@@ -138,6 +138,45 @@ def test_an_expiring_call_is_one_at_a_time_and_given_up_after_its_time():
         CallSlot(client, 1.0, max_pending=0)
 
 
+@pytest.mark.skipif(not HAS_ROS, reason='needs rclpy')
+def test_an_answer_already_in_when_its_call_is_given_up_runs_no_callback():
+    """The client had taken the answer, its callback queued for the executor and not yet run,
+    when Servo went away (clear) or the call expired: removing the request from the client
+    stops nothing then, so the slot must. Otherwise a gone Servo's late answer (its old
+    timeout) lands after the new instance's."""
+    from vla_spec_ros.ros.servo_calls import CallSlot
+
+    class QueuedCallbacks(_Client):
+        """Done callbacks queued, as an executor runs them: later, as tasks."""
+
+        def __init__(self):
+            super().__init__()
+            self.queued = []
+
+        def call_async(self, request):
+            future = super().call_async(request)
+            future.add_done_callback = self.queued.append
+            return future
+
+    for give_up in ('clear', 'expire'):
+        client, answers = QueuedCallbacks(), []
+        slot = CallSlot(client, retry_s=1.0)
+        assert slot.send('read', answers.append, now=0.0)
+        client.answer(0, 'old servo')                   # the answer is in ...
+        slot.clear() if give_up == 'clear' else slot.expire(now=2.0)    # ... then given up
+        for callback in client.queued:                  # the executor's turn
+            callback(client.calls[0][1])
+        assert answers == [] and not slot.is_pending, give_up
+    # An answer whose call is still pending runs its callback.
+    client, answers = QueuedCallbacks(), []
+    slot = CallSlot(client, retry_s=1.0)
+    slot.send('read', answers.append, now=0.0)
+    client.answer(0, 'new servo')
+    for callback in client.queued:
+        callback(client.calls[0][1])
+    assert [f.result() for f in answers] == ['new servo']
+
+
 @pytest.mark.skipif(not HAS_ROS, reason='needs rclpy + ROS message wheels')
 def test_without_moveit_msgs_the_contract_reports_why_and_calls_nothing(monkeypatch):
     import rclpy

@@ -15,7 +15,10 @@ goes through one `CallSlot`, which bounds how long a call is waited for:
            confirmed as unknown.
 
 A given-up call is removed from the client (`remove_pending_request`), so a late answer runs
-no callback. Thread-safe: the timer, the worker and the executor all reach it.
+no callback; an answer the client had already taken when its call was given up is ignored
+when its callback comes (a Servo gone or respawned meanwhile: its old answers must not
+overwrite the new instance's). Thread-safe: the timer, the worker and the executor all reach
+it.
 """
 from __future__ import annotations
 
@@ -60,9 +63,13 @@ class CallSlot:
         return True
 
     def _answered(self, future, on_answer) -> None:
+        # A call given up after the client took its answer still gets here (removing the
+        # request stops only answers not yet in): its answer is ignored, as promised.
         with self._lock:
+            was_pending = any(f is future for f, _ in self._pending)
             self._pending = [(f, t) for f, t in self._pending if f is not future]
-        on_answer(future)
+        if was_pending:
+            on_answer(future)
 
     def expire(self, now: float) -> bool:
         """Give up the calls unanswered for `retry_s`; whether any was."""
