@@ -31,10 +31,12 @@ re-encoded). Plain Python and numpy (no torch); selected with ``draft_path: shif
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 from typing import Sequence
 
 import numpy as np
 
+from ...action_codec import ActionCodec
 from ...validation import check_int
 from .draft_tree import DraftTree, chain_tree
 from .drafter import Drafter, check_path_from_root, check_proposal
@@ -92,8 +94,12 @@ class ShiftedChunkDrafter(Drafter):
         self.extrapolation = extrapolation
         self._chunks: dict[str, list[_Chunk]] = {}       # stream -> newest first
         self._draft_of: dict[int, tuple[int, ...]] = {}  # request id -> its drafted frame
-        self._decided: dict[int, list[int]] = {}         # request id -> tokens decided
-        self._roots: dict[int, int] = {}
+        self._decided: dict[int, list[int]] = {}         # request id -> tokens decided (the
+        #                                                  last one is the root of its tree)
+        # How a draft continues decided tokens: the codec's rule, else the protocol's (by
+        # position) for a codec that has none.
+        self._continue_draft = getattr(codec, 'continue_draft', None) or partial(
+            ActionCodec.continue_draft, codec)
 
     # ---- the drafter interface ---------------------------------------------------------------
 
@@ -105,15 +111,13 @@ class ShiftedChunkDrafter(Drafter):
                                                                 begin.step)
             self._decided[begin.request_id] = [int(t) for t in (*begin.decided_before_root,
                                                                 begin.root_token)]
-            self._roots[begin.request_id] = int(begin.root_token)
         for adv in advances:
             self._decided[adv.request_id] += [*(int(t) for t in list(adv.path_tokens)[1:]),
                                               int(adv.bonus)]
-            self._roots[adv.request_id] = int(adv.bonus)
 
     def check_update(self, begins, advances) -> None:
         for begin in begins:
-            if begin.request_id in self._roots:
+            if begin.request_id in self._decided:
                 raise ValueError(f'request_id: {begin.request_id} already has a draft state; '
                                  'release it first')
             if not isinstance(begin.stream_id, str) or not begin.stream_id:
@@ -121,7 +125,7 @@ class ShiftedChunkDrafter(Drafter):
                                  f'request {begin.request_id}, got {begin.stream_id!r}')
         for adv in advances:
             self._check_known(adv.request_id)
-            check_path_from_root(adv, self._roots[adv.request_id])
+            check_path_from_root(adv, self._decided[adv.request_id][-1])
 
     def propose_batch(self, request_ids, depths, top_k, max_nodes,
                       min_prob=0.0) -> list[DraftTree]:
@@ -131,11 +135,8 @@ class ShiftedChunkDrafter(Drafter):
             self._check_known(request_id)
             decided = self._decided[request_id]
             length = min(depth, max_nodes - 1, self.max_tokens - len(decided))
-            draft = self._draft_of[request_id]
-            continue_draft = getattr(self.codec, 'continue_draft', None)
-            chain = draft[len(decided):] if continue_draft is None \
-                else continue_draft(decided, draft)     # without one: by position
-            trees.append(chain_tree(self._roots[request_id], chain[:max(0, length)]))
+            chain = self._continue_draft(decided, self._draft_of[request_id])
+            trees.append(chain_tree(decided[-1], chain[:max(0, length)]))
         return trees
 
     @property
@@ -155,7 +156,7 @@ class ShiftedChunkDrafter(Drafter):
         return True
 
     def release(self, request_id) -> None:
-        for table in (self._draft_of, self._decided, self._roots):
+        for table in (self._draft_of, self._decided):
             table.pop(request_id, None)
 
     def observe_action(self, stream_id: str, tokens: Sequence[int], request_id: int,
@@ -197,7 +198,7 @@ class ShiftedChunkDrafter(Drafter):
         return tuple(int(t) for t in frame[:self.max_tokens])
 
     def _check_known(self, request_id) -> None:
-        if request_id not in self._roots:
+        if request_id not in self._decided:
             raise ValueError(f'request_id: {request_id} has no draft state (begin() first)')
 
 
