@@ -42,17 +42,14 @@ def write_observations(path: str, frames) -> None:
 def load_row(model: str, options: dict):
     """The row's policy; with `positional_drafts` true its codec continues drafts by position
     (ActionCodec's rule) before its engine's drafters are built."""
-    from vla_spec_ros.action_codec import ActionCodec
     from vla_spec_ros.harness.speed import engine_for
     from vla_spec_ros.policy import VLAPolicy
+    from vla_spec_ros.testing import continue_drafts_by_position
     options = dict(options)
     positional = bool(options.pop('positional_drafts', False))
     policy = VLAPolicy.from_pretrained(model, **options)
     if positional:
-        codec = policy.engine.runner.codec
-        codec.positional_drafts = True
-        codec.continue_draft = lambda decided, draft: ActionCodec.continue_draft(
-            codec, decided, draft)
+        continue_drafts_by_position(policy.engine.runner.codec)
         engine_options = {k: v for k, v in options.items() if k != 'mode'}
         policy.engine = engine_for(policy, options.get('mode', 'pipeline_spec'),
                                    **engine_options)

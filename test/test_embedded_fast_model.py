@@ -45,7 +45,6 @@ def test_it_is_complete_small_and_loads_as_pi0fast():
 
 
 def test_its_chunks_on_meta_world_frames_decode_and_spec_gives_ar_tokens():
-    from vla_spec_ros.engine.result import Frame
     from vla_spec_ros.harness.speed import engine_for
     images = drawer_close_frames(6)
     policy = VLAPolicy.from_pretrained(NAME)
@@ -58,13 +57,7 @@ def test_its_chunks_on_meta_world_frames_decode_and_spec_gives_ar_tokens():
         expected.append(result.tokens)
     for draft in (None, 'previous_action', 'shifted_chunk'):
         engine = engine_for(policy, 'spec', draft)
-        tokens = []
-        for step, image in enumerate(images):
-            request_id = engine.submit(Frame(image, instruction, None, 'robot',
-                                             control_step=step))
-            done = {f.request_id: f for f in engine.run_until_idle()}
-            tokens.append(done[request_id].result.tokens)
-        assert tokens == expected, draft
+        assert _tokens_in_turn(engine, images, instruction) == expected, draft
 
 
 def test_drafts_continued_by_coefficient_give_ar_tokens_in_fewer_forwards():
@@ -73,36 +66,31 @@ def test_drafts_continued_by_coefficient_give_ar_tokens_in_fewer_forwards():
     continuation switched off) take more verifier forwards on these frames: a decided token
     that spells another stretch of coefficients than the draft's no longer leaves the rest
     of the draft off by one piece."""
-    from vla_spec_ros.action_codec import ActionCodec
-    from vla_spec_ros.engine.result import Frame
     from vla_spec_ros.harness.speed import engine_for
+    from vla_spec_ros.testing import continue_drafts_by_position
     images = drawer_close_frames(40)
     instruction = 'close the drawer'
     policy = VLAPolicy.from_pretrained(NAME, mode='ar', dtype='float64')
     expected = [policy.predict(image, instruction).tokens for image in images]
-    codec = policy.engine.runner.codec
-
-    def run(mode):
-        engine = engine_for(policy, mode)
-        tokens = []
-        for step, image in enumerate(images):
-            request_id = engine.submit(Frame(image, instruction, None, 'robot',
-                                             control_step=step))
-            done = {f.request_id: f for f in engine.run_until_idle()}
-            tokens.append(done[request_id].result.tokens)
-        return tokens, engine.num_verifier_forwards
-
+    by_position = VLAPolicy.from_pretrained(NAME, mode='ar', dtype='float64')
+    assert not by_position.engine.runner.codec.positional_drafts
+    continue_drafts_by_position(by_position.engine.runner.codec)
     for mode in ('spec', 'pipeline_spec'):
-        tokens, forwards = run(mode)
-        assert tokens == expected, mode
-        assert not codec.positional_drafts
-        codec.continue_draft = lambda decided, draft: ActionCodec.continue_draft(
-            codec, decided, draft)
-        codec.positional_drafts = True
-        try:
-            by_position, forwards_by_position = run(mode)
-        finally:
-            del codec.continue_draft            # the codec's own method again
-            codec.positional_drafts = False
-        assert by_position == expected, mode
-        assert forwards < forwards_by_position, (mode, forwards, forwards_by_position)
+        forwards = {}
+        for label, loaded in (('coefficient', policy), ('position', by_position)):
+            engine = engine_for(loaded, mode)
+            assert _tokens_in_turn(engine, images, instruction) == expected, (mode, label)
+            forwards[label] = engine.num_verifier_forwards
+        assert forwards['coefficient'] < forwards['position'], (mode, forwards)
+
+
+def _tokens_in_turn(engine, images, instruction) -> list:
+    """Each image's tokens, the images submitted one after another as consecutive control
+    steps of one robot."""
+    from vla_spec_ros.engine.result import Frame
+    tokens = []
+    for step, image in enumerate(images):
+        request_id = engine.submit(Frame(image, instruction, None, 'robot', control_step=step))
+        done = {f.request_id: f for f in engine.run_until_idle()}
+        tokens.append(done[request_id].result.tokens)
+    return tokens

@@ -3,12 +3,18 @@
 ``OracleDrafter`` is a ``Drafter`` that proposes the AR reference tokens (optionally corrupted
 at a controlled rate) instead of running a draft head: the tests of the verifier side use it
 for exact acceptance patterns, and ``bench/gpu.py`` for oracle acceptance calibration.
+
+``continue_drafts_by_position`` makes a codec's drafts continue by token position (the
+protocol's rule) instead of its own ``continue_draft``: the comparison row of
+``bench/paced_drafts.py`` and its test.
 """
 from __future__ import annotations
 
 import random
+from functools import partial
 from typing import Callable, Sequence
 
+from .action_codec import ActionCodec
 from .engine.drafting.draft_tree import DraftTree, chain_tree
 from .engine.drafting.drafter import Drafter
 from .validation import check_int
@@ -87,4 +93,12 @@ class OracleDrafter(Drafter):
         return token - 1 if token > 0 else token + 1
 
 
-__all__ = ['OracleDrafter']
+def continue_drafts_by_position(codec) -> None:
+    """Make ``codec`` (this instance only) continue drafts by token position, the protocol's
+    rule, instead of its own ``continue_draft``. Drafters read the rule when they are built:
+    build the engine after this call, on a codec loaded for the comparison."""
+    codec.positional_drafts = True
+    codec.continue_draft = partial(ActionCodec.continue_draft, codec)
+
+
+__all__ = ['OracleDrafter', 'continue_drafts_by_position']
