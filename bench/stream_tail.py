@@ -164,13 +164,21 @@ def summarize(rows, mode):
     return '\n'.join(lines)
 
 
+def split_node_parameters(options: dict) -> dict:
+    """Take a row's node.NAME options out of `options` (the rest are the policy's):
+    {NAME: value}."""
+    names = [name for name in options if name.startswith('node.')]
+    return {name[len('node.'):]: options.pop(name) for name in names}
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
     parser.add_argument('--model', default='metaworld-demo-fast')
     parser.add_argument('--modes', default='ar,pipeline_spec',
                         help='comma-separated rows: a mode, or label=mode:option=value:... with '
                              'EngineConfig options (e.g. ps1=pipeline_spec:'
-                             'max_inflight_per_stream=1)')
+                             'max_inflight_per_stream=1) and node parameters named node.NAME '
+                             '(e.g. t2=pipeline_spec:node.torch_threads=2)')
     parser.add_argument('--rate', type=float, default=30.0)
     parser.add_argument('--seconds', type=float, default=10.0)
     parser.add_argument('--rounds', type=int, default=1)
@@ -194,6 +202,8 @@ def main(argv=None):
     tasks = args.tasks.split(',') if args.tasks else list(DEFAULT_TASK_NAMES)
     rows_wanted = dict(parse_row(text) for text in args.modes.split(','))
     modes = list(rows_wanted)
+    node_parameters = {label: split_node_parameters(options)
+                       for label, options in rows_wanted.items()}
     policies = {label: VLAPolicy.from_pretrained(args.model, **options)
                 for label, options in rows_wanted.items()}
     any_policy = next(iter(policies.values()))
@@ -209,7 +219,8 @@ def main(argv=None):
             try:
                 summary = streaming.run_stream_mode(policy, frames, args.rate, num_warmup,
                                                     unnorm_key, trace=trace,
-                                                    log_level='error')
+                                                    log_level='error',
+                                                    node_parameters=node_parameters[mode])
             finally:
                 recorder.restore()
                 pauses.close()

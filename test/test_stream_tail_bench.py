@@ -31,6 +31,13 @@ def test_a_row_is_a_mode_or_a_labelled_mode_with_options():
                 'speculative_prefill': False, 'tree_min_prob': 0.3})
 
 
+def test_a_rows_node_parameters_are_taken_out_of_its_policy_options(stream_tail):
+    options = {'mode': 'pipeline_spec', 'node.torch_threads': 2, 'tree_depth': 4}
+    assert stream_tail.split_node_parameters(options) == {'torch_threads': 2}
+    assert options == {'mode': 'pipeline_spec', 'tree_depth': 4}
+    assert stream_tail.split_node_parameters({'mode': 'ar'}) == {}
+
+
 class Recorder:
     def __init__(self, frames):
         self.frames = frames

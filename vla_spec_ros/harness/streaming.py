@@ -180,10 +180,13 @@ def _set_instruction(vla, instruction: str) -> None:
 
 def run_stream_mode(policy, frames, rate_hz: float, num_warmup: int, unnorm_key: str, *,
                     namespace: str | None = None, log_level: str | None = None,
-                    max_action_age_s: float = MAX_ACTION_AGE_S, trace: dict | None = None) -> dict:
+                    max_action_age_s: float = MAX_ACTION_AGE_S, trace: dict | None = None,
+                    node_parameters: dict | None = None) -> dict:
     """`policy` behind a real VLASpecNode; frames[:num_warmup] are published as warm-up, the
     rest timed, one every 1 / `rate_hz` s. Returns stream_summary(...) of the timed frames
-    plus the node's own counters over them. `trace` (optional) receives what was matched:
+    plus the node's own counters over them. `node_parameters` (optional): node parameter
+    values over the ones this harness sets (e.g. torch_threads or chunk_blend, to compare).
+    `trace` (optional) receives what was matched:
     'published' {stamp: publish time} of the timed frames, 'warmup' their stamps, 'answers'
     [(stamp, receipt time, is zero twist)] of every twist received while streaming."""
     import rclpy
@@ -206,6 +209,7 @@ def run_stream_mode(policy, frames, rate_hz: float, num_warmup: int, unnorm_key:
     values = vla_parameters(policy, unnorm_key, 'realtime', rate_hz)
     values.update(enabled=True, instruction=frames[0].instruction,
                   max_action_age=float(max_action_age_s))
+    values.update(node_parameters or {})
     context = rclpy.Context()
     rclpy.init(context=context)
     nodes, spinning = [], None
