@@ -163,6 +163,12 @@ def test_stream_table_summary_and_placements():
     assert (ps7['delay'], ps7['frames'], ps7['success']) == (1, 'every', 0.9)
     text = demo_report.format_report(record)
     assert text.index('## Streaming') < text.index('## Success against action delay')
+    # AR answered 24 of 30 frames: the caption says the ratio is partly AR falling behind.
+    assert 'AR answered 80% of the frames: it falls behind the camera' in text
+    keeping_up = copy.deepcopy(record)
+    next(r for r in keeping_up['stream']['rows'] if r['mode'] == 'ar')[
+        'answered_fraction'] = 0.99
+    assert 'falls behind the camera' not in demo_report.format_report(keeping_up)
     assert demo_tables.REFERENCE_7B_TITLE in text and 'x.json' in text
     summary = demo_report.format_summary(record)
     assert text.rstrip().endswith(summary.rstrip())             # the report's last lines

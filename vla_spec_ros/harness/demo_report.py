@@ -18,6 +18,11 @@ from vla_spec_ros.harness.demo_tables import (REFERENCE_7B_TITLE, WHERE_MODEL, e
                                               format_task_table, stream_rows)
 
 
+# Below this share of its frames answered, AR falls behind the camera (frames wait for the one
+# before them), and the caption says what the ×AR column then measures.
+AR_KEEPS_UP_FRACTION = 0.95
+
+
 def _stream_caption(record: dict) -> str:
     stream = record['stream']
     loads = [r['load_avg_1m'] for r in stream['rows'] if r.get('load_avg_1m')]
@@ -33,6 +38,13 @@ def _stream_caption(record: dict) -> str:
         text += (' Load average (1 min) during the rows: '
                  f"{min(min(x) for x in loads):.1f}-{max(max(x) for x in loads):.1f} on "
                  f"{record['machine'].get('cpu_count', '?')} cores.")
+    ar, _ = stream_rows(record)
+    answered = measured(ar['answered_fraction']) if ar is not None else float('nan')
+    if answered < AR_KEEPS_UP_FRACTION:
+        text += (f' AR answered {100 * answered:.0f}% of the frames: it falls behind the '
+                 'camera on this machine, so its latency includes frames waiting for the one '
+                 'before them, and the ×AR column measures keeping up with the camera as much '
+                 'as the time a frame takes.')
     return text + '\n'
 
 
