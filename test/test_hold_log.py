@@ -61,7 +61,7 @@ def test_clearing_the_pairing_forgets_its_order():
     pairing = SlotPairing(['base', 'wrist'], 0.02)
     pairing.add(0, 1000.0, 'b')
     assert pairing.add(1, 1000.0, 'w').members is not None
-    assert pairing.add(0, 10.0, 'late').num_dropped == 1       # before the emitted set
+    assert pairing.add(0, 10.0, 'late').is_out_of_order        # before the emitted set
     pairing.clear()
     pairing.add(0, 10.0, 'b2')
     result = pairing.add(1, 10.01, 'w2')

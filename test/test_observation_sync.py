@@ -36,8 +36,8 @@ def test_the_newest_complete_set_wins_and_older_ones_are_not_emitted_after_it():
     pairing.add(BASE, 1.0, 'b0')
     pairing.add(BASE, 1.1, 'b1')
     assert stamps(pairing.add(WRIST, 1.1, 'w1')) == (1.1, 1.1)         # b0 has no wrist yet
-    late = pairing.add(WRIST, 1.0, 'w0')                               # b0's wrist, too late
-    assert late.members is None and late.num_dropped == 1
+    late = pairing.add(WRIST, 1.0, 'w0')              # b0's wrist, after w1: out of order
+    assert late.members is None and late.is_out_of_order
 
 
 def test_a_late_slot_still_pairs_with_its_pending_anchor():
@@ -89,7 +89,11 @@ def test_a_stalled_slot_leaves_no_set_and_no_out_of_sync_report():
 def test_out_of_order_frames_of_one_slot_are_dropped():
     pairing = SlotPairing(['base', 'wrist'], TOL)
     pairing.add(BASE, 1.0, 'b0')
-    assert pairing.add(BASE, 0.9, 'old').num_dropped == 1
+    old = pairing.add(BASE, 0.9, 'old')
+    same = pairing.add(BASE, 1.0, 'duplicate stamp')
+    # Out of order: told apart from drops (a camera's clock, not a busy engine).
+    assert old.is_out_of_order and same.is_out_of_order
+    assert old.num_dropped == same.num_dropped == 0 and old.members is None
     assert stamps(pairing.add(WRIST, 1.0, 'w0')) == (1.0, 1.0)
 
 

@@ -505,6 +505,77 @@ def test_steps_follow_the_control_clock_and_the_trajectory_is_the_chunk(chunk_no
         what='raw action of the last step')
 
 
+def _moving_step_of(probe, image, start):
+    """The index (in the probe's twists) of the first moving step of `image`'s chunk received
+    from `start`, or None."""
+    from ros_probe import is_zero
+
+    t0, period_ns = _ns(image.header.stamp), round(CONTROL_PERIOD * 1e9)
+    for i, (_, m) in enumerate(probe.probe.twists.snapshot()[start:], start=start):
+        offset = _ns(m.header.stamp) - t0
+        if not is_zero(m) and offset % period_ns == 0 and 0 <= offset // period_ns < K:
+            return i
+    return None
+
+
+def _nothing_moves_after_a_zero(probe, start, image):
+    """Waits for a zero twist after index `start`, then for the rest of `image`'s chunk: no
+    moving twist follows that zero. Returns the zero's index."""
+    from ros_probe import is_zero, stamp_s, wait_until
+
+    zero_at, _ = wait_until(lambda: next(
+        ((i, m) for i, (_, m) in enumerate(probe.probe.twists.snapshot()[start:], start=start)
+         if is_zero(m)), None), what='a zero twist')
+    end_s = stamp_s(image.header.stamp) + K * CONTROL_PERIOD
+    wait_until(lambda: stamp_s(probe.probe.now().to_msg()) > end_s + SLACK,
+               timeout=max(20.0, 3 * K * CONTROL_PERIOD), what="the chunk's last slot")
+    moving = [m for _, m in probe.probe.twists.snapshot()[zero_at + 1:] if not is_zero(m)]
+    assert moving == [], f'{len(moving)} moving twists after the zero'
+    return zero_at
+
+
+@needs_ros
+@pytest.mark.parametrize('instruction, reason', [
+    ('', 'no instruction'), ('open the drawer', "instruction changed: holding until the first "
+                                                "action for 'open the drawer'")])
+def test_a_new_or_cleared_instruction_stops_the_running_chunk(chunk_node, chunked, instruction,
+                                                              reason):
+    """Nothing decided under the old instruction goes out once it changed: the chunk being
+    executed is dropped and a zero twist follows at once (not the chunk's later steps, not
+    only at its run-out)."""
+    node, probe = chunk_node
+    _, frames, _ = chunked
+    start = len(probe.probe.twists.snapshot())
+    image = _image(probe, frames[0])
+    probe.probe.send(image, lambda: _moving_step_of(probe, image, start) is not None)
+    try:
+        changed = len(probe.probe.twists.snapshot())
+        assert probe.probe.set_param('instruction', instruction).successful
+        _nothing_moves_after_a_zero(probe, changed, image)
+        assert node.stats_snapshot()['hold_reason'] == reason
+    finally:
+        assert probe.probe.set_param('instruction', INSTRUCTION).successful
+
+
+@needs_ros
+def test_reset_during_a_chunk_stops_it_with_a_zero(chunk_node, chunked):
+    """`~/reset` drops the chunk being executed: its reply counts it, and a zero twist goes
+    out at once, so the last moving step does not stand until the watchdog finds the image
+    stale."""
+    from std_srvs.srv import Trigger
+
+    node, probe = chunk_node
+    _, frames, _ = chunked
+    start = len(probe.probe.twists.snapshot())
+    image = _image(probe, frames[1])
+    probe.probe.send(image, lambda: _moving_step_of(probe, image, start) is not None)
+    called = len(probe.probe.twists.snapshot())
+    response = probe.probe.call(probe.probe.reset_client, Trigger.Request())
+    assert response.success and 'and 1 running chunks' in response.message, response.message
+    _nothing_moves_after_a_zero(probe, called, image)
+    assert node.stats_snapshot()['hold_reason'] == 'reset: ~/reset called'
+
+
 @needs_ros
 def test_past_steps_are_skipped(chunk_node, chunked):
     from ros_probe import twist_values

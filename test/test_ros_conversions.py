@@ -202,3 +202,25 @@ class TestCompressed:
         msg.data = b''
         with pytest.raises(ValueError, match='data'):
             compressed_to_rgb(msg)
+
+    @pytest.mark.parametrize('fmt', ['.png', '.jpg'])
+    def test_a_size_the_model_refuses_is_refused_from_the_header_before_decoding(
+            self, monkeypatch, fmt):
+        """A few hundred kilobytes of PNG or JPEG can decode to gigabytes: a side outside
+        [2, MAX_IMAGE_SIDE] is refused from the file header, and OpenCV never decodes it."""
+        import cv2
+
+        from vla_spec_ros import image_messages
+        from vla_spec_ros.image_check import MAX_IMAGE_SIDE
+        side = MAX_IMAGE_SIDE + 8
+        msg = CompressedImage(format=fmt[1:])
+        msg.data = cv2.imencode(fmt, np.zeros((2, side, 3), np.uint8))[1].tobytes()
+        assert image_messages.header_size(bytes(msg.data)) == (side, 2)
+
+        def no_decoding(*args):
+            raise AssertionError('decoded an image refused by its header')
+        monkeypatch.setattr(image_messages.cv2, 'imdecode', no_decoding)
+        with pytest.raises(ValueError, match=f'image size {side}x2 \\(from its header'):
+            compressed_to_rgb(msg)
+        # A header Pillow does not read leaves the verdict to the decoder.
+        assert image_messages.header_size(b'\x00\x01not an image') is None

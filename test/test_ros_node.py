@@ -284,6 +284,44 @@ def test_camera_stop_publishes_zero_within_max_action_age(main_node, reference):
     assert probe.set_param('max_action_age', 5.0).successful
 
 
+def test_a_command_does_not_stand_while_the_engine_is_late(main_node, reference):
+    """The camera stays fresh but the engine stops answering (a step taking seconds: a huge
+    image being decoded, a stalled device): the last twist must not stand once its image is
+    older than max_action_age. The watchdog holds, naming the standing command's image."""
+    node, probe, _ = main_node
+    _, frames, _, _ = reference
+    max_age = 0.5
+    assert probe.set_param('max_action_age', max_age).successful
+    try:
+        image = probe.raw_image(frames[0])
+        start = len(probe.twists.snapshot())
+        probe.send(image, lambda: probe.twists.find(
+            lambda m: m.header.stamp == image.header.stamp, start))
+        with _slow_steps(node, 3.0):
+            # The camera keeps sending (its newest image is always fresh) until the zero.
+            def zero_after_a_move():
+                items = probe.twists.snapshot()[start:]
+                moves = [i for i, (_, m) in enumerate(items) if not is_zero(m)]
+                if not moves:
+                    return None
+                zeros = [i for i in range(moves[-1] + 1, len(items)) if is_zero(items[i][1])]
+                return (items[moves[-1]], items[zeros[0]]) if zeros else None
+            deadline = time.monotonic() + 30.0
+            while zero_after_a_move() is None:
+                assert time.monotonic() < deadline, 'no zero while the engine was late'
+                probe.image_pub.publish(probe.raw_image(frames[1]))
+                time.sleep(0.05)
+            (_, last_move), (zero_time, _) = zero_after_a_move()
+            reason = node.stats_snapshot()['hold_reason']
+        assert reason.startswith('stale observation') and 'still standing' in reason, reason
+        # Not before the command's image went stale; the watchdog period (0.02 s) plus
+        # scheduling and DDS slack after.
+        delay = zero_time - stamp_s(last_move.header.stamp)
+        assert max_age - 0.05 <= delay <= max_age + 0.4, delay
+    finally:
+        assert probe.set_param('max_action_age', 5.0).successful
+
+
 def test_disable_publishes_zero_and_stops_actions(main_node, reference):
     node, probe, _ = main_node
     _, frames, _, _ = reference
@@ -308,6 +346,7 @@ def test_reset_service(main_node):
     node, probe, _ = main_node
     response = probe.call(probe.reset_client, Trigger.Request())
     assert response.success and 'dropped' in response.message
+    assert node.stats_snapshot()['hold_reason'] == 'reset: ~/reset called'
 
 
 # ---- failure injection: a policy wrapper around the real engine ------------------------------

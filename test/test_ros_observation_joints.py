@@ -27,6 +27,7 @@ pytestmark = pytest.mark.skipif(not (HAS_ROS and HAS_TORCH),
 
 if HAS_ROS and HAS_TORCH:
     from builtin_interfaces.msg import Time
+    from rclpy.duration import Duration
     from rclpy.parameter import Parameter
     from sensor_msgs.msg import Image, JointState
     from trajectory_msgs.msg import JointTrajectory
@@ -278,3 +279,33 @@ def test_a_joint_states_of_the_whole_robot_gives_the_model_the_configured_joints
         time.sleep(0.1)
     assert carried(), f'no frame carried the arm\'s state; hold: {_hold_reason(s, "a")!r}'
     wait_until(lambda: _answered(s, 'a') > before, what='an answer for robot a')
+
+
+def test_a_joint_states_message_of_another_publisher_is_ignored(setup):
+    """An arm controller and a gripper driver both publish on /joint_states: the gripper's
+    message names none of joint_names, so it is not this state's message, even when it is the
+    one nearest to the images; the frames are answered with the arm's state, none refused."""
+    s = setup
+    gripper = s.probe.create_publisher(JointState, '/a/joint_states', IMAGE_QOS)
+    try:
+        wait_until(lambda: gripper.get_subscription_count() > 0, what='the gripper publisher')
+        before, errors = _answered(s, 'a'), s.node.stats_snapshot('a')['errors']
+        deadline = time.monotonic() + 30.0
+        while _answered(s, 'a') < before + 3 and time.monotonic() < deadline:
+            # The arm's state, then the fingers' (nearer the images in time), each given time
+            # to arrive (one topic: a newer message may replace one not taken yet).
+            arm = JointState(name=JOINTS, position=STATE)
+            arm.header.stamp = (_now(s) - Duration(seconds=0.05)).to_msg()
+            s.pubs['a', 'state'].publish(arm)
+            time.sleep(0.03)
+            fingers = JointState(name=['finger_left', 'finger_right'], position=[0.04, 0.04])
+            fingers.header.stamp = _now(s).to_msg()
+            gripper.publish(fingers)
+            time.sleep(0.03)
+            _send(s, 'a', skip=('state',))
+            time.sleep(0.1)
+        assert _answered(s, 'a') >= before + 3, _hold_reason(s, 'a')
+        assert s.node.stats_snapshot('a')['errors'] == errors
+        assert 'bad input' not in _hold_reason(s, 'a')
+    finally:
+        s.probe.destroy_publisher(gripper)

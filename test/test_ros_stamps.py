@@ -2,7 +2,8 @@
 DDS, no mocks of rclpy; the node is the package's VLASpecNode, every frame published here).
 
   - one image stamped in the future is refused and moves nothing: the next good frames are
-    answered (one camera; and one wrist frame of a two-camera robot);
+    answered (one camera; and one wrist frame of a two-camera robot); so is one with a
+    negative stamp (0 alone means unstamped);
   - the node clock jumping back (`use_sim_time`, /clock published here and reset, as a
     simulator reset or a bag played again does): recognised, logged, and the frames after it
     answered, for a single-step and for a chunked model;
@@ -227,6 +228,37 @@ def test_a_future_stamped_frame_is_refused_and_the_next_frames_are_answered(sim_
         # Good frames right after it are answered: the refused frame moved no order.
         twist = _wait_answered(robot, 'an answer after the future-stamped frame')
         assert stamp_s(twist.header.stamp) < robot.clock.now_s() + 1.0
+
+
+def test_a_negative_stamp_is_refused_not_taken_for_unstamped(sim_robot):
+    """0 means unstamped (the receipt time stands in); a negative stamp is a driver or clock
+    bug: refused on arrival as bad input, and the next good frames are answered."""
+    robot = sim_robot
+    _wait_answered(robot, 'a first answer')
+    before = robot.node.stats_snapshot()['holds']
+    robot.image.header.stamp = Time(sec=-5, nanosec=0)
+    robot.probe.image_pub.publish(robot.image)
+    wait_until(lambda: robot.node.stats_snapshot()['holds'] > before,
+               what='the negative-stamped frame refused')
+    reason = robot.node.stats_snapshot()['hold_reason']
+    assert reason == 'bad input: header stamp -5.000 s is negative (0 means unstamped)', reason
+    _wait_answered(robot, 'an answer after the negative-stamped frame')
+
+
+def test_a_repeated_stamp_is_dropped_as_out_of_order_not_as_a_busy_engine(sim_robot):
+    """A camera that sends one stamp twice (or whose clock stepped back): the second image is
+    dropped, counted as out of order (not among the frames a busy engine dropped, which
+    would report it saturated) and logged with its stamp."""
+    robot = sim_robot
+    _wait_answered(robot, 'a first answer')
+    before = robot.node.stats_snapshot()
+    mark = robot.log.mark()
+    robot.image.header.stamp = _time(robot.sent[-1])         # the answered frame's stamp
+    robot.probe.image_pub.publish(robot.image)
+    wait_until(lambda: robot.node.stats_snapshot()['frames_out_of_order']
+               > before['frames_out_of_order'], what='the repeated stamp dropped')
+    robot.log.wait_for('image dropped', 'is not newer than the previous image', start=mark)
+    assert robot.node.stats_snapshot()['frames_dropped'] == before['frames_dropped']
 
 
 def test_a_clock_jump_backwards_is_logged_and_the_frames_after_it_are_answered(sim_robot):

@@ -11,7 +11,10 @@ Conventions followed (sensor_msgs/msg/Image.msg):
 - `is_bigendian` gives the byte order of multi-byte channels (the 16-bit encodings here); it
   has no meaning for 8-bit encodings.
 - CompressedImage is decoded with OpenCV (`cv2.imdecode`, BGR/BGRA/gray out), as cv_bridge's
-  `compressed_imgmsg_to_cv2` does; the `format` string is informational only.
+  `compressed_imgmsg_to_cv2` does; the `format` string is informational only. Its size is
+  read from the file header first (Pillow, no decoding) and refused there when a side is
+  outside what the model takes: a small PNG can decode to gigabytes, and decoding it would
+  hold up the node's worker for seconds.
 - 16-bit images are scaled to 8 bits by round(v / 257), which maps 0..65535 onto 0..255 as
   OpenCV's `convertTo(CV_8U, 255 / 65535)` does.
 
@@ -20,9 +23,11 @@ below is the fallback and is what the tests pin down against hand-built arrays.
 """
 from __future__ import annotations
 
+import io
+
 import numpy as np
 
-from vla_spec_ros.image_check import check_image
+from vla_spec_ros.image_check import MAX_IMAGE_SIDE, check_image
 
 try:  # cv2 ships with opencv-python-headless (a declared dependency) but keep imports cheap
     import cv2
@@ -110,6 +115,10 @@ def compressed_to_rgb(msg) -> np.ndarray:
     buffer = np.frombuffer(msg.data, dtype=np.uint8)
     if buffer.size == 0:
         raise ValueError('data: empty CompressedImage')
+    size = header_size(buffer.tobytes())
+    if size is not None and (min(size) < 2 or max(size) > MAX_IMAGE_SIDE):
+        raise ValueError(f'height/width: image size {size[0]}x{size[1]} (from its header, not '
+                         f'decoded) outside [2, {MAX_IMAGE_SIDE}] pixels per side')
     decoded = cv2.imdecode(buffer, cv2.IMREAD_UNCHANGED)
     if decoded is None:
         raise ValueError(f'data: OpenCV could not decode the image (format {msg.format!r})')
@@ -123,6 +132,17 @@ def compressed_to_rgb(msg) -> np.ndarray:
     else:
         raise ValueError(f'data: decoded image has {decoded.shape[2]} channels')
     return np.ascontiguousarray(rgb)
+
+
+def header_size(data: bytes) -> tuple[int, int] | None:
+    """(width, height) of a compressed image from its header (Pillow reads the header only),
+    or None when Pillow does not know the format (OpenCV may still decode it)."""
+    try:
+        from PIL import Image
+        with Image.open(io.BytesIO(data)) as image:
+            return tuple(int(side) for side in image.size)
+    except Exception:       # unknown or broken header: leave the verdict to the decoder
+        return None
 
 
 def model_rgb(msg) -> np.ndarray:

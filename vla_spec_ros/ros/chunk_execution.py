@@ -72,9 +72,12 @@ class ChunkExecution:
         self._lock = threading.RLock()            # schedule + the steps' publishing order
         self._on_chunk = on_chunk
 
-    def clear(self) -> None:
+    def clear(self) -> bool:
+        """Forget the chunks; whether one still had steps to run (was moving the robot)."""
         with self._lock:
+            was_running = self.schedule.is_running(self.robot.now_s())
             self.schedule.clear()
+        return was_running
 
     def handle_finished(self, finished) -> None:
         """A chunked model's frame: check the whole chunk (chunk_rules.decide_chunk), keep

@@ -52,6 +52,11 @@ REASON_CHUNK_END = 'chunk ran out'
 # With servo_node: MoveIt Servo is not there or its command type is not selected (yet, or
 # again after a restart), so it would drop the command (servo_contract.py).
 REASON_SERVO_NOT_READY = 'servo not ready'
+# What the robot was doing was dropped: its instruction changed (nothing decided under the old
+# one goes out) or `~/reset` (or a jump back of the node clock) forgot it. Zero until the next
+# action.
+REASON_NEW_INSTRUCTION = 'instruction changed'
+REASON_RESET = 'reset'
 
 # Holds caused by a failure (diagnostics level ERROR) rather than by a state (WARN).
 FAILURE_REASONS = (REASON_ENGINE_ERROR, REASON_INVALID, REASON_NON_FINITE, REASON_BAD_INPUT)

@@ -81,6 +81,7 @@ class InferenceStats:
         self._action_ages: deque = deque(maxlen=_MAX_WINDOW_EVENTS)
         self.num_frames_received = 0
         self.num_frames_dropped = 0
+        self.num_frames_out_of_order = 0
         self.num_frames_stale = 0
         self.num_frames_submitted = 0
         self.num_actions_published = 0
@@ -126,6 +127,12 @@ class InferenceStats:
             self.num_frames_dropped += count
             for _ in range(count):
                 self._push(self._dropped_times, now_s, now_s)
+
+    def record_out_of_order(self) -> None:
+        """A frame dropped on arrival for a stamp not newer than the previous one: not a
+        frame the engine had no time for, so not in the dropped window either."""
+        with self._lock:
+            self.num_frames_out_of_order += 1
 
     def record_submitted(self) -> None:
         with self._lock:
@@ -211,6 +218,7 @@ class InferenceStats:
                 'frames_received': self.num_frames_received,
                 'frames_submitted': self.num_frames_submitted,
                 'frames_dropped': self.num_frames_dropped,
+                'frames_out_of_order': self.num_frames_out_of_order,
                 'frames_stale': self.num_frames_stale,
                 'actions_published': self.num_actions_published,
                 'holds': self.num_holds,

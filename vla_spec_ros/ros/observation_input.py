@@ -12,8 +12,9 @@ input's value under its key; an out-of-sync report or an input's problem (a stat
 be paired) travels in it as its `error`, so the worker refuses or holds in frame order.
 
 Stamps and order (docs/robot.md, "Stamps, order and clock jumps"):
-  - an image stamped more than `max_action_age` ahead of the node clock (by the time the node
-    ages it by: `stamp_source`) is refused on arrival (`on_refused`: the robot holds with
+  - an image with a negative header stamp (with `stamp_source: header`; 0 means unstamped),
+    or stamped more than `max_action_age` ahead of the node clock (by the time the node
+    ages it by: `stamp_source`), is refused on arrival (`on_refused`: the robot holds with
     `observation from the future`, naming the slot with several). It never enters the pairing
     and is never the newest observation, so it moves nothing: the next good image is answered;
   - the order the pairing keeps is by header stamp with several slots (pairing needs it), and
@@ -53,16 +54,20 @@ def slot_topic(prefix: str, slot: str, transport: str) -> str:
 
 class ObservationInput:
     """`on_observation(observation)` gets each complete set (executor thread);
-    `on_dropped(count)` counts messages dropped by the pairing. `settings()` returns the
+    `on_dropped(count)` counts messages dropped by the pairing; `on_out_of_order(info,
+    slot_label)` (optional) gets an image dropped for a stamp not newer than its slot's
+    previous one (observation_sync.py). `settings()` returns the
     robot's NodeSettings in force. `on_refused(info, reason)` gets an image refused on arrival
-    (stamped in the future); `on_clock_jump(jump)` a clock_jumps.ClockJump, after the order
-    kept on the old time line was forgotten (module docstring). `inputs`: the robot's paired
-    inputs (input_adapter.InputAdapter), read in this order; this object owns them."""
+    (stamped in the future, or negative); `on_clock_jump(jump)` a clock_jumps.ClockJump, after
+    the order kept on the old time line was forgotten (module docstring). `inputs`: the
+    robot's paired inputs (input_adapter.InputAdapter), read in this order; this object owns
+    them."""
 
     def __init__(self, node, prefix: str, settings, on_observation, on_dropped, get_settings,
-                 *, on_refused, on_clock_jump, inputs=()):
+                 *, on_refused, on_clock_jump, on_out_of_order=None, inputs=()):
         self.node = node
         self._on_observation, self._on_dropped = on_observation, on_dropped
+        self._on_out_of_order = on_out_of_order
         self._on_refused, self._on_clock_jump = on_refused, on_clock_jump
         self._settings = get_settings
         self.slot_names = tuple(settings.image_slots) or ('',)
@@ -88,6 +93,10 @@ class ObservationInput:
     def is_multi_slot(self) -> bool:
         return len(self.slot_names) > 1
 
+    def _slot_label(self, index: int) -> str:
+        """' (image slot <name>)' with several slots, else ''."""
+        return f' (image slot {self.slot_names[index]})' if self.is_multi_slot else ''
+
     def check_clock(self):
         """Read the node clock (module docstring): on a jump back, forget the order kept so
         far and tell `on_clock_jump`. Returns the reading (rclpy Time)."""
@@ -100,9 +109,17 @@ class ObservationInput:
             self._on_clock_jump(jump)
         return now
 
-    def _future_reason(self, index: int, info: FrameInfo, settings) -> str | None:
-        """Why an image just received is refused on arrival (stamped in the future), or None.
-        Only the future is checked here: a stale image is aged again by the worker."""
+    def _arrival_reason(self, index: int, info: FrameInfo, settings) -> str | None:
+        """Why an image just received is refused on arrival (a negative header stamp, or one
+        in the future), or None. Only these are checked here: a stale image is aged again by
+        the worker."""
+        if info.stamp_s < 0.0 and settings.stamp_source == 'header':
+            # 0 is "unstamped" (the receipt time stands in); below 0 is a driver or clock bug,
+            # and the receipt time must not stand in for it.
+            reason = (f'{cmd.REASON_BAD_INPUT}: header stamp {info.stamp_s:.3f} s is negative '
+                      '(0 means unstamped)')
+            return reason if not self.is_multi_slot else \
+                f'{reason} (image slot {self.slot_names[index]})'
         age_s = cmd.observation_age(info.receipt_s, info.stamp_s, info.receipt_s, settings)
         reason = cmd.freshness_reason(age_s, settings, max_age_s=math.inf)
         if reason is None or not self.is_multi_slot:
@@ -118,14 +135,16 @@ class ObservationInput:
     def _on_image(self, index: int, msg) -> None:
         info = frame_info(msg, self.check_clock())
         settings = self._settings()
-        future = self._future_reason(index, info, settings)
-        if future is not None:                # refused: it must not move the order
-            self._on_refused(info, future)
+        refused = self._arrival_reason(index, info, settings)
+        if refused is not None:               # refused: it must not move the order
+            self._on_refused(info, refused)
             return
         with self._lock:
             self.newest_per_slot[index] = info
             self._pairing.tolerance_s = settings.image_sync_tolerance
             pairing = self._pairing.add(index, self._order_stamp(info, settings), (msg, info))
+        if pairing.is_out_of_order and self._on_out_of_order is not None:
+            self._on_out_of_order(info, self._slot_label(index))
         if pairing.num_dropped:
             self._on_dropped(pairing.num_dropped)
         if pairing.out_of_sync is not None:

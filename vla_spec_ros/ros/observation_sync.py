@@ -20,7 +20,9 @@ stamp, within `tolerance_s` of the anchor's stamp. Rules:
     robot holds (stale input; the channel names the slot whose newest image is too old).
 
 Messages of one slot are expected in stamp order (a camera driver's); one whose stamp is not
-newer than its slot's previous one is dropped. Only messages the caller accepts enter: one
+newer than its slot's previous one is dropped as out of order (`is_out_of_order`, told apart
+from the drops above: a duplicate stamp or a camera clock that stepped back, not a busy
+engine). Only messages the caller accepts enter: one
 stamped in the future of the node clock is refused before it reaches the pairing
 (observation_input.py), so it cannot make every later message look out of order; `clear`
 forgets the order (`~/reset`, the node clock going back: clock_jumps.py).
@@ -49,6 +51,9 @@ class Pairing:
     members: tuple | None = None
     out_of_sync: str | None = None
     num_dropped: int = 0           # messages dropped by this arrival (late, unpaired)
+    # This arrival dropped because its stamp is not newer than its slot's previous message
+    # (duplicate stamps, a camera clock that stepped back): not the engine's doing.
+    is_out_of_order: bool = False
 
 
 class SlotPairing:
@@ -75,8 +80,10 @@ class SlotPairing:
 
     def add(self, slot: int, stamp_s: float, item) -> Pairing:
         """A message of slot index `slot`; what it completes (see the module docstring)."""
-        if stamp_s <= self._last_stamp[slot] or stamp_s < self._emitted_s - self.tolerance_s:
-            return Pairing(num_dropped=1)        # out of order, or older than an emitted set
+        if stamp_s <= self._last_stamp[slot]:
+            return Pairing(is_out_of_order=True)
+        if stamp_s < self._emitted_s - self.tolerance_s:
+            return Pairing(num_dropped=1)        # late: older than a set already emitted
         self._last_stamp[slot] = stamp_s
         pending = self._pending[slot]
         num_dropped = int(len(pending) == pending.maxlen)

@@ -520,7 +520,7 @@ def default_node_settings() -> NodeSettings:
 
 def load_time_refusal(name: str) -> str:
     """The reason given when a load-time parameter is set at runtime."""
-    return (f'{name} is a load-time parameter: the model is built from it at start-up; set it '
+    return (f'{name} is a load-time parameter: the node reads it once, at start-up; set it '
             'in the params file or as a launch argument and restart the node')
 
 

@@ -135,12 +135,16 @@ class RobotChannel:
         self.model_reads_state = model_reads_state     # the Frame carries the state
         self.chunk_execution = ChunkExecution(self._chunk_channel(), on_chunk)
         self._control_steps = ControlSteps()      # the images' steps, for temporal drafting
+        # A single-step model's last command while it stands (no hold since): its frame's
+        # FrameInfo, so the watchdog holds once that image is too old (a late engine).
+        self._standing: FrameInfo | None = None
 
         prefix = f'{name}/' if name else '~/'
         self.observation = ObservationInput(node, prefix, settings, self._on_frame,
                                             self.stats.record_dropped, self.current_settings,
                                             on_refused=self._on_refused_frame,
                                             on_clock_jump=self._on_clock_jump,
+                                            on_out_of_order=self._on_out_of_order,
                                             inputs=build_inputs(node, prefix, settings,
                                                                 self.current_settings))
         self.outputs = build_outputs(node, prefix, settings, self.label,
@@ -221,12 +225,22 @@ class RobotChannel:
             self.stats.record_dropped()
 
     def _on_refused_frame(self, info: FrameInfo, reason: str) -> None:
-        """An image refused on arrival (stamped in the future, observation_input.py): held
-        for at once, counted stale (as the worker counts a future image it takes); it never
-        reaches the slot, so a good frame waiting there still goes to the engine."""
+        """An image refused on arrival (stamped in the future, or a negative stamp,
+        observation_input.py): held for at once, a future one counted stale (as the worker
+        counts a future image it takes); it never reaches the slot, so a good frame waiting
+        there still goes to the engine."""
         self.stats.record_received()
         if self.is_active and self.settings.enabled:
-            self.reject(reason, is_stale=True)
+            self.reject(reason, is_stale=cmd.is_stale_reason(reason))
+
+    def _on_out_of_order(self, info: FrameInfo, slot_label: str) -> None:
+        """An image dropped on arrival because its stamp is not newer than the previous one of
+        its slot: counted apart from the frames a busy engine had no time for, and logged
+        (throttled), since only the camera's clock or driver can cause it."""
+        self.stats.record_out_of_order()
+        self.log_reason(f'image dropped{slot_label}: its stamp {info.stamp_s:.3f} s is not '
+                        'newer than the previous image\'s (duplicate stamps, or the camera\'s '
+                        'clock stepped back)', 'warning')
 
     def _on_clock_jump(self, jump) -> None:
         """The node clock went back (clock_jumps.py): everything of this robot kept on the old
@@ -234,10 +248,10 @@ class RobotChannel:
         frame order is already forgotten), so the frames after the jump are answered."""
         num_dropped = self._on_reset(self)
         num_queued = self.slot.clear()
-        self.clear_chunks()
         self.stats.record_clock_jump()
         self.log_reason(f'{jump.describe()}: frame order forgotten, {num_dropped} engine '
                         f'requests and {num_queued} queued frames dropped', 'warning')
+        self.forget_commands(f'{cmd.REASON_RESET}: {jump.describe()}')
 
     def _on_instruction_msg(self, msg: String) -> None:
         if msg.data != self.settings.instruction:   # both subscriptions may deliver it
@@ -251,12 +265,34 @@ class RobotChannel:
         num_dropped = self._on_reset(self)
         num_queued = self.slot.clear()
         self.observation.clear()
-        self.clear_chunks()
+        was_running = self.clear_chunks()
         response.success = True
-        response.message = (f'dropped {num_dropped} engine requests and {num_queued} '
-                            'queued frames')
+        response.message = (f'dropped {num_dropped} engine requests, {num_queued} queued '
+                            f'frames and {int(was_running)} running chunks')
         self.node.get_logger().info(f'{self.label}: {response.message}')
+        self.forget_commands(f'{cmd.REASON_RESET}: ~/reset called')
         return response
+
+    def forget_commands(self, reason: str) -> None:
+        """What the robot was executing was dropped (``~/reset``, a clock jump, a new
+        instruction): its chunks go and the outputs hold now, so the last command sent (a
+        moving step, a twist) does not stand until the next action. Only while the robot is
+        enabled and active: otherwise it already holds."""
+        self.clear_chunks()
+        if self.is_active and self.settings.enabled:
+            self.stats.record_hold(reason)
+            self.send_hold(reason)
+
+    def instruction_changed(self) -> None:
+        """The robot's instruction changed or was cleared (executor thread, after the new
+        settings are in force): nothing decided under the old one is acted on any more. The
+        results of frames still in the engine are dropped when they finish
+        (``_is_superseded``); the chunk being executed is dropped and the robot holds until
+        the new instruction's first action (a cleared one holds: no instruction)."""
+        instruction = self.settings.instruction
+        self.forget_commands(
+            f'{cmd.REASON_NEW_INSTRUCTION}: holding until the first action for {instruction!r}'
+            if instruction else cmd.REASON_NO_INSTRUCTION)
 
     # ---- time -----------------------------------------------------------------------------
 
@@ -298,8 +334,23 @@ class RobotChannel:
                 self.age_of, self.age_limit(settings), settings) or reason
         if reason is None and not settings.instruction:
             reason = cmd.REASON_NO_INSTRUCTION
+        if reason is None:
+            reason = self._standing_reason(settings)
         if reason is not None:
             self.hold_state(reason)
+
+    def _standing_reason(self, settings) -> str | None:
+        """Why a single-step model's last command may not stand any longer, or None: its
+        image is older than max_action_age and no newer action came (the camera is fresh but
+        the engine is late or stalled, e.g. decoding a huge image), so the robot would keep
+        acting on an old image. A chunked model's steps are aged one by one when due."""
+        standing = self._standing
+        if standing is None or self.is_chunked:
+            return None
+        reason = cmd.freshness_reason(self.age_of(standing), settings)
+        if reason is None or cmd.reason_kind(reason) != cmd.REASON_STALE:
+            return None
+        return f'{reason} (the image of the command still standing; no newer action came)'
 
     def hold_state(self, reason: str) -> None:
         """A standing state says "do not move": the outputs' hold, `num_halt_messages`
@@ -346,6 +397,7 @@ class RobotChannel:
 
     def _send_hold(self, reason: str) -> None:
         settings = self.settings
+        self._standing = None
         self.stats.set_hold_reason(reason)
         now = self.node.get_clock().now().to_msg()
         for output in self.outputs:
@@ -355,7 +407,8 @@ class RobotChannel:
         kind = cmd.reason_kind(reason)
         if kind in cmd.FAILURE_REASONS:
             level = 'error'
-        elif kind in (cmd.REASON_DISABLED, cmd.REASON_NO_INSTRUCTION):   # expected states
+        elif kind in (cmd.REASON_DISABLED, cmd.REASON_NO_INSTRUCTION,   # expected states
+                      cmd.REASON_NEW_INSTRUCTION, cmd.REASON_RESET):
             level = 'info'
         else:
             level = 'warning'
@@ -402,6 +455,7 @@ class RobotChannel:
         prepared = self.prepare(info, settings)
         if prepared is None:
             return
+        self._standing = info               # cleared by a hold, publish_command's included
         self.publish_command(command, info.stamp, prepared)
         record_answer(self.stats, info, finished.result.stats, self.age_of(info))
 
@@ -418,9 +472,10 @@ class RobotChannel:
             prepared.append(value)
         return prepared
 
-    def clear_chunks(self) -> None:
-        """Forget the chunks being executed (disable, deactivate, reset, a failure)."""
-        self.chunk_execution.clear()
+    def clear_chunks(self) -> bool:
+        """Forget the chunks being executed (disable, deactivate, reset, a failure); whether
+        one still had steps to run."""
+        return self.chunk_execution.clear()
 
     def publish_due_step(self, now_s: float | None = None) -> float | None:
         """Publish the step due at `now_s` (node clock; default now), if any and not yet

@@ -289,13 +289,15 @@ class Serving:
                 params.tunable_engine_changes(self.config.engine, config.engine))
         self.config = config
         for channel in self.channels:
-            was_enabled, channel.settings = channel.settings.enabled, config.robots[channel.name]
-            if was_enabled != channel.settings.enabled:
+            before, channel.settings = channel.settings, config.robots[channel.name]
+            if before.enabled != channel.settings.enabled:
                 self.node.get_logger().info(
                     f'{channel.label}: {"enabled" if channel.settings.enabled else "disabled"}')
                 if not channel.settings.enabled:
                     channel.slot.clear()
                     channel.clear_chunks()
+            if before.instruction != channel.settings.instruction:
+                channel.instruction_changed()
 
     def _take_tunables(self) -> dict:
         with self._tunables_lock:

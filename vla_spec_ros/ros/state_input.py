@@ -8,7 +8,10 @@ ArrayStateInput, over the history and pairing they share (StateInput).
                            by name in that order, whatever the message's order. A robot's
                            /joint_states carries every joint (gripper fingers, a mobile base,
                            a second arm): joints not configured are ignored, whatever their
-                           values. A configured joint missing or named twice, a position
+                           values, and so is a message that names none of the configured
+                           joints (another publisher's on the same topic: a gripper driver
+                           beside the arm's controller). A configured joint missing from a
+                           message that names others, or named twice, a position
                            count that differs from the name count, or a non-finite position
                            of a configured joint is bad input: the frame it would pair with is
                            refused with the reason naming the joints (zero motion).
@@ -145,10 +148,12 @@ class JointStateInput(StateInput):
                                              self._on_joint_state, IMAGE_QOS)
 
     def _on_joint_state(self, msg) -> None:
+        order = self._get_settings().state_order
+        if not set(msg.name) & set(order):
+            return          # another publisher's joints only: not this state's message
         stamp_s = msg.header.stamp.sec + 1e-9 * msg.header.stamp.nanosec
         try:
-            vector, error = state_from_joint_state(msg.name, msg.position,
-                                                   self._get_settings().state_order), None
+            vector, error = state_from_joint_state(msg.name, msg.position, order), None
         except ValueError as exc:
             vector, error = None, str(exc)
         self._add(stamp_s if stamp_s > 0.0 else self._now_s(), vector, error)
