@@ -1,7 +1,8 @@
 """The hold state machine of one robot (ros/safety_gate.py), pure Python: no rclpy, no torch.
 
 Rules under test (the module's docstring): a hold state goes out `num_halt_messages` times on
-entering it and then stays quiet; a change of kind starts a new budget; a hold that must go
+entering it and then stays quiet; a new kind has its own budget, and kinds that alternate do
+not renew each other's (until a command); a hold that must go
 out always does; a command releases the state; a refused frame supersedes the results of older
 frames; an instruction change supersedes results decided under the old one.
 """
@@ -20,6 +21,19 @@ def test_a_new_kind_of_hold_starts_a_new_budget():
     assert [gate.hold_state(cmd.REASON_DISABLED, 2) for _ in range(3)] == [True, True, False]
     assert gate.hold_state(cmd.REASON_NO_INSTRUCTION, 2)
     assert gate.hold_kind == cmd.REASON_NO_INSTRUCTION
+
+
+def test_alternating_kinds_do_not_renew_each_others_budget():
+    # A refused future-stamped frame, then the watchdog's stale hold, again and again: each
+    # kind has its budget until the next command, not one per switch.
+    gate = SafetyGate()
+    sent = []
+    for _ in range(6):
+        sent.append(gate.hold_state(f'{cmd.REASON_FUTURE}: stamp 5 s ahead', 2))
+        sent.append(gate.hold_state(f'{cmd.REASON_STALE}: age 3 s', 2))
+    assert sum(sent) == 4 and sent[:4] == [True, True, True, True]
+    gate.released()
+    assert gate.hold_state(cmd.REASON_STALE, 2)
 
 
 def test_a_forced_hold_always_goes_out_even_after_the_budget():

@@ -8,7 +8,10 @@ around those decisions, in four distinct verbs:
   hold_state(reason)   a standing state says "do not move" (disabled, stale or missing input,
                        no instruction): the outputs' hold is sent `num_halt_messages` times on
                        entering the state, then the node goes quiet so it does not fight other
-                       command sources. Returns whether to send now.
+                       command sources. Returns whether to send now. The budget is per kind
+                       of reason and lasts until the next command: two kinds that alternate
+                       (a refused future-stamped frame, then the watchdog's stale hold, again
+                       and again) do not start each other's budget anew.
   hold_now(reason)     one hold that must go out now, whatever was sent before (a result that
                        may not be acted on, a chunk that ran out, an engine failure,
                        deactivation). Always returns True.
@@ -34,7 +37,7 @@ class SafetyGate:
     def __init__(self):
         self._lock = threading.Lock()
         self._hold_kind: str | None = None     # reason_kind of the hold state being sent
-        self._num_holds_sent = 0
+        self._holds_sent: dict[str, int] = {}  # per reason_kind, since the last command
         # Receipt time (time.monotonic) of this robot's newest frame refused as bad input:
         # a result for a frame received before it is not acted on.
         self._refused_receipt_mono = -math.inf
@@ -50,17 +53,18 @@ class SafetyGate:
     def _count(self, reason: str, budget: int | None) -> bool:
         kind = cmd.reason_kind(reason)
         with self._lock:
-            if kind != self._hold_kind:
-                self._hold_kind, self._num_holds_sent = kind, 0
-            if budget is not None and self._num_holds_sent >= budget:
+            self._hold_kind = kind
+            num_sent = self._holds_sent.get(kind, 0)
+            if budget is not None and num_sent >= budget:
                 return False
-            self._num_holds_sent += 1
+            self._holds_sent[kind] = num_sent + 1
         return True
 
     def released(self) -> None:
         """A command went out: the robot is no longer in a hold state."""
         with self._lock:
             self._hold_kind = None
+            self._holds_sent.clear()
 
     @property
     def hold_kind(self) -> str | None:
