@@ -224,3 +224,27 @@ class TestCompressed:
             compressed_to_rgb(msg)
         # A header Pillow does not read leaves the verdict to the decoder.
         assert image_messages.header_size(b'\x00\x01not an image') is None
+
+    def test_a_header_past_pillows_bomb_limit_is_refused_not_decoded(self, monkeypatch):
+        """Above its decompression-bomb limit Pillow will not open an image at all: that is
+        a refusal too, not a reason to let OpenCV decode gigabytes."""
+        import struct
+        import zlib
+
+        from vla_spec_ros import image_messages
+        side = 15000                               # 225M pixels: past Pillow's limit
+
+        def chunk(kind, body):
+            return (struct.pack('>I', len(body)) + kind + body
+                    + struct.pack('>I', zlib.crc32(kind + body)))
+        header = struct.pack('>IIBBBBB', side, side, 8, 2, 0, 0, 0)   # 8-bit RGB
+        png = (b'\x89PNG\r\n\x1a\n' + chunk(b'IHDR', header)
+               + chunk(b'IDAT', zlib.compress(b'')) + chunk(b'IEND', b''))
+
+        def no_decoding(*args):
+            raise AssertionError('decoded an image refused by its header')
+        monkeypatch.setattr(image_messages.cv2, 'imdecode', no_decoding)
+        msg = CompressedImage(format='png')
+        msg.data = png
+        with pytest.raises(ValueError, match='height/width: .*from its header'):
+            compressed_to_rgb(msg)

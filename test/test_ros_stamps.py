@@ -235,12 +235,11 @@ def test_a_negative_stamp_is_refused_not_taken_for_unstamped(sim_robot):
     bug: refused on arrival as bad input, and the next good frames are answered."""
     robot = sim_robot
     _wait_answered(robot, 'a first answer')
-    before = robot.node.stats_snapshot()['holds']
+    errors = robot.node.stats_snapshot()['errors']
     robot.image.header.stamp = Time(sec=-5, nanosec=0)
-    robot.probe.image_pub.publish(robot.image)
-    wait_until(lambda: robot.node.stats_snapshot()['holds'] > before,
-               what='the negative-stamped frame refused')
-    reason = robot.node.stats_snapshot()['hold_reason']
+    robot.probe.send(robot.image, lambda: robot.node.stats_snapshot()['errors'] > errors)
+    # (last_error, not hold_reason: an earlier frame's answer may clear the hold meanwhile)
+    reason = robot.node.stats_snapshot()['last_error']
     assert reason == 'bad input: header stamp -5.000 s is negative (0 means unstamped)', reason
     _wait_answered(robot, 'an answer after the negative-stamped frame')
 
@@ -254,9 +253,9 @@ def test_a_repeated_stamp_is_dropped_as_out_of_order_not_as_a_busy_engine(sim_ro
     before = robot.node.stats_snapshot()
     mark = robot.log.mark()
     robot.image.header.stamp = _time(robot.sent[-1])         # the answered frame's stamp
-    robot.probe.image_pub.publish(robot.image)
-    wait_until(lambda: robot.node.stats_snapshot()['frames_out_of_order']
-               > before['frames_out_of_order'], what='the repeated stamp dropped')
+    # Sent again until it arrives (best-effort images may be lost on a busy machine).
+    robot.probe.send(robot.image, lambda: robot.node.stats_snapshot()['frames_out_of_order']
+                     > before['frames_out_of_order'])
     robot.log.wait_for('image dropped', 'is not newer than the previous image', start=mark)
     assert robot.node.stats_snapshot()['frames_dropped'] == before['frames_dropped']
 

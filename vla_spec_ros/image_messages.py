@@ -24,6 +24,7 @@ below is the fallback and is what the tests pin down against hand-built arrays.
 from __future__ import annotations
 
 import io
+import warnings
 
 import numpy as np
 
@@ -136,11 +137,17 @@ def compressed_to_rgb(msg) -> np.ndarray:
 
 def header_size(data: bytes) -> tuple[int, int] | None:
     """(width, height) of a compressed image from its header (Pillow reads the header only),
-    or None when Pillow does not know the format (OpenCV may still decode it)."""
+    or None when Pillow does not know the format (OpenCV may still decode it). ValueError
+    for a header announcing more pixels than Pillow opens at all (its decompression-bomb
+    limit): far past any side the model takes."""
+    from PIL import Image
     try:
-        from PIL import Image
-        with Image.open(io.BytesIO(data)) as image:
-            return tuple(int(side) for side in image.size)
+        with warnings.catch_warnings():
+            warnings.simplefilter('ignore', Image.DecompressionBombWarning)
+            with Image.open(io.BytesIO(data)) as image:
+                return tuple(int(side) for side in image.size)
+    except Image.DecompressionBombError as exc:
+        raise ValueError(f'height/width: {exc} (from its header, not decoded)') from exc
     except Exception:       # unknown or broken header: leave the verdict to the decoder
         return None
 

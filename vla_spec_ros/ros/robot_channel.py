@@ -27,7 +27,10 @@ per robot lives in one file per concern:
   channel_stats.py      the statistics of answered frames and the /diagnostics status
   hold_log.py           which hold and refusal reasons reach the log (per robot, per reason)
   this file             services, the decision on each finished frame, and fanning decided
-                        commands, chunks, steps and holds out to the adapters
+                        commands, chunks, steps and holds out to the adapters; what the
+                        robot was doing is forgotten with a hold at once (the worker paused)
+                        on `~/reset`, a clock jump and a new or cleared instruction, and a
+                        single-step command whose image grew too old does not stand
 
 Its settings are a NodeSettings built from the node's parameters overlaid with the robot's own
 (`<name>.frame_id`, ...; params.robot_settings). The node swaps them in on `ros2 param set`.
@@ -35,6 +38,7 @@ Publishing is gated by `is_active` (a lifecycle node keeps it False until activa
 """
 from __future__ import annotations
 
+import contextlib
 import math
 import threading
 
@@ -118,8 +122,11 @@ class RobotChannel:
     def __init__(self, node, name: str, settings, *, wakeup: threading.Event,
                  on_instruction, on_enable, on_reset, chunk_steps: int = 1, on_chunk=None,
                  action_dim: int = cmd.ACTION_DIM, model_reads_state: bool = False,
-                 writes_reasoning: bool = False):
+                 writes_reasoning: bool = False, paused=contextlib.nullcontext):
         self.node = node
+        # `paused()`: a context in which the inference worker runs no turn (it waits for the one
+        # in progress), so nothing it decided can be published after a hold sent inside.
+        self._paused = paused
         self.name = name
         self.stream_id = name or 'default'
         self.settings = settings
@@ -230,7 +237,11 @@ class RobotChannel:
         counts a future image it takes); it never reaches the slot, so a good frame waiting
         there still goes to the engine."""
         self.stats.record_received()
-        if self.is_active and self.settings.enabled:
+        if not (self.is_active and self.settings.enabled):
+            return
+        if cmd.reason_kind(reason) == cmd.REASON_BAD_INPUT:
+            self.refuse(info, reason)          # and no command for an older image after it
+        else:
             self.reject(reason, is_stale=cmd.is_stale_reason(reason))
 
     def _on_out_of_order(self, info: FrameInfo, slot_label: str) -> None:
@@ -246,12 +257,13 @@ class RobotChannel:
         """The node clock went back (clock_jumps.py): everything of this robot kept on the old
         time line goes, as with `~/reset` (engine requests, the queued frame, the chunks; the
         frame order is already forgotten), so the frames after the jump are answered."""
-        num_dropped = self._on_reset(self)
-        num_queued = self.slot.clear()
-        self.stats.record_clock_jump()
-        self.log_reason(f'{jump.describe()}: frame order forgotten, {num_dropped} engine '
-                        f'requests and {num_queued} queued frames dropped', 'warning')
-        self.forget_commands(f'{cmd.REASON_RESET}: {jump.describe()}')
+        with self._paused():
+            num_dropped = self._on_reset(self)
+            num_queued = self.slot.clear()
+            self.stats.record_clock_jump()
+            self.log_reason(f'{jump.describe()}: frame order forgotten, {num_dropped} engine '
+                            f'requests and {num_queued} queued frames dropped', 'warning')
+            self.forget_commands(f'{cmd.REASON_RESET}: {jump.describe()}')
 
     def _on_instruction_msg(self, msg: String) -> None:
         if msg.data != self.settings.instruction:   # both subscriptions may deliver it
@@ -262,22 +274,25 @@ class RobotChannel:
         return response
 
     def _on_reset_srv(self, request, response):
-        num_dropped = self._on_reset(self)
-        num_queued = self.slot.clear()
-        self.observation.clear()
-        was_running = self.clear_chunks()
-        response.success = True
-        response.message = (f'dropped {num_dropped} engine requests, {num_queued} queued '
-                            f'frames and {int(was_running)} running chunks')
-        self.node.get_logger().info(f'{self.label}: {response.message}')
-        self.forget_commands(f'{cmd.REASON_RESET}: ~/reset called')
+        with self._paused():
+            num_dropped = self._on_reset(self)
+            num_queued = self.slot.clear()
+            self.observation.clear()
+            was_running = self.clear_chunks()
+            response.success = True
+            response.message = (f'dropped {num_dropped} engine requests, {num_queued} queued '
+                                f'frames and {int(was_running)} running chunks')
+            self.node.get_logger().info(f'{self.label}: {response.message}')
+            self.forget_commands(f'{cmd.REASON_RESET}: ~/reset called')
         return response
 
     def forget_commands(self, reason: str) -> None:
         """What the robot was executing was dropped (``~/reset``, a clock jump, a new
         instruction): its chunks go and the outputs hold now, so the last command sent (a
         moving step, a twist) does not stand until the next action. Only while the robot is
-        enabled and active: otherwise it already holds."""
+        enabled and active: otherwise it already holds. Call it with the worker paused
+        (``self._paused()``): a result the worker is publishing would otherwise go out after
+        the hold."""
         self.clear_chunks()
         if self.is_active and self.settings.enabled:
             self.stats.record_hold(reason)
@@ -286,13 +301,15 @@ class RobotChannel:
     def instruction_changed(self) -> None:
         """The robot's instruction changed or was cleared (executor thread, after the new
         settings are in force): nothing decided under the old one is acted on any more. The
-        results of frames still in the engine are dropped when they finish
-        (``_is_superseded``); the chunk being executed is dropped and the robot holds until
-        the new instruction's first action (a cleared one holds: no instruction)."""
+        worker finishes its turn first (paused); the results of frames still in the engine
+        are dropped when they finish (``_is_superseded``); the chunk being executed is
+        dropped and the robot holds until the new instruction's first action (a cleared one
+        holds: no instruction)."""
         instruction = self.settings.instruction
-        self.forget_commands(
-            f'{cmd.REASON_NEW_INSTRUCTION}: holding until the first action for {instruction!r}'
-            if instruction else cmd.REASON_NO_INSTRUCTION)
+        with self._paused():
+            self.forget_commands(
+                f'{cmd.REASON_NEW_INSTRUCTION}: holding until the first action for '
+                f'{instruction!r}' if instruction else cmd.REASON_NO_INSTRUCTION)
 
     # ---- time -----------------------------------------------------------------------------
 
@@ -354,9 +371,14 @@ class RobotChannel:
 
     def hold_state(self, reason: str) -> None:
         """A standing state says "do not move": the outputs' hold, `num_halt_messages`
-        times on entering it, then quiet (so the node does not fight other sources)."""
-        if self.is_active and self.gate.hold_state(reason, self.settings.num_halt_messages):
+        times on entering it, then quiet (so the node does not fight other sources); its
+        reason is the robot's in /diagnostics either way."""
+        if not self.is_active:
+            return
+        if self.gate.hold_state(reason, self.settings.num_halt_messages):
             self._send_hold(reason)
+        else:
+            self.stats.set_hold_reason(reason)
 
     def send_hold(self, reason: str) -> None:
         """The outputs' hold now, whatever was sent before (deactivation)."""
@@ -455,8 +477,11 @@ class RobotChannel:
         prepared = self.prepare(info, settings)
         if prepared is None:
             return
-        self._standing = info               # cleared by a hold, publish_command's included
-        self.publish_command(command, info.stamp, prepared)
+        if self.publish_command(command, info.stamp, prepared):
+            # After the publish: a hold that went out just before it no longer stands, the
+            # command does (one just after it finds this set and, when the image is old,
+            # holds once more: a zero too many, never one too few).
+            self._standing = info
         record_answer(self.stats, info, finished.result.stats, self.age_of(info))
 
     def prepare(self, info: FrameInfo, settings) -> list | None:
@@ -499,13 +524,15 @@ class RobotChannel:
             self.servo.on_command()
         return True
 
-    def publish_command(self, command: cmd.Command, stamp, prepared=None) -> None:
-        """A decided command to every output (`prepared`: their `prepare` values)."""
+    def publish_command(self, command: cmd.Command, stamp, prepared=None) -> bool:
+        """A decided command to every output (`prepared`: their `prepare` values); whether it
+        went out (not while inactive or while Servo would drop it: release)."""
         if not self.release():
-            return
+            return False
         prepared = prepared or [None] * len(self.outputs)
         for output, value in zip(self.outputs, prepared):
             output.publish_command(command, stamp, self.settings, value)
+        return True
 
     def publish_chunk(self, chunk, commands, settings, prepared) -> None:
         """A chunk kept by chunk_execution to every output, whole (nothing while inactive)."""

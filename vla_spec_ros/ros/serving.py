@@ -78,7 +78,8 @@ class Serving:
                                       on_chunk=self.chunk_clock and self.chunk_clock.wake,
                                       action_dim=self.model_io.action_dim,
                                       model_reads_state=self.model_io.uses_state,
-                                      writes_reasoning=self.model_io.writes_reasoning)
+                                      writes_reasoning=self.model_io.writes_reasoning,
+                                      paused=self._worker_paused)
                          for robot, settings in config.robots.items()]
         for channel in self.channels:
             channel.is_active = is_active
@@ -96,6 +97,11 @@ class Serving:
             self.chunk_clock.start()
         # Every garbage collection's pause, for /diagnostics (gc_pauses.py).
         self.gc_pauses = GcPauses(window_s=self.channels[0].stats.window_s)
+
+    def _worker_paused(self):
+        """The worker's `paused()` (no turn runs inside), or nothing before it exists."""
+        worker = getattr(self, 'worker', None)
+        return worker.paused() if worker is not None else contextlib.nullcontext()
 
     def _check_robots(self, config: params.Configuration) -> None:
         """Refuse (ValueError naming the parameter) robots the engine or the checkpoint

@@ -18,9 +18,12 @@ older image of that robot follows it: its waiting frame is dropped, and the resu
 frames in flight are not published (RobotChannel.refuse).
 
 Stopping: each turn of the loop (take frames, submit, step, publish) runs under `_turn`, so
-`paused()` waits for the turn in progress and keeps the next one from starting (deactivation
-sends its holds inside it: no action of the worker can follow them), and `stop()` returns only
-once the thread has ended (or says it has not).
+`paused()` waits for the turn in progress and keeps the next one from starting (deactivation,
+`~/reset` and a new instruction send their holds inside it: no action of the worker can follow
+them), and `stop()` returns only once the thread has ended (or says it has not). The idle wait
+for a frame is outside the turn, and a requested pause goes before the next turn, so a pause
+costs at most the turn in progress (a parameter set from the executor does not wait out an
+idle wait, nor a busy worker's next turns).
 """
 from __future__ import annotations
 
@@ -56,6 +59,11 @@ class InferenceWorker:
         self._on_submitted = on_submitted
         self._stop = threading.Event()
         self._turn = threading.Lock()        # held for one turn of the loop
+        # Cleared while a pause is requested: the loop waits here before its next turn.
+        self._resume = threading.Event()
+        self._resume.set()
+        self._pauses = 0
+        self._pauses_lock = threading.Lock()
         self._thread = threading.Thread(target=self._loop, name='vla_spec_worker', daemon=True)
 
     def start(self) -> None:
@@ -66,17 +74,27 @@ class InferenceWorker:
         (a turn stuck in the engine may still publish after a False)."""
         self._stop.set()
         self._wakeup.set()
+        self._resume.set()           # the loop ends at its next check, paused or not
         if self._thread.is_alive():
             self._thread.join(timeout=timeout)
         return not self._thread.is_alive()
 
     @contextlib.contextmanager
     def paused(self):
-        """No turn of the loop runs inside: waits for the one in progress (one engine step, or
-        an idle wait of WORKER_IDLE_WAIT_S) and holds the next one back until the block
-        ends."""
-        with self._turn:
-            yield
+        """No turn of the loop runs inside: waits for the one in progress (one submit and
+        one engine step) and holds the next one back until the block ends. Nests and may be
+        entered from several threads."""
+        with self._pauses_lock:
+            self._pauses += 1
+            self._resume.clear()
+        try:
+            with self._turn:
+                yield
+        finally:
+            with self._pauses_lock:
+                self._pauses -= 1
+                if self._pauses == 0:
+                    self._resume.set()
 
     def _has_work(self) -> bool:
         with self.engine_lock:
@@ -85,16 +103,19 @@ class InferenceWorker:
     def _loop(self) -> None:
         turn = 0
         while not self._stop.is_set():
+            try:
+                if not self._has_work():    # idle: wait for a frame, outside the turn
+                    self._wakeup.wait(WORKER_IDLE_WAIT_S)
+            except Exception:               # has_work broke: the turn's handler says so
+                pass
+            self._resume.wait()             # a requested pause goes first
             with self._turn:
                 turn = self._turn_once(turn)
 
     def _turn_once(self, turn: int) -> int:
-        """One turn: (idle: wait for a frame, at most WORKER_IDLE_WAIT_S) each robot's newest
-        frame submitted, one engine step, its results published; an engine failure holds
-        every robot and resets the engine."""
+        """One turn: each robot's newest frame submitted, one engine step, its results
+        published; an engine failure holds every robot and resets the engine."""
         try:
-            if not self._has_work():
-                self._wakeup.wait(WORKER_IDLE_WAIT_S)
             if self._stop.is_set():
                 return turn
             self._wakeup.clear()
