@@ -1,27 +1,30 @@
 """One robot's state input: sensor_msgs/JointState or a plain Float64MultiArray, kept with its
 time and read at an observation's time (docs/action_spaces.md). Two input adapters
 (input_adapter.py), key 'state', one per `state_input` choice: JointStateInput and
-ArrayStateInput, over the history and pairing they share (StateInput).
+ArrayStateInput.
 
   state_input joint_state  <prefix>joint_states (sensor_msgs/JointState): the state vector is
                            the positions of `state_joint_names` (else `joint_names`), selected
-                           by name in that order, whatever the message's order. A robot's
-                           /joint_states carries every joint (gripper fingers, a mobile base,
-                           a second arm): joints not configured are ignored, whatever their
-                           values, and so is a message that names none of the configured
-                           joints (another publisher's on the same topic: a gripper driver
-                           beside the arm's controller). A configured joint missing from a
-                           message that names others, or named twice, a position
-                           count that differs from the name count, or a non-finite position
-                           of a configured joint is bad input: the frame it would pair with is
-                           refused with the reason naming the joints (zero motion).
+                           by name in that order, whatever the message's order. A message may
+                           carry any subset of the robot's joints: a whole robot's
+                           /joint_states (gripper fingers, a mobile base, a second arm), or one
+                           of several publishers sharing the topic (an arm controller and a
+                           gripper driver), as robot_state_publisher merges them. Each
+                           configured joint keeps its own positions with their message's
+                           time; joints not configured are ignored, whatever their values.
+                           A configured joint named twice in a message, or with a non-finite
+                           position, and a message whose position count differs from its name
+                           count, are bad input for the joints they name: the frame that
+                           pairs with such a position is refused with the reason (zero
+                           motion).
   state_input array        <prefix>state (std_msgs/Float64MultiArray): the data as is (its
                            length must be len(state_joint_names or joint_names) when those
                            are set); no header, so its time is its receipt time.
 
-Pairing with an image: the state received closest in time to the observation (its header
-stamp, else receipt); further than `max_state_age` from it (or none yet): stale input, the
-robot holds. The vector goes to the engine raw, in joint order (Frame.state); the family
+Pairing with an image: for each configured joint (the array: for the whole vector), the
+position received closest in time to the observation (its header stamp, else receipt);
+further than `max_state_age` from it (or none yet): stale input, the robot holds, naming the
+joints. The vector goes to the engine raw, in joint order (Frame.state); the family
 normalises it as its checkpoint defines.
 """
 from __future__ import annotations
@@ -37,13 +40,13 @@ from vla_spec_ros.ros.input_adapter import InputAdapter
 from vla_spec_ros.ros.qos import IMAGE_QOS
 
 MAX_STATES = 256        # states kept (a 500 Hz joint_states topic: half a second)
-MAX_NAMES_SHOWN = 12    # a refusal quotes at most this many of the message's joint names
 
 
-def state_from_joint_state(names, positions, order) -> np.ndarray:
-    """The positions of `order`'s joints, selected by name from a JointState's (names,
-    positions); the message's other joints are ignored. ValueError naming the configured
-    joints that are missing, named twice or not finite."""
+def joint_positions(names, positions, order) -> dict:
+    """{joint: (position, None) or (None, reason)} for the joints of `order` a JointState's
+    (names, positions) carries; the message's other joints are ignored. A configured joint
+    named twice or not finite gets its reason (bad input); ValueError when the message's
+    name and position counts differ (no position can be trusted)."""
     names, positions = list(names), list(positions)
     if len(names) != len(positions):
         raise ValueError(f'state: JointState has {len(names)} names and {len(positions)} '
@@ -51,21 +54,19 @@ def state_from_joint_state(names, positions, order) -> np.ndarray:
     index: dict = {}
     for i, name in enumerate(names):
         index.setdefault(name, []).append(i)
-    missing = [j for j in order if j not in index]
-    if missing:
-        shown = names[:MAX_NAMES_SHOWN] + (['...'] if len(names) > MAX_NAMES_SHOWN else [])
-        raise ValueError(f'state: JointState missing joints {missing} (state_joint_names: '
-                         f'{list(order)}; the message names {shown})')
-    # A configured joint named twice has no one position: which one the robot meant is
-    # unknown, so the state is refused rather than guessed.
-    repeated = [j for j in order if len(index[j]) > 1]
-    if repeated:
-        raise ValueError(f'state: JointState names joints {repeated} more than once')
-    vector = np.array([positions[index[j][0]] for j in order], dtype=np.float64)
-    bad = [j for j, v in zip(order, vector) if not math.isfinite(v)]
-    if bad:
-        raise ValueError(f'state: non-finite position of {bad}')
-    return vector
+    out = {}
+    for joint in order:
+        where = index.get(joint)
+        if where is None:
+            continue
+        if len(where) > 1:
+            # Which position the robot meant is unknown: refused rather than guessed.
+            out[joint] = (None, f'state: JointState names joint {joint!r} more than once')
+            continue
+        value = float(positions[where[0]])
+        out[joint] = ((value, None) if math.isfinite(value)
+                      else (None, f'state: non-finite position of {joint!r}'))
+    return out
 
 
 def state_from_array(data, order) -> np.ndarray:
@@ -79,9 +80,11 @@ def state_from_array(data, order) -> np.ndarray:
 
 
 class StateInput(InputAdapter):
-    """One robot's recent states and their pairing with an observation (module docstring);
-    a subclass subscribes its message type and calls `_add`. `get_settings()`: the robot's
-    NodeSettings in force."""
+    """One robot's recent states and their pairing with an observation (module docstring):
+    samples (time_s, value or None, error or None) kept per key, the whole vector under one
+    key for an array, one key per joint for a JointState; a subclass subscribes its message
+    type, calls `_add` and says which keys make the state (`_keys`). `get_settings()`: the
+    robot's NodeSettings in force."""
 
     key = 'state'
 
@@ -89,45 +92,65 @@ class StateInput(InputAdapter):
         self.node = node
         self._get_settings = get_settings
         self._lock = threading.Lock()
-        self._states: deque = deque(maxlen=MAX_STATES)  # (time_s, vector or None, error)
+        self._samples: dict = {}       # key -> deque of (time_s, value or None, error)
         self._sub = None
 
     def _now_s(self) -> float:
         return self.node.get_clock().now().nanoseconds * 1e-9
 
-    def _add(self, time_s: float, vector, error) -> None:
+    def _add(self, key, time_s: float, value, error) -> None:
         with self._lock:
-            self._states.append((time_s, vector, error))
+            self._samples.setdefault(key, deque(maxlen=MAX_STATES)).append(
+                (time_s, value, error))
+
+    def _keys(self, settings) -> list:
+        raise NotImplementedError
+
+    def _vector(self, values) -> np.ndarray:
+        """The state vector from the keys' values, in `_keys` order."""
+        raise NotImplementedError
+
+    def _describe(self, keys) -> str:
+        return 'robot state'
 
     def read_at(self, time_s: float, settings):
         """(vector, None), or (None, (reason, is_bad_input)) for the observation at `time_s`:
-        the state received closest in time; stale beyond max_state_age (or none yet); bad
-        input when that state's message was (input_adapter.py's contract)."""
+        per key, the sample received closest in time; stale beyond max_state_age (or none
+        yet); bad input when that sample's message was (input_adapter.py's contract)."""
+        keys = self._keys(settings)
         with self._lock:
-            nearest = min(self._states, key=lambda s: abs(s[0] - time_s), default=None)
-        if nearest is None:
-            return None, (f'{cmd.REASON_STALE}: no robot state received yet', False)
-        gap = nearest[0] - time_s
-        if abs(gap) > settings.max_state_age:
-            return None, (f'{cmd.REASON_STALE}: the nearest robot state is {gap:+.3f} s from '
-                          f'the image, beyond max_state_age {settings.max_state_age:.3f} s',
+            nearest = [min(self._samples.get(k, ()), key=lambda s: abs(s[0] - time_s),
+                           default=None) for k in keys]
+        missing = [k for k, n in zip(keys, nearest) if n is None]
+        if missing:
+            return None, (f'{cmd.REASON_STALE}: no {self._describe(missing)} received yet',
                           False)
-        if nearest[2] is not None:
-            return None, (f'{cmd.REASON_BAD_INPUT}: {nearest[2]}', True)
-        return nearest[1], None
+        far = [(k, n[0] - time_s) for k, n in zip(keys, nearest)
+               if abs(n[0] - time_s) > settings.max_state_age]
+        if far:
+            gap = max((g for _, g in far), key=abs)
+            return None, (f'{cmd.REASON_STALE}: the nearest {self._describe([k for k, _ in far])} '
+                          f'is {gap:+.3f} s from the image, beyond max_state_age '
+                          f'{settings.max_state_age:.3f} s', False)
+        error = next((n[2] for n in nearest if n[2] is not None), None)
+        if error is not None:
+            return None, (f'{cmd.REASON_BAD_INPUT}: {error}', True)
+        return self._vector([n[1] for n in nearest]), None
 
     def current_positions(self, settings):
-        """The newest state's positions of `joint_names` (JointState order mapped), when it
-        is younger than max_state_age on the node clock; else None."""
+        """The newest positions of `joint_names` (mapped through the state's order), when
+        every one is younger than max_state_age on the node clock; else None."""
+        keys = self._keys(settings)
         with self._lock:
-            newest = self._states[-1] if self._states else None
-        if newest is None or newest[1] is None:
+            newest = [self._samples[k][-1] if self._samples.get(k) else None for k in keys]
+        now = self._now_s()
+        if any(n is None or n[1] is None or now - n[0] > settings.max_state_age
+               for n in newest):
             return None
-        if self._now_s() - newest[0] > settings.max_state_age:
-            return None
+        vector = self._vector([n[1] for n in newest])
         order = list(settings.state_order)
         try:
-            return tuple(float(newest[1][order.index(j)]) for j in settings.joint_names)
+            return tuple(float(vector[order.index(j)]) for j in settings.joint_names)
         except ValueError:          # a joint of the action is not in the state
             return None
 
@@ -137,8 +160,9 @@ class StateInput(InputAdapter):
 
 
 class JointStateInput(StateInput):
-    """state_input joint_state: <prefix>joint_states, the positions of state_order's joints
-    selected by name; the header stamp (else the receipt time) is the state's time."""
+    """state_input joint_state: <prefix>joint_states, each configured joint's positions kept
+    apart, whichever message carried them; the header stamp (else the receipt time) is a
+    position's time."""
 
     def __init__(self, node, prefix: str, get_settings):
         from sensor_msgs.msg import JointState
@@ -147,16 +171,28 @@ class JointStateInput(StateInput):
         self._sub = node.create_subscription(JointState, prefix + 'joint_states',
                                              self._on_joint_state, IMAGE_QOS)
 
+    def _keys(self, settings) -> list:
+        return list(settings.state_order)
+
+    def _vector(self, values) -> np.ndarray:
+        return np.array(values, dtype=np.float64)
+
+    def _describe(self, keys) -> str:
+        return f'robot state (position of joints {list(keys)})'
+
     def _on_joint_state(self, msg) -> None:
         order = self._get_settings().state_order
-        if not set(msg.name) & set(order):
-            return          # another publisher's joints only: not this state's message
+        named = [j for j in order if j in set(msg.name)]
+        if not named:
+            return          # another publisher's joints only: nothing of this state
         stamp_s = msg.header.stamp.sec + 1e-9 * msg.header.stamp.nanosec
+        time_s = stamp_s if stamp_s > 0.0 else self._now_s()
         try:
-            vector, error = state_from_joint_state(msg.name, msg.position, order), None
-        except ValueError as exc:
-            vector, error = None, str(exc)
-        self._add(stamp_s if stamp_s > 0.0 else self._now_s(), vector, error)
+            samples = joint_positions(msg.name, msg.position, order)
+        except ValueError as exc:        # no position of this message can be trusted
+            samples = {j: (None, str(exc)) for j in named}
+        for joint, (value, error) in samples.items():
+            self._add(joint, time_s, value, error)
 
 
 class ArrayStateInput(StateInput):
@@ -170,13 +206,19 @@ class ArrayStateInput(StateInput):
         self._sub = node.create_subscription(Float64MultiArray, prefix + 'state',
                                              self._on_array, IMAGE_QOS)
 
+    def _keys(self, settings) -> list:
+        return ['state']
+
+    def _vector(self, values) -> np.ndarray:
+        return values[0]
+
     def _on_array(self, msg) -> None:
         try:
             vector, error = state_from_array(msg.data, self._get_settings().state_order), None
         except ValueError as exc:
             vector, error = None, str(exc)
-        self._add(self._now_s(), vector, error)
+        self._add('state', self._now_s(), vector, error)
 
 
-__all__ = ['StateInput', 'JointStateInput', 'ArrayStateInput', 'state_from_joint_state',
+__all__ = ['StateInput', 'JointStateInput', 'ArrayStateInput', 'joint_positions',
            'state_from_array', 'MAX_STATES']
