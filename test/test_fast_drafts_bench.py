@@ -1,19 +1,12 @@
 """bench/fast_drafts.py's host parts: which frames a stride keeps, and the table."""
-import importlib.util
-from pathlib import Path
-
 import numpy as np
 
+from bench_scripts import load_bench
 from vla_spec_ros.engine.result import Frame
-
-ROOT = Path(__file__).resolve().parent.parent
 
 
 def _module():
-    spec = importlib.util.spec_from_file_location('fast_drafts', ROOT / 'bench' / 'fast_drafts.py')
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_bench('fast_drafts')
 
 
 def frames(steps):

@@ -1,23 +1,20 @@
 """bench/paced_drafts.py's host parts: a row's summary (shares of frames decided in one and in
 at most two forwards, p50 against AR's, tokens against AR's) and the observations it writes for
 train-draft."""
-import importlib.util
 from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
 import pytest
 
+from bench_scripts import load_bench
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture(scope='module')
 def paced_drafts():
-    spec = importlib.util.spec_from_file_location('paced_drafts',
-                                                  ROOT / 'bench' / 'paced_drafts.py')
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_bench('paced_drafts')
 
 
 def test_row_summary_counts_forwards_and_compares_tokens(paced_drafts):

@@ -2,27 +2,20 @@
 frame that repeats, one that changes one coefficient by one, one that changes it by two; the
 rows a set of chains adds after the shared prefix; the share of frames by coefficients
 changed."""
-import importlib.util
-from pathlib import Path
-
 import numpy as np
 import pytest
 
+from bench_scripts import load_bench
 from vla_spec_ros.codecs import FastActionCodec
 from vla_spec_ros.codecs.fast_synthetic import (fit_synthetic_fast_tokenizer,
                                                 synthetic_action_chunks)
 
-ROOT = Path(__file__).resolve().parent.parent
 H, D = 8, 7
 
 
 @pytest.fixture(scope='module')
 def ceiling():
-    spec = importlib.util.spec_from_file_location('prefill_ceiling',
-                                                  ROOT / 'bench' / 'prefill_ceiling.py')
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_bench('prefill_ceiling')
 
 
 @pytest.fixture(scope='module')

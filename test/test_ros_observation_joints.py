@@ -167,6 +167,13 @@ def _hold_reason(s, robot):
     return s.node.stats_snapshot(robot)['hold_reason'] or ''
 
 
+def _carried(s, robot, state) -> bool:
+    """Whether a frame of `robot` reached the engine carrying exactly `state`."""
+    with s.policy.engine.lock:
+        return any(stream == robot and np.allclose(carried, state, rtol=0, atol=0)
+                   for stream, _, carried in s.policy.engine.frames)
+
+
 def _answered(s, robot):
     return s.node.stats_snapshot(robot)['actions_published']
 
@@ -265,16 +272,12 @@ def test_a_joint_states_of_the_whole_robot_gives_the_model_the_configured_joints
     arm = [0.15, -0.25, 0.35, -0.45, 0.55, -0.65]
     names, values = _whole_robot(arm)
     before = _answered(s, 'a')
-
-    def carried():
-        with s.policy.engine.lock:
-            return any(stream == 'a' and np.allclose(state, arm, rtol=0, atol=0)
-                       for stream, _, state in s.policy.engine.frames)
     deadline = time.monotonic() + 30.0
-    while not carried() and time.monotonic() < deadline:
+    while not _carried(s, 'a', arm) and time.monotonic() < deadline:
         _send(s, 'a', names=names, state=values)
         time.sleep(0.1)
-    assert carried(), f'no frame carried the arm\'s state; hold: {_hold_reason(s, "a")!r}'
+    assert _carried(s, 'a', arm), f'no frame carried the arm\'s state; hold: ' \
+                                  f'{_hold_reason(s, "a")!r}'
     wait_until(lambda: _answered(s, 'a') > before, what='an answer for robot a')
 
 
@@ -287,20 +290,16 @@ def test_joints_published_apart_make_one_state(setup):
     second = s.probe.create_publisher(JointState, '/a/joint_states', IMAGE_QOS)
     try:
         wait_until(lambda: second.get_subscription_count() > 0, what='the second publisher')
-
-        def carried():
-            with s.policy.engine.lock:
-                return any(stream == 'a' and np.allclose(state, arm, rtol=0, atol=0)
-                           for stream, _, state in s.policy.engine.frames)
         deadline = time.monotonic() + 30.0
-        while not carried() and time.monotonic() < deadline:
+        while not _carried(s, 'a', arm) and time.monotonic() < deadline:
             wrist = JointState(name=JOINTS[3:], position=arm[3:])
             wrist.header.stamp = _now(s).to_msg()
             second.publish(wrist)
             time.sleep(0.03)                 # one topic: give each message time to arrive
             _send(s, 'a', names=JOINTS[:3], state=arm[:3])
             time.sleep(0.1)
-        assert carried(), f'no frame carried the merged state; hold: {_hold_reason(s, "a")!r}'
+        assert _carried(s, 'a', arm), f'no frame carried the merged state; hold: ' \
+                                      f'{_hold_reason(s, "a")!r}'
     finally:
         s.probe.destroy_publisher(second)
 

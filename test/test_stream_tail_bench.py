@@ -1,29 +1,20 @@
 """bench/stream_tail.py's host parts: a row's mode and engine options from the command line,
 and each answered frame's latency split into the engine's record and the node's stages (a
 chunked model's later steps answering the same frame counted once)."""
-import importlib.util
 import math
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
-
-
-def _bench_module(name):
-    spec = importlib.util.spec_from_file_location(name, ROOT / 'bench' / f'{name}.py')
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+from bench_scripts import load_bench
 
 
 @pytest.fixture(scope='module')
 def stream_tail():
-    return _bench_module('stream_tail')
+    return load_bench('stream_tail')
 
 
 def test_a_row_is_a_mode_or_a_labelled_mode_with_options():
-    records = _bench_module('records')
+    records = load_bench('records')
     assert records.parse_row('ar') == ('ar', {'mode': 'ar'})
     assert records.parse_row('ps1=pipeline_spec:max_inflight_per_stream=1:'
                              'speculative_prefill=false:tree_min_prob=0.3') == (

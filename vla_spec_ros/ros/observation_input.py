@@ -116,15 +116,11 @@ class ObservationInput:
         if info.stamp_s < 0.0 and settings.stamp_source == 'header':
             # 0 is "unstamped" (the receipt time stands in); below 0 is a driver or clock bug,
             # and the receipt time must not stand in for it.
-            reason = (f'{cmd.REASON_BAD_INPUT}: header stamp {info.stamp_s:.3f} s is negative '
-                      '(0 means unstamped)')
-            return reason if not self.is_multi_slot else \
-                f'{reason} (image slot {self.slot_names[index]})'
+            return (f'{cmd.REASON_BAD_INPUT}: header stamp {info.stamp_s:.3f} s is negative '
+                    f'(0 means unstamped){self._slot_label(index)}')
         age_s = cmd.observation_age(info.receipt_s, info.stamp_s, info.receipt_s, settings)
         reason = cmd.freshness_reason(age_s, settings, max_age_s=math.inf)
-        if reason is None or not self.is_multi_slot:
-            return reason
-        return f'{reason} (image slot {self.slot_names[index]})'
+        return None if reason is None else reason + self._slot_label(index)
 
     def _order_stamp(self, info: FrameInfo, settings) -> float:
         """The time the pairing orders (and, with several slots, pairs) a message by."""

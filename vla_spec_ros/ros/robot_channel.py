@@ -258,8 +258,7 @@ class RobotChannel:
         time line goes, as with `~/reset` (engine requests, the queued frame, the chunks; the
         frame order is already forgotten), so the frames after the jump are answered."""
         with self._paused():
-            num_dropped = self._on_reset(self)
-            num_queued = self.slot.clear()
+            num_dropped, num_queued = self._drop_requests()
             self.stats.record_clock_jump()
             self.log_reason(f'{jump.describe()}: frame order forgotten, {num_dropped} engine '
                             f'requests and {num_queued} queued frames dropped', 'warning')
@@ -275,28 +274,31 @@ class RobotChannel:
 
     def _on_reset_srv(self, request, response):
         with self._paused():
-            num_dropped = self._on_reset(self)
-            num_queued = self.slot.clear()
             self.observation.clear()
-            was_running = self.clear_chunks()
-            response.success = True
-            response.message = (f'dropped {num_dropped} engine requests, {num_queued} queued '
-                                f'frames and {int(was_running)} running chunks')
-            self.node.get_logger().info(f'{self.label}: {response.message}')
-            self.forget_commands(f'{cmd.REASON_RESET}: ~/reset called')
+            num_dropped, num_queued = self._drop_requests()
+            was_running = self.forget_commands(f'{cmd.REASON_RESET}: ~/reset called')
+        response.success = True
+        response.message = (f'dropped {num_dropped} engine requests, {num_queued} queued '
+                            f'frames and {int(was_running)} running chunks')
+        self.node.get_logger().info(f'{self.label}: {response.message}')
         return response
 
-    def forget_commands(self, reason: str) -> None:
+    def _drop_requests(self) -> tuple[int, int]:
+        """(The worker paused.) This robot's engine requests and queued frame dropped:
+        (requests dropped, queued frames dropped)."""
+        return self._on_reset(self), self.slot.clear()
+
+    def forget_commands(self, reason: str) -> bool:
         """What the robot was executing was dropped (``~/reset``, a clock jump, a new
-        instruction): its chunks go and the outputs hold now, so the last command sent (a
-        moving step, a twist) does not stand until the next action. Only while the robot is
-        enabled and active: otherwise it already holds. Call it with the worker paused
-        (``self._paused()``): a result the worker is publishing would otherwise go out after
-        the hold."""
-        self.clear_chunks()
+        instruction): its chunks go and, while it is enabled and active (otherwise it already
+        holds), it holds now, so the last command sent (a moving step, a twist) does not
+        stand until the next action. Whether a chunk was running. Call it with the worker
+        paused (``self._paused()``): a result the worker is publishing would otherwise go out
+        after the hold."""
+        was_running = self.clear_chunks()
         if self.is_active and self.settings.enabled:
-            self.stats.record_hold(reason)
-            self.send_hold(reason)
+            self.reject(reason)
+        return was_running
 
     def instruction_changed(self) -> None:
         """The robot's instruction changed or was cleared (executor thread, after the new

@@ -182,7 +182,8 @@ class JointStateInput(StateInput):
 
     def _on_joint_state(self, msg) -> None:
         order = self._get_settings().state_order
-        named = [j for j in order if j in set(msg.name)]
+        names = set(msg.name)
+        named = [j for j in order if j in names]
         if not named:
             return          # another publisher's joints only: nothing of this state
         stamp_s = msg.header.stamp.sec + 1e-9 * msg.header.stamp.nanosec

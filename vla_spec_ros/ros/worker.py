@@ -103,14 +103,21 @@ class InferenceWorker:
     def _loop(self) -> None:
         turn = 0
         while not self._stop.is_set():
-            try:
-                if not self._has_work():    # idle: wait for a frame, outside the turn
-                    self._wakeup.wait(WORKER_IDLE_WAIT_S)
-            except Exception:               # has_work broke: the turn's handler says so
-                pass
+            self._wait_for_work()
             self._resume.wait()             # a requested pause goes first
             with self._turn:
                 turn = self._turn_once(turn)
+
+    def _wait_for_work(self) -> None:
+        """Idle: wait for a frame (at most WORKER_IDLE_WAIT_S), outside the turn so a pause
+        does not wait it out. An engine whose has_work fails is the turn's to report (it
+        asks again, inside its handler)."""
+        try:
+            is_idle = not self._has_work()
+        except Exception:
+            return
+        if is_idle:
+            self._wakeup.wait(WORKER_IDLE_WAIT_S)
 
     def _turn_once(self, turn: int) -> int:
         """One turn: each robot's newest frame submitted, one engine step, its results
