@@ -6,6 +6,11 @@
 #                                     kernel sweeps
 #                                     (RoPE + KV write; segment attention vs gather + SDPA)
 #   bash bench/gpu_suite.sh graph-tests  the CUDA-graph tests alone
+#   bash bench/gpu_suite.sh gpu-tests  every test file with CUDA tests (kernels, graphs, frame
+#                                     upload, the engine's device side, FP8), no sweep
+#   bash bench/gpu_suite.sh table-ar  AR alone, 1 stream, graphs on (ms per action), and the
+#                                     floor part: a bf16 decode forward against its weight bytes
+#                                     over the copy bandwidth measured in the same run
 #   bash bench/gpu_suite.sh table-on  7B table, CUDA graphs on, 1 and 4 streams, + profile
 #   bash bench/gpu_suite.sh table     7B table, CUDA graphs on then off, 1 and 4 streams
 #   bash bench/gpu_suite.sh table-off 7B table, CUDA graphs off, 1 and 4 streams
@@ -94,6 +99,17 @@ for part in "$@"; do
                 test/test_cuda_graphs.py test/test_frame_upload.py test/test_single_tower.py \
                 2>&1 | tee "$RESULTS/log-tests.txt" || status=1
             bounded python3 bench/kernels_sweep.py 2>&1 | tee "$RESULTS/kernels-sweep.txt" || status=1 ;;
+        gpu-tests)
+            bounded python3 -m pytest -q -p no:cacheprovider -rs test/test_kernels.py \
+                test/test_rms_norm_kernel.py test/test_segment_attention_kernel.py \
+                test/test_silu_mul_kernel.py test/test_engine_kernels.py \
+                test/test_cuda_graphs.py test/test_frame_upload.py test/test_single_tower.py \
+                test/test_fp8.py test/test_fp8_gemv_kernel.py test/test_fp8_quant_kernel.py \
+                test/test_fp8_tensorwise.py 2>&1 | tee "$RESULTS/log-gpu-tests.txt" || status=1 ;;
+        table-ar)
+            bounded $GPU --graphs on --streams 1 --frames 12 --warmup 6 --parts table,floor \
+                --rows ar --baselines '' --progress-file "$RESULTS/rows-table-ar.json" 2>&1 \
+                | tee "$RESULTS/log-table-ar.txt" || status=1 ;;
         graph-tests)
             bounded python3 -m pytest -q -p no:cacheprovider test/test_cuda_graphs.py 2>&1 \
                 | tee "$RESULTS/log-graph-tests.txt" || status=1 ;;
@@ -182,7 +198,7 @@ for part in "$@"; do
                 --rows prefill --baselines eager \
                 --progress-file "$RESULTS/rows-table-prefill.json" 2>&1 \
                 | tee "$RESULTS/log-table-prefill.txt" || status=1 ;;
-        *) echo "unknown part: $part (tests, graph-tests, table, table-on, table-off, kernels-ab, fidelity, fidelity-bins, engine-tests, table-long, table-eagle, table-temporal, table-streams, attention-ab, fp8, pi0fast, reasoning, paced-fp8, table-prefill, table-paced)"; exit 2 ;;
+        *) echo "unknown part: $part (tests, gpu-tests, table-ar, graph-tests, table, table-on, table-off, kernels-ab, fidelity, fidelity-bins, engine-tests, table-long, table-eagle, table-temporal, table-streams, attention-ab, fp8, pi0fast, reasoning, paced-fp8, table-prefill, table-paced)"; exit 2 ;;
     esac
     echo "== part $part: $(( $(date +%s) - start )) s"
 done
