@@ -5,9 +5,14 @@ modes drafting the AR tokens at the embedded reasoning model's measured acceptan
 
 Random weights never write ``ACTION:``, so every step runs to its text budget
 (``--reasoning-tokens``, 200 by default) and is then refused for want of an action; the
-refusal costs the same on every path, and every path decodes the same tokens (checked against
-the eager AR reference). A random model's own outputs say nothing about a trained one's
-drafts, so the spec rows draft with an oracle chain (testing.OracleDrafter): the AR tokens with
+refusal costs the same on every path. On the CPU every path must decode the eager AR
+reference's tokens exactly (a row that does not fails). In bf16 on a device, a random model's
+near-flat logits tie often and a tie can flip between the eager reference's kernels and the
+engine's (graphs, segment attention, chain-shaped verifier products), so there each row reports
+its agreement with the reference (frames equal, mean shared prefix) instead. A random model's
+own outputs say nothing about a trained one's drafts, so the spec rows draft with an oracle
+chain (testing.OracleDrafter): the engine's own AR tokens (the trajectory its verifier follows)
+with
 a per-position error rate chosen so that a verifier forward gains ``--tokens-per-forward``
 tokens on average (12.2 by default: metaworld-demo-reason's default mode, 66 tokens per step
 in 5.4 forwards, docs/reasoning.md), in chains of up to ``--chain`` tokens per forward.
@@ -96,7 +101,9 @@ def measure(args) -> dict:
     reference = reference_tokens(runner, frames, EngineConfig(**{**base,
                                                                  'use_cuda_graphs': False}))
     rate = error_rate_for(args.tokens_per_forward, args.chain)
+    exact = not args.device.startswith('cuda')
     rows, failures = [], []
+    ar_tokens: list = []        # the engine AR row's tokens: the oracle's chains
 
     def record(label, make_row):
         try:
@@ -105,8 +112,9 @@ def measure(args) -> dict:
             failures.append(f'{label}: {type(exc).__name__}: {exc}')
             print(failures[-1], flush=True)
             return
+        row, agreement = row if isinstance(row, tuple) else (row, {})
         out = asdict(row)
-        out.update(label=label, ms_per_step=1e3 / row.actions_per_s)
+        out.update(label=label, ms_per_step=1e3 / row.actions_per_s, **agreement)
         rows.append(out)
         print(f'{label}: {out["ms_per_step"]:.1f} ms per step, p50 {row.latency_p50_ms:.1f} ms, '
               f'{row.forwards_per_action:.1f} verifier forwards per step, '
@@ -117,15 +125,18 @@ def measure(args) -> dict:
         options = dict(base)
         if mode in ('spec', 'pipeline_spec'):
             # Request ids count the frames through every pass of this engine, in order.
-            draft = OracleDrafter(lambda rid: reference[rid % len(frames)],
+            chains = ar_tokens or reference
+            draft = OracleDrafter(lambda rid: chains[rid % len(frames)],
                                   runner.max_action_tokens, rate, seed=args.seed)
             options.update(tree_depth=args.chain, tree_top_k=1, tree_max_nodes=args.chain + 1)
         engine = Engine(runner, norm_stats, EngineConfig(mode=mode, **options), draft=draft)
         row = bench_engine(engine, frames, args.warmup)
         tokens = [fin.result.tokens for fin in _tokens_of(engine, frames)]
-        if tokens != reference:
+        if exact and tokens != reference:
             raise AssertionError(f'{mode}: tokens differ from the eager AR reference')
-        return row
+        if mode == 'ar':
+            ar_tokens[:] = tokens
+        return row, agreement_with(tokens, reference)
 
     if not args.no_hf:
         record('hf generate (eager, same budget)',
@@ -139,6 +150,18 @@ def measure(args) -> dict:
             'tokens_per_step': len(reference[0]) if reference else 0}
 
 
+def agreement_with(tokens: list, reference: list) -> dict:
+    """How far ``tokens`` (one tuple per frame) follow ``reference``: the share of frames
+    equal to it and the mean share of each reference it reproduces before the first
+    difference."""
+    def shared_prefix(a, b):
+        n = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+        return n / max(len(b), 1)
+    pairs = list(zip(tokens, reference))
+    return {'frames_equal_reference': sum(a == b for a, b in pairs) / max(len(pairs), 1),
+            'shared_prefix': sum(shared_prefix(a, b) for a, b in pairs) / max(len(pairs), 1)}
+
+
 def _tokens_of(engine, frames):
     """Every frame once more through ``engine`` (a fresh request each), in order."""
     for frame in frames:
@@ -150,14 +173,20 @@ def format_rows(result: dict) -> str:
     rows = result['rows']
     ar = next((r for r in rows if r['label'] == 'ar'), None)
     hf = next((r for r in rows if r['label'].startswith('hf')), None)
-    lines = ['| row | ms per step | p50 ms | verifier forwards per step | x AR ms | x HF ms |',
-             '|---|---|---|---|---|---|']
+    lines = ['| row | ms per step | p50 ms | verifier forwards per step | x AR ms | x HF ms | '
+             'frames = eager AR | shared prefix |', '|---|---|---|---|---|---|---|---|']
     for r in rows:
         x_ar = f'{r["ms_per_step"] / ar["ms_per_step"]:.3f}' if ar else '-'
         x_hf = f'{r["ms_per_step"] / hf["ms_per_step"]:.3f}' if hf else '-'
         lines.append(f'| {r["label"]} | {r["ms_per_step"]:.1f} | {r["latency_p50_ms"]:.1f} | '
-                     f'{r["forwards_per_action"]:.1f} | {x_ar} | {x_hf} |')
+                     f'{r["forwards_per_action"]:.1f} | {x_ar} | {x_hf} | '
+                     f'{_share(r.get("frames_equal_reference"))} | '
+                     f'{_share(r.get("shared_prefix"))} |')
     return '\n'.join(lines)
+
+
+def _share(value) -> str:
+    return '-' if value is None else f'{value:.0%}'
 
 
 def main(argv=None):

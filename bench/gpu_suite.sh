@@ -8,7 +8,7 @@
 #   bash bench/gpu_suite.sh graph-tests  the CUDA-graph tests alone
 #   bash bench/gpu_suite.sh gpu-tests  every test file with CUDA tests (kernels, graphs, frame
 #                                     upload, the engine's device side, FP8), no sweep
-#   bash bench/gpu_suite.sh table-ar  AR alone, 1 stream, graphs on (ms per action), and the
+#   bash bench/gpu_suite.sh table-ar  HF eager and AR, 1 stream, graphs on (ms per action), the
 #                                     floor part: a bf16 decode forward against its weight bytes
 #                                     over the copy bandwidth measured in the same run
 #   bash bench/gpu_suite.sh table-on  7B table, CUDA graphs on, 1 and 4 streams, + profile
@@ -108,7 +108,7 @@ for part in "$@"; do
                 test/test_fp8_tensorwise.py 2>&1 | tee "$RESULTS/log-gpu-tests.txt" || status=1 ;;
         table-ar)
             bounded $GPU --graphs on --streams 1 --frames 12 --warmup 6 --parts table,floor \
-                --rows ar --baselines '' --progress-file "$RESULTS/rows-table-ar.json" 2>&1 \
+                --rows ar --baselines eager --progress-file "$RESULTS/rows-table-ar.json" 2>&1 \
                 | tee "$RESULTS/log-table-ar.txt" || status=1 ;;
         graph-tests)
             bounded python3 -m pytest -q -p no:cacheprovider test/test_cuda_graphs.py 2>&1 \

@@ -393,6 +393,8 @@ def test_reasoning_gpu_bench_smoke_run_times_every_path(tmp_path):
     assert rows['ar']['forwards_per_action'] == record['tokens_per_step'] > 40
     for mode in ('spec', 'pipeline_spec'):
         assert rows[mode]['forwards_per_action'] < rows['ar']['forwards_per_action'] / 4
+    for mode in ('ar', 'spec', 'pipeline_spec'):     # the agreement the table reports
+        assert rows[mode]['frames_equal_reference'] == rows[mode]['shared_prefix'] == 1.0
     assert all(r['ms_per_step'] > 0 for r in record['rows'])
     from gpu_verdicts import reasoning_step
     text, ok = reasoning_step([record])
