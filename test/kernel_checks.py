@@ -5,12 +5,31 @@ import torch
 
 try:
     from kernels import _triton_util
+    from kernels.fp8_linear import fp8_linear_scaled_mm, quantize_rows
 except ImportError:  # installed layout: the folder ships as vla_spec_ros.kernels
     from vla_spec_ros.kernels import _triton_util
+    from vla_spec_ros.kernels.fp8_linear import fp8_linear_scaled_mm, quantize_rows
 
 needs_triton = pytest.mark.skipif(not _triton_util.HAS_TRITON, reason='triton is not importable')
 needs_cuda = pytest.mark.skipif(not (_triton_util.HAS_TRITON and torch.cuda.is_available()),
                                 reason='needs triton and a CUDA device')
+
+
+def _cpu_scaled_mm_takes_row_scales() -> bool:
+    """Whether this torch's CPU ``_scaled_mm`` runs the row-wise product (per-token and
+    per-channel scales): torch 2.13's does, 2.11's takes per-tensor scales only, some builds
+    have none."""
+    try:
+        q, s = quantize_rows(torch.ones(16, 16))
+        fp8_linear_scaled_mm(torch.ones(2, 16), q, s.reshape(-1))
+        return True
+    except (RuntimeError, NotImplementedError):
+        return False
+
+
+CPU_ROWWISE_SCALED_MM = _cpu_scaled_mm_takes_row_scales()
+needs_cpu_rowwise_scaled_mm = pytest.mark.skipif(
+    not CPU_ROWWISE_SCALED_MM, reason="this torch's CPU _scaled_mm takes no row-wise scales")
 
 # (rtol, atol) per dtype: |a - e| <= atol + rtol * |e| (llm.c grows it with magnitude). bf16
 # allows two units in the last place: Triton's CPU interpreter truncates float32 -> bf16 where

@@ -23,6 +23,7 @@ from vla_spec_ros.models.fp8 import Fp8Linear, FusedFp8Linears, check_weight_dty
 from vla_spec_ros.models.layers import fuse_projections
 from vla_spec_ros.models.openvla.random_checkpoint import make_checkpoint
 
+from kernel_checks import needs_cpu_rowwise_scaled_mm
 from reference import ar_reference_tokens
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / 'bench'))
@@ -123,16 +124,7 @@ def fp8_tolerance(ref: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return ulp * r + 2 ** -12 * r.amax(dim=-1, keepdim=True) + 1e-30
 
 
-def _cpu_scaled_mm_runs() -> bool:
-    try:
-        q, s = quantize_rows(torch.ones(16, 16))
-        fp8_linear_scaled_mm(torch.ones(2, 16), q, s.reshape(-1))
-        return True
-    except (RuntimeError, NotImplementedError):
-        return False
-
-
-@pytest.mark.skipif(not _cpu_scaled_mm_runs(), reason='this torch has no CPU torch._scaled_mm')
+@needs_cpu_rowwise_scaled_mm
 @pytest.mark.parametrize('dtype', [torch.float32, torch.bfloat16])
 def test_scaled_mm_launch_matches_the_reference_on_cpu(dtype):
     """The device path's operand layouts and scale shapes (row-major activations, the weight
