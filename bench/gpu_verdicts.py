@@ -12,11 +12,14 @@ cut short by their time limit, and says so. The targets:
   p50 over one robot's floor (vision + prompt + one prefill, measured in the same run),
   target <= 1.3;
 - four robots at the paced camera rate (paced part, the default configuration's rows): the
-  best row by least-answered robot, target every robot >= 99 % answered and p99 <= 40 ms;
+  best row by least-answered robot, target every robot >= 99 % answered and p99 <= 60 ms;
 - AR ms per action (table rows of mode ``ar``, CUDA graphs on, one stream, the lowest),
-  target <= 45;
+  target <= 35 on an H200, <= 45 on other devices (the H100's);
+- the bf16 decode floor (floor part): a graphed decode forward over its weight bytes at the
+  copy bandwidth measured in the same run, target <= 1.3;
 - FP8 (fp8 part): action tokens within 1 bin of the model dtype's, target >= 99 %, and the
-  step-time ratio per mode (reported, no target);
+  prefill and one-row decode pieces' fp8 / model-dtype time, target <= 0.65 each (the step
+  time ratio per mode is reported);
 - the reasoning step (``reasoning-*.json`` of bench/gpu_reasoning.py): the default
   configuration's (pipeline_spec) p50 ms per step over AR's, target <= 0.25;
 - pi0-FAST (``pi0fast-*.json`` of bench/gpu_pi0fast.py): the default configuration's
@@ -41,10 +44,15 @@ from gpu_progress import progress_record
 ONE_ROBOT_MAX_OVER_FLOOR = 1.3
 FLEET_ROBOTS = 4
 FLEET_MIN_ANSWERED = 0.99
-FLEET_MAX_P99_MS = 40.0
-AR_MAX_MS_PER_ACTION = 45.0
+FLEET_MAX_P99_MS = 60.0
+AR_MAX_MS_PER_ACTION = {'H200': 35.0}      # by the device name's model; others: the H100's
+AR_MAX_MS_PER_ACTION_ELSEWHERE = 45.0
+DECODE_MAX_OVER_FLOOR = 1.3
 FP8_MIN_WITHIN_ONE_BIN = 0.99
+FP8_MAX_PIECE_RATIO = 0.65
+FP8_PIECES = ('prefill', 'decode_1')
 REASONING_MAX_OVER_AR = 0.25
+REASONING_MIN_ORACLE_SHARE = 0.9   # of the oracle's tokens per forward, for a valid verdict
 PI0FAST_MAX_OVER_COMPILED = 0.25
 
 
@@ -83,13 +91,35 @@ def fleet(records: list[dict]) -> tuple[str, bool | None]:
             f'{FLEET_MAX_P99_MS:.0f} ms)', ok)
 
 
+def ar_target(record: dict) -> tuple[float, str]:
+    """(the AR ms-per-action target, the device it is for) of the device a record ran on."""
+    device = str((record.get('environment') or {}).get('cuda', '')) or 'a device not recorded'
+    return next((ms for model, ms in AR_MAX_MS_PER_ACTION.items() if model in device),
+                AR_MAX_MS_PER_ACTION_ELSEWHERE), device
+
+
 def ar_action(records: list[dict]) -> tuple[str, bool | None]:
-    values = [row['ms_per_action'] for record in records for row in record.get('rows', [])
+    values = [(row['ms_per_action'], ar_target(record)) for record in records
+              for row in record.get('rows', [])
               if row.get('mode') == 'ar' and row.get('graphs') and row.get('streams', 1) == 1]
     if not values:
         return 'no one-stream ar table row with graphs on', None
-    return (f'{min(values):.1f} ms per action (lowest of {len(values)} rows; target <= '
-            f'{AR_MAX_MS_PER_ACTION:.0f})', min(values) <= AR_MAX_MS_PER_ACTION)
+    ms, (target, device) = min(values)
+    return (f'{ms:.1f} ms per action (lowest of {len(values)} rows; target <= {target:.0f} '
+            f'on {device})', ms <= target)
+
+
+def decode_floor(records: list[dict]) -> tuple[str, bool | None]:
+    """The newest floor part: the graphed bf16 decode forward over its weight-streaming time."""
+    parts = [record['decode_floor'] for record in records if record.get('decode_floor')]
+    if not parts:
+        return 'no floor part', None
+    part = parts[-1]
+    ratio = part['decode_over_floor']
+    return (f'decode {part["decode_ms_graphs_on"]:.2f} ms = {ratio:.2f}x streaming '
+            f'{part["bytes"] / 1e9:.1f} GB at {part["copy_GBps"]:.0f} GB/s '
+            f'({part["floor_ms"]:.2f} ms; target <= {DECODE_MAX_OVER_FLOOR})',
+            ratio <= DECODE_MAX_OVER_FLOOR)
 
 
 def fp8(records: list[dict]) -> tuple[str, bool | None]:
@@ -100,9 +130,18 @@ def fp8(records: list[dict]) -> tuple[str, bool | None]:
     bins = part['bin_distance']
     within = (bins['0'] + bins['1']) / bins['tokens']
     ratios = ', '.join(f'{mode} {ratio:.2f}' for mode, ratio in part['step_ms_ratio'].items())
+    sides = part.get('sides', {})
+    pieces = {}
+    if 'auto' in sides and 'fp8' in sides:
+        base, fast = sides['auto']['pieces_ms'], sides['fp8']['pieces_ms']
+        pieces = {name: fast[name] / base[name] for name in FP8_PIECES
+                  if name in base and name in fast}
+    fast_enough = bool(pieces) and all(r <= FP8_MAX_PIECE_RATIO for r in pieces.values())
+    piece_text = ', '.join(f'{name} {r:.2f}' for name, r in pieces.items()) or 'none recorded'
     return (f'{within:.2%} of {bins["tokens"]} action tokens within 1 bin (target >= '
-            f'{FP8_MIN_WITHIN_ONE_BIN:.0%}); step time fp8 / model dtype: {ratios}',
-            within >= FP8_MIN_WITHIN_ONE_BIN)
+            f'{FP8_MIN_WITHIN_ONE_BIN:.0%}); fp8 / model dtype by piece: {piece_text} (target '
+            f'<= {FP8_MAX_PIECE_RATIO} each); step time: {ratios}',
+            within >= FP8_MIN_WITHIN_ONE_BIN and fast_enough)
 
 
 def _newest_ratio(records: list[dict], row: str, against: str, key: str):
@@ -117,14 +156,27 @@ def _newest_ratio(records: list[dict], row: str, against: str, key: str):
 
 
 def reasoning_step(records: list[dict]) -> tuple[str, bool | None]:
-    """The default's p50 per reasoning step over AR's, in the newest record holding both."""
+    """The default's p50 per reasoning step over AR's, in the newest record holding both. The
+    target presumes drafts accepted at the embedded reasoning model's rate: a record whose
+    default row gained clearly fewer tokens per verifier forward than its oracle was set for
+    (its verifier left the drafted trajectory, as bf16 ties on a random model make it do)
+    measured the bench, not the engine, and gives no verdict."""
     found = _newest_ratio(records, 'pipeline_spec', 'ar', 'latency_p50_ms')
     if found is None:
         return 'no reasoning part', None
     record, value, base, ratio = found
-    return (f"default {value:.1f} ms per step against AR's {base:.1f} ({ratio:.3f} x AR; "
+    text = (f"default {value:.1f} ms per step against AR's {base:.1f} ({ratio:.3f} x AR; "
             f'target <= {REASONING_MAX_OVER_AR}; {record.get("tokens_per_step")} tokens per '
-            'step)', ratio <= REASONING_MAX_OVER_AR)
+            'step)')
+    row = next(r for r in record['rows'] if r['label'].split(' (')[0] == 'pipeline_spec')
+    meant = (record.get('args') or {}).get('tokens_per_forward')
+    gained = record.get('tokens_per_step', 0) / row['forwards_per_action']
+    if meant and gained < REASONING_MIN_ORACLE_SHARE * meant:
+        return (f'{text}; but {gained:.1f} tokens per verifier forward where the oracle was set '
+                f'for {meant:g} (the rows share {row.get("shared_prefix", float("nan")):.0%} '
+                'of the eager reference before the first difference): not the engine\'s '
+                'speed', None)
+    return text, ratio <= REASONING_MAX_OVER_AR
 
 
 def pi0fast_chunk(records: list[dict]) -> tuple[str, bool | None]:
@@ -176,11 +228,19 @@ def verdicts(folder: Path) -> list[tuple[str, str, bool | None]]:
             progress.append(progress_record(json.loads(path.read_text())))
         except (ValueError, KeyError, TypeError) as exc:
             unreadable.append(f'{path.relative_to(folder)} ({type(exc).__name__})')
+    # A progress file records no device: a run cut short ran on the device of the finished
+    # records beside it, where they agree on one.
+    devices = {json.dumps(r.get('environment')) for r in records if r.get('environment')}
+    if len(devices) == 1:
+        environment = json.loads(devices.pop())
+        for record in progress:
+            record.setdefault('environment', environment)
     rows = [(name, *from_records_or_progress(target, records, progress)) for name, target in
             (('one robot, frames that repeat', one_robot),
              (f'{FLEET_ROBOTS} robots at the paced camera rate', fleet),
              ('AR per action', ar_action),
-             ('FP8 fidelity (and speed)', fp8))]
+             ('bf16 decode over its weight streaming', decode_floor),
+             ('FP8 fidelity and speed', fp8))]
     reasoning = [json.loads(p.read_text()) for p in sorted(folder.rglob('reasoning-*.json'))]
     rows.append(('reasoning step (ECoT shape)', *reasoning_step(reasoning)))
     pi0fast = [json.loads(p.read_text()) for p in sorted(folder.rglob('pi0fast-*.json'))]
