@@ -3,19 +3,21 @@ OpenVLA-7B with ECoT's prompt and codec), random weights built on the device: ms
 the transformers baseline (``generate`` with the same budget), the engine's AR, and the spec
 modes drafting the AR tokens at the embedded reasoning model's measured acceptance.
 
-Random weights never write ``ACTION:``, so every step runs to its text budget
-(``--reasoning-tokens``, 200 by default) and is then refused for want of an action; the
-refusal costs the same on every path. On the CPU every path must decode the eager AR
-reference's tokens exactly (a row that does not fails). In bf16 on a device, a random model's
-near-flat logits tie often and a tie can flip between the eager reference's kernels and the
-engine's (graphs, segment attention, chain-shaped verifier products), so there each row reports
-its agreement with the reference (frames equal, mean shared prefix) instead. A random model's
-own outputs say nothing about a trained one's drafts, so the spec rows draft with an oracle
-chain (testing.OracleDrafter): the engine's own AR tokens (the trajectory its verifier follows)
-with
-a per-position error rate chosen so that a verifier forward gains ``--tokens-per-forward``
-tokens on average (12.2 by default: metaworld-demo-reason's default mode, 66 tokens per step
-in 5.4 forwards, docs/reasoning.md), in chains of up to ``--chain`` tokens per forward.
+The random weights are made decisive (gpu_setup.make_decisive_): greedy decoding walks a
+fixed cycle of ids that never opens the action or stops the text, with wide logit margins, so
+every step runs to its text budget (``--reasoning-tokens``, 200 by default) and is then refused
+for want of an action, at the same cost on every path. Plain random weights
+(``--flat-logits``) have near-flat logits: a bf16 tie flips between the eager reference's
+kernels and the engine's (graphs, segment attention, chain-shaped verifier products), and a
+row that leaves the oracle's trajectory gets no draft right after it (the 2026-11-30 H200
+run: 3.5 tokens per forward where 12.2 were meant). On the CPU every path must decode the
+eager AR reference's tokens exactly (a row that does not fails); on a device each row reports
+its agreement with the reference (frames equal, mean shared prefix). A random model's own
+outputs say nothing about a trained one's drafts, so the spec rows draft with an oracle chain
+(testing.OracleDrafter): the engine's own AR tokens with a per-position error rate chosen so
+that a verifier forward gains ``--tokens-per-forward`` tokens on average (12.2 by default:
+metaworld-demo-reason's default mode, 66 tokens per step in 5.4 forwards, docs/reasoning.md),
+in chains of up to ``--chain`` tokens per forward.
 
     python3 bench/gpu_reasoning.py --out DIR              # CUDA, bf16, the 7B shape
     python3 bench/gpu_reasoning.py --smoke --out DIR      # CPU, float32, ecot-tiny: the script
@@ -35,7 +37,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from gpu_setup import random_on_device  # noqa: E402
+from gpu_setup import make_decisive_, random_on_device  # noqa: E402
 from records import write_record  # noqa: E402
 from vla_spec_ros.bench import bench_engine, bench_hf, environment, make_frames  # noqa: E402
 from vla_spec_ros.config import EngineConfig  # noqa: E402
@@ -75,22 +77,36 @@ def error_rate_for(tokens_per_forward: float, chain: int) -> float:
     return (low + high) / 2
 
 
-def build(name: str, device: str, dtype: str, budget: int, seed: int):
-    """Preset ``name`` with random weights materialised on the device in ``dtype``, a small
-    tokenizer that knows ECoT's tags, synthetic statistics -> (model, cfg, prompt, stats)."""
+def ending_ids(codec, cfg) -> list[int]:
+    """The ids a decisive model's walk must not write (they would end the text or open the
+    action): the codec's marker, separator and stop tokens, its action tokens, the padding
+    rows and the tokenizer's specials (unk, bos, eos)."""
+    vocab = cfg.llm.vocab_size
+    ids = {*codec.marker, *codec.separator, *codec.stop_tokens, 0, 1, 2,
+           *range(cfg.pad_token_id, vocab)}
+    return sorted(ids | {t for t in range(vocab) if codec.is_action_token(t)})
+
+
+def build(name: str, device: str, dtype: str, budget: int, seed: int, decisive: bool = True):
+    """Preset ``name`` with random weights materialised on the device in ``dtype`` (made
+    decisive unless ``decisive`` is False: gpu_setup.make_decisive_), a small tokenizer that
+    knows ECoT's tags, synthetic statistics -> (model, cfg, prompt, stats)."""
     cfg = dataclasses.replace(preset(name), max_reasoning_tokens=budget)
     model = random_on_device(EcotVLA, cfg, device, dtype, seed)
     tokenizer = build_tokenizer(min(cfg.pad_token_id, TOKENIZER_VOCAB), seed,
                                 extra_text=list(SAMPLE_REASONINGS) * 50)
     prompt = EcotPrompt(PromptTokenizer(tokenizer))
     model.use_prompt(prompt)
+    if decisive:
+        make_decisive_(model.language_model, ending_ids(model.action_codec(), cfg))
     return model, cfg, prompt, synthetic_norm_stats(cfg.action_dim, seed)
 
 
 def measure(args) -> dict:
     start = time.perf_counter()
     model, cfg, prompt, norm_stats = build(args.preset, args.device, args.dtype,
-                                           args.reasoning_tokens, args.seed)
+                                           args.reasoning_tokens, args.seed,
+                                           decisive=not args.flat_logits)
     print(f'built {args.preset} ({sum(p.numel() for p in model.parameters()) / 1e9:.2f} B '
           f'parameters) in {time.perf_counter() - start:.1f} s', flush=True)
     base = dict(device=args.device, dtype=args.dtype, max_reasoning_tokens=args.reasoning_tokens,
@@ -204,6 +220,9 @@ def main(argv=None):
     parser.add_argument('--seed', type=int, default=0)
     parser.add_argument('--no-hf', action='store_true')
     parser.add_argument('--no-graphs', action='store_true')
+    parser.add_argument('--flat-logits', action='store_true',
+                        help='plain random weights (near-flat logits: bf16 ties flip the '
+                             'rows off the oracle\'s trajectory) instead of decisive ones')
     parser.add_argument('--out', default=None)
     args = parser.parse_args(argv)
     if args.smoke:

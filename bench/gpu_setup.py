@@ -81,6 +81,45 @@ def random_on_device(model_class, cfg, device: str, dtype: str, seed: int):
     return model.eval()
 
 
+# How far the token embedding outweighs what the decoder layers add to the residual stream in
+# a decisive model (``make_decisive_``): init_random_'s rows have norm ~1 and each layer adds
+# ~sqrt(hidden) to the stream, so 1e4 keeps the token's direction past 32 layers of 4096.
+DECISIVE_EMBED_SCALE = 1e4
+
+
+def make_decisive_(language_model, avoid=()) -> None:
+    """Give a random language model a greedy path with wide margins, for benches whose rows
+    must follow one token trajectory. Greedy decoding then walks a fixed cycle through the
+    ids not in ``avoid`` (ids that would end or change the output: markers, stop tokens,
+    action tokens), and from an avoided id steps into that cycle: the token embedding scaled
+    by ``DECISIVE_EMBED_SCALE`` so that the last token's direction dominates the final hidden
+    state, and each lm_head row the sum of its predecessors' unit embeddings (one, or two
+    where an avoided id steps in), a logit margin of ~sqrt(hidden / 2) over the rest. A
+    random model's near-flat logits tie often and a bf16 tie flips between kernel shapes
+    (eager against graphed, one row against a verified chain); these do not. The arithmetic
+    of every forward is that of any dense model of the shape: no weight is zero or sparse
+    but the rows of avoided ids in the lm_head."""
+    embed = language_model.model.embed_tokens.weight
+    head = language_model.lm_head.weight
+    vocab = embed.shape[0]
+    avoided = torch.zeros(vocab, dtype=torch.bool)
+    avoided[[int(t) for t in avoid if 0 <= int(t) < vocab]] = True
+    plain = (~avoided).nonzero().flatten()
+    others = avoided.nonzero().flatten()
+    if len(plain) < 2:
+        raise ValueError('make_decisive_: fewer than two ids left to walk')
+    # Each plain id steps to the next one (a cycle); the avoided ids step in spread over it.
+    sources = torch.cat([plain, others])
+    targets = torch.cat([torch.roll(plain, -1),
+                         plain[torch.arange(len(others)) * len(plain) // max(len(others), 1)]])
+    with torch.no_grad():
+        unit = embed.float() / embed.float().norm(dim=1, keepdim=True)
+        rows = torch.zeros(vocab, embed.shape[1], dtype=torch.float32, device=embed.device)
+        rows.index_add_(0, targets.to(embed.device), unit[sources.to(embed.device)])
+        head.copy_(rows.to(head.dtype))
+        embed.mul_(DECISIVE_EMBED_SCALE)
+
+
 def build_model(name: str, device: str, dtype: str, seed: int) -> Weights:
     """Preset ``name`` with random weights on the device (``random_on_device``), a real small
     tokenizer (the prompt path is that of a loaded checkpoint; the 7B vocabulary only sizes

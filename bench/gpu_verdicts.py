@@ -52,7 +52,6 @@ FP8_MIN_WITHIN_ONE_BIN = 0.99
 FP8_MAX_PIECE_RATIO = 0.65
 FP8_PIECES = ('prefill', 'decode_1')
 REASONING_MAX_OVER_AR = 0.25
-REASONING_MIN_ORACLE_SHARE = 0.9   # of the oracle's tokens per forward, for a valid verdict
 PI0FAST_MAX_OVER_COMPILED = 0.25
 
 
@@ -158,9 +157,9 @@ def _newest_ratio(records: list[dict], row: str, against: str, key: str):
 def reasoning_step(records: list[dict]) -> tuple[str, bool | None]:
     """The default's p50 per reasoning step over AR's, in the newest record holding both. The
     target presumes drafts accepted at the embedded reasoning model's rate: a record whose
-    default row gained clearly fewer tokens per verifier forward than its oracle was set for
-    (its verifier left the drafted trajectory, as bf16 ties on a random model make it do)
-    measured the bench, not the engine, and gives no verdict."""
+    default row left the eager reference's tokens (the trajectory its oracle drafts, as bf16
+    ties on a plain random model make it do) measured the bench, not the engine, and gives no
+    verdict. Records from before the agreement was recorded were checked token-equal."""
     found = _newest_ratio(records, 'pipeline_spec', 'ar', 'latency_p50_ms')
     if found is None:
         return 'no reasoning part', None
@@ -169,13 +168,12 @@ def reasoning_step(records: list[dict]) -> tuple[str, bool | None]:
             f'target <= {REASONING_MAX_OVER_AR}; {record.get("tokens_per_step")} tokens per '
             'step)')
     row = next(r for r in record['rows'] if r['label'].split(' (')[0] == 'pipeline_spec')
-    meant = (record.get('args') or {}).get('tokens_per_forward')
-    gained = record.get('tokens_per_step', 0) / row['forwards_per_action']
-    if meant and gained < REASONING_MIN_ORACLE_SHARE * meant:
+    if row.get('shared_prefix', 1.0) < 1.0:
+        gained = record.get('tokens_per_step', 0) / row['forwards_per_action']
+        meant = (record.get('args') or {}).get('tokens_per_forward', float('nan'))
         return (f'{text}; but {gained:.1f} tokens per verifier forward where the oracle was set '
-                f'for {meant:g} (the rows share {row.get("shared_prefix", float("nan")):.0%} '
-                'of the eager reference before the first difference): not the engine\'s '
-                'speed', None)
+                f'for {meant:g}: the row shares {row["shared_prefix"]:.0%} of the eager '
+                "reference's tokens before the first difference, not the engine's speed", None)
     return text, ratio <= REASONING_MAX_OVER_AR
 
 

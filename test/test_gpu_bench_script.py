@@ -424,6 +424,31 @@ def test_pi0fast_gpu_bench_smoke_run_times_every_path(tmp_path):
     assert ok is not None and 'compiled' in text
 
 
+def test_reasoning_gpu_bench_decisive_weights_keep_bf16_paths_on_one_trajectory(tmp_path):
+    """In bf16 a plain random model's near-flat logits tie, and a tie flips between the eager
+    reference and the engine's kernels: the rows leave the trajectory the oracle drafts (the
+    2026-11-30 H200 run). The bench's decisive weights (gpu_setup.make_decisive_) keep every
+    path on the eager reference's tokens for the whole 200-token budget (the walk avoids the
+    codec's marker, stop and action tokens), so the oracle's acceptance is the one it was set
+    for; the flat model, same seed, fails the CPU's exact check."""
+    common = [sys.executable, str(BENCH / 'gpu_reasoning.py'), '--preset', 'ecot-tiny',
+              '--device', 'cpu', '--dtype', 'bfloat16', '--reasoning-tokens', '200',
+              '--frames', '2', '--warmup', '1', '--no-hf']
+    done = subprocess.run(common + ['--out', str(tmp_path)], capture_output=True, text=True,
+                          timeout=900)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    record = json.loads(next(tmp_path.glob('reasoning-ecot-tiny-*.json')).read_text())
+    rows = {r['label'].split(' ')[0]: r for r in record['rows']}
+    assert record['tokens_per_step'] > 200 and record['failures'] == []
+    for mode in ('ar', 'spec', 'pipeline_spec'):
+        assert rows[mode]['frames_equal_reference'] == 1.0
+    gained = record['tokens_per_step'] / rows['pipeline_spec']['forwards_per_action']
+    assert gained > 0.8 * record['args']['tokens_per_forward']
+    flat = subprocess.run(common + ['--flat-logits'], capture_output=True, text=True,
+                          timeout=900)
+    assert flat.returncode == 1 and 'tokens differ from the eager AR reference' in flat.stdout
+
+
 def test_reasoning_gpu_bench_smoke_run_times_every_path(tmp_path):
     """bench/gpu_reasoning.py on ecot-tiny on the CPU (random weights built in memory, the text
     budget run out on every path): HF generate, ar, spec and pipeline_spec rows; the engine's
