@@ -11,6 +11,17 @@ every path. The drafts' acceptance on a random model says nothing about a traine
 numbers that carry over are ms per verifier forward and the AR rows; the spec rows are printed
 with their acceptance beside them.
 
+The oracle rows (``--no-oracle`` for none) project the default to a trained model's
+acceptance: the weights are then made decisive (gpu_setup.make_decisive_: greedy decoding
+walks a fixed cycle that never writes the end marker, with wide margins, so bf16 ties cannot
+flip a path off it), AR runs again on them, and spec / pipeline_spec draft AR's tokens as an
+oracle chain wrong at each position with probability ``--oracle-error-rate``. The engine's
+own rules apply as to any drafter (the FAST codec's bound on the chain after a miss), so the
+default rate, 0.18, was chosen on pi0fast-tiny with 32-token chunks to give about 3.1 tokens
+per verifier forward: the embedded FAST model's through the node (11.0 forwards per action for
+AR, 3.53 for the default: docs/demo.md); a LIBERO-trained π0-FAST's is not known.
+Each oracle row reports its agreement with the decisive AR tokens.
+
     python3 bench/gpu_pi0fast.py --out DIR              # CUDA, bf16, the 3B shape
     python3 bench/gpu_pi0fast.py --smoke --out DIR      # CPU, float32, pi0fast-tiny: the script
 """
@@ -31,6 +42,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from gpu_setup import agreement_with, make_decisive_, tokens_again  # noqa: E402
 from vla_spec_ros.baseline import make_baseline  # noqa: E402
 from vla_spec_ros.bench import bench_engine, bench_hf, environment, make_frames  # noqa: E402
 from vla_spec_ros.config import EngineConfig  # noqa: E402
@@ -38,6 +50,7 @@ from vla_spec_ros.engine.device.runner import TORCH_DTYPES, ModelRunner  # noqa:
 from vla_spec_ros.engine.engine import Engine  # noqa: E402
 from vla_spec_ros.models.pi0fast.family import random_in_memory  # noqa: E402
 from vla_spec_ros.models.registry import preset  # noqa: E402
+from vla_spec_ros.testing import OracleDrafter  # noqa: E402
 
 
 def measure(args) -> list[dict]:
@@ -55,9 +68,9 @@ def measure(args) -> list[dict]:
     frames = make_frames(args.warmup + args.frames, runner.image_size, args.seed, key)
     rows = []
 
-    def record(row, label):
+    def record(row, label, **extra):
         out = asdict(row)
-        out.update(label=label, ms_per_chunk=1e3 / row.actions_per_s)
+        out.update(label=label, ms_per_chunk=1e3 / row.actions_per_s, **extra)
         rows.append(out)
         print(f'{label}: {out["ms_per_chunk"]:.1f} ms per chunk, p50 {row.latency_p50_ms:.1f} '
               f'ms, tokens per verifier forward {row.acceptance_length:.2f}', flush=True)
@@ -81,21 +94,58 @@ def measure(args) -> list[dict]:
         except Exception as exc:     # noqa: BLE001 - one failing mode keeps the others' rows
             print(f'{mode}: FAILED {type(exc).__name__}: {exc}', flush=True)
         engine = None
+    if not args.no_oracle:
+        oracle_rows(args, model, cfg, prompt, norm_stats, base, frames, record)
     return rows
+
+
+def walk_avoids(codec) -> list[int]:
+    """The ids a decisive model's walk must not write: the codec's end token and suffix (they
+    end the chunk) and the tokenizer's specials (pad, eos, bos)."""
+    return sorted({codec.end_token, *codec.suffix_tokens, 0, 1, 2})
+
+
+def oracle_rows(args, model, cfg, prompt, norm_stats, base, frames, record) -> None:
+    """AR on decisive weights, then spec and pipeline_spec drafting its tokens as an oracle
+    chain wrong at ``--oracle-error-rate`` per position (module docstring)."""
+    make_decisive_(model.language_model, walk_avoids(model.action_codec()))
+    runner = ModelRunner(model, cfg, prompt, EngineConfig(**base), codec=model.action_codec())
+    ar = Engine(runner, norm_stats, EngineConfig(mode='ar', **base))
+    record(bench_engine(ar, frames, args.warmup), 'ar decisive')
+    ar_tokens = tokens_again(ar, frames)
+    ar = None
+    options = dict(base, tree_depth=args.chain, tree_top_k=1, tree_max_nodes=args.chain + 1)
+    for mode in ('spec', 'pipeline_spec'):
+        label = f'{mode} oracle ({args.oracle_error_rate:g} wrong per position)'
+        try:
+            draft = OracleDrafter(lambda rid: ar_tokens[rid % len(frames)],
+                                  runner.max_action_tokens, args.oracle_error_rate,
+                                  seed=args.seed)
+            engine = Engine(runner, norm_stats, EngineConfig(mode=mode, **options), draft=draft)
+            row = bench_engine(engine, frames, args.warmup)
+            record(row, label, **agreement_with(tokens_again(engine, frames), ar_tokens))
+        except Exception as exc:     # noqa: BLE001 - one failing mode keeps the others' rows
+            print(f'{label}: FAILED {type(exc).__name__}: {exc}', flush=True)
+        engine = None
 
 
 def format_rows(rows: list[dict]) -> str:
     hf = next((r for r in rows if r['label'] == 'hf eager'), None)
     compiled = next((r for r in rows if r['label'] == 'hf compiled'), None)
     lines = ['| path | ms / chunk | vs HF eager | vs HF compiled | p50 ms | tokens / chunk | '
-             'tokens / verifier forward |', '|---|---|---|---|---|---|---|']
+             'tokens / verifier forward | frames = decisive AR |',
+             '|---|---|---|---|---|---|---|---|']
     for r in rows:
         ratio = f'{r["ms_per_chunk"] / hf["ms_per_chunk"]:.3f}' if hf else '–'
         ratio_c = f'{r["ms_per_chunk"] / compiled["ms_per_chunk"]:.3f}' if compiled else '–'
         lines.append(f'| {r["label"]} | {r["ms_per_chunk"]:.1f} | {ratio} | {ratio_c} | '
                      f'{r["latency_p50_ms"]:.1f} | {r["tokens_per_action"]:.1f} | '
-                     f'{r["acceptance_length"]:.2f} |')
+                     f'{r["acceptance_length"]:.2f} | {_share(r.get("frames_equal_reference"))} |')
     return '\n'.join(lines)
+
+
+def _share(value) -> str:
+    return '–' if value is None else f'{value:.0%}'
 
 
 def main(argv=None) -> int:
@@ -111,6 +161,10 @@ def main(argv=None) -> int:
     p.add_argument('--no-hf', action='store_true')
     p.add_argument('--no-compiled', action='store_true',
                    help='without the static-cache + torch.compile baseline row')
+    p.add_argument('--oracle-error-rate', type=float, default=0.18,
+                   help='the oracle rows\' chance of a wrong draft at each position')
+    p.add_argument('--no-oracle', action='store_true', help='without the oracle rows')
+    p.add_argument('--chain', type=int, default=8, help='the oracle\'s draft chain length')
     p.add_argument('--smoke', action='store_true',
                    help='CPU, float32, pi0fast-tiny: checks the script, timings meaningless')
     p.add_argument('--out', type=Path, default=ROOT / 'bench' / 'results' / 'gpu')

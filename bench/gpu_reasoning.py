@@ -37,7 +37,8 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from gpu_setup import make_decisive_, random_on_device  # noqa: E402
+from gpu_setup import (agreement_with, chain_error_rate, make_decisive_,  # noqa: E402
+                       random_on_device, tokens_again)
 from records import write_record  # noqa: E402
 from vla_spec_ros.bench import bench_engine, bench_hf, environment, make_frames  # noqa: E402
 from vla_spec_ros.config import EngineConfig  # noqa: E402
@@ -54,27 +55,6 @@ from vla_spec_ros.models.registry import preset  # noqa: E402
 from vla_spec_ros.testing import OracleDrafter  # noqa: E402
 
 TOKENIZER_VOCAB = 1024      # a small real tokenizer; the 7B vocabulary only sizes the tables
-
-
-def chain_tokens_per_forward(error_rate: float, chain: int) -> float:
-    """Expected tokens a verifier forward gains from an oracle chain of ``chain`` drafts, each
-    wrong with probability ``error_rate``: the accepted prefix plus the bonus token."""
-    keep = 1.0 - error_rate
-    return 1.0 + sum(keep ** k for k in range(1, chain + 1))
-
-
-def error_rate_for(tokens_per_forward: float, chain: int) -> float:
-    """The error rate whose chain gains ``tokens_per_forward`` (bisection; clipped to what a
-    chain of ``chain`` can give: 1 to chain + 1)."""
-    target = min(max(tokens_per_forward, 1.0), chain + 1.0)
-    low, high = 0.0, 1.0
-    for _ in range(60):
-        mid = (low + high) / 2
-        if chain_tokens_per_forward(mid, chain) > target:
-            low = mid
-        else:
-            high = mid
-    return (low + high) / 2
 
 
 def ending_ids(codec, cfg) -> list[int]:
@@ -116,7 +96,7 @@ def measure(args) -> dict:
     frames = make_frames(args.warmup + args.frames, runner.image_size, args.seed, key)
     reference = reference_tokens(runner, frames, EngineConfig(**{**base,
                                                                  'use_cuda_graphs': False}))
-    rate = error_rate_for(args.tokens_per_forward, args.chain)
+    rate = chain_error_rate(args.tokens_per_forward, args.chain)
     exact = not args.device.startswith('cuda')
     rows, failures = [], []
     ar_tokens: list = []        # the engine AR row's tokens: the oracle's chains
@@ -147,7 +127,7 @@ def measure(args) -> dict:
             options.update(tree_depth=args.chain, tree_top_k=1, tree_max_nodes=args.chain + 1)
         engine = Engine(runner, norm_stats, EngineConfig(mode=mode, **options), draft=draft)
         row = bench_engine(engine, frames, args.warmup)
-        tokens = [fin.result.tokens for fin in _tokens_of(engine, frames)]
+        tokens = tokens_again(engine, frames)
         if exact and tokens != reference:
             raise AssertionError(f'{mode}: tokens differ from the eager AR reference')
         if mode == 'ar':
@@ -164,25 +144,6 @@ def measure(args) -> dict:
         record(label, lambda mode=mode: engine_row(mode))
     return {'rows': rows, 'failures': failures, 'error_rate': rate,
             'tokens_per_step': len(reference[0]) if reference else 0}
-
-
-def agreement_with(tokens: list, reference: list) -> dict:
-    """How far ``tokens`` (one tuple per frame) follow ``reference``: the share of frames
-    equal to it and the mean share of each reference it reproduces before the first
-    difference."""
-    def shared_prefix(a, b):
-        n = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
-        return n / max(len(b), 1)
-    pairs = list(zip(tokens, reference))
-    return {'frames_equal_reference': sum(a == b for a, b in pairs) / max(len(pairs), 1),
-            'shared_prefix': sum(shared_prefix(a, b) for a, b in pairs) / max(len(pairs), 1)}
-
-
-def _tokens_of(engine, frames):
-    """Every frame once more through ``engine`` (a fresh request each), in order."""
-    for frame in frames:
-        engine.submit(frame)
-    return sorted(engine.run_until_idle(), key=lambda fin: fin.request_id)[-len(frames):]
 
 
 def format_rows(result: dict) -> str:

@@ -116,8 +116,54 @@ def make_decisive_(language_model, avoid=()) -> None:
         unit = embed.float() / embed.float().norm(dim=1, keepdim=True)
         rows = torch.zeros(vocab, embed.shape[1], dtype=torch.float32, device=embed.device)
         rows.index_add_(0, targets.to(embed.device), unit[sources.to(embed.device)])
-        head.copy_(rows.to(head.dtype))
+        if head.data_ptr() == embed.data_ptr():         # a tied head (Gemma's) gets its own
+            language_model.lm_head.weight = torch.nn.Parameter(rows.to(head.dtype),
+                                                               requires_grad=False)
+        else:
+            head.copy_(rows.to(head.dtype))
         embed.mul_(DECISIVE_EMBED_SCALE)
+
+
+def chain_tokens_per_forward(error_rate: float, chain: int) -> float:
+    """Expected tokens a verifier forward gains from an oracle chain of ``chain`` drafts, each
+    wrong with probability ``error_rate``: the accepted prefix plus the bonus token."""
+    keep = 1.0 - error_rate
+    return 1.0 + sum(keep ** k for k in range(1, chain + 1))
+
+
+def chain_error_rate(tokens_per_forward: float, chain: int) -> float:
+    """The error rate whose chain gains ``tokens_per_forward`` (bisection; clipped to what a
+    chain of ``chain`` can give: 1 to chain + 1)."""
+    target = min(max(tokens_per_forward, 1.0), chain + 1.0)
+    low, high = 0.0, 1.0
+    for _ in range(60):
+        mid = (low + high) / 2
+        if chain_tokens_per_forward(mid, chain) > target:
+            low = mid
+        else:
+            high = mid
+    return (low + high) / 2
+
+
+def tokens_again(engine, frames) -> list[tuple]:
+    """Every frame once more through ``engine`` (a fresh request each), in order: the tokens
+    of each."""
+    for frame in frames:
+        engine.submit(frame)
+    done = sorted(engine.run_until_idle(), key=lambda fin: fin.request_id)[-len(frames):]
+    return [fin.result.tokens for fin in done]
+
+
+def agreement_with(tokens: list, reference: list) -> dict:
+    """How far ``tokens`` (one tuple per frame) follow ``reference``: the share of frames
+    equal to it and the mean share of each reference it reproduces before the first
+    difference."""
+    def shared_prefix(a, b):
+        n = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+        return n / max(len(b), 1)
+    pairs = list(zip(tokens, reference))
+    return {'frames_equal_reference': sum(a == b for a, b in pairs) / max(len(pairs), 1),
+            'shared_prefix': sum(shared_prefix(a, b) for a, b in pairs) / max(len(pairs), 1)}
 
 
 def build_model(name: str, device: str, dtype: str, seed: int) -> Weights:

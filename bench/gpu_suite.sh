@@ -48,9 +48,11 @@
 #                                     floor part: a bf16 decode forward against its weight bytes
 #                                     over the measured copy bandwidth, by kernel category
 #   bash bench/gpu_suite.sh pi0fast   pi0-FAST at PaliGemma-3B's shape, random weights: ms per
-#                                     chunk of HF eager, AR, spec and pipeline_spec
+#                                     chunk of HF eager and compiled, AR, spec and pipeline_spec,
+#                                     then the oracle rows on decisive weights
 #                                     (bench/gpu_pi0fast.py, 32-token chunks)
-#   bash bench/gpu_suite.sh reasoning a reasoning VLA's step at ECoT-7B's shape, random weights:
+#   bash bench/gpu_suite.sh reasoning a reasoning VLA's step at ECoT-7B's shape, decisive random
+#                                     weights (one trajectory on every bf16 path):
 #                                     ms per step of HF generate, AR and the spec modes with an
 #                                     oracle chain at the embedded reasoning model's tokens per
 #                                     forward, 200 reasoning tokens (bench/gpu_reasoning.py)

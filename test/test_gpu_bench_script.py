@@ -409,19 +409,26 @@ def test_decode_floor_counts_each_weight_once_and_names_kernel_categories(tmp_pa
 
 def test_pi0fast_gpu_bench_smoke_run_times_every_path(tmp_path):
     """bench/gpu_pi0fast.py on pi0fast-tiny on the CPU (random weights built in memory):
-    HF eager, HF compiled (static cache), ar, spec and pipeline_spec rows, every chunk the same
-    number of tokens; the pi0-FAST verdict reads the record."""
+    HF eager, HF compiled (static cache), ar, spec and pipeline_spec rows, then the oracle rows
+    on decisive weights (AR again, the spec modes drafting its tokens: every frame equal to it,
+    fewer forwards than AR), every chunk the same number of tokens; the pi0-FAST verdict reads
+    the record, the oracle's projection beside the measured default."""
     done = subprocess.run([sys.executable, str(BENCH / 'gpu_pi0fast.py'), '--smoke', '--out',
                            str(tmp_path)], capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-2000:]
     record = json.loads(next(tmp_path.glob('pi0fast-pi0fast-tiny-cpu-*.json')).read_text())
     labels = [r['label'].split(' (')[0] for r in record['rows']]
-    assert labels == ['hf eager', 'hf compiled', 'ar', 'spec', 'pipeline_spec']
+    assert labels == ['hf eager', 'hf compiled', 'ar', 'spec', 'pipeline_spec', 'ar decisive',
+                      'spec oracle', 'pipeline_spec oracle']
     assert all(r['tokens_per_action'] == record['tokens'] for r in record['rows'])
     assert all(r['ms_per_chunk'] > 0 for r in record['rows'])
+    rows = {label: r for label, r in zip(labels, record['rows'])}
+    for label in ('spec oracle', 'pipeline_spec oracle'):
+        assert rows[label]['frames_equal_reference'] == 1.0
+        assert rows[label]['forwards_per_action'] < rows['ar decisive']['forwards_per_action'] / 2
     from gpu_verdicts import pi0fast_chunk
     text, ok = pi0fast_chunk([record])
-    assert ok is not None and 'compiled' in text
+    assert ok is not None and 'compiled' in text and 'oracle' in text
 
 
 def test_reasoning_gpu_bench_decisive_weights_keep_bf16_paths_on_one_trajectory(tmp_path):
