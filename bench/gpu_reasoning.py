@@ -38,7 +38,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from gpu_setup import (agreement_with, chain_error_rate, make_decisive_,  # noqa: E402
-                       random_on_device, tokens_again)
+                       random_on_device, share_text, tokens_again)
 from records import write_record  # noqa: E402
 from vla_spec_ros.bench import bench_engine, bench_hf, environment, make_frames  # noqa: E402
 from vla_spec_ros.config import EngineConfig  # noqa: E402
@@ -121,7 +121,7 @@ def measure(args) -> dict:
         options = dict(base)
         if mode in ('spec', 'pipeline_spec'):
             # Request ids count the frames through every pass of this engine, in order.
-            chains = ar_tokens or reference
+            chains = ar_tokens if ar_tokens else reference
             draft = OracleDrafter(lambda rid: chains[rid % len(frames)],
                                   runner.max_action_tokens, rate, seed=args.seed)
             options.update(tree_depth=args.chain, tree_top_k=1, tree_max_nodes=args.chain + 1)
@@ -130,9 +130,15 @@ def measure(args) -> dict:
         tokens = tokens_again(engine, frames)
         if exact and tokens != reference:
             raise AssertionError(f'{mode}: tokens differ from the eager AR reference')
+        agreement = agreement_with(tokens, reference)
         if mode == 'ar':
             ar_tokens[:] = tokens
-        return row, agreement_with(tokens, reference)
+        else:        # against the chains the oracle drafted: the trajectory its rate assumes
+            drafted = agreement_with(tokens, chains)
+            agreement.update(oracle_source='ar row' if chains is ar_tokens else 'eager reference',
+                             frames_equal_drafted=drafted['frames_equal_reference'],
+                             drafted_prefix=drafted['shared_prefix'])
+        return row, agreement
 
     if not args.no_hf:
         record('hf generate (eager, same budget)',
@@ -151,19 +157,17 @@ def format_rows(result: dict) -> str:
     ar = next((r for r in rows if r['label'] == 'ar'), None)
     hf = next((r for r in rows if r['label'].startswith('hf')), None)
     lines = ['| row | ms per step | p50 ms | verifier forwards per step | x AR ms | x HF ms | '
-             'frames = eager AR | shared prefix |', '|---|---|---|---|---|---|---|---|']
+             'frames = eager AR | shared prefix | shares of the drafted chains |',
+             '|---|---|---|---|---|---|---|---|---|']
     for r in rows:
         x_ar = f'{r["ms_per_step"] / ar["ms_per_step"]:.3f}' if ar else '-'
         x_hf = f'{r["ms_per_step"] / hf["ms_per_step"]:.3f}' if hf else '-'
         lines.append(f'| {r["label"]} | {r["ms_per_step"]:.1f} | {r["latency_p50_ms"]:.1f} | '
                      f'{r["forwards_per_action"]:.1f} | {x_ar} | {x_hf} | '
-                     f'{_share(r.get("frames_equal_reference"))} | '
-                     f'{_share(r.get("shared_prefix"))} |')
+                     f'{share_text(r.get("frames_equal_reference"))} | '
+                     f'{share_text(r.get("shared_prefix"))} | '
+                     f'{share_text(r.get("drafted_prefix"))} |')
     return '\n'.join(lines)
-
-
-def _share(value) -> str:
-    return '-' if value is None else f'{value:.0%}'
 
 
 def main(argv=None):

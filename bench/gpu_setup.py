@@ -113,7 +113,8 @@ def make_decisive_(language_model, avoid=()) -> None:
     targets = torch.cat([torch.roll(plain, -1),
                          plain[torch.arange(len(others)) * len(plain) // max(len(others), 1)]])
     with torch.no_grad():
-        unit = embed.float() / embed.float().norm(dim=1, keepdim=True)
+        unit = embed.float()
+        unit /= unit.norm(dim=1, keepdim=True)
         rows = torch.zeros(vocab, embed.shape[1], dtype=torch.float32, device=embed.device)
         rows.index_add_(0, targets.to(embed.device), unit[sources.to(embed.device)])
         if head.data_ptr() == embed.data_ptr():         # a tied head (Gemma's) gets its own
@@ -146,12 +147,14 @@ def chain_error_rate(tokens_per_forward: float, chain: int) -> float:
 
 
 def tokens_again(engine, frames) -> list[tuple]:
-    """Every frame once more through ``engine`` (a fresh request each), in order: the tokens
-    of each."""
-    for frame in frames:
-        engine.submit(frame)
-    done = sorted(engine.run_until_idle(), key=lambda fin: fin.request_id)[-len(frames):]
-    return [fin.result.tokens for fin in done]
+    """Every frame once more through an idle ``engine`` (a fresh request each), in order: the
+    tokens of each."""
+    return [fin.result.tokens for fin in run_all(engine, frames)]
+
+
+def share_text(value) -> str:
+    """A share for a table cell: '-' when not recorded."""
+    return '-' if value is None else f'{value:.0%}'
 
 
 def agreement_with(tokens: list, reference: list) -> dict:

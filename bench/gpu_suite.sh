@@ -2,9 +2,10 @@
 # Everything a GPU machine is for, from a bare checkout, in parts that each fit one 10-minute
 # command budget (a 7B model is built once per part):
 #
-# What the next run should measure first (the rows not yet valid on an H200; about 6 minutes,
-# from the 2026-11-30 run's part times):
-#   SUITE_SECONDS=540 bash bench/gpu_suite.sh reasoning pi0fast gpu-tests
+# What the next run should measure first (the rows not yet valid on an H200; about 8.5
+# minutes from the 2026-11-30 run's part times, the oracle rows added; the tests last, the part
+# a short budget cuts):
+#   SUITE_SECONDS=560 bash bench/gpu_suite.sh reasoning pi0fast gpu-tests
 #
 #   bash bench/gpu_suite.sh tests     CUDA kernel / CUDA-graph / frame-upload tests + the Triton
 #                                     kernel sweeps

@@ -92,27 +92,29 @@ def fleet(records: list[dict]) -> tuple[str, bool | None]:
 
 def ar_target(record: dict) -> tuple[float, str]:
     """(the AR ms-per-action target, the device it is for) of the device a record ran on."""
-    device = str((record.get('environment') or {}).get('cuda', '')) or 'a device not recorded'
-    return next((ms for model, ms in AR_MAX_MS_PER_ACTION.items() if model in device),
-                AR_MAX_MS_PER_ACTION_ELSEWHERE), device
+    device = str((record.get('environment') or {}).get('cuda') or '') or 'a device not recorded'
+    return next((ms for model, ms in AR_MAX_MS_PER_ACTION.items()
+                 if re.search(rf'\b{model}\b', device)), AR_MAX_MS_PER_ACTION_ELSEWHERE), device
 
 
 def ar_action(records: list[dict]) -> tuple[str, bool | None]:
-    values = [(row['ms_per_action'], ar_target(record)) for record in records
-              for row in record.get('rows', [])
+    """The row closest to (or furthest under) its own device's target."""
+    values = [(row['ms_per_action'] / ar_target(record)[0], row['ms_per_action'],
+               *ar_target(record)) for record in records for row in record.get('rows', [])
               if row.get('mode') == 'ar' and row.get('graphs') and row.get('streams', 1) == 1]
     if not values:
         return 'no one-stream ar table row with graphs on', None
-    ms, (target, device) = min(values)
-    return (f'{ms:.1f} ms per action (lowest of {len(values)} rows; target <= {target:.0f} '
-            f'on {device})', ms <= target)
+    _, ms, target, device = min(values)
+    return (f'{ms:.1f} ms per action (best of {len(values)} rows against its target; target '
+            f'<= {target:.0f} on {device})', ms <= target)
 
 
 def decode_floor(records: list[dict]) -> tuple[str, bool | None]:
     """The newest floor part: the graphed bf16 decode forward over its weight-streaming time."""
-    parts = [record['decode_floor'] for record in records if record.get('decode_floor')]
+    parts = [record['decode_floor'] for record in records
+             if 'decode_over_floor' in (record.get('decode_floor') or {})]   # not a CPU run's
     if not parts:
-        return 'no floor part', None
+        return 'no floor part on a GPU', None
     part = parts[-1]
     ratio = part['decode_over_floor']
     return (f'decode {part["decode_ms_graphs_on"]:.2f} ms = {ratio:.2f}x streaming '
@@ -129,18 +131,29 @@ def fp8(records: list[dict]) -> tuple[str, bool | None]:
     bins = part['bin_distance']
     within = (bins['0'] + bins['1']) / bins['tokens']
     ratios = ', '.join(f'{mode} {ratio:.2f}' for mode, ratio in part['step_ms_ratio'].items())
-    sides = part.get('sides', {})
-    pieces = {}
-    if 'auto' in sides and 'fp8' in sides:
-        base, fast = sides['auto']['pieces_ms'], sides['fp8']['pieces_ms']
-        pieces = {name: fast[name] / base[name] for name in FP8_PIECES
-                  if name in base and name in fast}
-    fast_enough = bool(pieces) and all(r <= FP8_MAX_PIECE_RATIO for r in pieces.values())
+    pieces = {name: ratio for name, ratio in fp8_piece_ratios(part).items()
+              if name in FP8_PIECES}
+    faithful = within >= FP8_MIN_WITHIN_ONE_BIN
+    if set(pieces) == set(FP8_PIECES):
+        ok = faithful and all(r <= FP8_MAX_PIECE_RATIO for r in pieces.values())
+    else:
+        ok = False if not faithful else None         # the speed half was not measured
     piece_text = ', '.join(f'{name} {r:.2f}' for name, r in pieces.items()) or 'none recorded'
     return (f'{within:.2%} of {bins["tokens"]} action tokens within 1 bin (target >= '
             f'{FP8_MIN_WITHIN_ONE_BIN:.0%}); fp8 / model dtype by piece: {piece_text} (target '
-            f'<= {FP8_MAX_PIECE_RATIO} each); step time: {ratios}',
-            within >= FP8_MIN_WITHIN_ONE_BIN and fast_enough)
+            f'<= {FP8_MAX_PIECE_RATIO} each); step time: {ratios}', ok)
+
+
+def fp8_piece_ratios(part: dict) -> dict:
+    """fp8 / model dtype per piece: the part's own ratios (bench/gpu_parts.py), or, in records
+    written before it kept them, from the two sides' piece times."""
+    if 'fp8' in part.get('pieces_ratio', {}):
+        return part['pieces_ratio']['fp8']
+    sides = part.get('sides', {})
+    if 'auto' not in sides or 'fp8' not in sides:
+        return {}
+    base, fast = sides['auto']['pieces_ms'], sides['fp8']['pieces_ms']
+    return {name: fast[name] / base[name] for name in base if name in fast}
 
 
 def _newest_ratio(records: list[dict], row: str, against: str, key: str):
@@ -157,9 +170,10 @@ def _newest_ratio(records: list[dict], row: str, against: str, key: str):
 def reasoning_step(records: list[dict]) -> tuple[str, bool | None]:
     """The default's p50 per reasoning step over AR's, in the newest record holding both. The
     target presumes drafts accepted at the embedded reasoning model's rate: a record whose
-    default row left the eager reference's tokens (the trajectory its oracle drafts, as bf16
-    ties on a plain random model make it do) measured the bench, not the engine, and gives no
-    verdict. Records from before the agreement was recorded were checked token-equal."""
+    default row left the chains its oracle drafted (bf16 ties on a plain random model make it
+    do) measured the bench, not the engine, and gives no verdict. Records from before the
+    drafted chains' agreement was recorded are read by the agreement with the eager reference
+    (what was drafted then, or close to it); older ones were checked token-equal."""
     found = _newest_ratio(records, 'pipeline_spec', 'ar', 'latency_p50_ms')
     if found is None:
         return 'no reasoning part', None
@@ -168,12 +182,14 @@ def reasoning_step(records: list[dict]) -> tuple[str, bool | None]:
             f'target <= {REASONING_MAX_OVER_AR}; {record.get("tokens_per_step")} tokens per '
             'step)')
     row = next(r for r in record['rows'] if r['label'].split(' (')[0] == 'pipeline_spec')
-    if row.get('shared_prefix', 1.0) < 1.0:
+    against = 'the drafted tokens' if 'drafted_prefix' in row else "the eager reference's"
+    followed = row.get('drafted_prefix', row.get('shared_prefix', 1.0))
+    if followed < 1.0:
         gained = record.get('tokens_per_step', 0) / row['forwards_per_action']
         meant = (record.get('args') or {}).get('tokens_per_forward', float('nan'))
         return (f'{text}; but {gained:.1f} tokens per verifier forward where the oracle was set '
-                f'for {meant:g}: the row shares {row["shared_prefix"]:.0%} of the eager '
-                "reference's tokens before the first difference, not the engine's speed", None)
+                f'for {meant:g}: the row follows {followed:.0%} of {against} before the first '
+                "difference, not the engine's speed", None)
     return text, ratio <= REASONING_MAX_OVER_AR
 
 
@@ -236,9 +252,9 @@ def verdicts(folder: Path) -> list[tuple[str, str, bool | None]]:
             unreadable.append(f'{path.relative_to(folder)} ({type(exc).__name__})')
     # A progress file records no device: a run cut short ran on the device of the finished
     # records beside it, where they agree on one.
-    devices = {json.dumps(r.get('environment')) for r in records if r.get('environment')}
+    devices = {(r.get('environment') or {}).get('cuda') for r in records} - {None}
     if len(devices) == 1:
-        environment = json.loads(devices.pop())
+        environment = {'cuda': devices.pop()}
         for record in progress:
             record.setdefault('environment', environment)
     rows = [(name, *from_records_or_progress(target, records, progress)) for name, target in

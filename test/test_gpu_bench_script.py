@@ -296,10 +296,12 @@ def test_gpu_verdicts_read_the_2026_11_30_h200_run():
     assert rows['tests: run1/log-gpu-tests.txt'] == ('5 failed, 337 passed, 8 skipped', False)
 
 
-def test_gpu_verdicts_hold_the_ar_target_of_the_device_and_fp8_to_its_pieces(tmp_path):
-    """AR: 35 ms on an H200, 45 elsewhere; FP8: faithful is not enough, the prefill and decode
-    pieces must each take at most 0.65x the model dtype's time."""
-    from gpu_verdicts import ar_action, fp8
+def test_gpu_verdicts_hold_the_ar_target_of_the_device_and_fp8_to_its_pieces():
+    """AR: 35 ms on an H200, 45 elsewhere (a GH200 is not an H200), each row against its own
+    device's target; FP8: faithful is not enough, the prefill and decode pieces must each take
+    at most 0.65x the model dtype's time (not measured without them); a floor part from a CPU
+    run is not a floor."""
+    from gpu_verdicts import ar_action, decode_floor, fp8
 
     def ar_record(device, ms):
         return {'environment': {'cuda': device},
@@ -307,6 +309,14 @@ def test_gpu_verdicts_hold_the_ar_target_of_the_device_and_fp8_to_its_pieces(tmp
     assert ar_action([ar_record('NVIDIA H200', 40.0)])[1] is False
     assert ar_action([ar_record('NVIDIA H100 80GB HBM3', 40.0)])[1] is True
     assert ar_action([ar_record('NVIDIA H200', 34.0)])[1] is True
+    assert ar_action([ar_record('NVIDIA GH200 480GB', 40.0)])[1] is True
+    # Met on one device is met (the issue's targets are per device): the H100's 44 ms.
+    text, ok = ar_action([ar_record('NVIDIA H100 80GB HBM3', 44.0),
+                          ar_record('NVIDIA H200', 40.0)])
+    assert ok is True and text.startswith('44.0 ms') and 'H100' in text
+    assert 'a device not recorded' in ar_action([ar_record(None, 40.0)])[0]
+    assert decode_floor([{'decode_floor': {'bytes': 10, 'decode_ms_graphs_off': 3.0}}])[1] \
+        is None
 
     def fp8_record(prefill, decode, off_by_two=0):
         pieces = {'prefill': 10.0, 'decode_1': 5.0}
@@ -320,6 +330,9 @@ def test_gpu_verdicts_hold_the_ar_target_of_the_device_and_fp8_to_its_pieces(tmp
     text, ok = fp8([fp8_record(0.6, 0.7)])
     assert ok is False and 'prefill 0.60, decode_1 0.70' in text
     assert fp8([fp8_record(0.6, 0.6, off_by_two=2)])[1] is False
+    no_pieces = fp8_record(0.6, 0.6)
+    del no_pieces['fp8']['sides']
+    assert fp8([no_pieces])[1] is None
 
 
 def test_gpu_verdicts_read_a_run_cut_short_from_its_progress_file(tmp_path):
@@ -355,7 +368,7 @@ def test_gpu_verdicts_read_a_run_cut_short_from_its_progress_file(tmp_path):
         [{'label': 'ar graphs=False streams=1', 'mode': 'ar', 'actions_per_s': 10.0},
          {'label': 'ar graphs=True streams=1', 'mode': 'ar', 'actions_per_s': 20.0}]))
     measured, ok = dict((n, (m, o)) for n, m, o in verdicts(old))['AR per action']
-    assert measured.startswith('50.0 ms per action (lowest of 1 rows') and ok is False
+    assert measured.startswith('50.0 ms per action (best of 1 rows') and ok is False
     # A progress file cut mid-write is listed as skipped; the other verdicts stand.
     (old / 'rows-cut.json').write_text('{"rows": [{"label": "ar gra')
     rows = {n: (m, o) for n, m, o in verdicts(old)}
@@ -437,23 +450,23 @@ def test_reasoning_gpu_bench_decisive_weights_keep_bf16_paths_on_one_trajectory(
     2026-11-30 H200 run). The bench's decisive weights (gpu_setup.make_decisive_) keep every
     path on the eager reference's tokens for the whole 200-token budget (the walk avoids the
     codec's marker, stop and action tokens), so the oracle's acceptance is the one it was set
-    for; the flat model, same seed, fails the CPU's exact check."""
-    common = [sys.executable, str(BENCH / 'gpu_reasoning.py'), '--preset', 'ecot-tiny',
-              '--device', 'cpu', '--dtype', 'bfloat16', '--reasoning-tokens', '200',
-              '--frames', '2', '--warmup', '1', '--no-hf']
-    done = subprocess.run(common + ['--out', str(tmp_path)], capture_output=True, text=True,
-                          timeout=900)
+    for. (Whether the plain model ties on a given CPU depends on the CPU and the torch build;
+    on this project's CI machine `--flat-logits` fails the exact check.)"""
+    done = subprocess.run([sys.executable, str(BENCH / 'gpu_reasoning.py'), '--preset',
+                           'ecot-tiny', '--device', 'cpu', '--dtype', 'bfloat16',
+                           '--reasoning-tokens', '200', '--frames', '2', '--warmup', '1',
+                           '--no-hf', '--out', str(tmp_path)],
+                          capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     record = json.loads(next(tmp_path.glob('reasoning-ecot-tiny-*.json')).read_text())
     rows = {r['label'].split(' ')[0]: r for r in record['rows']}
     assert record['tokens_per_step'] > 200 and record['failures'] == []
     for mode in ('ar', 'spec', 'pipeline_spec'):
         assert rows[mode]['frames_equal_reference'] == 1.0
+    for mode in ('spec', 'pipeline_spec'):
+        assert rows[mode]['drafted_prefix'] == 1.0 and rows[mode]['oracle_source'] == 'ar row'
     gained = record['tokens_per_step'] / rows['pipeline_spec']['forwards_per_action']
     assert gained > 0.8 * record['args']['tokens_per_forward']
-    flat = subprocess.run(common + ['--flat-logits'], capture_output=True, text=True,
-                          timeout=900)
-    assert flat.returncode == 1 and 'tokens differ from the eager AR reference' in flat.stdout
 
 
 def test_reasoning_gpu_bench_smoke_run_times_every_path(tmp_path):
