@@ -98,7 +98,7 @@ def measure(args) -> list[dict]:
     if not args.no_oracle:
         runner = None                # its graphs and ring go before the second runner's
         try:
-            oracle_rows(args, model, cfg, prompt, norm_stats, base, frames, record)
+            oracle_rows(args, model, cfg, prompt, norm_stats, base, record)
         except Exception as exc:     # noqa: BLE001 - the plain rows above are kept
             print(f'oracle rows: FAILED {type(exc).__name__}: {exc}', flush=True)
     return rows
@@ -110,11 +110,14 @@ def walk_avoids(codec) -> list[int]:
     return sorted({codec.end_token, *codec.suffix_tokens, 0, 1, 2})
 
 
-def oracle_rows(args, model, cfg, prompt, norm_stats, base, frames, record) -> None:
+def oracle_rows(args, model, cfg, prompt, norm_stats, base, record) -> None:
     """AR on decisive weights, then spec and pipeline_spec drafting its tokens as an oracle
-    chain wrong at ``--oracle-error-rate`` per position (module docstring)."""
+    chain wrong at ``--oracle-error-rate`` per position (module docstring), over
+    ``--oracle-frames`` frames (a few frames' tokens per forward vary)."""
     make_decisive_(model.language_model, walk_avoids(model.action_codec()))
     runner = ModelRunner(model, cfg, prompt, EngineConfig(**base), codec=model.action_codec())
+    frames = make_frames(args.warmup + args.oracle_frames, runner.image_size, args.seed,
+                         sorted(norm_stats)[0])
     ar = Engine(runner, norm_stats, EngineConfig(mode='ar', **base))
     record(bench_engine(ar, frames, args.warmup), 'ar decisive')
     ar_tokens = tokens_again(ar, frames)
@@ -166,6 +169,8 @@ def main(argv=None) -> int:
     p.add_argument('--oracle-error-rate', type=float, default=0.25,
                    help='the oracle rows\' chance of a wrong draft at each position')
     p.add_argument('--no-oracle', action='store_true', help='without the oracle rows')
+    p.add_argument('--oracle-frames', type=int, default=24,
+                   help='timed frames of the oracle rows')
     p.add_argument('--chain', type=int, default=8, help='the oracle\'s draft chain length')
     p.add_argument('--smoke', action='store_true',
                    help='CPU, float32, pi0fast-tiny: checks the script, timings meaningless')
@@ -174,6 +179,7 @@ def main(argv=None) -> int:
     if args.smoke:
         args.preset, args.device, args.dtype, args.frames, args.warmup = (
             'pi0fast-tiny', 'cpu', 'float32', 2, 1)
+        args.oracle_frames = min(args.oracle_frames, 8)
     elif not torch.cuda.is_available():
         print('gpu_pi0fast: CUDA is required (use --smoke to check the script on CPU)')
         return 0
