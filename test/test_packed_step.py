@@ -5,6 +5,7 @@
 - padding (the fixed shapes CUDA graphs replay) changes no real row;
 - fused q/k/v and gate/up projections against the separate ones, and their fallbacks.
 """
+import dataclasses
 import random
 
 import numpy as np
@@ -347,3 +348,33 @@ def test_rope_rows_equal_apply_rope_bit_for_bit():
                                       max_position_embeddings=64)).get(dtype, 'cpu')
         assert torch.equal(kept[0], tables[0]) and torch.equal(kept[1], tables[1])
         assert torch.equal(RopeRows.gather(kept, positions).apply(x), expected), dtype
+
+
+@pytest.mark.parametrize('with_prefix', [False, True])
+@pytest.mark.parametrize('prefill_rows', [None, 16])
+@pytest.mark.parametrize('seed', range(6))
+def test_biases_made_once_per_forward_change_no_bit(seed, prefill_rows, with_prefix):
+    """``StepBatch.with_biases`` (the masks as additive biases, made once per forward instead
+    of by SDPA in every layer) gives bit for bit what the boolean masks give, padding rows
+    that may read nothing included (zeros either way), in float64 and bfloat16, with and
+    without a bidirectional prefix, over unequal prefill blocks (one call each) and equal
+    padded ones (``prefill_rows`` 16: one batched call)."""
+    ring, prompts, specs, step, rows = multi_prefill_step(seed + 300, prefill_rows)
+    q, k_cache, v_cache, k_new, v_new, batch = random_attention_inputs(
+        step, ring.capacity, seed)
+    assert (len(set(step.prefill_blocks)) == 1) == (prefill_rows is not None)
+    if with_prefix:
+        batch = dataclasses.replace(batch, prefill_prefix=torch.tensor(
+            [length // 2 for _, length in prompts]))
+    if batch.seg_mask is not None:      # a row that may read nothing (no layout makes one)
+        mask = batch.seg_mask.clone()
+        mask[0, -1] = False
+        batch = dataclasses.replace(batch, seg_mask=mask)
+    for dtype in (torch.float64, torch.bfloat16):
+        args = [t.to(dtype) for t in (q, k_cache, v_cache, k_new, v_new)]
+        plain = attend_segments(*args[:3], batch, *args[3:])
+        biased = batch.with_biases(dtype)
+        assert (biased.seg_bias is None) == (batch.seg_mask is None)
+        assert (biased.prefill_bias is not None) == with_prefix
+        assert not plain.isnan().any()
+        assert torch.equal(attend_segments(*args[:3], biased, *args[3:]), plain)

@@ -10,6 +10,7 @@ the ring, with wrap-around) and tree verification (tree mask).
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import torch
@@ -41,6 +42,8 @@ class StepBatch:
       Cost grows with the work in flight.
     copy_src/copy_dst: optional (M,) KV compaction applied at the start of every layer
       (``cache[dst] = cache[src]``, gathered first), before the step's own writes.
+    seg_bias/prefill_bias: the segments' and prefix blocks' masks as additive biases, made
+      once per forward by ``with_biases`` (None: the layers use the boolean masks).
     """
 
     positions: torch.Tensor
@@ -53,11 +56,38 @@ class StepBatch:
     copy_src: torch.Tensor | None = None
     copy_dst: torch.Tensor | None = None
     prefill_prefix: torch.Tensor | None = None
+    seg_bias: torch.Tensor | None = None
+    prefill_bias: torch.Tensor | tuple[torch.Tensor, ...] | None = None
 
     @property
     def num_prefill(self) -> int:
         """Rows of all prefill blocks together."""
         return sum(self.prefill_blocks)
+
+    def with_biases(self, dtype: torch.dtype, *, segments: bool = True) -> 'StepBatch':
+        """This step with its segment and prefix masks also as additive biases in ``dtype``
+        (0 where a row may read, -inf where it may not), for one forward: SDPA makes that bias
+        from a boolean mask at every call, so once per layer otherwise (three launches each on
+        a GPU, a few dispatches each on a CPU). The same bias SDPA would make, so the same
+        results, a row that may read nothing included (its output is zeros either way). Call it
+        per forward, not per step buffer: the masks change in place between steps.
+        ``segments`` False: the segments' bias is not made (a kernel reads the boolean mask)."""
+        seg_bias = None if self.seg_mask is None or not segments \
+            else _additive(self.seg_mask[:, None], dtype)
+        prefill_bias = None
+        if self.prefill_prefix is not None and self.prefill_blocks:
+            blocks, prefix = self.prefill_blocks, self.prefill_prefix
+            if len(set(blocks)) == 1:
+                prefill_bias = _additive(prefill_allowed(blocks[0], prefix)[:, None], dtype)
+            else:
+                prefill_bias = tuple(_additive(prefill_allowed(block, prefix[b:b + 1]), dtype)
+                                     for b, block in enumerate(blocks))
+        return dataclasses.replace(self, seg_bias=seg_bias, prefill_bias=prefill_bias)
+
+
+def _additive(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """A boolean mask as SDPA's additive bias: 0 where True, -inf where False."""
+    return torch.where(allowed, 0.0, float('-inf')).to(dtype)     # one launch in float32
 
 
 class KVCache:
@@ -146,10 +176,12 @@ def attend_segments(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
             k, v = k_cache.index_select(0, slots), v_cache.index_select(0, slots)
         blocks = batch.prefill_blocks
         prefix = batch.prefill_prefix
+        biases = batch.prefill_bias
         if len(set(blocks)) == 1:
             # Equal blocks (one prefill, or padded ones): one batched call, a block per batch.
             shape = (len(blocks), blocks[0], -1, head_dim)
-            mask = None if prefix is None else prefill_allowed(blocks[0], prefix)[:, None]
+            mask = None if prefix is None else (
+                biases if biases is not None else prefill_allowed(blocks[0], prefix)[:, None])
             out = F.scaled_dot_product_attention(
                 q[:lp].view(shape).transpose(1, 2), k[:lp].view(shape).transpose(1, 2),
                 v[:lp].view(shape).transpose(1, 2), attn_mask=mask, is_causal=mask is None,
@@ -159,7 +191,8 @@ def attend_segments(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
             start = 0
             for b, block in enumerate(blocks):
                 rows = slice(start, start + block)
-                mask = None if prefix is None else prefill_allowed(block, prefix[b:b + 1])
+                mask = None if prefix is None else (
+                    biases[b] if biases is not None else prefill_allowed(block, prefix[b:b + 1]))
                 out = F.scaled_dot_product_attention(
                     q[rows].transpose(0, 1)[None], k[rows].transpose(0, 1)[None],
                     v[rows].transpose(0, 1)[None], attn_mask=mask, is_causal=mask is None,
@@ -177,8 +210,8 @@ def attend_segments(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
         kv_shape = (num_segments, num_cols, k_cache.shape[1], head_dim)
         keys = k_cache.index_select(0, flat).view(kv_shape).transpose(1, 2)  # (S, Hkv, K, D)
         values = v_cache.index_select(0, flat).view(kv_shape).transpose(1, 2)
-        out = F.scaled_dot_product_attention(queries, keys, values,
-                                             attn_mask=batch.seg_mask[:, None],
+        mask = batch.seg_bias if batch.seg_bias is not None else batch.seg_mask[:, None]
+        out = F.scaled_dot_product_attention(queries, keys, values, attn_mask=mask,
                                              enable_gqa=gqa)                # (S, Hq, Q, D)
         parts.append(out.transpose(1, 2).reshape(num_segments * num_rows, num_heads,
                                                  head_dim))

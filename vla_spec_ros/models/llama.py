@@ -63,6 +63,9 @@ class LlamaForCausalLM(nn.Module):
         its MLP's residual add to the next norm (``forward_deferred``)."""
         rope = RopeRows.gather(self.rope(inputs_embeds.dtype, inputs_embeds.device),
                                batch.positions)
+        if batch.attn_mask is None:               # the masks' biases once, not per layer
+            batch = batch.with_biases(inputs_embeds.dtype,
+                                      segments=kernels.segment_attention is None)
         x, delta = inputs_embeds, None
         for i, layer in enumerate(self.model.layers):
             x, delta = layer.forward_deferred(x, delta, batch, rope, cache.k[i], cache.v[i],
