@@ -197,6 +197,24 @@ def test_observation_age_sources():
     assert cmd.observation_age(10.0, 0.0, 9.9, header) == pytest.approx(0.1)   # unstamped
 
 
+def test_a_stamp_ahead_of_its_arrival_is_aged_from_the_arrival():
+    """A camera clock 0.3 s ahead of the node's (accepted: less than max_action_age 0.5):
+    once the camera stops, the image is stale 0.5 s after it arrived, not 0.8 s; a stamp more
+    than max_action_age ahead keeps its negative age and is refused as from the future."""
+    s = settings(stamp_source='header', max_action_age=0.5)
+    receipt, stamp = 100.0, 100.3
+    assert cmd.observation_age(receipt, stamp, receipt, s) == 0.0
+    assert cmd.freshness_reason(cmd.observation_age(receipt, stamp, receipt, s), s) is None
+    age = cmd.observation_age(receipt + 0.6, stamp, receipt, s)
+    assert age == pytest.approx(0.6)
+    assert cmd.freshness_reason(age, s).startswith('stale observation')
+    far = cmd.observation_age(receipt, receipt + 2.0, receipt, s)
+    assert far == pytest.approx(-2.0)
+    assert cmd.freshness_reason(far, s).startswith('observation from the future')
+    # A camera behind (transport latency) is aged by its stamp, as before.
+    assert cmd.observation_age(receipt + 0.2, receipt - 0.1, receipt, s) == pytest.approx(0.3)
+
+
 def test_watchdog_reasons():
     s = settings(max_action_age=0.5)
     assert cmd.hold_reason_now(False, 0.0, s) == 'disabled'

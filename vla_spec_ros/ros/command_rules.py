@@ -190,8 +190,16 @@ def observation_time(stamp_s: float, receipt_s: float, settings: NodeSettings) -
 
 def observation_age(now_s: float, stamp_s: float, receipt_s: float,
                     settings: NodeSettings) -> float:
-    """Seconds since the observation, from its header stamp or its receipt (stamp_source)."""
-    return now_s - observation_time(stamp_s, receipt_s, settings)
+    """Seconds since the observation, from its header stamp or its receipt (stamp_source),
+    and never less than the time since its receipt: no image arrives before it is taken, so
+    a stamp ahead of its own arrival is a camera clock running ahead of the node's. Within
+    max_action_age that offset is accepted, but the image is aged from its arrival, so the
+    hold after the camera stops is not late by the offset. A stamp further ahead keeps its
+    negative age: freshness_reason refuses it as from the future (a clock mismatch)."""
+    age = now_s - observation_time(stamp_s, receipt_s, settings)
+    if age >= -settings.max_action_age:
+        age = max(age, now_s - receipt_s)
+    return age
 
 
 def freshness_reason(age_s: float | None, settings: NodeSettings, *,
