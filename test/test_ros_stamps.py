@@ -3,7 +3,8 @@ DDS, no mocks of rclpy; the node is the package's VLASpecNode, every frame publi
 
   - one image stamped in the future is refused and moves nothing: the next good frames are
     answered (one camera; and one wrist frame of a two-camera robot); so is one with a
-    negative stamp (0 alone means unstamped);
+    negative stamp (0 alone means unstamped); a camera clock slightly ahead (accepted) does
+    not delay the stale hold after the camera stops;
   - the node clock jumping back (`use_sim_time`, /clock published here and reset, as a
     simulator reset or a bag played again does): recognised, logged, and the frames after it
     answered, for a single-step and for a chunked model;
@@ -228,6 +229,30 @@ def test_a_future_stamped_frame_is_refused_and_the_next_frames_are_answered(sim_
         # Good frames right after it are answered: the refused frame moved no order.
         twist = _wait_answered(robot, 'an answer after the future-stamped frame')
         assert stamp_s(twist.header.stamp) < robot.clock.now_s() + 1.0
+
+
+def test_a_camera_clock_slightly_ahead_does_not_delay_the_stale_hold(sim_robot):
+    """A camera whose clock runs 1.5 s ahead of the node's (accepted: max_action_age is 2 s
+    here) is answered; once it stops, the robot holds for a stale image about max_action_age
+    after the last image arrived, not max_action_age plus the offset (3.5 s): no image is
+    aged younger than its arrival (docs/robot.md, stamps)."""
+    robot, ahead_s, max_age_s = sim_robot, 1.5, 2.0
+    _wait_answered(robot, 'a first answer')
+    start = len(robot.probe.twists.snapshot())
+    deadline = time.monotonic() + TIMEOUT
+    while not any(stamp_s(m.header.stamp) in robot.sent[-20:]
+                  for _, m in robot.probe.twists.snapshot()[start:]):
+        assert time.monotonic() < deadline, 'no answer to frames stamped 1.5 s ahead'
+        robot.publish(ahead_s)
+        last_sent = time.monotonic()
+        time.sleep(0.1)
+    assert not robot.node.stats_snapshot()['hold_reason'].startswith('observation from')
+    wait_until(lambda: robot.node.stats_snapshot()['hold_reason'].startswith(
+        'stale observation'), what='the stale hold after the camera stopped')
+    held_after = time.monotonic() - last_sent      # simulated time runs at wall speed
+    # The old rule held only at max_action_age + the offset (3.5 s); 1 s of slack for a slow
+    # machine's watchdog tick and message delivery.
+    assert max_age_s - 0.1 <= held_after < max_age_s + 1.0, held_after
 
 
 def test_a_negative_stamp_is_refused_not_taken_for_unstamped(sim_robot):
