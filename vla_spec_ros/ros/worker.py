@@ -58,7 +58,8 @@ class InferenceWorker:
         self._take_tunables = take_tunables
         self._on_submitted = on_submitted
         self._stop = threading.Event()
-        self._turn = threading.Lock()        # held for one turn of the loop
+        # Held for one turn of the loop, and by `paused()`; reentrant, so a pause nests.
+        self._turn = threading.RLock()
         # Cleared while a pause is requested: the loop waits here before its next turn.
         self._resume = threading.Event()
         self._resume.set()
