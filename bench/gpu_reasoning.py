@@ -102,13 +102,13 @@ def measure(args) -> dict:
     ar_tokens: list = []        # the engine AR row's tokens: the oracle's chains
 
     def record(label, make_row):
+        """``make_row()`` -> (BenchRow, the row's agreement fields)."""
         try:
-            row = make_row()
+            row, agreement = make_row()
         except Exception as exc:     # noqa: BLE001 - one failing row keeps the others
             failures.append(f'{label}: {type(exc).__name__}: {exc}')
             print(failures[-1], flush=True)
             return
-        row, agreement = row if isinstance(row, tuple) else (row, {})
         out = asdict(row)
         out.update(label=label, ms_per_step=1e3 / row.actions_per_s, **agreement)
         rows.append(out)
@@ -142,8 +142,8 @@ def measure(args) -> dict:
 
     if not args.no_hf:
         record('hf generate (eager, same budget)',
-               lambda: bench_hf(make_baseline(runner, EngineConfig(**base)), frames,
-                                args.warmup))
+               lambda: (bench_hf(make_baseline(runner, EngineConfig(**base)), frames,
+                                 args.warmup), {}))
     for mode in ('ar', 'spec', 'pipeline_spec'):
         label = mode if mode == 'ar' else (f'{mode} (oracle chain, {args.tokens_per_forward:g} '
                                            'tokens per forward)')

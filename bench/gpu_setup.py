@@ -42,18 +42,24 @@ def expected_acceptance(accept_prob: float, depth: int, action_dim: int) -> floa
     return action_dim / (1.0 + rounds[action_dim - 1])
 
 
+def solve_unit(increasing, target: float) -> float:
+    """The x in [0, 1] where ``increasing(x)`` reaches ``target`` (bisection, 60 halvings):
+    1 when ``increasing(1)`` is at or below it, 0 when ``increasing(0)`` is above it."""
+    low, high = 0.0, 1.0
+    for _ in range(60):
+        mid = (low + high) / 2
+        if increasing(mid) < target:
+            low = mid
+        else:
+            high = mid
+    return (low + high) / 2
+
+
 def acceptance_error_rate(target: float, depth: int, action_dim: int = 7) -> float:
     """Per-position error rate of the oracle draft that gives mean acceptance ``target``."""
-    lo, hi = 0.0, 1.0
     if target >= expected_acceptance(1.0, depth, action_dim):
         return 0.0
-    for _ in range(60):
-        p = (lo + hi) / 2
-        if expected_acceptance(p, depth, action_dim) < target:
-            lo = p
-        else:
-            hi = p
-    return 1.0 - (lo + hi) / 2
+    return 1.0 - solve_unit(lambda p: expected_acceptance(p, depth, action_dim), target)
 
 
 @dataclass
@@ -136,14 +142,7 @@ def chain_error_rate(tokens_per_forward: float, chain: int) -> float:
     """The error rate whose chain gains ``tokens_per_forward`` (bisection; clipped to what a
     chain of ``chain`` can give: 1 to chain + 1)."""
     target = min(max(tokens_per_forward, 1.0), chain + 1.0)
-    low, high = 0.0, 1.0
-    for _ in range(60):
-        mid = (low + high) / 2
-        if chain_tokens_per_forward(mid, chain) > target:
-            low = mid
-        else:
-            high = mid
-    return (low + high) / 2
+    return 1.0 - solve_unit(lambda keep: chain_tokens_per_forward(1.0 - keep, chain), target)
 
 
 def tokens_again(engine, frames) -> list[tuple]:

@@ -99,8 +99,9 @@ def ar_target(record: dict) -> tuple[float, str]:
 
 def ar_action(records: list[dict]) -> tuple[str, bool | None]:
     """The row closest to (or furthest under) its own device's target."""
-    values = [(row['ms_per_action'] / ar_target(record)[0], row['ms_per_action'],
-               *ar_target(record)) for record in records for row in record.get('rows', [])
+    values = [(row['ms_per_action'] / target, row['ms_per_action'], target, device)
+              for record in records for target, device in [ar_target(record)]
+              for row in record.get('rows', [])
               if row.get('mode') == 'ar' and row.get('graphs') and row.get('streams', 1) == 1]
     if not values:
         return 'no one-stream ar table row with graphs on', None
