@@ -57,9 +57,11 @@ class FakeRobot:
         self.holds.append((reason, is_stale, keep_chunk))
 
 
-def finished(t0: float, action=None, *, is_valid=True, error=None):
-    """The engine's answer to an image stamped t0 (node clock seconds)."""
-    info = FrameInfo(Stamp(int(t0), round((t0 % 1) * 1e9)), t0, t0, 0.0)
+def finished(t0: float, action=None, *, is_valid=True, error=None, receipt=None):
+    """The engine's answer to an image stamped t0 (node clock seconds), received at `receipt`
+    (default t0)."""
+    receipt = t0 if receipt is None else receipt
+    info = FrameInfo(Stamp(int(t0), round((t0 % 1) * 1e9)), t0, receipt, 0.0)
     if action is None:
         action = np.tile(np.arange(K, dtype=np.float64)[:, None] * 0.01, (1, 7))
     result = None if error else ActionResult((), action, action, is_valid,
@@ -91,6 +93,27 @@ def test_a_chunk_is_kept_whole_then_published_one_step_per_period_then_runs_out(
     assert robot.holds[-1][0].startswith(cmd.REASON_CHUNK_END)
     snapshot = robot.stats.snapshot(0.0)
     assert snapshot['chunk_steps_published'] == K and snapshot['chunk_run_outs'] == 1
+
+
+def test_a_camera_clock_ahead_of_the_node_does_not_push_the_steps_into_the_future():
+    """Images stamped 0.3 s ahead of their arrival (accepted: max_action_age is 0.5 s) are
+    timed from their arrival (command_rules.aged_from): step 0 goes out at once and the next
+    steps one period apart. Timed from the stamp, each new chunk replaced the one before it
+    before its first slot came, and nothing moved the robot at all."""
+    robot, ahead = FakeRobot(), 0.3
+    execution = ChunkExecution(robot.channel())
+    for arrival in (100.0, 100.1, 100.2):        # the camera sends faster than the chunk plays
+        robot.now = arrival + 0.01
+        execution.handle_finished(finished(arrival + ahead, receipt=arrival))
+        assert robot.steps and robot.steps[-1][0] == 0, robot.steps
+        # The step's stamp is still the image's (its provenance), not the arrival.
+        assert robot.steps[-1][2] == Stamp(100, round((arrival - 100 + ahead) * 1e9))
+    assert len(robot.steps) == 3 and not robot.holds
+    wake = execution.publish_due(robot.now)
+    assert wake == pytest.approx(100.2 + P)                 # the arrival + one period
+    robot.now = wake + 1e-6
+    execution.publish_due(robot.now)
+    assert robot.steps[-1][0] == 1 and not robot.holds
 
 
 def test_invalid_chunk_continue_keeps_the_running_chunk_and_hold_drops_it():

@@ -436,6 +436,13 @@ def _run_of(probe, image, start):
     return steps, items[zero]
 
 
+def _held_after_the_run_out(reason: str) -> bool:
+    """The standing hold once a chunk ran out: its run-out, or, read after its image grew
+    older than the chunk limit (a slow machine's test reads late), the watchdog's stale
+    hold that replaces it: both hold the robot."""
+    return reason.startswith('chunk ran out') or reason.startswith('stale observation')
+
+
 @needs_ros
 def test_steps_follow_the_control_clock_and_the_trajectory_is_the_chunk(chunk_node, chunked):
     from ros_probe import stamp_s, twist_values
@@ -472,7 +479,7 @@ def test_steps_follow_the_control_clock_and_the_trajectory_is_the_chunk(chunk_no
     assert after['chunk_steps_published'] - before['chunk_steps_published'] == len(steps)
     assert after['chunk_steps_skipped'] - before['chunk_steps_skipped'] == indices[0]
     assert after['chunk_run_outs'] - before['chunk_run_outs'] == 1
-    assert after['hold_reason'].startswith('chunk ran out')
+    assert _held_after_the_run_out(after['hold_reason']), after['hold_reason']
     assert after['step_late_p99_ms'] < 1e3 * SLACK
     # the trajectory: every step's scaled twist, time_from_start i * control_period
     _, trajectory = probe.trajectories.find(lambda m: m.header.stamp == image.header.stamp,
@@ -532,6 +539,49 @@ def _nothing_moves_after_a_zero(probe, start, image):
     moving = [m for _, m in probe.probe.twists.snapshot()[zero_at + 1:] if not is_zero(m)]
     assert moving == [], f'{len(moving)} moving twists after the zero'
     return zero_at
+
+
+@needs_ros
+def test_a_camera_clock_ahead_of_the_node_times_the_steps_from_the_arrival(chunk_node, chunked):
+    """An image stamped 1.2 periods ahead of the node clock (accepted: max_action_age is 2.5
+    periods) is timed from its arrival, as it is aged (command_rules.aged_from): step 0 goes
+    out as soon as the chunk is decided, not when the node clock reaches the stamp, and the
+    run-out comes K periods after the arrival. The twists keep the image's stamp + i periods.
+    (Timed from the stamp, step 0 waited 1.2 periods, and a camera sending faster than a
+    chunk plays never moved the robot: each chunk was replaced before its first slot.)"""
+    from rclpy.duration import Duration
+    from ros_probe import stamp_s, wait_until
+
+    node, probe = chunk_node
+    _, frames, expected = chunked
+    ahead_s = 1.2 * CONTROL_PERIOD
+    wait_until(lambda: probe.probe.image_pub.get_subscription_count() > 0, what='the node')
+    for _ in range(5):           # a best-effort image may be lost: again, with a new stamp
+        start = len(probe.probe.twists.snapshot())
+        image = probe.probe.raw_image(frames[1])
+        sent_s = stamp_s(probe.probe.now().to_msg())
+        image.header.stamp = (probe.probe.now() + Duration(nanoseconds=int(ahead_s * 1e9))
+                              ).to_msg()
+        probe.probe.image_pub.publish(image)
+        try:
+            wait_until(lambda: _moving_step_of(probe, image, start) is not None,
+                       timeout=3 * CONTROL_PERIOD)
+            break
+        except AssertionError:
+            continue
+    steps, (zero_time, _) = _run_of(probe, image, start)
+    (received, index, twist), t0 = steps[0], stamp_s(image.header.stamp)
+    assert index == 0 and _ns(twist.header.stamp) == _ns(image.header.stamp)
+    # decided in at most a quarter period (the fixture's pace), published at once: well
+    # before the stamp's time, where the first slot began when steps were timed from it
+    assert received < sent_s + CONTROL_PERIOD < t0, (received - sent_s, ahead_s)
+    assert [i for _, i, _ in steps] == list(range(K))
+    for (a, _, _), (b, _, _) in zip(steps[1:], steps[2:]):
+        assert abs((b - a) - CONTROL_PERIOD) < SLACK, (a, b)
+    assert sent_s + K * CONTROL_PERIOD - 0.01 <= zero_time < t0 + K * CONTROL_PERIOD - 0.1 * \
+        CONTROL_PERIOD
+    reason = node.stats_snapshot()['hold_reason']
+    assert _held_after_the_run_out(reason), reason
 
 
 @needs_ros

@@ -109,8 +109,10 @@ class ChunkExecution:
         prepared = robot.prepare(info, settings)
         if prepared is None:
             return None
+        # Timed from the time the image is aged from: a camera clock ahead of the node's
+        # (within max_action_age) does not push the steps' slots into the future.
         chunk = chunks.Chunk(decision.actions,
-                             cmd.observation_time(info.stamp_s, info.receipt_s, settings),
+                             cmd.aged_from(info.stamp_s, info.receipt_s, settings),
                              settings.control_period, info.stamp)
         accepted, replaced = self.schedule.add(chunk, now)
         if not accepted:

@@ -5,8 +5,9 @@ each robot's chunks here and, at the control rate, publishes the step whose time
 Pure Python + numpy, no rclpy: the rules are unit-tested with a fake clock.
 
 The timing rule. A chunk's time base is t0, its image's time on the node clock (the header
-stamp, or the receipt time with ``stamp_source: receipt`` or an unstamped driver: the same time
-``max_action_age`` measures), and P is the ``control_period`` in force when it arrived:
+stamp, or the receipt time with ``stamp_source: receipt`` or an unstamped driver; never later
+than the image's arrival: command_rules.aged_from, the same time ``max_action_age`` measures
+from), and P is the ``control_period`` in force when it arrived:
 
   - step i (0 <= i < K) is due during its slot [t0 + i*P, t0 + (i+1)*P);
   - the age of step i at time `now` is now - (t0 + i*P);

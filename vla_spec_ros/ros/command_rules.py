@@ -188,18 +188,26 @@ def observation_time(stamp_s: float, receipt_s: float, settings: NodeSettings) -
     return receipt_s
 
 
+def aged_from(stamp_s: float, receipt_s: float, settings: NodeSettings) -> float:
+    """The node-clock time an accepted observation is aged and timed from: its
+    observation_time, but never later than its arrival (no image arrives before it is taken,
+    so a stamp ahead of its own arrival is a camera clock running ahead of the node's). A
+    chunk's steps are timed from it too (chunk_execution.py), so that offset neither delays
+    the hold after the camera stops nor the chunk's steps."""
+    return min(observation_time(stamp_s, receipt_s, settings), receipt_s)
+
+
 def observation_age(now_s: float, stamp_s: float, receipt_s: float,
                     settings: NodeSettings) -> float:
     """Seconds since the observation, from its header stamp or its receipt (stamp_source),
-    and never less than the time since its receipt: no image arrives before it is taken, so
-    a stamp ahead of its own arrival is a camera clock running ahead of the node's. Within
-    max_action_age that offset is accepted, but the image is aged from its arrival, so the
+    and never less than the time since its receipt (aged_from): within max_action_age a
+    stamp ahead of its arrival is accepted, but the image is aged from its arrival, so the
     hold after the camera stops is not late by the offset. A stamp further ahead keeps its
     negative age: freshness_reason refuses it as from the future (a clock mismatch)."""
     age = now_s - observation_time(stamp_s, receipt_s, settings)
-    if age >= -settings.max_action_age:
-        age = max(age, now_s - receipt_s)
-    return age
+    if age < -settings.max_action_age:
+        return age
+    return now_s - aged_from(stamp_s, receipt_s, settings)
 
 
 def freshness_reason(age_s: float | None, settings: NodeSettings, *,
@@ -261,6 +269,6 @@ def decide_command(result, *, error: str | None, is_enabled: bool, age_s: float 
 
 __all__ = ['Command', 'zero_command', 'action_dims', 'check_action_dim', 'joint_values',
            'reason_kind', 'is_stale_reason', 'velocities_from_action',
-           'gripper_position', 'command_from_action', 'observation_time', 'observation_age',
-           'freshness_reason', 'hold_reason_now', 'decide_command', 'FAILURE_REASONS',
-           'ACTION_DIM', 'REASON_CHUNK_END', 'REASON_SERVO_NOT_READY']
+           'gripper_position', 'command_from_action', 'observation_time', 'aged_from',
+           'observation_age', 'freshness_reason', 'hold_reason_now', 'decide_command',
+           'FAILURE_REASONS', 'ACTION_DIM', 'REASON_CHUNK_END', 'REASON_SERVO_NOT_READY']
