@@ -42,10 +42,11 @@ def pause(seconds: float, how: str) -> None:
         pass
 
 
-def op_after_pause(op, seconds: float, how: str, repeats: int = REPEATS) -> float:
-    """p50 us of `op` run right after a pause of `seconds` (`how`: sleep or spin)."""
+def op_after_pause(op, seconds: float, how: str, repeats: int | None = None) -> float:
+    """p50 us of `op` run right after a pause of `seconds` (`how`: sleep or spin), over
+    `repeats` runs (default REPEATS)."""
     times = []
-    for _ in range(repeats):
+    for _ in range(REPEATS if repeats is None else repeats):
         if seconds > 0:
             pause(seconds, how)
         start = time.perf_counter()
@@ -64,15 +65,14 @@ def small_operations():
 
 
 def part_one(gaps_ms) -> list[str]:
+    # a zero pause once (no pause to sleep or spin), every other pause slept and spun
+    columns = [(g, how) for g in gaps_ms for how in ('sleep', 'spin') if g or how == 'sleep']
     lines = ['## 1. One small operation after a pause (p50 us)', '',
-             '| operation | ' + ' | '.join(f'{g:g} ms {how}' for g in gaps_ms
-                                          for how in ('sleep', 'spin') if g or how == 'sleep')
-             + ' |']
-    lines.append('|---' * (1 + sum(2 if g else 1 for g in gaps_ms)) + '|')
+             '| operation | ' + ' | '.join(f'{g:g} ms {how}' for g, how in columns) + ' |',
+             '|---' * (1 + len(columns)) + '|']
     for name, op in small_operations().items():
         op_after_pause(op, 0.0, 'sleep')             # warm
-        cells = [op_after_pause(op, g / 1e3, how) for g in gaps_ms
-                 for how in ('sleep', 'spin') if g or how == 'sleep']
+        cells = [op_after_pause(op, g / 1e3, how) for g, how in columns]
         lines.append(f'| {name} | ' + ' | '.join(f'{c:.1f}' for c in cells) + ' |')
     return lines
 
