@@ -153,3 +153,91 @@ def test_a_chunk_trajectory_is_one_jtc_accepts_with_its_first_point_one_period_a
     # which is why the node stamps it when it publishes it.
     late = joint_trajectory_message(JOINTS, targets, Time(sec=999, nanosec=0), period)
     assert jtc_rejection(late, JOINTS, now_s) == 'ends in the past'
+
+
+# ---- the joint-position hold (JointTrajectoryOutput.hold) ------------------------------------
+
+class _Clock:
+    def __init__(self, now_s):
+        self.now_s = now_s
+
+    def now(self):
+        from rclpy.time import Time
+        return Time(nanoseconds=round(self.now_s * 1e9))
+
+
+class _TrajectoryNode:
+    """What JointTrajectoryOutput uses of a node: a clock and a publisher that records."""
+
+    def __init__(self, now_s):
+        self.clock, self.sent = _Clock(now_s), []
+
+    def get_clock(self):
+        return self.clock
+
+    def create_publisher(self, msg_type, topic, qos):
+        node = self
+
+        class Publisher:
+            def publish(self, msg):
+                node.sent.append((node.clock.now_s, msg))
+        return Publisher()
+
+
+def _chunk_targets(num_steps):
+    return [(0.1 * (k + 1), -0.1 * (k + 1), 0.0) for k in range(num_steps)]
+
+
+@pytest.mark.skipif(not HAS_TRAJECTORY_MSGS, reason='needs trajectory_msgs')
+@pytest.mark.parametrize('step', [0, 3, 7])
+def test_a_hold_without_a_measured_state_stops_at_the_point_due_not_at_the_chunks_end(step):
+    """A hold during step `step` of an 8-step chunk trajectory, with no fresh measured state:
+    a one-point trajectory to the point being approached now, one period ahead (the robot is
+    within one step of it, so it goes no faster than planned). Before, it went to the chunk's
+    last target, several steps away, to be covered in one period."""
+    from types import SimpleNamespace
+
+    from vla_spec_ros.ros.joint_outputs import JointTrajectoryOutput
+
+    period, start = 0.2, 1000.0
+    settings = SimpleNamespace(joint_names=JOINTS, control_period=period)
+    node = _TrajectoryNode(start)
+    output = JointTrajectoryOutput(node, '~/', lambda s: None)
+    commands = [SimpleNamespace(joints=t) for t in _chunk_targets(8)]
+    chunk = SimpleNamespace(step_at=lambda now_s: 0)
+    output.publish_chunk(chunk, commands, settings)
+    node.clock.now_s = start + (step + 0.5) * period        # inside step `step`'s segment
+    output.hold(None, settings)
+    (_, stop) = node.sent[-1]
+    assert len(node.sent) == 2 and len(stop.points) == 1
+    assert tuple(stop.points[0].positions) == _chunk_targets(8)[step]
+    assert seconds(stop.points[0].time_from_start) == pytest.approx(period)
+    assert jtc_rejection(stop, JOINTS, node.clock.now_s) is None
+
+
+@pytest.mark.skipif(not HAS_TRAJECTORY_MSGS, reason='needs trajectory_msgs')
+def test_a_hold_after_the_trajectory_ended_sends_nothing_without_a_measured_state():
+    """Once the last trajectory sent has ended, JTC holds at its end by itself: a hold sends
+    nothing (a target re-sent then would pull back a robot someone else moved since); with a
+    fresh measured state it goes to the measured positions."""
+    from types import SimpleNamespace
+
+    from vla_spec_ros.ros.joint_outputs import JointTrajectoryOutput
+
+    period, start = 0.2, 1000.0
+    settings = SimpleNamespace(joint_names=JOINTS, control_period=period)
+    node, measured = _TrajectoryNode(start), {'positions': None}
+    output = JointTrajectoryOutput(node, '~/', lambda s: measured['positions'])
+    output.hold(None, settings)
+    assert node.sent == []                                  # nothing sent yet: nothing
+    output.publish_command(SimpleNamespace(joints=(0.3, 0.2, 0.1)), None, settings)
+    node.clock.now_s = start + 0.5 * period
+    output.hold(None, settings)                             # still running: its point
+    assert tuple(node.sent[-1][1].points[0].positions) == (0.3, 0.2, 0.1)
+    node.clock.now_s = start + 0.5 * period + period        # the hold's own point reached
+    output.hold(None, settings)
+    assert len(node.sent) == 2
+    measured['positions'] = (0.0, 0.5, 0.0)
+    output.hold(None, settings)
+    assert len(node.sent) == 3 and tuple(node.sent[-1][1].points[0].positions) == (0.0, 0.5,
+                                                                                   0.0)

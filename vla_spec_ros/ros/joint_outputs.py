@@ -17,8 +17,12 @@ joint_position -> <prefix>joint_trajectory: trajectory_msgs/JointTrajectory for 
     them, so the steps are not re-sent one by one.
     A hold means "stay where you are": ROS 2's JTC refuses an empty trajectory, so the hold is
     a one-point trajectory one period ahead to the joint positions measured by the state input
-    (`current_positions()`, when fresh), else to the last target sent (where the robot is
-    already heading; JTC holds at a trajectory's end), else nothing (nothing was sent).
+    (`current_positions()`, when fresh). Without a fresh measured state, while the last
+    trajectory sent is still running, to its point being approached now (the robot is
+    between the point before it and that one, so it gets there no faster than planned; a
+    chunk's last target would be several steps away, to be covered in one period); once that
+    trajectory has ended, nothing: JTC holds at its end by itself, and a target re-sent then
+    would pull back a robot someone else has moved since.
 
 control_msgs is imported when the adapter is built: without it the node refuses to start and
 says so (JointJog is not on PyPI; a ROS distribution's ros-<distro>-control-msgs has it).
@@ -99,16 +103,29 @@ class JointTrajectoryOutput(OutputAdapter):
         self.pub = node.create_publisher(JointTrajectory, prefix + 'joint_trajectory',
                                          COMMAND_QOS)
         self._lock = threading.Lock()
-        self._last_target: tuple | None = None
-
-    def _now(self):
-        return self.node.get_clock().now().to_msg()
+        # The last trajectory sent: (its stamp in node-clock seconds, its period, its targets).
+        self._running: tuple[float, float, tuple] | None = None
 
     def _send(self, targets, settings) -> None:
+        now = self.node.get_clock().now()
         with self._lock:
-            self._last_target = tuple(targets[-1]) if targets else self._last_target
-        self.pub.publish(joint_trajectory_message(settings.joint_names, targets, self._now(),
+            self._running = (now.nanoseconds * 1e-9, settings.control_period,
+                             tuple(tuple(t) for t in targets))
+        self.pub.publish(joint_trajectory_message(settings.joint_names, targets, now.to_msg(),
                                                   settings.control_period))
+
+    def _target_now(self) -> tuple | None:
+        """The point the last trajectory sent is approaching now (point k is due (k + 1)
+        periods after its stamp), or None once it has ended (or before any)."""
+        with self._lock:
+            running = self._running
+        if running is None:
+            return None
+        start_s, period_s, targets = running
+        elapsed = self.node.get_clock().now().nanoseconds * 1e-9 - start_s
+        if elapsed >= len(targets) * period_s:
+            return None
+        return targets[max(0, min(len(targets) - 1, int(elapsed // period_s)))]
 
     def publish_command(self, command, stamp, settings, prepared=None) -> None:
         self._send([command.joints], settings)
@@ -123,13 +140,13 @@ class JointTrajectoryOutput(OutputAdapter):
         pass          # the whole chunk went out on arrival; JTC executes it
 
     def hold(self, stamp, settings) -> None:
+        """Stay where you are (module docstring): to the measured positions, else to the
+        point the running trajectory approaches now, else nothing."""
         target = self._current_positions(settings)
         if target is None:
-            with self._lock:
-                target = self._last_target
+            target = self._target_now()
         if target is not None:
-            self.pub.publish(joint_trajectory_message(settings.joint_names, [target],
-                                                      self._now(), settings.control_period))
+            self._send([target], settings)
 
     def destroy(self) -> None:
         self.node.destroy_publisher(self.pub)
