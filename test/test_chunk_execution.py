@@ -116,6 +116,29 @@ def test_a_camera_clock_ahead_of_the_node_does_not_push_the_steps_into_the_futur
     assert robot.steps[-1][0] == 1 and not robot.holds
 
 
+def test_a_control_period_changed_mid_chunk_does_not_rescale_its_steps():
+    """Each step is a displacement over its chunk's period: after `control_period` drops from
+    0.2 to 0.02 s, the chunk's next step still goes out at the velocity computed when it
+    arrived (before, delta / 0.02: ten times the planned speed, bounded only by the limits),
+    on the chunk's own slot grid; a later chunk takes the new period."""
+    robot = FakeRobot(max_linear_speed=10.0)
+    execution = ChunkExecution(robot.channel())
+    robot.now = 100.05
+    execution.handle_finished(finished(100.0))
+    planned = robot.chunks[0][1]                       # the K commands decided on arrival
+    robot.settings = dataclasses.replace(robot.settings, control_period=0.02)
+    robot.now = 100.0 + P + 1e-6                       # step 1's slot on the chunk's grid
+    execution.publish_due(robot.now)
+    index, command, _ = robot.steps[-1]
+    assert index == 1 and command.linear == pytest.approx(planned[1].linear)
+    assert command.linear[0] == pytest.approx(0.01 / P)
+    robot.now = 100.5
+    execution.handle_finished(finished(100.45))      # a new chunk: the new period
+    assert robot.chunks[-1][0].period_s == 0.02
+    index, command, _ = robot.steps[-1]               # its slot 2 holds now (0.05 s later)
+    assert index == 2 and command.linear[0] == pytest.approx(0.02 / 0.02)
+
+
 def test_invalid_chunk_continue_keeps_the_running_chunk_and_hold_drops_it():
     for rule, expect_hold in (('continue', False), ('hold', True)):
         robot = FakeRobot(invalid_chunk=rule)

@@ -10,7 +10,7 @@ do, on a fake clock).
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Callable
 
 from vla_spec_ros.ros import chunk_rules as chunks
@@ -167,6 +167,11 @@ class ChunkExecution:
         """A due step through its own safety decision (its age), then to the outputs; a
         step that may not go out holds the robot and keeps the chunk (the next may be fine)."""
         robot = self.robot
+        # A step is a displacement over its chunk's period: its velocity is computed with
+        # that period, not a control_period changed since the chunk arrived (the step grid
+        # keeps the old one too: chunk_rules.py); limits and scales in force apply.
+        if settings.control_period != due.chunk.period_s:
+            settings = replace(settings, control_period=due.chunk.period_s)
         command = cmd.decide_command(chunks.StepAction(due.action), error=None, is_enabled=True,
                                      age_s=due.age_s, settings=settings,
                                      action_dim=robot.action_dim)
