@@ -97,17 +97,17 @@ def test_a_chunk_is_kept_whole_then_published_one_step_per_period_then_runs_out(
 
 def test_a_camera_clock_ahead_of_the_node_does_not_push_the_steps_into_the_future():
     """Images stamped 0.3 s ahead of their arrival (accepted: max_action_age is 0.5 s) are
-    timed from their arrival (command_rules.aged_from): step 0 goes out at once and the next
-    steps one period apart. Timed from the stamp, each new chunk replaced the one before it
-    before its first slot came, and nothing moved the robot at all."""
+    timed and stamped from their arrival (command_rules.aged_from, command_stamp): step 0 goes
+    out at once and the next steps one period apart. Timed from the stamp, each new chunk
+    replaced the one before it before its first slot came, and nothing moved the robot at
+    all; stamped from it, MoveIt Servo would let each step stand 0.3 s past its timeout."""
     robot, ahead = FakeRobot(), 0.3
     execution = ChunkExecution(robot.channel())
     for arrival in (100.0, 100.1, 100.2):        # the camera sends faster than the chunk plays
         robot.now = arrival + 0.01
         execution.handle_finished(finished(arrival + ahead, receipt=arrival))
         assert robot.steps and robot.steps[-1][0] == 0, robot.steps
-        # The step's stamp is still the image's (its provenance), not the arrival.
-        assert robot.steps[-1][2] == Stamp(100, round((arrival - 100 + ahead) * 1e9))
+        assert robot.steps[-1][2] == Stamp(100, round((arrival - 100) * 1e9))   # the arrival
     assert len(robot.steps) == 3 and not robot.holds
     wake = execution.publish_due(robot.now)
     assert wake == pytest.approx(100.2 + P)                 # the arrival + one period

@@ -544,18 +544,24 @@ def _nothing_moves_after_a_zero(probe, start, image):
 @needs_ros
 def test_a_camera_clock_ahead_of_the_node_times_the_steps_from_the_arrival(chunk_node, chunked):
     """An image stamped 1.2 periods ahead of the node clock (accepted: max_action_age is 2.5
-    periods) is timed from its arrival, as it is aged (command_rules.aged_from): step 0 goes
-    out as soon as the chunk is decided, not when the node clock reaches the stamp, and the
-    run-out comes K periods after the arrival. The twists keep the image's stamp + i periods.
-    (Timed from the stamp, step 0 waited 1.2 periods, and a camera sending faster than a
-    chunk plays never moved the robot: each chunk was replaced before its first slot.)"""
+    periods) is timed and stamped from its arrival, as it is aged (command_rules.aged_from,
+    command_stamp): step 0 goes out as soon as the chunk is decided, not when the node clock
+    reaches the stamp; the steps are stamped arrival + i periods (never ahead of the node
+    clock: MoveIt Servo counts its timeout from the stamp) and the run-out comes K periods
+    after the arrival. (Timed from the stamp, step 0 waited 1.2 periods, and a camera sending
+    faster than a chunk plays never moved the robot: each chunk was replaced before its
+    first slot.)"""
     from rclpy.duration import Duration
-    from ros_probe import stamp_s, wait_until
+    from ros_probe import is_zero, stamp_s, wait_until
 
     node, probe = chunk_node
-    _, frames, expected = chunked
-    ahead_s = 1.2 * CONTROL_PERIOD
+    _, frames, _ = chunked
+    ahead_s, period_ns = 1.2 * CONTROL_PERIOD, round(CONTROL_PERIOD * 1e9)
     wait_until(lambda: probe.probe.image_pub.get_subscription_count() > 0, what='the node')
+    wait_until(lambda: node.stats_snapshot()['hold_reason'] != '', what='the node idle')
+
+    def moving_after(start):
+        return [(t, m) for t, m in probe.probe.twists.snapshot()[start:] if not is_zero(m)]
     for _ in range(5):           # a best-effort image may be lost: again, with a new stamp
         start = len(probe.probe.twists.snapshot())
         image = probe.probe.raw_image(frames[1])
@@ -564,21 +570,31 @@ def test_a_camera_clock_ahead_of_the_node_times_the_steps_from_the_arrival(chunk
                               ).to_msg()
         probe.probe.image_pub.publish(image)
         try:
-            wait_until(lambda: _moving_step_of(probe, image, start) is not None,
-                       timeout=3 * CONTROL_PERIOD)
+            wait_until(lambda: moving_after(start), timeout=3 * CONTROL_PERIOD)
             break
         except AssertionError:
             continue
-    steps, (zero_time, _) = _run_of(probe, image, start)
-    (received, index, twist), t0 = steps[0], stamp_s(image.header.stamp)
-    assert index == 0 and _ns(twist.header.stamp) == _ns(image.header.stamp)
+
+    def ran_out():
+        """(the moving steps, the first zero after them) once that zero has arrived."""
+        items = probe.probe.twists.snapshot()[start:]
+        moving = [i for i, (_, m) in enumerate(items) if not is_zero(m)]
+        zeros = [i for i, (_, m) in enumerate(items) if is_zero(m) and moving
+                 and i > moving[-1]]
+        return ([items[i] for i in moving], items[zeros[0]]) if zeros else None
+    steps, (zero_time, _) = wait_until(ran_out, timeout=max(20.0, 10 * K * CONTROL_PERIOD),
+                                       what='the chunk and its run-out')
+    t0, (received, first) = stamp_s(image.header.stamp), steps[0]
+    arrival = stamp_s(first.header.stamp)          # step 0 is stamped with the arrival
+    assert sent_s <= arrival <= received < t0, (sent_s, arrival, received, t0)
     # decided in at most a quarter period (the fixture's pace), published at once: well
     # before the stamp's time, where the first slot began when steps were timed from it
-    assert received < sent_s + CONTROL_PERIOD < t0, (received - sent_s, ahead_s)
-    assert [i for _, i, _ in steps] == list(range(K))
-    for (a, _, _), (b, _, _) in zip(steps[1:], steps[2:]):
+    assert received < sent_s + CONTROL_PERIOD, (received - sent_s, ahead_s)
+    assert [(_ns(m.header.stamp) - _ns(first.header.stamp)) / period_ns for _, m in steps] \
+        == list(range(K))
+    for (a, _), (b, _) in zip(steps[1:], steps[2:]):
         assert abs((b - a) - CONTROL_PERIOD) < SLACK, (a, b)
-    assert sent_s + K * CONTROL_PERIOD - 0.01 <= zero_time < t0 + K * CONTROL_PERIOD - 0.1 * \
+    assert arrival + K * CONTROL_PERIOD - 0.01 <= zero_time < t0 + K * CONTROL_PERIOD - 0.1 * \
         CONTROL_PERIOD
     reason = node.stats_snapshot()['hold_reason']
     assert _held_after_the_run_out(reason), reason

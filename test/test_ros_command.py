@@ -215,6 +215,33 @@ def test_a_stamp_ahead_of_its_arrival_is_aged_from_the_arrival():
     assert cmd.observation_age(receipt + 0.2, receipt - 0.1, receipt, s) == pytest.approx(0.3)
 
 
+def test_commands_are_stamped_with_the_time_the_image_is_aged_from():
+    """command_stamp: the image's own stamp object when the node ages by it (header, not ahead
+    of its arrival) or the image was unstamped (its stamp is then the arrival); else the
+    arrival (a stamp ahead of it, or any stamp with stamp_source: receipt): MoveIt Servo
+    counts incoming_command_timeout from a command's stamp, so a stamp ahead would let a
+    command stand past it if the node stopped."""
+    from vla_spec_ros.ros.frame_slot import FrameInfo
+
+    @dataclass(frozen=True)
+    class Time:
+        sec: int
+        nanosec: int
+
+    header = settings(stamp_source='header', max_action_age=0.5)
+    receipt = settings(stamp_source='receipt', max_action_age=0.5)
+    behind = FrameInfo(Time(99, 900_000_000), 99.9, 100.0, 0.0)
+    assert cmd.command_stamp(behind, header) is behind.stamp
+    assert cmd.command_stamp(behind, receipt) == Time(100, 0)
+    ahead = FrameInfo(Time(100, 300_000_000), 100.3, 100.0, 0.0)
+    assert cmd.command_stamp(ahead, header) == Time(100, 0)
+    assert cmd.command_stamp(ahead, receipt) == Time(100, 0)
+    far = FrameInfo(Time(130, 0), 130.0, 100.25, 0.0)           # 30 s ahead, receipt mode
+    assert cmd.command_stamp(far, receipt) == Time(100, 250_000_000)
+    unstamped = FrameInfo(Time(100, 1), 0.0, 100.000000001, 0.0)
+    assert cmd.command_stamp(unstamped, header) is unstamped.stamp
+
+
 def test_watchdog_reasons():
     s = settings(max_action_age=0.5)
     assert cmd.hold_reason_now(False, 0.0, s) == 'disabled'

@@ -109,11 +109,12 @@ class ChunkExecution:
         prepared = robot.prepare(info, settings)
         if prepared is None:
             return None
-        # Timed from the time the image is aged from: a camera clock ahead of the node's
-        # (within max_action_age) does not push the steps' slots into the future.
+        # Timed and stamped from the time the image is aged from: a camera clock ahead of the
+        # node's (within max_action_age) neither pushes the steps' slots into the future nor
+        # stamps them ahead (command_rules.command_stamp).
         chunk = chunks.Chunk(decision.actions,
                              cmd.aged_from(info.stamp_s, info.receipt_s, settings),
-                             settings.control_period, info.stamp)
+                             settings.control_period, cmd.command_stamp(info, settings))
         accepted, replaced = self.schedule.add(chunk, now)
         if not accepted:
             robot.log_reason('chunk ignored: its image is not newer than the chunk being '

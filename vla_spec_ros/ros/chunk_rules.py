@@ -54,7 +54,7 @@ class Chunk:
     actions: np.ndarray     # (K, 7) float64, un-normalised
     start_s: float          # t0: the image's time (node clock seconds)
     period_s: float         # P: control_period when the chunk arrived
-    stamp: Any = None       # the image's header stamp (for the twists' stamps); opaque here
+    stamp: Any = None       # the steps' stamp base (command_rules.command_stamp); opaque here
 
     @property
     def num_steps(self) -> int:

@@ -33,6 +33,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from vla_spec_ros.motion import clamp_norm, rotation_vector_from_rpy
+from vla_spec_ros.ros.message_time import stamp_at
 from vla_spec_ros.ros.params import NodeSettings
 
 ACTION_DIM = 7
@@ -197,6 +198,19 @@ def aged_from(stamp_s: float, receipt_s: float, settings: NodeSettings) -> float
     return min(observation_time(stamp_s, receipt_s, settings), receipt_s)
 
 
+def command_stamp(info, settings: NodeSettings):
+    """The header stamp of the commands decided from an observation (`info`: a FrameInfo):
+    its image's stamp, unless the node does not age the image by that stamp (aged_from):
+    then its arrival on the node clock. A camera clock ahead of the node's (accepted within
+    max_action_age), or any camera clock with ``stamp_source: receipt``, would otherwise reach
+    MoveIt Servo, which counts its incoming_command_timeout from the command's stamp: a
+    command stamped ahead stands longer than the timeout if the node stops."""
+    time_s = aged_from(info.stamp_s, info.receipt_s, settings)
+    if time_s == info.stamp_s or info.stamp_s <= 0.0:    # unstamped: info.stamp is the arrival
+        return info.stamp
+    return stamp_at(info.stamp, time_s)
+
+
 def observation_age(now_s: float, stamp_s: float, receipt_s: float,
                     settings: NodeSettings) -> float:
     """Seconds since the observation, from its header stamp or its receipt (stamp_source),
@@ -270,5 +284,6 @@ def decide_command(result, *, error: str | None, is_enabled: bool, age_s: float 
 __all__ = ['Command', 'zero_command', 'action_dims', 'check_action_dim', 'joint_values',
            'reason_kind', 'is_stale_reason', 'velocities_from_action',
            'gripper_position', 'command_from_action', 'observation_time', 'aged_from',
-           'observation_age', 'freshness_reason', 'hold_reason_now', 'decide_command',
-           'FAILURE_REASONS', 'ACTION_DIM', 'REASON_CHUNK_END', 'REASON_SERVO_NOT_READY']
+           'command_stamp', 'observation_age', 'freshness_reason', 'hold_reason_now',
+           'decide_command', 'FAILURE_REASONS', 'ACTION_DIM', 'REASON_CHUNK_END',
+           'REASON_SERVO_NOT_READY']

@@ -1,5 +1,6 @@
 """builtin_interfaces Time and Duration arithmetic, in whole nanoseconds (no float drift in a
-stamp): the stamps of a chunk's steps and the time_from_start of trajectory points."""
+stamp): the stamps of a chunk's steps, a command stamped at its image's arrival, and the
+time_from_start of trajectory points."""
 from __future__ import annotations
 
 
@@ -9,6 +10,13 @@ def offset_stamp(stamp, seconds: float):
     return type(stamp)(sec=total // 1_000_000_000, nanosec=total % 1_000_000_000)
 
 
+def stamp_at(template, seconds: float):
+    """A builtin_interfaces/Time of `template`'s type at `seconds` (>= 0) since the epoch, in
+    whole nanoseconds."""
+    total = round(seconds * 1e9)
+    return type(template)(sec=total // 1_000_000_000, nanosec=total % 1_000_000_000)
+
+
 def set_duration(duration, seconds: float) -> None:
     """Writes `seconds` (>= 0) into a builtin_interfaces/Duration, in whole nanoseconds."""
     nanoseconds = round(seconds * 1e9)
@@ -16,4 +24,4 @@ def set_duration(duration, seconds: float) -> None:
     duration.nanosec = nanoseconds % 1_000_000_000
 
 
-__all__ = ['offset_stamp', 'set_duration']
+__all__ = ['offset_stamp', 'stamp_at', 'set_duration']

@@ -462,8 +462,8 @@ class RobotChannel:
         if self._is_superseded(finished):
             return
         if self.reasoning_output is not None:       # what it thought, acted on or not
-            self.reasoning_output.publish_reasoning(finished.result,
-                                                    finished.frame.user_data.stamp)
+            self.reasoning_output.publish_reasoning(
+                finished.result, cmd.command_stamp(finished.frame.user_data, self.settings))
         if self.is_chunked:
             self.chunk_execution.handle_finished(finished)
             return
@@ -479,7 +479,7 @@ class RobotChannel:
         prepared = self.prepare(info, settings)
         if prepared is None:
             return
-        if self.publish_command(command, info.stamp, prepared):
+        if self.publish_command(command, cmd.command_stamp(info, settings), prepared):
             # After the publish: a hold that went out just before it no longer stands, the
             # command does (one just after it finds this set and, when the image is old,
             # holds once more: a zero too many, never one too few).
