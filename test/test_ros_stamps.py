@@ -498,3 +498,30 @@ def test_an_image_of_a_refused_size_names_its_slot(two_cameras):
     s.hold_with('a', 'bad input', 'image slot wrist', 'height/width',
                 sends=lambda: s.send('a', wrist=tiny))
     s.log.wait_for('a: hold: bad input: image slot wrist height/width', start=mark)
+
+
+def test_a_set_completed_late_is_as_old_as_its_first_image_with_stamp_source_receipt(
+        two_cameras):
+    """Aged by receipt, a set of cameras is as old as its first image's arrival, not its
+    completion: a base image whose wrist image comes 1.2 s later (max_action_age is 1 s) is
+    refused as stale, not answered as fresh (before, the set was aged from the wrist's
+    arrival and answered). The state sent with the wrist keeps the set's state fresh either
+    way, so only the image's age decides. (Last in this file: its stale holds of robot b
+    are in the log's throttle for two seconds, where a later test would wait for one.)"""
+    s = two_cameras
+    s.answered('b')
+    assert s.node.set_parameters([Parameter('b.stamp_source', value='receipt')])[0].successful
+    try:
+        s.answered('b')
+        s.send('b', skip=('wrist',))                  # its state and base image, now
+        stamp = s.now_s()
+        time.sleep(1.2)              # (the answers to answered()'s other frames come first)
+        before = s.snapshot('b')
+        s.send('b', skip=('base',), wrist=array_to_image(s.wrist, 'rgb8'),
+               wrist_dt=stamp - s.now_s())            # the wrist image of the base's stamp
+        wait_until(lambda: s.snapshot('b')['frames_stale'] > before['frames_stale'],
+                   what='the late set refused as stale')
+        assert s.snapshot('b')['actions_published'] == before['actions_published']
+    finally:
+        assert s.node.set_parameters([Parameter('b.stamp_source', value='header')])[0].successful
+    s.answered('b')

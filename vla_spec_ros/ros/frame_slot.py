@@ -15,7 +15,8 @@ class FrameInfo:
     """What the node remembers about one observation; travels as Frame.user_data.
 
     With several image slots, `stamp` / `stamp_s` are the first slot's (the set's anchor,
-    observation_sync.py) and `receipt_*` the time the set became complete."""
+    observation_sync.py) and `receipt_*` its earliest image's arrival (not the set's completion:
+    a set completed late by a lagging slot is as old as its oldest image)."""
 
     stamp: object           # builtin_interfaces/Time of the image header (node clock if zero)
     stamp_s: float          # header stamp in seconds, 0.0 when the driver did not stamp

@@ -151,8 +151,12 @@ class ObservationInput:
             return
         messages = tuple(m.item[0] for m in pairing.members)
         anchor = pairing.members[0].item[1]
-        # The set's time is its first slot's stamp; it was received when it became complete.
-        info = FrameInfo(anchor.stamp, anchor.stamp_s, info.receipt_s, info.receipt_mono)
+        # The set's time is its first slot's stamp; its arrival is its first image's (not
+        # the set's completion): aged by receipt, a set completed late by a lagging slot is
+        # as old as its oldest image, and its latency counts from that image.
+        arrivals = [m.item[1] for m in pairing.members]
+        info = FrameInfo(anchor.stamp, anchor.stamp_s, min(a.receipt_s for a in arrivals),
+                         min(a.receipt_mono for a in arrivals))
         self.newest = info
         self._on_observation(self._read_inputs(messages, info, settings))
 
