@@ -18,10 +18,14 @@ What goes out (header.frame_id: the frame the tool pose is expressed in):
                    arrival: one joint named `tool_frame`, point i the absolute pose after
                    steps 0..i (transforms[0]), time_from_start (i + 1) control periods
                    (strictly increasing, the first after 0), header.stamp the image's time;
-                   when the robot holds after one, the stop: a one-point trajectory to the
-                   tool pose measured last, one control period after the hold's time (a
-                   trajectory controller rejects an empty trajectory, and would go on with
-                   the previous one).
+                   when the robot holds after one, the stop: a one-point trajectory one
+                   control period after the hold's time (a trajectory controller rejects an
+                   empty trajectory, and would go on with the previous one) to the tool
+                   pose measured last when it is fresh (within max_action_age), else to the
+                   running trajectory's point being approached now (a stalled pose topic
+                   must not send the tool back to where it was before the stall); once
+                   that trajectory has ended and no fresh pose is known, nothing (the
+                   controller holds at its end).
 
 The delta is the published command's (after scaling and speed limits) times control_period,
 so the limits bound pose targets as they bound the twist.
@@ -90,6 +94,8 @@ class PoseTargetOutput(OutputAdapter):
         self.pose_pub = node.create_publisher(PoseStamped, prefix + 'pose_target', COMMAND_QOS)
         self.trajectory_pub = None
         self._trajectory_live = False
+        # The last pose trajectory sent: (its stamp in seconds, its period, its targets).
+        self._running: tuple[float, float, list] | None = None
         self._chunk_targets: dict[int, tuple] = {}      # id(chunk) -> (chunk, targets)
         if is_chunked:
             try:
@@ -129,6 +135,8 @@ class PoseTargetOutput(OutputAdapter):
                 targets, chunk.stamp, self.source.frame_id, settings.tool_frame,
                 settings.control_period))
             self._trajectory_live = True
+            self._running = (chunk.stamp.sec + 1e-9 * chunk.stamp.nanosec,
+                             settings.control_period, targets)
 
     def publish_step(self, chunk, index: int, command, stamp, settings) -> None:
         """Step `index` of a chunk kept by `publish_chunk`: its absolute target (that
@@ -138,19 +146,34 @@ class PoseTargetOutput(OutputAdapter):
             self.pose_pub.publish(pose_message(kept[1][index], stamp, self.source.frame_id))
 
     def hold(self, stamp, settings) -> None:
-        """Stop a trajectory controller with a one-point trajectory to the tool pose measured
-        last, one period after `stamp` (the hold's time); with no pose ever measured (no
-        trajectory can have been sent then), nothing. The chunks' targets are kept: a hold
-        that keeps its chunk (one step refused) publishes the next steps' targets; the others
-        drop the chunk from the schedule, so none of its steps comes again."""
-        if self._trajectory_live and self.trajectory_pub is not None:
-            pose = self.source.newest()
-            if pose is None:
-                return
-            self._trajectory_live = False
+        """Stop a trajectory controller with a one-point trajectory one period after `stamp`
+        (the hold's time), to the tool pose measured last when fresh, else to the point the
+        running trajectory approaches now, else nothing (module docstring). The chunks'
+        targets are kept: a hold that keeps its chunk (one step refused) publishes the next
+        steps' targets; the others drop the chunk from the schedule, so none of its steps
+        comes again."""
+        if not (self._trajectory_live and self.trajectory_pub is not None):
+            return
+        now_s = self.node.get_clock().now().nanoseconds * 1e-9
+        pose = self.source.newest(now_s, settings.max_action_age)
+        if pose is None:
+            pose = self._target_now(now_s)
+        self._trajectory_live = False
+        if pose is not None:
             self.trajectory_pub.publish(trajectory_message([pose], stamp, self.source.frame_id,
                                                            settings.tool_frame,
                                                            settings.control_period))
+
+    def _target_now(self, now_s: float) -> Pose | None:
+        """The point the last pose trajectory approaches at `now_s` (point i is due (i + 1)
+        periods after its stamp), or None once it has ended."""
+        if self._running is None:
+            return None
+        start_s, period_s, targets = self._running
+        elapsed = now_s - start_s
+        if elapsed >= len(targets) * period_s:
+            return None
+        return targets[max(0, min(len(targets) - 1, int(elapsed // period_s)))]
 
     def destroy(self) -> None:
         self.source.destroy()

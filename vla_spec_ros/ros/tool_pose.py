@@ -71,13 +71,28 @@ class ToolPoseSource:
             pose, why = self.history.at(stamp_s, max_gap_s)
         return pose, None if pose is not None else f'{REASON_NO_TOOL_POSE}: {why}'
 
-    def newest(self) -> Pose | None:
-        """The tool pose measured last, however old (a stop's target), or None."""
+    def newest(self, now_s: float, max_age_s: float) -> Pose | None:
+        """The tool pose measured last, when it is at most `max_age_s` old at `now_s` (node
+        clock seconds; a stop's target: an older one is not where the tool is), else None.
+        TF's latest transform counts as fresh when it is static (stamp zero)."""
         if self._tf_buffer is not None:
-            return self._lookup_tf(None, 0.0)[0]          # TF's latest transform
+            from rclpy.time import Time
+            try:
+                transform = self._tf_buffer.lookup_transform(self.frame_id, self._tool_frame,
+                                                             Time())
+            except Exception:      # tf2's LookupException, ExtrapolationException, ...
+                return None
+            stamp = transform.header.stamp
+            stamp_s = stamp.sec + 1e-9 * stamp.nanosec
+            if stamp_s > 0.0 and now_s - stamp_s > max_age_s:
+                return None
+            t, r = transform.transform.translation, transform.transform.rotation
+            return Pose((t.x, t.y, t.z), (r.x, r.y, r.z, r.w))
         with self._lock:
             newest = self.history.newest
-        return newest[1] if newest is not None else None
+        if newest is None or now_s - newest[0] > max_age_s:
+            return None
+        return newest[1]
 
     def _lookup_tf(self, stamp_s: float | None, max_gap_s: float):
         from rclpy.time import Time

@@ -1,0 +1,122 @@
+"""The Cartesian trajectory stop of pose_output.py (PoseTargetOutput.hold) on a fake node clock:
+to the tool pose measured last only while it is fresh; with the pose topic stalled, to the
+point the running pose trajectory approaches now (not back to where the tool was before the
+stall); once that trajectory has ended, nothing. DDS tests of the whole path:
+test_pose_targets_node.py."""
+import dataclasses
+import importlib.util
+from types import SimpleNamespace
+
+import pytest
+
+HAS_MSGS = all(importlib.util.find_spec(m) is not None
+               for m in ('geometry_msgs', 'trajectory_msgs', 'rclpy'))
+pytestmark = pytest.mark.skipif(not HAS_MSGS,
+                                reason='needs rclpy, geometry_msgs and trajectory_msgs')
+
+P, K = 0.2, 4
+
+
+class _Clock:
+    def __init__(self, now_s):
+        self.now_s = now_s
+
+    def now(self):
+        from rclpy.time import Time
+        return Time(nanoseconds=round(self.now_s * 1e9))
+
+
+class _Node:
+    """What PoseTargetOutput and ToolPoseSource use of a node, recording what is published."""
+
+    def __init__(self, now_s):
+        self.clock, self.published, self.pose_callback = _Clock(now_s), [], None
+
+    def get_clock(self):
+        return self.clock
+
+    def get_logger(self):
+        return SimpleNamespace(warning=lambda *a, **k: None)
+
+    def create_subscription(self, msg_type, topic, callback, qos):
+        self.pose_callback = callback
+
+    def create_publisher(self, msg_type, topic, qos):
+        node = self
+
+        class Publisher:
+            def publish(self, msg):
+                node.published.append((topic, msg))
+        return Publisher()
+
+    def trajectories(self):
+        return [m for topic, m in self.published if topic.endswith('pose_trajectory')]
+
+
+def _settings(**changes):
+    from vla_spec_ros.ros import params
+    return dataclasses.replace(params.default_node_settings(), tool_pose_topic='/tool_pose',
+                               pose_targets=True, control_period=P, max_action_age=0.5,
+                               max_linear_speed=10.0, **changes)
+
+
+def _give_pose(node, x, at_s):
+    from geometry_msgs.msg import PoseStamped
+    from vla_spec_ros.ros.message_time import stamp_at
+    from builtin_interfaces.msg import Time
+
+    msg = PoseStamped()
+    msg.header.stamp = stamp_at(Time(), at_s)
+    msg.header.frame_id = 'base_link'
+    msg.pose.position.x, msg.pose.orientation.w = x, 1.0
+    node.pose_callback(msg)
+
+
+def _output_with_a_running_chunk():
+    """A PoseTargetOutput that sent a 4-step chunk (+0.1 m in x per step) from x = 0 at
+    t = 100 s, with that pose measured at 100 s."""
+    from builtin_interfaces.msg import Time
+    from vla_spec_ros.ros.message_time import stamp_at
+    from vla_spec_ros.ros.pose_output import PoseTargetOutput
+
+    settings = _settings()
+    node = _Node(100.0)
+    output = PoseTargetOutput(node, '~/', settings, 'robot', is_chunked=True)
+    _give_pose(node, 0.0, 100.0)
+    prepared, why = output.prepare(100.0, settings)
+    assert why is None
+    commands = [SimpleNamespace(linear=(0.1 / P, 0.0, 0.0), angular=(0.0, 0.0, 0.0))] * K
+    chunk = SimpleNamespace(stamp=stamp_at(Time(), 100.0))
+    output.publish_chunk(chunk, commands, settings, prepared)
+    assert len(node.trajectories()) == 1
+    return node, output, settings
+
+
+def _stop_x(node):
+    (point,) = node.trajectories()[-1].points
+    return point.transforms[0].translation.x
+
+
+def test_the_stop_goes_to_the_tool_pose_measured_last_while_it_is_fresh():
+    node, output, settings = _output_with_a_running_chunk()
+    _give_pose(node, 0.15, 100.3)
+    node.clock.now_s = 100.35
+    output.hold(node.clock.now().to_msg(), settings)
+    assert len(node.trajectories()) == 2 and _stop_x(node) == pytest.approx(0.15)
+
+
+def test_with_the_pose_topic_stalled_the_stop_is_the_point_due_not_the_old_pose():
+    """The pose stopped at 100 s (x = 0); at 100.7 s (older than max_action_age 0.5) the
+    trajectory is in its step 3 (point 3: x = 0.4): the stop goes there, not back to x = 0
+    in one period."""
+    node, output, settings = _output_with_a_running_chunk()
+    node.clock.now_s = 100.0 + 3.5 * P
+    output.hold(node.clock.now().to_msg(), settings)
+    assert len(node.trajectories()) == 2 and _stop_x(node) == pytest.approx(0.4)
+
+
+def test_after_the_trajectory_ended_a_stale_pose_sends_nothing():
+    node, output, settings = _output_with_a_running_chunk()
+    node.clock.now_s = 100.0 + K * P + 0.5          # ended, and the pose is 1.3 s old
+    output.hold(node.clock.now().to_msg(), settings)
+    assert len(node.trajectories()) == 1
