@@ -99,6 +99,13 @@ def test_bad_joint_states_are_refused_with_the_reason():
         joint_positions(['j1', 'j2', 'j3'], [1.0, 2.0], JOINTS)
 
 
+def test_a_joint_state_without_positions_carries_no_state():
+    """JointState allows empty arrays: another publisher's velocities or efforts only, on a
+    shared /joint_states, are no positions (before: stored as errors, and a frame paired
+    with one was refused as bad input)."""
+    assert joint_positions(['j1', 'j2', 'j3'], [], JOINTS) == {}
+
+
 def test_an_array_state_must_have_one_value_per_joint_and_be_finite():
     assert state_from_array([1.0, 2.0, 3.0], JOINTS).tolist() == [1.0, 2.0, 3.0]
     with pytest.raises(ValueError, match='expected 3'):
@@ -241,3 +248,42 @@ def test_a_hold_after_the_trajectory_ended_sends_nothing_without_a_measured_stat
     output.hold(None, settings)
     assert len(node.sent) == 3 and tuple(node.sent[-1][1].points[0].positions) == (0.0, 0.5,
                                                                                    0.0)
+
+
+class _StateNode(_TrajectoryNode):
+    def create_subscription(self, msg_type, topic, callback, qos):
+        self.callback = callback
+
+
+@pytest.mark.skipif(not HAS_TRAJECTORY_MSGS, reason='needs the ROS message wheels')
+def test_the_measured_positions_must_be_within_max_state_age_either_side_and_a_jump_forgets():
+    """current_positions (the joint-position hold's target): a state stamped further ahead
+    of the node clock than max_state_age is of another clock, not fresh (before: any future
+    stamp counted as fresh); a velocity-only message adds nothing; after the node clock went
+    back (forget), nothing of the old time line is the robot's position."""
+    from builtin_interfaces.msg import Time
+    from sensor_msgs.msg import JointState
+
+    from vla_spec_ros.ros.message_time import stamp_at
+    from vla_spec_ros.ros.state_input import JointStateInput
+
+    s = settings(action_space='joint_position', max_state_age=0.5)
+    node = _StateNode(1000.0)
+    state = JointStateInput(node, '~/', lambda: s)
+
+    def _joint_state(at_s, positions):
+        msg = JointState(name=JOINTS, position=list(positions))
+        msg.header.stamp = stamp_at(Time(), at_s)
+        return msg
+
+    node.callback(_joint_state(1000.3, (0.1, 0.2, 0.3)))        # 0.3 s ahead: fine
+    assert state.current_positions(s) == (0.1, 0.2, 0.3)
+    node.callback(_joint_state(1030.0, (0.4, 0.5, 0.6)))        # 30 s ahead: not fresh
+    assert state.current_positions(s) is None
+    node.callback(_joint_state(1000.0, (0.7, 0.8, 0.9)))
+    velocities_only = JointState(name=JOINTS, velocity=[1.0, 1.0, 1.0])
+    velocities_only.header.stamp = stamp_at(Time(), 1000.1)
+    node.callback(velocities_only)
+    assert state.current_positions(s) == (0.7, 0.8, 0.9)
+    state.forget()
+    assert state.current_positions(s) is None

@@ -27,6 +27,8 @@ force:
             command_rules REASON_ prefix (REASON_BAD_INPUT, REASON_STALE), which the logs and
             /diagnostics group by.
   add_to_status(status)    extra /diagnostics values (diagnostic_msgs KeyValue)
+  forget()                 the node clock went back (clock_jumps.py): drop what was kept on
+                           the old time line
   destroy()                remove this adapter's ROS entities
 
 Threads: subscription callbacks and read_at run on the executor; an adapter that is read from
@@ -47,6 +49,9 @@ class InputAdapter:
         return None, None
 
     def add_to_status(self, status) -> None:
+        pass
+
+    def forget(self) -> None:
         pass
 
     def destroy(self) -> None:

@@ -201,10 +201,14 @@ class ObservationInput:
 
     def _forget(self) -> None:
         """The node clock went back: what was kept on the old time line goes (under the
-        lock). The watchdog then holds for `no image received` until a new image comes."""
+        lock), the paired inputs' values too (a joint state of before a simulator reset is
+        not where the robot is). The watchdog then holds for `no image received` until a new
+        image comes."""
         self._pairing.clear()
         self.newest = None
         self.newest_per_slot = [None] * len(self.slot_names)
+        for adapter in self.inputs:
+            adapter.forget()
 
     def destroy(self) -> None:
         for sub in self._subs:

@@ -45,9 +45,12 @@ MAX_STATES = 256        # states kept (a 500 Hz joint_states topic: half a secon
 def joint_positions(names, positions, order) -> dict:
     """{joint: (position, None) or (None, reason)} for the joints of `order` a JointState's
     (names, positions) carries; the message's other joints are ignored. A configured joint
-    named twice or not finite gets its reason (bad input); ValueError when the message's
-    name and position counts differ (no position can be trusted)."""
+    named twice or not finite gets its reason (bad input); no positions at all is a message
+    of velocities or efforts (JointState allows empty arrays): nothing; ValueError when the
+    name and position counts differ otherwise (no position can be trusted)."""
     names, positions = list(names), list(positions)
+    if not positions:            # allowed: a publisher of velocities or efforts only
+        return {}
     if len(names) != len(positions):
         raise ValueError(f'state: JointState has {len(names)} names and {len(positions)} '
                          'positions')
@@ -98,6 +101,11 @@ class StateInput(InputAdapter):
     def _now_s(self) -> float:
         return self.node.get_clock().now().nanoseconds * 1e-9
 
+    def forget(self) -> None:
+        """The node clock went back: every state kept is of the old time line."""
+        with self._lock:
+            self._samples.clear()
+
     def _add(self, key, time_s: float, value, error) -> None:
         with self._lock:
             self._samples.setdefault(key, deque(maxlen=MAX_STATES)).append(
@@ -139,12 +147,13 @@ class StateInput(InputAdapter):
 
     def current_positions(self, settings):
         """The newest positions of `joint_names` (mapped through the state's order), when
-        every one is younger than max_state_age on the node clock; else None."""
+        every one is within max_state_age of the node clock (either side: a state stamped
+        ahead by more is of another clock, not a fresh one); else None."""
         keys = self._keys(settings)
         with self._lock:
             newest = [self._samples[k][-1] if self._samples.get(k) else None for k in keys]
         now = self._now_s()
-        if any(n is None or n[1] is None or now - n[0] > settings.max_state_age
+        if any(n is None or n[1] is None or abs(now - n[0]) > settings.max_state_age
                for n in newest):
             return None
         vector = self._vector([n[1] for n in newest])
