@@ -290,6 +290,11 @@ def test_no_command_reaches_servo_before_its_command_type_is_selected(setup_of, 
                                                         'servo_state') or (0, ''))[1]
                        == f'waiting for {setup.servo_fqn(robot)}/switch_command_type',
                        timeout=TIMEOUT, what='the node waiting for Servo')
+            # Frames decided meanwhile held the robot: none counts as a published action.
+            stats = setup.node.serving.stats_snapshot
+            wait_until(lambda: stats(robot)['hold_reason'].startswith('servo not ready'),
+                       timeout=TIMEOUT, what='a decided frame held for Servo')
+            assert stats(robot)['actions_published'] == 0
         setup.start_servos()
     for robot, servo in setup.servos.items():
         servo.wait_for(is_executed, timeout=TIMEOUT, what=f'{robot or "the"} robot acting')

@@ -484,7 +484,9 @@ class RobotChannel:
             # command does (one just after it finds this set and, when the image is old,
             # holds once more: a zero too many, never one too few).
             self._standing = info
-        record_answer(self.stats, info, finished.result.stats, self.age_of(info))
+            # Counted as an action only when it went out (not while MoveIt Servo would drop
+            # it: the robot held instead, and /diagnostics says why).
+            record_answer(self.stats, info, finished.result.stats, self.age_of(info))
 
     def prepare(self, info: FrameInfo, settings) -> list | None:
         """Each output's `prepare` for this observation, or None after rejecting it because
