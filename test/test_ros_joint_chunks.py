@@ -282,6 +282,33 @@ def test_joint_velocity_chunk_goes_out_as_one_joint_jog_per_control_period(
         _stop(ros, node)
 
 
+def test_a_joint_list_that_no_longer_fits_the_checkpoint_is_refused_at_run_time(
+        ros, chunked):
+    """joint_names may be renamed at run time, not resized (with its limits, in one atomic
+    set): with the checkpoint's 7 values (6 joints + the gripper), 7 joints would send the
+    gripper's value to the 7th joint as a joint command and 5 made every frame an engine
+    error; both are refused with the reason and nothing changes. Renaming is accepted."""
+    from rclpy.parameter import Parameter
+
+    node, _ = _start(ros, chunked, 'vla_joint_names', action_space='joint_velocity',
+                     joint_max_velocity=MAX_VELOCITY)
+    try:
+        for joints in (JOINTS + ['j7'], JOINTS[:5]):
+            limits = [MAX_VELOCITY[0]] * len(joints)
+            result = node.set_parameters_atomically([
+                Parameter('joint_names', value=joints),
+                Parameter('joint_max_velocity', value=limits)])
+            assert not result.successful
+            assert result.reason.startswith(f'joint_names: {len(joints)} joints, but the node '
+                                            'started with 6'), result.reason
+        assert list(node.serving.settings.joint_names) == JOINTS
+        renamed = [f'arm_{j}' for j in JOINTS]
+        assert node.set_parameters([Parameter('joint_names', value=renamed)])[0].successful
+        assert list(node.serving.settings.joint_names) == renamed
+    finally:
+        _stop(ros, node)
+
+
 def test_joint_position_chunk_is_one_trajectory_jtc_accepts_and_a_hold_stays(ros, chunked):
     from ros_probe import Recorder, wait_until
     from sensor_msgs.msg import JointState

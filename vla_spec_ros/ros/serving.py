@@ -35,6 +35,7 @@ from vla_spec_ros.ros.gc_pauses import GcPauses, freeze_after_load, unfreeze
 from vla_spec_ros.ros.qos import COMMAND_QOS
 from vla_spec_ros.ros.robot_channel import RobotChannel
 from vla_spec_ros.ros.chunk_clock import ChunkClock
+from vla_spec_ros.ros.command_rules import check_action_dim
 from vla_spec_ros.ros.worker import InferenceWorker
 
 WARM_UP_IMAGE_SIZE = 224
@@ -278,11 +279,26 @@ class Serving:
             proposed[change.name] = change.value
         try:
             config = params.configuration_from_parameters(proposed)
-            for robot_settings in config.robots.values():
+            for robot, robot_settings in config.robots.items():
                 self._check_unnorm_key(robot_settings.unnorm_key)
+                self._check_joint_count(robot, robot_settings)
         except ValueError as exc:
             return SetParametersResult(successful=False, reason=str(exc))
         return SetParametersResult(successful=True)
+
+    def _check_joint_count(self, robot: str, proposed) -> None:
+        """joint_names may be renamed at run time, not resized: with a checkpoint of n
+        values, n - 1 joints make the last value the gripper and n joints make it a joint,
+        so a changed count would send the gripper's value to a joint (or the reverse).
+        ValueError naming the parameter; the count must fit the checkpoint either way."""
+        current = self.config.robots[robot].joint_names
+        if len(proposed.joint_names) != len(current):
+            raise ValueError(f'joint_names: {len(proposed.joint_names)} joints, but the node '
+                             f'started with {len(current)}: the number of joints decides '
+                             'whether the checkpoint\'s last value is the gripper, so it is '
+                             'fixed at start-up (rename joints at run time, restart to change '
+                             'their number)')
+        check_action_dim(self.model_io.action_dim, proposed)
 
     def apply(self, changes) -> None:
         """Post-set callback: new settings for the next frame; engine tunables are queued."""
@@ -426,8 +442,6 @@ def model_io_of(policy) -> ModelIO:
 def check_model_io(model_io: ModelIO, settings, logger) -> None:
     """Refuse, before anything is subscribed, a robot whose inputs or action space do not fit
     the checkpoint (ValueError naming the parameter); warn about a state nobody reads."""
-    from vla_spec_ros.ros.command_rules import check_action_dim
-
     if settings.num_image_slots > model_io.num_image_slots:
         raise ValueError(f'image_slots: {list(settings.image_slots)} but the model reads at '
                          f'most {model_io.num_image_slots} image(s) per frame')
