@@ -33,7 +33,7 @@ class FakeRobot:
     def __init__(self, **settings):
         self.settings = dataclasses.replace(params.default_node_settings(), enabled=True,
                                             instruction='go', max_action_age=0.5, **settings)
-        self.now, self.is_active, self.can_prepare = 100.0, True, True
+        self.now, self.is_active, self.can_prepare, self.servo_ready = 100.0, True, True, True
         self.stats = InferenceStats()
         self.chunks, self.steps, self.holds, self.logs = [], [], [], []
 
@@ -43,9 +43,15 @@ class FakeRobot:
             is_active=lambda: self.is_active, now_s=lambda: self.now, prepare=self._prepare,
             publish_chunk=lambda chunk, commands, settings, prepared:
                 self.chunks.append((chunk, commands, prepared)),
-            publish_step=lambda chunk, index, command, stamp, settings:
-                self.steps.append((index, command, stamp)),
+            publish_step=self._publish_step,
             reject=self._reject, log_reason=lambda text, level: self.logs.append((level, text)))
+
+    def _publish_step(self, chunk, index, command, stamp, settings):
+        if self.servo_ready:
+            self.steps.append((index, command, stamp))
+        else:                    # RobotChannel.release: the robot holds instead
+            self._reject('servo not ready: waiting', keep_chunk=True)
+        return self.servo_ready
 
     def _prepare(self, info, settings):
         if not self.can_prepare:
@@ -137,6 +143,26 @@ def test_a_control_period_changed_mid_chunk_does_not_rescale_its_steps():
     assert robot.chunks[-1][0].period_s == 0.02
     index, command, _ = robot.steps[-1]               # its slot 2 holds now (0.05 s later)
     assert index == 2 and command.linear[0] == pytest.approx(0.02 / 0.02)
+
+
+def test_a_chunk_whose_first_step_the_robot_held_is_not_counted_as_an_action():
+    """While MoveIt Servo is not ready the channel holds instead of publishing a step: the
+    chunk is kept (its later steps may go out), but it is not an action published, and the
+    hold's reason stands in /diagnostics (record_answer clears it)."""
+    robot = FakeRobot()
+    robot.servo_ready = False
+    execution = ChunkExecution(robot.channel())
+    robot.stats.set_hold_reason('servo not ready: waiting')
+    robot.now = 100.05
+    execution.handle_finished(finished(100.0))
+    snapshot = robot.stats.snapshot(0.0)
+    assert len(robot.chunks) == 1 and robot.steps == []
+    assert snapshot['actions_published'] == 0
+    assert snapshot['hold_reason'].startswith('servo not ready')
+    robot.servo_ready = True
+    robot.now = 100.05 + 0.01
+    execution.handle_finished(finished(100.06))        # a newer chunk, Servo ready
+    assert robot.stats.snapshot(0.0)['actions_published'] == 1 and robot.steps[-1][0] == 0
 
 
 def test_invalid_chunk_continue_keeps_the_running_chunk_and_hold_drops_it():

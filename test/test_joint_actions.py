@@ -287,3 +287,39 @@ def test_the_measured_positions_must_be_within_max_state_age_either_side_and_a_j
     assert state.current_positions(s) == (0.7, 0.8, 0.9)
     state.forget()
     assert state.current_positions(s) is None
+
+
+@pytest.mark.skipif(not HAS_TRAJECTORY_MSGS, reason='needs trajectory_msgs')
+def test_repeated_holds_do_not_stretch_the_stop_and_a_clock_jump_forgets_the_trajectory():
+    """Holds come in bursts (the watchdog's halt messages, each refused frame): each goes to
+    the first hold's point and none stretches its window, so one period after the first hold
+    nothing more is sent (a robot moved since is left alone). After the node clock went back
+    (a simulator reset), nothing of the old time line is a target: neither the trajectory sent
+    before (its stamp now in the future) nor after `forget`."""
+    from types import SimpleNamespace
+
+    from vla_spec_ros.ros.joint_outputs import JointTrajectoryOutput
+
+    period, start = 0.2, 1000.0
+    settings = SimpleNamespace(joint_names=JOINTS, control_period=period)
+    node = _TrajectoryNode(start)
+    output = JointTrajectoryOutput(node, '~/', lambda s: None)
+    output.publish_chunk(SimpleNamespace(step_at=lambda now_s: 0),
+                         [SimpleNamespace(joints=t) for t in _chunk_targets(8)], settings)
+    for now in (1000.1, 1000.2, 1000.25):                 # inside the first hold's period
+        node.clock.now_s = now
+        output.hold(None, settings)
+        assert tuple(node.sent[-1][1].points[0].positions) == _chunk_targets(8)[0]
+    assert len(node.sent) == 4
+    node.clock.now_s = 1000.35                            # its period ended: left alone
+    output.hold(None, settings)
+    assert len(node.sent) == 4
+    output.publish_chunk(SimpleNamespace(step_at=lambda now_s: 0),
+                         [SimpleNamespace(joints=t) for t in _chunk_targets(8)], settings)
+    node.clock.now_s = 10.0                               # the clock went back
+    output.hold(None, settings)
+    assert len(node.sent) == 5                            # the chunk, no hold
+    node.clock.now_s = 1000.4
+    output.forget()
+    output.hold(None, settings)
+    assert len(node.sent) == 5

@@ -120,3 +120,18 @@ def test_after_the_trajectory_ended_a_stale_pose_sends_nothing():
     node.clock.now_s = 100.0 + K * P + 0.5          # ended, and the pose is 1.3 s old
     output.hold(node.clock.now().to_msg(), settings)
     assert len(node.trajectories()) == 1
+
+
+def test_after_a_clock_jump_back_no_target_of_the_old_time_line_is_a_stop():
+    """The trajectory sent at 100 s and the pose measured then are in the future of a clock
+    that went back to 5 s (a simulator reset): neither is where the tool is; `forget` (the
+    channel's, on the jump) drops both."""
+    node, output, settings = _output_with_a_running_chunk()
+    node.clock.now_s = 5.0
+    output.hold(node.clock.now().to_msg(), settings)
+    assert len(node.trajectories()) == 1
+    node, output, settings = _output_with_a_running_chunk()
+    output.forget()
+    node.clock.now_s = 100.1
+    output.hold(node.clock.now().to_msg(), settings)
+    assert len(node.trajectories()) == 1

@@ -543,12 +543,12 @@ def _nothing_moves_after_a_zero(probe, start, image):
 
 @needs_ros
 def test_a_camera_clock_ahead_of_the_node_times_the_steps_from_the_arrival(chunk_node, chunked):
-    """An image stamped 1.2 periods ahead of the node clock (accepted: max_action_age is 2.5
+    """An image stamped 2 periods ahead of the node clock (accepted: max_action_age is 2.5
     periods) is timed and stamped from its arrival, as it is aged (command_rules.aged_from,
     command_stamp): step 0 goes out as soon as the chunk is decided, not when the node clock
     reaches the stamp; the steps are stamped arrival + i periods (never ahead of the node
     clock: MoveIt Servo counts its timeout from the stamp) and the run-out comes K periods
-    after the arrival. (Timed from the stamp, step 0 waited 1.2 periods, and a camera sending
+    after the arrival. (Timed from the stamp, step 0 waited 2 periods, and a camera sending
     faster than a chunk plays never moved the robot: each chunk was replaced before its
     first slot.)"""
     from rclpy.duration import Duration
@@ -556,21 +556,21 @@ def test_a_camera_clock_ahead_of_the_node_times_the_steps_from_the_arrival(chunk
 
     node, probe = chunk_node
     _, frames, _ = chunked
-    ahead_s, period_ns = 1.2 * CONTROL_PERIOD, round(CONTROL_PERIOD * 1e9)
+    ahead_s, period_ns = 2.0 * CONTROL_PERIOD, round(CONTROL_PERIOD * 1e9)
     wait_until(lambda: probe.probe.image_pub.get_subscription_count() > 0, what='the node')
     wait_until(lambda: node.stats_snapshot()['hold_reason'] != '', what='the node idle')
 
     def moving_after(start):
         return [(t, m) for t, m in probe.probe.twists.snapshot()[start:] if not is_zero(m)]
-    for _ in range(5):           # a best-effort image may be lost: again, with a new stamp
+    for _ in range(3):           # a best-effort image may be lost: again, with a new stamp
         start = len(probe.probe.twists.snapshot())
         image = probe.probe.raw_image(frames[1])
         sent_s = stamp_s(probe.probe.now().to_msg())
         image.header.stamp = (probe.probe.now() + Duration(nanoseconds=int(ahead_s * 1e9))
                               ).to_msg()
         probe.probe.image_pub.publish(image)
-        try:
-            wait_until(lambda: moving_after(start), timeout=3 * CONTROL_PERIOD)
+        try:       # long enough that no answer to this image can come after the next one
+            wait_until(lambda: moving_after(start), timeout=10.0)
             break
         except AssertionError:
             continue
@@ -586,10 +586,9 @@ def test_a_camera_clock_ahead_of_the_node_times_the_steps_from_the_arrival(chunk
                                        what='the chunk and its run-out')
     t0, (received, first) = stamp_s(image.header.stamp), steps[0]
     arrival = stamp_s(first.header.stamp)          # step 0 is stamped with the arrival
+    # published as soon as decided (a quarter period at the fixture's pace): before the
+    # stamp's time, two periods later, where the first slot began when timed from the stamp
     assert sent_s <= arrival <= received < t0, (sent_s, arrival, received, t0)
-    # decided in at most a quarter period (the fixture's pace), published at once: well
-    # before the stamp's time, where the first slot began when steps were timed from it
-    assert received < sent_s + CONTROL_PERIOD, (received - sent_s, ahead_s)
     assert [(_ns(m.header.stamp) - _ns(first.header.stamp)) / period_ns for _, m in steps] \
         == list(range(K))
     for (a, _), (b, _) in zip(steps[1:], steps[2:]):

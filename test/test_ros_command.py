@@ -240,6 +240,17 @@ def test_commands_are_stamped_with_the_time_the_image_is_aged_from():
     assert cmd.command_stamp(far, receipt) == Time(100, 250_000_000)
     unstamped = FrameInfo(Time(100, 1), 0.0, 100.000000001, 0.0)
     assert cmd.command_stamp(unstamped, header) is unstamped.stamp
+    # Stamped and received in one nanosecond (one simulated clock tick), at an epoch where
+    # the two float sums can differ: compared in whole nanoseconds, the image's own stamp.
+    tick = Time(1796000000, 123456789)
+    for stamp_s, receipt_s in ((1796000000 + 1e-9 * 123456789, 1796000000123456789 * 1e-9),
+                               (1796000000123456789 * 1e-9, 1796000000 + 1e-9 * 123456789)):
+        same = FrameInfo(tick, stamp_s, receipt_s, 0.0, receipt_stamp=Time(1796000000,
+                                                                           123456789))
+        assert cmd.command_stamp(same, header) is tick
+    ahead = FrameInfo(Time(1796000000, 200), 1796000000.0000002, 1796000000.0000001, 0.0,
+                      receipt_stamp=Time(1796000000, 100))
+    assert cmd.command_stamp(ahead, header) is ahead.receipt_stamp     # the exact arrival
 
 
 def test_watchdog_reasons():

@@ -39,9 +39,9 @@ class ChunkChannel:
       publish_chunk(chunk, commands, settings, prepared)
                     a kept chunk (chunk_rules.Chunk, its K decided commands) to every output,
                     whole; nothing while inactive
-      publish_step(chunk, index, command, stamp, settings)
-                    step `index`, due now, to every output; the channel holds instead while it
-                    may not command (inactive, MoveIt Servo not ready)
+      publish_step(chunk, index, command, stamp, settings) -> bool
+                    step `index`, due now, to every output; whether it went out (the channel
+                    holds instead while it may not command: inactive, MoveIt Servo not ready)
       reject(reason, *, is_stale=False, keep_chunk=False)
                     count a hold and send it; the chunks are dropped (clear) unless keep_chunk
       log_reason(text, level)
@@ -57,7 +57,7 @@ class ChunkChannel:
     now_s: Callable[[], float]
     prepare: Callable[..., list | None]
     publish_chunk: Callable[..., None]
-    publish_step: Callable[..., None]
+    publish_step: Callable[..., bool]
     reject: Callable[..., None]
     log_reason: Callable[[str, str], None]
 
@@ -71,6 +71,7 @@ class ChunkExecution:
         self.schedule = chunks.ChunkSchedule()
         self._lock = threading.RLock()            # schedule + the steps' publishing order
         self._on_chunk = on_chunk
+        self._step_went_out = False               # (under the lock) the last step's fate
 
     def clear(self) -> bool:
         """Forget the chunks; whether one still had steps to run (was moving the robot)."""
@@ -84,19 +85,23 @@ class ChunkExecution:
         it, hand it to the outputs whole and publish its step that is due now."""
         robot, info = self.robot, finished.frame.user_data
         with self._lock:
-            replaced = self._keep(finished, robot.settings(), robot.now_s())
-        if replaced is None:
+            kept = self._keep(finished, robot.settings(), robot.now_s())
+        if kept is None:
             return
+        replaced, went_out = kept
         settings = robot.settings()
         robot.stats.record_chunk(replaced=replaced)
-        record_answer(robot.stats, info, finished.result.stats,
-                      cmd.observation_age(robot.now_s(), info.stamp_s, info.receipt_s, settings))
+        if went_out:     # an answer acted on (not a chunk whose first step the robot held)
+            record_answer(robot.stats, info, finished.result.stats,
+                          cmd.observation_age(robot.now_s(), info.stamp_s, info.receipt_s,
+                                              settings))
         if self._on_chunk is not None:
             self._on_chunk()
 
-    def _keep(self, finished, settings, now: float) -> bool | None:
-        """(Under the lock.) Whether the kept chunk replaced another, or None when it was not
-        kept (refused, held, or its image not newer)."""
+    def _keep(self, finished, settings, now: float) -> tuple[bool, bool] | None:
+        """(Under the lock.) (Whether the kept chunk replaced another, whether its step due
+        now went out), or None when it was not kept (refused, held, or its image not
+        newer)."""
         robot, info = self.robot, finished.frame.user_data
         decision = chunks.decide_chunk(
             finished.result, error=finished.error,
@@ -121,8 +126,9 @@ class ChunkExecution:
                              'executed (camera clock stepped back?)', 'warning')
             return None
         robot.publish_chunk(chunk, decision.commands, settings, prepared)
+        self._step_went_out = False
         self._publish_due(now, from_clock=False)
-        return replaced
+        return replaced, self._step_went_out
 
     def _refuse(self, reason: str, settings, now_s: float) -> None:
         """A chunk that may not be kept. `invalid_chunk: continue`: one refused because it did
@@ -181,7 +187,8 @@ class ChunkExecution:
             robot.reject(command.hold_reason, keep_chunk=True)
             return
         stamp = offset_stamp(due.chunk.stamp, due.index * due.chunk.period_s)
-        robot.publish_step(due.chunk, due.index, command, stamp, settings)
+        self._step_went_out = bool(robot.publish_step(due.chunk, due.index, command, stamp,
+                                                      settings))
         late = robot.now_s() - due.chunk.slot_start(due.index) if from_clock else None
         robot.stats.record_chunk_step(published=True, num_skipped=due.num_skipped,
                                       lateness_s=late)

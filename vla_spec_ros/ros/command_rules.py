@@ -205,10 +205,21 @@ def command_stamp(info, settings: NodeSettings):
     max_action_age), or any camera clock with ``stamp_source: receipt``, would otherwise reach
     MoveIt Servo, which counts its incoming_command_timeout from the command's stamp: a
     command stamped ahead stands longer than the timeout if the node stops."""
-    time_s = aged_from(info.stamp_s, info.receipt_s, settings)
-    if time_s == info.stamp_s or info.stamp_s <= 0.0:    # unstamped: info.stamp is the arrival
+    arrival = info.receipt_stamp if info.receipt_stamp is not None else stamp_at(
+        info.stamp, info.receipt_s)
+    if settings.stamp_source != 'header':
+        return arrival
+    if info.stamp_s <= 0.0:            # unstamped: info.stamp is the image's own arrival
         return info.stamp
-    return stamp_at(info.stamp, time_s)
+    # Compared in whole nanoseconds: an arrival in the same nanosecond as the stamp (one
+    # simulated clock tick) keeps the image's own stamp.
+    if _nanoseconds(info.stamp) <= _nanoseconds(arrival):
+        return info.stamp
+    return arrival
+
+
+def _nanoseconds(stamp) -> int:
+    return stamp.sec * 1_000_000_000 + stamp.nanosec
 
 
 def observation_age(now_s: float, stamp_s: float, receipt_s: float,

@@ -15,8 +15,10 @@ class FrameInfo:
     """What the node remembers about one observation; travels as Frame.user_data.
 
     With several image slots, `stamp` / `stamp_s` are the first slot's (the set's anchor,
-    observation_sync.py) and `receipt_*` its earliest image's arrival (not the set's completion:
-    a set completed late by a lagging slot is as old as its oldest image)."""
+    observation_sync.py); `receipt_mono` is its earliest image's arrival (its latency counts
+    from there), and `receipt_s` / `receipt_stamp` that too with ``stamp_source: receipt``
+    (a set a lagging slot completes late is as old as its oldest image), else the anchor's
+    own arrival (the bound no stamp of its can be later than: command_rules.aged_from)."""
 
     stamp: object           # builtin_interfaces/Time of the image header (node clock if zero)
     stamp_s: float          # header stamp in seconds, 0.0 when the driver did not stamp
@@ -26,6 +28,9 @@ class FrameInfo:
     # then): where the frame's time went (diagnostics.FRAME_STAGES)
     taken_mono: float = float('nan')
     converted_mono: float = float('nan')
+    # receipt_s as a builtin_interfaces/Time, exact (a command stamped with the arrival:
+    # command_rules.command_stamp); None when not known (then built from receipt_s)
+    receipt_stamp: object = None
 
 
 @dataclass(frozen=True)

@@ -103,29 +103,42 @@ class JointTrajectoryOutput(OutputAdapter):
         self.pub = node.create_publisher(JointTrajectory, prefix + 'joint_trajectory',
                                          COMMAND_QOS)
         self._lock = threading.Lock()
-        # The last trajectory sent: (its stamp in node-clock seconds, its period, its targets).
-        self._running: tuple[float, float, tuple] | None = None
+        # The last trajectory sent: (its stamp in node-clock seconds, its period, its targets,
+        # whether it is a hold's).
+        self._running: tuple[float, float, tuple, bool] | None = None
 
-    def _send(self, targets, settings) -> None:
+    def _send(self, targets, settings, *, is_hold: bool = False) -> None:
+        """Publish `targets` from now; it becomes the running trajectory, except that a
+        hold while a hold's trajectory runs keeps that one's window (repeated holds do not
+        stretch it: once it ends, the robot is left alone)."""
         now = self.node.get_clock().now()
         with self._lock:
-            self._running = (now.nanoseconds * 1e-9, settings.control_period,
-                             tuple(tuple(t) for t in targets))
+            if not (is_hold and self._running is not None and self._running[3]
+                    and self._target_now_locked(now.nanoseconds * 1e-9) is not None):
+                self._running = (now.nanoseconds * 1e-9, settings.control_period,
+                                 tuple(tuple(t) for t in targets), is_hold)
         self.pub.publish(joint_trajectory_message(settings.joint_names, targets, now.to_msg(),
                                                   settings.control_period))
 
+    def forget(self) -> None:
+        with self._lock:
+            self._running = None
+
     def _target_now(self) -> tuple | None:
         """The point the last trajectory sent is approaching now (point k is due (k + 1)
-        periods after its stamp), or None once it has ended (or before any)."""
+        periods after its stamp), or None once it has ended (or before any, or when it was
+        sent on a time line the clock has since left)."""
         with self._lock:
-            running = self._running
-        if running is None:
+            return self._target_now_locked(self.node.get_clock().now().nanoseconds * 1e-9)
+
+    def _target_now_locked(self, now_s: float) -> tuple | None:
+        if self._running is None:
             return None
-        start_s, period_s, targets = running
-        elapsed = self.node.get_clock().now().nanoseconds * 1e-9 - start_s
-        if elapsed >= len(targets) * period_s:
+        start_s, period_s, targets, _ = self._running
+        elapsed = now_s - start_s
+        if not 0.0 <= elapsed < len(targets) * period_s:
             return None
-        return targets[max(0, min(len(targets) - 1, int(elapsed // period_s)))]
+        return targets[min(len(targets) - 1, int(elapsed // period_s))]
 
     def publish_command(self, command, stamp, settings, prepared=None) -> None:
         self._send([command.joints], settings)
@@ -146,7 +159,7 @@ class JointTrajectoryOutput(OutputAdapter):
         if target is None:
             target = self._target_now()
         if target is not None:
-            self._send([target], settings)
+            self._send([target], settings, is_hold=True)
 
     def destroy(self) -> None:
         self.node.destroy_publisher(self.pub)

@@ -43,8 +43,10 @@ def frame_info(msg, now) -> FrameInfo:
     """The FrameInfo of an image `msg` received at `now` (rclpy Time): its header stamp, or
     the receipt time when the driver did not stamp (stamp_s stays 0.0 then)."""
     stamp_s = msg.header.stamp.sec + 1e-9 * msg.header.stamp.nanosec
-    stamp = msg.header.stamp if stamp_s > 0.0 else now.to_msg()
-    return FrameInfo(stamp, stamp_s, now.nanoseconds * 1e-9, time.monotonic())
+    arrival = now.to_msg()
+    stamp = msg.header.stamp if stamp_s > 0.0 else arrival
+    return FrameInfo(stamp, stamp_s, now.nanoseconds * 1e-9, time.monotonic(),
+                     receipt_stamp=arrival)
 
 
 def slot_topic(prefix: str, slot: str, transport: str) -> str:
@@ -151,12 +153,15 @@ class ObservationInput:
             return
         messages = tuple(m.item[0] for m in pairing.members)
         anchor = pairing.members[0].item[1]
-        # The set's time is its first slot's stamp; its arrival is its first image's (not
-        # the set's completion): aged by receipt, a set completed late by a lagging slot is
-        # as old as its oldest image, and its latency counts from that image.
+        # The set's time is its first slot's stamp. Its latency counts from its first image's
+        # arrival; aged by receipt, it is as old as that image too (not the set's
+        # completion: a lagging slot must not make an old image fresh); aged by stamp, the
+        # anchor's own arrival bounds the anchor's stamp (FrameInfo).
         arrivals = [m.item[1] for m in pairing.members]
-        info = FrameInfo(anchor.stamp, anchor.stamp_s, min(a.receipt_s for a in arrivals),
-                         min(a.receipt_mono for a in arrivals))
+        first = min(arrivals, key=lambda a: a.receipt_s)
+        arrival = first if settings.stamp_source == 'receipt' else anchor
+        info = FrameInfo(anchor.stamp, anchor.stamp_s, arrival.receipt_s, first.receipt_mono,
+                         receipt_stamp=arrival.receipt_stamp)
         self.newest = info
         self._on_observation(self._read_inputs(messages, info, settings))
 

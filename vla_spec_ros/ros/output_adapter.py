@@ -30,6 +30,9 @@ force:
         keeps its last goal). Called by the channel when the safety gate says so; never
         decide here whether to hold.
   add_to_status(status)    extra /diagnostics values (diagnostic_msgs KeyValue)
+  forget()                 the node clock went back (clock_jumps.py): drop what was kept on
+                           the old time line (a trajectory sent, a pose measured), before
+                           the hold that follows, so that hold does not go to an old target
   destroy()                remove this adapter's ROS entities
 
 Threads: publish_command and prepare run on the inference worker; publish_step on the step
@@ -61,6 +64,9 @@ class OutputAdapter:
         pass
 
     def add_to_status(self, status) -> None:
+        pass
+
+    def forget(self) -> None:
         pass
 
     def destroy(self) -> None:

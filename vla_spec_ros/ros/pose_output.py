@@ -11,13 +11,14 @@ What goes out (header.frame_id: the frame the tool pose is expressed in):
                    the start pose moved as the published twist moves it over one
                    period (pose_math.apply_step, `pose_delta_frame`): the action's
                    rotation R_delta exactly, as Servo integrates the twist. Stamped
-                   like the twist (the image's stamp; a chunk's step i: + i control
-                   periods), so Servo's command timeout sees the same age.
+                   like the twist (command_rules.command_stamp; a chunk's step i: + i
+                   control periods), so Servo's command timeout sees the same age.
                    Remap it to `<servo>/pose_target_cmds` with `servo_command_type: pose`.
   pose_trajectory  trajectory_msgs/MultiDOFJointTrajectory, a chunked model's chunk on
                    arrival: one joint named `tool_frame`, point i the absolute pose after
                    steps 0..i (transforms[0]), time_from_start (i + 1) control periods
-                   (strictly increasing, the first after 0), header.stamp the image's time;
+                   (strictly increasing, the first after 0), header.stamp the chunk's
+                   (command_rules.command_stamp);
                    when the robot holds after one, the stop: a one-point trajectory one
                    control period after the hold's time (a trajectory controller rejects an
                    empty trajectory, and would go on with the previous one) to the tool
@@ -166,14 +167,21 @@ class PoseTargetOutput(OutputAdapter):
 
     def _target_now(self, now_s: float) -> Pose | None:
         """The point the last pose trajectory approaches at `now_s` (point i is due (i + 1)
-        periods after its stamp), or None once it has ended."""
+        periods after its stamp), or None once it has ended (or when it was sent on a time
+        line the clock has since left)."""
         if self._running is None:
             return None
         start_s, period_s, targets = self._running
         elapsed = now_s - start_s
-        if elapsed >= len(targets) * period_s:
+        if not 0.0 <= elapsed < len(targets) * period_s:
             return None
-        return targets[max(0, min(len(targets) - 1, int(elapsed // period_s)))]
+        return targets[min(len(targets) - 1, int(elapsed // period_s))]
+
+    def forget(self) -> None:
+        """The node clock went back: the trajectory sent and the poses measured are of the
+        old time line."""
+        self._running, self._trajectory_live = None, False
+        self.source.forget()
 
     def destroy(self) -> None:
         self.source.destroy()

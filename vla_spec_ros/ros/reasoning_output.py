@@ -4,7 +4,7 @@ A reasoning policy (ECoT, docs/reasoning.md) writes its plan, subtask, move and 
 before its action. The node publishes it as std_msgs/String holding one JSON object (ROS 2 has
 no stamped string; JSON keeps the parsed fields without a custom interface package):
 
-    {"stamp": {"sec": ..., "nanosec": ...},   the image's header stamp (the twist's)
+    {"stamp": {"sec": ..., "nanosec": ...},   the twist's (command_rules.command_stamp)
      "text": "TASK: ... GRIPPER POSITION: [...]",
      "fields": {"task": ..., "plan": ..., "move": ..., ...},
      "objects": [[name, [x1, y1, x2, y2]], ...], "gripper": [[x, y], ...],

@@ -259,6 +259,8 @@ class RobotChannel:
         frame order is already forgotten), so the frames after the jump are answered."""
         with self._paused():
             num_dropped, num_queued = self._drop_requests()
+            for output in self.outputs:      # before the hold: no target of the old time line
+                output.forget()
             self.stats.record_clock_jump()
             self.log_reason(f'{jump.describe()}: frame order forgotten, {num_dropped} engine '
                             f'requests and {num_queued} queued frames dropped', 'warning')
@@ -545,12 +547,14 @@ class RobotChannel:
         for output, value in zip(self.outputs, prepared):
             output.publish_chunk(chunk, commands, settings, value)
 
-    def publish_step(self, chunk, index: int, command: cmd.Command, stamp, settings) -> None:
-        """A chunk's due step to every output, unless the robot holds instead (release)."""
+    def publish_step(self, chunk, index: int, command: cmd.Command, stamp, settings) -> bool:
+        """A chunk's due step to every output, unless the robot holds instead (release);
+        whether it went out."""
         if not self.release():
-            return
+            return False
         for output in self.outputs:
             output.publish_step(chunk, index, command, stamp, settings)
+        return True
 
     # ---- diagnostics and teardown ---------------------------------------------------------
 

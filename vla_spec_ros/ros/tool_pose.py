@@ -72,8 +72,8 @@ class ToolPoseSource:
         return pose, None if pose is not None else f'{REASON_NO_TOOL_POSE}: {why}'
 
     def newest(self, now_s: float, max_age_s: float) -> Pose | None:
-        """The tool pose measured last, when it is at most `max_age_s` old at `now_s` (node
-        clock seconds; a stop's target: an older one is not where the tool is), else None.
+        """The tool pose measured last, when it is within `max_age_s` of `now_s` (node clock
+        seconds; a stop's target: an older one is not where the tool is), else None.
         TF's latest transform counts as fresh when it is static (stamp zero)."""
         if self._tf_buffer is not None:
             from rclpy.time import Time
@@ -84,15 +84,21 @@ class ToolPoseSource:
                 return None
             stamp = transform.header.stamp
             stamp_s = stamp.sec + 1e-9 * stamp.nanosec
-            if stamp_s > 0.0 and now_s - stamp_s > max_age_s:
+            if stamp_s > 0.0 and abs(now_s - stamp_s) > max_age_s:
                 return None
             t, r = transform.transform.translation, transform.transform.rotation
             return Pose((t.x, t.y, t.z), (r.x, r.y, r.z, r.w))
         with self._lock:
             newest = self.history.newest
-        if newest is None or now_s - newest[0] > max_age_s:
-            return None
+        if newest is None or abs(now_s - newest[0]) > max_age_s:
+            return None             # old, or stamped on another (or a former) time line
         return newest[1]
+
+    def forget(self) -> None:
+        """The node clock went back: the poses kept are of the old time line (TF keeps its
+        own buffer, which tf2 clears on a jump back itself)."""
+        with self._lock:
+            self.history.clear()
 
     def _lookup_tf(self, stamp_s: float | None, max_gap_s: float):
         from rclpy.time import Time
