@@ -222,3 +222,15 @@ def test_an_engine_error_holds_with_its_reason():
     execution = ChunkExecution(robot.channel())
     execution.handle_finished(finished(100.0, error='RuntimeError: boom'))
     assert robot.holds[-1][0] == f'{cmd.REASON_ENGINE_ERROR}: RuntimeError: boom'
+
+
+def test_point_due_is_the_point_a_trajectory_approaches_and_none_outside_it():
+    """message_time.point_due (the stops of joint_outputs.py and pose_output.py): point k is
+    due (k + 1) periods after the stamp, so during [k P, (k + 1) P) the robot approaches
+    point k; none before the stamp (a former time line) nor after the last point."""
+    from vla_spec_ros.ros.message_time import point_due
+
+    assert point_due(100.0, 0.2, 4, 99.99) is None
+    assert [point_due(100.0, 0.2, 4, 100.0 + t) for t in (0.0, 0.19, 0.21, 0.79)] == \
+        [0, 0, 1, 3]
+    assert point_due(100.0, 0.2, 4, 100.81) is None

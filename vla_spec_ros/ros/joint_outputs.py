@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import threading
 
-from vla_spec_ros.ros.message_time import set_duration
+from vla_spec_ros.ros.message_time import point_due, set_duration
 from vla_spec_ros.ros.output_adapter import OutputAdapter
 from vla_spec_ros.ros.qos import COMMAND_QOS
 
@@ -135,10 +135,8 @@ class JointTrajectoryOutput(OutputAdapter):
         if self._running is None:
             return None
         start_s, period_s, targets, _ = self._running
-        elapsed = now_s - start_s
-        if not 0.0 <= elapsed < len(targets) * period_s:
-            return None
-        return targets[min(len(targets) - 1, int(elapsed // period_s))]
+        index = point_due(start_s, period_s, len(targets), now_s)
+        return None if index is None else targets[index]
 
     def publish_command(self, command, stamp, settings, prepared=None) -> None:
         self._send([command.joints], settings)

@@ -17,6 +17,16 @@ def stamp_at(template, seconds: float):
     return type(template)(sec=total // 1_000_000_000, nanosec=total % 1_000_000_000)
 
 
+def point_due(start_s: float, period_s: float, num_points: int, now_s: float) -> int | None:
+    """The index of the point a trajectory stamped `start_s`, point k at (k + 1) * period_s,
+    is approaching at `now_s`; None before its stamp (sent on a time line the clock has since
+    left) or once it has ended."""
+    elapsed = now_s - start_s
+    if not 0.0 <= elapsed < num_points * period_s:
+        return None
+    return min(num_points - 1, int(elapsed // period_s))
+
+
 def set_duration(duration, seconds: float) -> None:
     """Writes `seconds` (>= 0) into a builtin_interfaces/Duration, in whole nanoseconds."""
     nanoseconds = round(seconds * 1e9)
@@ -24,4 +34,4 @@ def set_duration(duration, seconds: float) -> None:
     duration.nanosec = nanoseconds % 1_000_000_000
 
 
-__all__ = ['offset_stamp', 'stamp_at', 'set_duration']
+__all__ = ['offset_stamp', 'stamp_at', 'point_due', 'set_duration']

@@ -35,7 +35,7 @@ from __future__ import annotations
 
 from geometry_msgs.msg import PoseStamped
 
-from vla_spec_ros.ros.message_time import set_duration
+from vla_spec_ros.ros.message_time import point_due, set_duration
 from vla_spec_ros.ros.output_adapter import OutputAdapter
 from vla_spec_ros.ros.pose_math import Pose, apply_step, integrate_steps, point_times
 from vla_spec_ros.ros.qos import COMMAND_QOS
@@ -172,10 +172,8 @@ class PoseTargetOutput(OutputAdapter):
         if self._running is None:
             return None
         start_s, period_s, targets = self._running
-        elapsed = now_s - start_s
-        if not 0.0 <= elapsed < len(targets) * period_s:
-            return None
-        return targets[min(len(targets) - 1, int(elapsed // period_s))]
+        index = point_due(start_s, period_s, len(targets), now_s)
+        return None if index is None else targets[index]
 
     def forget(self) -> None:
         """The node clock went back: the trajectory sent and the poses measured are of the
