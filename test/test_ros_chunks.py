@@ -133,6 +133,28 @@ def test_ensemble_is_the_weighted_mean_of_every_chunk_covering_the_step():
     np.testing.assert_allclose(step.action, np.full(7, (101.0 + w * 1.0) / (1 + w)))
 
 
+def test_an_older_chunks_step_joins_the_ensemble_at_the_newest_chunks_period():
+    """After control_period went from 0.2 to 0.1 s between two chunks, an older step (a
+    displacement over 0.2 s) joins the ensemble halved, as a displacement over the newest
+    chunk's 0.1 s, in its ee_delta motion values (per_period_dims 6); the gripper (7th) and
+    joint values are not displacements per period and blend as they are."""
+    schedule = chunks.ChunkSchedule()
+    a, b = chunk(10.0, offset=10.0), chunk(10.15, period=0.1, offset=100.0)
+    schedule.add(a, 10.0)
+    schedule.add(b, 10.15)
+    # at 10.25: b's step 1 ([10.25, 10.35)) and a's step 1 ([10.2, 10.4)): 101 and 11
+    step = schedule.due(10.25, blend='ensemble', decay=0.0, per_period_dims=6)
+    assert step.num_blended == 2
+    np.testing.assert_allclose(step.action[:6], np.full(6, (101.0 + 11.0 * 0.5) / 2))
+    assert step.action[6] == pytest.approx((101.0 + 11.0) / 2)
+    schedule = chunks.ChunkSchedule()
+    schedule.add(a, 10.0)
+    schedule.add(b, 10.15)
+    step = schedule.due(10.25, blend='ensemble', decay=0.0)        # joint spaces
+    np.testing.assert_allclose(step.action, np.full(7, (101.0 + 11.0) / 2))
+    np.testing.assert_allclose(a.actions[1], np.full(7, 11.0))     # the chunk is untouched
+
+
 def test_ensemble_leaves_out_expired_and_too_old_steps():
     schedule = chunks.ChunkSchedule()
     schedule.add(chunk(10.0, offset=0.0), 10.0)

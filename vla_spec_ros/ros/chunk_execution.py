@@ -160,7 +160,8 @@ class ChunkExecution:
             return None
         due = self.schedule.due(now_s, blend=settings.chunk_blend,
                                 decay=settings.chunk_ensemble_decay,
-                                max_age_s=settings.max_action_age)
+                                max_age_s=settings.max_action_age,
+                                per_period_dims=6 if settings.action_space == 'ee_delta' else 0)
         if isinstance(due, chunks.RunOut):
             robot.stats.record_chunk_run_out(due.num_skipped)
             robot.reject(f'{cmd.REASON_CHUNK_END}: the {due.chunk.num_steps} steps of the '

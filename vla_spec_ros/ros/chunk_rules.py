@@ -211,11 +211,14 @@ class ChunkSchedule:
         self._chunks = [c for c in self._chunks[:-1] if c.end_s > now_s] + self._chunks[-1:]
 
     def due(self, now_s: float, *, blend: str = 'latest', decay: float = 0.0,
-            max_age_s: float = math.inf) -> DueStep | RunOut | None:
+            max_age_s: float = math.inf, per_period_dims: int = 0) -> DueStep | RunOut | None:
         """What to do at `now_s`: a step whose slot holds `now_s` and was not decided yet, the
         newest chunk's run-out (once), or None (nothing new). `max_age_s` bounds the age of
         an older chunk's step that joins an ensemble (the grid's own step is checked by the
-        caller's safety decision)."""
+        caller's safety decision). `per_period_dims`: how many leading values of a step are
+        a displacement over its chunk's period (6 for ee_delta; 0 for joint velocities and
+        positions): an older chunk's step joins an ensemble rescaled to the newest chunk's
+        period, so a control_period changed between them does not mix speeds."""
         if blend not in BLENDS:
             raise ValueError(f'blend: {blend!r} not in {list(BLENDS)}')
         newest = self.newest
@@ -243,7 +246,11 @@ class ChunkSchedule:
         for chunk in reversed(self._chunks[:-1]):            # newest first
             i = chunk.step_at(now_s)
             if 0 <= i < chunk.num_steps and chunk.step_age(i, now_s) <= max_age_s:
-                actions.append(chunk.actions[i])
+                action = chunk.actions[i]
+                if per_period_dims and chunk.period_s != newest.period_s:
+                    action = action.copy()
+                    action[:per_period_dims] *= newest.period_s / chunk.period_s
+                actions.append(action)
                 ages.append(chunk.step_age(i, now_s))
         return DueStep(newest, index, blend_steps(actions, decay), max(ages), skipped,
                        len(actions))
