@@ -67,7 +67,7 @@ class ObservationInput:
 
     def __init__(self, node, prefix: str, settings, on_observation, on_dropped, get_settings,
                  *, on_refused, on_clock_jump, on_out_of_order=None, inputs=()):
-        self.node = node
+        self.node, self._prefix = node, prefix
         self._on_observation, self._on_dropped = on_observation, on_dropped
         self._on_out_of_order = on_out_of_order
         self._on_refused, self._on_clock_jump = on_refused, on_clock_jump
@@ -124,6 +124,19 @@ class ObservationInput:
         reason = cmd.freshness_reason(age_s, settings, max_age_s=math.inf)
         return None if reason is None else reason + self._slot_label(index)
 
+    def _stamps_stepped_back(self, index: int, info: FrameInfo, settings) -> float | None:
+        """(Under the lock.) With several slots aged by receipt, the pairing still orders by
+        header stamp, and no stamp is refused against the node clock: a slot whose stamp
+        steps back by more than max_action_age (its camera's clock was reset, or the stamp
+        before was a glitch far ahead) would have every later image dropped as out of order.
+        How far it stepped back then (the pairing order is forgotten), else None."""
+        previous = self.newest_per_slot[index]
+        if (not self.is_multi_slot or settings.stamp_source != 'receipt' or previous is None
+                or info.stamp_s <= 0.0):
+            return None
+        step_s = previous.stamp_s - info.stamp_s
+        return step_s if step_s > settings.max_action_age else None
+
     def _order_stamp(self, info: FrameInfo, settings) -> float:
         """The time the pairing orders (and, with several slots, pairs) a message by."""
         if not self.is_multi_slot:
@@ -138,9 +151,18 @@ class ObservationInput:
             self._on_refused(info, refused)
             return
         with self._lock:
+            stepped_back = self._stamps_stepped_back(index, info, settings)
+            if stepped_back is not None:
+                self._pairing.clear()
             self.newest_per_slot[index] = info
             self._pairing.tolerance_s = settings.image_sync_tolerance
             pairing = self._pairing.add(index, self._order_stamp(info, settings), (msg, info))
+        if stepped_back is not None:
+            topic = slot_topic(self._prefix, self.slot_names[index], 'raw')
+            self.node.get_logger().warning(
+                f'{topic}: its stamps stepped back {stepped_back:.3f} s (a camera clock reset, '
+                'or a bad stamp before it): the pairing order is forgotten',
+                throttle_duration_sec=2.0)
         if pairing.is_out_of_order and self._on_out_of_order is not None:
             self._on_out_of_order(info, self._slot_label(index))
         if pairing.num_dropped:

@@ -25,7 +25,9 @@ from the drops above: a duplicate stamp or a camera clock that stepped back, not
 engine). Only messages the caller accepts enter: one
 stamped in the future of the node clock is refused before it reaches the pairing
 (observation_input.py), so it cannot make every later message look out of order; `clear`
-forgets the order (`~/reset`, the node clock going back: clock_jumps.py).
+forgets the order (`~/reset`, the node clock going back: clock_jumps.py, and, with
+``stamp_source: receipt``, where no stamp is refused against the node clock, a slot whose
+stamps step back by more than max_action_age: observation_input.py).
 """
 from __future__ import annotations
 
