@@ -45,10 +45,19 @@ def test_a_callback_racing_the_shutdown_exits_cleanly():
     assert run(_node_whose_timer(shutdown_first=True), 'probe', args=[]) == 0
 
 
-def test_a_fault_while_the_context_is_up_propagates():
+def test_a_fault_while_the_context_is_up_propagates_after_the_holds():
+    """The fault ends the process, but the node's stop_serving (each robot's hold, last)
+    runs first, naming it: a robot is not left on its last command."""
     from vla_spec_ros.ros.node import run
+    stops = []
+
+    def factory():
+        node = _node_whose_timer(shutdown_first=False)()
+        node.stop_serving = stops.append
+        return node
     with pytest.raises(RuntimeError, match='a fault while serving'):
-        run(_node_whose_timer(shutdown_first=False), 'probe', args=[])
+        run(factory, 'probe', args=[])
+    assert stops == ['node error: RuntimeError: a fault while serving']
 
 
 # ---- the node as a process, stopped while its camera streams ----------------------------------

@@ -95,9 +95,14 @@ def test_transitions_gate_everything_the_node_publishes(ros, tmp_path):
         wait_until(lambda: probe.image_pub.get_subscription_count() > 0, what='subscription')
         assert _quiet(probe, 0) == 0                 # inactive: not even zero twists
         assert node.serving.stats_snapshot()['actions_published'] == 0
+        # /diagnostics says so (not OK, "publishing actions")
+        from vla_spec_ros.ros.serving import INACTIVE_REASON
+        status = node.serving.channels[0].diagnostic('pipeline_spec')
+        assert status.message == INACTIVE_REASON and status.level != bytes([0])
 
         assert life.transition(Transition.TRANSITION_ACTIVATE)
         assert life.state() == State.PRIMARY_STATE_ACTIVE
+        assert node.serving.stats_snapshot()['hold_reason'] != INACTIVE_REASON
         image = probe.raw_image(_frame(np.random.default_rng(1)))
         twist = probe.send(image, lambda: probe.twists.find(
             lambda m: m.header.stamp == image.header.stamp))[1]
@@ -151,9 +156,13 @@ def test_configure_with_a_missing_model_fails_cleanly_and_stays_silent(ros, tmp_
         assert life.state() == State.PRIMARY_STATE_UNCONFIGURED
         assert node.serving is None
         assert _quiet(probe, 0) == 0
-        # The parameter can be fixed while unconfigured (load-time parameters included).
+        # The parameter can be fixed while unconfigured (load-time parameters included) ...
         result = probe.set_param('model_path', 'tiny')
         assert result.successful, result.reason
+        # ... but not the robots: each robot's own parameters were declared at start-up
+        # (a robot added now would have no <robot>.enabled to stop it with).
+        result = probe.set_param('robots', ['left', 'right'])
+        assert not result.successful and result.reason.startswith('robots: fixed when the')
     finally:
         executor.remove_node(node)
         node.destroy_node()
@@ -195,6 +204,35 @@ def test_enable_and_the_enabled_parameter_agree_while_inactive(ros):
         twist = probe.send(image, lambda: probe.twists.find(
             lambda m: m.header.stamp == image.header.stamp), restamp=True)[1]
         assert not is_zero(twist)
+    finally:
+        executor.remove_node(node)
+        node.destroy_node()
+
+
+def test_a_configure_that_fails_in_any_way_says_why(ros, monkeypatch, capfd):
+    """A load failing with something other than bad input (a GPU out of memory, a missing
+    module) fails the configure with its reason in the log, as a missing checkpoint does;
+    before, rclpy swallowed it and only on_error's line was logged."""
+    from vla_spec_ros.ros import lifecycle_node
+
+    def out_of_memory(*args, **kwargs):
+        raise RuntimeError('CUDA out of memory. Tried to allocate 2.00 GiB')
+    monkeypatch.setattr(lifecycle_node, 'load_for_node', out_of_memory)
+    context, executor, probe_node = ros
+    node = VLASpecLifecycleNode(node_name='vla_oom', context=context, parameter_overrides=[
+        Parameter('model_path', value='tiny')])
+    executor.add_node(node)
+    try:
+        life = Lifecycle(Probe(probe_node, 'vla_oom'), 'vla_oom')
+        assert not life.transition(Transition.TRANSITION_CONFIGURE)
+        assert life.state() == State.PRIMARY_STATE_UNCONFIGURED and node.serving is None
+        log = []
+
+        def logged():
+            out, err = capfd.readouterr()
+            log.append(out + err)
+            return 'configure failed: RuntimeError: CUDA out of memory' in ''.join(log)
+        wait_until(logged, what='the reason in the log')
     finally:
         executor.remove_node(node)
         node.destroy_node()

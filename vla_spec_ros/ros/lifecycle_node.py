@@ -65,6 +65,15 @@ class VLASpecLifecycleNode(LifecycleNode):
     def _validate(self, changes) -> SetParametersResult:
         if self._serving is not None:
             return self._serving.validate(changes)
+        for change in changes:
+            # Each robot's own parameters (<robot>.<name>) are declared when the node is
+            # built: a robot added later would have none (its enable and instruction could
+            # not be set), one removed would leave them behind.
+            if change.name == 'robots' and list(change.value or []) != list(
+                    self._values['robots']):
+                return SetParametersResult(successful=False, reason=(
+                    'robots: fixed when the node starts (each robot\'s own parameters are '
+                    'declared then); restart the node to serve other robots'))
         proposed = dict(self._values)
         proposed.update((c.name, c.value) for c in changes if c.name in proposed)
         try:
@@ -91,7 +100,7 @@ class VLASpecLifecycleNode(LifecycleNode):
             config = params.configuration_from_parameters(self._values)
             policy = load_for_node(self, config, self._given_policy)
             serving = Serving(self, policy, self._values, config, is_active=False)
-        except (ValueError, OSError) as exc:
+        except Exception as exc:   # bad parameters, a checkpoint, out of memory...: say why
             self.get_logger().error(f'configure failed: {describe_error(exc)}')
             return TransitionCallbackReturn.FAILURE
         try:

@@ -213,12 +213,17 @@ def run(node_factory, name: str, args=None) -> int:
     except (ValueError, ParameterException) as exc:   # bad parameters or checkpoint
         print(f'{name}: {exc}', file=sys.stderr)
         return 1
-    except Exception:
+    except Exception as exc:
         # A context shut down from elsewhere (another thread, an embedding application) makes
         # a callback running then (the watchdog publishing its zero twist) fail on the
         # invalid context. That is the shutdown, not a fault: only an error while the context
-        # is up is one.
+        # is up is one, and the robots' holds still go out before it ends the process.
         if rclpy.ok():
+            if node is not None:
+                try:
+                    stop_in_order(node, f'node error: {type(exc).__name__}: {exc}')
+                except Exception:
+                    pass              # the error below is the one to report
             raise
     finally:
         if node is not None:

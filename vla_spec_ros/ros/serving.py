@@ -38,6 +38,11 @@ from vla_spec_ros.ros.chunk_clock import ChunkClock
 from vla_spec_ros.ros.command_rules import check_action_dim
 from vla_spec_ros.ros.worker import InferenceWorker
 
+# /diagnostics' reason while a managed node is configured but not active, and once activated
+# until its first action or hold (not "publishing actions": it is not).
+INACTIVE_REASON = 'inactive: configured, not activated (lifecycle)'
+ACTIVATED_REASON = 'activated: no action yet'
+
 WARM_UP_IMAGE_SIZE = 224
 WARM_UP_STREAM = '__warm_up__'      # the engine stream of the warm-up's throw-away frames
 STOP_ACK_TIMEOUT_S = 1.0            # how long `stop` waits for the holds to be acknowledged
@@ -84,6 +89,8 @@ class Serving:
                          for robot, settings in config.robots.items()]
         for channel in self.channels:
             channel.is_active = is_active
+            if not is_active:       # /diagnostics must not say "publishing actions" meanwhile
+                channel.stats.set_hold_reason(INACTIVE_REASON)
         self._frozen = False         # freeze_after_load called by warm_up, not yet undone
         self.gc_pauses = None        # made last: nothing below can fail and leave it registered
         self._diag_pub = node.create_publisher(DiagnosticArray, '/diagnostics', COMMAND_QOS)
@@ -149,6 +156,8 @@ class Serving:
         if is_active:
             for channel in self.channels:
                 channel.is_active = True
+                if channel.stats.snapshot(time.monotonic())['hold_reason'] == INACTIVE_REASON:
+                    channel.stats.set_hold_reason(ACTIVATED_REASON)
             return
         with self.worker.paused():
             self._hold_last(reason or 'deactivated')
