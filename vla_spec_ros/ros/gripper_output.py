@@ -4,7 +4,8 @@
                     (command_rules.gripper_position mapping), for a forward command
                     controller; plus, with gripper_action_name, a control_msgs gripper goal
                     when the position changes (gripper_action.py). Nothing on a hold: the
-                    controller keeps its last command. A command without a gripper value (an
+                    controller keeps its last command (the next goal is sent whatever the
+                    last one was). A command without a gripper value (an
                     action space whose checkpoint has no gripper dimension) sends nothing
                     either.
 """
@@ -32,6 +33,20 @@ class GripperOutput(OutputAdapter):
         self.gripper_pub.publish(Float64MultiArray(data=[command.gripper]))
         if self.action_client is not None:
             self.action_client.send(command.gripper, settings)
+
+    def hold(self, stamp, settings) -> None:
+        """Nothing is sent (the controller keeps its last command), but the next goal goes
+        out whatever the last one was: something else may move the gripper meanwhile."""
+        if self.action_client is not None:
+            self.action_client.forget()
+
+    def forget(self) -> None:
+        if self.action_client is not None:
+            self.action_client.forget()
+
+    def add_to_status(self, status) -> None:
+        if self.action_client is not None:
+            self.action_client.add_to_status(status)
 
     def destroy(self) -> None:
         self.node.destroy_publisher(self.gripper_pub)
