@@ -236,3 +236,31 @@ def test_a_configure_that_fails_in_any_way_says_why(ros, monkeypatch, capfd):
     finally:
         executor.remove_node(node)
         node.destroy_node()
+
+
+@pytest.mark.skipif(importlib.util.find_spec('tf2_ros') is not None,
+                    reason='needs a machine without tf2_ros (pose targets from TF then load)')
+def test_a_configure_that_fails_midway_leaves_no_topic_behind(ros):
+    """pose_targets without tool_pose_topic needs TF, missing here: the robot's channel fails
+    after its image subscription, twist and gripper publishers were made. They go with it:
+    the node is left as it was before configure (before, they stayed, fed an orphan channel
+    and were made again by the next configure)."""
+    from vla_spec_ros import VLAPolicy
+
+    context, executor, probe_node = ros
+    policy = VLAPolicy.from_pretrained('tiny', restrict_to_action_tokens=True)
+    node = VLASpecLifecycleNode(policy, node_name='vla_midway', context=context,
+                                parameter_overrides=[Parameter('pose_targets', value=True)])
+    executor.add_node(node)
+    try:
+        before = ({p.topic_name for p in node.publishers},
+                  {s.topic_name for s in node.subscriptions}, len(list(node.services)))
+        life = Lifecycle(Probe(probe_node, 'vla_midway'), 'vla_midway')
+        assert not life.transition(Transition.TRANSITION_CONFIGURE)
+        assert life.state() == State.PRIMARY_STATE_UNCONFIGURED and node.serving is None
+        after = ({p.topic_name for p in node.publishers},
+                 {s.topic_name for s in node.subscriptions}, len(list(node.services)))
+        assert after == before, (before, after)
+    finally:
+        executor.remove_node(node)
+        node.destroy_node()

@@ -85,22 +85,32 @@ def build_outputs(node, prefix: str, settings, label: str, *, is_chunked: bool,
     space's own first (`action_space`, docs/action_spaces.md), then the gripper and the raw
     action, then pose targets, then a reasoning policy's text. `current_positions(settings)`:
     the measured joint positions (the joint-position hold, joint_outputs.py)."""
-    if settings.action_space == 'joint_velocity':
-        from vla_spec_ros.ros.joint_outputs import JointJogOutput
+    def primary():
+        if settings.action_space == 'joint_velocity':
+            from vla_spec_ros.ros.joint_outputs import JointJogOutput
 
-        primary = JointJogOutput(node, prefix)
-    elif settings.action_space == 'joint_position':
-        from vla_spec_ros.ros.joint_outputs import JointTrajectoryOutput
+            return JointJogOutput(node, prefix)
+        if settings.action_space == 'joint_position':
+            from vla_spec_ros.ros.joint_outputs import JointTrajectoryOutput
 
-        primary = JointTrajectoryOutput(node, prefix, current_positions or (lambda s: None))
-    else:
-        primary = TwistOutput(node, prefix, is_chunked=is_chunked)
-    outputs = [primary, GripperOutput(node, prefix, settings, label),
-               RawActionOutput(node, prefix)]
+            return JointTrajectoryOutput(node, prefix, current_positions or (lambda s: None))
+        return TwistOutput(node, prefix, is_chunked=is_chunked)
+
+    makers = [primary, lambda: GripperOutput(node, prefix, settings, label),
+              lambda: RawActionOutput(node, prefix)]
     if settings.pose_targets:
-        outputs.append(PoseTargetOutput(node, prefix, settings, label, is_chunked=is_chunked))
+        makers.append(lambda: PoseTargetOutput(node, prefix, settings, label,
+                                               is_chunked=is_chunked))
     if writes_reasoning:
-        outputs.append(ReasoningOutput(node, prefix))
+        makers.append(lambda: ReasoningOutput(node, prefix))
+    outputs = []
+    try:
+        for make in makers:
+            outputs.append(make())
+    except Exception:        # one cannot be built (a missing package): none is left behind
+        for output in outputs:
+            output.destroy()
+        raise
     return outputs
 
 
@@ -147,6 +157,17 @@ class RobotChannel:
         self._standing: FrameInfo | None = None
 
         prefix = f'{name}/' if name else '~/'
+        self._built = []         # what this channel created, destroyed if it fails midway
+        try:
+            self._build(node, prefix, settings, writes_reasoning)
+        except Exception:
+            for destroy in reversed(self._built):
+                destroy()
+            raise
+
+    def _build(self, node, prefix: str, settings, writes_reasoning: bool) -> None:
+        """The channel's inputs, outputs, Servo contract, subscriptions and services (each
+        registered in `_built` once created, for a failure midway)."""
         self.observation = ObservationInput(node, prefix, settings, self._on_frame,
                                             self.stats.record_dropped, self.current_settings,
                                             on_refused=self._on_refused_frame,
@@ -154,10 +175,12 @@ class RobotChannel:
                                             on_out_of_order=self._on_out_of_order,
                                             inputs=build_inputs(node, prefix, settings,
                                                                 self.current_settings))
+        self._built.append(self.observation.destroy)
         self.outputs = build_outputs(node, prefix, settings, self.label,
                                      is_chunked=self.is_chunked,
                                      current_positions=self.observation.current_positions,
                                      writes_reasoning=writes_reasoning)
+        self._built.extend(output.destroy for output in self.outputs)
         # A reasoning policy's text on ~/reasoning (reasoning_output.py), else None.
         self.reasoning_output = next((o for o in self.outputs
                                       if isinstance(o, ReasoningOutput)), None)
@@ -171,12 +194,16 @@ class RobotChannel:
             self.servo = ServoContract(node, settings.servo_node, settings.servo_command_type,
                                        self.label, pause_on_hold=settings.servo_pause_on_hold,
                                        measure=self._servo_measure)
+            self._built.append(self.servo.destroy)
             # Inactive until the owner sets is_active (the plain node at once, the managed
             # node on activate): a configured node leaves Servo alone.
-        self._instruction_subs = [      # latched and plain publishers alike (ros/qos.py)
-            node.create_subscription(String, prefix + 'instruction', self._on_instruction_msg,
-                                     qos, event_callbacks=events)
-            for qos, events in instruction_subscriptions()]
+        self._instruction_subs = []     # latched and plain publishers alike (ros/qos.py)
+        for qos, events in instruction_subscriptions():
+            self._instruction_subs.append(node.create_subscription(
+                String, prefix + 'instruction', self._on_instruction_msg, qos,
+                event_callbacks=events))
+            self._built.append(lambda sub=self._instruction_subs[-1]:
+                               node.destroy_subscription(sub))
         self._services = [node.create_service(SetBool, prefix + 'enable', self._on_enable_srv),
                           node.create_service(Trigger, prefix + 'reset', self._on_reset_srv)]
 

@@ -77,16 +77,22 @@ class Serving:
                           for robot, settings in config.robots.items()}
         self.chunk_clock = self._make_chunk_clock()
         wakeup = threading.Event()
-        self.channels = [RobotChannel(node, robot, settings, wakeup=wakeup,
-                                      on_instruction=self._on_instruction,
-                                      on_enable=self._on_enable, on_reset=self._on_reset,
-                                      chunk_steps=self.chunk_steps,
-                                      on_chunk=self.chunk_clock and self.chunk_clock.wake,
-                                      action_dim=self.model_io.action_dim,
-                                      model_reads_state=self.model_io.uses_state,
-                                      writes_reasoning=self.model_io.writes_reasoning,
-                                      paused=self._worker_paused)
-                         for robot, settings in config.robots.items()]
+        self.channels = []
+        try:
+            for robot, settings in config.robots.items():
+                self.channels.append(RobotChannel(
+                    node, robot, settings, wakeup=wakeup, on_instruction=self._on_instruction,
+                    on_enable=self._on_enable, on_reset=self._on_reset,
+                    chunk_steps=self.chunk_steps,
+                    on_chunk=self.chunk_clock and self.chunk_clock.wake,
+                    action_dim=self.model_io.action_dim,
+                    model_reads_state=self.model_io.uses_state,
+                    writes_reasoning=self.model_io.writes_reasoning,
+                    paused=self._worker_paused))
+        except Exception:    # a robot that cannot be served leaves no topic of the others
+            for channel in self.channels:
+                channel.destroy()
+            raise
         for channel in self.channels:
             channel.is_active = is_active
             if not is_active:       # /diagnostics must not say "publishing actions" meanwhile
