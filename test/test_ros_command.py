@@ -422,6 +422,26 @@ def test_stats_lifetime_acceptance_counters_outlive_the_window():
     assert snap['verify_steps'] == 15 and snap['accepted_tokens'] == 70
 
 
+def test_latency_acceptance_and_stages_are_read_over_the_window_only():
+    """A robot that has held for an hour shows no latency, acceptance or stage times in
+    /diagnostics, not the last ones it had (they fed the Servo timeout check too); the
+    lifetime counters stay."""
+    stats = InferenceStats(window_s=10.0)
+    stats.record_action(0.0, latency_s=0.9, accepted_lengths=[3],
+                        stages=dict.fromkeys(FRAME_STAGES, 0.1))
+    stats.record_chunk_step(published=True, num_skipped=0, lateness_s=0.05)
+    snap = stats.snapshot(5.0)
+    assert snap['latency_p99_ms'] == pytest.approx(900.0)
+    assert snap['acceptance_length'] == pytest.approx(3.0)
+    assert snap['steps_p50_ms'] == pytest.approx(100.0)
+    import time
+    later = stats.snapshot(time.monotonic() + 3600.0)
+    for key in ('latency_p50_ms', 'latency_p99_ms', 'acceptance_length', 'steps_p99_ms',
+                'step_late_p99_ms'):
+        assert math.isnan(later[key]), key
+    assert later['actions_published'] == 1 and later['verify_steps'] == 1
+
+
 def test_frame_stages_split_a_frames_latency_and_sum_to_it():
     # receipt 10.000, taken 10.004, converted 10.005; the engine: 30 ms from submit to
     # decided of which 24 ms from admission; published at 10.037.

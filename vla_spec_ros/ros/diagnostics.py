@@ -70,9 +70,12 @@ class InferenceStats:
         self._lock = threading.Lock()
         self._window_s = window_s
         self._publish_times: deque = deque(maxlen=max_samples)   # monotonic seconds
-        self._latencies: deque = deque(maxlen=max_samples)       # seconds
-        self._accepted: deque = deque(maxlen=max_samples)        # tokens per verify step
-        # Where each published frame's time went (FRAME_STAGES, seconds), one dict per frame.
+        # (monotonic time, value) of the last `max_samples` published actions, read over the
+        # last `window_s` only (a robot that held for an hour shows no latency, not the last
+        # one it had): receipt -> publish latency (s), tokens per verify step, and where each
+        # published frame's time went (FRAME_STAGES, seconds, one dict per frame).
+        self._latencies: deque = deque(maxlen=max_samples)
+        self._accepted: deque = deque(maxlen=max_samples)
         self._stages: deque = deque(maxlen=max_samples)
         # Monotonic seconds of each received and each dropped frame, and (time, image age) of
         # each published action, over the last `window_s` (pruned as they are appended).
@@ -99,7 +102,7 @@ class InferenceStats:
         self.num_chunks_replaced = 0
         self.num_chunk_run_outs = 0
         self.num_chunks_refused = 0
-        self._step_lateness: deque = deque(maxlen=max_samples)
+        self._step_lateness: deque = deque(maxlen=max_samples)   # (time, seconds late)
         # Jumps back of the node clock this robot recovered from (clock_jumps.py).
         self.num_clock_jumps = 0
         self.hold_reason: str | None = None
@@ -148,10 +151,10 @@ class InferenceStats:
             self._publish_times.append(now_s)
             if age_s is not None:
                 self._push(self._action_ages, now_s, (now_s, age_s))
-            self._latencies.append(latency_s)
+            self._latencies.append((now_s, latency_s))
             if stages is not None:
-                self._stages.append(stages)
-            self._accepted.extend(float(a) for a in accepted_lengths)
+                self._stages.append((now_s, stages))
+            self._accepted.extend((now_s, float(a)) for a in accepted_lengths)
             self.num_verify_steps += len(accepted_lengths)
             self.num_accepted_tokens += int(sum(accepted_lengths))
             self.hold_reason = None
@@ -169,7 +172,7 @@ class InferenceStats:
             self.num_chunk_steps_published += int(published)
             self.num_chunk_steps_skipped += num_skipped
             if published and lateness_s is not None:
-                self._step_lateness.append(lateness_s)
+                self._step_lateness.append((time.monotonic(), lateness_s))
 
     def record_chunk_run_out(self, num_skipped: int = 0) -> None:
         """The newest chunk ran out (a zero twist follows, recorded by record_hold)."""
@@ -205,15 +208,17 @@ class InferenceStats:
 
     def snapshot(self, now_s: float) -> dict:
         """Counters plus windowed rates; latencies in ms. Window = the last `window_s`."""
+        def windowed(samples):
+            return [value for t, value in samples if now_s - t <= self._window_s]
         with self._lock:
             recent = [t for t in self._publish_times if now_s - t <= self._window_s]
-            latencies = list(self._latencies)
-            accepted = list(self._accepted)
-            stages = list(self._stages)
+            latencies = windowed(self._latencies)
+            accepted = windowed(self._accepted)
+            stages = windowed(self._stages)
             in_window = [sum(1 for t in events if now_s - t <= self._window_s)
                          for events in (self._received_times, self._dropped_times)]
             ages = [age for t, age in self._action_ages if now_s - t <= self._window_s]
-            lateness = list(self._step_lateness)
+            lateness = windowed(self._step_lateness)
             snap = {
                 'frames_received': self.num_frames_received,
                 'frames_submitted': self.num_frames_submitted,
