@@ -20,7 +20,8 @@ Float64MultiArray); `servo_node:=/servo_node` makes the node keep Servo's contra
 Empty model / draft / unnorm_key / mode / restrict_to_action_tokens / servo_node /
 tool_pose_topic arguments keep the values of `params_file` (config/robot.yaml by default).
 Several robots on one node: `params_file:=<share>/config/two_robots.yaml` (its own `robots`
-list and per-robot values).
+list and per-robot values); the topic arguments then do not apply (the robots' topics are
+`<robot>/image`, `<robot>/twist`, ...: the launch says so), remap those or use fleet.launch.py.
 `lifecycle:=true` starts the managed node instead.
 
 `launch` and `launch_ros` are imported inside `generate_launch_description` only, so this
@@ -96,14 +97,47 @@ def _parameter_value(name: str, text: str):
     return flag == 'true'
 
 
+def params_file_robots(path: str) -> list:
+    """The `robots` a parameter file gives its node (any node key's ros__parameters), or
+    [] (none, or a file that cannot be read here: the node reports that itself)."""
+    try:
+        import yaml
+        with open(path, encoding='utf-8') as handle:
+            document = yaml.safe_load(handle) or {}
+    except (ImportError, OSError, ValueError):
+        return []
+    for section in document.values() if isinstance(document, dict) else ():
+        robots = (section or {}).get('ros__parameters', {}).get('robots') \
+            if isinstance(section, dict) else None
+        if robots:
+            return list(robots)
+    return []
+
+
 def node_options(values: dict) -> dict:
-    """Argument values (strings) -> name, namespace, parameters and remappings of the node."""
+    """Argument values (strings) -> name, namespace, parameters and remappings of the node.
+    A params_file serving several robots gets no remapping: the topic arguments name the
+    single robot's topics (~/twist, ...), which such a node does not have (launch_notes)."""
     overrides = {name: _parameter_value(name, values[name]) for name in PARAMETER_ARGUMENTS
                  if values.get(name)}
     parameters = [values['params_file']] + ([overrides] if overrides else [])
-    remappings = [(own, values[arg]) for arg, own in REMAPPINGS if values.get(arg)]
+    remappings = [] if params_file_robots(values['params_file']) else [
+        (own, values[arg]) for arg, own in REMAPPINGS if values.get(arg)]
     return {'name': values['node_name'], 'namespace': values['namespace'],
             'parameters': parameters, 'remappings': remappings}
+
+
+def launch_notes(values: dict) -> list:
+    """What the launch says before the node starts: with a params_file serving several
+    robots, that the topic arguments do not apply and which topics the robots have."""
+    robots = params_file_robots(values['params_file'])
+    if not robots:
+        return []
+    topics = ', '.join(f'{r}/image, {r}/twist' for r in robots)
+    return [f'params_file serves robots {robots}: the topic arguments ('
+            + ', '.join(arg for arg, _ in REMAPPINGS) + f') do not apply; its topics are '
+            f'{topics}, ... (relative to the node\'s namespace): remap those (--ros-args -r '
+            f'{robots[0]}/twist:=...), or use fleet.launch.py']
 
 
 def executable(values: dict) -> str:
@@ -118,10 +152,13 @@ def _launch_node(context, *args, **kwargs):
     from launch.substitutions import LaunchConfiguration
     from launch_ros.actions import Node
 
+    from launch.actions import LogInfo
+
     values = {name: LaunchConfiguration(name).perform(context) for name, _, _ in ARGUMENTS}
     options = node_options(values)
-    return [Node(package='vla_spec_ros', executable=executable(values), output='screen',
-                 emulate_tty=True, **options)]
+    return [LogInfo(msg=note) for note in launch_notes(values)] + [
+        Node(package='vla_spec_ros', executable=executable(values), output='screen',
+             emulate_tty=True, **options)]
 
 
 def generate_launch_description():

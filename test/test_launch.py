@@ -111,6 +111,24 @@ def _spin_until(node, future, timeout=TIMEOUT):
     return future.result()
 
 
+def test_a_params_file_serving_several_robots_gets_no_single_robot_remaps_and_a_note():
+    """robot.launch.py with config/two_robots.yaml: the topic arguments (~/twist -> Servo's
+    topic, ...) name topics this node does not have (<robot>/twist, ...). Before, they were
+    passed anyway and nothing said so (the twists went to /left_arm/twist, no robot moved);
+    now none is passed and the launch says which topics the robots have."""
+    module = load_launch_module()
+    two = str(ROOT / 'config' / 'two_robots.yaml')
+    assert module.params_file_robots(two) == ['left_arm', 'right_arm']
+    options = module.node_options(default_values(module, params_file=two))
+    assert options['remappings'] == []
+    (note,) = module.launch_notes(default_values(module, params_file=two))
+    assert "serves robots ['left_arm', 'right_arm']" in note and 'left_arm/twist' in note
+    assert 'twist_topic' in note and 'fleet.launch.py' in note
+    one = default_values(module)
+    assert module.launch_notes(one) == [] and module.node_options(one)['remappings']
+    assert module.params_file_robots('/no/such/file.yaml') == []
+
+
 @pytest.mark.skipif(not HAS_TORCH, reason='the node loads the tiny model (needs torch)')
 def test_yaml_loaded_through_the_node_params_file(probe):
     import yaml
