@@ -49,15 +49,20 @@ class _Goal:
         self.command = SimpleNamespace(position=None, max_effort=None)
 
 
-def _output():
-    """A GripperActionOutput on the fake client (the real constructor, then its client and
-    action type replaced: control_msgs need not be installed)."""
-    from vla_spec_ros.ros.gripper_action import GripperActionOutput
+def _output(monkeypatch):
+    """A GripperActionOutput on the fake client: the real constructor, as where control_msgs
+    is missing (whether it is installed or not), then the fake client and action type."""
+    from vla_spec_ros.ros import gripper_action
 
+    def missing(kind):
+        raise ImportError('control_msgs (not used by these tests)')
+    monkeypatch.setattr(gripper_action, '_action_type', missing)
     warnings = []
     node = SimpleNamespace(get_logger=lambda: SimpleNamespace(
         warning=lambda text, **kwargs: warnings.append(text)))
-    output = GripperActionOutput(node, '/gripper_cmd', 'gripper_command', 'robot')
+    output = gripper_action.GripperActionOutput(node, '/gripper_cmd', 'gripper_command',
+                                                'robot')
+    assert output.client is None
     output.client = _Client()
     output._type = SimpleNamespace(Goal=_Goal, __name__='GripperCommand')
     warnings.clear()
@@ -75,9 +80,10 @@ def _accept(future, status):
     result.finish()
 
 
-def test_a_goal_is_sent_when_the_position_changes_and_its_fate_is_reported():
+def test_a_goal_is_sent_when_the_position_changes_and_its_fate_is_reported(
+        monkeypatch):
     from action_msgs.msg import GoalStatus
-    output, warnings = _output()
+    output, warnings = _output(monkeypatch)
     output.send(0.04, SETTINGS)
     output.send(0.04, SETTINGS)
     assert len(output.client.goals) == 1
@@ -90,11 +96,12 @@ def test_a_goal_is_sent_when_the_position_changes_and_its_fate_is_reported():
 
 
 @pytest.mark.parametrize('fate', ['rejected', 'aborted', 'lost'])
-def test_a_goal_that_did_not_do_its_work_is_sent_again_with_the_next_command(fate):
+def test_a_goal_that_did_not_do_its_work_is_sent_again_with_the_next_command(
+        fate, monkeypatch):
     """Before, the position was remembered as sent whatever happened to the goal, so a
     rejected, aborted or lost goal was never sent again while the model asked for it."""
     from action_msgs.msg import GoalStatus
-    output, warnings = _output()
+    output, warnings = _output(monkeypatch)
     output.send(0.0, SETTINGS)
     _, future = output.client.goals[0]
     if fate == 'rejected':
@@ -112,9 +119,9 @@ def test_a_goal_that_did_not_do_its_work_is_sent_again_with_the_next_command(fat
     assert len(output.client.goals) == 2
 
 
-def test_a_server_that_went_away_gets_the_goal_again_when_it_is_back():
+def test_a_server_that_went_away_gets_the_goal_again_when_it_is_back(monkeypatch):
     from action_msgs.msg import GoalStatus
-    output, _ = _output()
+    output, _ = _output(monkeypatch)
     output.send(0.0, SETTINGS)
     _accept(output.client.goals[0][1], GoalStatus.STATUS_SUCCEEDED)
     output.client.ready = False                     # killed: the command finds it missing
@@ -125,12 +132,12 @@ def test_a_server_that_went_away_gets_the_goal_again_when_it_is_back():
     assert len(output.client.goals) == 2
 
 
-def test_after_a_hold_the_next_goal_goes_out_whatever_the_last_one_was():
+def test_after_a_hold_the_next_goal_goes_out_whatever_the_last_one_was(monkeypatch):
     from action_msgs.msg import GoalStatus
     from diagnostic_msgs.msg import DiagnosticStatus
     from vla_spec_ros.ros.gripper_output import GripperOutput
 
-    output, _ = _output()
+    output, _ = _output(monkeypatch)
     gripper = GripperOutput.__new__(GripperOutput)
     gripper.action_client = output
     output.send(0.04, SETTINGS)
