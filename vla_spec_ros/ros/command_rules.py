@@ -33,7 +33,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from vla_spec_ros.motion import clamp_norm, rotation_vector_from_rpy
-from vla_spec_ros.ros.message_time import stamp_at
+from vla_spec_ros.ros.message_time import stamp_at, stamp_ns
 from vla_spec_ros.ros.params import NodeSettings
 
 ACTION_DIM = 7
@@ -213,13 +213,7 @@ def command_stamp(info, settings: NodeSettings):
         return info.stamp
     # Compared in whole nanoseconds: an arrival in the same nanosecond as the stamp (one
     # simulated clock tick) keeps the image's own stamp.
-    if _nanoseconds(info.stamp) <= _nanoseconds(arrival):
-        return info.stamp
-    return arrival
-
-
-def _nanoseconds(stamp) -> int:
-    return stamp.sec * 1_000_000_000 + stamp.nanosec
+    return info.stamp if stamp_ns(info.stamp) <= stamp_ns(arrival) else arrival
 
 
 def observation_age(now_s: float, stamp_s: float, receipt_s: float,

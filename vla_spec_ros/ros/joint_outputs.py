@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import threading
 
-from vla_spec_ros.ros.message_time import point_due, set_duration
+from vla_spec_ros.ros.message_time import SentTrajectory, set_duration
 from vla_spec_ros.ros.output_adapter import OutputAdapter
 from vla_spec_ros.ros.qos import COMMAND_QOS
 
@@ -103,40 +103,34 @@ class JointTrajectoryOutput(OutputAdapter):
         self.pub = node.create_publisher(JointTrajectory, prefix + 'joint_trajectory',
                                          COMMAND_QOS)
         self._lock = threading.Lock()
-        # The last trajectory sent: (its stamp in node-clock seconds, its period, its targets,
-        # whether it is a hold's).
-        self._running: tuple[float, float, tuple, bool] | None = None
+        self._sent: SentTrajectory | None = None     # the last trajectory sent
 
     def _send(self, targets, settings, *, is_hold: bool = False) -> None:
         """Publish `targets` from now; it becomes the running trajectory, except that a
         hold while a hold's trajectory runs keeps that one's window (repeated holds do not
         stretch it: once it ends, the robot is left alone)."""
         now = self.node.get_clock().now()
+        now_s = now.nanoseconds * 1e-9
         with self._lock:
-            if not (is_hold and self._running is not None and self._running[3]
-                    and self._target_now_locked(now.nanoseconds * 1e-9) is not None):
-                self._running = (now.nanoseconds * 1e-9, settings.control_period,
-                                 tuple(tuple(t) for t in targets), is_hold)
+            sent = self._sent
+            if not (is_hold and sent is not None and sent.is_hold
+                    and sent.target_at(now_s) is not None):
+                self._sent = SentTrajectory(now_s, settings.control_period,
+                                            tuple(tuple(t) for t in targets), is_hold)
         self.pub.publish(joint_trajectory_message(settings.joint_names, targets, now.to_msg(),
                                                   settings.control_period))
 
     def forget(self) -> None:
         with self._lock:
-            self._running = None
+            self._sent = None
 
     def _target_now(self) -> tuple | None:
-        """The point the last trajectory sent is approaching now (point k is due (k + 1)
-        periods after its stamp), or None once it has ended (or before any, or when it was
-        sent on a time line the clock has since left)."""
+        """The point the last trajectory sent is approaching now, or None once it has ended
+        (or before any, or when it was sent on a time line the clock has since left)."""
         with self._lock:
-            return self._target_now_locked(self.node.get_clock().now().nanoseconds * 1e-9)
-
-    def _target_now_locked(self, now_s: float) -> tuple | None:
-        if self._running is None:
-            return None
-        start_s, period_s, targets, _ = self._running
-        index = point_due(start_s, period_s, len(targets), now_s)
-        return None if index is None else targets[index]
+            sent = self._sent
+        return None if sent is None else sent.target_at(
+            self.node.get_clock().now().nanoseconds * 1e-9)
 
     def publish_command(self, command, stamp, settings, prepared=None) -> None:
         self._send([command.joints], settings)

@@ -3,10 +3,17 @@ stamp): the stamps of a chunk's steps, a command stamped at its image's arrival,
 time_from_start of trajectory points."""
 from __future__ import annotations
 
+from dataclasses import dataclass
+
+
+def stamp_ns(stamp) -> int:
+    """builtin_interfaces/Time `stamp` in whole nanoseconds."""
+    return stamp.sec * 1_000_000_000 + stamp.nanosec
+
 
 def offset_stamp(stamp, seconds: float):
     """builtin_interfaces/Time `stamp` + `seconds` (>= 0), in whole nanoseconds."""
-    total = stamp.sec * 1_000_000_000 + stamp.nanosec + round(seconds * 1e9)
+    total = stamp_ns(stamp) + round(seconds * 1e9)
     return type(stamp)(sec=total // 1_000_000_000, nanosec=total % 1_000_000_000)
 
 
@@ -27,6 +34,22 @@ def point_due(start_s: float, period_s: float, num_points: int, now_s: float) ->
     return min(num_points - 1, int(elapsed // period_s))
 
 
+@dataclass(frozen=True)
+class SentTrajectory:
+    """A trajectory an output sent (stamped `start_s`, node-clock seconds; point k due
+    (k + 1) * `period_s` later), kept for the stop of a hold: `target_at(now_s)` is the point
+    it approaches then (the joint and the Cartesian stops). `is_hold`: sent by a hold."""
+
+    start_s: float
+    period_s: float
+    targets: tuple
+    is_hold: bool = False
+
+    def target_at(self, now_s: float):
+        index = point_due(self.start_s, self.period_s, len(self.targets), now_s)
+        return None if index is None else self.targets[index]
+
+
 def set_duration(duration, seconds: float) -> None:
     """Writes `seconds` (>= 0) into a builtin_interfaces/Duration, in whole nanoseconds."""
     nanoseconds = round(seconds * 1e9)
@@ -34,4 +57,5 @@ def set_duration(duration, seconds: float) -> None:
     duration.nanosec = nanoseconds % 1_000_000_000
 
 
-__all__ = ['offset_stamp', 'stamp_at', 'point_due', 'set_duration']
+__all__ = ['stamp_ns', 'offset_stamp', 'stamp_at', 'point_due', 'SentTrajectory',
+           'set_duration']

@@ -35,7 +35,7 @@ from __future__ import annotations
 
 from geometry_msgs.msg import PoseStamped
 
-from vla_spec_ros.ros.message_time import point_due, set_duration
+from vla_spec_ros.ros.message_time import SentTrajectory, set_duration, stamp_ns
 from vla_spec_ros.ros.output_adapter import OutputAdapter
 from vla_spec_ros.ros.pose_math import Pose, apply_step, integrate_steps, point_times
 from vla_spec_ros.ros.qos import COMMAND_QOS
@@ -95,8 +95,7 @@ class PoseTargetOutput(OutputAdapter):
         self.pose_pub = node.create_publisher(PoseStamped, prefix + 'pose_target', COMMAND_QOS)
         self.trajectory_pub = None
         self._trajectory_live = False
-        # The last pose trajectory sent: (its stamp in seconds, its period, its targets).
-        self._running: tuple[float, float, list] | None = None
+        self._sent: SentTrajectory | None = None        # the last pose trajectory sent
         self._chunk_targets: dict[int, tuple] = {}      # id(chunk) -> (chunk, targets)
         if is_chunked:
             try:
@@ -136,8 +135,8 @@ class PoseTargetOutput(OutputAdapter):
                 targets, chunk.stamp, self.source.frame_id, settings.tool_frame,
                 settings.control_period))
             self._trajectory_live = True
-            self._running = (chunk.stamp.sec + 1e-9 * chunk.stamp.nanosec,
-                             settings.control_period, targets)
+            self._sent = SentTrajectory(stamp_ns(chunk.stamp) * 1e-9, settings.control_period,
+                                        tuple(targets))
 
     def publish_step(self, chunk, index: int, command, stamp, settings) -> None:
         """Step `index` of a chunk kept by `publish_chunk`: its absolute target (that
@@ -157,28 +156,18 @@ class PoseTargetOutput(OutputAdapter):
             return
         now_s = self.node.get_clock().now().nanoseconds * 1e-9
         pose = self.source.newest(now_s, settings.max_action_age)
-        if pose is None:
-            pose = self._target_now(now_s)
+        if pose is None and self._sent is not None:
+            pose = self._sent.target_at(now_s)
         self._trajectory_live = False
         if pose is not None:
             self.trajectory_pub.publish(trajectory_message([pose], stamp, self.source.frame_id,
                                                            settings.tool_frame,
                                                            settings.control_period))
 
-    def _target_now(self, now_s: float) -> Pose | None:
-        """The point the last pose trajectory approaches at `now_s` (point i is due (i + 1)
-        periods after its stamp), or None once it has ended (or when it was sent on a time
-        line the clock has since left)."""
-        if self._running is None:
-            return None
-        start_s, period_s, targets = self._running
-        index = point_due(start_s, period_s, len(targets), now_s)
-        return None if index is None else targets[index]
-
     def forget(self) -> None:
         """The node clock went back: the trajectory sent and the poses measured are of the
         old time line."""
-        self._running, self._trajectory_live = None, False
+        self._sent, self._trajectory_live = None, False
         self.source.forget()
 
     def destroy(self) -> None:

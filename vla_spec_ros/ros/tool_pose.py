@@ -66,7 +66,8 @@ class ToolPoseSource:
     def at(self, stamp_s: float, max_gap_s: float) -> tuple[Pose | None, str | None]:
         """(the tool pose at the image time, None) or (None, the reason to hold)."""
         if self._tf_buffer is not None:
-            return self._lookup_tf(stamp_s, max_gap_s)
+            pose, _, why = self._lookup_tf(stamp_s)
+            return pose, why
         with self._lock:
             pose, why = self.history.at(stamp_s, max_gap_s)
         return pose, None if pose is not None else f'{REASON_NO_TOOL_POSE}: {why}'
@@ -76,18 +77,10 @@ class ToolPoseSource:
         seconds; a stop's target: an older one is not where the tool is), else None.
         TF's latest transform counts as fresh when it is static (stamp zero)."""
         if self._tf_buffer is not None:
-            from rclpy.time import Time
-            try:
-                transform = self._tf_buffer.lookup_transform(self.frame_id, self._tool_frame,
-                                                             Time())
-            except Exception:      # tf2's LookupException, ExtrapolationException, ...
+            pose, stamp_s, _ = self._lookup_tf(None)         # TF's latest transform
+            if pose is None or (stamp_s > 0.0 and abs(now_s - stamp_s) > max_age_s):
                 return None
-            stamp = transform.header.stamp
-            stamp_s = stamp.sec + 1e-9 * stamp.nanosec
-            if stamp_s > 0.0 and abs(now_s - stamp_s) > max_age_s:
-                return None
-            t, r = transform.transform.translation, transform.transform.rotation
-            return Pose((t.x, t.y, t.z), (r.x, r.y, r.z, r.w))
+            return pose
         with self._lock:
             newest = self.history.newest
         if newest is None or abs(now_s - newest[0]) > max_age_s:
@@ -100,7 +93,9 @@ class ToolPoseSource:
         with self._lock:
             self.history.clear()
 
-    def _lookup_tf(self, stamp_s: float | None, max_gap_s: float):
+    def _lookup_tf(self, stamp_s: float | None):
+        """(the tool pose, its transform's stamp in seconds, None) at `stamp_s` (None: TF's
+        latest), or (None, nan, the reason to hold)."""
         from rclpy.time import Time
 
         when = Time() if stamp_s is None else Time(nanoseconds=round(stamp_s * 1e9))
@@ -108,9 +103,12 @@ class ToolPoseSource:
             transform = self._tf_buffer.lookup_transform(
                 self.frame_id, self._tool_frame, when)
         except Exception as exc:       # tf2's LookupException, ExtrapolationException, ...
-            return None, f'{REASON_NO_TOOL_POSE}: TF {self.frame_id} -> {self._tool_frame}: {exc}'
+            return None, float('nan'), (f'{REASON_NO_TOOL_POSE}: TF {self.frame_id} -> '
+                                        f'{self._tool_frame}: {exc}')
         t, r = transform.transform.translation, transform.transform.rotation
-        return Pose((t.x, t.y, t.z), (r.x, r.y, r.z, r.w)), None
+        stamp = transform.header.stamp
+        return (Pose((t.x, t.y, t.z), (r.x, r.y, r.z, r.w)),
+                stamp.sec + 1e-9 * stamp.nanosec, None)
 
     def destroy(self) -> None:
         if self._subscription is not None:
