@@ -71,7 +71,6 @@ class ChunkExecution:
         self.schedule = chunks.ChunkSchedule()
         self._lock = threading.RLock()            # schedule + the steps' publishing order
         self._on_chunk = on_chunk
-        self._step_went_out = False               # (under the lock) the last step's fate
 
     def clear(self) -> bool:
         """Forget the chunks; whether one still had steps to run (was moving the robot)."""
@@ -126,9 +125,8 @@ class ChunkExecution:
                              'executed (camera clock stepped back?)', 'warning')
             return None
         robot.publish_chunk(chunk, decision.commands, settings, prepared)
-        self._step_went_out = False
-        self._publish_due(now, from_clock=False)
-        return replaced, self._step_went_out
+        _, went_out = self._publish_due(now, from_clock=False)
+        return replaced, went_out
 
     def _refuse(self, reason: str, settings, now_s: float) -> None:
         """A chunk that may not be kept. `invalid_chunk: continue`: one refused because it did
@@ -150,30 +148,33 @@ class ChunkExecution:
         """The step due at `now_s` (node clock), if any and not yet decided; returns when the
         next one is due (node clock seconds) or None. (Chunk clock thread.)"""
         with self._lock:
-            return self._publish_due(now_s, from_clock=True)
+            return self._publish_due(now_s, from_clock=True)[0]
 
-    def _publish_due(self, now_s: float, *, from_clock: bool) -> float | None:
+    def _publish_due(self, now_s: float, *, from_clock: bool) -> tuple[float | None, bool]:
+        """(When the next step is due, whether a step went out now.)"""
         robot = self.robot
         settings = robot.settings()
         if not (settings.enabled and robot.is_active()):
             self.schedule.clear()
-            return None
+            return None, False
         due = self.schedule.due(now_s, blend=settings.chunk_blend,
                                 decay=settings.chunk_ensemble_decay,
                                 max_age_s=settings.max_action_age,
-                                per_period_dims=6 if settings.action_space == 'ee_delta' else 0)
+                                per_period_dims=cmd.displacement_dims(settings))
+        went_out = False
         if isinstance(due, chunks.RunOut):
             robot.stats.record_chunk_run_out(due.num_skipped)
             robot.reject(f'{cmd.REASON_CHUNK_END}: the {due.chunk.num_steps} steps of the '
                          f'image at {due.chunk.start_s:.3f} s are done and no newer chunk '
                          'arrived')
         elif due is not None:
-            self._publish_step(due, settings, from_clock)
-        return self.schedule.next_wake_s()
+            went_out = self._publish_step(due, settings, from_clock)
+        return self.schedule.next_wake_s(), went_out
 
-    def _publish_step(self, due, settings, from_clock: bool) -> None:
+    def _publish_step(self, due, settings, from_clock: bool) -> bool:
         """A due step through its own safety decision (its age), then to the outputs; a
-        step that may not go out holds the robot and keeps the chunk (the next may be fine)."""
+        step that may not go out holds the robot and keeps the chunk (the next may be fine).
+        Whether it went out."""
         robot = self.robot
         # A step is a displacement over its chunk's period: its velocity is computed with
         # that period, not a control_period changed since the chunk arrived (the step grid
@@ -186,13 +187,13 @@ class ChunkExecution:
         if command.is_hold:
             robot.stats.record_chunk_step(published=False, num_skipped=due.num_skipped)
             robot.reject(command.hold_reason, keep_chunk=True)
-            return
+            return False
         stamp = offset_stamp(due.chunk.stamp, due.index * due.chunk.period_s)
-        self._step_went_out = bool(robot.publish_step(due.chunk, due.index, command, stamp,
-                                                      settings))
+        went_out = bool(robot.publish_step(due.chunk, due.index, command, stamp, settings))
         late = robot.now_s() - due.chunk.slot_start(due.index) if from_clock else None
         robot.stats.record_chunk_step(published=True, num_skipped=due.num_skipped,
                                       lateness_s=late)
+        return went_out
 
 
 __all__ = ['ChunkChannel', 'ChunkExecution']

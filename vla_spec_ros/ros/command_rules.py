@@ -99,6 +99,13 @@ def is_stale_reason(reason: str | None) -> bool:
     return reason_kind(reason) in (REASON_STALE, REASON_FUTURE)
 
 
+def displacement_dims(settings: NodeSettings) -> int:
+    """How many leading action values are a displacement over control_period (divided by it
+    to make a velocity: velocities_from_action): the six motion values of ee_delta; none of
+    the joint spaces' (velocities, or absolute positions)."""
+    return 6 if settings.action_space == 'ee_delta' else 0
+
+
 def velocities_from_action(action: np.ndarray, settings: NodeSettings) -> tuple[tuple, tuple]:
     """(7,) delta action -> (linear (3,), angular (3,)) velocities, scaled and clamped. The
     angular velocity is the rotation vector of the action's fixed-axis angles over the period
@@ -287,7 +294,7 @@ def decide_command(result, *, error: str | None, is_enabled: bool, age_s: float 
 
 
 __all__ = ['Command', 'zero_command', 'action_dims', 'check_action_dim', 'joint_values',
-           'reason_kind', 'is_stale_reason', 'velocities_from_action',
+           'reason_kind', 'is_stale_reason', 'displacement_dims', 'velocities_from_action',
            'gripper_position', 'command_from_action', 'observation_time', 'aged_from',
            'command_stamp', 'observation_age', 'freshness_reason', 'hold_reason_now',
            'decide_command', 'FAILURE_REASONS', 'ACTION_DIM', 'REASON_CHUNK_END',

@@ -162,7 +162,7 @@ class Serving:
         if is_active:
             for channel in self.channels:
                 channel.is_active = True
-                if channel.stats.snapshot(time.monotonic())['hold_reason'] == INACTIVE_REASON:
+                if channel.stats.hold_reason == INACTIVE_REASON:
                     channel.stats.set_hold_reason(ACTIVATED_REASON)
             return
         with self.worker.paused():
