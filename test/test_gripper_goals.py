@@ -7,6 +7,8 @@ from types import SimpleNamespace
 
 import pytest
 
+from fake_node import RecordingNode
+
 pytestmark = pytest.mark.skipif(
     any(importlib.util.find_spec(m) is None
         for m in ('rclpy', 'action_msgs', 'diagnostic_msgs')),
@@ -57,9 +59,8 @@ def _output(monkeypatch):
     def missing(kind):
         raise ImportError('control_msgs (not used by these tests)')
     monkeypatch.setattr(gripper_action, '_action_type', missing)
-    warnings = []
-    node = SimpleNamespace(get_logger=lambda: SimpleNamespace(
-        warning=lambda text, **kwargs: warnings.append(text)))
+    node = RecordingNode(0.0)
+    warnings = node.warnings
     output = gripper_action.GripperActionOutput(node, '/gripper_cmd', 'gripper_command',
                                                 'robot')
     assert output.client is None

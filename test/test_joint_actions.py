@@ -15,6 +15,7 @@ import pytest
 
 from vla_spec_ros.ros import command_rules as cmd
 from vla_spec_ros.ros import params
+from fake_node import RecordingNode
 from vla_spec_ros.ros.state_input import joint_positions, state_from_array
 
 JOINTS = ['j1', 'j2', 'j3']
@@ -164,33 +165,6 @@ def test_a_chunk_trajectory_is_one_jtc_accepts_with_its_first_point_one_period_a
 
 # ---- the joint-position hold (JointTrajectoryOutput.hold) ------------------------------------
 
-class _Clock:
-    def __init__(self, now_s):
-        self.now_s = now_s
-
-    def now(self):
-        from rclpy.time import Time
-        return Time(nanoseconds=round(self.now_s * 1e9))
-
-
-class _TrajectoryNode:
-    """What JointTrajectoryOutput uses of a node: a clock and a publisher that records."""
-
-    def __init__(self, now_s):
-        self.clock, self.sent = _Clock(now_s), []
-
-    def get_clock(self):
-        return self.clock
-
-    def create_publisher(self, msg_type, topic, qos):
-        node = self
-
-        class Publisher:
-            def publish(self, msg):
-                node.sent.append((node.clock.now_s, msg))
-        return Publisher()
-
-
 def _chunk_targets(num_steps):
     return [(0.1 * (k + 1), -0.1 * (k + 1), 0.0) for k in range(num_steps)]
 
@@ -208,7 +182,7 @@ def test_a_hold_without_a_measured_state_stops_at_the_point_due_not_at_the_chunk
 
     period, start = 0.2, 1000.0
     settings = SimpleNamespace(joint_names=JOINTS, control_period=period)
-    node = _TrajectoryNode(start)
+    node = RecordingNode(start)
     output = JointTrajectoryOutput(node, '~/', lambda s: None)
     commands = [SimpleNamespace(joints=t) for t in _chunk_targets(8)]
     chunk = SimpleNamespace(step_at=lambda now_s: 0)
@@ -233,7 +207,7 @@ def test_a_hold_after_the_trajectory_ended_sends_nothing_without_a_measured_stat
 
     period, start = 0.2, 1000.0
     settings = SimpleNamespace(joint_names=JOINTS, control_period=period)
-    node, measured = _TrajectoryNode(start), {'positions': None}
+    node, measured = RecordingNode(start), {'positions': None}
     output = JointTrajectoryOutput(node, '~/', lambda s: measured['positions'])
     output.hold(None, settings)
     assert node.sent == []                                  # nothing sent yet: nothing
@@ -250,11 +224,6 @@ def test_a_hold_after_the_trajectory_ended_sends_nothing_without_a_measured_stat
                                                                                    0.0)
 
 
-class _StateNode(_TrajectoryNode):
-    def create_subscription(self, msg_type, topic, callback, qos):
-        self.callback = callback
-
-
 @pytest.mark.skipif(not HAS_TRAJECTORY_MSGS, reason='needs the ROS message wheels')
 def test_the_measured_positions_must_be_within_max_state_age_either_side_and_a_jump_forgets():
     """current_positions (the joint-position hold's target): a state stamped further ahead
@@ -268,7 +237,7 @@ def test_the_measured_positions_must_be_within_max_state_age_either_side_and_a_j
     from vla_spec_ros.ros.state_input import JointStateInput
 
     s = settings(action_space='joint_position', max_state_age=0.5)
-    node = _StateNode(1000.0)
+    node = RecordingNode(1000.0)
     state = JointStateInput(node, '~/', lambda: s)
 
     def _joint_state(at_s, positions):
@@ -276,14 +245,14 @@ def test_the_measured_positions_must_be_within_max_state_age_either_side_and_a_j
         msg.header.stamp = stamp_at(Time(), at_s)
         return msg
 
-    node.callback(_joint_state(1000.3, (0.1, 0.2, 0.3)))        # 0.3 s ahead: fine
+    node.on('joint_states')(_joint_state(1000.3, (0.1, 0.2, 0.3)))        # 0.3 s ahead: fine
     assert state.current_positions(s) == (0.1, 0.2, 0.3)
-    node.callback(_joint_state(1030.0, (0.4, 0.5, 0.6)))        # 30 s ahead: not fresh
+    node.on('joint_states')(_joint_state(1030.0, (0.4, 0.5, 0.6)))        # 30 s ahead: not fresh
     assert state.current_positions(s) is None
-    node.callback(_joint_state(1000.0, (0.7, 0.8, 0.9)))
+    node.on('joint_states')(_joint_state(1000.0, (0.7, 0.8, 0.9)))
     velocities_only = JointState(name=JOINTS, velocity=[1.0, 1.0, 1.0])
     velocities_only.header.stamp = stamp_at(Time(), 1000.1)
-    node.callback(velocities_only)
+    node.on('joint_states')(velocities_only)
     assert state.current_positions(s) == (0.7, 0.8, 0.9)
     state.forget()
     assert state.current_positions(s) is None
@@ -302,7 +271,7 @@ def test_repeated_holds_do_not_stretch_the_stop_and_a_clock_jump_forgets_the_tra
 
     period, start = 0.2, 1000.0
     settings = SimpleNamespace(joint_names=JOINTS, control_period=period)
-    node = _TrajectoryNode(start)
+    node = RecordingNode(start)
     output = JointTrajectoryOutput(node, '~/', lambda s: None)
     output.publish_chunk(SimpleNamespace(step_at=lambda now_s: 0),
                          [SimpleNamespace(joints=t) for t in _chunk_targets(8)], settings)

@@ -9,6 +9,8 @@ from types import SimpleNamespace
 
 import pytest
 
+from fake_node import RecordingNode
+
 HAS_MSGS = all(importlib.util.find_spec(m) is not None
                for m in ('geometry_msgs', 'trajectory_msgs', 'rclpy'))
 pytestmark = pytest.mark.skipif(not HAS_MSGS,
@@ -17,40 +19,8 @@ pytestmark = pytest.mark.skipif(not HAS_MSGS,
 P, K = 0.2, 4
 
 
-class _Clock:
-    def __init__(self, now_s):
-        self.now_s = now_s
-
-    def now(self):
-        from rclpy.time import Time
-        return Time(nanoseconds=round(self.now_s * 1e9))
-
-
-class _Node:
-    """What PoseTargetOutput and ToolPoseSource use of a node, recording what is published."""
-
-    def __init__(self, now_s):
-        self.clock, self.published, self.pose_callback = _Clock(now_s), [], None
-
-    def get_clock(self):
-        return self.clock
-
-    def get_logger(self):
-        return SimpleNamespace(warning=lambda *a, **k: None)
-
-    def create_subscription(self, msg_type, topic, callback, qos):
-        self.pose_callback = callback
-
-    def create_publisher(self, msg_type, topic, qos):
-        node = self
-
-        class Publisher:
-            def publish(self, msg):
-                node.published.append((topic, msg))
-        return Publisher()
-
-    def trajectories(self):
-        return [m for topic, m in self.published if topic.endswith('pose_trajectory')]
+def _trajectories(node):
+    return [m for topic, m in node.published if topic.endswith('pose_trajectory')]
 
 
 def _settings(**changes):
@@ -69,7 +39,7 @@ def _give_pose(node, x, at_s):
     msg.header.stamp = stamp_at(Time(), at_s)
     msg.header.frame_id = 'base_link'
     msg.pose.position.x, msg.pose.orientation.w = x, 1.0
-    node.pose_callback(msg)
+    node.on('/tool_pose')(msg)
 
 
 def _output_with_a_running_chunk():
@@ -80,7 +50,7 @@ def _output_with_a_running_chunk():
     from vla_spec_ros.ros.pose_output import PoseTargetOutput
 
     settings = _settings()
-    node = _Node(100.0)
+    node = RecordingNode(100.0)
     output = PoseTargetOutput(node, '~/', settings, 'robot', is_chunked=True)
     _give_pose(node, 0.0, 100.0)
     prepared, why = output.prepare(100.0, settings)
@@ -88,12 +58,12 @@ def _output_with_a_running_chunk():
     commands = [SimpleNamespace(linear=(0.1 / P, 0.0, 0.0), angular=(0.0, 0.0, 0.0))] * K
     chunk = SimpleNamespace(stamp=stamp_at(Time(), 100.0))
     output.publish_chunk(chunk, commands, settings, prepared)
-    assert len(node.trajectories()) == 1
+    assert len(_trajectories(node)) == 1
     return node, output, settings
 
 
 def _stop_x(node):
-    (point,) = node.trajectories()[-1].points
+    (point,) = _trajectories(node)[-1].points
     return point.transforms[0].translation.x
 
 
@@ -102,7 +72,7 @@ def test_the_stop_goes_to_the_tool_pose_measured_last_while_it_is_fresh():
     _give_pose(node, 0.15, 100.3)
     node.clock.now_s = 100.35
     output.hold(node.clock.now().to_msg(), settings)
-    assert len(node.trajectories()) == 2 and _stop_x(node) == pytest.approx(0.15)
+    assert len(_trajectories(node)) == 2 and _stop_x(node) == pytest.approx(0.15)
 
 
 def test_with_the_pose_topic_stalled_the_stop_is_the_point_due_not_the_old_pose():
@@ -112,14 +82,14 @@ def test_with_the_pose_topic_stalled_the_stop_is_the_point_due_not_the_old_pose(
     node, output, settings = _output_with_a_running_chunk()
     node.clock.now_s = 100.0 + 3.5 * P
     output.hold(node.clock.now().to_msg(), settings)
-    assert len(node.trajectories()) == 2 and _stop_x(node) == pytest.approx(0.4)
+    assert len(_trajectories(node)) == 2 and _stop_x(node) == pytest.approx(0.4)
 
 
 def test_after_the_trajectory_ended_a_stale_pose_sends_nothing():
     node, output, settings = _output_with_a_running_chunk()
     node.clock.now_s = 100.0 + K * P + 0.5          # ended, and the pose is 1.3 s old
     output.hold(node.clock.now().to_msg(), settings)
-    assert len(node.trajectories()) == 1
+    assert len(_trajectories(node)) == 1
 
 
 def test_after_a_clock_jump_back_no_target_of_the_old_time_line_is_a_stop():
@@ -129,9 +99,9 @@ def test_after_a_clock_jump_back_no_target_of_the_old_time_line_is_a_stop():
     node, output, settings = _output_with_a_running_chunk()
     node.clock.now_s = 5.0
     output.hold(node.clock.now().to_msg(), settings)
-    assert len(node.trajectories()) == 1
+    assert len(_trajectories(node)) == 1
     node, output, settings = _output_with_a_running_chunk()
     output.forget()
     node.clock.now_s = 100.1
     output.hold(node.clock.now().to_msg(), settings)
-    assert len(node.trajectories()) == 1
+    assert len(_trajectories(node)) == 1
