@@ -1,8 +1,9 @@
 """The draft after a miss (ActionCodec.draft_after_miss): one robot's consecutive control steps,
-model only, in process, spec mode with the model's default draft, the bound set to each value
-given (and 'none': no bound) against AR, interleaved over --rounds. Prints per-frame ms (p50,
-p99, mean), verifier forwards per frame and each row's p99 against the unbounded row's, and
-checks every row's tokens equal AR's.
+model only, in process, a speculative mode (--mode) with the model's default draft, the bound
+set to each value given ('none': no bound) against AR, interleaved over --rounds, back to
+back or one frame every 1 / --rate s. Prints per-frame ms (p50, p99, mean), verifier
+forwards per frame and each row's p99 against the unbounded row's, and checks every row's
+tokens equal AR's.
 
     python3 bench/draft_after_miss.py --model metaworld-demo-fast --bounds none,0,1,2,4 \
         --rounds 2 --out bench/results/draft_after_miss
@@ -28,6 +29,9 @@ def main(argv=None):
     parser.add_argument('--rounds', type=int, default=2)
     parser.add_argument('--seed', type=int, default=3000)
     parser.add_argument('--threads', type=int, default=1)
+    parser.add_argument('--mode', default='spec', choices=['spec', 'pipeline_spec'])
+    parser.add_argument('--rate', type=float, default=0.0,
+                        help='frames per second (0: back to back)')
     parser.add_argument('--out', default=None)
     args = parser.parse_args(argv)
 
@@ -43,17 +47,18 @@ def main(argv=None):
     torch.set_num_threads(args.threads)
     rows = {'ar': VLAPolicy.from_pretrained(args.model, mode='ar')}
     for text in args.bounds.split(','):
-        policy = VLAPolicy.from_pretrained(args.model, mode='spec')
+        policy = VLAPolicy.from_pretrained(args.model, mode=args.mode)
         policy.engine.strategy.draft_after_miss = None if text == 'none' else int(text)
-        rows[f'spec, bound {text}'] = policy
+        rows[f'{args.mode}, bound {text}'] = policy
     codec_value = rows[next(k for k in rows if k != 'ar')].engine.runner.codec.draft_after_miss
     unnorm_key = _resolve_unnorm_key(rows['ar'], None)
     frames = streaming.stream_frames(list(DEFAULT_TASK_NAMES), WARMUP_FRAMES + args.frames,
                                      rows['ar'].model_config.image_size, args.seed, unnorm_key)
     measured = {label: [] for label in rows}
+    period = 1.0 / args.rate if args.rate > 0 else 0.0
     for _ in range(args.rounds):
         for label, policy in rows.items():
-            measured[label] += run_frames(policy, frames, unnorm_key)
+            measured[label] += run_frames(policy, frames, unnorm_key, period)
     reference = [tokens for _, _, tokens in measured['ar']]
     base = next((k for k in rows if k.endswith('bound none')), None)
     base_p99 = np.percentile([m for m, _, _ in measured[base]], 99) if base else None
@@ -62,7 +67,8 @@ def main(argv=None):
     lines = [f'# The draft after a miss ({time.strftime("%Y-%m-%d %H:%M:%S")})', '',
              f'command: `{command}`', '',
              f'model {args.model}; the codec\'s own bound: {codec_value}; {args.frames} frames '
-             f'x {args.rounds} rounds (interleaved), seed {args.seed}, {args.threads} thread(s)',
+             f'x {args.rounds} rounds (interleaved), seed {args.seed}, {args.threads} thread(s), '
+             f'{f"{args.rate:g} frames/s" if period else "back to back"}',
              '', '| row | ms p50 | ms p99 | ms mean | forwards mean | forwards p99 | '
              'p99 vs unbounded | tokens = AR |', '|---|---|---|---|---|---|---|---|']
     for label, values in measured.items():
