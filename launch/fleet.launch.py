@@ -39,9 +39,14 @@ ARGUMENTS = (
 # A robot's topic -> the node's own (relative) name of it, `<robot>/<topic>`.
 # `velocity_trajectory` (and its former name `trajectory`): the whole chunk of a chunked model
 # (MultiDOFJointTrajectory, docs/chunks.md); `pose_target`, `pose_trajectory`: absolute targets
-# (pose_targets: true, docs/robot.md).
+# (pose_targets: true, docs/robot.md); `joint_states` / `state`: the state input
+# (state_input), `joint_jog` / `joint_trajectory`: the joint spaces' outputs (action_space,
+# docs/action_spaces.md); `reasoning`: a reasoning policy's text. A model with several image
+# slots also has `<slot>/image` and `<slot>/image/compressed` (image_slots).
 ROBOT_TOPICS = ('image', 'image/compressed', 'instruction', 'twist', 'gripper', 'action',
-                'trajectory', 'velocity_trajectory', 'pose_target', 'pose_trajectory')
+                'trajectory', 'velocity_trajectory', 'pose_target', 'pose_trajectory',
+                'joint_states', 'state', 'joint_jog', 'joint_trajectory', 'reasoning')
+SLOT_IMAGE_SUFFIXES = ('/image', '/image/compressed')
 FLEET_KEYS = ('namespace', 'params_file', 'respawn_delay', 'parameters', 'engines', 'robots')
 ENGINE_KEYS = ('device', 'robots', 'parameters')
 DEFAULT_RESPAWN_DELAY = 2.0
@@ -59,6 +64,13 @@ def _mapping(value, where: str) -> dict:
     if not isinstance(value, dict):
         raise ValueError(f'{where}: expected a mapping, got {value!r}')
     return value
+
+
+def _is_slot_image(topic) -> bool:
+    """`<slot>/image` or `<slot>/image/compressed`: an image slot's topic (image_slots)."""
+    return isinstance(topic, str) and any(
+        topic.endswith(suffix) and _is_name(topic[:-len(suffix)])
+        for suffix in SLOT_IMAGE_SUFFIXES)
 
 
 def _unknown(keys, known, where: str) -> None:
@@ -133,7 +145,8 @@ def check_fleet(data) -> dict:
             raise ValueError(f'{where}: no engine serves {robot} (served: {sorted(served)})')
         spec = dict(_mapping(spec, where))
         topics = _mapping(spec.pop('topics', None), f'{where}.topics')
-        _unknown(topics, ROBOT_TOPICS, f'{where}.topics')
+        _unknown([t for t in topics if not _is_slot_image(t)], ROBOT_TOPICS,
+                 f'{where}.topics')
         for topic, target in topics.items():
             if not (isinstance(target, str) and target.startswith('/')):
                 raise ValueError(f'{where}.topics.{topic}: expected an absolute topic name, '

@@ -65,6 +65,14 @@ ARGUMENTS = (
                                   'empty = ~/pose_trajectory'),
     ('gripper_topic', '/gripper_controller/commands',
      'Float64MultiArray gripper output (forward command controller)'),
+    ('joint_states_topic', '/joint_states', 'sensor_msgs/JointState state input (state_input: '
+                                            'joint_state; joint_state_broadcaster\'s topic)'),
+    ('state_topic', '', 'Float64MultiArray state input (state_input: array); empty = ~/state'),
+    ('joint_jog_topic', '/servo_node/delta_joint_cmds',
+     'control_msgs/JointJog output (action_space: joint_velocity; MoveIt Servo)'),
+    ('joint_trajectory_topic', '', 'trajectory_msgs/JointTrajectory output (action_space: '
+     'joint_position; e.g. /joint_trajectory_controller/joint_trajectory); empty = '
+     '~/joint_trajectory'),
     ('lifecycle', 'false', 'true: the managed node (starts unconfigured; `ros2 lifecycle set '
      '<node> configure` loads the model, `activate` starts acting)'),
 )
@@ -78,6 +86,10 @@ REMAPPINGS = (
     ('pose_target_topic', '~/pose_target'),
     ('pose_trajectory_topic', '~/pose_trajectory'),
     ('gripper_topic', '~/gripper'),
+    ('joint_states_topic', '~/joint_states'),
+    ('state_topic', '~/state'),
+    ('joint_jog_topic', '~/joint_jog'),
+    ('joint_trajectory_topic', '~/joint_trajectory'),
 )
 
 # Launch arguments that override a node parameter when non-empty.

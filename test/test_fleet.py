@@ -103,6 +103,8 @@ def test_fleet_file_mistakes_fail_before_any_engine_starts():
          'absolute'),
         ({'fleet': {'engines': {'e0': one}, 'robots': {'a': {'topics': {'cmd': '/x'}}}}},
          'cmd'),
+        ({'fleet': {'engines': {'e0': one}, 'robots': {'a': {'topics': {'1/image': '/x'}}}}},
+         '1/image'),
         ({'fleet': {'engines': {'e0': one}, 'namespace': 'bad ns'}}, 'namespace'),
         ({'fleet': {'engines': {'e0': one}, 'respawn_delay': -1}}, 'respawn_delay'),
     ]
@@ -114,6 +116,23 @@ def test_fleet_file_mistakes_fail_before_any_engine_starts():
     options = load_module().engine_options(fleet, 'e0')
     assert options['namespace'] == 'cell1'
     assert options['parameters'][1] == {'enabled': True, 'device': 'cpu', 'robots': ['a']}
+
+
+def test_a_fleet_robot_may_remap_its_joint_state_and_camera_slot_topics():
+    """Before, a fleet file refused a joint-space robot's topics (joint_states, joint_jog,
+    joint_trajectory, state) and a second camera's (<slot>/image): such a robot could not be
+    plugged into its broadcaster, Servo or controller from the fleet file."""
+    module = load_module()
+    topics = {'joint_states': '/a/joint_states', 'state': '/a/state',
+              'joint_jog': '/a/servo_node/delta_joint_cmds',
+              'joint_trajectory': '/a/arm_controller/joint_trajectory',
+              'reasoning': '/a/plan', 'wrist/image': '/a/wrist/image_raw',
+              'wrist/image/compressed': '/a/wrist/image_raw/compressed'}
+    fleet = module.check_fleet({'fleet': {
+        'engines': {'e0': {'device': 'cpu', 'robots': ['a']}},
+        'robots': {'a': {'topics': topics}}}})
+    remaps = dict(module.engine_options(fleet, 'e0')['remappings'])
+    assert remaps == {f'a/{topic}': target for topic, target in topics.items()}
 
 
 def test_engine_summary_flags_saturation_and_the_least_answered_robot():

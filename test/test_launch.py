@@ -75,6 +75,15 @@ def test_node_options_overrides_and_remaps():
     assert remaps['~/gripper'] == '/gripper_controller/commands'
     assert remaps['~/image'] == '/camera/image_raw'
     assert '~/instruction' not in remaps          # empty argument: the node's own topic
+    # The joint spaces' topics: the broadcaster's states and Servo's joint jog by default.
+    assert remaps['~/joint_states'] == '/joint_states'
+    assert remaps['~/joint_jog'] == '/servo_node/delta_joint_cmds'
+    assert '~/joint_trajectory' not in remaps and '~/state' not in remaps
+    remaps = dict(module.node_options(default_values(
+        module, joint_trajectory_topic='/arm_controller/joint_trajectory',
+        state_topic='/arm/state'))['remappings'])
+    assert remaps['~/joint_trajectory'] == '/arm_controller/joint_trajectory'
+    assert remaps['~/state'] == '/arm/state'
     options = module.node_options(default_values(module, model_path='/m', mode='spec',
                                                  namespace='robot1'))
     assert options['parameters'][1] == {'model_path': '/m', 'mode': 'spec'}
@@ -167,6 +176,30 @@ def test_yaml_loaded_through_the_node_params_file(probe):
                    and probe.count_publishers('/gripper_controller/commands') >= 1
                    and probe.count_subscribers('/camera/image_raw') >= 1,
                    what='remapped topics')
+    output = node.output
+    assert 'ready' in output, output
+
+
+@pytest.mark.skipif(not HAS_TORCH, reason='the node loads the tiny model (needs torch)')
+def test_a_joint_space_robot_gets_its_joint_topics_from_the_launch_arguments(probe, tmp_path):
+    """robot.launch.py for a joint-position robot reading /joint_states: before, the launch
+    had no argument for the joint topics, so a user of the launch file got ~/joint_states and
+    ~/joint_trajectory, which no broadcaster or controller uses, and nothing moved."""
+    joints = [f'joint{i}' for i in range(1, 7)]
+    extra = tmp_path / 'joints.yaml'
+    extra.write_text('/**:\n  ros__parameters:\n    action_space: joint_position\n'
+                     f'    joint_names: {joints}\n    state_input: joint_state\n'
+                     f'    joint_position_min: {[-3.0] * 6}\n'
+                     f'    joint_position_max: {[3.0] * 6}\n')
+    module = load_launch_module()
+    options = module.node_options(default_values(
+        module, node_name='vla_joints',
+        joint_trajectory_topic='/arm_controller/joint_trajectory'))
+    options['parameters'].append(str(extra))
+    with NodeProcess(node_command(options), env=child_env(), cwd=str(ROOT)) as node:
+        wait_until(lambda: probe.count_publishers('/arm_controller/joint_trajectory') >= 1
+                   and probe.count_subscribers('/joint_states') >= 1,
+                   what='the remapped joint topics')
     output = node.output
     assert 'ready' in output, output
 
