@@ -12,7 +12,6 @@ import pytest
 
 HAS_MSGS = importlib.util.find_spec('sensor_msgs') is not None
 HAS_CV2 = importlib.util.find_spec('cv2') is not None
-HAS_CV_BRIDGE = importlib.util.find_spec('cv_bridge') is not None
 pytestmark = pytest.mark.skipif(not HAS_MSGS, reason='sensor_msgs (ROS 2 message wheels) '
                                 'not installed')
 
@@ -49,7 +48,7 @@ def test_bgr8_padded_built_by_hand(padding):
     rgb = _rgb()
     msg = _manual_message('bgr8', H, W, lambda r, c: bytes([rgb[r, c, 2], rgb[r, c, 1],
                                                            rgb[r, c, 0]]), padding)
-    out = image_to_rgb(msg, use_cv_bridge=False)
+    out = image_to_rgb(msg)
     assert out.dtype == np.uint8 and out.shape == (H, W, 3)
     np.testing.assert_array_equal(out, rgb)
 
@@ -60,14 +59,14 @@ def test_rgba8_and_bgra8_drop_alpha_built_by_hand():
     rgba = _manual_message('rgba8', H, W, lambda r, c: bytes(list(rgb[r, c]) + [alpha]), 1)
     bgra = _manual_message('bgra8', H, W, lambda r, c: bytes(list(rgb[r, c, ::-1]) + [alpha]),
                            5)
-    np.testing.assert_array_equal(image_to_rgb(rgba, use_cv_bridge=False), rgb)
-    np.testing.assert_array_equal(image_to_rgb(bgra, use_cv_bridge=False), rgb)
+    np.testing.assert_array_equal(image_to_rgb(rgba), rgb)
+    np.testing.assert_array_equal(image_to_rgb(bgra), rgb)
 
 
 def test_mono8_replicates_gray_built_by_hand():
     gray = _rgb()[:, :, 0]
     msg = _manual_message('mono8', H, W, lambda r, c: bytes([gray[r, c]]), 2)
-    out = image_to_rgb(msg, use_cv_bridge=False)
+    out = image_to_rgb(msg)
     for ch in range(3):
         np.testing.assert_array_equal(out[:, :, ch], gray)
 
@@ -78,7 +77,7 @@ def test_mono16_respects_byte_order(is_bigendian):
     fmt = '>H' if is_bigendian else '<H'
     msg = _manual_message('mono16', 2, 3, lambda r, c: struct.pack(fmt, int(values[r, c])), 4,
                           is_bigendian)
-    out = image_to_rgb(msg, use_cv_bridge=False)
+    out = image_to_rgb(msg)
     # 16 -> 8 bits: round(v / 257), computed here with integer arithmetic.
     expected = (values * 2 + 257) // (2 * 257)
     np.testing.assert_array_equal(out[:, :, 0], expected)
@@ -89,7 +88,7 @@ def test_mono16_respects_byte_order(is_bigendian):
 def test_rgb16_big_endian_channel_order():
     msg = _manual_message('rgb16', 1, 2, lambda r, c: struct.pack('>HHH', 257 * 10, 257 * 20,
                                                                   257 * (30 + c)), 0, 1)
-    out = image_to_rgb(msg, use_cv_bridge=False)
+    out = image_to_rgb(msg)
     assert out.tolist() == [[[10, 20, 30], [10, 20, 31]]]
 
 
@@ -106,7 +105,7 @@ def test_writer_round_trip_every_encoding(encoding, padding):
     assert msg.step == W * channels + padding
     assert len(msg.data) == msg.step * H
     expected = np.dstack([rgb[:, :, 1]] * 3) if encoding == 'mono8' else rgb
-    np.testing.assert_array_equal(image_to_rgb(msg, use_cv_bridge=False), expected)
+    np.testing.assert_array_equal(image_to_rgb(msg), expected)
 
 
 @pytest.mark.parametrize('is_bigendian', [False, True])
@@ -118,43 +117,60 @@ def test_writer_16_bit_byte_order(is_bigendian):
     assert first == b'\xff\xff'
     second = bytes(msg.data[6:8])        # B of pixel 1 is 60000 = 0xEA60
     assert second == (b'\xea\x60' if is_bigendian else b'\x60\xea')
-    out = image_to_rgb(msg, use_cv_bridge=False)
+    out = image_to_rgb(msg)
     assert out.tolist() == [[[0, 1, 255], [2, 4, 233]]]     # round(v / 257)
 
 
 def test_output_does_not_alias_the_message_buffer():
     rgb = _rgb()
     msg = array_to_image(rgb, 'rgb8')
-    out = image_to_rgb(msg, use_cv_bridge=False)
+    out = image_to_rgb(msg)
     out[:] = 0
-    np.testing.assert_array_equal(image_to_rgb(msg, use_cv_bridge=False), rgb)
+    np.testing.assert_array_equal(image_to_rgb(msg), rgb)
 
 
 def test_bad_messages_name_the_field():
     msg = array_to_image(_rgb(), 'rgb8')
     msg.encoding = 'yuv422'
     with pytest.raises(ValueError, match='encoding'):
-        image_to_rgb(msg, use_cv_bridge=False)
+        image_to_rgb(msg)
     msg = array_to_image(_rgb(), 'rgb8')
     msg.step = W * 3 - 1
     with pytest.raises(ValueError, match='step'):
-        image_to_rgb(msg, use_cv_bridge=False)
+        image_to_rgb(msg)
     msg = array_to_image(_rgb(), 'rgb8')
     msg.data = bytes(W * 3 * H - 1)
     with pytest.raises(ValueError, match='data'):
-        image_to_rgb(msg, use_cv_bridge=False)
+        image_to_rgb(msg)
     with pytest.raises(ValueError, match='array'):
         array_to_image(_rgb(), 'mono8')
 
 
-@pytest.mark.skipif(not HAS_CV_BRIDGE,
-                    reason='cv_bridge not importable (not on PyPI); the numpy path is tested')
-def test_cv_bridge_agrees_with_fallback():
-    rgb = _rgb()
-    for encoding, array in (('bgr8', rgb[:, :, ::-1]), ('rgb8', rgb)):
-        msg = array_to_image(array, encoding, row_padding=4)
-        np.testing.assert_array_equal(image_to_rgb(msg, use_cv_bridge=True),
-                                      image_to_rgb(msg, use_cv_bridge=False))
+@pytest.mark.parametrize('padding', [1, 4, 64])
+def test_an_installed_cv_bridge_is_not_used(monkeypatch, padding):
+    """cv_bridge's imgmsg_to_cv2 reads a row as step / channels pixels: a padding that is not
+    a whole number of pixels sheared the image and swapped its colours, and the node acted on
+    it (it was used for 8-bit images wherever it was installed, which is every ROS install;
+    here it is not installable, so the test puts a stand-in that must not be called)."""
+    import importlib
+    import sys
+    import types
+
+    class RefusingBridge:
+        def imgmsg_to_cv2(self, *args, **kwargs):
+            raise AssertionError('cv_bridge was used to convert an image')
+
+    monkeypatch.setitem(sys.modules, 'cv_bridge', types.SimpleNamespace(CvBridge=RefusingBridge))
+    reloaded = importlib.reload(conversions)
+    try:
+        rgb = _rgb()
+        for encoding, pixel in (('rgb8', lambda r, c: bytes(rgb[r, c])),
+                                ('bgr8', lambda r, c: bytes(rgb[r, c, ::-1]))):
+            msg = _manual_message(encoding, H, W, pixel, padding)
+            np.testing.assert_array_equal(reloaded.image_to_rgb(msg), rgb)
+    finally:
+        monkeypatch.delitem(sys.modules, 'cv_bridge')
+        importlib.reload(conversions)
 
 
 # ---- compressed -----------------------------------------------------------------------------
@@ -201,6 +217,16 @@ class TestCompressed:
             compressed_to_rgb(msg)
         msg.data = b''
         with pytest.raises(ValueError, match='data'):
+            compressed_to_rgb(msg)
+
+    @pytest.mark.parametrize('fmt', ['.hdr', '.tiff'])
+    def test_a_float_image_is_refused_not_turned_black(self, fmt):
+        """A float HDR or TIFF decoded to float32 was scaled as 16-bit (/ 257) into an
+        all-black image and given to the model as a valid frame."""
+        import cv2
+        msg = CompressedImage(format=fmt[1:])
+        msg.data = cv2.imencode(fmt, np.full((8, 8, 3), 0.5, np.float32))[1].tobytes()
+        with pytest.raises(ValueError, match='float32 pixels'):
             compressed_to_rgb(msg)
 
     @pytest.mark.parametrize('fmt', ['.png', '.jpg'])

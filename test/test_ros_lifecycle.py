@@ -240,17 +240,24 @@ def test_a_configure_that_fails_in_any_way_says_why(ros, monkeypatch, capfd):
 
 @pytest.mark.skipif(importlib.util.find_spec('tf2_ros') is not None,
                     reason='needs a machine without tf2_ros (pose targets from TF then load)')
-def test_a_configure_that_fails_midway_leaves_no_topic_behind(ros):
+def test_a_configure_that_fails_midway_leaves_no_topic_behind(ros, tmp_path, monkeypatch):
     """pose_targets without tool_pose_topic needs TF, missing here: the robot's channel fails
     after its image subscription, twist and gripper publishers were made. They go with it:
     the node is left as it was before configure (before, they stayed, fed an orphan channel
     and were made again by the next configure)."""
     from vla_spec_ros import VLAPolicy
 
+    from vla_spec_ros.recording import FrameRecorder
+
+    opened = []
+    monkeypatch.setattr(FrameRecorder, '_open_split', _tracking(FrameRecorder._open_split,
+                                                                opened))
     context, executor, probe_node = ros
     policy = VLAPolicy.from_pretrained('tiny', restrict_to_action_tokens=True)
     node = VLASpecLifecycleNode(policy, node_name='vla_midway', context=context,
-                                parameter_overrides=[Parameter('pose_targets', value=True)])
+                                parameter_overrides=[
+                                    Parameter('pose_targets', value=True),
+                                    Parameter('record_dir', value=str(tmp_path / 'rec'))])
     executor.add_node(node)
     try:
         before = ({p.topic_name for p in node.publishers},
@@ -261,6 +268,62 @@ def test_a_configure_that_fails_midway_leaves_no_topic_behind(ros):
         after = ({p.topic_name for p in node.publishers},
                  {s.topic_name for s in node.subscriptions}, len(list(node.services)))
         assert after == before, (before, after)
+        # ... and no recording open (before, each failed configure left a bag open).
+        assert opened and all(recorder.closed for recorder in opened)
     finally:
         executor.remove_node(node)
         node.destroy_node()
+
+
+def _tracking(method, seen):
+    """`method` that also appends its object to `seen`."""
+    def tracked(self, *args, **kwargs):
+        seen.append(self)
+        return method(self, *args, **kwargs)
+    return tracked
+
+
+def test_a_recording_that_fails_stops_recording_not_the_robot(
+        ros, tmp_path, monkeypatch, capfd):
+    """A full disk while recording: before, the worker took the write's OSError for an
+    engine failure, held every robot and reset the engine on every frame (the robot never
+    moved again), and the close at cleanup raised again and left the node finalized with its
+    model loaded. Now that robot's recording stops with the reason in the log, the robot is
+    served, and cleanup completes."""
+    import errno
+
+    from vla_spec_ros import VLAPolicy
+    from vla_spec_ros.recording import FrameRecorder
+
+    def disk_full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, 'No space left on device')
+    monkeypatch.setattr(FrameRecorder, 'record', disk_full)
+    monkeypatch.setattr(FrameRecorder, 'close', disk_full)
+    context, executor, probe_node = ros
+    policy = VLAPolicy.from_pretrained('tiny', restrict_to_action_tokens=True)
+    overrides = {'enabled': True, 'instruction': INSTRUCTION, 'unnorm_key': 'bridge_orig',
+                 'max_action_age': 5.0, 'max_linear_speed': 10.0, 'max_angular_speed': 20.0,
+                 'record_dir': str(tmp_path / 'full'), 'record_period': 0.0}
+    node = VLASpecLifecycleNode(policy, node_name='vla_disk_full', context=context,
+                                parameter_overrides=[Parameter(k, value=v)
+                                                     for k, v in overrides.items()])
+    executor.add_node(node)
+    try:
+        probe = Probe(probe_node, 'vla_disk_full')
+        life = Lifecycle(probe, 'vla_disk_full')
+        assert life.transition(Transition.TRANSITION_CONFIGURE)
+        assert life.transition(Transition.TRANSITION_ACTIVATE)
+        for seed in (1, 2, 3):          # the first fails to record, the next are not recorded
+            image = probe.raw_image(_frame(np.random.default_rng(seed)))
+            twist = probe.send(image, lambda: probe.twists.find(
+                lambda m: m.header.stamp == image.header.stamp))[1]
+            assert not is_zero(twist)
+        assert 'engine error' not in node.serving.stats_snapshot()['hold_reason']
+        assert life.transition(Transition.TRANSITION_DEACTIVATE)
+        assert life.transition(Transition.TRANSITION_CLEANUP)
+        assert life.state() == State.PRIMARY_STATE_UNCONFIGURED and node.serving is None
+    finally:
+        executor.remove_node(node)
+        node.destroy_node()
+    log = capfd.readouterr().err
+    assert 'recording of' in log and 'stopped' in log and 'No space left' in log, log

@@ -497,6 +497,40 @@ def test_one_out_of_sync_pair_is_logged_while_another_robot_keeps_failing(two_ca
     s.answered('b')
 
 
+def test_an_image_the_conversion_fails_on_in_any_way_refuses_only_its_robot(
+        two_cameras, monkeypatch):
+    """A conversion failing with something other than ValueError (cv_bridge's TypeError on a
+    truncated buffer, say): before, the worker took it for an engine failure, held every
+    robot and reset the engine at each such frame, so one robot's bad camera stopped the
+    others. Now that image is refused as bad input for its own robot."""
+    from vla_spec_ros import image_messages
+
+    s = two_cameras
+    s.answered('b')
+    convert = image_messages.model_rgb
+    marker = array_to_image(np.zeros((48, 64, 3), np.uint8), 'rgb8')
+    marker.encoding = 'RGB8'      # the same image, spelled so that the stand-in can tell it
+
+    def failing(msg):
+        if getattr(msg, 'encoding', '') == 'RGB8':
+            raise TypeError('buffer is too small for requested array')
+        return convert(msg)
+    monkeypatch.setattr(image_messages, 'model_rgb', failing)
+    mark = s.log.mark()
+    s.hold_with('a', 'bad input', 'image slot wrist', 'TypeError',
+                sends=lambda: (s.send('a', wrist=_copy(marker)), s.send('b')))
+    s.log.wait_for('a: hold: bad input: image slot wrist TypeError', start=mark)
+    s.answered('b')
+    assert 'engine error' not in s.snapshot('b')['hold_reason']
+    assert s.log.find('engine error', start=mark) is None
+
+
+def _copy(image):
+    from sensor_msgs.msg import Image
+    return Image(height=image.height, width=image.width, encoding=image.encoding,
+                 is_bigendian=image.is_bigendian, step=image.step, data=image.data)
+
+
 def test_an_image_of_a_refused_size_names_its_slot(two_cameras):
     s = two_cameras
     s.answered('a')

@@ -18,8 +18,11 @@ Conventions followed (sensor_msgs/msg/Image.msg):
 - 16-bit images are scaled to 8 bits by round(v / 257), which maps 0..65535 onto 0..255 as
   OpenCV's `convertTo(CV_8U, 255 / 65535)` does.
 
-cv_bridge (vision_opencv) is used for the 8-bit encodings when it is importable; the numpy path
-below is the fallback and is what the tests pin down against hand-built arrays.
+cv_bridge (vision_opencv) is not used, even where it is installed: its `imgmsg_to_cv2` gives
+an 8-bit image a row length of `step / channels` pixels, so a row padding that is not a whole
+number of pixels shears the image and swaps its colours, and a `step` shorter than a row is
+accepted as a narrower image (Humble to Rolling). The numpy path below honours `step` exactly,
+refuses what does not add up, and is what the tests pin down against hand-built arrays.
 """
 from __future__ import annotations
 
@@ -35,11 +38,6 @@ try:  # cv2 ships with opencv-python-headless (a declared dependency) but keep i
 except ImportError:  # pragma: no cover - install_requires has it
     cv2 = None
 
-try:
-    from cv_bridge import CvBridge
-except ImportError:  # not installable from PyPI; the numpy path below is the fallback
-    CvBridge = None
-
 # encoding -> (channels, bytes per channel, channel order as indices that give R, G, B)
 _LAYOUTS = {
     'rgb8': (3, 1, (0, 1, 2)),
@@ -54,35 +52,26 @@ _LAYOUTS = {
     'mono16': (1, 2, (0, 0, 0)),
 }
 SUPPORTED_ENCODINGS = tuple(_LAYOUTS)
-_CV_BRIDGE_ENCODINGS = ('rgb8', 'bgr8', 'rgba8', 'bgra8', 'mono8')
-
-_bridge = None
 
 
 def _to_uint8(values: np.ndarray) -> np.ndarray:
+    """8-bit values as they are, 16-bit ones scaled to 8 bits; anything else (a float HDR or
+    TIFF, 32-bit integers) is refused: scaled as 16-bit it would become a black image."""
     if values.dtype == np.uint8:
         return values
+    if values.dtype != np.uint16 and values.dtype != np.dtype('>u2'):
+        raise ValueError(f'data: {values.dtype} pixels; expected 8 or 16-bit unsigned')
     return np.rint(values.astype(np.float64) / 257.0).astype(np.uint8)
 
 
-def image_to_rgb(msg, use_cv_bridge: bool | None = None) -> np.ndarray:
-    """sensor_msgs/Image -> (H, W, 3) uint8 RGB, a fresh C-contiguous array.
-
-    `use_cv_bridge`: None uses cv_bridge when importable (8-bit encodings only), False forces
-    the numpy path. Raises ValueError naming the field on an unsupported encoding or a buffer
-    that does not match height / width / step.
-    """
+def image_to_rgb(msg) -> np.ndarray:
+    """sensor_msgs/Image -> (H, W, 3) uint8 RGB, a fresh C-contiguous array. Raises
+    ValueError naming the field on an unsupported encoding or a buffer that does not match
+    height / width / step."""
     encoding = str(msg.encoding).lower()
     if encoding not in _LAYOUTS:
         raise ValueError(f'encoding: {msg.encoding!r} is not supported; '
                          f'supported: {", ".join(SUPPORTED_ENCODINGS)}')
-    if use_cv_bridge is None:
-        use_cv_bridge = CvBridge is not None
-    if use_cv_bridge and CvBridge is not None and encoding in _CV_BRIDGE_ENCODINGS:
-        global _bridge
-        if _bridge is None:
-            _bridge = CvBridge()
-        return np.ascontiguousarray(_bridge.imgmsg_to_cv2(msg, desired_encoding='rgb8'))
     return _image_to_rgb_numpy(msg, encoding)
 
 

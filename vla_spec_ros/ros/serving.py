@@ -29,7 +29,7 @@ from diagnostic_msgs.msg import DiagnosticArray
 from rcl_interfaces.msg import SetParametersResult
 from rclpy.parameter import Parameter
 
-from vla_spec_ros.engine.result import Frame
+from vla_spec_ros.engine.result import Frame, describe_error
 from vla_spec_ros.ros import twist_messages, diagnostics, params
 from vla_spec_ros.ros.gc_pauses import GcPauses, freeze_after_load, unfreeze
 from vla_spec_ros.ros.qos import COMMAND_QOS
@@ -89,9 +89,10 @@ class Serving:
                     model_reads_state=self.model_io.uses_state,
                     writes_reasoning=self.model_io.writes_reasoning,
                     paused=self._worker_paused))
-        except Exception:    # a robot that cannot be served leaves no topic of the others
-            for channel in self.channels:
+        except Exception:    # a robot that cannot be served leaves no topic of the others,
+            for channel in self.channels:       # and no recording open
                 channel.destroy()
+            self._close_recorders()
             raise
         for channel in self.channels:
             channel.is_active = is_active
@@ -259,9 +260,20 @@ class Serving:
         for channel in self.channels:
             channel.destroy()
         self.node.destroy_publisher(self._diag_pub)
-        for recorder in self.recorders.values():
-            if recorder is not None:
+        self._close_recorders()
+
+    def _close_recorders(self) -> None:
+        """Close every recording; one that cannot be closed (a full disk) is logged, and the
+        others and the rest of the shutdown go on."""
+        for robot, recorder in self.recorders.items():
+            if recorder is None:
+                continue
+            try:
                 recorder.close()
+            except Exception as exc:
+                self.node.get_logger().error(
+                    f'recording of {robot or self.node.get_name()} could not be closed: '
+                    f'{describe_error(exc)}')
 
     def stats_snapshot(self, robot: str = '') -> dict:
         channel = next(c for c in self.channels if c.name == robot)
@@ -401,18 +413,29 @@ class Serving:
                 try:
                     recorder.close_split_if_due()
                 except Exception as exc:       # a full disk must not take the node down
-                    self.node.get_logger().error(
-                        f'recording of {robot or self.node.get_name()} stopped: {exc}')
-                    with contextlib.suppress(Exception):
-                        recorder.close()
+                    self._stop_recording(robot, recorder, exc)
 
     # ---- recording --------------------------------------------------------------------------
 
     def _on_submitted(self, channel, frame: Frame) -> None:
+        """Record a submitted frame (the worker's thread). A failure to record (a full disk, a
+        removed folder) stops that robot's recording with the reason in the log; it never
+        reaches the worker, which would take it for an engine failure and hold every robot."""
         recorder = self.recorders[channel.name]
-        if recorder is not None and not recorder.is_full:
+        if recorder is None or recorder.is_full or recorder.closed:
+            return
+        try:
             recorder.record(frame.images[0], frame.instruction,
                             self.node.get_clock().now().nanoseconds)
+        except Exception as exc:
+            self._stop_recording(channel.name, recorder, exc)
+
+    def _stop_recording(self, robot: str, recorder, exc: BaseException) -> None:
+        self.node.get_logger().error(
+            f'recording of {robot or self.node.get_name()} stopped: {describe_error(exc)}; '
+            'control goes on')
+        with contextlib.suppress(Exception):
+            recorder.close()
 
 
 def wait_for_acknowledgements(node, timeout_s: float) -> bool:

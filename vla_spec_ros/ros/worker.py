@@ -178,9 +178,11 @@ class InferenceWorker:
         for name, msg in zip(channel.observation.slot_names, observation.messages):
             try:            # converted and size-checked here, so a refusal names its slot
                 images.append(image_messages.model_rgb(msg))
-            except ValueError as exc:
+            except Exception as exc:    # any failure is this camera's bad input: refused for
+                # its robot alone, never an engine error that holds and resets every robot
                 where = f'image slot {name}' if name else 'image'
-                self._refuse(channel, info, f'{cmd.REASON_BAD_INPUT}: {where} {exc}')
+                detail = str(exc) if isinstance(exc, ValueError) else describe_error(exc)
+                self._refuse(channel, info, f'{cmd.REASON_BAD_INPUT}: {where} {detail}')
                 return
         info = dataclasses.replace(info, taken_mono=taken, converted_mono=time.monotonic())
         frame = Frame(images[0] if len(images) == 1 else tuple(images), settings.instruction,

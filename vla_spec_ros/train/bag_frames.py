@@ -69,7 +69,7 @@ def _decode_image(msg, msgtype: str) -> np.ndarray:
     from ..image_messages import compressed_to_rgb, image_to_rgb
     if msgtype == IMAGE_TYPES[1]:
         return compressed_to_rgb(msg)
-    return image_to_rgb(msg, use_cv_bridge=False)
+    return image_to_rgb(msg)
 
 
 class BagFrames:
