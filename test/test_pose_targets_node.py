@@ -262,6 +262,27 @@ def test_without_a_tool_pose_the_robot_holds(graph):
         stop_node(graph, node)
 
 
+def test_the_frames_of_the_tool_pose_are_fixed_at_start_up(graph):
+    """The tool pose is read in frame_id (and, from TF, of tool_frame) from start-up on:
+    before, both could be changed at run time and were accepted, and the targets computed in
+    the old frames went out named with the new ones (a tool0 -> tip offset sent as a jump).
+    Now such a change is refused with the reason, and the values stay."""
+    from vla_spec_ros import VLAPolicy
+
+    policy = VLAPolicy.from_pretrained('tiny', restrict_to_action_tokens=True)
+    node, probe = start_node(graph, policy, 'vla_pose_frames')
+    try:
+        for name, value, words in (('frame_id', 'world', 'fixed at start-up while pose_targets'),
+                                   ('tool_frame', 'tip', 'load-time'),
+                                   ('servo_pause_on_hold', False, 'load-time')):
+            before = probe.probe.get_param(name)
+            result = probe.probe.set_param(name, value)
+            assert not result.successful and words in result.reason, (name, result.reason)
+            assert probe.probe.get_param(name) == before
+    finally:
+        stop_node(graph, node)
+
+
 @pytest.mark.skipif(not HAS_TRAJECTORY, reason='needs trajectory_msgs (ros extra)')
 def test_a_chunk_gives_absolute_poses_on_the_controllers_timing(graph, tmp_path):
     from ros_probe import wait_until, stamp_s

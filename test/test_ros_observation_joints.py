@@ -283,9 +283,14 @@ def test_a_joint_states_of_the_whole_robot_gives_the_model_the_configured_joints
 
 def test_joints_published_apart_make_one_state(setup):
     """The first three joints in one message, the other three in another (two publishers on
-    one topic, as robot_state_publisher takes them): the model gets all six, in joint_names'
-    order."""
+    one topic, as robot_state_publisher takes them), sent back to back: the model gets all
+    six, in joint_names' order. The subscription keeps more than the newest message: with
+    depth 1 (before) the second overwrote the first whenever the executor was late (an arm
+    broadcaster at 500 Hz beside a gripper driver lost the gripper's messages)."""
     s = setup
+    (subscription,) = [sub for sub in s.node.subscriptions
+                       if sub.topic_name == '/a/joint_states']
+    assert subscription.qos_profile.depth >= 50
     arm = [0.11, -0.22, 0.33, -0.44, 0.55, -0.66]
     second = s.probe.create_publisher(JointState, '/a/joint_states', IMAGE_QOS)
     try:
@@ -295,7 +300,6 @@ def test_joints_published_apart_make_one_state(setup):
             wrist = JointState(name=JOINTS[3:], position=arm[3:])
             wrist.header.stamp = _now(s).to_msg()
             second.publish(wrist)
-            time.sleep(0.03)                 # one topic: give each message time to arrive
             _send(s, 'a', names=JOINTS[:3], state=arm[:3])
             time.sleep(0.1)
         assert _carried(s, 'a', arm), f'no frame carried the merged state; hold: ' \

@@ -161,14 +161,14 @@ NODE_PARAMETERS: tuple[ParameterSpec, ...] = (
        'needs action_space joint_velocity)', tunable=False,
        choices=SERVO_COMMAND_TYPE_CHOICES),
     _p('servo_pause_on_hold', True, 'Pause Servo (~/pause_servo) while the robot holds; '
-       'resume with the next command', tunable=True),
+       'resume with the next command', tunable=False),
     _p('pose_targets', False, 'Also publish absolute tool targets: ~/pose_target '
        '(PoseStamped, Servo pose mode) and, for chunked models, ~/pose_trajectory (absolute '
        'poses for a Cartesian trajectory controller); needs the tool pose', tunable=False),
     _p('tool_pose_topic', '', 'PoseStamped of the tool in the robot base frame (from the '
        'driver); empty = TF frame_id -> tool_frame (needs tf2_ros)', tunable=False),
     _p('tool_frame', 'tool0', 'The tool\'s TF frame, and the joint name of ~/pose_trajectory',
-       tunable=True),
+       tunable=False),
     _p('pose_delta_frame', 'base', 'Frame the action deltas are applied in for pose targets: '
        'base (OpenVLA\'s datasets) or tool', tunable=True, choices=DELTA_FRAMES),
     # --- chunked models (action_chunk > 1): one step per control period, docs/chunks.md -------

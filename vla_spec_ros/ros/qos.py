@@ -20,6 +20,12 @@ def _keep_last(depth: int, reliability, durability) -> QoSProfile:
 # Camera drivers publish best effort (sensor data) or reliable; a best-effort subscription
 # matches both. Depth 1: only the newest frame matters.
 IMAGE_QOS = _keep_last(1, BEST_EFFORT, VOLATILE)
+# The robot state (JointState, Float64MultiArray): best effort (matches both), and deep. Unlike
+# an image, every message counts: /joint_states is often shared by several publishers (an arm's
+# broadcaster at 500 Hz, a gripper driver at 10 Hz), each carrying some of the joints, and with
+# depth 1 a gripper message was overwritten by the next arm message whenever the executor was
+# more than one arm period late, leaving the gripper's state stale although it was sent on time.
+STATE_QOS = _keep_last(100, BEST_EFFORT, VOLATILE)
 # A camera publisher (the simulator bridge): reliable, depth 1, so that it matches both
 # best-effort (the VLA node) and reliable subscribers.
 IMAGE_PUBLISHER_QOS = _keep_last(1, RELIABLE, VOLATILE)
@@ -50,5 +56,5 @@ def instruction_subscriptions() -> list:
 # Reliable + volatile: matches MoveIt Servo's and forward_command_controller's SystemDefaults.
 COMMAND_QOS = _keep_last(10, RELIABLE, VOLATILE)
 
-__all__ = ['IMAGE_QOS', 'IMAGE_PUBLISHER_QOS', 'INSTRUCTION_QOS', 'INSTRUCTION_VOLATILE_QOS',
-           'COMMAND_QOS', 'instruction_subscriptions']
+__all__ = ['IMAGE_QOS', 'IMAGE_PUBLISHER_QOS', 'STATE_QOS', 'INSTRUCTION_QOS',
+           'INSTRUCTION_VOLATILE_QOS', 'COMMAND_QOS', 'instruction_subscriptions']

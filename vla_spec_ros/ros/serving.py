@@ -309,6 +309,7 @@ class Serving:
             for robot, robot_settings in config.robots.items():
                 self._check_unnorm_key(robot_settings.unnorm_key)
                 self._check_joint_count(robot, robot_settings)
+                self._check_pose_frame(robot, robot_settings)
         except ValueError as exc:
             return SetParametersResult(successful=False, reason=str(exc))
         return SetParametersResult(successful=True)
@@ -326,6 +327,16 @@ class Serving:
                              'fixed at start-up (rename joints at run time, restart to change '
                              'their number)')
         check_action_dim(self.model_io.action_dim, proposed)
+
+    def _check_pose_frame(self, robot: str, proposed) -> None:
+        """With pose targets, the tool pose is read in frame_id from start-up on (its TF
+        lookup, its topic's frame): a frame_id changed at run time would stamp targets
+        computed in the old frame with the new one. ValueError naming the parameter."""
+        current = self.config.robots[robot]
+        if current.pose_targets and proposed.frame_id != current.frame_id:
+            raise ValueError(f'frame_id: fixed at start-up while pose_targets is on (the tool '
+                             f'pose is read in {current.frame_id!r}); restart the node to '
+                             'change it')
 
     def apply(self, changes) -> None:
         """Post-set callback: new settings for the next frame; engine tunables are queued."""

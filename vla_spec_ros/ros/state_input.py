@@ -37,7 +37,7 @@ import numpy as np
 
 from vla_spec_ros.ros import command_rules as cmd
 from vla_spec_ros.ros.input_adapter import InputAdapter
-from vla_spec_ros.ros.qos import IMAGE_QOS
+from vla_spec_ros.ros.qos import STATE_QOS
 
 MAX_STATES = 256        # states kept (a 500 Hz joint_states topic: half a second)
 
@@ -178,7 +178,7 @@ class JointStateInput(StateInput):
 
         super().__init__(node, get_settings)
         self._sub = node.create_subscription(JointState, prefix + 'joint_states',
-                                             self._on_joint_state, IMAGE_QOS)
+                                             self._on_joint_state, STATE_QOS)
 
     def _keys(self, settings) -> list:
         return list(settings.state_order)
@@ -214,7 +214,7 @@ class ArrayStateInput(StateInput):
 
         super().__init__(node, get_settings)
         self._sub = node.create_subscription(Float64MultiArray, prefix + 'state',
-                                             self._on_array, IMAGE_QOS)
+                                             self._on_array, STATE_QOS)
 
     def _keys(self, settings) -> list:
         return ['state']
