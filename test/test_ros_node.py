@@ -183,6 +183,10 @@ def test_tunable_parameter_changes_the_next_output(main_node, reference):
     ('frame_id', '', 'frame_id'),
     ('mode', 'spec', 'load-time'),
     ('unnorm_key', 'no_such_dataset', 'unnorm_key'),
+    # An engine tunable in range that this model cannot take: refused when set (before, it
+    # was accepted, then failed in the worker as an engine error that held the robot and
+    # reset the engine, and the parameter kept a value the engine never ran).
+    ('reasoning_every_n', 2, 'writes no reasoning'),
 ])
 def test_refused_parameters_give_a_reason(main_node, name, value, words):
     node, probe, _ = main_node

@@ -71,14 +71,23 @@ class Engine:
 
     def set_tunables(self, **changes) -> None:
         """Change relax_threshold / tree sizes between frames (validated; no reload)."""
+        config = self.check_tunables(**changes)
+        self.strategy.config_changed(config)
+        self._config = config
+
+    def check_tunables(self, **changes) -> EngineConfig:
+        """The config ``set_tunables(**changes)`` would give, checked as it checks it (this
+        model and this load: a reasoning reuse the model cannot do, a relaxation its codec
+        has no bins for, a tree larger than the scratch reserved); nothing changes. A caller
+        that accepts settings for later (the node's parameters) refuses them here, at once."""
         bad = sorted(set(changes) - set(TUNABLE_ENGINE_FIELDS))
         if bad:
             raise ValueError(f'{bad} cannot change at run time; tunables are '
                              f'{list(TUNABLE_ENGINE_FIELDS)}')
         config = self._config.replace(**changes)
         _check_reasoning_reuse(config, self.runner.codec)
-        self.strategy.config_changed(config)
-        self._config = config
+        self.strategy.check_config(config)
+        return config
 
     # ---- submission ---------------------------------------------------------------------------
 

@@ -113,12 +113,16 @@ class PackedStrategy:
 
     # ---- requests ----------------------------------------------------------------------------
 
-    def config_changed(self, config: EngineConfig) -> None:
+    def check_config(self, config: EngineConfig) -> None:
+        """ValueError when run-time tunables ``config`` cannot run on this load."""
         _check_relaxation(config, self.runner.codec)
         if self.is_speculative and not self.derives_depth \
                 and config.tree_max_nodes > self.scratch:
             raise ValueError(f'tree_max_nodes: {config.tree_max_nodes} exceeds the ring scratch '
                              f'of {self.scratch} slots per request reserved at load time')
+
+    def config_changed(self, config: EngineConfig) -> None:
+        self.check_config(config)
         self.config = config
 
     def submit(self, request: Request) -> None:

@@ -72,6 +72,8 @@ class Serving:
         # parameters still apply, from the first frame.
         self._pending_tunables = params.tunable_engine_changes(self.engine.config,
                                                                config.engine)
+        self.engine.check_tunables(**self._pending_tunables)     # refused at start-up, not
+        # at the first frame as an engine error
         self._tunables_lock = threading.Lock()
         self.recorders = {robot: make_recorder(settings, robot)
                           for robot, settings in config.robots.items()}
@@ -310,6 +312,14 @@ class Serving:
                 self._check_unnorm_key(robot_settings.unnorm_key)
                 self._check_joint_count(robot, robot_settings)
                 self._check_pose_frame(robot, robot_settings)
+            # The engine's own checks, now: queued unchecked, a tunable this model or load
+            # cannot take failed in the worker as an engine error (every robot held, the
+            # engine reset, the other tunables of the change dropped) while the parameter
+            # kept the value the engine never ran.
+            with self._tunables_lock:
+                queued = dict(self._pending_tunables)
+            self.engine.check_tunables(**{**queued, **params.tunable_engine_changes(
+                self.config.engine, config.engine)})
         except ValueError as exc:
             return SetParametersResult(successful=False, reason=str(exc))
         return SetParametersResult(successful=True)
