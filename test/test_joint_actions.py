@@ -258,6 +258,28 @@ def test_the_measured_positions_must_be_within_max_state_age_either_side_and_a_j
     assert state.current_positions(s) is None
 
 
+def test_a_state_array_kept_under_other_state_joint_names_is_no_hold_target():
+    """state_input array: a state kept before state_joint_names changed is in the old layout.
+    Before, the joint-position hold read it through the new names: fewer names took a
+    joint's target from another joint's value, more raised IndexError out of the watchdog
+    (ending the node). Now such a state gives no target (and the node also forgets the kept
+    states when the names change, Serving.apply)."""
+    from std_msgs.msg import Float64MultiArray
+
+    from vla_spec_ros.ros.state_input import ArrayStateInput
+
+    s = settings(action_space='joint_position', state_input='array',
+                 state_joint_names=['x', *JOINTS])
+    node = RecordingNode(1000.0)
+    state = ArrayStateInput(node, '~/', lambda: s)
+    node.on('state')(Float64MultiArray(data=[9.0, 0.1, 0.2, 0.3]))
+    assert state.current_positions(s) == (0.1, 0.2, 0.3)
+    for names in (JOINTS, ['x', 'y', *JOINTS]):       # fewer names, more names
+        changed = settings(action_space='joint_position', state_input='array',
+                           state_joint_names=names)
+        assert state.current_positions(changed) is None
+
+
 @pytest.mark.skipif(not HAS_TRAJECTORY_MSGS, reason='needs trajectory_msgs')
 def test_repeated_holds_do_not_stretch_the_stop_and_a_clock_jump_forgets_the_trajectory():
     """Holds come in bursts (the watchdog's halt messages, each refused frame): each goes to

@@ -226,6 +226,13 @@ class ObservationInput:
         with self._lock:
             self._pairing.clear()
 
+    def forget_inputs(self) -> None:
+        """Drop what the other inputs (the state) kept: what they hold was read under
+        settings that no longer apply (state_joint_names changed: an array kept in the old
+        layout would be read in the new one)."""
+        for adapter in self.inputs:
+            adapter.forget()
+
     def _forget(self) -> None:
         """The node clock went back: what was kept on the old time line goes (under the
         lock), the paired inputs' values too (a joint state of before a simulator reset is

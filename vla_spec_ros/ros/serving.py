@@ -368,6 +368,8 @@ class Serving:
                     channel.clear_chunks()
             if before.instruction != channel.settings.instruction:
                 channel.instruction_changed()
+            if before.state_order != channel.settings.state_order:
+                channel.observation.forget_inputs()
 
     def _take_tunables(self) -> dict:
         with self._tunables_lock:

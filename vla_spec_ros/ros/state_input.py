@@ -158,6 +158,8 @@ class StateInput(InputAdapter):
             return None
         vector = self._vector([n[1] for n in newest])
         order = list(settings.state_order)
+        if len(vector) != len(order):   # kept under another state_joint_names
+            return None
         try:
             return tuple(float(vector[order.index(j)]) for j in settings.joint_names)
         except ValueError:          # a joint of the action is not in the state
