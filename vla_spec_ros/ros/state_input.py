@@ -24,22 +24,25 @@ ArrayStateInput.
 Pairing with an image: for each configured joint (the array: for the whole vector), the
 position received closest in time to the observation (its header stamp, else receipt);
 further than `max_state_age` from it (or none yet): stale input, the robot holds, naming the
-joints. The vector goes to the engine raw, in joint order (Frame.state); the family
-normalises it as its checkpoint defines.
+joints. Every sample of the last max_action_age + max_state_age (+ 1 s) is kept, whatever
+the topic's rate (sample_history.py). The vector goes to the engine raw, in joint order
+(Frame.state); the family normalises it as its checkpoint defines.
 """
 from __future__ import annotations
 
 import math
 import threading
-from collections import deque
 
 import numpy as np
 
 from vla_spec_ros.ros import command_rules as cmd
 from vla_spec_ros.ros.input_adapter import InputAdapter
 from vla_spec_ros.ros.qos import STATE_QOS
+from vla_spec_ros.ros.sample_history import SampleHistory
 
-MAX_STATES = 256        # states kept (a 500 Hz joint_states topic: half a second)
+# Beyond the oldest image that can still be answered (max_action_age) and the furthest its
+# state may be from it (max_state_age), a little more, so a stale pairing says how far it was.
+KEEP_MARGIN_S = 1.0
 
 
 def joint_positions(names, positions, order) -> dict:
@@ -95,7 +98,7 @@ class StateInput(InputAdapter):
         self.node = node
         self._get_settings = get_settings
         self._lock = threading.Lock()
-        self._samples: dict = {}       # key -> deque of (time_s, value or None, error)
+        self._samples: dict = {}       # key -> SampleHistory of (time_s, value or None, error)
         self._sub = None
 
     def _now_s(self) -> float:
@@ -107,9 +110,12 @@ class StateInput(InputAdapter):
             self._samples.clear()
 
     def _add(self, key, time_s: float, value, error) -> None:
+        settings = self._get_settings()
+        keep_s = settings.max_action_age + settings.max_state_age + KEEP_MARGIN_S
+        now_s = self._now_s()
         with self._lock:
-            self._samples.setdefault(key, deque(maxlen=MAX_STATES)).append(
-                (time_s, value, error))
+            self._samples.setdefault(key, SampleHistory()).add((time_s, value, error), now_s,
+                                                               keep_s)
 
     def _keys(self, settings) -> list:
         raise NotImplementedError
@@ -127,8 +133,8 @@ class StateInput(InputAdapter):
         yet); bad input when that sample's message was (input_adapter.py's contract)."""
         keys = self._keys(settings)
         with self._lock:
-            nearest = [min(self._samples.get(k, ()), key=lambda s: abs(s[0] - time_s),
-                           default=None) for k in keys]
+            nearest = [self._samples[k].nearest(time_s) if k in self._samples else None
+                       for k in keys]
         missing = [k for k, n in zip(keys, nearest) if n is None]
         if missing:
             return None, (f'{cmd.REASON_STALE}: no {self._describe(missing)} received yet',
@@ -151,7 +157,8 @@ class StateInput(InputAdapter):
         ahead by more is of another clock, not a fresh one); else None."""
         keys = self._keys(settings)
         with self._lock:
-            newest = [self._samples[k][-1] if self._samples.get(k) else None for k in keys]
+            newest = [self._samples[k].last_received if k in self._samples else None
+                      for k in keys]
         now = self._now_s()
         if any(n is None or n[1] is None or abs(now - n[0]) > settings.max_state_age
                for n in newest):
@@ -233,4 +240,4 @@ class ArrayStateInput(StateInput):
 
 
 __all__ = ['StateInput', 'JointStateInput', 'ArrayStateInput', 'joint_positions',
-           'state_from_array', 'MAX_STATES']
+           'state_from_array']
