@@ -362,6 +362,33 @@ def test_a_chunked_robot_runs_new_chunks_after_a_clock_jump_backwards(ros, sim_c
         robot.close(ros)
 
 
+def test_after_a_clock_jump_backwards_the_recording_goes_on_in_a_new_bag(ros, sim_clock,
+                                                                         tmp_path):
+    """A bag is in time order: before, a frame stamped before the last recorded one was not
+    recorded, so after a simulator reset nothing was recorded until the clock passed its old
+    time again (every episode after the first lost, silently). Now the frames after the jump
+    go to a new bag, and both bags read back."""
+    from vla_spec_ros import VLAPolicy
+    from vla_spec_ros.train.bag_frames import BagFrames
+
+    sim_clock.reset(SIM_START_S)             # forwards: no jump (the next reset is one)
+    policy = VLAPolicy.from_pretrained('tiny', restrict_to_action_tokens=True)
+    robot = SimRobot(ros, sim_clock, policy, 'vla_sim_record', record_dir=str(tmp_path),
+                     record_period=0.0)
+    try:
+        _wait_answered(robot, 'an answer before the jump')
+        mark = robot.log.mark()
+        robot.clock.reset(SIM_RESET_S)
+        _wait_answered(robot, 'an answer after the clock went back')
+        robot.log.wait_for('recording of', 'the node clock went back', start=mark)
+    finally:
+        robot.close(ros)
+    bags = sorted(path for path in tmp_path.iterdir() if path.is_dir())
+    assert len(bags) == 2, bags
+    for bag in bags:
+        assert list(BagFrames(bag, '/camera/image', '/instruction')), bag
+
+
 # ---- two robots with two cameras and a joint state, wall clock ------------------------------
 
 class TwoCameraRobots:

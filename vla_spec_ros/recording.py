@@ -151,6 +151,11 @@ class FrameRecorder:
     def closed(self) -> bool:
         return self._writer is None
 
+    @property
+    def last_stamp_ns(self) -> int | None:
+        """The stamp of the last frame recorded (None: none yet); an earlier one is not."""
+        return self._last_stamp
+
     # ---- splits -------------------------------------------------------------------------------
 
     def _split_name(self, index: int) -> str:

@@ -447,11 +447,29 @@ class Serving:
         recorder = self.recorders[channel.name]
         if recorder is None or recorder.is_full or recorder.closed:
             return
+        stamp_ns = self.node.get_clock().now().nanoseconds
         try:
-            recorder.record(frame.images[0], frame.instruction,
-                            self.node.get_clock().now().nanoseconds)
+            if recorder.last_stamp_ns is not None and stamp_ns < recorder.last_stamp_ns:
+                recorder = self._next_bag(channel, recorder)
+            recorder.record(frame.images[0], frame.instruction, stamp_ns)
         except Exception as exc:
             self._stop_recording(channel.name, recorder, exc)
+            return
+        if recorder.is_full:
+            self.node.get_logger().warning(
+                f'recording of {channel.label} stopped: record_max_mb '
+                f'({channel.settings.record_max_mb} MB) reached; control goes on')
+
+    def _next_bag(self, channel, recorder):
+        """The node clock went back (a simulator reset): a bag is in time order, so the
+        frames from now on go to a new bag (before, none was recorded until the clock passed
+        its old time again: every episode after the first was lost)."""
+        recorder.close()
+        self.recorders[channel.name] = make_recorder(channel.settings, channel.name)
+        self.node.get_logger().info(
+            f'recording of {channel.label}: the node clock went back; frames from now on go '
+            f'to {self.recorders[channel.name].path}')
+        return self.recorders[channel.name]
 
     def _stop_recording(self, robot: str, recorder, exc: BaseException) -> None:
         self.node.get_logger().error(
