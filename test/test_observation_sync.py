@@ -100,3 +100,29 @@ def test_out_of_order_frames_of_one_slot_are_dropped():
 def test_no_slot_is_refused():
     with pytest.raises(ValueError, match='image_slots'):
         SlotPairing([], TOL)
+
+
+@pytest.mark.parametrize('keep_s, pairs', [(0.5, True), (0.2, False)])
+def test_a_slot_lagging_within_keep_s_still_pairs_and_beyond_it_its_anchors_are_dropped(
+        keep_s, pairs):
+    """A wrist camera whose frames arrive 0.3 s after the 30 Hz base frames of their time:
+    before, a slot kept its last 8 messages (0.27 s of base frames), so no wrist frame ever
+    found its base frame, nothing was reported, and the robot held for a generic stale
+    observation. Kept by time (keep_s, the caller's max_action_age) the sets form, 0.3 s old;
+    with keep_s under the lag they cannot be fresh, and the base frames go, counted."""
+    pairing = SlotPairing(['base', 'wrist'], TOL)
+    pairing.keep_s = keep_s
+    lag = 9                                      # frames: 0.3 s at 30 Hz
+    sets, dropped = [], 0
+    for i in range(60):
+        for slot, index in ((BASE, i), (WRIST, i - lag)):
+            if index < 0:
+                continue
+            result = pairing.add(slot, round(index / 30, 6), (slot, index))
+            dropped += result.num_dropped
+            if result.members is not None:
+                sets.append(tuple(m.item[1] for m in result.members))
+    if pairs:
+        assert sets == [(i, i) for i in range(60 - lag)] and dropped == 0
+    else:
+        assert sets == [] and dropped > 0

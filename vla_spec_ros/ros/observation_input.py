@@ -156,6 +156,7 @@ class ObservationInput:
                 self._pairing.clear()
             self.newest_per_slot[index] = info
             self._pairing.tolerance_s = settings.image_sync_tolerance
+            self._pairing.keep_s = settings.max_action_age
             pairing = self._pairing.add(index, self._order_stamp(info, settings), (msg, info))
         if stepped_back is not None:
             topic = slot_topic(self._prefix, self.slot_names[index], 'raw')

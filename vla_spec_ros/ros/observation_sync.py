@@ -9,9 +9,12 @@ stamp, within `tolerance_s` of the anchor's stamp. Rules:
   - the newest complete set wins: sets are emitted in anchor order and never go back in time;
     a set older than one already emitted is dropped (counted);
   - a late slot: a set completes when its last member arrives, so a wrist frame that comes
-    after the base frame of its time still pairs with it, as long as that base frame is among
-    the last `MAX_PENDING` of its slot and no newer set was emitted meanwhile; the set's age
-    (its anchor's stamp) then includes the wait, and the usual max_action_age bounds it;
+    after the base frame of its time still pairs with it, as long as that base frame is still
+    kept and no newer set was emitted meanwhile; the set's age (its anchor's stamp) then
+    includes the wait, and the usual max_action_age bounds it. A slot keeps its messages of
+    the last `keep_s` (the caller sets max_action_age: an older set is stale anyway), at most
+    `MAX_PENDING`: a wrist camera 0.3 s behind a 30 Hz base camera still pairs (with a fixed
+    8 messages it never did, and no reason named it);
   - an anchor that can no longer complete (another slot has a message past it, beyond the
     tolerance, and none within it) is unpaired: the first one is dropped and counted (a lost
     frame of one camera), a second one in a row is reported `out of sync` with both stamps,
@@ -35,7 +38,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
-MAX_PENDING = 8                # messages kept per slot while waiting for a partner
+MAX_PENDING = 256              # messages kept per slot at most (a flood), whatever keep_s
 NUM_UNPAIRED_REFUSED = 2       # unpaired anchors in a row that are reported out of sync
 
 
@@ -66,7 +69,8 @@ class SlotPairing:
             raise ValueError('image_slots: at least one slot')
         self.slots = tuple(slots)
         self.tolerance_s = float(tolerance_s)
-        self._pending = [deque(maxlen=MAX_PENDING) for _ in self.slots]
+        self.keep_s = float('inf')               # set by the caller (max_action_age)
+        self._pending = [deque() for _ in self.slots]
         self._last_stamp = [float('-inf')] * len(self.slots)
         self._emitted_s = float('-inf')          # the newest emitted set's anchor stamp
         self._num_unpaired = 0
@@ -88,8 +92,11 @@ class SlotPairing:
             return Pairing(num_dropped=1)        # late: older than a set already emitted
         self._last_stamp[slot] = stamp_s
         pending = self._pending[slot]
-        num_dropped = int(len(pending) == pending.maxlen)
         pending.append(SlotMessage(stamp_s, item))
+        num_dropped = 0
+        while len(pending) > MAX_PENDING or pending[0].stamp_s < stamp_s - self.keep_s:
+            pending.popleft()                    # too old to make a fresh set: dropped
+            num_dropped += 1
         if len(self.slots) == 1:
             return self._emit(pending[-1], (pending[-1],), num_dropped)
         for anchor in reversed(self._pending[0]):            # the newest anchor first
