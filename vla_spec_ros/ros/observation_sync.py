@@ -38,7 +38,8 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
-MAX_PENDING = 256              # messages kept per slot at most (a flood), whatever keep_s
+MAX_PENDING = 64               # per slot at most, whatever keep_s (2 s at 30 Hz; a pairing
+#                                scans pending pairs, so the bound keeps a stall cheap)
 NUM_UNPAIRED_REFUSED = 2       # unpaired anchors in a row that are reported out of sync
 
 
