@@ -327,3 +327,35 @@ def test_a_recording_that_fails_stops_recording_not_the_robot(
         node.destroy_node()
     log = capfd.readouterr().err
     assert 'recording of' in log and 'stopped' in log and 'No space left' in log, log
+
+
+def test_a_cleanup_that_fails_midway_leaves_the_node_unconfigured_and_reconfigurable(
+        ros, monkeypatch):
+    """Serving.destroy raising partway (a device error, say): before, cleanup went to the
+    error transition, whose hold published on outputs already destroyed and raised again, and
+    rclpy finalized the node with its model still loaded (only a restart recovered). Now the
+    failure is logged, the model let go, and the node is unconfigured and can configure."""
+    from vla_spec_ros import VLAPolicy
+    from vla_spec_ros.ros.serving import Serving
+
+    destroy = Serving.destroy
+
+    def failing_destroy(self):
+        destroy(self)
+        raise RuntimeError('device error while freeing')
+    monkeypatch.setattr(Serving, 'destroy', failing_destroy)
+    context, executor, probe_node = ros
+    policy = VLAPolicy.from_pretrained('tiny', restrict_to_action_tokens=True)
+    node = VLASpecLifecycleNode(policy, node_name='vla_bad_cleanup', context=context)
+    executor.add_node(node)
+    try:
+        life = Lifecycle(Probe(probe_node, 'vla_bad_cleanup'), 'vla_bad_cleanup')
+        assert life.transition(Transition.TRANSITION_CONFIGURE)
+        assert life.transition(Transition.TRANSITION_CLEANUP)
+        assert life.state() == State.PRIMARY_STATE_UNCONFIGURED and node.serving is None
+        monkeypatch.setattr(Serving, 'destroy', destroy)
+        assert life.transition(Transition.TRANSITION_CONFIGURE)
+        assert life.state() == State.PRIMARY_STATE_INACTIVE
+    finally:
+        executor.remove_node(node)
+        node.destroy_node()

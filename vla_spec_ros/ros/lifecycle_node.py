@@ -133,18 +133,32 @@ class VLASpecLifecycleNode(LifecycleNode):
         return TransitionCallbackReturn.SUCCESS
 
     def on_error(self, state) -> TransitionCallbackReturn:
+        """A transition raised: hold every robot (where its outputs still exist), free the
+        model, and go back to unconfigured. Nothing here may raise: rclpy would finalize
+        the node, with its model still loaded, and only a restart would recover."""
         self.get_logger().error('error in a transition: zero twist, model freed')
         if self._serving is not None:
-            for channel in self._serving.channels:
-                channel.is_active = True          # let the zero through, then stop
-            self._serving.set_active(False, 'lifecycle error')
+            try:
+                for channel in self._serving.channels:
+                    channel.is_active = True      # let the zero through, then stop
+                self._serving.set_active(False, 'lifecycle error')
+            except Exception as exc:    # a cleanup failed midway: its outputs may be gone
+                self.get_logger().error(f'hold after the error failed: {describe_error(exc)}')
         self._free()
         return TransitionCallbackReturn.SUCCESS
 
     def _free(self) -> None:
-        if self._serving is not None:
-            self._serving.destroy()
-            self._serving = None
+        """Let go of the serving and its model, even when destroying it fails midway (the
+        failure is logged; what could not be destroyed goes with the node)."""
+        serving, self._serving = self._serving, None
+        if serving is None:
+            return
+        try:
+            serving.destroy()
+        except Exception as exc:
+            self.get_logger().error(f'freeing the model: {describe_error(exc)}')
+        finally:
+            del serving
             gc.collect()
 
     def destroy_node(self):
