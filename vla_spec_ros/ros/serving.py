@@ -29,11 +29,12 @@ from diagnostic_msgs.msg import DiagnosticArray
 from rcl_interfaces.msg import SetParametersResult
 from rclpy.parameter import Parameter
 
-from vla_spec_ros.engine.result import Frame, describe_error
+from vla_spec_ros.engine.result import Frame
 from vla_spec_ros.ros import twist_messages, diagnostics, params
 from vla_spec_ros.ros.gc_pauses import GcPauses, freeze_after_load, unfreeze
 from vla_spec_ros.ros.qos import COMMAND_QOS
 from vla_spec_ros.ros.robot_channel import RobotChannel
+from vla_spec_ros.ros.robot_recordings import RobotRecordings
 from vla_spec_ros.ros.chunk_clock import ChunkClock
 from vla_spec_ros.ros.command_rules import check_action_dim
 from vla_spec_ros.ros.worker import InferenceWorker
@@ -75,8 +76,7 @@ class Serving:
         self.engine.check_tunables(**self._pending_tunables)     # refused at start-up, not
         # at the first frame as an engine error
         self._tunables_lock = threading.Lock()
-        self.recorders = {robot: make_recorder(settings, robot)
-                          for robot, settings in config.robots.items()}
+        self.recordings = RobotRecordings(node, config.robots)
         self.chunk_clock = self._make_chunk_clock()
         wakeup = threading.Event()
         self.channels = []
@@ -94,7 +94,7 @@ class Serving:
         except Exception:    # a robot that cannot be served leaves no topic of the others,
             for channel in self.channels:       # and no recording open
                 channel.destroy()
-            self._close_recorders()
+            self.recordings.close()
             raise
         for channel in self.channels:
             channel.is_active = is_active
@@ -262,20 +262,7 @@ class Serving:
         for channel in self.channels:
             channel.destroy()
         self.node.destroy_publisher(self._diag_pub)
-        self._close_recorders()
-
-    def _close_recorders(self) -> None:
-        """Close every recording; one that cannot be closed (a full disk) is logged, and the
-        others and the rest of the shutdown go on."""
-        for robot, recorder in self.recorders.items():
-            if recorder is None:
-                continue
-            try:
-                recorder.close()
-            except Exception as exc:
-                self.node.get_logger().error(
-                    f'recording of {robot or self.node.get_name()} could not be closed: '
-                    f'{describe_error(exc)}')
+        self.recordings.close()
 
     def stats_snapshot(self, robot: str = '') -> dict:
         channel = next(c for c in self.channels if c.name == robot)
@@ -431,52 +418,10 @@ class Serving:
             self.engine_summary(), name=f'{self.node.get_fully_qualified_name()}: engine',
             hardware_id=self.settings.model_path))
         self._diag_pub.publish(array)
-        for robot, recorder in self.recorders.items():
-            if recorder is not None and not recorder.closed:
-                try:
-                    recorder.close_split_if_due()
-                except Exception as exc:       # a full disk must not take the node down
-                    self._stop_recording(robot, recorder, exc)
-
-    # ---- recording --------------------------------------------------------------------------
+        self.recordings.close_due_splits()
 
     def _on_submitted(self, channel, frame: Frame) -> None:
-        """Record a submitted frame (the worker's thread). A failure to record (a full disk, a
-        removed folder) stops that robot's recording with the reason in the log; it never
-        reaches the worker, which would take it for an engine failure and hold every robot."""
-        recorder = self.recorders[channel.name]
-        if recorder is None or recorder.is_full or recorder.closed:
-            return
-        stamp_ns = self.node.get_clock().now().nanoseconds
-        try:
-            if recorder.last_stamp_ns is not None and stamp_ns < recorder.last_stamp_ns:
-                recorder = self._next_bag(channel, recorder)
-            recorder.record(frame.images[0], frame.instruction, stamp_ns)
-        except Exception as exc:
-            self._stop_recording(channel.name, recorder, exc)
-            return
-        if recorder.is_full:
-            self.node.get_logger().warning(
-                f'recording of {channel.label} stopped: record_max_mb '
-                f'({channel.settings.record_max_mb} MB) reached; control goes on')
-
-    def _next_bag(self, channel, recorder):
-        """The node clock went back (a simulator reset): a bag is in time order, so the
-        frames from now on go to a new bag (before, none was recorded until the clock passed
-        its old time again: every episode after the first was lost)."""
-        recorder.close()
-        self.recorders[channel.name] = make_recorder(channel.settings, channel.name)
-        self.node.get_logger().info(
-            f'recording of {channel.label}: the node clock went back; frames from now on go '
-            f'to {self.recorders[channel.name].path}')
-        return self.recorders[channel.name]
-
-    def _stop_recording(self, robot: str, recorder, exc: BaseException) -> None:
-        self.node.get_logger().error(
-            f'recording of {robot or self.node.get_name()} stopped: {describe_error(exc)}; '
-            'control goes on')
-        with contextlib.suppress(Exception):
-            recorder.close()
+        self.recordings.record(channel.name, channel.settings, frame)
 
 
 def wait_for_acknowledgements(node, timeout_s: float) -> bool:
@@ -539,29 +484,5 @@ def chunk_steps_of(policy) -> int:
     return int(getattr(getattr(policy, 'model_config', None), 'action_chunk', 1) or 1)
 
 
-def make_recorder(settings, robot: str):
-    """The frame recorder of `record_dir`, or None when recording is off. Each start writes a
-    new bag, `<record_dir>/[<robot>/]vla_spec_<UTC time>`, so a restart never overwrites one.
-    Its files are split every `record_split_s` (the diagnostics timer closes a due split), so
-    a killed node leaves a bag readable up to its last closed split; a clean shutdown or a
-    lifecycle cleanup closes the last one."""
-    if not settings.record_dir:
-        return None
-    import os
-
-    from vla_spec_ros.recording import FrameRecorder
-
-    parent = os.path.join(settings.record_dir, robot)
-    os.makedirs(parent, exist_ok=True)
-    name = time.strftime('vla_spec_%Y%m%d_%H%M%S', time.gmtime())
-    directory, run = os.path.join(parent, name), 1
-    while os.path.exists(directory):             # two starts within one second
-        run += 1
-        directory = os.path.join(parent, f'{name}_{run}')
-    return FrameRecorder(directory, min_period_s=settings.record_period,
-                         max_bytes=settings.record_max_mb * 1024 * 1024,
-                         split_s=settings.record_split_s or None)
-
-
-__all__ = ['Serving', 'make_recorder', 'wait_for_acknowledgements', 'chunk_steps_of',
+__all__ = ['Serving', 'wait_for_acknowledgements', 'chunk_steps_of',
            'ModelIO', 'model_io_of', 'check_model_io']
