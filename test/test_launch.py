@@ -200,8 +200,9 @@ def test_a_joint_space_robot_gets_its_joint_topics_from_the_launch_arguments(pro
         wait_until(lambda: probe.count_publishers('/arm_controller/joint_trajectory') >= 1
                    and probe.count_subscribers('/joint_states') >= 1,
                    what='the remapped joint topics')
-    output = node.output
-    assert 'ready' in output, output
+    # (The topics exist before the warm-up ends: the node may be stopped before 'ready'.)
+    assert 'Traceback' not in node.output and "loading 'metaworld-demo'" in node.output, \
+        node.output
 
 
 def test_lifecycle_argument_picks_the_managed_executable():
