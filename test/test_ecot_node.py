@@ -135,8 +135,45 @@ def test_reasoning_every_n_set_at_run_time_reuses_the_text(ros, folders):
         reused = [d for d in published if d['reasoning_reused']]
         assert fresh and reused
         assert all(d['text'] == fresh[0]['text'] for d in reused)
+        # A reused text was not generated for its frame: only the action's tokens count.
+        assert all(d['num_tokens'] < fresh[0]['num_tokens'] for d in reused)
         wait_until(lambda: node.get_parameter('reasoning_every_n').value == 3,
                    what='the parameter kept')
+    finally:
+        stop(ros, node)
+
+
+def test_a_kept_reasoning_is_not_reused_after_a_new_instruction_or_a_pause(ros, folders):
+    """reasoning_every_n 4: before, the frames after a new instruction acted on the old
+    task's reasoning (the kept text knew no instruction), and after ``enabled`` false then
+    true on the reasoning from before the pause. Now the first frame after either reasons
+    afresh."""
+    from rclpy.parameter import Parameter
+
+    node, probe, reasoning = start(ros, folders['scripted'], 'vla_ecot_stale_reuse',
+                                   reasoning_every_n=4)
+    rng = np.random.default_rng(5)
+
+    def answer():
+        msg = probe.raw_image(rng.integers(0, 256, (48, 64, 3), dtype=np.uint8))
+        stamp = {'sec': msg.header.stamp.sec, 'nanosec': msg.header.stamp.nanosec}
+        found = probe.send(msg, lambda: reasoning.find(
+            lambda m: json.loads(m.data)['stamp'] == stamp), restamp=True)
+        return json.loads(found[1].data)
+
+    def set_parameter(name, value):
+        result = node.set_parameters([Parameter(name, value=value)])[0]
+        assert result.successful, result.reason
+
+    try:
+        assert not answer()['reasoning_reused']
+        assert answer()['reasoning_reused']                 # the kept text, as configured
+        set_parameter('instruction', 'put the cup in the sink')
+        assert not answer()['reasoning_reused']             # a new task reasons afresh
+        assert answer()['reasoning_reused']
+        set_parameter('enabled', False)
+        set_parameter('enabled', True)
+        assert not answer()['reasoning_reused']             # after a pause, afresh
     finally:
         stop(ros, node)
 

@@ -121,3 +121,35 @@ def test_the_counter_reuses_n_minus_one_frames_after_a_fresh_one():
     reuse.observe('a', (4,), was_forced=False)
     reuse.forget('a')
     assert reuse.forced_for('a', 3) == ()
+
+
+def test_the_kept_text_holds_for_its_context_only_and_n_of_one_forgets_it():
+    """A kept reasoning is reused only under the context it was reasoned in (the node: the
+    instruction and the statistics): before, a new instruction's frames acted on the old
+    task's reasoning. N = 1 forgets it, so turning reuse back on reasons afresh."""
+    reuse = ReasoningReuse()
+    drawer, button = ('open the drawer', 'k'), ('press the button', 'k')
+    assert reuse.forced_for('a', 3, drawer) == ()
+    reuse.observe('a', (1, 2), was_forced=False, context=drawer)
+    assert reuse.forced_for('a', 3, drawer) == (1, 2)
+    assert reuse.forced_for('a', 3, button) == ()           # another instruction: fresh
+    reuse.observe('a', (7,), was_forced=False, context=button)
+    assert reuse.forced_for('a', 3, button) == (7,)
+    assert reuse.forced_for('a', 1, button) == ()           # N = 1: forgotten ...
+    assert reuse.forced_for('a', 3, button) == ()           # ... so N = 3 starts afresh
+
+
+def test_a_frame_replaced_before_it_started_does_not_count(folder):
+    """The reuse is decided when a frame starts: before, it was counted at submission, so
+    the frames a newer one replaced (a camera faster than the engine, the node's
+    replace_waiting) used up the count, and a robot acted on one reasoning for many more than
+    N - 1 frames (8 in a row with N = 4 at 30 Hz)."""
+    p = policy(folder, mode='pipeline_spec', reasoning_every_n=2)
+    engine = p.engine
+    reused = []
+    for frame in drifting_frames(8, 1):
+        for _ in range(2):                  # one replaced before the engine steps at all
+            engine.replace_waiting(dataclasses.replace(frame))
+        (done,) = engine.run_until_idle()
+        reused.append(done.result.stats['reasoning_reused'])
+    assert reused == [False, True] * 4

@@ -23,6 +23,11 @@ from .result import ActionResult, FinishedAction, Frame, describe_error
 from .device.runner import ModelRunner
 
 
+def _reuse_context(request: Request) -> tuple:
+    """What a kept reasoning is valid under: the frame's instruction and statistics."""
+    return (request.frame.instruction, request.unnorm_key)
+
+
 def _check_reasoning_reuse(config: EngineConfig, codec) -> None:
     """``reasoning_every_n`` > 1 means something only for a model that writes reasoning."""
     if config.reasoning_every_n > 1 and not getattr(codec, 'writes_reasoning', False):
@@ -57,6 +62,7 @@ class Engine:
         _check_reasoning_reuse(config, runner.codec)
         self._reuse = ReasoningReuse()
         self.strategy = PackedStrategy(runner, config, draft)
+        self.strategy.on_admit = self._on_admit
 
     # ---- configuration ----------------------------------------------------------------------
 
@@ -132,10 +138,16 @@ class Engine:
         request = Request(next(self._ids), frame.stream_id, prefix_len, max_tokens,
                           self.strategy.slots_for(prefix_len), frame=frame,
                           input_ids=input_ids, unnorm_key=key, control_step=frame.control_step,
-                          submit_time=time.perf_counter(),
-                          forced=self._reuse.forced_for(frame.stream_id,
-                                                        self._config.reasoning_every_n))
+                          submit_time=time.perf_counter())
         return request
+
+    def _on_admit(self, request: Request) -> None:
+        """A request about to start (its prefill): the reasoning it must begin with, when
+        ``reasoning_every_n`` > 1 (engine/reasoning_reuse.py: decided here, not at submission,
+        so a frame replaced before it started is not counted)."""
+        request.forced = self._reuse.forced_for(request.stream_id,
+                                                self._config.reasoning_every_n,
+                                                _reuse_context(request))
 
     def has_work(self) -> bool:
         return self.strategy.has_work()
@@ -207,7 +219,7 @@ class Engine:
         decoded = codec.decode(request.tokens)
         if self._config.reasoning_every_n > 1:
             self._reuse.observe(request.stream_id, codec.reasoning_prefix(request.tokens),
-                                bool(request.forced))
+                                bool(request.forced), _reuse_context(request))
         stats = self._stats[request.unnorm_key]
         is_valid, reason = decoded.is_valid, decoded.invalid_reason
         normalized = decoded.normalized
@@ -228,6 +240,7 @@ class Engine:
                    'latency_s': now - request.submit_time,
                    'compute_s': now - (request.start_time or request.submit_time),
                    'unnorm_key': request.unnorm_key, 'num_tokens': len(request.tokens),
-                   'reasoning_reused': bool(request.forced)},
+                   'reasoning_reused': bool(request.forced),
+                   'num_forced': len(request.forced)},
             reasoning=self.runner.codec.describe(request.tokens))
         return FinishedAction(request.request_id, request.frame, result, None)

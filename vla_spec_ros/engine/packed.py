@@ -71,6 +71,9 @@ class PackedStrategy:
         self.config = config
         self.is_speculative = config.is_speculative
         self.drafter = drafter
+        # Called with each request as it starts (before its prefill is planned), when set:
+        # the engine decides there what a frame's output must begin with (Request.forced).
+        self.on_admit = None
         if self.is_speculative and drafter is None:
             raise ValueError(f'mode {config.mode!r} needs a draft head (draft_path)')
         # A drafter that reads no verifier features (the previous action) is handed no prefix
@@ -243,6 +246,8 @@ class PackedStrategy:
         for request in admitted:
             request.tunables = cfg
             request.start_time = t0
+            if self.on_admit is not None:       # the engine's (a reasoning reused, forced)
+                self.on_admit(request)
             chain = self.drafter.prefill_draft(request.stream_id, self.max_prefill_draft,
                                                request.control_step) \
                 if self.max_prefill_draft else ()

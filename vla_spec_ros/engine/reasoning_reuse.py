@@ -11,39 +11,48 @@ default) keeps nothing and forces nothing: every token is greedy decoding's.
 
 What it saves depends on the mode: the speculative modes verify the forced text as one chain
 per forward (its drafts are the previous output), AR still spends a forward per token. Plain
-Python; the engine owns one and calls it at submission, at finish and at reset.
+Python; the engine owns one and calls it when a frame starts, at finish and at reset.
 """
 from __future__ import annotations
 
 
 class ReasoningReuse:
     def __init__(self):
-        self._kept: dict[str, tuple[int, ...]] = {}     # stream -> reasoning prefix
+        # stream -> (the frame context it was reasoned under, its reasoning prefix)
+        self._kept: dict[str, tuple[tuple, tuple[int, ...]]] = {}
         self._since: dict[str, int] = {}                # stream -> frames since it was kept
 
-    def forced_for(self, stream_id: str, every_n: int) -> tuple[int, ...]:
-        """The tokens a new frame of ``stream_id`` must start with (empty: reason afresh).
-        Counted at submission: after a fresh frame the next N - 1 submitted frames reuse the
-        kept text (the newest fresh reasoning with an action finished so far), then one
-        reasons afresh; with nothing kept the frame reasons afresh."""
+    def forced_for(self, stream_id: str, every_n: int, context: tuple = ()) -> tuple[int, ...]:
+        """The tokens a frame of ``stream_id`` about to start must begin with (empty: reason
+        afresh). Counted when the frame starts (its prefill), not when it is submitted: a
+        submitted frame replaced by a newer one before it started neither reuses nor counts,
+        so a camera faster than the engine cannot stretch the reuse past N - 1 frames. After
+        a fresh frame the next N - 1 frames that start reuse the kept text (the newest fresh
+        reasoning with an action finished so far), then one reasons afresh. The kept text is
+        reused only under the ``context`` it was reasoned in (the node: the instruction and
+        the dataset statistics): a frame of a new instruction reasons afresh. N = 1 forgets
+        the kept text, so turning reuse on again starts from a fresh reasoning."""
         if every_n <= 1:
+            self.forget(stream_id)
             return ()
         kept, since = self._kept.get(stream_id), self._since.get(stream_id)
-        if kept is None or since is None or since >= every_n - 1:
+        if kept is None or kept[0] != context or since is None or since >= every_n - 1:
             self._since[stream_id] = 0
             return ()
         self._since[stream_id] = since + 1
-        return kept
+        return kept[1]
 
-    def observe(self, stream_id: str, prefix: tuple[int, ...] | None, was_forced: bool) -> None:
-        """A finished frame: a fresh reasoning with an action (``prefix`` not None) is kept;
-        a fresh frame without one leaves nothing to reuse (the next reasons afresh)."""
+    def observe(self, stream_id: str, prefix: tuple[int, ...] | None, was_forced: bool,
+                context: tuple = ()) -> None:
+        """A finished frame: a fresh reasoning with an action (``prefix`` not None) is kept
+        with its ``context``; a fresh frame without one leaves nothing to reuse (the next
+        reasons afresh)."""
         if was_forced:
             return
         if prefix is None:
             self._kept.pop(stream_id, None)
         else:
-            self._kept[stream_id] = tuple(prefix)
+            self._kept[stream_id] = (tuple(context), tuple(prefix))
 
     def forget(self, stream_id: str | None = None) -> None:
         if stream_id is None:

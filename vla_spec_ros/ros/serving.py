@@ -353,6 +353,10 @@ class Serving:
                 if not channel.settings.enabled:
                     channel.slot.clear()
                     channel.clear_chunks()
+                    # ... and what the engine holds of it: its frames in flight and a kept
+                    # reasoning (reasoning_every_n), which must not steer the robot after a
+                    # pause in a scene that has changed meanwhile.
+                    self._on_reset(channel)
             if before.instruction != channel.settings.instruction:
                 channel.instruction_changed()
             if before.state_order != channel.settings.state_order:
