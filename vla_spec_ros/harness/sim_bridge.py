@@ -390,6 +390,13 @@ class SimBridgeNode(Node):
 def main(args=None) -> int:
     """`ros2 run vla_spec_ros sim-bridge --ros-args -p task_name:=drawer-open -p episodes:=5
     -r ~/image:=/vla_spec/image ...`: runs the episodes and logs each result."""
+    from vla_spec_ros.ros.node import wants_help
+
+    if wants_help(args):
+        print('usage: vla-spec-sim-bridge [--ros-args -p task_name:=NAME -p episodes:=N '
+              '-r ~/image:=... ...]\n\nRuns Meta-World episodes against a VLA node over ROS '
+              '2 topics and logs each result (docs/demo.md, "The simulator behind the node").')
+        return 0
     rclpy.init(args=args)
     node, spinning = None, None
     try:

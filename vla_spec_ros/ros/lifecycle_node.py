@@ -42,12 +42,12 @@ class VLASpecLifecycleNode(LifecycleNode):
     used at configure instead of loading `model_path`."""
 
     def __init__(self, policy=None, *, node_name: str = 'vla_spec', **node_kwargs):
-        super().__init__(node_name, **node_kwargs)
+        self._serving: Serving | None = None     # first: a refused parameter below still
+        super().__init__(node_name, **node_kwargs)   # leaves a node rclpy can destroy
         self._values = params.declare_parameters(self)
         refuse_unknown_overrides(self)
         self._given_policy = policy
         self._recommended_for = None      # the model_path whose recommendations were taken
-        self._serving: Serving | None = None
         self.add_on_set_parameters_callback(self._validate)
         self.add_post_set_parameters_callback(self._apply)
 
@@ -168,7 +168,10 @@ class VLASpecLifecycleNode(LifecycleNode):
 
 def main(args=None) -> int:
     """`vla-spec-lifecycle-node [--ros-args ...]`; starts unconfigured."""
-    return run(VLASpecLifecycleNode, 'vla_spec', args)
+    return run(VLASpecLifecycleNode, 'vla_spec', args, command='vla-spec-lifecycle-node',
+               summary='The managed vla_spec node: starts unconfigured; `ros2 lifecycle set '
+                       '<node> configure` loads the model, `activate` starts acting '
+                       '(docs/node.md).')
 
 
 if __name__ == '__main__':

@@ -196,12 +196,42 @@ def stop_in_order(node, reason: str) -> None:
         stop_serving(reason)
 
 
-def run(node_factory, name: str, args=None) -> int:
+def wants_help(args, ros_args_flag: str = '--ros-args') -> bool:
+    """`-h` / `--help` before any `--ros-args` (a node otherwise starts, whatever it is
+    given)."""
+    argv = list(sys.argv[1:] if args is None else args[1:])
+    before = argv[:argv.index(ros_args_flag)] if ros_args_flag in argv else argv
+    return any(a in ('-h', '--help') for a in before)
+
+
+def parameter_help(command: str, summary: str) -> str:
+    """The usage of a node entry point and its parameters (name, default, range: what
+    `ros2 param describe` says)."""
+    lines = [f'usage: {command} [--ros-args --params-file FILE -p NAME:=VALUE -r FROM:=TO ...]',
+             '', summary, '', 'parameters (docs/node.md has the full table):']
+    for spec in params.PARAMETERS:
+        constraints = params.describe_range(spec)
+        lines.append(f'  {spec.name} = {spec.default!r}'
+                     + (f'  [{constraints}]' if constraints else ''))
+        lines.append(f'      {spec.description}')
+    return '\n'.join(lines)
+
+
+def run(node_factory, name: str, args=None, *, command: str = 'vla-spec-node',
+        summary: str = 'The vla_spec node.') -> int:
     """Spin the node `node_factory()` builds until SIGINT, SIGTERM or shutdown, then stop it
     in order (`stop_serving`: holds last) and exit 0; exit code 1 with a message on bad
-    parameters or a checkpoint that does not load. Ctrl-C while the model loads ends at once
-    (nothing was published yet)."""
-    rclpy.init(args=args, signal_handler_options=SignalHandlerOptions.NO)
+    parameters, arguments ROS cannot parse (a malformed `-p`, a params file missing or not
+    YAML) or a checkpoint that does not load. Ctrl-C while the model loads ends at once
+    (nothing was published yet). `-h` / `--help` prints the parameters and exits 0."""
+    if wants_help(args):
+        print(parameter_help(command, summary))
+        return 0
+    try:
+        rclpy.init(args=args, signal_handler_options=SignalHandlerOptions.NO)
+    except Exception as exc:      # rcl's RCLError: "Couldn't parse parameter override ..."
+        print(f'{name}: {exc}', file=sys.stderr)
+        return 1
     node, stop = None, StopRequest()
     try:
         node = node_factory()
@@ -234,7 +264,9 @@ def run(node_factory, name: str, args=None) -> int:
 
 def main(args=None) -> int:
     """`vla-spec-node [--ros-args --params-file config/robot.yaml ...]`."""
-    return run(VLASpecNode, 'vla_spec', args)
+    return run(VLASpecNode, 'vla_spec', args, command='vla-spec-node',
+               summary='Runs a VLA model on camera frames and publishes robot commands '
+                       '(docs/node.md).')
 
 
 if __name__ == '__main__':
