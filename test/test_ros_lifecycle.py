@@ -257,6 +257,7 @@ def test_a_configure_that_fails_midway_leaves_no_topic_behind(ros, tmp_path, mon
     node = VLASpecLifecycleNode(policy, node_name='vla_midway', context=context,
                                 parameter_overrides=[
                                     Parameter('pose_targets', value=True),
+                                    Parameter('unnorm_key', value='bridge_orig'),
                                     Parameter('record_dir', value=str(tmp_path / 'rec'))])
     executor.add_node(node)
     try:
@@ -346,7 +347,9 @@ def test_a_cleanup_that_fails_midway_leaves_the_node_unconfigured_and_reconfigur
     monkeypatch.setattr(Serving, 'destroy', failing_destroy)
     context, executor, probe_node = ros
     policy = VLAPolicy.from_pretrained('tiny', restrict_to_action_tokens=True)
-    node = VLASpecLifecycleNode(policy, node_name='vla_bad_cleanup', context=context)
+    node = VLASpecLifecycleNode(policy, node_name='vla_bad_cleanup', context=context,
+                                parameter_overrides=[Parameter('unnorm_key',
+                                                               value='bridge_orig')])
     executor.add_node(node)
     try:
         life = Lifecycle(Probe(probe_node, 'vla_bad_cleanup'), 'vla_bad_cleanup')

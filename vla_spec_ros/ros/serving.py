@@ -271,9 +271,15 @@ class Serving:
     # ---- parameters -------------------------------------------------------------------------
 
     def _check_unnorm_key(self, key: str) -> None:
+        """A key the checkpoint has; empty only when it has one dataset (with several, an
+        empty key started "ready" and then refused every frame)."""
         if key and key not in self.unnorm_keys:
             raise ValueError(f'unnorm_key: {key!r} not in this checkpoint\'s '
                              f'{list(self.unnorm_keys)}')
+        if not key and len(self.unnorm_keys) > 1:
+            raise ValueError(f'unnorm_key: empty, but this checkpoint has '
+                             f'{len(self.unnorm_keys)} datasets {list(self.unnorm_keys)}: set '
+                             'the one the robot\'s actions are in')
 
     def validate(self, changes) -> SetParametersResult:
         """On-set callback: refuse load-time changes and invalid values (no side effects)."""
