@@ -31,7 +31,8 @@ def test_freeze_moves_what_exists_out_of_full_collections(unfrozen):
     if gc_pauses._num_freezes:
         pytest.skip('a node of this process holds a freeze')
     frozen = freeze_after_load()
-    assert frozen == gc.get_freeze_count() >= len(alive)
+    # (>=: a thread of an earlier test may free a frozen object meanwhile; seen in CI.)
+    assert frozen >= gc.get_freeze_count() >= len(alive)
     assert in_oldest_generation() == 0                # walked by no collection now
     unfreeze()
     assert gc.get_freeze_count() == 0 and in_oldest_generation() == len(alive)

@@ -266,8 +266,9 @@ def test_a_camera_clock_slightly_ahead_does_not_delay_the_stale_hold(sim_robot):
         'stale observation'), what='the stale hold after the camera stopped')
     held_after = time.monotonic() - last_sent      # simulated time runs at wall speed
     # The old rule held only at max_action_age + the offset (3.5 s); 1 s of slack for a slow
-    # machine's watchdog tick and message delivery.
-    assert max_age_s - 0.1 <= held_after < max_age_s + 1.0, held_after
+    # machine's watchdog tick and message delivery. Earlier by up to a few frame periods when
+    # the last frames sent were lost (the image topic is best effort; 1.88 s was seen in CI).
+    assert max_age_s - 0.5 <= held_after < max_age_s + 1.0, held_after
 
 
 def test_a_negative_stamp_is_refused_not_taken_for_unstamped(sim_robot):
