@@ -21,7 +21,7 @@ HAS_ROS = all(importlib.util.find_spec(m) is not None
 DOMAIN_ID = 141 + (os.getpid() % 40)
 ENGINE_VALUES = {'model_path': 'tiny', 'mode': 'pipeline', 'max_inflight': 5,
                  'max_inflight_per_stream': 3, 'draft_path': '',
-                 'restrict_to_action_tokens': True}
+                 'restrict_to_action_tokens': True, 'unnorm_key': 'bridge_orig'}
 
 
 def test_the_parameters_build_one_configuration():

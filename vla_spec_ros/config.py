@@ -225,7 +225,8 @@ class EngineConfig:
                                      'stream\'s previous action, no draft model), an EAGLE '
                                      'draft-head folder, "checkpoint" (the checkpoint\'s '
                                      'draft/ folder) or "random" (a seeded random head, for '
-                                     'tests); empty = previous_action')
+                                     'tests); empty = the model\'s default draft '
+                                     '(previous_action, or the one its family names)')
     draft_previous_action: bool = _option(False, 'Also draft each stream\'s previous action: its '
                                           'chain is merged into every draft-head tree (spec '
                                           'modes)')

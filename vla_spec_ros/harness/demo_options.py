@@ -28,9 +28,10 @@ def add_arguments(parser) -> None:
                         help='checkpoint folder, embedded model or preset name')
     parser.add_argument('--second-model', default='auto',
                         help='after --model, the stream, speed and lockstep parts again for '
-                        'this model (through the node in real time, ensemble blend), as a '
-                        'record of its own (demo_second.py); auto: metaworld-demo-fast after '
-                        'the default metaworld-demo, nothing after another model; none: skip')
+                        'this model (through the node in real time, with the chunk blend its '
+                        'family recommends), as a record of its own (demo_second.py); auto: '
+                        'the next embedded model (metaworld-demo-fast after metaworld-demo, '
+                        'then metaworld-demo-reason), nothing after another model; none: skip')
     parser.add_argument('--tasks', default=','.join(DEFAULT_TASK_NAMES),
                         help='comma-separated Meta-World task names')
     parser.add_argument('--parts', default=','.join(DEFAULT_PARTS),
