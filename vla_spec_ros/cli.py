@@ -10,6 +10,7 @@ import sys
 import numpy as np
 
 from .config import MODES
+from .validation import at_least, positive_float
 from .models.registry import PRESETS
 
 
@@ -98,7 +99,11 @@ def cmd_bench(args) -> int:
             if getattr(args, name) is not None}
     if args.draft_previous_action:
         tree['draft_previous_action'] = True
-    sweep = [int(v) for v in args.sweep_inflight.split(',')] if args.sweep_inflight else None
+    try:
+        sweep = [int(v) for v in args.sweep_inflight.split(',')] if args.sweep_inflight else None
+    except ValueError:
+        raise ValueError(f'--sweep-inflight: expected comma-separated integers, got '
+                         f'{args.sweep_inflight!r}') from None
     rows = run_bench(args.model or args.preset, modes, args.frames, args.warmup, args.device,
                      args.dtype, args.seed, args.draft_path, args.streams, args.out, command,
                      tree=tree, sweep_inflight=sweep, frame_source=args.frames_from,
@@ -134,7 +139,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument('--seed', type=int, default=0)
     p.add_argument('--dtype', default='float32',
                    choices=['float32', 'float64', 'bfloat16', 'float16'])
-    p.add_argument('--max-shard-mb', type=float, default=None,
+    p.add_argument('--max-shard-mb', type=positive_float, default=None,
                    help='shard the weights (model.safetensors.index.json) at this size')
     p.add_argument('--image-slots', type=int, default=None,
                    help='pi0fast-*: cameras per frame (default: the preset\'s; the node\'s '
@@ -164,7 +169,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument('--mode', default='ar', choices=MODES)
     p.add_argument('--relax-threshold', type=int, default=0)
     p.add_argument('--restrict-to-action-tokens', action='store_true')
-    p.add_argument('--repeat', type=int, default=1)
+    p.add_argument('--repeat', type=at_least(1), default=1)
     p.add_argument('--seed', type=int, default=0)
     _add_engine_args(p)
     p.set_defaults(func=cmd_predict)
@@ -173,15 +178,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument('--preset', default='tiny')
     p.add_argument('--model', default=None, help='checkpoint folder (overrides --preset)')
     p.add_argument('--modes', default='hf,ar,pipeline')
-    p.add_argument('--frames', type=int, default=30)
+    p.add_argument('--frames', type=at_least(1), default=30)
     p.add_argument('--frames-from', default='random',
                    choices=('random', 'metaworld', 'metaworld-episodes'),
                    help='random: uniform noise images; metaworld: held-out Meta-World '
                    'observations of the embedded model\'s tasks, the tasks in turn frame by '
                    'frame; metaworld-episodes: each stream consecutive control steps of one '
                    'task after another, as a robot\'s camera (both need the simulator)')
-    p.add_argument('--warmup', type=int, default=3)
-    p.add_argument('--streams', type=int, default=1,
+    p.add_argument('--warmup', type=at_least(0), default=3)
+    p.add_argument('--streams', type=at_least(1), default=1,
                    help='cameras: frames go to the streams in turn, each stream has one '
                    'waiting whenever its previous frame was admitted')
     p.add_argument('--max-prefills-per-step', type=int, default=1,
@@ -266,7 +271,8 @@ def main(argv=None) -> int:
     args.argv = argv
     try:
         return int(args.func(args) or 0)
-    except (ValueError, FileNotFoundError) as exc:
+    except (ValueError, FileNotFoundError, FileExistsError, NotADirectoryError,
+            json.JSONDecodeError) as exc:
         print(f'vla-spec {args.command}: error: {exc}', file=sys.stderr)
         return 2
 

@@ -34,6 +34,7 @@ import torch.nn.functional as F
 from PIL import Image
 
 from .engine.device.frame_upload import FrameUploader
+from .validation import at_least
 from .engine.result import Frame
 from .models import registry
 
@@ -240,7 +241,7 @@ def add_arguments(p) -> None:
     p.add_argument('--frames-from', default='metaworld', choices=('metaworld',),
                    help='without --images: held-out Meta-World observations of the embedded '
                    'model\'s tasks (needs the simulator)')
-    p.add_argument('--frames', type=int, default=200, help='frames to use (at most)')
+    p.add_argument('--frames', type=at_least(1), default=200, help='frames to use (at most)')
     p.add_argument('--frame-size', type=int, default=None,
                    help='side of the rendered Meta-World frames (default: the model\'s image '
                    'size; another size takes the resize path)')
@@ -264,6 +265,11 @@ def run(args) -> int:
     dtypes = [d.strip() for d in args.dtypes.split(',') if d.strip()]
     devices = [d.strip() for d in args.devices.split(',') if d.strip()] if args.devices else \
         ['cpu'] + (['cuda'] if torch.cuda.is_available() else [])
+    for device in devices:       # as the engine's config checks it, before any frame is made
+        if device != 'cpu' and not device.startswith('cuda'):
+            raise ValueError(f'--devices: {device!r}: expected "cpu" or "cuda[:N]"')
+        if device.startswith('cuda') and not torch.cuda.is_available():
+            raise ValueError(f'--devices: {device!r} requested but CUDA is not available')
     if args.images:
         frames = folder_frames(args.images, args.instruction, args.frames, args.unnorm_key)
     else:

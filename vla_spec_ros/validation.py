@@ -6,6 +6,7 @@ name. Pure Python (no numpy, no torch).
 """
 from __future__ import annotations
 
+import argparse
 import math
 import numbers
 
@@ -58,4 +59,32 @@ def require_int_fields(obj, names, minimum: int) -> None:
         check_int(name, getattr(obj, name), minimum=minimum)
 
 
-__all__ = ['check_int', 'check_number', 'require_int_fields']
+# ---- command-line arguments (argparse types) ----------------------------------------------
+
+def at_least(minimum: int):
+    """An argparse type: an integer >= `minimum` (a count of frames, streams, repeats), so a
+    0 or a negative one is refused with the option's name instead of failing later."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f'expected an integer, got {text!r}') from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f'expected an integer >= {minimum}, got {value}')
+        return value
+    parse.__name__ = f'integer >= {minimum}'
+    return parse
+
+
+def positive_float(text: str) -> float:
+    """An argparse type: a finite float > 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f'expected a number, got {text!r}') from None
+    if not value > 0 or value == float('inf'):
+        raise argparse.ArgumentTypeError(f'expected a number > 0, got {text}')
+    return value
+
+
+__all__ = ['at_least', 'positive_float', 'check_int', 'check_number', 'require_int_fields']

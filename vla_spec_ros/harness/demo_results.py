@@ -247,8 +247,22 @@ def reference_7b(root: Path | None = None) -> dict:
     return out
 
 
+RECORD_KEYS = ('machine', 'created', 'command')     # what every demo record has
+
+
 def load_record(path) -> dict:
-    return json.loads(Path(path).read_text())
+    """A demo record written by `write_results` (its .json); ValueError naming the file when
+    it is not JSON or not a demo record."""
+    try:
+        record = json.loads(Path(path).read_text())
+    except json.JSONDecodeError as exc:
+        raise ValueError(f'--report {path}: not JSON ({exc}); give the demo\'s .json '
+                         'record') from None
+    missing = [key for key in RECORD_KEYS
+               if not isinstance(record, dict) or key not in record]
+    if missing:
+        raise ValueError(f'--report {path}: not a demo record (no {", ".join(missing)})')
+    return record
 
 
 def print_report(record: dict, paths: dict | None = None) -> None:

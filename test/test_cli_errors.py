@@ -1,0 +1,38 @@
+"""`vla-spec` on bad arguments, as a user types them (processes): each ends with one line
+naming the option or the file and exit code 2, never a traceback. Before: an IndexError
+(`bench --frames 0`), a ZeroDivisionError (`--streams 0`), a FileExistsError, torch's
+RuntimeError (`fidelity --devices tpu`), a KeyError (`demo --report` of another JSON file),
+and `predict --repeat 0` printed nothing and exited 0."""
+import subprocess
+import sys
+
+import pytest
+
+TIMEOUT_S = 180
+
+
+@pytest.mark.parametrize('args, words', [
+    (['bench', '--frames', '0', '--modes', 'ar'], 'argument --frames: expected an integer >= 1'),
+    (['bench', '--streams', '0'], 'argument --streams: expected an integer >= 1'),
+    (['bench', '--warmup', '-1'], 'argument --warmup: expected an integer >= 0'),
+    (['bench', '--sweep-inflight', 'a,b', '--modes', 'ar', '--frames', '1'],
+     '--sweep-inflight: expected comma-separated integers'),
+    (['predict', '--repeat', '0'], 'argument --repeat: expected an integer >= 1'),
+    (['make-checkpoint', '--preset', 'tiny', '--out', 'OUT', '--max-shard-mb', '-1'],
+     'argument --max-shard-mb: expected a number > 0'),
+    (['make-checkpoint', '--preset', 'tiny', '--out', 'FILE'], 'File exists'),
+    (['fidelity', '--devices', 'tpu', '--frames', '2'], "--devices: 'tpu'"),
+    (['demo', '--report', 'EMPTY_JSON'], 'not a demo record'),
+    (['demo', '--report', 'FILE'], 'not JSON'),
+])
+def test_a_bad_argument_ends_with_one_line_naming_it(tmp_path, args, words):
+    existing = tmp_path / 'a_file.md'
+    existing.write_text('not a record')
+    empty = tmp_path / 'empty.json'
+    empty.write_text('{}')
+    names = {'OUT': str(tmp_path / 'out'), 'FILE': str(existing), 'EMPTY_JSON': str(empty)}
+    done = subprocess.run([sys.executable, '-m', 'vla_spec_ros.cli',
+                           *[names.get(a, a) for a in args]],
+                          capture_output=True, text=True, timeout=TIMEOUT_S)
+    assert done.returncode == 2, (done.returncode, done.stderr[-2000:])
+    assert words in done.stderr and 'Traceback' not in done.stderr, done.stderr[-2000:]
