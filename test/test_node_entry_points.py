@@ -45,3 +45,29 @@ def test_a_bad_command_line_ends_with_one_line_and_exit_code_1(module, args, wor
     done = run_module(module, *args)
     assert done.returncode == 1, (done.returncode, done.stderr)
     assert words in done.stderr and 'Traceback' not in done.stderr, done.stderr
+
+
+@pytest.mark.parametrize('key, name, applies', [
+    ('/**', '/vla_spec', True), ('vla_spec', '/vla_spec', True), ('/vla_spec', '/vla_spec', True),
+    ('vla_spec_node', '/vla_spec', False), ('/arm/vla_spec', '/arm/vla_spec', True),
+    ('/arm/vla_spec', '/vla_spec', False), ('/**/vla_spec', '/vla_spec', True),
+    ('/**/vla_spec', '/a/b/vla_spec', True), ('/*/vla_spec', '/a/vla_spec', True),
+    ('/*/vla_spec', '/vla_spec', False),
+])
+def test_a_params_file_key_applies_to_the_nodes_rcl_applies_it_to(key, name, applies):
+    from vla_spec_ros.ros.params_files import key_matches
+    assert key_matches(key, name) is applies
+
+
+def test_a_params_file_naming_another_node_is_reported(tmp_path):
+    """Its values were silently not applied (rcl matches sections by node name), so the node
+    ran its default model; now it says so, naming the file, its sections and its own name."""
+    wrong = tmp_path / 'wrong.yaml'
+    wrong.write_text('vla_spec_node:\n  ros__parameters:\n    mode: ar\n')
+    right = tmp_path / 'right.yaml'
+    right.write_text('/**:\n  ros__parameters:\n    enabled: false\n')
+    from vla_spec_ros.ros.params_files import unmatched_params_files
+    argv = ['vla-spec-node', '--ros-args', '--params-file', str(right),
+            '--params-file', str(wrong), '-p', 'mode:=ar']
+    assert unmatched_params_files(argv, '/vla_spec') == [(str(wrong), ['vla_spec_node'])]
+    assert unmatched_params_files(argv[:4], '/vla_spec') == []

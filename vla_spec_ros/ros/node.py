@@ -217,6 +217,18 @@ def parameter_help(command: str, summary: str) -> str:
     return '\n'.join(lines)
 
 
+def warn_unmatched_params_files(node, argv) -> None:
+    """A `--params-file` none of whose node keys names this node was silently not applied
+    (params_files.py): say so, naming its keys and the node's name."""
+    from vla_spec_ros.ros.params_files import unmatched_params_files
+
+    name = node.get_fully_qualified_name()
+    for path, keys in unmatched_params_files(argv, name):
+        node.get_logger().warning(
+            f'--params-file {path}: its sections {keys} name no node {name}; none of its '
+            f'values were applied (use the key {name} or /**)')
+
+
 def run(node_factory, name: str, args=None, *, command: str = 'vla-spec-node',
         summary: str = 'The vla_spec node.') -> int:
     """Spin the node `node_factory()` builds until SIGINT, SIGTERM or shutdown, then stop it
@@ -235,6 +247,7 @@ def run(node_factory, name: str, args=None, *, command: str = 'vla-spec-node',
     node, stop = None, StopRequest()
     try:
         node = node_factory()
+        warn_unmatched_params_files(node, sys.argv if args is None else args)
         with stop.installed():
             spin_until(node, stop)
             stop_in_order(node, stop.reason)
