@@ -109,13 +109,16 @@ class StateInput(InputAdapter):
         with self._lock:
             self._samples.clear()
 
-    def _add(self, key, time_s: float, value, error) -> None:
+    def _add(self, time_s: float, samples: dict) -> None:
+        """One message's samples, {key: (value or None, error or None)}, at `time_s`: the
+        settings and the clock read once per message, not per joint."""
         settings = self._get_settings()
         keep_s = settings.max_action_age + settings.max_state_age + KEEP_MARGIN_S
         now_s = self._now_s()
         with self._lock:
-            self._samples.setdefault(key, SampleHistory()).add((time_s, value, error), now_s,
-                                                               keep_s)
+            for key, (value, error) in samples.items():
+                self._samples.setdefault(key, SampleHistory()).add((time_s, value, error),
+                                                                   now_s, keep_s)
 
     def _keys(self, settings) -> list:
         raise NotImplementedError
@@ -210,8 +213,7 @@ class JointStateInput(StateInput):
             samples = joint_positions(msg.name, msg.position, order)
         except ValueError as exc:        # no position of this message can be trusted
             samples = {j: (None, str(exc)) for j in named}
-        for joint, (value, error) in samples.items():
-            self._add(joint, time_s, value, error)
+        self._add(time_s, samples)
 
 
 class ArrayStateInput(StateInput):
@@ -236,7 +238,7 @@ class ArrayStateInput(StateInput):
             vector, error = state_from_array(msg.data, self._get_settings().state_order), None
         except ValueError as exc:
             vector, error = None, str(exc)
-        self._add('state', self._now_s(), vector, error)
+        self._add(self._now_s(), {'state': (vector, error)})
 
 
 __all__ = ['StateInput', 'JointStateInput', 'ArrayStateInput', 'joint_positions',
