@@ -70,18 +70,26 @@ def _quiet(probe, start):
     return len(probe.twists.snapshot()) - start
 
 
-def test_transitions_gate_everything_the_node_publishes(ros, tmp_path):
+def _recording_node(ros, name, record_dir):
+    """A managed node over the tiny model, enabled with an instruction, recording every
+    frame it acts on to `record_dir`, added to the test's executor (unconfigured)."""
     from vla_spec_ros import VLAPolicy
 
-    context, executor, probe_node = ros
+    context, executor, _ = ros
     policy = VLAPolicy.from_pretrained('tiny', restrict_to_action_tokens=True)
     overrides = {'enabled': True, 'instruction': INSTRUCTION, 'unnorm_key': 'bridge_orig',
                  'max_action_age': 5.0, 'max_linear_speed': 10.0, 'max_angular_speed': 20.0,
-                 'record_dir': str(tmp_path / 'recorded'), 'record_period': 0.0}
-    node = VLASpecLifecycleNode(policy, node_name='vla_managed', context=context,
+                 'record_dir': str(record_dir), 'record_period': 0.0}
+    node = VLASpecLifecycleNode(policy, node_name=name, context=context,
                                 parameter_overrides=[Parameter(k, value=v)
                                                      for k, v in overrides.items()])
     executor.add_node(node)
+    return node
+
+
+def test_transitions_gate_everything_the_node_publishes(ros, tmp_path):
+    context, executor, probe_node = ros
+    node = _recording_node(ros, 'vla_managed', tmp_path / 'recorded')
     try:
         probe = Probe(probe_node, 'vla_managed')
         life = Lifecycle(probe, 'vla_managed')
@@ -293,7 +301,6 @@ def test_a_recording_that_fails_stops_recording_not_the_robot(
     served, and cleanup completes."""
     import errno
 
-    from vla_spec_ros import VLAPolicy
     from vla_spec_ros.recording import FrameRecorder
 
     def disk_full(*args, **kwargs):
@@ -301,14 +308,7 @@ def test_a_recording_that_fails_stops_recording_not_the_robot(
     monkeypatch.setattr(FrameRecorder, 'record', disk_full)
     monkeypatch.setattr(FrameRecorder, 'close', disk_full)
     context, executor, probe_node = ros
-    policy = VLAPolicy.from_pretrained('tiny', restrict_to_action_tokens=True)
-    overrides = {'enabled': True, 'instruction': INSTRUCTION, 'unnorm_key': 'bridge_orig',
-                 'max_action_age': 5.0, 'max_linear_speed': 10.0, 'max_angular_speed': 20.0,
-                 'record_dir': str(tmp_path / 'full'), 'record_period': 0.0}
-    node = VLASpecLifecycleNode(policy, node_name='vla_disk_full', context=context,
-                                parameter_overrides=[Parameter(k, value=v)
-                                                     for k, v in overrides.items()])
-    executor.add_node(node)
+    node = _recording_node(ros, 'vla_disk_full', tmp_path / 'full')
     try:
         probe = Probe(probe_node, 'vla_disk_full')
         life = Lifecycle(probe, 'vla_disk_full')
