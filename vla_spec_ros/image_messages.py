@@ -59,7 +59,7 @@ def _to_uint8(values: np.ndarray) -> np.ndarray:
     TIFF, 32-bit integers) is refused: scaled as 16-bit it would become a black image."""
     if values.dtype == np.uint8:
         return values
-    if values.dtype != np.uint16 and values.dtype != np.dtype('>u2'):
+    if values.dtype.kind != 'u' or values.dtype.itemsize != 2:      # either byte order
         raise ValueError(f'data: {values.dtype} pixels; expected 8 or 16-bit unsigned')
     return np.rint(values.astype(np.float64) / 257.0).astype(np.uint8)
 
