@@ -3,7 +3,8 @@ process: what the `vla-spec` script runs): each ends with one line naming the op
 file and exit code 2, never a traceback. Before: an IndexError
 (`bench --frames 0`), a ZeroDivisionError (`--streams 0`), a FileExistsError, torch's
 RuntimeError (`fidelity --devices tpu`), a KeyError (`demo --report` of another JSON file),
-and `predict --repeat 0` printed nothing and exited 0."""
+`predict --repeat 0` printed nothing and exited 0, and a mistyped `--draft-path` was ignored
+in the modes that do not draft."""
 import pytest
 
 from vla_spec_ros import cli
@@ -22,13 +23,22 @@ from vla_spec_ros import cli
     (['fidelity', '--devices', 'tpu', '--frames', '2'], "--devices: 'tpu'"),
     (['demo', '--report', 'EMPTY_JSON'], 'not a demo record'),
     (['demo', '--report', 'FILE'], 'not JSON'),
+    # A draft path that cannot load is refused in a mode that does not draft too (before:
+    # AR ran and the typo surfaced only when the mode was changed).
+    (['predict', '--mode', 'ar', '--draft-path', 'OUT'], "draft_path: '"),
+    (['predict', '--mode', 'pipeline', '--draft-path', 'previous_actoin'], 'does not exist'),
+    (['predict', '--model', 'metaworld-demo-fast', '--draft-path', 'checkpoint'], 'has none'),
+    # A --data folder without demonstrations (a typo) is refused, not collected into (15 min)
+    # unless --collect-missing asks for it; nothing is written.
+    (['train-demo-vla', '--data', 'OUT', '--out', 'OUT2'], 'holds no demonstrations'),
 ])
 def test_a_bad_argument_ends_with_one_line_naming_it(tmp_path, capsys, args, words):
     existing = tmp_path / 'a_file.md'
     existing.write_text('not a record')
     empty = tmp_path / 'empty.json'
     empty.write_text('{}')
-    names = {'OUT': str(tmp_path / 'out'), 'FILE': str(existing), 'EMPTY_JSON': str(empty)}
+    names = {'OUT': str(tmp_path / 'out'), 'OUT2': str(tmp_path / 'out2'),
+             'FILE': str(existing), 'EMPTY_JSON': str(empty)}
     try:
         code = cli.main([names.get(a, a) for a in args])
     except SystemExit as exc:                   # argparse's own refusal of an argument
@@ -36,3 +46,4 @@ def test_a_bad_argument_ends_with_one_line_naming_it(tmp_path, capsys, args, wor
     stderr = capsys.readouterr().err
     assert code == 2, (code, stderr[-2000:])
     assert words in stderr and 'Traceback' not in stderr, stderr[-2000:]
+    assert not (tmp_path / 'out2-train').exists() and not (tmp_path / 'out').exists()

@@ -46,6 +46,10 @@ class Engine:
         if draft is None and config.is_speculative:
             from .drafting.draft_choice import load_draft_for
             draft = load_draft_for(runner, config, runner.checkpoint_folder)
+        elif draft is None:
+            # A mode that does not draft still refuses a draft_path that could not load.
+            from .drafting.draft_choice import check_draft_path
+            check_draft_path(config.draft_path, runner.checkpoint_folder)
         self.runner = runner
         self.norm_stats = norm_stats
         self._config = config

@@ -95,9 +95,12 @@ def train_draft_head(cfg: DemoTrainConfig, demos, out: Path, work_dir: Path) -> 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument('--out', required=True, help='checkpoint folder to write (the embedded '
                    'models live in vla_spec_ros/assets/)')
-    p.add_argument('--data', required=True, help='collect-demos folder (collected with the '
-                   'default tasks, 100 episodes per task and --seed when missing), or several '
+    p.add_argument('--data', required=True, help='collect-demos folder, or several '
                    'comma-separated (sim.demos.load_demo_sets: norm_stats over all of them)')
+    p.add_argument('--collect-missing', action='store_true', help='collect the demonstrations '
+                   'first (default tasks, 100 episodes per task, --seed) when the one --data '
+                   'folder holds none; without it such a folder is refused (a mistyped path '
+                   'must not start a quarter hour of collection)')
     p.add_argument('--work-dir', default=None, help='training state (default <out>/../'
                    '<name>-train)')
     p.add_argument('--resume', action='store_true', help='continue from <work-dir>/last.pt')
@@ -113,11 +116,18 @@ def run(args: argparse.Namespace) -> int:
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     out = Path(args.out)
-    work_dir = Path(args.work_dir) if args.work_dir else out.parent / f'{out.name}-train'
-    work_dir.mkdir(parents=True, exist_ok=True)
     from ..sim.demos import MANIFEST_FILE, collect_demos, load_demo_sets
     folders = [d for d in str(args.data).split(',') if d]
-    if len(folders) == 1 and not (Path(args.data) / MANIFEST_FILE).is_file():
+    missing = [d for d in folders if not (Path(d) / MANIFEST_FILE).is_file()]
+    collect = bool(getattr(args, 'collect_missing', False))
+    if not folders or (missing and not (collect and len(folders) == 1)):
+        raise ValueError(f'--data: {", ".join(missing) or repr(args.data)} holds no '
+                         f'demonstrations (no {MANIFEST_FILE}); collect them first with '
+                         '`vla-spec collect-demos --out DIR`, or add --collect-missing to '
+                         'collect into one --data folder')
+    work_dir = Path(args.work_dir) if args.work_dir else out.parent / f'{out.name}-train'
+    work_dir.mkdir(parents=True, exist_ok=True)
+    if missing:
         from ..sim.metaworld_env import DEFAULT_TASK_NAMES
         print(f'{args.data}: no demonstrations yet; collecting them (seed {cfg.seed})')
         size = registry.preset(registry.family(cfg.family).demo_preset).image_size

@@ -30,6 +30,7 @@ from ...config import EngineConfig
 from ...models.draft import (CHECKPOINT_DRAFT, DEFAULT_DRAFT_SUBFOLDER, RANDOM_DRAFT, load_draft,
                              new_draft_head)
 from ...models.layers import fuse_projections
+from ...models.weights import CheckpointError
 from .drafter import Drafter
 from .eagle_drafter import EagleDrafter
 from .merged_chains import DRAFT_SEPARATOR, MergedChains
@@ -77,6 +78,31 @@ def headless_drafter(runner, path: str) -> Drafter:
                                'linear' if path == SHIFTED_CHUNK_LINEAR_DRAFT else 'hold')
 
 
+def check_draft_path(path: str | None, checkpoint_folder: str | os.PathLike | None) -> None:
+    """ValueError (CheckpointError for a missing folder) unless ``path`` names a drafter that
+    can load: None, a headless name (or several joined by ``+``), ``"random"``,
+    ``"checkpoint"`` over a checkpoint with a ``draft/`` folder, or an existing folder.
+    Checked in every mode, the ones that do not draft included: a mistyped path is refused
+    where it is written, not when the mode is changed to a speculative one (nothing is
+    loaded here; ``load_draft_for`` checks the head itself)."""
+    if path is None or path == RANDOM_DRAFT or is_headless(path):
+        return
+    if path == CHECKPOINT_DRAFT:
+        default = Path(checkpoint_folder) / DEFAULT_DRAFT_SUBFOLDER \
+            if checkpoint_folder is not None else None
+        if default is None or not default.is_dir():
+            raise ValueError(f'draft_path: "{CHECKPOINT_DRAFT}" names the checkpoint\'s '
+                             f'{DEFAULT_DRAFT_SUBFOLDER}/ folder, but {checkpoint_folder} has '
+                             f'none; set draft_path to a draft folder, "{RANDOM_DRAFT}" or '
+                             f'"{PREVIOUS_ACTION_DRAFT}" (the default, no draft model)')
+        return
+    if not Path(path).expanduser().is_dir():
+        raise CheckpointError(f'draft_path: {path!r} does not exist: it is neither a draft '
+                              f'folder nor one of '
+                              f'{", ".join(HEADLESS_DRAFTS)} (several may be joined by '
+                              f'"{DRAFT_SEPARATOR}"), "{CHECKPOINT_DRAFT}" or "{RANDOM_DRAFT}"')
+
+
 def load_draft_for(runner, engine_config: EngineConfig,
                    checkpoint_folder: str | os.PathLike | None) -> Drafter:
     """``EngineConfig.draft_path`` -> the drafter for an engine over ``runner``'s verifier.
@@ -93,15 +119,9 @@ def load_draft_for(runner, engine_config: EngineConfig,
         path = default_draft_path(runner)
     if is_headless(path):
         return headless_drafter(runner, path)
+    check_draft_path(path, checkpoint_folder)
     if path == CHECKPOINT_DRAFT:
-        default = Path(checkpoint_folder) / DEFAULT_DRAFT_SUBFOLDER \
-            if checkpoint_folder is not None else None
-        if default is None or not default.is_dir():
-            raise ValueError(f'draft_path: "{CHECKPOINT_DRAFT}" names the checkpoint\'s '
-                             f'{DEFAULT_DRAFT_SUBFOLDER}/ folder, but {checkpoint_folder} has '
-                             f'none; set draft_path to a draft folder, "{RANDOM_DRAFT}" or '
-                             f'"{PREVIOUS_ACTION_DRAFT}" (the default, no draft model)')
-        path = str(default)
+        path = str(Path(checkpoint_folder) / DEFAULT_DRAFT_SUBFOLDER)
     if path == RANDOM_DRAFT:
         head = new_draft_head(runner.model, seed=engine_config.seed, dtype=runner.dtype,
                               device=runner.device)
@@ -115,5 +135,5 @@ def load_draft_for(runner, engine_config: EngineConfig,
     return drafter
 
 
-__all__ = ['HEADLESS_DRAFTS', 'default_draft_path', 'headless_drafter', 'is_headless',
-           'load_draft_for']
+__all__ = ['HEADLESS_DRAFTS', 'check_draft_path', 'default_draft_path', 'headless_drafter',
+           'is_headless', 'load_draft_for']
