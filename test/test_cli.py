@@ -271,3 +271,16 @@ def test_a_decodable_checkpoint_gives_valid_chunks_for_two_cameras_and_a_state(
 def test_make_checkpoint_refuses_options_its_preset_cannot_take(tmp_path, capsys, argv, text):
     assert cli.main(['make-checkpoint', '--out', str(tmp_path / 'x'), *argv]) == 2
     assert text in capsys.readouterr().err
+
+
+def test_predict_on_a_reasoning_model_prints_what_it_wrote(capsys):
+    """A reasoning policy's text is most of its output: predict prints it (before: the tokens
+    and a NaN action only, nothing saying what the model planned)."""
+    assert cli.main(['predict', '--model', 'metaworld-demo-reason', '--seed', '3']) == 0
+    out = capsys.readouterr().out
+    line = next(line for line in out.splitlines() if line.strip().startswith('reasoning'))
+    policy = VLAPolicy.from_pretrained('metaworld-demo-reason')
+    image = cli._load_image(None, policy.model_config.image_size, 3)
+    reasoning = policy.predict(image, 'open the drawer').reasoning
+    assert reasoning.text and repr(reasoning.text) in line
+    assert f'({reasoning.num_tokens} tokens)' in line

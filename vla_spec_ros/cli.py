@@ -72,6 +72,10 @@ def cmd_predict(args) -> int:
         result = policy.predict(image, args.instruction, args.unnorm_key)
         s = result.stats
         print(f'[{i}] tokens {list(result.tokens)}')
+        if result.reasoning is not None:      # a reasoning policy: what it wrote first
+            text = getattr(result.reasoning, 'text', result.reasoning)
+            print(f'    reasoning  ({getattr(result.reasoning, "num_tokens", "?")} tokens) '
+                  f'{text!r}')
         print(f'    normalized {np.round(result.normalized, 4).tolist()}')
         print(f'    action     {np.round(result.action, 5).tolist()} '
               f'(unnorm_key {s["unnorm_key"]})')
