@@ -88,6 +88,14 @@ def test_bad_joint_parameters_name_the_field(values, field):
         settings(**values)
 
 
+def test_crossed_joint_limits_say_how_to_move_the_pair():
+    """`ros2 param load` sets the pair one at a time: moving the range past its other end is
+    refused at the first half, and the reason says how to do it."""
+    with pytest.raises(ValueError, match='j3 lower limit 4.0 not below its upper limit 3.0'
+                       r'.*change that end first.*set_parameters_atomically'):
+        settings(action_space='joint_position', joint_position_min=[-1.0, -2.0, 4.0])
+
+
 def test_the_state_follows_the_parameter_order_not_the_message_order():
     out = joint_positions(['j3', 'j1', 'j2'], [3.0, 1.0, 2.0], JOINTS)
     assert [out[j][0] for j in JOINTS] == [1.0, 2.0, 3.0]

@@ -356,8 +356,12 @@ class NodeSettings:
             _check_limits('joint_position_max', self.joint_position_max, n)
             for joint, lo, hi in zip(joints, self.joint_position_min, self.joint_position_max):
                 if lo >= hi:
-                    raise ValueError(f'joint_position_min: {joint} lower limit {lo} not below '
-                                     f'its upper limit {hi}')
+                    raise ValueError(
+                        f'joint_position_min: {joint} lower limit {lo} not below its upper '
+                        f'limit {hi} (the pair is checked together, and `ros2 param set` and '
+                        '`ros2 param load` change one parameter at a time: to move the range '
+                        'past its other end, change that end first, or both at once through '
+                        'the node\'s set_parameters_atomically service)')
 
     @property
     def num_image_slots(self) -> int:
