@@ -23,7 +23,7 @@ setup(
     python_requires='>=3.10',
     # torch: install the build for your machine first (CPU: `pip install torch==2.13.0`).
     install_requires=['torch>=2.4', 'numpy', 'safetensors', 'tokenizers', 'transformers>=4.40',
-                      'opencv-python-headless', 'Pillow', 'tqdm'],
+                      'opencv-python-headless', 'simplejpeg', 'Pillow', 'tqdm'],
     extras_require={
         # ROS 2 from PyPI wheels, for machines without a ROS distro install; rosbags (pure
         # Python) reads and writes bags: train-draft --bag, recording.FrameRecorder;

@@ -15,6 +15,13 @@ Conventions followed (sensor_msgs/msg/Image.msg):
   read from the file header first (Pillow, no decoding) and refused there when a side is
   outside what the model takes: a small PNG can decode to gigabytes, and decoding it would
   hold up the node's worker for seconds.
+- A JPEG is decoded strictly (simplejpeg, libjpeg-turbo with its warnings as errors): a
+  truncated end, or a damaged middle that the decoder notices (about half of random damages;
+  the rest is valid entropy data and decodes with local errors), is refused instead of
+  decoded to smeared blocks the model would act on (OpenCV decodes such data, printing a
+  warning nobody reads, and returns it). The pixels are the ones `cv2.imdecode` gives (the
+  same library, the same defaults; the tests compare them). CMYK JPEGs are checked the same
+  way, then converted by OpenCV.
 - 16-bit images are scaled to 8 bits by round(v / 257), which maps 0..65535 onto 0..255 as
   OpenCV's `convertTo(CV_8U, 255 / 65535)` does.
 
@@ -37,6 +44,14 @@ try:  # cv2 ships with opencv-python-headless (a declared dependency) but keep i
     import cv2
 except ImportError:  # pragma: no cover - install_requires has it
     cv2 = None
+
+try:
+    import simplejpeg
+except ImportError:  # pragma: no cover - install_requires has it
+    simplejpeg = None
+
+JPEG_START = b'\xff\xd8'               # SOI: every JPEG starts with it
+_STRICT_JPEG_SPACES = ('Gray', 'YCbCr', 'RGB')   # decoded to RGB by libjpeg-turbo itself
 
 # encoding -> (channels, bytes per channel, channel order as indices that give R, G, B)
 _LAYOUTS = {
@@ -109,6 +124,11 @@ def compressed_to_rgb(msg) -> np.ndarray:
     if size is not None and (min(size) < 2 or max(size) > MAX_IMAGE_SIDE):
         raise ValueError(f'height/width: image size {size[0]}x{size[1]} (from its header, not '
                          f'decoded) outside [2, {MAX_IMAGE_SIDE}] pixels per side')
+    data = buffer.tobytes()
+    if data.startswith(JPEG_START):
+        rgb = _strict_jpeg(data)
+        if rgb is not None:
+            return rgb
     decoded = cv2.imdecode(buffer, cv2.IMREAD_UNCHANGED)
     if decoded is None:
         raise ValueError(f'data: OpenCV could not decode the image (format {msg.format!r})')
@@ -122,6 +142,22 @@ def compressed_to_rgb(msg) -> np.ndarray:
     else:
         raise ValueError(f'data: decoded image has {decoded.shape[2]} channels')
     return np.ascontiguousarray(rgb)
+
+
+def _strict_jpeg(data: bytes) -> np.ndarray | None:
+    """A JPEG decoded to (H, W, 3) RGB with libjpeg-turbo's recoverable errors (corrupt
+    entropy data, a premature end) raised as ValueError; None when OpenCV is to convert it (a
+    CMYK or YCCK JPEG, checked here first). Without simplejpeg nothing is checked (None)."""
+    if simplejpeg is None:  # pragma: no cover - install_requires has it
+        return None
+    try:
+        space = simplejpeg.decode_jpeg_header(data)[2]
+        if space in _STRICT_JPEG_SPACES:
+            return simplejpeg.decode_jpeg(data, colorspace='RGB', strict=True)
+        simplejpeg.decode_jpeg(data, colorspace='CMYK', strict=True)
+        return None
+    except ValueError as exc:
+        raise ValueError(f'data: damaged JPEG, not decoded ({exc})') from exc
 
 
 def header_size(data: bytes) -> tuple[int, int] | None:
