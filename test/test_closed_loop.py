@@ -592,6 +592,9 @@ def test_demo_run_end_to_end(ros_domain, tmp_path, capsys):
         assert second['speed']['drafter']['pipeline_spec'] == \
             'previous action + shifted chunk'
         assert f'# The next model: vla-spec demo --model {SECOND_MODEL}' in out
+        # The chain ends with one table of every model (from the records it wrote).
+        from vla_spec_ros.harness.demo_rollup import format_rollup
+        assert format_rollup([json.loads(f.read_text()) for f in json_files]) in out
         if third:
             # Then the reasoning model: single-step, the node's default blend, its draft.
             reason = json.loads(json_files[2].read_text())

@@ -182,6 +182,36 @@ def test_stream_table_summary_and_placements():
     assert demo_report.format_summary({'tasks': [TASK]}) == ''
 
 
+def test_the_rollup_puts_each_models_ar_and_default_side_by_side():
+    """The main job's closing table: one row per model of the chain, from each record's
+    stream rows (AR and the default) and lock-step rows (AR and the default mode, r = 0, no
+    camera delay; other rows ignored); a part a model did not run shows '-'."""
+    from vla_spec_ros.harness.demo_rollup import ROLLUP_TITLE, format_rollup
+
+    first, second = stream_record(), stream_record()
+    second['model'] = 'fast'
+    second['stream']['rows'][1]['latency_p50_ms'] = 8.0
+    lock = [{'mode': 'ar', 'relax_threshold': 0, 'success_rate': 0.9},
+            {'mode': 'pipeline_spec', 'relax_threshold': 8, 'success_rate': 0.1},
+            {'mode': 'pipeline_spec', 'relax_threshold': 0, 'camera_delay': 2,
+             'success_rate': 0.2},
+            {'mode': 'pipeline_spec', 'relax_threshold': 0, 'success_rate': 0.8}]
+    second['lockstep'] = {'rows': lock}
+    assert format_rollup([first]) == ''
+    text = format_rollup([first, second])
+    assert text.startswith(ROLLUP_TITLE)
+    (tiny,), (fast,) = table_rows(text, 'tiny'), table_rows(text, 'fast')
+    ar, default = first['stream']['rows'][:2]
+    assert tiny[1] == 'pipeline_spec'
+    assert tiny[2] == f"{ar['latency_p50_ms']:.1f} / {default['latency_p50_ms']:.1f}"
+    assert tiny[3] == f"{default['latency_p50_ms'] / ar['latency_p50_ms']:.2f}"
+    assert tiny[7] == '- / -'                                   # no lock-step part
+    assert fast[3] == f"{8.0 / ar['latency_p50_ms']:.2f}"
+    assert fast[6] == f"{ar['forwards_per_action']:.2f} / " \
+        f"{second['stream']['rows'][1]['forwards_per_action']:.2f}"
+    assert fast[7] == f"{lock[0]['success_rate']:.2f} / {lock[3]['success_rate']:.2f}"
+
+
 def test_report_files_of_a_stream_record_and_report_again(tmp_path, capsys):
     record = stream_record()
     paths = demo_results.write_results(tmp_path, record, 'demo-s')

@@ -78,6 +78,7 @@ from vla_spec_ros.harness.demo_options import (SPECULATIVE_MODES, action_chunk,
                                                check_lockstep_model, resolve_options)
 from vla_spec_ros.harness.demo_results import (load_record, print_report, reference_7b,
                                                write_results)
+from vla_spec_ros.harness.demo_rollup import format_rollup
 from vla_spec_ros.harness.demo_second import (resolve_second_model, second_model_args,
                                               second_model_argv)
 
@@ -280,7 +281,10 @@ def _unnorm_key(args) -> str:
     return _resolve_unnorm_key(VLAPolicy.from_pretrained(args.model), args.unnorm_key)
 
 
-def run(args) -> int:
+def run(args, chain: list | None = None) -> int:
+    """One demo pass; with a further model (`--second-model`) the next pass runs after it,
+    `chain` carrying the earlier passes' records so that the last prints the roll-up."""
+    chain = [] if chain is None else chain
     if args.report:            # the tables and plots again, beside the recorded JSON
         report = Path(args.report)
         record, stem = load_record(report), report.stem
@@ -352,9 +356,13 @@ def run(args) -> int:
     paths = write_results(args.out, record, stem)
     print_report(record, paths)           # its last lines: the summary
     print(f'wall time {record["wall_s"]:.0f} s')
+    chain.append(record)
     if second is not None:
         print(f'\n# The next model: vla-spec {shlex.join(second)}\n', flush=True)
-        return run(second_model_args(second))
+        return run(second_model_args(second), chain)
+    rollup = format_rollup(chain)
+    if rollup:
+        print('\n' + rollup, flush=True)
     return 0
 
 

@@ -29,7 +29,7 @@ def episodes(count: int) -> str:
     return f'{count} episode' + ('' if count == 1 else 's')
 
 
-def _table(head, rows) -> str:
+def markdown_table(head, rows) -> str:
     lines = ['| ' + ' | '.join(head) + ' |', '|' + '---|' * len(head)]
     lines += ['| ' + ' | '.join(str(c) for c in row) + ' |' for row in rows]
     return '\n'.join(lines) + '\n'
@@ -78,7 +78,7 @@ def format_stream_table(record: dict) -> str:
                     fmt(r['latency_p50_ms'], 1), fmt(r['latency_p99_ms'], 1),
                     fmt(ratio), fmt(r['actions_per_s'], 1),
                     fmt(r.get('forwards_per_action'))])
-    return _table(head, out)
+    return markdown_table(head, out)
 
 
 def format_lockstep_table(record: dict) -> str:
@@ -101,7 +101,7 @@ def format_lockstep_table(record: dict) -> str:
                      fmt(r.get('node_actions_per_s'), 1), fmt(model, 1),
                      fmt(r['acceptance_length']), fmt(r['forwards_per_action']),
                      len(r['episodes'])])
-    return _table(head, rows)
+    return markdown_table(head, rows)
 
 
 def format_realtime_table(record: dict) -> str:
@@ -133,7 +133,7 @@ def format_realtime_table(record: dict) -> str:
                f"{r['num_stale_commands']} / {r.get('num_hold_commands', 0)} / {r['num_steps']}",
                r.get('num_late_ticks', 0)]
             + chunk_cells + [len(r['episodes'])])
-    return _table(head, rows)
+    return markdown_table(head, rows)
 
 
 def _lag_cell(row: dict) -> str:
@@ -148,8 +148,8 @@ def _lag_cell(row: dict) -> str:
 def format_task_table(rows: list[dict], tasks, label) -> str:
     """Success per task, one row per configuration."""
     head = ['configuration'] + list(tasks)
-    return _table(head, [[label(r)] + [fmt(r['success_rate_per_task'].get(t)) for t in tasks]
-                         for r in rows])
+    return markdown_table(head, [[label(r)] + [fmt(r['success_rate_per_task'].get(t))
+                                               for t in tasks] for r in rows])
 
 
 def format_speed_table(record: dict) -> str:
@@ -173,7 +173,7 @@ def format_speed_table(record: dict) -> str:
                          f"{fmt(paced['latency_p50_ms'], 1)}, "
                          f"{100 * paced['answered_fraction']:.0f}%")
         rows.append(cells)
-    return _table(head, rows)
+    return markdown_table(head, rows)
 
 
 def format_delay_models_table(record: dict) -> str:
@@ -187,7 +187,7 @@ def format_delay_models_table(record: dict) -> str:
     delays = sorted({d for _, c in curves for frames in c.values() for d in frames})
     rows = [[d] + [fmt(c[frames].get(d)) for _, c in curves
                    for frames in ('every', 'one_in_flight')] for d in delays]
-    return _table(head, rows)
+    return markdown_table(head, rows)
 
 
 def format_delay_table(record: dict) -> str:
@@ -200,7 +200,7 @@ def format_delay_table(record: dict) -> str:
     for d in sorted(set(curve['every']) | set(curve['one_in_flight'])):
         rows.append([d, fmt(curve['every'].get(d)), fmt(curve['one_in_flight'].get(d))]
                     + [f'{1e3 * d / float(r):.0f}' for r in rates])
-    text = _table(head, rows)
+    text = markdown_table(head, rows)
     text += (f"\n{episodes(delay['episodes'])} per task and point, hold "
              f"{delay['hold']}, {delay['path']}\n")
     if delay.get('model'):
@@ -227,7 +227,7 @@ def format_delay_table(record: dict) -> str:
                  p['delay'], p['mark'] + fmt(p['success'])] for p in streamed]
         text += (f"\nEach mode on the curve by its streaming latency at "
                  f"{streamed[0]['rate_hz']:g} Hz (the streaming table): {rule}:\n\n"
-                 + _table(head, rows))
+                 + markdown_table(head, rows))
     reference = reference_placements(record)
     if reference:
         source = record['reference_7b']
@@ -240,7 +240,7 @@ def format_delay_table(record: dict) -> str:
                  f"({source['device']}, {source['dtype']}, {source['weights']}) placed on this "
                  f"run's curve at {reference[0]['rate_hz']:g} Hz (every frame answered when "
                  f"the recorded actions/s reach the camera rate, else one in flight). "
-                 f"{source['note']}\n\n" + _table(head, rows))
+                 f"{source['note']}\n\n" + markdown_table(head, rows))
     places = placements(record)
     if places:
         head = ['mode', 'rate Hz', 'frames answered', 'model-only latency p50 ms', 'd',
@@ -257,7 +257,7 @@ def format_delay_table(record: dict) -> str:
             rows.append(cells)
         text += (f'\nEach mode by its model-only latency at each rate (and its lock-step '
                  f'latency on the node, one frame in flight by construction): {rule}:\n\n'
-                 + _table(head, rows))
+                 + markdown_table(head, rows))
     return text
 
 
@@ -275,12 +275,13 @@ def format_relax_table(record: dict) -> str:
                      f"{100 * p['num_token_mismatches'] / total:.1f}%", largest,
                      len(p['episodes'])])
     tree = relax['tree']
-    return (_table(head, rows) + f"\nmode {relax['mode']}, draft tree depth {tree[0]}, top-k "
-            f"{tree[1]}, {tree[2]} nodes; {episodes(relax['episodes'])} per task and r; "
-            f"{relax['path']}\n")
+    return (markdown_table(head, rows) + f"\nmode {relax['mode']}, draft tree depth "
+            f"{tree[0]}, top-k {tree[1]}, {tree[2]} nodes; {episodes(relax['episodes'])} per "
+            f"task and r; {relax['path']}\n")
 
 
-__all__ = ['WHERE_MODEL', 'REFERENCE_7B_TITLE', 'fmt', 'episodes', 'stream_rows', 'same_as_ar',
+__all__ = ['WHERE_MODEL', 'REFERENCE_7B_TITLE', 'fmt', 'episodes', 'markdown_table', 'stream_rows',
+           'same_as_ar',
            'format_stream_table', 'format_lockstep_table', 'format_realtime_table',
            'format_task_table', 'format_speed_table', 'format_delay_models_table',
            'format_delay_table', 'format_relax_table']
