@@ -82,18 +82,32 @@ class SimClock:
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
 
-    def now_s(self) -> float:
-        with self._lock:
-            start_s, wall = self._origin
-        return start_s + time.monotonic() - wall
-
     def reset(self, start_s: float) -> None:
         with self._lock:
             self._origin = (start_s, time.monotonic())
 
+    def pause(self) -> None:
+        """No more /clock messages (a paused or dead simulator); time stands still."""
+        with self._lock:
+            start_s, wall = self._origin
+            self._paused_at = start_s + time.monotonic() - wall
+            self._origin = (self._paused_at, float('inf'))
+
+    def resume(self) -> None:
+        with self._lock:
+            self._origin = (self._paused_at, time.monotonic())
+
+    def now_s(self) -> float:
+        with self._lock:
+            start_s, wall = self._origin
+        return start_s if wall == float('inf') else start_s + time.monotonic() - wall
+
     def _run(self) -> None:
         while not self._stop.is_set():
-            self._pub.publish(Clock(clock=_time(self.now_s())))
+            with self._lock:
+                is_paused = self._origin[1] == float('inf')
+            if not is_paused:
+                self._pub.publish(Clock(clock=_time(self.now_s())))
             self._stop.wait(self.PERIOD_S)
 
     def close(self) -> None:
@@ -311,6 +325,43 @@ def test_a_clock_jump_backwards_is_logged_and_the_frames_after_it_are_answered(s
     line = robot.log.wait_for('the node clock went back', start=mark)
     assert 'frame order forgotten' in line.msg
     assert robot.node.stats_snapshot()['clock_jumps'] == 1
+
+
+def test_a_clock_that_stops_holds_the_robot_until_it_runs_again(sim_robot):
+    """/clock stops (a paused or dead simulator): every age stands still, so without a check
+    the last command would stand for ever and a frame would be 0 s old. The robot holds
+    (zero twist, the reason in /diagnostics) once the clock has stood for max_action_age of
+    steady time, acts on none of the frames that keep coming, and is answered again when the
+    clock runs. The watchdog and diagnostics timers run on the steady clock: a timer on the
+    node clock stops exactly then (and on the system clock for as long as it was stepped
+    back, which a test cannot do in-process)."""
+    from rclpy.clock import ClockType
+
+    robot = sim_robot
+    assert all(t.clock.clock_type == ClockType.STEADY_TIME for t in robot.node.serving._timers)
+    _wait_answered(robot, 'an answer while /clock runs')
+    start = len(robot.probe.twists.snapshot())
+    robot.clock.pause()
+    try:
+        def is_held():
+            reason = robot.node.stats_snapshot()['hold_reason'] or ''
+            return reason.startswith('node clock stopped')
+        robot.send_until(is_held, 'the hold for a stopped clock')
+        mark = len(robot.probe.twists.snapshot())
+        assert any(is_zero(m) for _, m in robot.probe.twists.snapshot()[start:])
+        # Frames stamped a little apart (the frozen clock would stamp them all alike, and a
+        # repeated stamp is dropped before the engine): each reaches the engine, none moves.
+        holds, ahead_s = robot.node.stats_snapshot()['holds'], 0.0
+        deadline = time.monotonic() + TIMEOUT
+        while robot.node.stats_snapshot()['holds'] < holds + 3:
+            assert time.monotonic() < deadline, 'three frames refused while the clock stands'
+            ahead_s += 0.01
+            robot.publish(ahead_s)
+            time.sleep(0.1)
+        assert not any(not is_zero(m) for _, m in robot.probe.twists.snapshot()[mark:])
+    finally:
+        robot.clock.resume()
+    _wait_answered(robot, 'an answer after /clock runs again')
 
 
 def _is_step_of(msg, frame_stamp_s: float) -> bool:

@@ -54,6 +54,7 @@ from vla_spec_ros.ros.diagnostics import InferenceStats
 from vla_spec_ros.ros.frame_slot import FrameInfo, LatestFrameSlot
 from vla_spec_ros.ros.gripper_output import GripperOutput
 from vla_spec_ros.ros.hold_log import HoldLog
+from vla_spec_ros.ros.node_clock_watch import NodeClockWatch
 from vla_spec_ros.ros.observation_input import ObservationInput
 from vla_spec_ros.ros.pose_output import PoseTargetOutput
 from vla_spec_ros.ros.qos import instruction_subscriptions
@@ -132,8 +133,11 @@ class RobotChannel:
     def __init__(self, node, name: str, settings, *, wakeup: threading.Event,
                  on_instruction, on_enable, on_reset, chunk_steps: int = 1, on_chunk=None,
                  action_dim: int = cmd.ACTION_DIM, model_reads_state: bool = False,
-                 writes_reasoning: bool = False, paused=contextlib.nullcontext):
+                 writes_reasoning: bool = False, paused=contextlib.nullcontext,
+                 clock_watch: NodeClockWatch | None = None):
         self.node = node
+        # Whether the node clock can age frames at all (sim time's /clock: node_clock_watch.py)
+        self.clock_watch = clock_watch or NodeClockWatch(node.get_clock())
         # `paused()`: a context in which the inference worker runs no turn (it waits for the one
         # in progress), so nothing it decided can be published after a hold sent inside.
         self._paused = paused
@@ -374,6 +378,10 @@ class RobotChannel:
         whose camera paused over a simulator reset is reset too."""
         self.observation.check_clock()
         settings, newest = self.settings, self.newest
+        clock_reason = self.clock_watch.reason(settings.max_action_age)
+        if clock_reason is not None:
+            self.hold_state(clock_reason)
+            return
         age = None if newest is None else self.age_of(newest)
         reason = cmd.hold_reason_now(settings.enabled, age, settings,
                                      max_age_s=self.age_limit(settings))
@@ -489,6 +497,10 @@ class RobotChannel:
         received before a refused one, or submitted under another instruction, is dropped
         instead (``_is_superseded``)."""
         if self._is_superseded(finished):
+            return
+        clock_reason = self.clock_watch.reason(self.settings.max_action_age)
+        if clock_reason is not None:        # no age can be trusted: nothing is acted on
+            self.reject(clock_reason)
             return
         if self.reasoning_output is not None:       # what it thought, acted on or not
             self.reasoning_output.publish_reasoning(

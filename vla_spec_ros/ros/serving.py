@@ -37,6 +37,7 @@ from vla_spec_ros.ros.robot_channel import RobotChannel
 from vla_spec_ros.ros.robot_recordings import RobotRecordings
 from vla_spec_ros.ros.chunk_clock import ChunkClock
 from vla_spec_ros.ros.command_rules import check_action_dim
+from vla_spec_ros.ros.node_clock_watch import NodeClockWatch, steady_clock
 from vla_spec_ros.ros.worker import InferenceWorker
 
 # /diagnostics' reason while a managed node is configured but not active, and once activated
@@ -78,6 +79,7 @@ class Serving:
         self._tunables_lock = threading.Lock()
         self.recordings = RobotRecordings(node, config.robots)
         self.chunk_clock = self._make_chunk_clock()
+        self.clock_watch = NodeClockWatch(node.get_clock())
         wakeup = threading.Event()
         self.channels = []
         try:
@@ -90,7 +92,7 @@ class Serving:
                     action_dim=self.model_io.action_dim,
                     model_reads_state=self.model_io.uses_state,
                     writes_reasoning=self.model_io.writes_reasoning,
-                    paused=self._worker_paused))
+                    paused=self._worker_paused, clock_watch=self.clock_watch))
         except Exception:    # a robot that cannot be served leaves no topic of the others,
             for channel in self.channels:       # and no recording open
                 channel.destroy()
@@ -103,9 +105,13 @@ class Serving:
         self._frozen = False         # freeze_after_load called by warm_up, not yet undone
         self.gc_pauses = None        # made last: nothing below can fail and leave it registered
         self._diag_pub = node.create_publisher(DiagnosticArray, '/diagnostics', COMMAND_QOS)
-        self._timers = [node.create_timer(self.settings.watchdog_period, self._on_watchdog),
+        # On the steady clock: a timer on the node clock stops while that clock stands (sim
+        # time without /clock) and, on the system clock, for as long as the clock was stepped
+        # back (rcl's timers do not handle a backward step): the watchdog must run exactly then.
+        self._timers = [node.create_timer(self.settings.watchdog_period, self._on_watchdog,
+                                          clock=steady_clock()),
                         node.create_timer(self.settings.diagnostics_period,
-                                          self._publish_diagnostics)]
+                                          self._publish_diagnostics, clock=steady_clock())]
         self.worker = InferenceWorker(self.engine, self.channels, self.engine_lock, wakeup,
                                       self._take_tunables, self._on_submitted)
         self.worker.start()
