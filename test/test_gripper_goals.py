@@ -1,7 +1,9 @@
 """GripperActionOutput's goal bookkeeping (gripper_action.py) with a fake action client: a goal
 is sent when the position changes, and sent again with the next command for it when it did not
-do its work (rejected, aborted, lost to a server that went away) or after a hold; its fate is in
-/diagnostics. The DDS test with a real ActionServer is test_gripper_action.py."""
+do its work (rejected, aborted, lost to a server that went away or to a new server instance,
+unanswered too long) or after a hold; only the latest goal's end counts; its fate is in
+/diagnostics. The DDS tests with a real ActionServer are test_gripper_action.py and
+test_gripper_respawn.py."""
 import importlib.util
 from types import SimpleNamespace
 
@@ -148,4 +150,75 @@ def test_after_a_hold_the_next_goal_goes_out_whatever_the_last_one_was(monkeypat
     assert len(output.client.goals) == 2
     status = DiagnosticStatus()
     gripper.add_to_status(status)
-    assert [(v.key, v.value) for v in status.values] == [('gripper_action', 'goal 0.0400 sent')]
+    assert [(v.key, v.value) for v in status.values] == [('gripper_action', 'goal 0.0400 sent'),
+                                                         ('gripper_action_restarts', '0')]
+
+
+def test_a_new_server_instance_gets_the_goal_again(monkeypatch):
+    """A server killed outright stays listed (and ready) until its lease runs out; before,
+    the respawned one never got the goal the model kept asking for."""
+    from action_msgs.msg import GoalStatus
+    from vla_spec_ros.ros import gripper_action
+
+    output, warnings = _output(monkeypatch)
+    output._send_goal_service = '/gripper_cmd/_action/send_goal'
+    listed = {'gids': frozenset()}
+    monkeypatch.setattr(gripper_action, 'server_gids', lambda node, name: listed['gids'])
+    output.send(0.0, SETTINGS)                      # the graph does not list it yet
+    _accept(output.client.goals[0][1], GoalStatus.STATUS_SUCCEEDED)
+    listed['gids'] = frozenset({b'first'})          # listed late: not a new server
+    output.send(0.0, SETTINGS)
+    assert len(output.client.goals) == 1 and warnings == []
+    listed['gids'] = frozenset({b'first', b'respawned'})    # killed, respawned
+    output.send(0.0, SETTINGS)
+    assert len(output.client.goals) == 2
+    assert 'restarted' in output.state and 'restarted' in warnings[-1]
+    _accept(output.client.goals[1][1], GoalStatus.STATUS_SUCCEEDED)
+    listed['gids'] = frozenset({b'respawned'})      # the dead one's lease ran out
+    output.send(0.0, SETTINGS)
+    assert len(output.client.goals) == 2 and output.num_restarts == 1
+
+
+def test_a_goal_unanswered_too_long_is_sent_again(monkeypatch):
+    from vla_spec_ros.ros import gripper_action
+
+    output, warnings = _output(monkeypatch)
+    now = {'t': 100.0}
+    monkeypatch.setattr(gripper_action.time, 'monotonic', lambda: now['t'])
+    output.send(0.0, SETTINGS)                      # no response ever comes
+    now['t'] += gripper_action.RESULT_TIMEOUT_S
+    output.send(0.0, SETTINGS)
+    assert len(output.client.goals) == 1
+    now['t'] += 0.1
+    output.send(0.0, SETTINGS)
+    assert len(output.client.goals) == 2 and 'unanswered' in warnings[-1]
+    # The second one accepted, its result never comes: the same.
+    handle = SimpleNamespace(accepted=True, get_result_async=lambda: _Future())
+    future = output.client.goals[1][1]
+    future.value = handle
+    future.finish()
+    assert output.state == 'goal 0.0000 accepted'
+    now['t'] += gripper_action.RESULT_TIMEOUT_S + 0.1
+    output.send(0.0, SETTINGS)
+    assert len(output.client.goals) == 3
+    # After a hold (or the server not ready) the next goal goes out anyway: nothing awaited.
+    output.forget()
+    now['t'] += gripper_action.RESULT_TIMEOUT_S + 0.1
+    warnings.clear()
+    output.send(0.0, SETTINGS)
+    assert len(output.client.goals) == 4 and warnings == []
+
+
+def test_only_the_latest_goals_end_counts(monkeypatch):
+    """The controller preempts a goal replaced by a newer one: its end says nothing about the
+    newer one, and must not send the newer one again."""
+    from action_msgs.msg import GoalStatus
+    output, warnings = _output(monkeypatch)
+    output.send(0.0, SETTINGS)
+    output.send(0.04, SETTINGS)
+    _accept(output.client.goals[0][1], GoalStatus.STATUS_CANCELED)
+    assert output.state == 'goal 0.0400 sent' and warnings == []
+    _accept(output.client.goals[1][1], GoalStatus.STATUS_SUCCEEDED)
+    assert output.state == 'goal 0.0400 succeeded'
+    output.send(0.04, SETTINGS)
+    assert len(output.client.goals) == 2
