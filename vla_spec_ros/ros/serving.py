@@ -105,13 +105,7 @@ class Serving:
         self._frozen = False         # freeze_after_load called by warm_up, not yet undone
         self.gc_pauses = None        # made last: nothing below can fail and leave it registered
         self._diag_pub = node.create_publisher(DiagnosticArray, '/diagnostics', COMMAND_QOS)
-        # On the steady clock: a timer on the node clock stops while that clock stands (sim
-        # time without /clock) and, on the system clock, for as long as the clock was stepped
-        # back (rcl's timers do not handle a backward step): the watchdog must run exactly then.
-        self._timers = [node.create_timer(self.settings.watchdog_period, self._on_watchdog,
-                                          clock=steady_clock()),
-                        node.create_timer(self.settings.diagnostics_period,
-                                          self._publish_diagnostics, clock=steady_clock())]
+        self._timers = self._start_timers(node)
         self.worker = InferenceWorker(self.engine, self.channels, self.engine_lock, wakeup,
                                       self._take_tunables, self._on_submitted)
         self.worker.start()
@@ -120,6 +114,16 @@ class Serving:
             self.chunk_clock.start()
         # Every garbage collection's pause, for /diagnostics (gc_pauses.py).
         self.gc_pauses = GcPauses(window_s=self.channels[0].stats.window_s)
+
+    def _start_timers(self, node) -> list:
+        """The watchdog's and /diagnostics' timers, on the steady clock: a timer on the node
+        clock stops while that clock stands (sim time without /clock) and, on the system
+        clock, for as long as the clock was stepped back (rcl's timers do not handle a
+        backward step): the watchdog must run exactly then."""
+        return [node.create_timer(self.settings.watchdog_period, self._on_watchdog,
+                                  clock=steady_clock()),
+                node.create_timer(self.settings.diagnostics_period, self._publish_diagnostics,
+                                  clock=steady_clock())]
 
     def _worker_paused(self):
         """The worker's `paused()` (no turn runs inside), or nothing before it exists."""
