@@ -1,7 +1,8 @@
 """Pairing image slots by stamp (ros/observation_sync.py), pure Python: no rclpy, no torch.
 
 Each test writes the arrival order out and states the expected set from the rules in the
-module's docstring (newest complete set wins, tolerance, late slot, lost frame, out of sync).
+module's docstring (newest complete set wins, tolerance, late slot, lost frame, out of sync,
+out of order: a duplicate header stamp, but not a receipt time shared by several arrivals).
 """
 import pytest
 
@@ -95,6 +96,36 @@ def test_out_of_order_frames_of_one_slot_are_dropped():
     assert old.is_out_of_order and same.is_out_of_order
     assert old.num_dropped == same.num_dropped == 0 and old.members is None
     assert stamps(pairing.add(WRIST, 1.0, 'w0')) == (1.0, 1.0)
+
+
+def test_equal_receipt_times_are_kept_in_arrival_order_and_only_older_ones_are_dropped():
+    """Ordered by receipt time (`by_arrival`: stamp_source receipt, an unstamped camera), a
+    /clock at 10 Hz gives three 30 Hz frames one receipt time: each is a newer frame, not a
+    duplicate (before, two of every three were dropped as out of order)."""
+    pairing = SlotPairing(['image'], TOL)
+    for item in ('a', 'b', 'c'):
+        result = pairing.add(0, 50.0, item, by_arrival=True)
+        assert not result.is_out_of_order and [m.item for m in result.members] == [item]
+    assert pairing.add(0, 49.9, 'older', by_arrival=True).is_out_of_order
+    assert stamps(pairing.add(0, 50.1, 'd', by_arrival=True)) == (50.1,)
+
+
+def test_header_stamps_sent_twice_are_still_duplicates():
+    pairing = SlotPairing(['image'], TOL)
+    assert stamps(pairing.add(0, 50.0, 'a')) == (50.0,)
+    assert pairing.add(0, 50.0, 'a again').is_out_of_order
+
+
+def test_unstamped_cameras_pair_each_set_of_one_receipt_time():
+    """Two unstamped cameras (paired by receipt time) on a coarse clock: the second set of the
+    same receipt time is a newer set, emitted after the first."""
+    pairing = SlotPairing(['base', 'wrist'], TOL)
+    pairing.add(BASE, 50.0, 'b0', by_arrival=True)
+    assert [m.item for m in pairing.add(WRIST, 50.0, 'w0', by_arrival=True).members] == [
+        'b0', 'w0']
+    assert pairing.add(BASE, 50.0, 'b1', by_arrival=True).members is None  # waits for its wrist
+    result = pairing.add(WRIST, 50.0, 'w1', by_arrival=True)
+    assert not result.is_out_of_order and [m.item for m in result.members] == ['b1', 'w1']
 
 
 def test_no_slot_is_refused():

@@ -19,7 +19,10 @@ Stamps and order (docs/robot.md, "Stamps, order and clock jumps"):
     and is never the newest observation, so it moves nothing: the next good image is answered;
   - the order the pairing keeps is by header stamp with several slots (pairing needs it), and
     by the time the node ages a frame by with one (`stamp_source: receipt` orders by arrival,
-    so a header stamp the node does not trust cannot hold later frames back either);
+    so a header stamp the node does not trust cannot hold later frames back either); an
+    unstamped image is ordered by its receipt. Frames ordered by receipt with the same time
+    are kept in arrival order, not dropped as duplicates (a /clock coarser than the camera's
+    period gives several frames one receipt time: observation_sync.py);
   - the node clock is read under the lock at every image and every watchdog tick
     (`check_clock`); a reading earlier than the one before (clock_jumps.py) forgets the order,
     the newest observation and each slot's newest image, then tells `on_clock_jump`.
@@ -137,11 +140,18 @@ class ObservationInput:
         step_s = previous.stamp_s - info.stamp_s
         return step_s if step_s > settings.max_action_age else None
 
+    def _is_ordered_by_receipt(self, info: FrameInfo, settings) -> bool:
+        """Whether the pairing orders (and, with several slots, pairs) a message by its
+        receipt time rather than its header stamp: an unstamped image, or, with one slot,
+        `stamp_source: receipt` (the time the node ages it by: command_rules.observation_time;
+        several slots are paired by header stamp whatever the stamp_source)."""
+        if info.stamp_s <= 0.0:
+            return True
+        return not self.is_multi_slot and settings.stamp_source == 'receipt'
+
     def _order_stamp(self, info: FrameInfo, settings) -> float:
         """The time the pairing orders (and, with several slots, pairs) a message by."""
-        if not self.is_multi_slot:
-            return cmd.observation_time(info.stamp_s, info.receipt_s, settings)
-        return info.stamp_s if info.stamp_s > 0.0 else info.receipt_s
+        return info.receipt_s if self._is_ordered_by_receipt(info, settings) else info.stamp_s
 
     def _on_image(self, index: int, msg) -> None:
         info = frame_info(msg, self.check_clock())
@@ -157,7 +167,8 @@ class ObservationInput:
             self.newest_per_slot[index] = info
             self._pairing.tolerance_s = settings.image_sync_tolerance
             self._pairing.keep_s = settings.max_action_age
-            pairing = self._pairing.add(index, self._order_stamp(info, settings), (msg, info))
+            pairing = self._pairing.add(index, self._order_stamp(info, settings), (msg, info),
+                                        by_arrival=self._is_ordered_by_receipt(info, settings))
         if stepped_back is not None:
             topic = slot_topic(self._prefix, self.slot_names[index], 'raw')
             self.node.get_logger().warning(

@@ -25,7 +25,11 @@ stamp, within `tolerance_s` of the anchor's stamp. Rules:
 Messages of one slot are expected in stamp order (a camera driver's); one whose stamp is not
 newer than its slot's previous one is dropped as out of order (`is_out_of_order`, told apart
 from the drops above: a duplicate stamp or a camera clock that stepped back, not a busy
-engine). Only messages the caller accepts enter: one
+engine). A message ordered by its receipt time (`by_arrival`: an unstamped camera, or
+``stamp_source: receipt``) is only out of order when its time is older: receipt times come in
+arrival order, and a node clock coarser than the camera's period (a simulator publishing /clock
+at 10 Hz, a 30 Hz camera) gives several frames one receipt time; the later arrival is the
+newer frame, not a duplicate. Only messages the caller accepts enter: one
 stamped in the future of the node clock is refused before it reaches the pairing
 (observation_input.py), so it cannot make every later message look out of order; `clear`
 forgets the order (`~/reset`, the node clock going back: clock_jumps.py, and, with
@@ -45,7 +49,7 @@ NUM_UNPAIRED_REFUSED = 2       # unpaired anchors in a row that are reported out
 
 @dataclass(frozen=True)
 class SlotMessage:
-    stamp_s: float       # the header stamp (the receipt time for an unstamped driver)
+    stamp_s: float       # the header stamp, or the receipt time (`SlotPairing.add`)
     item: Any            # what the caller keeps with it (message, FrameInfo)
 
 
@@ -58,8 +62,18 @@ class Pairing:
     out_of_sync: str | None = None
     num_dropped: int = 0           # messages dropped by this arrival (late, unpaired)
     # This arrival dropped because its stamp is not newer than its slot's previous message
-    # (duplicate stamps, a camera clock that stepped back): not the engine's doing.
+    # (duplicate stamps, a camera clock that stepped back; older, when ordered by arrival):
+    # not the engine's doing.
     is_out_of_order: bool = False
+
+
+def is_out_of_order(stamp_s: float, last_stamp_s: float, by_arrival: bool) -> bool:
+    """Whether a message stamped `stamp_s` comes out of order after its slot's previous one
+    (`last_stamp_s`): older, or, unless ordered by arrival (receipt times), the same stamp (a
+    header stamp sent twice is a duplicate)."""
+    if by_arrival:
+        return stamp_s < last_stamp_s
+    return stamp_s <= last_stamp_s
 
 
 class SlotPairing:
@@ -85,9 +99,11 @@ class SlotPairing:
         self._emitted_s = float('-inf')
         self._num_unpaired = 0
 
-    def add(self, slot: int, stamp_s: float, item) -> Pairing:
-        """A message of slot index `slot`; what it completes (see the module docstring)."""
-        if stamp_s <= self._last_stamp[slot]:
+    def add(self, slot: int, stamp_s: float, item, *, by_arrival: bool = False) -> Pairing:
+        """A message of slot index `slot`; what it completes (see the module docstring).
+        `by_arrival`: `stamp_s` is the message's receipt time, so a time equal to its slot's
+        previous one is a later arrival, kept as the newer message."""
+        if is_out_of_order(stamp_s, self._last_stamp[slot], by_arrival):
             return Pairing(is_out_of_order=True)
         if stamp_s < self._emitted_s - self.tolerance_s:
             return Pairing(num_dropped=1)        # late: older than a set already emitted
@@ -101,7 +117,9 @@ class SlotPairing:
         if len(self.slots) == 1:
             return self._emit(pending[-1], (pending[-1],), num_dropped)
         for anchor in reversed(self._pending[0]):            # the newest anchor first
-            if anchor.stamp_s <= self._emitted_s:
+            # Not older than the emitted set: an anchor of its very time that is still pending
+            # arrived after it (`_emit` consumes the rest), a tie kept by arrival.
+            if anchor.stamp_s < self._emitted_s:
                 break
             members = self._members(anchor)
             if members is not None:
@@ -148,4 +166,5 @@ class SlotPairing:
             'without a partner)'), num_dropped=num_dropped)
 
 
-__all__ = ['SlotPairing', 'SlotMessage', 'Pairing', 'MAX_PENDING', 'NUM_UNPAIRED_REFUSED']
+__all__ = ['SlotPairing', 'SlotMessage', 'Pairing', 'is_out_of_order', 'MAX_PENDING',
+           'NUM_UNPAIRED_REFUSED']
