@@ -165,6 +165,24 @@ def test_a_chunk_whose_first_step_the_robot_held_is_not_counted_as_an_action():
     assert robot.stats.snapshot(0.0)['actions_published'] == 1 and robot.steps[-1][0] == 0
 
 
+def test_a_later_step_published_after_a_held_one_ends_the_hold_in_diagnostics():
+    """Step 0 held (Servo not ready) with the chunk kept; step 1 goes out: the robot moves
+    again, so /diagnostics no longer names the hold (before: the reason stood until the next
+    chunk's first step, while the robot was moving)."""
+    robot = FakeRobot()
+    robot.servo_ready = False
+    execution = ChunkExecution(robot.channel())
+    robot.stats.set_hold_reason('servo not ready: waiting')
+    robot.now = 100.05
+    execution.handle_finished(finished(100.0))
+    assert robot.steps == [] and robot.stats.snapshot(0.0)['hold_reason']
+    robot.servo_ready = True
+    robot.now = execution.publish_due(robot.now) + 1e-6
+    execution.publish_due(robot.now)
+    assert robot.steps[-1][0] == 1
+    assert robot.stats.snapshot(0.0)['hold_reason'] == ''
+
+
 def test_invalid_chunk_continue_keeps_the_running_chunk_and_hold_drops_it():
     for rule, expect_hold in (('continue', False), ('hold', True)):
         robot = FakeRobot(invalid_chunk=rule)

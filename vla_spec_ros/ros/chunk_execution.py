@@ -191,7 +191,8 @@ class ChunkExecution:
         stamp = offset_stamp(due.chunk.stamp, due.index * due.chunk.period_s)
         went_out = bool(robot.publish_step(due.chunk, due.index, command, stamp, settings))
         late = robot.now_s() - due.chunk.slot_start(due.index) if from_clock else None
-        robot.stats.record_chunk_step(published=True, num_skipped=due.num_skipped,
+        # Published only when it went out (an output may hold instead: Servo not ready).
+        robot.stats.record_chunk_step(published=went_out, num_skipped=due.num_skipped,
                                       lateness_s=late)
         return went_out
 

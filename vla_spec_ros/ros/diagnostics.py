@@ -167,12 +167,16 @@ class InferenceStats:
     def record_chunk_step(self, *, published: bool, num_skipped: int,
                           lateness_s: float | None = None) -> None:
         """A chunk step was decided (`published`, or held by the safety decision) after
-        `num_skipped` steps whose slots passed; `lateness_s`: publish time - slot start."""
+        `num_skipped` steps whose slots passed; `lateness_s`: publish time - slot start. A
+        published step ends a hold (the robot moves again: no reason stands), as an action
+        does."""
         with self._lock:
             self.num_chunk_steps_published += int(published)
             self.num_chunk_steps_skipped += num_skipped
-            if published and lateness_s is not None:
-                self._step_lateness.append((time.monotonic(), lateness_s))
+            if published:
+                self.hold_reason = None
+                if lateness_s is not None:
+                    self._step_lateness.append((time.monotonic(), lateness_s))
 
     def record_chunk_run_out(self, num_skipped: int = 0) -> None:
         """The newest chunk ran out (a zero twist follows, recorded by record_hold)."""
