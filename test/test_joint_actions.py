@@ -266,6 +266,25 @@ def test_the_measured_positions_must_be_within_max_state_age_either_side_and_a_j
     assert state.current_positions(s) is None
 
 
+def test_a_joint_state_stamped_below_zero_is_bad_input_not_taken_as_now():
+    """A negative stamp (0 alone means unstamped) is bad input, as an image's is: before, it
+    was given its receipt time and counted as a fresh state."""
+    from builtin_interfaces.msg import Time
+    from sensor_msgs.msg import JointState
+
+    from vla_spec_ros.ros.state_input import JointStateInput
+
+    s = settings(action_space='joint_position', state_input='joint_state', max_state_age=0.5)
+    node = RecordingNode(1000.0)
+    state = JointStateInput(node, '~/', lambda: s)
+    msg = JointState(name=JOINTS, position=[0.1, 0.2, 0.3])
+    msg.header.stamp = Time(sec=-5, nanosec=0)
+    node.on('joint_states')(msg)
+    assert state.current_positions(s) is None
+    value, problem = state.read_at(1000.0, s)
+    assert value is None and 'below zero' in problem[0] and problem[1] is True
+
+
 def test_a_state_array_kept_under_other_state_joint_names_is_no_hold_target():
     """state_input array: a state kept before state_joint_names changed is in the old layout.
     Before, the joint-position hold read it through the new names: fewer names took a

@@ -62,3 +62,33 @@ def test_a_header_stamp_sent_twice_is_still_dropped_as_out_of_order():
     robot.send(CLOCK_S)
     robot.send(CLOCK_S)                           # the same stamp again: a duplicate
     assert robot.out_of_order == [CLOCK_S] and len(robot.observations) == 1
+
+
+class TimeAsked:
+    """An input adapter that records the time it is read at (a robot state's lookup)."""
+
+    key = 'state'
+
+    def __init__(self):
+        self.times = []
+
+    def read_at(self, time_s, settings):
+        self.times.append(time_s)
+        return 0.0, None
+
+
+def test_a_camera_clock_ahead_reads_the_inputs_at_the_arrival_not_the_stamp():
+    """A camera 0.3 s ahead of the node's clock (accepted: within max_action_age) is aged from
+    its arrival; its robot state is read at that same time. Before: at the header stamp, one
+    offset away from every state sample, so each frame was held for a stale state while
+    camera and joint states were fresh."""
+    settings = dataclasses.replace(params.default_node_settings(), max_action_age=0.5)
+    node, asked, observations = RecordingNode(CLOCK_S), TimeAsked(), []
+    ObservationInput(node, '~/', settings, observations.append, lambda count: None,
+                     lambda: settings, on_refused=lambda info, reason: None,
+                     on_clock_jump=lambda jump: None, inputs=[asked])
+    msg = Image(height=1, width=1, encoding='rgb8', step=3, data=bytes(3))
+    ns = round((CLOCK_S + 0.3) * 1e9)
+    msg.header.stamp = Time(sec=ns // 10**9, nanosec=ns % 10**9)
+    node.on('image')(msg)
+    assert len(observations) == 1 and asked.times == [CLOCK_S]

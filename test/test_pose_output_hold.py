@@ -105,3 +105,24 @@ def test_after_a_clock_jump_back_no_target_of_the_old_time_line_is_a_stop():
     node.clock.now_s = 100.1
     output.hold(node.clock.now().to_msg(), settings)
     assert len(_trajectories(node)) == 1
+
+
+def test_a_tool_pose_stamped_below_zero_is_ignored_not_taken_as_now():
+    """A negative stamp (0 alone means unstamped) is bad input: the pose is ignored with a
+    warning, as an image stamped below zero is refused (before: it was given its receipt time
+    and counted as fresh)."""
+    from builtin_interfaces.msg import Time
+    from geometry_msgs.msg import PoseStamped
+    from vla_spec_ros.ros.tool_pose import ToolPoseSource
+
+    node = RecordingNode(100.0)
+    source = ToolPoseSource(node, _settings(), 'robot')
+    msg = PoseStamped()
+    msg.header.stamp = Time(sec=-3, nanosec=0)
+    msg.pose.orientation.w = 1.0
+    node.on('/tool_pose')(msg)
+    pose, why = source.at(100.0, 0.5)
+    assert pose is None and why
+    _give_pose(node, 0.2, 0.0)                      # unstamped: taken at its arrival
+    pose, why = source.at(100.0, 0.5)
+    assert why is None and pose is not None

@@ -202,7 +202,9 @@ class ObservationInput:
     def _read_inputs(self, messages, info: FrameInfo, settings) -> Observation:
         """The observation with each input's value at its time, or with the first input's
         problem as its error (input_adapter.py)."""
-        time_s = cmd.observation_time(info.stamp_s, info.receipt_s, settings)
+        # Read at the time the image is aged from: a camera clock ahead of the node's
+        # (accepted within max_action_age) would otherwise look up the state one offset away.
+        time_s = cmd.aged_from(info.stamp_s, info.receipt_s, settings)
         values = {}
         for adapter in self.inputs:
             value, problem = adapter.read_at(time_s, settings)

@@ -532,7 +532,7 @@ class RobotChannel:
     def prepare(self, info: FrameInfo, settings) -> list | None:
         """Each output's `prepare` for this observation, or None after rejecting it because
         one output cannot be computed (output_adapter.py)."""
-        observation_s = cmd.observation_time(info.stamp_s, info.receipt_s, settings)
+        observation_s = cmd.aged_from(info.stamp_s, info.receipt_s, settings)  # as inputs
         prepared = []
         for output in self.outputs:
             value, why = output.prepare(observation_s, settings)

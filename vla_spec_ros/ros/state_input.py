@@ -208,8 +208,11 @@ class JointStateInput(StateInput):
         if not named:
             return          # another publisher's joints only: nothing of this state
         stamp_s = msg.header.stamp.sec + 1e-9 * msg.header.stamp.nanosec
-        time_s = stamp_s if stamp_s > 0.0 else self._now_s()
+        time_s = stamp_s if stamp_s > 0.0 else self._now_s()    # 0 alone means unstamped
         try:
+            if stamp_s < 0.0:      # bad input, as an image stamped below zero is
+                raise ValueError(f'header stamp {stamp_s:.3f} s is below zero (0 alone means '
+                                 'unstamped)')
             samples = joint_positions(msg.name, msg.position, order)
         except ValueError as exc:        # no position of this message can be trusted
             samples = {j: (None, str(exc)) for j in named}

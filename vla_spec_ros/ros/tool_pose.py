@@ -49,14 +49,17 @@ class ToolPoseSource:
         self._tool_frame = settings.tool_frame
 
     def _on_pose(self, msg) -> None:
+        stamp_s = msg.header.stamp.sec + 1e-9 * msg.header.stamp.nanosec
         try:
+            if stamp_s < 0.0:      # bad input, as an image stamped below zero is
+                raise ValueError(f'header stamp {stamp_s:.3f} s is below zero (0 alone means '
+                                 'unstamped)')
             pose = pose_from_message(msg.pose)
         except ValueError as exc:
             self.node.get_logger().warning(f'{self.label}: tool pose ignored: {exc}',
                                            throttle_duration_sec=LOG_THROTTLE_S)
             return
-        stamp_s = msg.header.stamp.sec + 1e-9 * msg.header.stamp.nanosec
-        if stamp_s <= 0.0:
+        if stamp_s == 0.0:         # unstamped: its arrival
             stamp_s = self.node.get_clock().now().nanoseconds * 1e-9
         with self._lock:
             if msg.header.frame_id:
