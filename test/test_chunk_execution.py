@@ -252,3 +252,28 @@ def test_point_due_is_the_point_a_trajectory_approaches_and_none_outside_it():
     assert [point_due(100.0, 0.2, 4, 100.0 + t) for t in (0.0, 0.19, 0.21, 0.79)] == \
         [0, 0, 1, 3]
     assert point_due(100.0, 0.2, 4, 100.81) is None
+
+
+def test_with_ensemble_the_whole_chunk_an_output_gets_is_the_blend_its_steps_will_be():
+    """chunk_blend ensemble: a trajectory output (a JointTrajectoryController's) gets, on the
+    chunk's arrival, each step blended with the older chunk covering it, computed here by
+    hand: the mean of the two chunks' steps at that slot's start (before: the newest chunk's
+    raw steps, while the per-step topics carried the blend)."""
+    robot = FakeRobot(chunk_blend='ensemble', chunk_ensemble_decay=0.0)
+    execution = ChunkExecution(robot.channel())
+    older = np.tile(np.linspace(0.0, 0.03, K)[:, None], (1, 7))
+    newer = np.tile(np.linspace(0.05, 0.08, K)[:, None], (1, 7))
+    robot.now = 100.0
+    execution.handle_finished(finished(100.0, older))
+    robot.now = 100.3
+    execution.handle_finished(finished(100.3, newer))
+    (_, commands, _) = robot.chunks[-1]
+    for i, command in enumerate(commands):
+        at = 100.3 + i * P
+        j = int(np.floor((at - 100.0) / P + 1e-9))
+        steps = [newer[i]]
+        if j < K and at - (100.0 + j * P) <= robot.settings.max_action_age:
+            steps.append(older[j])
+        expected = cmd.command_from_action(np.mean(steps, axis=0), robot.settings)
+        np.testing.assert_allclose(command.linear, expected.linear, rtol=0, atol=1e-12)
+    assert commands[0].linear != cmd.command_from_action(newer[0], robot.settings).linear

@@ -23,10 +23,13 @@ HAS_TRAJECTORY_MSGS = importlib.util.find_spec('trajectory_msgs') is not None
 
 
 def settings(**values):
+    """Node settings of the joint spaces: velocity limits for joint_velocity (the default),
+    none for joint_position unless given (there they need a state input)."""
     base = {'action_space': 'joint_velocity', 'joint_names': JOINTS,
-            'joint_max_velocity': [0.5, 1.0, 2.0], 'joint_position_min': [-1.0, -2.0, 0.0],
-            'joint_position_max': [1.0, 2.0, 3.0]}
+            'joint_position_min': [-1.0, -2.0, 0.0], 'joint_position_max': [1.0, 2.0, 3.0]}
     base.update(values)
+    if base['action_space'] == 'joint_velocity':
+        base.setdefault('joint_max_velocity', [0.5, 1.0, 2.0])
     return params.settings_from_parameters(base)[1]
 
 
@@ -189,7 +192,8 @@ def test_a_hold_without_a_measured_state_stops_at_the_point_due_not_at_the_chunk
     from vla_spec_ros.ros.joint_outputs import JointTrajectoryOutput
 
     period, start = 0.2, 1000.0
-    settings = SimpleNamespace(joint_names=JOINTS, control_period=period)
+    settings = SimpleNamespace(joint_names=JOINTS, control_period=period,
+                               joint_max_velocity=())
     node = RecordingNode(start)
     output = JointTrajectoryOutput(node, '~/', lambda s: None)
     commands = [SimpleNamespace(joints=t) for t in _chunk_targets(8)]
@@ -204,6 +208,90 @@ def test_a_hold_without_a_measured_state_stops_at_the_point_due_not_at_the_chunk
     assert jtc_rejection(stop, JOINTS, node.clock.now_s) is None
 
 
+# ---- the joint-position speed bound and the chunk after a step's hold ------------------------
+
+def test_joint_max_velocity_bounds_each_targets_step_from_where_the_joints_are():
+    """bounded_targets: each target within limit x period of the one before, the first of
+    the start; each joint its own limit; without a bound or a start, as they are."""
+    from vla_spec_ros.ros.joint_outputs import bounded_targets
+
+    s = settings(action_space='joint_position', state_input='joint_state',
+                 joint_max_velocity=[0.5, 1.0, 2.0], control_period=0.2)   # 0.1, 0.2, 0.4
+    targets = [(3.0, -3.0, 0.05), (3.0, -3.0, 0.05)]
+    bounded = bounded_targets(targets, (0.0, 0.0, 0.0), s)
+    np.testing.assert_allclose(bounded, [(0.1, -0.2, 0.05), (0.2, -0.4, 0.05)])
+    assert bounded_targets(targets, None, s) == targets
+    unbounded = settings(action_space='joint_position')
+    assert bounded_targets(targets, (0.0, 0.0, 0.0), unbounded) == targets
+
+
+def test_joint_max_velocity_with_joint_position_needs_a_state_input():
+    with pytest.raises(ValueError, match='joint_max_velocity: .*set state_input'):
+        settings(action_space='joint_position', joint_max_velocity=[1.0, 1.0, 1.0])
+    with pytest.raises(ValueError, match='joint_max_velocity'):
+        settings(action_space='joint_position', state_input='joint_state',
+                 joint_max_velocity=[1.0, 0.0, 1.0])
+
+
+@pytest.mark.skipif(not HAS_TRAJECTORY_MSGS, reason='needs trajectory_msgs')
+def test_a_far_target_is_reached_no_faster_than_joint_max_velocity():
+    """The reviewer's case: joints measured at 0, the model asks +3 rad (inside the position
+    limits). Before: one point at +3 rad one period ahead (15 rad/s at 0.2 s). Now: the point
+    is limit x period away; with nothing saying where the joints are, the robot holds."""
+    from types import SimpleNamespace
+
+    from vla_spec_ros.ros.joint_outputs import REASON_JOINTS_UNKNOWN, JointTrajectoryOutput
+
+    s = settings(action_space='joint_position', state_input='joint_state',
+                 joint_max_velocity=[0.5, 0.5, 0.5], control_period=0.2,
+                 joint_position_min=[-4.0] * 3, joint_position_max=[4.0] * 3)
+    node, measured = RecordingNode(1000.0), {'positions': None}
+    output = JointTrajectoryOutput(node, '~/', lambda _: measured['positions'])
+    prepared, why = output.prepare(1000.0, s)
+    assert prepared is None and why.startswith(REASON_JOINTS_UNKNOWN)
+    measured['positions'] = (0.0, 0.0, 0.0)
+    prepared, why = output.prepare(1000.0, s)
+    assert why is None
+    output.publish_command(SimpleNamespace(joints=(3.0, 0.0, -3.0)), None, s, prepared)
+    (_, msg) = node.sent[-1]
+    np.testing.assert_allclose(msg.points[0].positions, (0.1, 0.0, -0.1))
+    assert jtc_rejection(msg, JOINTS, 1000.0) is None
+
+
+@pytest.mark.skipif(not HAS_TRAJECTORY_MSGS, reason='needs trajectory_msgs')
+def test_after_a_held_step_the_next_step_sends_the_rest_of_the_chunk_again():
+    """A step held on its own (the chunk kept) sends "stay", which replaces the chunk's
+    trajectory at JTC; the next step that goes out sends the chunk's rest from there (before:
+    nothing, so the arm stood while the gripper and ~/action followed the chunk). While the
+    chunk's own trajectory runs, a step sends nothing."""
+    from types import SimpleNamespace
+
+    from vla_spec_ros.ros.joint_outputs import JointTrajectoryOutput
+
+    period, start = 0.2, 1000.0
+    s = settings(action_space='joint_position', control_period=period)
+    node = RecordingNode(start)
+    output = JointTrajectoryOutput(node, '~/', lambda _: (0.0, 0.0, 0.0))
+    targets = _chunk_targets(4)
+    chunk = SimpleNamespace(step_at=lambda now_s: 0)
+    output.publish_chunk(chunk, [SimpleNamespace(joints=t) for t in targets], s)
+    output.publish_step(chunk, 0, SimpleNamespace(joints=targets[0]), None, s)
+    assert len(node.sent) == 1                           # the trajectory runs: nothing more
+    output.hold(None, s)                                  # step 0 held: "stay"
+    assert len(node.sent) == 2
+    node.clock.now_s = start + period
+    output.publish_step(chunk, 1, SimpleNamespace(joints=targets[1]), None, s)
+    (_, rest) = node.sent[-1]
+    assert [tuple(p.positions) for p in rest.points] == targets[1:]
+    assert jtc_rejection(rest, JOINTS, node.clock.now_s) is None
+    output.publish_step(chunk, 2, SimpleNamespace(joints=targets[2]), None, s)
+    assert len(node.sent) == 3                           # running again: nothing more
+    other = SimpleNamespace(step_at=lambda now_s: 0)      # another chunk's step: not this one
+    output.hold(None, s)
+    output.publish_step(other, 3, SimpleNamespace(joints=targets[3]), None, s)
+    assert len(node.sent) == 4
+
+
 @pytest.mark.skipif(not HAS_TRAJECTORY_MSGS, reason='needs trajectory_msgs')
 def test_a_hold_after_the_trajectory_ended_sends_nothing_without_a_measured_state():
     """Once the last trajectory sent has ended, JTC holds at its end by itself: a hold sends
@@ -214,7 +302,8 @@ def test_a_hold_after_the_trajectory_ended_sends_nothing_without_a_measured_stat
     from vla_spec_ros.ros.joint_outputs import JointTrajectoryOutput
 
     period, start = 0.2, 1000.0
-    settings = SimpleNamespace(joint_names=JOINTS, control_period=period)
+    settings = SimpleNamespace(joint_names=JOINTS, control_period=period,
+                               joint_max_velocity=())
     node, measured = RecordingNode(start), {'positions': None}
     output = JointTrajectoryOutput(node, '~/', lambda s: measured['positions'])
     output.hold(None, settings)
@@ -319,7 +408,8 @@ def test_repeated_holds_do_not_stretch_the_stop_and_a_clock_jump_forgets_the_tra
     from vla_spec_ros.ros.joint_outputs import JointTrajectoryOutput
 
     period, start = 0.2, 1000.0
-    settings = SimpleNamespace(joint_names=JOINTS, control_period=period)
+    settings = SimpleNamespace(joint_names=JOINTS, control_period=period,
+                               joint_max_velocity=())
     node = RecordingNode(start)
     output = JointTrajectoryOutput(node, '~/', lambda s: None)
     output.publish_chunk(SimpleNamespace(step_at=lambda now_s: 0),

@@ -169,6 +169,40 @@ def test_ensemble_leaves_out_expired_and_too_old_steps():
         schedule.due(10.95, blend='average')
 
 
+@pytest.mark.parametrize('blend, decay, max_age, period', [
+    ('ensemble', 0.0, math.inf, 0.2),
+    ('ensemble', 0.7, 0.25, 0.2),
+    ('ensemble', -0.3, math.inf, 0.1),
+    ('latest', 0.0, math.inf, 0.2),
+])
+def test_the_planned_steps_are_the_due_steps_at_each_slot_start(blend, decay, max_age, period):
+    """ChunkSchedule.planned (what a trajectory output sends on arrival) against the
+    reference, `due` called at each slot's start on a copy of the schedule, for three chunks
+    on random grids (one at another period)."""
+    rng = np.random.default_rng(int(decay * 10) + 3)
+    starts = sorted(10.0 + rng.uniform(0.0, 0.5, 3))
+    made = [chunk(t, offset=100.0 * i, period=period if i == 2 else 0.2)
+            for i, t in enumerate(starts)]
+    for c in made:
+        c.actions[:] += rng.normal(0.0, 1.0, c.actions.shape)
+
+    def schedule_of():
+        schedule = chunks.ChunkSchedule()
+        for c in made:
+            schedule.add(c, c.start_s)
+        return schedule
+
+    plan = schedule_of().planned(blend=blend, decay=decay, max_age_s=max_age,
+                                 per_period_dims=6)
+    newest = made[-1]
+    assert len(plan) == newest.num_steps
+    for index, planned in enumerate(plan):
+        reference = schedule_of().due(newest.slot_start(index), blend=blend, decay=decay,
+                                      max_age_s=max_age, per_period_dims=6)
+        assert reference.index == index
+        np.testing.assert_allclose(planned, reference.action, rtol=0, atol=1e-12)
+
+
 def test_ensemble_weights():
     np.testing.assert_allclose(chunks.ensemble_weights(3, 0.0), [1 / 3] * 3)
     assert not chunks.ensemble_weights(3, 0.0).flags.writeable     # cached: shared, read-only

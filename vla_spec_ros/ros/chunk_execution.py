@@ -124,9 +124,23 @@ class ChunkExecution:
             robot.log_reason('chunk ignored: its image is not newer than the chunk being '
                              'executed (camera clock stepped back?)', 'warning')
             return None
-        robot.publish_chunk(chunk, decision.commands, settings, prepared)
+        robot.publish_chunk(chunk, self._chunk_commands(decision.commands, settings),
+                            settings, prepared)
         _, went_out = self._publish_due(now, from_clock=False)
         return replaced, went_out
+
+    def _chunk_commands(self, commands, settings) -> list:
+        """(Under the lock, the new chunk kept.) The commands of the whole chunk for the
+        outputs that send it as one trajectory: its own with ``latest``; with ``ensemble``
+        each step blended with the older chunks as its step will be when due (before, a
+        trajectory carried the newest chunk's raw steps while the per-step topics carried
+        the blend)."""
+        if settings.chunk_blend != 'ensemble':
+            return commands
+        plan = self.schedule.planned(blend='ensemble', decay=settings.chunk_ensemble_decay,
+                                     max_age_s=settings.max_action_age,
+                                     per_period_dims=cmd.displacement_dims(settings))
+        return [cmd.command_from_action(action, settings) for action in plan]
 
     def _refuse(self, reason: str, settings, now_s: float) -> None:
         """A chunk that may not be kept. `invalid_chunk: continue`: one refused because it did

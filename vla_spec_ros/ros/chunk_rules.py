@@ -242,18 +242,46 @@ class ChunkSchedule:
             return DueStep(newest, index, newest.actions[index], newest.step_age(index, now_s),
                            skipped)
         self._prune(now_s)
-        actions, ages = [newest.actions[index]], [newest.step_age(index, now_s)]
-        for chunk in reversed(self._chunks[:-1]):            # newest first
-            i = chunk.step_at(now_s)
-            if 0 <= i < chunk.num_steps and chunk.step_age(i, now_s) <= max_age_s:
+        older = self._older_steps(now_s, max_age_s, per_period_dims)
+        actions = [newest.actions[index]] + [action for action, _ in older]
+        ages = [newest.step_age(index, now_s)] + [age for _, age in older]
+        return DueStep(newest, index, blend_steps(actions, decay), max(ages), skipped,
+                       len(actions))
+
+    def _older_steps(self, at_s: float, max_age_s: float, per_period_dims: int) -> list:
+        """(action, age) of the step each older chunk has at `at_s`, newest first, for an
+        ensemble: only chunks still covering `at_s` with that step at most `max_age_s` old,
+        displacements rescaled to the newest chunk's period (`due`)."""
+        newest, steps = self.newest, []
+        for chunk in reversed(self._chunks[:-1]):
+            i = chunk.step_at(at_s)
+            if 0 <= i < chunk.num_steps and chunk.step_age(i, at_s) <= max_age_s:
                 action = chunk.actions[i]
                 if per_period_dims and chunk.period_s != newest.period_s:
                     action = action.copy()
                     action[:per_period_dims] *= newest.period_s / chunk.period_s
-                actions.append(action)
-                ages.append(chunk.step_age(i, now_s))
-        return DueStep(newest, index, blend_steps(actions, decay), max(ages), skipped,
-                       len(actions))
+                steps.append((action, chunk.step_age(i, at_s)))
+        return steps
+
+    def planned(self, *, blend: str = 'latest', decay: float = 0.0,
+                max_age_s: float = math.inf, per_period_dims: int = 0) -> list:
+        """The newest chunk's K steps as `due` would give them at each slot's start with the
+        chunks kept now: ``latest`` its own steps; ``ensemble`` each slot's blend with the
+        older chunks still covering it. What an output that sends the chunk as one trajectory
+        sends (a JointTrajectoryController's), so that the trajectory and the per-step
+        outputs agree. Decides nothing."""
+        if blend not in BLENDS:
+            raise ValueError(f'blend: {blend!r} not in {list(BLENDS)}')
+        newest = self.newest
+        if newest is None:
+            return []
+        if blend == 'latest':
+            return list(newest.actions)
+        plan = []
+        for index in range(newest.num_steps):
+            older = self._older_steps(newest.slot_start(index), max_age_s, per_period_dims)
+            plan.append(blend_steps([newest.actions[index]] + [a for a, _ in older], decay))
+        return plan
 
     def is_running(self, now_s: float) -> bool:
         """Whether the newest chunk still has a slot at or after `now_s` (it has not run

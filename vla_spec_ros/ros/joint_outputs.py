@@ -15,6 +15,16 @@ joint_position -> <prefix>joint_trajectory: trajectory_msgs/JointTrajectory for 
     A single-step model: one point per action. A chunked model: on arrival, the chunk's steps
     still due (from the step whose slot holds now) as one trajectory; JTC interpolates between
     them, so the steps are not re-sent one by one.
+    A speed bound (`joint_max_velocity`, optional here, needs `state_input`): each target is
+    clamped to within limit × control_period of the one before it, the first of where the
+    joints are (the measured positions when fresh, else the point the running trajectory
+    approaches now). JTC's topic interface does not bound velocities, so without it a target
+    far from the arm (the first action, a wrong unnorm_key) is reached in one period. With the
+    bound set and neither position known, the robot holds (`prepare`'s reason).
+    A step of a chunk held on its own (its age, Servo not ready: the chunk is kept) sends the
+    hold's "stay", which replaces the chunk's trajectory at JTC: the next step that goes out
+    sends the chunk's remaining steps again from there, so the arm follows the chunk as the
+    gripper and the per-step topics do.
     A hold means "stay where you are": ROS 2's JTC refuses an empty trajectory, so the hold is
     a one-point trajectory one period ahead to the joint positions measured by the state input
     (`current_positions()`, when fresh). Without a fresh measured state, while the last
@@ -31,9 +41,14 @@ from __future__ import annotations
 
 import threading
 
+import numpy as np
+
 from vla_spec_ros.ros.message_time import SentTrajectory, set_duration
 from vla_spec_ros.ros.output_adapter import OutputAdapter
 from vla_spec_ros.ros.qos import COMMAND_QOS
+
+# The hold while a speed bound has no position to bound from (JointTrajectoryOutput.prepare).
+REASON_JOINTS_UNKNOWN = 'joint positions unknown'
 
 
 def joint_jog_type():
@@ -72,6 +87,20 @@ def joint_trajectory_message(joint_names, targets, stamp, period_s: float):
     return msg
 
 
+def bounded_targets(targets, start, settings) -> list:
+    """`targets` with each one within joint_max_velocity × control_period of the one before
+    it, the first of `start` (where the joints are); as they are without a bound or start."""
+    if not settings.joint_max_velocity or start is None:
+        return [tuple(t) for t in targets]
+    step = np.asarray(settings.joint_max_velocity, dtype=np.float64) * settings.control_period
+    previous, out = np.asarray(start, dtype=np.float64), []
+    for target in targets:
+        previous = np.clip(np.asarray(target, dtype=np.float64), previous - step,
+                           previous + step)
+        out.append(tuple(float(v) for v in previous))
+    return out
+
+
 class JointJogOutput(OutputAdapter):
     def __init__(self, node, prefix: str):
         self.node = node
@@ -104,6 +133,27 @@ class JointTrajectoryOutput(OutputAdapter):
                                          COMMAND_QOS)
         self._lock = threading.Lock()
         self._sent: SentTrajectory | None = None     # the last trajectory sent
+        # The chunk last sent whole and its K targets, to send its rest again after a hold.
+        self._chunk = None
+        self._chunk_targets: list = []
+
+    def _where_joints_are(self, settings) -> tuple | None:
+        """The measured positions when fresh, else the point the running trajectory
+        approaches now, else None."""
+        measured = self._current_positions(settings)
+        return measured if measured is not None else self._target_now()
+
+    def prepare(self, observation_s: float, settings):
+        """With a speed bound: where the joints are (the first target's bound), or the hold's
+        reason when nothing says."""
+        if not settings.joint_max_velocity:
+            return None, None
+        start = self._where_joints_are(settings)
+        if start is None:
+            return None, (f'{REASON_JOINTS_UNKNOWN}: joint_max_velocity bounds each target\'s '
+                          'step from where the joints are, and there is neither a fresh '
+                          'measured joint state nor a running trajectory')
+        return start, None
 
     def _send(self, targets, settings, *, is_hold: bool = False) -> None:
         """Publish `targets` from now; it becomes the running trajectory, except that a
@@ -122,7 +172,7 @@ class JointTrajectoryOutput(OutputAdapter):
 
     def forget(self) -> None:
         with self._lock:
-            self._sent = None
+            self._sent, self._chunk, self._chunk_targets = None, None, []
 
     def _target_now(self) -> tuple | None:
         """The point the last trajectory sent is approaching now, or None once it has ended
@@ -133,16 +183,29 @@ class JointTrajectoryOutput(OutputAdapter):
             self.node.get_clock().now().nanoseconds * 1e-9)
 
     def publish_command(self, command, stamp, settings, prepared=None) -> None:
-        self._send([command.joints], settings)
+        self._send(bounded_targets([command.joints], prepared, settings), settings)
 
     def publish_chunk(self, chunk, commands, settings, prepared=None) -> None:
         first = max(0, chunk.step_at(self.node.get_clock().now().nanoseconds * 1e-9))
+        with self._lock:
+            self._chunk, self._chunk_targets = chunk, [c.joints for c in commands]
         targets = [c.joints for c in commands[first:]]
         if targets:
-            self._send(targets, settings)
+            self._send(bounded_targets(targets, prepared, settings), settings)
 
     def publish_step(self, chunk, index: int, command, stamp, settings) -> None:
-        pass          # the whole chunk went out on arrival; JTC executes it
+        """Nothing while the chunk's trajectory runs (JTC executes it); after a hold that
+        replaced it, the chunk's rest from this step (its due command first)."""
+        with self._lock:
+            sent, targets = self._sent, self._chunk_targets
+            interrupted = chunk is self._chunk and sent is not None and sent.is_hold
+        if not interrupted:
+            return
+        start = self._where_joints_are(settings)
+        if settings.joint_max_velocity and start is None:
+            return                  # nothing says where the joints are: stay held
+        rest = [command.joints] + list(targets[index + 1:])
+        self._send(bounded_targets(rest, start, settings), settings)
 
     def hold(self, stamp, settings) -> None:
         """Stay where you are (module docstring): to the measured positions, else to the
@@ -157,5 +220,6 @@ class JointTrajectoryOutput(OutputAdapter):
         self.node.destroy_publisher(self.pub)
 
 
-__all__ = ['JointJogOutput', 'JointTrajectoryOutput', 'joint_jog_message',
+__all__ = ['REASON_JOINTS_UNKNOWN', 'JointJogOutput', 'JointTrajectoryOutput',
+           'bounded_targets', 'joint_jog_message',
            'joint_trajectory_message', 'joint_jog_type']

@@ -114,8 +114,10 @@ NODE_PARAMETERS: tuple[ParameterSpec, ...] = (
        choices=ACTION_SPACES),
     _p('joint_names', [], 'Joint spaces: the action\'s joints in action order (an extra last '
        'action value is the gripper)', tunable=True, items='str'),
-    _p('joint_max_velocity', [], 'joint_velocity: per-joint speed limit, each velocity '
-       'clamped to +-limit', tunable=True, items='float', unit='rad/s'),
+    _p('joint_max_velocity', [], 'Per-joint speed limit. joint_velocity: each velocity '
+       'clamped to +-limit; joint_position (optional, needs state_input): each target within '
+       'limit x control_period of the one before, the first of the measured positions',
+       tunable=True, items='float', unit='rad/s'),
     _p('joint_position_min', [], 'joint_position: per-joint lower limit of the targets',
        tunable=True, items='float', unit='rad'),
     _p('joint_position_max', [], 'joint_position: per-joint upper limit of the targets',
@@ -362,6 +364,12 @@ class NodeSettings:
                         '`ros2 param load` change one parameter at a time: to move the range '
                         'past its other end, change that end first, or both at once through '
                         'the node\'s set_parameters_atomically service)')
+            if self.joint_max_velocity:
+                _check_limits('joint_max_velocity', self.joint_max_velocity, n, minimum=0.0)
+                if self.state_input == 'none':
+                    raise ValueError('joint_max_velocity: with action_space joint_position it '
+                                     'bounds each target\'s step from the measured joint '
+                                     'positions; set state_input (joint_state or array)')
 
     @property
     def num_image_slots(self) -> int:
