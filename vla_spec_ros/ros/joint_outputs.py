@@ -107,6 +107,9 @@ class JointJogOutput(OutputAdapter):
         self._type = joint_jog_type()
         self.pub = node.create_publisher(self._type, prefix + 'joint_jog', COMMAND_QOS)
 
+    def command_publishers(self) -> list:
+        return [self.pub]
+
     def publish_command(self, command, stamp, settings, prepared=None) -> None:
         self.pub.publish(joint_jog_message(self._type, settings.joint_names, command.joints,
                                            stamp, settings.frame_id))
@@ -136,6 +139,9 @@ class JointTrajectoryOutput(OutputAdapter):
         # The chunk last sent whole and its K targets, to send its rest again after a hold.
         self._chunk = None
         self._chunk_targets: list = []
+
+    def command_publishers(self) -> list:
+        return [self.pub]
 
     def _where_joints_are(self, settings) -> tuple | None:
         """The measured positions when fresh, else the point the running trajectory

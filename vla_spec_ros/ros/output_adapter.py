@@ -29,6 +29,9 @@ force:
         "stay" for a position controller, a stopped trajectory; nothing for a gripper, which
         keeps its last goal). Called by the channel when the safety gate says so; never
         decide here whether to hold.
+  command_publishers()     the publishers of this output's motion commands (for the
+                           /diagnostics check that something receives them:
+                           command_listeners.py); none for outputs that do not move the arm
   add_to_status(status)    extra /diagnostics values (diagnostic_msgs KeyValue)
   forget()                 the node clock went back (clock_jumps.py): drop what was kept on
                            the old time line (a trajectory sent, a pose measured), before
@@ -62,6 +65,9 @@ class OutputAdapter:
 
     def hold(self, stamp, settings) -> None:
         pass
+
+    def command_publishers(self) -> list:
+        return []
 
     def add_to_status(self, status) -> None:
         pass

@@ -107,6 +107,9 @@ class PoseTargetOutput(OutputAdapter):
                 self.trajectory_pub = node.create_publisher(
                     MultiDOFJointTrajectory, prefix + 'pose_trajectory', COMMAND_QOS)
 
+    def command_publishers(self) -> list:
+        return [self.pose_pub, self.trajectory_pub]
+
     def prepare(self, observation_s: float, settings):
         """The tool pose the image's action starts from, or (None, why the robot holds)."""
         return self.source.at(observation_s, settings.max_action_age)

@@ -49,6 +49,7 @@ from vla_spec_ros.ros import command_rules as cmd
 from vla_spec_ros.ros.channel_stats import record_answer, robot_status
 from vla_spec_ros.ros.chunk_execution import ChunkChannel, ChunkExecution
 from vla_spec_ros.ros.chunk_rules import chunk_age_limit
+from vla_spec_ros.ros.command_listeners import add_listener_status
 from vla_spec_ros.ros.control_steps import ControlSteps
 from vla_spec_ros.ros.diagnostics import InferenceStats
 from vla_spec_ros.ros.frame_slot import FrameInfo, LatestFrameSlot
@@ -603,9 +604,13 @@ class RobotChannel:
             name += f' ({self.name})'
         extras = (list(self.observation.inputs) + list(self.outputs)
                   + ([self.servo] if self.servo is not None else []))
-        return robot_status(self.stats, name=name, hardware_id=self.settings.model_path,
-                            mode=mode, is_enabled=self.settings.enabled and self.is_active,
-                            extras=extras)
+        is_enabled = self.settings.enabled and self.is_active
+        status = robot_status(self.stats, name=name, hardware_id=self.settings.model_path,
+                              mode=mode, is_enabled=is_enabled, extras=extras)
+        add_listener_status(status, [p for output in self.outputs
+                                     for p in output.command_publishers()],
+                            is_enabled=is_enabled)
+        return status
 
     def destroy(self) -> None:
         """Remove this channel's ROS entities (lifecycle cleanup)."""

@@ -43,6 +43,9 @@ class TwistOutput(OutputAdapter):
                 trajectory_type, prefix + 'trajectory', COMMAND_QOS)
         self._trajectory_live = False     # a trajectory was sent and not stopped yet
 
+    def command_publishers(self) -> list:
+        return [self.twist_pub, self.trajectory_pub, self.legacy_trajectory_pub]
+
     def publish_command(self, command, stamp, settings, prepared=None) -> None:
         self.twist_pub.publish(twist_message(command.linear, command.angular, stamp,
                                              settings.frame_id))
