@@ -126,3 +126,27 @@ def test_a_tool_pose_stamped_below_zero_is_ignored_not_taken_as_now():
     _give_pose(node, 0.2, 0.0)                      # unstamped: taken at its arrival
     pose, why = source.at(100.0, 0.5)
     assert why is None and pose is not None
+
+
+def test_a_tool_pose_in_another_frame_than_frame_id_is_ignored_and_named():
+    """The deltas are applied in frame_id: a tool pose in another frame is ignored (before:
+    its frame was adopted silently, and base-frame deltas moved the tool along another
+    frame's axes), and the hold reason names the frame."""
+    from geometry_msgs.msg import PoseStamped
+    from vla_spec_ros.ros.message_time import stamp_at
+    from builtin_interfaces.msg import Time
+    from vla_spec_ros.ros.tool_pose import ToolPoseSource
+
+    node = RecordingNode(100.0)
+    settings = _settings()
+    source = ToolPoseSource(node, settings, 'robot')
+    msg = PoseStamped()
+    msg.header.stamp = stamp_at(Time(), 100.0)
+    msg.header.frame_id = 'world'
+    msg.pose.orientation.w = 1.0
+    node.on('/tool_pose')(msg)
+    pose, why = source.at(100.0, 0.5)
+    assert pose is None and "'world'" in why and repr(settings.frame_id) in why
+    _give_pose(node, 0.3, 100.0)                        # in base_link, frame_id's
+    pose, why = source.at(100.0, 0.5)
+    assert why is None and pose.position[0] == 0.3 and source.frame_id == settings.frame_id

@@ -5,7 +5,11 @@ Two sources: a geometry_msgs/PoseStamped topic of the robot driver (`tool_pose_t
 in the robot base frame), or, with no topic, TF's `frame_id` -> `tool_frame` transform (only
 where tf2_ros is installed: a ROS distribution; without it the node refuses to start with the
 reason). The pose read closest in time to the image (within `max_action_age`) is the pose the
-action's delta starts from; none there is the hold reason `no tool pose`.
+action's delta starts from; none there is the hold reason `no tool pose`. A topic's pose must
+be in `frame_id`, the frame the action's deltas are applied in: a pose stamped in another frame
+(a driver publishing in `world` while the deltas are in `base_link`) is ignored, logged, and
+named in the hold reason, since deltas applied along another frame's axes move the tool in
+directions the policy never chose (before, the node adopted the message's frame silently).
 """
 from __future__ import annotations
 
@@ -32,6 +36,7 @@ class ToolPoseSource:
         self.node, self.label = node, label
         self.history = PoseHistory()
         self.frame_id = settings.frame_id       # the frame poses are expressed in
+        self._other_frame: str | None = None     # the frame of poses ignored (docstring)
         self._lock = threading.Lock()
         self._subscription = self._tf_buffer = self._tf_listener = None
         if settings.tool_pose_topic:
@@ -59,11 +64,19 @@ class ToolPoseSource:
             self.node.get_logger().warning(f'{self.label}: tool pose ignored: {exc}',
                                            throttle_duration_sec=LOG_THROTTLE_S)
             return
+        if msg.header.frame_id and msg.header.frame_id != self.frame_id:
+            with self._lock:
+                self._other_frame = msg.header.frame_id
+            self.node.get_logger().warning(
+                f'{self.label}: tool pose ignored: in frame {msg.header.frame_id!r}, but the '
+                f'action\'s deltas are in frame_id {self.frame_id!r} (publish the tool pose '
+                'in that frame, or set frame_id to the pose\'s frame)',
+                throttle_duration_sec=LOG_THROTTLE_S)
+            return
         if stamp_s == 0.0:         # unstamped: its arrival
             stamp_s = self.node.get_clock().now().nanoseconds * 1e-9
         with self._lock:
-            if msg.header.frame_id:
-                self.frame_id = msg.header.frame_id
+            self._other_frame = None
             self.history.add(stamp_s, pose)
 
     def at(self, stamp_s: float, max_gap_s: float) -> tuple[Pose | None, str | None]:
@@ -73,6 +86,9 @@ class ToolPoseSource:
             return pose, why
         with self._lock:
             pose, why = self.history.at(stamp_s, max_gap_s)
+            other = self._other_frame
+        if pose is None and other is not None:
+            why = f'the tool poses arriving are in frame {other!r}, not frame_id {self.frame_id!r}'
         return pose, None if pose is not None else f'{REASON_NO_TOOL_POSE}: {why}'
 
     def newest(self, now_s: float, max_age_s: float) -> Pose | None:
