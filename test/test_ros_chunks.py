@@ -106,12 +106,15 @@ def test_a_chunk_after_the_previous_ran_out_is_not_a_replacement():
     assert schedule.add(chunk(10.7), 10.9) == (True, False)
 
 
-def test_a_chunk_not_newer_than_the_newest_is_not_accepted():
+def test_an_older_chunk_is_not_accepted_and_one_of_the_same_time_takes_over():
+    """A chunk of an older image is ignored (a camera clock stepped back); one of the same
+    image time is the later frame (two frames aged by one coarse /clock tick) and takes over
+    (before: ignored as 'not newer', with the camera blamed)."""
     schedule = chunks.ChunkSchedule()
     schedule.add(chunk(10.0, offset=0.0), 10.1)
-    assert schedule.add(chunk(10.0, offset=5.0), 10.2) == (False, False)
     assert schedule.add(chunk(9.9, offset=5.0), 10.2) == (False, False)
-    assert schedule.due(10.2).action[0] == 1.0
+    assert schedule.add(chunk(10.0, offset=5.0), 10.2) == (True, True)
+    assert schedule.due(10.2).action[0] == 6.0
 
 
 def test_ensemble_is_the_weighted_mean_of_every_chunk_covering_the_step():

@@ -121,7 +121,7 @@ class ChunkExecution:
                              settings.control_period, cmd.command_stamp(info, settings))
         accepted, replaced = self.schedule.add(chunk, now)
         if not accepted:
-            robot.log_reason('chunk ignored: its image is not newer than the chunk being '
+            robot.log_reason('chunk ignored: its image is older than the chunk being '
                              'executed (camera clock stepped back?)', 'warning')
             return None
         robot.publish_chunk(chunk, self._chunk_commands(decision.commands, settings),

@@ -195,11 +195,14 @@ class ChunkSchedule:
         self._decided, self._ran_out = -1, False
 
     def add(self, chunk: Chunk, now_s: float) -> tuple[bool, bool]:
-        """Keep `chunk` as the newest; (accepted, replaced). A chunk whose image is not newer
-        than the newest kept one is not accepted. `replaced`: the previous newest chunk still
-        had steps at or after `now_s` (in ``latest`` they are never published)."""
+        """Keep `chunk` as the newest; (accepted, replaced). A chunk whose image is older
+        than the newest kept one is not accepted; one of the same time is (frames are handed
+        over in order, so it is the later frame: two frames aged by one coarse /clock tick,
+        or a camera ahead whose frames are both aged from their arrival). `replaced`: the
+        previous newest chunk still had steps at or after `now_s` (in ``latest`` they are
+        never published)."""
         newest = self.newest
-        if newest is not None and chunk.start_s <= newest.start_s:
+        if newest is not None and chunk.start_s < newest.start_s:
             return False, False
         replaced = newest is not None and not self._ran_out and now_s < newest.end_s
         self._prune(now_s)
