@@ -1,5 +1,5 @@
 """A robot's paired inputs (ros/input_adapter.py): one class each, one registration place
-(`robot_channel.build_inputs`), as outputs are.
+(`robot_io.build_inputs`), as outputs are.
 
 Checked: `build_inputs` lists the state input of each `state_input` choice; and a new input,
 written here as one InputAdapter subclass (a gate that must be open before the robot moves)
@@ -29,7 +29,7 @@ if HAS_ROS:
 
     from ros_probe import Probe, ros_graph, wait_until
     from vla_spec_ros.ros import command_rules as cmd
-    from vla_spec_ros.ros import params, robot_channel
+    from vla_spec_ros.ros import params, robot_channel, robot_io
     from vla_spec_ros.ros.input_adapter import InputAdapter
     from vla_spec_ros.ros.qos import IMAGE_QOS
     from vla_spec_ros.ros.state_input import ArrayStateInput, JointStateInput
@@ -48,10 +48,10 @@ def test_build_inputs_lists_the_state_input_of_each_choice():
     node = Node('inputs_listed', context=context)
     try:
         get = (lambda: None)
-        assert robot_channel.build_inputs(node, '~/', _settings(), get) == []
-        [joint] = robot_channel.build_inputs(
+        assert robot_io.build_inputs(node, '~/', _settings(), get) == []
+        [joint] = robot_io.build_inputs(
             node, '~/', _settings(state_input='joint_state', joint_names=['a', 'b']), get)
-        [array] = robot_channel.build_inputs(node, 'left/', _settings(state_input='array'), get)
+        [array] = robot_io.build_inputs(node, 'left/', _settings(state_input='array'), get)
         assert type(joint) is JointStateInput and type(array) is ArrayStateInput
         assert joint.key == array.key == 'state'
         assert joint._sub.topic_name == '/inputs_listed/joint_states'
@@ -102,8 +102,8 @@ def test_a_new_input_is_one_class_and_one_registration_line(monkeypatch):
     from vla_spec_ros import VLAPolicy
     from vla_spec_ros.ros.node import VLASpecNode
 
-    listed = robot_channel.build_inputs
-    # The registration line (in robot_channel.build_inputs, for a shipped input).
+    listed = robot_io.build_inputs
+    # The registration line (in robot_io.build_inputs, for a shipped input).
     monkeypatch.setattr(robot_channel, 'build_inputs', lambda node, prefix, settings, get:
                         listed(node, prefix, settings, get) + [GateInput(node, prefix)])
     policy = VLAPolicy.from_pretrained('tiny', restrict_to_action_tokens=True)

@@ -8,7 +8,7 @@ receives and, when a set of images completes, is read at the observation's time.
 travels in the observation under the adapter's `key`, or its problem holds or refuses the
 frame. Adding an input (a state from another source, a sensor that must be fresh before the
 robot moves) is one new file with one `InputAdapter` subclass, and one line in
-`robot_channel.build_inputs` (as output_adapter.py does for outputs).
+`robot_io.build_inputs` (as output_adapter.py does for outputs).
 
 The contract (the base class gives the defaults), each call with the robot's NodeSettings in
 force:

@@ -1,6 +1,6 @@
 """One robot's observation: its image slots (one topic each, raw or compressed), paired by
 stamp (observation_sync.py), and its paired inputs (input_adapter.py: the robot state,
-state_input.py; listed by robot_channel.build_inputs) read at the set's time, into its frame
+state_input.py; listed by robot_io.build_inputs) read at the set's time, into its frame
 slot.
 
 Topics: one camera (no `image_slots`): `<prefix>image` (or `<prefix>image/compressed`), as

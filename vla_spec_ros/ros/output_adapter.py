@@ -4,7 +4,7 @@ A robot channel (robot_channel.py) decides *whether* to act (safety_gate.py, com
 chunk_rules.py) and then hands the decided commands to its adapters, in order; each adapter
 decides *what goes on the wire*. Adding an output (a new action space, a new controller's
 message) is one new file with one `OutputAdapter` subclass, and one line in
-`robot_channel.build_outputs`.
+`robot_io.build_outputs`.
 
 The calls, all optional (the base class does nothing), each with the robot's NodeSettings in
 force:

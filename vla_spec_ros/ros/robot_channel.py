@@ -9,12 +9,12 @@ per robot lives in one file per concern:
                         future is refused on arrival, a jump back of the node clock resets
                         the robot (clock_jumps.py)
   input_adapter.py      the interface of every paired input; one adapter per input
-                        (`build_inputs` below is where they are listed): state_input.py
+                        (listed in robot_io.py's `build_inputs`): state_input.py
                         (JointState or an array)
   safety_gate.py        the hold state machine: hold states with a message budget, holds that
                         always go out, refused frames and the results they supersede
   output_adapter.py     the interface of every output; one adapter per output
-                        (`build_outputs` below is where they are listed):
+                        (listed in robot_io.py's `build_outputs`):
                         twist_output.py (TwistStamped + velocity trajectory),
                         joint_outputs.py (JointJog, JointTrajectory),
                         gripper_output.py (gripper topic + action goals),
@@ -53,67 +53,15 @@ from vla_spec_ros.ros.command_listeners import add_listener_status
 from vla_spec_ros.ros.control_steps import ControlSteps
 from vla_spec_ros.ros.diagnostics import InferenceStats
 from vla_spec_ros.ros.frame_slot import FrameInfo, LatestFrameSlot
-from vla_spec_ros.ros.gripper_output import GripperOutput
 from vla_spec_ros.ros.hold_log import HoldLog
 from vla_spec_ros.ros.node_clock_watch import NodeClockWatch
 from vla_spec_ros.ros.observation_input import ObservationInput
 from vla_spec_ros.ros.pose_output import PoseTargetOutput
 from vla_spec_ros.ros.qos import instruction_subscriptions
-from vla_spec_ros.ros.raw_action_output import RawActionOutput
+from vla_spec_ros.ros.robot_io import build_inputs, build_outputs
 from vla_spec_ros.ros.reasoning_output import ReasoningOutput
 from vla_spec_ros.ros.safety_gate import SafetyGate
 from vla_spec_ros.ros.twist_output import TwistOutput
-
-
-def build_inputs(node, prefix: str, settings, get_settings) -> list:
-    """The robot's paired inputs (input_adapter.py), read in this order at each observation:
-    the robot state of `state_input` (state_input.py). `get_settings()`: the robot's
-    NodeSettings in force."""
-    inputs = []
-    if settings.state_input == 'joint_state':
-        from vla_spec_ros.ros.state_input import JointStateInput
-
-        inputs.append(JointStateInput(node, prefix, get_settings))
-    elif settings.state_input == 'array':
-        from vla_spec_ros.ros.state_input import ArrayStateInput
-
-        inputs.append(ArrayStateInput(node, prefix, get_settings))
-    return inputs
-
-
-def build_outputs(node, prefix: str, settings, label: str, *, is_chunked: bool,
-                  current_positions=None, writes_reasoning: bool = False) -> list:
-    """The robot's output adapters, in publishing order (output_adapter.py): the action
-    space's own first (`action_space`, docs/action_spaces.md), then the gripper and the raw
-    action, then pose targets, then a reasoning policy's text. `current_positions(settings)`:
-    the measured joint positions (the joint-position hold, joint_outputs.py)."""
-    def primary():
-        if settings.action_space == 'joint_velocity':
-            from vla_spec_ros.ros.joint_outputs import JointJogOutput
-
-            return JointJogOutput(node, prefix)
-        if settings.action_space == 'joint_position':
-            from vla_spec_ros.ros.joint_outputs import JointTrajectoryOutput
-
-            return JointTrajectoryOutput(node, prefix, current_positions or (lambda s: None))
-        return TwistOutput(node, prefix, is_chunked=is_chunked)
-
-    makers = [primary, lambda: GripperOutput(node, prefix, settings, label),
-              lambda: RawActionOutput(node, prefix)]
-    if settings.pose_targets:
-        makers.append(lambda: PoseTargetOutput(node, prefix, settings, label,
-                                               is_chunked=is_chunked))
-    if writes_reasoning:
-        makers.append(lambda: ReasoningOutput(node, prefix))
-    outputs = []
-    try:
-        for make in makers:
-            outputs.append(make())
-    except Exception:        # one cannot be built (a missing package): none is left behind
-        for output in outputs:
-            output.destroy()
-        raise
-    return outputs
 
 
 class RobotChannel:
@@ -624,4 +572,4 @@ class RobotChannel:
             node.destroy_service(srv)
 
 
-__all__ = ['RobotChannel', 'build_inputs', 'build_outputs', 'FrameInfo', 'LatestFrameSlot']
+__all__ = ['RobotChannel', 'FrameInfo', 'LatestFrameSlot']
