@@ -264,3 +264,46 @@ def test_ddp_two_processes_match_one(trained, checkpoint, observations, runner, 
     b = load_draft(tmp_path / 'single_out', runner.model)
     for key, value in a.state_dict().items():
         torch.testing.assert_close(value, b.state_dict()[key], rtol=1e-4, atol=1e-5)
+
+
+# ---- where the head is written ----------------------------------------------------------------
+
+def _files(folder: Path) -> dict:
+    return {p.name: p.read_bytes() for p in folder.iterdir() if p.is_file()}
+
+
+def test_out_that_holds_a_model_is_refused_and_left_alone(checkpoint, observations, tmp_path,
+                                                          capsys):
+    """Before: ``--out`` = ``--model`` (or any checkpoint folder) got the head's config.json
+    and model.safetensors written over the model's, after the whole run."""
+    from vla_spec_ros import cli
+    copy = tmp_path / 'model_copy'
+    shutil.copytree(checkpoint, copy)
+    errors = []
+    for out in (checkpoint, copy):
+        before = _files(out)
+        code = cli.main(['train-draft', '--model', str(checkpoint), '--data', str(observations),
+                         '--out', str(out), '--steps', '1', '--no-progress'])
+        err = capsys.readouterr().err
+        assert code == 2 and 'Traceback' not in err and '--force' in err, err
+        assert _files(out) == before and not (out / 'train').exists()
+        errors.append(err)
+    assert 'is the --model checkpoint folder' in errors[0]
+    assert 'holds model weights' in errors[1]
+
+
+def test_a_draft_head_is_retrained_in_place_and_force_overwrites_a_model(
+        trained, checkpoint, observations, tmp_path):
+    work = tmp_path / 'work'
+    shutil.copytree(trained[0] / 'train' / 'data', work / 'data')   # reuse the generated data
+    argv = ['--model', str(checkpoint), '--data', str(observations), '--work-dir', str(work),
+            '--steps', '2', *FAST]
+    head = tmp_path / 'head'
+    train(argv + ['--out', str(head)])
+    first = _files(head)
+    train(argv + ['--out', str(head), '--seed', '1'])          # a head folder: overwritten
+    assert _files(head).keys() == first.keys() and _files(head) != first
+    copy = tmp_path / 'model_copy'
+    shutil.copytree(checkpoint, copy)
+    train(argv + ['--out', str(copy), '--force'])
+    assert json.loads((copy / 'config.json').read_text())['architectures'] == ['EagleDraftHead']

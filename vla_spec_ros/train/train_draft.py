@@ -13,7 +13,9 @@ Runs in one process or under ``torchrun`` (DDP; the process group is created onl
 ``<out>/train``): ``data/`` (generated samples, reused while the settings match) and
 ``checkpoints/step-<N>/`` (draft weights + optimizer state, every ``--save-every`` steps;
 ``--resume`` continues from the newest). The final head goes to ``--out`` and loads with
-``models.draft.load_draft``.
+``models.draft.load_draft``; an ``--out`` that holds a model checkpoint (the ``--model`` folder
+itself, or any folder whose weights are not a draft head's) is refused before anything runs,
+unless ``--force`` (draft_out.py).
 
 Observations come from ``--data`` (``draft_data.load_observations``) or from a ROS 2 bag
 (``--bag`` with ``--image-topic`` / ``--instruction-topic``, ``bag_frames``); both give the
@@ -40,6 +42,7 @@ from ..models.draft import DraftConfig, EagleDraftHead, load_draft, new_draft_he
 from ..recording import DEFAULT_IMAGE_TOPIC, DEFAULT_INSTRUCTION_TOPIC
 from .draft_data import (DraftDataset, generate_shards, load_observations, pack_samples,
                          read_manifest, write_manifest)
+from .draft_out import check_draft_out
 
 CHECKPOINTS = 'checkpoints'
 TRAIN_STATE = 'train_state.json'
@@ -233,7 +236,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument('--every-nth', type=int, default=None,
                    help='with --bag: keep every n-th paired frame (default 1)')
     p.add_argument('--out', required=True, help='draft folder to write (config.json + '
-                   'model.safetensors); <checkpoint>/draft is found automatically')
+                   'model.safetensors): a new folder or a draft head\'s (retrained in place), '
+                   'never a model checkpoint; <checkpoint>/draft is found automatically')
+    p.add_argument('--force', action='store_true', help='write --out even where it holds a '
+                   'model checkpoint or other weights (they are overwritten)')
     p.add_argument('--work-dir', default=None, help='data and checkpoints (default <out>/train)')
     defaults = TrainDraftConfig()
     for field in dataclasses.fields(TrainDraftConfig):
@@ -341,6 +347,7 @@ def _train(args, rank: int, world_size: int, device: torch.device) -> dict:
 
     # 1. The verifier, exactly as inference will run it (preprocessing, greedy rule).
     folder = resolve_checkpoint(args.model)
+    check_draft_out(out, folder, getattr(args, 'force', False))   # before minutes of work
     engine_cfg = EngineConfig(device=str(device), dtype=args.dtype, center_crop=args.center_crop,
                               rotate_180=args.rotate_180,
                               restrict_to_action_tokens=args.restrict_to_action_tokens)
