@@ -39,6 +39,32 @@ def test_make_checkpoint(checkpoint, capsys):
     assert len(list(out.glob('model-*.safetensors'))) >= 2
 
 
+def test_make_checkpoint_replaces_a_checkpoint_only_with_force(tmp_path, capsys):
+    """A trained checkpoint's folder is refused; with --force its weights are replaced and
+    what described them (training report, demonstrations, draft head, a shard index that
+    would be read before the new model.safetensors) is removed."""
+    out = tmp_path / 'trained'
+    assert cli.main(['make-checkpoint', '--preset', 'tiny', '--out', str(out),
+                     '--max-shard-mb', '0.25']) == 0
+    for name in ('training.json', 'demos_manifest.json', 'vla_spec_node.json'):
+        (out / name).write_text('{}')
+    (out / 'draft').mkdir()
+    (out / 'draft' / 'config.json').write_text('{}')
+    before = {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()}
+    capsys.readouterr()
+    assert cli.main(['make-checkpoint', '--preset', 'pi0fast-tiny', '--out', str(out)]) == 2
+    assert '--force' in capsys.readouterr().err
+    assert {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()} == before
+    assert cli.main(['make-checkpoint', '--preset', 'pi0fast-tiny', '--out', str(out),
+                     '--force']) == 0
+    left = {p.name for p in out.iterdir()}
+    assert not left & {'training.json', 'demos_manifest.json', 'vla_spec_node.json', 'draft',
+                       'model.safetensors.index.json'}
+    assert not list(out.glob('model-*.safetensors'))
+    policy = VLAPolicy.from_pretrained(str(out))
+    assert type(policy.engine.runner.model).__name__ == 'Pi0Fast'
+
+
 def test_make_checkpoint_rejects_unknown_preset(tmp_path, capsys):
     with pytest.raises(SystemExit) as info:
         cli.main(['make-checkpoint', '--preset', 'huge', '--out', str(tmp_path / 'x')])

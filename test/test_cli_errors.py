@@ -20,6 +20,9 @@ from vla_spec_ros import cli
     (['make-checkpoint', '--preset', 'tiny', '--out', 'OUT', '--max-shard-mb', '-1'],
      'argument --max-shard-mb: expected a number > 0'),
     (['make-checkpoint', '--preset', 'tiny', '--out', 'FILE'], 'File exists'),
+    # A folder holding something (a trained checkpoint) is not written over without --force
+    # (before: its weights were replaced by random ones, its training.json and draft/ kept).
+    (['make-checkpoint', '--preset', 'tiny', '--out', 'FULL'], 'is not empty'),
     (['fidelity', '--devices', 'tpu', '--frames', '2'], "--devices: 'tpu'"),
     (['demo', '--report', 'EMPTY_JSON'], 'not a demo record'),
     (['demo', '--report', 'FILE'], 'not JSON'),
@@ -37,8 +40,11 @@ def test_a_bad_argument_ends_with_one_line_naming_it(tmp_path, capsys, args, wor
     existing.write_text('not a record')
     empty = tmp_path / 'empty.json'
     empty.write_text('{}')
+    full = tmp_path / 'full'
+    full.mkdir()
+    (full / 'training.json').write_text('{}')
     names = {'OUT': str(tmp_path / 'out'), 'OUT2': str(tmp_path / 'out2'),
-             'FILE': str(existing), 'EMPTY_JSON': str(empty)}
+             'FILE': str(existing), 'EMPTY_JSON': str(empty), 'FULL': str(full)}
     try:
         code = cli.main([names.get(a, a) for a in args])
     except SystemExit as exc:                   # argparse's own refusal of an argument
@@ -47,3 +53,4 @@ def test_a_bad_argument_ends_with_one_line_naming_it(tmp_path, capsys, args, wor
     assert code == 2, (code, stderr[-2000:])
     assert words in stderr and 'Traceback' not in stderr, stderr[-2000:]
     assert not (tmp_path / 'out2-train').exists() and not (tmp_path / 'out').exists()
+    assert [p.name for p in full.iterdir()] == ['training.json']

@@ -5,7 +5,9 @@ from __future__ import annotations
 import argparse
 import json
 import shlex
+import shutil
 import sys
+from pathlib import Path
 
 import numpy as np
 
@@ -24,6 +26,35 @@ def _add_engine_args(p: argparse.ArgumentParser) -> None:
                    '"checkpoint" or "random"')
 
 
+# What describes a checkpoint's weights beside the files make-checkpoint writes: the weights of
+# another layout (a shard index is read before model.safetensors), a trained model's report,
+# the demonstrations it learnt from, the node settings measured on it and its draft head.
+# --force removes them, so nothing left in the folder describes weights that are gone.
+REPLACED_BY_MAKE_CHECKPOINT = ('model.safetensors.index.json', 'training.json',
+                               'demos_manifest.json', 'vla_spec_node.json', 'draft')
+
+
+def _prepare_checkpoint_out(out: Path, force: bool) -> None:
+    """A random checkpoint goes into a new or empty --out (a file there is the family
+    writer's FileExistsError). A folder holding anything is refused unless ``force``, which
+    removes the old weights and what describes them (REPLACED_BY_MAKE_CHECKPOINT)."""
+    held = sorted(p.name for p in out.iterdir()) if out.is_dir() else []
+    if not held:
+        return
+    if not force:
+        shown = ', '.join(held[:4]) + (', ...' if len(held) > 4 else '')
+        raise ValueError(f'--out: {out} is not empty ({shown}); make-checkpoint writes random '
+                         'weights into a new or empty folder. Add --force to replace the '
+                         'checkpoint there (its weights, training.json, demos_manifest.json, '
+                         'vla_spec_node.json and draft/ are removed)')
+    stale = sorted(out.glob('model*.safetensors')) + [out / n for n in REPLACED_BY_MAKE_CHECKPOINT]
+    for path in stale:
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path)
+        elif path.exists() or path.is_symlink():
+            path.unlink()
+
+
 def cmd_make_checkpoint(args) -> int:
     from .models.registry import checkpoint_options, make_checkpoint
     shard = int(args.max_shard_mb * 2 ** 20) if args.max_shard_mb else None
@@ -39,6 +70,7 @@ def cmd_make_checkpoint(args) -> int:
     for name, value in given:
         if value is not True and value < 1:
             raise ValueError(f'{name}: must be >= 1, got {value}')
+    _prepare_checkpoint_out(Path(args.out), args.force)
     out = make_checkpoint(args.preset, args.out, seed=args.seed, dtype=args.dtype,
                           max_shard_bytes=shard, decodable_chunks=args.decodable_chunks,
                           scripted_reasoning=args.scripted_reasoning, **options)
@@ -139,7 +171,10 @@ def build_parser() -> argparse.ArgumentParser:
                        "family's layout (OpenVLA's Hugging Face layout; pi0fast-*: LeRobot's; "
                        "ecot-*: ECoT's, OpenVLA's with a Vicuna prompt)")
     p.add_argument('--preset', required=True, choices=sorted(PRESETS))
-    p.add_argument('--out', required=True)
+    p.add_argument('--out', required=True, help='a new or empty folder')
+    p.add_argument('--force', action='store_true', help='write into a folder that holds '
+                   'something: an old checkpoint\'s weights, training.json, '
+                   'demos_manifest.json, vla_spec_node.json and draft/ are removed first')
     p.add_argument('--seed', type=int, default=0)
     p.add_argument('--dtype', default='float32',
                    choices=['float32', 'float64', 'bfloat16', 'float16'])
