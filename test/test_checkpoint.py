@@ -367,6 +367,20 @@ def test_wrong_shape(copy_of):
     assert key in message and 'model.safetensors' in message and 'shape' in message
 
 
+@pytest.mark.parametrize('value', [float('nan'), float('inf')])
+def test_non_finite_weight_refused(copy_of, value):
+    """Before: a NaN or inf weight loaded silently and every action came out NaN."""
+    folder = copy_of()
+    path = folder / 'model.safetensors'
+    state = load_file(str(path))
+    key = 'language_model.model.layers.0.self_attn.q_proj.weight'
+    state[key][1, 2] = value
+    save_file(state, str(path))
+    with pytest.raises(CheckpointError, match=key.replace('.', r'\.')) as info:
+        load_model(folder)
+    assert 'model.safetensors' in str(info.value) and 'non-finite' in str(info.value)
+
+
 def test_shard_listed_in_index_but_missing(copy_of, sharded):
     folder = copy_of(sharded)
     index = json.loads((folder / 'model.safetensors.index.json').read_text())

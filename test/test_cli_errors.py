@@ -34,6 +34,11 @@ from vla_spec_ros import cli
     # A --data folder without demonstrations (a typo) is refused, not collected into (15 min)
     # unless --collect-missing asks for it; nothing is written.
     (['train-demo-vla', '--data', 'OUT', '--out', 'OUT2'], 'holds no demonstrations'),
+    # An infinite learning rate trained NaN weights and exited 0.
+    (['train-demo-vla', '--data', 'OUT', '--out', 'OUT2', '--lr', 'inf'],
+     'lr: must be a finite number > 0, got inf'),
+    (['train-draft', '--model', 'tiny', '--data', 'FILE', '--out', 'OUT', '--lr', 'inf'],
+     'lr: must be a finite number > 0, got inf'),
 ])
 def test_a_bad_argument_ends_with_one_line_naming_it(tmp_path, capsys, args, words):
     existing = tmp_path / 'a_file.md'

@@ -184,3 +184,44 @@ def test_train_demo_vla_end_to_end_writes_a_loadable_checkpoint_and_resumes(tmp_
     assert a.keys() == b.keys()
     for key in a:
         torch.testing.assert_close(a[key], b[key], rtol=0, atol=0)
+
+
+def test_non_finite_learning_rates_are_refused():
+    """Before: lr inf was accepted, training wrote NaN weights and exited 0."""
+    for field in ('lr', 'grad_clip', 'min_lr_ratio', 'weight_decay'):
+        for value in (float('inf'), float('nan')):
+            with pytest.raises(ValueError, match=f'{field}: must be a finite number'):
+                tdv.DemoTrainConfig(**{field: value})
+
+
+def test_a_non_finite_loss_stops_the_loop_before_the_weights_change(tmp_path):
+    """The third step's loss is NaN: fit stops before its optimizer step, and the state saved
+    every step holds the second step's finite weights."""
+    from vla_spec_ros.train.demo_training import TRAIN_STATE, fit
+    from vla_spec_ros.train.divergence import TrainingDiverged
+
+    class Recipe:
+        model = torch.nn.Linear(3, 1)
+        images = torch.zeros(8, 4, 4, 3, dtype=torch.uint8)
+        train_index = np.arange(8)
+        steps = 0
+
+        def batch_loss(self, index, images):
+            self.steps += 1
+            loss = self.model(torch.ones(len(index), 3)).pow(2).mean()
+            return loss * (float('nan') if self.steps == 3 else 1.0), 0.0
+
+        def summary(self):
+            return 'a linear model'
+
+        def evaluate(self):
+            return {}
+
+    cfg = tdv.DemoTrainConfig(steps=5, batch_size=2, warmup_steps=0, log_every=1,
+                              save_every=1, max_shift=0)
+    recipe = Recipe()
+    with pytest.raises(TrainingDiverged, match='step 3'):
+        fit(recipe, cfg, tmp_path, resume=False)
+    assert all(torch.isfinite(p).all() for p in recipe.model.parameters())
+    state = torch.load(tmp_path / TRAIN_STATE, weights_only=False)
+    assert state['step'] == 2

@@ -240,6 +240,46 @@ def test_bad_training_options(checkpoint, observations, tmp_path):
                str(tmp_path / 'x'), '--batch-size', '0'])
 
 
+@pytest.mark.parametrize('option, value', [('--lr', 'inf'), ('--lr', 'nan'),
+                                           ('--grad-clip', 'inf'), ('--noise', 'inf')])
+def test_non_finite_rates_are_refused(checkpoint, observations, tmp_path, option, value):
+    """Before: --lr inf trained, wrote a head of NaN weights and exited 0."""
+    name = option[2:].replace('-', '_')
+    with pytest.raises(ValueError, match=f'{name}: must be a finite number'):
+        train(['--model', str(checkpoint), '--data', str(observations), '--out',
+               str(tmp_path / 'x'), option, value])
+    assert not (tmp_path / 'x').exists()
+
+
+def test_a_non_finite_loss_stops_training_before_anything_is_written(
+        trained, checkpoint, observations, tmp_path, monkeypatch):
+    from vla_spec_ros.train.divergence import TrainingDiverged
+    work = tmp_path / 'work'
+    shutil.copytree(trained[0] / 'train' / 'data', work / 'data')   # reuse the generated data
+    calls = []
+
+    def diverging_loss(*args, **kwargs):        # the third step's loss is NaN
+        loss, stats = real_loss(*args, **kwargs)
+        calls.append(1)
+        if len(calls) == 3:
+            loss = loss * float('nan')
+            stats = {**stats, 'loss': float('nan')}
+        return loss, stats
+
+    real_loss = train_draft.draft_loss
+    monkeypatch.setattr(train_draft, 'draft_loss', diverging_loss)
+    out = tmp_path / 'head'
+    with pytest.raises(TrainingDiverged, match='step 3: the loss is nan'):
+        train(['--model', str(checkpoint), '--data', str(observations), '--work-dir',
+               str(work), '--out', str(out), '--steps', '5', '--save-every', '2', *FAST])
+    assert not out.exists()                     # no final head
+    saved = sorted(p.name for p in (work / 'checkpoints').iterdir())
+    assert saved == ['step-0000002']            # the last finite weights only
+    head = load_draft(work / 'checkpoints' / saved[0], VLAPolicy.from_pretrained(
+        str(checkpoint)).engine.runner.model)
+    assert all(torch.isfinite(v).all() for v in head.state_dict().values())
+
+
 def test_ddp_two_processes_match_one(trained, checkpoint, observations, runner, tmp_path):
     """torchrun, 2 CPU processes (gloo) x batch 2 == 1 process x batch 4 (noise off)."""
     work = tmp_path / 'ddp'

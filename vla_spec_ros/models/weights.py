@@ -101,5 +101,22 @@ def load_state_dict(folder: Path, expected: dict[str, tuple], allowed_unused: se
                 if shape != tuple(expected[key]):
                     raise CheckpointError(f'{path}: key {key} has shape {shape}, model expects '
                                           f'{tuple(expected[key])}')
-                state[key] = f.get_tensor(key).to(device=device, dtype=dtype)
+                tensor = f.get_tensor(key).to(device=device)
+                _check_finite(path, key, tensor)
+                state[key] = tensor.to(dtype=dtype)
     return state
+
+
+def _check_finite(path: Path, key: str, tensor: torch.Tensor) -> None:
+    """CheckpointError naming the file and key when a floating tensor holds NaN or inf as
+    stored (before any cast: a value a narrower dtype cannot hold is not the file's fault).
+    A model with one such weight answers NaN logits, so its greedy tokens and actions are
+    meaningless; found here, it is one line instead of garbage at run time."""
+    if not tensor.is_floating_point():
+        return
+    values = tensor.to(torch.float16) if tensor.element_size() == 1 else tensor  # float8
+    finite = torch.isfinite(values)
+    if not bool(finite.all()):
+        bad = int(finite.numel() - finite.sum())
+        raise CheckpointError(f'{path}: key {key} holds {bad} non-finite value'
+                              f'{"s" if bad > 1 else ""} (NaN or inf) of {finite.numel()}')

@@ -11,6 +11,8 @@ calls it:
           -> recipe.batch_loss(index, images) -> AdamW step (global-norm clipping)
           every log_every steps a record, every 10th with recipe.evaluate()
     recipe.save(out); the report: recipe.report() and the history
+    a step whose loss or gradient is not finite stops the run before the optimizer step
+    (divergence.py): nothing more is saved
 
 A recipe has ``model`` (in train mode), ``images`` ((N, S, S, 3) uint8, every transition),
 ``train_index`` / ``val_index`` (a held-out share of the episodes), ``batch_loss(index,
@@ -34,6 +36,7 @@ import torch
 import torch.nn.functional as F
 
 from ..models import registry
+from .divergence import check_finite_step
 
 TRAIN_STATE = 'last.pt'
 
@@ -110,7 +113,8 @@ def fit(recipe, cfg, work_dir: Path, resume: bool) -> list[dict]:
         loss, accuracy = recipe.batch_loss(index, images)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+        check_finite_step(step + 1, float(loss.detach()), grad_norm)
         optimizer.step()
         step += 1
         window.append((float(loss.detach()), accuracy))

@@ -29,7 +29,7 @@ import numpy as np
 import torch
 
 from ..models import registry
-from ..validation import require_int_fields
+from ..validation import check_number, require_int_fields
 from .demo_training import train_model
 
 REPORT_FILE = 'training.json'
@@ -62,13 +62,11 @@ class DemoTrainConfig:
         require_int_fields(self, ('steps', 'batch_size', 'log_every', 'save_every',
                                   'val_every_nth_episode', 'draft_samples', 'chunk'), 1)
         require_int_fields(self, ('warmup_steps', 'max_shift', 'draft_steps'), 0)
+        # Finite: an infinite lr makes every weight NaN after one step.
         for name in ('lr', 'grad_clip'):
-            if not getattr(self, name) > 0:
-                raise ValueError(f'{name}: must be > 0, got {getattr(self, name)}')
-        if not 0 <= self.min_lr_ratio <= 1:
-            raise ValueError(f'min_lr_ratio: must lie in [0, 1], got {self.min_lr_ratio}')
-        if not self.weight_decay >= 0:
-            raise ValueError(f'weight_decay: must be >= 0, got {self.weight_decay}')
+            check_number(name, getattr(self, name), above=0)
+        check_number('min_lr_ratio', self.min_lr_ratio, minimum=0, maximum=1)
+        check_number('weight_decay', self.weight_decay, minimum=0)
         trainable = sorted(f.name for f in registry.FAMILIES.values() if f.demo_recipe)
         if self.family not in trainable:
             raise ValueError(f'family: must be one of {trainable}, got {self.family!r}')

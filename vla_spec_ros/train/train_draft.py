@@ -37,11 +37,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..validation import require_int_fields
+from ..validation import check_number, require_int_fields
 from ..models.draft import DraftConfig, EagleDraftHead, load_draft, new_draft_head, save_draft
 from ..recording import DEFAULT_IMAGE_TOPIC, DEFAULT_INSTRUCTION_TOPIC
 from .draft_data import (DraftDataset, generate_shards, load_observations, pack_samples,
                          read_manifest, write_manifest)
+from .divergence import check_finite_step
 from .draft_out import check_draft_out
 
 CHECKPOINTS = 'checkpoints'
@@ -71,12 +72,11 @@ class TrainDraftConfig:
         require_int_fields(self, ('steps', 'batch_size', 'save_every', 'keep_checkpoints',
                                   'log_every'), 1)
         require_int_fields(self, ('warmup_steps',), 0)
+        # Finite: an infinite lr or weight makes every weight NaN after one step.
         for name in ('lr', 'grad_clip'):
-            if not getattr(self, name) > 0:
-                raise ValueError(f'{name}: must be > 0, got {getattr(self, name)}')
+            check_number(name, getattr(self, name), above=0)
         for name in ('weight_decay', 'noise', 'v_weight', 'p_weight'):
-            if not getattr(self, name) >= 0:
-                raise ValueError(f'{name}: must be >= 0, got {getattr(self, name)}')
+            check_number(name, getattr(self, name), minimum=0)
         for name in ('beta1', 'beta2'):
             if not 0 <= getattr(self, name) < 1:
                 raise ValueError(f'{name}: must lie in [0, 1), got {getattr(self, name)}')
@@ -414,7 +414,8 @@ def _train(args, rank: int, world_size: int, device: torch.device) -> dict:
         first = first or last
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(core.parameters(), cfg.grad_clip)
+        grad_norm = torch.nn.utils.clip_grad_norm_(core.parameters(), cfg.grad_clip)
+        check_finite_step(step + 1, last['loss'], grad_norm)
         optimizer.step()
         bar.update(1)
         if (step + 1) % cfg.log_every == 0:
