@@ -308,12 +308,22 @@ def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = parser.parse_args(argv)
     args.argv = argv
+    # A command that fails ends with one line and exit code 2: bad input (ValueError, a
+    # CheckpointError, a JSONDecodeError), a file it cannot read or write (OSError) or a
+    # failure while running (RuntimeError: a frame that fails at inference, torch refusing).
+    # A programming error (TypeError, KeyError, ...) keeps its traceback.
     try:
         return int(args.func(args) or 0)
-    except (ValueError, FileNotFoundError, FileExistsError, NotADirectoryError,
-            json.JSONDecodeError) as exc:
-        print(f'vla-spec {args.command}: error: {exc}', file=sys.stderr)
+    except (ValueError, OSError, RuntimeError) as exc:
+        print(f'vla-spec {args.command}: error: {_one_line(exc)}', file=sys.stderr)
         return 2
+
+
+def _one_line(exc: BaseException) -> str:
+    """An exception's message on one line (torch's run-time errors span several); its type
+    when it has none."""
+    text = ' '.join(line.strip() for line in str(exc).splitlines() if line.strip())
+    return text or type(exc).__name__
 
 
 if __name__ == '__main__':

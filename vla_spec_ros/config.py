@@ -54,8 +54,12 @@ class VisionTowerConfig:
 
     def __post_init__(self):
         require(self.kind in ('dinov2', 'siglip'), 'kind', f'{self.kind!r} not in dinov2/siglip')
+        # Integers, not merely integral: a config.json's 16.0 would reach the patch convolution
+        # and the position table as a float (a TypeError deep in the model).
         for name in ('image_size', 'patch_size', 'embed_dim', 'depth', 'num_heads', 'mlp_dim'):
-            require(int(getattr(self, name)) > 0, name, 'must be > 0')
+            check_int(name, getattr(self, name), minimum=1)
+        check_int('num_register_tokens', self.num_register_tokens, minimum=0)
+        object.__setattr__(self, 'norm_eps', check_number('norm_eps', self.norm_eps, above=0))
         require(self.depth >= 2, 'depth', 'needs >= 2 blocks (OpenVLA reads block depth-2)')
         # Pixels beyond the last whole patch are dropped, as timm's strided convolution drops
         # them (SigLIP So400m/14 at 384 px sees 27 x 27 patches of 14).
@@ -63,7 +67,6 @@ class VisionTowerConfig:
                 f'{self.image_size} is smaller than patch_size {self.patch_size}')
         require(self.embed_dim % self.num_heads == 0, 'embed_dim',
                 'must be divisible by num_heads')
-        require(self.num_register_tokens >= 0, 'num_register_tokens', 'must be >= 0')
         require(self.kind == 'dinov2' or self.num_register_tokens == 0, 'num_register_tokens',
                 'only dinov2 towers carry register tokens')
         require(len(self.mean) == 3 and len(self.std) == 3, 'mean/std', 'need 3 channels')

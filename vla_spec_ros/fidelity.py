@@ -33,6 +33,7 @@ import torch
 import torch.nn.functional as F
 from PIL import Image
 
+from .devices import parse_device
 from .engine.device.frame_upload import FrameUploader
 from .validation import at_least
 from .engine.result import Frame
@@ -51,11 +52,17 @@ def folder_frames(folder: str, instruction: str, limit: int | None,
     paths = sorted(p for p in Path(folder).iterdir() if p.suffix.lower() in IMAGE_SUFFIXES)
     if not paths:
         raise ValueError(f'--images: no {"/".join(IMAGE_SUFFIXES)} files in {folder}')
-    frames = []
-    for path in paths[:limit]:
+    return [Frame(_read_rgb(path), instruction, unnorm_key) for path in paths[:limit]]
+
+
+def _read_rgb(path: Path) -> np.ndarray:
+    """One image file as RGB; ValueError naming it when Pillow cannot decode it (a corrupt
+    or truncated file, or another format under an image suffix)."""
+    try:
         with Image.open(path) as image:
-            frames.append(Frame(np.array(image.convert('RGB')), instruction, unnorm_key))
-    return frames
+            return np.array(image.convert('RGB'))
+    except (OSError, SyntaxError, ValueError) as exc:     # UnidentifiedImageError: OSError
+        raise ValueError(f'--images: cannot decode {path} ({exc})') from exc
 
 
 # ---- pixels ----------------------------------------------------------------------------------
@@ -265,11 +272,8 @@ def run(args) -> int:
     dtypes = [d.strip() for d in args.dtypes.split(',') if d.strip()]
     devices = [d.strip() for d in args.devices.split(',') if d.strip()] if args.devices else \
         ['cpu'] + (['cuda'] if torch.cuda.is_available() else [])
-    for device in devices:       # as the engine's config checks it, before any frame is made
-        if device != 'cpu' and not device.startswith('cuda'):
-            raise ValueError(f'--devices: {device!r}: expected "cpu" or "cuda[:N]"')
-        if device.startswith('cuda') and not torch.cuda.is_available():
-            raise ValueError(f'--devices: {device!r} requested but CUDA is not available')
+    for device in devices:       # before any frame is made or model loaded
+        parse_device('--devices', device)
     if args.images:
         frames = folder_frames(args.images, args.instruction, args.frames, args.unnorm_key)
     else:

@@ -26,6 +26,25 @@ def _read_json(path: Path) -> dict:
 
 # ---- safetensors ----------------------------------------------------------------------------
 
+def _is_count(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _check_header_entry(path: Path, key: str, entry) -> None:
+    """A tensor's header entry: a dtype name, a shape of counts and ``data_offsets`` [begin,
+    end] with begin <= end (what the truncation check and the shape checks read)."""
+    entry = entry if isinstance(entry, dict) else {}
+    offsets, shape = entry.get('data_offsets'), entry.get('shape')
+    if not (isinstance(offsets, list) and len(offsets) == 2 and all(map(_is_count, offsets))
+            and offsets[0] <= offsets[1]):
+        raise CheckpointError(f'{path}: corrupt safetensors header: tensor {key} has no valid '
+                              f'data_offsets (got {offsets!r})')
+    if not (isinstance(shape, list) and all(map(_is_count, shape))
+            and isinstance(entry.get('dtype'), str)):
+        raise CheckpointError(f'{path}: corrupt safetensors header: tensor {key} has no valid '
+                              f'shape and dtype (got {shape!r}, {entry.get("dtype")!r})')
+
+
 def _check_safetensors_file(path: Path) -> dict:
     """Parse the header and verify the file holds every byte it declares (truncation check)."""
     if not path.is_file():
@@ -43,7 +62,12 @@ def _check_safetensors_file(path: Path) -> dict:
             header = json.loads(f.read(header_len))
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:
             raise CheckpointError(f'{path}: corrupt safetensors header ({exc})') from exc
+    if not isinstance(header, dict):
+        raise CheckpointError(f'{path}: corrupt safetensors header (a JSON '
+                              f'{type(header).__name__}, not an object of tensors)')
     header.pop('__metadata__', None)
+    for key, entry in header.items():
+        _check_header_entry(path, key, entry)
     data_end = max((v['data_offsets'][1] for v in header.values()), default=0)
     if 8 + header_len + data_end > size:
         raise CheckpointError(f'{path}: truncated: tensors need {8 + header_len + data_end} '

@@ -234,6 +234,7 @@ def collect_demos(out_dir: str, tasks: Sequence[str], episodes_per_task: int,
         raise ValueError(f"episodes_per_task: expected a positive int, got {episodes_per_task!r}")
     if not dataset_name:
         raise ValueError("dataset_name: expected a non-empty string")
+    made_out_dir = not os.path.exists(out_dir)
     os.makedirs(out_dir, exist_ok=True)
     all_actions, task_counts = [], {}
     num_episodes, projection = 0, None
@@ -305,7 +306,11 @@ def collect_demos(out_dir: str, tasks: Sequence[str], episodes_per_task: int,
             "num_transitions": int(sum(kept_lengths)),
         }
     if not all_actions:
-        raise RuntimeError("collect_demos: the expert succeeded in no episode; nothing written")
+        if made_out_dir:
+            os.rmdir(out_dir)       # made above and still empty: no task file was written
+        raise ValueError(f"collect_demos: the expert succeeded in none of the "
+                         f"{episodes_per_task} episode(s) per task of {list(tasks)} within "
+                         f"max_steps {max_steps}; nothing written (more episodes or steps?)")
     stats = {dataset_name: action_norm_stats(np.concatenate(all_actions), num_episodes)}
     with open(os.path.join(out_dir, STATISTICS_FILE), "w") as f:
         json.dump(stats, f, indent=2)

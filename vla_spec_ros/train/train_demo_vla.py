@@ -29,7 +29,7 @@ import numpy as np
 import torch
 
 from ..models import registry
-from ..validation import check_number, require_int_fields
+from ..validation import at_least, check_number, require_int_fields
 from .demo_training import train_model
 
 REPORT_FILE = 'training.json'
@@ -102,7 +102,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument('--work-dir', default=None, help='training state (default <out>/../'
                    '<name>-train)')
     p.add_argument('--resume', action='store_true', help='continue from <work-dir>/last.pt')
-    p.add_argument('--threads', type=int, default=None, help='torch CPU threads')
+    p.add_argument('--threads', type=at_least(1), default=None,
+                   help='torch CPU threads (default: torch\'s, one per core)')
     p.add_argument('--no-draft', action='store_true', help='skip the draft head')
     for field in fields(DemoTrainConfig):
         p.add_argument('--' + field.name.replace('_', '-'), type=type(field.default),

@@ -37,6 +37,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..devices import parse_device
 from ..validation import check_number, require_int_fields
 from ..models.draft import DraftConfig, EagleDraftHead, load_draft, new_draft_head, save_draft
 from ..recording import DEFAULT_IMAGE_TOPIC, DEFAULT_INSTRUCTION_TOPIC
@@ -293,7 +294,7 @@ def run(args: argparse.Namespace) -> int:
 def train_from_args(args: argparse.Namespace) -> dict:
     import torch.distributed as dist
     rank, local_rank, world_size = _dist_env()
-    device = torch.device(args.device)
+    device = parse_device('--device', args.device)
     if device.type == 'cuda':
         device = torch.device('cuda', local_rank if world_size > 1 else (device.index or 0))
         torch.cuda.set_device(device)
