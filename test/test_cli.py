@@ -199,6 +199,29 @@ def test_bench_rejects_unknown_mode(checkpoint, capsys):
     assert 'turbo' in capsys.readouterr().err
 
 
+@pytest.mark.parametrize('options, words', [
+    (['--modes', 'hf,ar,spec', '--draft-path', 'MISSING'], 'does not exist'),
+    (['--modes', 'hf,ar,spec', '--draft-path', 'EMPTY'], 'model.safetensors'),
+    (['--modes', 'hf,pipeline', '--max-prefills-per-step', '3', '--max-inflight', '2'],
+     'max_prefills_per_step'),
+])
+def test_bench_checks_every_row_before_timing_any(checkpoint, tmp_path, monkeypatch, capsys,
+                                                  options, words):
+    """Before: a bad --draft-path surfaced only at its mode's row, after the rows before it
+    (the HF baseline, AR) had been timed."""
+    from vla_spec_ros import bench
+    timed = []
+    monkeypatch.setattr(bench, 'bench_hf', lambda *args: timed.append('hf'))
+    monkeypatch.setattr(bench, 'bench_engine', lambda *args: timed.append('engine'))
+    (tmp_path / 'empty').mkdir()
+    names = {'MISSING': str(tmp_path / 'missing'), 'EMPTY': str(tmp_path / 'empty')}
+    code = cli.main(['bench', '--model', str(checkpoint), '--frames', '1', '--warmup', '0',
+                     *[names.get(o, o) for o in options]])
+    err = capsys.readouterr().err
+    assert code == 2 and words in err, err
+    assert timed == []
+
+
 def test_bench_frame_sources():
     from vla_spec_ros.bench import make_frames
     frames = make_frames(5, 32, seed=3, unnorm_key='k', num_streams=2)

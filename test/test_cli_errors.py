@@ -86,6 +86,17 @@ def _bad_inputs(tmp_path) -> dict:
     (['predict', '--model', 'LIST_HEADER'], 'a JSON list, not an object of tensors'),
     (['predict', '--model', 'NO_OFFSETS'], 'projector.fc1.weight has no valid data_offsets'),
     (['predict', '--model', 'FLOAT_PATCH'], 'patch_size: must be an integer >= 1, got 16.0'),
+    # Options that were ignored or misread without a word.
+    (['predict', '--relax-threshold', '5', '--mode', 'ar'], '--relax-threshold: 5 bins given'),
+    (['predict', '--relax-threshold', '5', '--mode', 'pipeline'], 'spec and pipeline_spec'),
+    (['fidelity', '--frame-size', '0'], 'argument --frame-size: expected an integer >= 1'),
+    (['fidelity', '--dtypes', '', '--images', 'BAD_IMAGES'], '--dtypes: no dtype given'),
+    (['fidelity', '--dtypes', 'float32,float33', '--images', 'BAD_IMAGES'],
+     "--dtypes: unknown ['float33']"),
+    (['bench', '--modes', ''], '--modes: no mode given'),
+    (['bench', '--modes', ' , '], '--modes: no mode given'),
+    (['train-draft', '--model', 'tiny', '--data', 'FILE', '--out', 'OUT', '--max-samples',
+      '-1'], 'argument --max-samples: expected an integer >= 1'),
 ])
 def test_a_bad_argument_ends_with_one_line_naming_it(tmp_path, capsys, args, words):
     existing = tmp_path / 'a_file.md'

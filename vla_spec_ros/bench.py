@@ -163,6 +163,38 @@ def environment() -> dict:
             'cuda': torch.cuda.get_device_name(0) if torch.cuda.is_available() else None}
 
 
+def row_configs(modes: list[str], base_cfg: dict, draft_path: str | None, num_streams: int,
+                max_prefills_per_step: int, max_inflight: int | None, tree: dict | None,
+                sweep_inflight: list[int] | None) -> list[tuple[str, EngineConfig | None]]:
+    """Every row's name and engine config (None: the HF baseline), all built before anything
+    is timed, so a bad option is refused at once rather than after the rows before it."""
+    rows: list[tuple[str, EngineConfig | None]] = []
+    pipelining = {} if max_inflight is None else {'max_inflight': max_inflight}
+    for mode in modes:
+        rows.append((mode, None if mode == 'hf' else EngineConfig(
+            mode=mode, draft_path=draft_path, max_streams=max(4, num_streams),
+            max_prefills_per_step=max_prefills_per_step, **pipelining, **base_cfg,
+            **(tree or {}))))
+    for backend in ('segments', 'dense') if sweep_inflight else ():
+        for inflight in sweep_inflight:
+            rows.append((f'pipeline {backend} max_inflight={inflight}', EngineConfig(
+                mode='pipeline', max_inflight=inflight, attention_backend=backend,
+                **base_cfg)))
+    return rows
+
+
+def row_drafters(runner, configs: list[EngineConfig | None]) -> list:
+    """Each row's drafter: loaded for a speculative row, None for the others (their engines
+    still check the draft path). Done before any row is timed: an Engine refuses a bad
+    draft_path in every mode, but only when its row is reached, after the rows before it."""
+    from .engine.drafting.draft_choice import check_draft_path, load_draft_for
+    for cfg in configs:
+        if cfg is not None:
+            check_draft_path(cfg.draft_path, runner.checkpoint_folder)
+    return [load_draft_for(runner, cfg, runner.checkpoint_folder)
+            if cfg is not None and cfg.is_speculative else None for cfg in configs]
+
+
 def run_bench(model: str, modes: list[str], num_frames: int, warmup: int, device: str,
               dtype: str, seed: int, draft_path: str | None, num_streams: int = 1,
               out_dir: str | None = None, command: str = '', tree: dict | None = None,
@@ -172,27 +204,23 @@ def run_bench(model: str, modes: list[str], num_frames: int, warmup: int, device
     from .baseline import make_baseline
     from .policy import VLAPolicy
     base_cfg = dict(device=device, dtype=dtype, restrict_to_action_tokens=False)
+    configs = row_configs(modes, base_cfg, draft_path, num_streams, max_prefills_per_step,
+                          max_inflight, tree, sweep_inflight)
     policy = VLAPolicy.from_pretrained(model, **base_cfg)
     runner = policy.engine.runner
+    drafters = row_drafters(runner, [cfg for _, cfg in configs])
     frames = make_frames(warmup + num_frames, runner.image_size, seed,
                          policy.unnorm_keys[0], num_streams, frame_source)
     rows: list[BenchRow] = []
-    for mode in modes:
-        if mode == 'hf':
+    for index, (name, cfg) in enumerate(configs):
+        if cfg is None:
             rows.append(bench_hf(make_baseline(runner, policy.config), frames, warmup))
             continue
-        pipelining = {} if max_inflight is None else {'max_inflight': max_inflight}
-        cfg = EngineConfig(mode=mode, draft_path=draft_path, max_streams=max(4, num_streams),
-                           max_prefills_per_step=max_prefills_per_step, **pipelining,
-                           **base_cfg, **(tree or {}))
-        rows.append(bench_engine(Engine(runner, policy.engine.norm_stats, cfg), frames, warmup))
-    for backend in ('segments', 'dense') if sweep_inflight else ():
-        for max_inflight in sweep_inflight:
-            cfg = EngineConfig(mode='pipeline', max_inflight=max_inflight,
-                               attention_backend=backend, **base_cfg)
-            row = bench_engine(Engine(runner, policy.engine.norm_stats, cfg), frames, warmup)
-            row.mode = f'pipeline {backend} max_inflight={max_inflight}'
-            rows.append(row)
+        drafter, drafters[index] = drafters[index], None      # freed with its row's engine
+        engine = Engine(runner, policy.engine.norm_stats, cfg, draft=drafter)
+        rows.append(bench_engine(engine, frames, warmup))
+        rows[-1].mode = name
+        del engine, drafter
     hf = next((r for r in rows if r.mode == 'hf'), None)
     if hf is not None:
         for r in rows:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .config import MODES
+from .config import MODES, EngineConfig
 from .validation import at_least, positive_float
 from .models.registry import PRESETS
 
@@ -93,8 +93,19 @@ def _load_image(path: str | None, size: int, seed: int) -> np.ndarray:
     return cv2.cvtColor(bgr, cv2.COLOR_BGR2RGB)
 
 
+def _speculative_modes() -> tuple[str, ...]:
+    return tuple(mode for mode in MODES if EngineConfig(mode=mode).is_speculative)
+
+
 def cmd_predict(args) -> int:
     from .policy import VLAPolicy
+    speculative = _speculative_modes()
+    if args.relax_threshold > 0 and args.mode not in speculative:
+        # EngineConfig takes it in any mode and only the speculative ones read it: typed
+        # here with another mode, it would be ignored without a word.
+        raise ValueError(f'--relax-threshold: {args.relax_threshold} bins given, but --mode '
+                         f'{args.mode} accepts no drafts to relax; it applies to '
+                         f'{" and ".join(speculative)}')
     policy = VLAPolicy.from_pretrained(args.model, mode=args.mode, device=args.device,
                                        dtype=args.dtype, draft_path=args.draft_path,
                                        relax_threshold=args.relax_threshold,
@@ -126,6 +137,9 @@ def cmd_bench(args) -> int:
         import torch
         torch.set_num_threads(args.threads)
     modes = [m.strip() for m in args.modes.split(',') if m.strip()]
+    if not modes:
+        raise ValueError(f'--modes: no mode given ({args.modes!r}); choose from '
+                         f'{list(MODES) + ["hf"]}')
     bad = [m for m in modes if m not in MODES + ('hf',)]
     if bad:
         raise ValueError(f'--modes: unknown {bad}; choose from {list(MODES) + ["hf"]}')

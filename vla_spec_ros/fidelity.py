@@ -33,6 +33,7 @@ import torch
 import torch.nn.functional as F
 from PIL import Image
 
+from .config import DTYPES
 from .devices import parse_device
 from .engine.device.frame_upload import FrameUploader
 from .validation import at_least
@@ -249,7 +250,7 @@ def add_arguments(p) -> None:
                    help='without --images: held-out Meta-World observations of the embedded '
                    'model\'s tasks (needs the simulator)')
     p.add_argument('--frames', type=at_least(1), default=200, help='frames to use (at most)')
-    p.add_argument('--frame-size', type=int, default=None,
+    p.add_argument('--frame-size', type=at_least(1), default=None,
                    help='side of the rendered Meta-World frames (default: the model\'s image '
                    'size; another size takes the resize path)')
     p.add_argument('--instruction', default='open the drawer', help='with --images')
@@ -266,10 +267,22 @@ def add_arguments(p) -> None:
                    'and fidelity.json here')
 
 
+def _dtypes(text: str) -> list[str]:
+    """--dtypes as a list: at least one, each an engine dtype (checked before the reference
+    run, which takes minutes on a real model)."""
+    dtypes = [d.strip() for d in text.split(',') if d.strip()]
+    if not dtypes:
+        raise ValueError(f'--dtypes: no dtype given ({text!r}); choose from {list(DTYPES)}')
+    unknown = [d for d in dtypes if d not in DTYPES]
+    if unknown:
+        raise ValueError(f'--dtypes: unknown {unknown}; choose from {list(DTYPES)}')
+    return dtypes
+
+
 def run(args) -> int:
     import shlex
     from .policy import resolve_checkpoint
-    dtypes = [d.strip() for d in args.dtypes.split(',') if d.strip()]
+    dtypes = _dtypes(args.dtypes)
     devices = [d.strip() for d in args.devices.split(',') if d.strip()] if args.devices else \
         ['cpu'] + (['cuda'] if torch.cuda.is_available() else [])
     for device in devices:       # before any frame is made or model loaded
@@ -283,7 +296,8 @@ def run(args) -> int:
         family = registry.detect(raw)
         if family.fidelity is None:
             raise ValueError(f'--model: the {family.name} family has no fidelity stages')
-        size = args.frame_size or family.fidelity().image_size(raw)
+        size = args.frame_size if args.frame_size is not None else \
+            family.fidelity().image_size(raw)
         frames = benchmark_frames(args.frames, size, args.seed, args.unnorm_key)
     result = measure(args.model, frames, dtypes, devices, args.reference, args.mode,
                      args.center_crop, args.rotate_180, args.unnorm_key)

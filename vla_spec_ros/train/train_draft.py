@@ -38,7 +38,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..devices import parse_device
-from ..validation import check_number, require_int_fields
+from ..validation import at_least, check_number, require_int_fields
 from ..models.draft import DraftConfig, EagleDraftHead, load_draft, new_draft_head, save_draft
 from ..recording import DEFAULT_IMAGE_TOPIC, DEFAULT_INSTRUCTION_TOPIC
 from .draft_data import (DraftDataset, generate_shards, load_observations, pack_samples,
@@ -256,7 +256,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument('--center-crop', action='store_true', help='as at inference')
     p.add_argument('--rotate-180', action='store_true', help='as at inference')
     p.add_argument('--restrict-to-action-tokens', action='store_true', help='as at inference')
-    p.add_argument('--max-samples', type=int, default=None)
+    p.add_argument('--max-samples', type=at_least(1), default=None,
+                   help='use at most this many observations (default: all)')
     p.add_argument('--regenerate-data', action='store_true')
     p.add_argument('--no-progress', action='store_true')
 
