@@ -16,11 +16,13 @@ class FakeClock:
 
 class RecordingNode:
     """get_clock, get_logger (warnings kept), create_publisher (every message kept, in
-    `sent` as (clock seconds, message) and in `published` as (topic, message)) and
+    `sent` as (clock seconds, message) and in `published` as (topic, message); each reports
+    `subscription_count` matched subscriptions) and
     create_subscription (its callback in `callbacks`, by topic)."""
 
     def __init__(self, now_s: float):
         self.clock, self.sent, self.published = FakeClock(now_s), [], []
+        self.subscription_count = 1        # what every publisher reports as matched
         self.callbacks, self.warnings = {}, []
 
     def get_clock(self):
@@ -36,9 +38,14 @@ class RecordingNode:
         node = self
 
         class Publisher:
+            topic_name = topic
+
             def publish(self, msg):
                 node.sent.append((node.clock.now_s, msg))
                 node.published.append((topic, msg))
+
+            def get_subscription_count(self):
+                return node.subscription_count
         return Publisher()
 
     def on(self, topic_end: str):

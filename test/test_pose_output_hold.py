@@ -150,3 +150,34 @@ def test_a_tool_pose_in_another_frame_than_frame_id_is_ignored_and_named():
     _give_pose(node, 0.3, 100.0)                        # in base_link, frame_id's
     pose, why = source.at(100.0, 0.5)
     assert why is None and pose.position[0] == 0.3 and source.frame_id == settings.frame_id
+
+
+def test_after_a_held_step_the_next_step_sends_the_rest_of_the_pose_trajectory():
+    """A step refused on its own (the chunk kept) stops the pose trajectory; the next step
+    that goes out sends its target and the chunk's rest again from there, on the chunk's
+    own times (before: the Cartesian controller stood while the per-step targets went on).
+    While the trajectory runs, a step sends only its target."""
+    from builtin_interfaces.msg import Time
+    from vla_spec_ros.ros.message_time import stamp_at
+    from vla_spec_ros.ros.pose_output import PoseTargetOutput
+
+    settings = _settings()
+    node = RecordingNode(100.0)
+    output = PoseTargetOutput(node, '~/', settings, 'robot', is_chunked=True)
+    _give_pose(node, 0.0, 100.0)
+    prepared, _ = output.prepare(100.0, settings)
+    commands = [SimpleNamespace(linear=(0.1 / P, 0.0, 0.0), angular=(0.0, 0.0, 0.0))] * K
+    chunk = SimpleNamespace(stamp=stamp_at(Time(), 100.0))
+    output.publish_chunk(chunk, commands, settings, prepared)
+    output.publish_step(chunk, 0, commands[0], stamp_at(Time(), 100.0), settings)
+    assert len(_trajectories(node)) == 1                     # running: no second one
+    node.clock.now_s = 100.1
+    output.hold(stamp_at(Time(), 100.1), settings)           # step 0 refused: a stop
+    assert len(_trajectories(node)) == 2
+    node.clock.now_s = 100.2
+    output.publish_step(chunk, 1, commands[1], stamp_at(Time(), 100.0 + P), settings)
+    rest = _trajectories(node)[-1]
+    assert len(_trajectories(node)) == 3 and len(rest.points) == K - 1
+    xs = [p.transforms[0].translation.x for p in rest.points]
+    assert xs == pytest.approx([0.2, 0.3, 0.4])             # targets of steps 1..3
+    assert rest.header.stamp == stamp_at(Time(), 100.0 + P)

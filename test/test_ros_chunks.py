@@ -958,6 +958,41 @@ def test_a_trajectory_topic_goes_out_only_while_subscribed(ros):
         node.destroy_node()
 
 
+@pytest.mark.skipif(not HAS_TRAJECTORY, reason='needs trajectory_msgs')
+def test_after_a_held_step_the_next_step_sends_the_rest_of_the_velocity_trajectory():
+    """A step refused on its own (the chunk kept) stops the velocity trajectory; the next
+    step that goes out sends its twist and the chunk's rest again (its due command first),
+    stamped with that step's stamp; while the trajectory runs, a step sends only its twist.
+    (A fake node: every topic counts as listened to.)"""
+    from builtin_interfaces.msg import Time
+
+    from fake_node import RecordingNode
+    from vla_spec_ros.ros.message_time import stamp_at
+    from vla_spec_ros.ros.twist_output import TwistOutput
+
+    node = RecordingNode(100.0)
+    output = TwistOutput(node, '~/', is_chunked=True)
+    decision = decide()
+    chunk = chunks.Chunk(decision.actions, 100.0, P, stamp_at(Time(), 100.0))
+    s = settings(frame_id='tool0')
+
+    def trajectories():
+        return [m for topic, m in node.published if topic.endswith('velocity_trajectory')]
+
+    output.publish_chunk(chunk, decision.commands, s)
+    output.publish_step(chunk, 0, decision.commands[0], chunk.stamp, s)
+    assert len(trajectories()) == 1
+    output.hold(stamp_at(Time(), 100.1), s)                     # step 0 refused: a stop
+    assert len(trajectories()) == 2
+    step_stamp = stamp_at(Time(), 100.0 + P)
+    output.publish_step(chunk, 1, decision.commands[1], step_stamp, s)
+    rest = trajectories()[-1]
+    assert len(trajectories()) == 3 and len(rest.points) == len(decision.commands) - 1
+    assert rest.header.stamp == step_stamp
+    output.publish_step(chunk, 2, decision.commands[2], stamp_at(Time(), 100.0 + 2 * P), s)
+    assert len(trajectories()) == 3                             # running again
+
+
 @needs_ros
 def test_jittered_stamps_half_a_period_in_are_still_one_step_apart(ros, chunked):
     """Two images 1.03 periods apart, the first 0.49 of a period past a whole one: rounded from

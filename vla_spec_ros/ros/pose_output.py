@@ -97,6 +97,7 @@ class PoseTargetOutput(OutputAdapter):
         self._trajectory_live = False
         self._sent: SentTrajectory | None = None        # the last pose trajectory sent
         self._chunk_targets: dict[int, tuple] = {}      # id(chunk) -> (chunk, targets)
+        self._trajectory_chunk = None       # the chunk the last pose trajectory was of
         if is_chunked:
             try:
                 from trajectory_msgs.msg import MultiDOFJointTrajectory
@@ -137,16 +138,29 @@ class PoseTargetOutput(OutputAdapter):
             self.trajectory_pub.publish(trajectory_message(
                 targets, chunk.stamp, self.source.frame_id, settings.tool_frame,
                 settings.control_period))
-            self._trajectory_live = True
+            self._trajectory_live, self._trajectory_chunk = True, chunk
             self._sent = SentTrajectory(stamp_ns(chunk.stamp) * 1e-9, settings.control_period,
                                         tuple(targets))
 
     def publish_step(self, chunk, index: int, command, stamp, settings) -> None:
         """Step `index` of a chunk kept by `publish_chunk`: its absolute target (that
-        chunk's, whatever chunk_blend blended into the twist)."""
+        chunk's, whatever chunk_blend blended into the twist); and when a hold stopped the
+        chunk's pose trajectory (one step refused, the chunk kept), its rest again from this
+        step, on the chunk's own times (a trajectory controller would otherwise stand while
+        the per-step targets and the gripper go on)."""
         kept = self._chunk_targets.get(id(chunk))
-        if kept is not None and kept[0] is chunk:
-            self.pose_pub.publish(pose_message(kept[1][index], stamp, self.source.frame_id))
+        if kept is None or kept[0] is not chunk:
+            return
+        self.pose_pub.publish(pose_message(kept[1][index], stamp, self.source.frame_id))
+        if (self.trajectory_pub is not None and not self._trajectory_live
+                and self._trajectory_chunk is chunk):
+            rest = kept[1][index:]
+            self.trajectory_pub.publish(trajectory_message(
+                rest, stamp, self.source.frame_id, settings.tool_frame,
+                settings.control_period))
+            self._trajectory_live = True
+            self._sent = SentTrajectory(stamp_ns(stamp) * 1e-9, settings.control_period,
+                                        tuple(rest))
 
     def hold(self, stamp, settings) -> None:
         """Stop a trajectory controller with a one-point trajectory one period after `stamp`
@@ -170,7 +184,7 @@ class PoseTargetOutput(OutputAdapter):
     def forget(self) -> None:
         """The node clock went back: the trajectory sent and the poses measured are of the
         old time line."""
-        self._sent, self._trajectory_live = None, False
+        self._sent, self._trajectory_live, self._trajectory_chunk = None, False, None
         self.source.forget()
 
     def destroy(self) -> None:

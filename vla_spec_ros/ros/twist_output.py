@@ -42,6 +42,7 @@ class TwistOutput(OutputAdapter):
             self.legacy_trajectory_pub = node.create_publisher(
                 trajectory_type, prefix + 'trajectory', COMMAND_QOS)
         self._trajectory_live = False     # a trajectory was sent and not stopped yet
+        self._chunk = None                # (the chunk last sent whole, its commands)
 
     def command_publishers(self) -> list:
         return [self.twist_pub, self.trajectory_pub, self.legacy_trajectory_pub]
@@ -51,6 +52,7 @@ class TwistOutput(OutputAdapter):
                                              settings.frame_id))
 
     def publish_chunk(self, chunk, commands, settings, prepared=None) -> None:
+        self._chunk = (chunk, list(commands))
         listened = self._listened_trajectory_pubs()
         if not listened:
             return
@@ -58,6 +60,22 @@ class TwistOutput(OutputAdapter):
         for pub in listened:
             pub.publish(msg)
         self._trajectory_live = True
+
+    def publish_step(self, chunk, index: int, command, stamp, settings) -> None:
+        """The step's twist; and when a hold stopped the chunk's velocity trajectory (one
+        step refused, the chunk kept), the chunk's rest again from this step (its due command
+        first), on the chunk's own times."""
+        self.publish_command(command, stamp, settings)
+        kept = self._chunk
+        if self._trajectory_live or kept is None or kept[0] is not chunk:
+            return
+        listened = self._listened_trajectory_pubs()
+        if listened:
+            rest = [command] + kept[1][index + 1:]
+            msg = trajectory_message(rest, stamp, settings.frame_id, chunk.period_s)
+            for pub in listened:
+                pub.publish(msg)
+            self._trajectory_live = True
 
     def _listened_trajectory_pubs(self) -> list:
         """The trajectory topics with a matched subscription now. A subscriber that matches
