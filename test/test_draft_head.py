@@ -15,12 +15,14 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
+from vla_spec_ros import assets
 from vla_spec_ros.config import EngineConfig
 from vla_spec_ros.engine.ar import causal_batch
 from vla_spec_ros.engine.drafting.draft_choice import load_draft_for
 from vla_spec_ros.engine.drafting.eagle_drafter import EagleDrafter
 from vla_spec_ros.models.openvla.checkpoint import CheckpointError, load_model
-from vla_spec_ros.models.draft import (DraftConfig, EagleDraftHead, load_draft,
+from vla_spec_ros.models import registry
+from vla_spec_ros.models.draft import (FINGERPRINT_KEY, DraftConfig, EagleDraftHead, load_draft,
                                        new_draft_head, save_draft)
 from vla_spec_ros.models.layers import PLAIN
 from vla_spec_ros.models.openvla.random_checkpoint import make_checkpoint
@@ -293,3 +295,78 @@ def test_reads_a_spec_vla_style_config(verifier, saved):
     cfg = load_draft(saved, verifier).cfg
     assert cfg.rope_theta == 10000.0            # EAGLE's EConfig has no rope_theta
     assert cfg.rms_norm_eps == 1e-05 and cfg.max_position_embeddings == 4096
+
+
+# ---- which verifier a head fits -----------------------------------------------------------------
+
+def _rewrite_config(saved, **changes):
+    config = json.loads((saved / 'config.json').read_text())
+    (saved / 'config.json').write_text(json.dumps({**config, **changes}))
+
+
+def test_save_records_the_verifier_fingerprint(saved):
+    fingerprint = json.loads((saved / 'config.json').read_text())[FINGERPRINT_KEY]
+    assert set(fingerprint) == {'embed_tokens', 'lm_head'}
+    assert all(len(values) == 64 for values in fingerprint.values())
+
+
+@pytest.mark.parametrize('change, message', [
+    ({'vocab_size': 99999}, 'vocab_size 99999 != verifier vocab_size 1024 or 1088'),
+    ({'vocab_size': 576}, 'vocab_size 576 != verifier'),
+    ({'max_position_embeddings': 4}, "max_position_embeddings 4 < the verifier's 512"),
+])
+def test_a_head_of_another_shape_is_refused(verifier, saved, change, message):
+    _rewrite_config(saved, **change)
+    with pytest.raises(CheckpointError, match=message) as info:
+        load_draft(saved, verifier)
+    assert str(saved / 'config.json') in str(info.value)
+
+
+def test_a_head_trained_for_another_verifier_is_refused(saved, tmp_path):
+    """Same shapes, another model's weights: the fingerprint names the head and the model."""
+    other_folder = make_checkpoint('tiny', tmp_path / 'other', seed=1)
+    other, _, _ = load_model(other_folder, torch.float64)
+    with pytest.raises(CheckpointError, match='trained for another verifier') as info:
+        load_draft(saved, other, verifier_name=str(other_folder))
+    assert str(saved / 'config.json') in str(info.value)
+    assert str(other_folder) in str(info.value)
+    runner = _runner(other)
+    config = EngineConfig(mode='spec', dtype='float64', draft_path=str(saved))
+    with pytest.raises(CheckpointError, match=f'another verifier than {other_folder}'):
+        load_draft_for(runner, config, other_folder)
+
+
+@pytest.mark.parametrize('dtype', [torch.float32, torch.bfloat16, torch.float16])
+def test_the_fingerprint_holds_in_every_dtype(checkpoint, saved, dtype):
+    """The head saved against the float64 verifier loads onto the same weights in any dtype."""
+    model, _, _ = load_model(checkpoint, dtype)
+    assert load_draft(saved, model).fc.weight.dtype == dtype
+
+
+def test_a_head_saved_without_fingerprint_loads_when_it_fits(verifier, saved):
+    config = json.loads((saved / 'config.json').read_text())
+    del config[FINGERPRINT_KEY]
+    (saved / 'config.json').write_text(json.dumps(config))
+    assert load_draft(saved, verifier).cfg.vocab_size == 1088
+
+
+@pytest.mark.parametrize('fingerprint', [[1.0], {'embed_tokens': [0.0] * 64},
+                                         {'embed_tokens': ['x'] * 64, 'lm_head': [0.0] * 64}])
+def test_a_malformed_fingerprint_is_named(verifier, saved, fingerprint):
+    _rewrite_config(saved, **{FINGERPRINT_KEY: fingerprint})
+    with pytest.raises(CheckpointError, match=f'{FINGERPRINT_KEY}.(embed_tokens|lm_head)'):
+        load_draft(saved, verifier)
+
+
+def test_the_embedded_head_fits_its_model_only():
+    """The metaworld-demo head carries its verifier's fingerprint; the reasoning model (vocab
+    832) refuses it instead of drafting tokens of another vocabulary."""
+    head_folder = assets.embedded_checkpoint('metaworld-demo') / 'draft'
+    assert FINGERPRINT_KEY in json.loads((head_folder / 'config.json').read_text())
+    demo = registry.load(assets.embedded_checkpoint('metaworld-demo'), torch.float32).model
+    assert load_draft(head_folder, demo).cfg.vocab_size == 576
+    reason = registry.load(assets.embedded_checkpoint('metaworld-demo-reason'),
+                           torch.float32).model
+    with pytest.raises(CheckpointError, match='vocab_size 576 != verifier vocab_size 768 or '
+                                              '832'):
+        load_draft(head_folder, reason)

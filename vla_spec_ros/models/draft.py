@@ -11,6 +11,13 @@ A draft folder holds ``config.json`` (Hugging Face Llama keys, as EAGLE's ``ECon
 Spec-VLA's ``llama_2_chat_7B_config.json`` use) and ``model.safetensors``. Pickle weights
 (``pytorch_model.bin``) are refused (S8). ``engine.draft_choice.load_draft_for`` turns an
 ``EngineConfig``'s ``draft_path`` into a ready ``Drafter`` for the engine.
+
+A head only drafts well for the verifier it was trained against, and its shapes alone do not
+say which one that was: ``save_draft`` records the verifier's fingerprint in config.json
+(``verifier_fingerprint``: sampled values of the embedding and lm_head it shared), and
+``load_draft`` refuses a head whose fingerprint, vocabulary or positions do not fit the
+verifier it is loaded onto. A head without a fingerprint (EAGLE's, Spec-VLA's, ours from
+before) is checked on vocabulary and positions only.
 """
 from __future__ import annotations
 
@@ -19,6 +26,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -37,6 +45,15 @@ DEFAULT_DRAFT_SUBFOLDER = 'draft'
 # token embedding (replaced by the verifier's at load, as Spec-VLA does) and old HF RoPE buffers.
 EMBED_KEY = 'embed_tokens.weight'
 _ROTARY_SUFFIX = '.self_attn.rotary_emb.inv_freq'
+# config.json key of the verifier's fingerprint (``verifier_fingerprint``), and its contract:
+# FINGERPRINT_SAMPLES values of each shared matrix at fixed (row, column) places. The same
+# weights loaded in another dtype (bf16 rounds by at most 2**-8 of each value; FP8 never
+# touches the embedding or the lm_head) stay well within FINGERPRINT_TOLERANCE, in relative
+# L2 distance; another model's weights are at a distance of order 1.
+FINGERPRINT_KEY = 'verifier_fingerprint'
+FINGERPRINT_MATRICES = ('embed_tokens', 'lm_head')
+FINGERPRINT_SAMPLES = 64
+FINGERPRINT_TOLERANCE = 0.02
 
 
 @dataclass(frozen=True)
@@ -76,7 +93,8 @@ class DraftConfig:
                            max_position_embeddings=self.max_position_embeddings)
 
     def to_json(self, torch_dtype: str = 'float32') -> dict:
-        """Hugging Face Llama config keys (what EAGLE and Spec-VLA ship)."""
+        """Hugging Face Llama config keys (what EAGLE and Spec-VLA ship); ``save_draft`` adds
+        the verifier's fingerprint."""
         return {'architectures': ['EagleDraftHead'], 'model_type': 'llama',
                 'hidden_act': 'silu', 'hidden_size': self.hidden_size,
                 'num_attention_heads': self.num_heads,
@@ -211,15 +229,35 @@ def new_draft_head(verifier, cfg: DraftConfig | None = None, seed: int | None = 
     return head.to(device=device or ref.device, dtype=dtype or ref.dtype).eval()
 
 
+def verifier_fingerprint(embed_tokens: nn.Module, lm_head: nn.Module) -> dict:
+    """What identifies the verifier a head shares ``embed_tokens`` and ``lm_head`` with:
+    ``FINGERPRINT_SAMPLES`` values of each matrix (rows spread over the vocabulary, columns
+    spread over the width), in float64 rounded to 7 significant digits (config.json text)."""
+    return {name: _sampled_values(module.weight)
+            for name, module in zip(FINGERPRINT_MATRICES, (embed_tokens, lm_head))}
+
+
+def _sampled_values(weight: torch.Tensor) -> list[float]:
+    rows, cols = weight.shape
+    row = torch.linspace(0, rows - 1, FINGERPRINT_SAMPLES).round().long()
+    # A prime stride walks every column of a power-of-two width before repeating one.
+    col = torch.arange(FINGERPRINT_SAMPLES) * 97 % cols
+    values = weight.detach()[row.to(weight.device), col.to(weight.device)]
+    return [float(f'{v:.7g}') for v in values.to('cpu', torch.float64).tolist()]
+
+
 def save_draft(head: EagleDraftHead, folder: str | os.PathLike) -> Path:
-    """Write ``config.json`` + ``model.safetensors`` (keys ``fc.*``, ``layers.*``)."""
+    """Write ``config.json`` (with the fingerprint of the verifier whose embedding and lm_head
+    ``head`` shares) + ``model.safetensors`` (keys ``fc.*``, ``layers.*``)."""
     from safetensors.torch import save_file
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     state = {k: v.detach().to('cpu').contiguous() for k, v in head.state_dict().items()}
     dtype_name = str(head.fc.weight.dtype).replace('torch.', '')
     save_file(state, str(folder / 'model.safetensors'), metadata={'format': 'pt'})
-    (folder / 'config.json').write_text(json.dumps(head.cfg.to_json(dtype_name), indent=2))
+    config = {**head.cfg.to_json(dtype_name),
+              FINGERPRINT_KEY: verifier_fingerprint(head.embed_tokens, head.lm_head)}
+    (folder / 'config.json').write_text(json.dumps(config, indent=2))
     return folder
 
 
@@ -238,13 +276,82 @@ def _check_embed_key(mapping: dict[str, Path], verifier_cfg: LlamaConfig) -> Non
                               f'{verifier_cfg.hidden_size})')
 
 
+def _check_fits_verifier(cfg: DraftConfig, verifier_model, source: str) -> None:
+    """The head's shape must be the verifier's: its width, its vocabulary (or the verifier's
+    text vocabulary without its padding rows: Spec-VLA's 32000 ids for OpenVLA's 32064) and
+    at least the positions a frame of the verifier may use (the engine admits frames up to
+    the verifier's ``max_position_embeddings``; the draft sits at the same positions)."""
+    llm = _language_model(verifier_model).cfg
+    if cfg.hidden_size != llm.hidden_size:
+        raise CheckpointError(f'{source}: hidden_size {cfg.hidden_size} != verifier '
+                              f'hidden_size {llm.hidden_size}')
+    text_vocab = getattr(getattr(verifier_model, 'cfg', None), 'text_vocab_size', None)
+    vocabularies = sorted({llm.vocab_size, text_vocab or llm.vocab_size})
+    if cfg.vocab_size not in vocabularies:
+        raise CheckpointError(f'{source}: vocab_size {cfg.vocab_size} != verifier vocab_size '
+                              f'{" or ".join(map(str, vocabularies))}: this head was made for '
+                              'another model')
+    if cfg.max_position_embeddings < llm.max_position_embeddings:
+        raise CheckpointError(f'{source}: max_position_embeddings '
+                              f'{cfg.max_position_embeddings} < the verifier\'s '
+                              f'{llm.max_position_embeddings} (the draft sits at the '
+                              'verifier\'s positions)')
+
+
+def _check_fingerprint(raw: dict, lm, source: str, verifier_name: str) -> None:
+    """A head saved with a fingerprint loads only onto the verifier it was trained for; one
+    without (EAGLE's, Spec-VLA's, older ones) is not checked here."""
+    if FINGERPRINT_KEY not in raw:
+        return
+    saved = raw[FINGERPRINT_KEY]
+    current = verifier_fingerprint(lm.model.embed_tokens, lm.lm_head)
+    for name in FINGERPRINT_MATRICES:
+        values = saved.get(name) if isinstance(saved, dict) else None
+        if not (isinstance(values, list) and len(values) == FINGERPRINT_SAMPLES
+                and all(isinstance(v, (int, float)) and not isinstance(v, bool)
+                        for v in values)):
+            raise CheckpointError(f'{source}: {FINGERPRINT_KEY}.{name} must be a list of '
+                                  f'{FINGERPRINT_SAMPLES} numbers (written by save_draft)')
+        distance = _relative_distance(np.asarray(values, np.float64),
+                                      np.asarray(current[name], np.float64))
+        if not distance <= FINGERPRINT_TOLERANCE:
+            raise CheckpointError(
+                f'{source}: this draft head was trained for another verifier than '
+                f'{verifier_name} (its {FINGERPRINT_KEY}.{name} differs from that model\'s '
+                f'{name} by {distance:.3g}, relative; at most {FINGERPRINT_TOLERANCE} is the '
+                'same model); train a head for this model (vla-spec train-draft)')
+
+
+def _relative_distance(a: np.ndarray, b: np.ndarray) -> float:
+    scale = max(float(np.linalg.norm(a)), float(np.linalg.norm(b)))
+    return float(np.linalg.norm(a - b)) / scale if scale > 0 else 0.0
+
+
+def _read_draft_config(folder: Path, lm) -> tuple[DraftConfig, dict, str]:
+    """(config, config.json's data, the name errors give) of a draft folder; no config.json:
+    the verifier's layer shape and no fingerprint."""
+    config_file = folder / 'config.json'
+    if not config_file.is_file():
+        return DraftConfig.from_verifier(lm.cfg), {}, str(folder)
+    try:
+        raw = json.loads(config_file.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise CheckpointError(f'{config_file}: not valid JSON ({exc})') from exc
+    if not isinstance(raw, dict):
+        raise CheckpointError(f'{config_file}: expected a JSON object, got '
+                              f'{type(raw).__name__}')
+    return DraftConfig.from_json(raw, str(config_file), lm.cfg), raw, str(config_file)
+
+
 def load_draft(folder: str | os.PathLike, verifier_model, dtype: torch.dtype | None = None,
-               device=None) -> EagleDraftHead:
+               device=None, verifier_name: str | None = None) -> EagleDraftHead:
     """Load a draft folder onto ``verifier_model`` (an ``OpenVLA`` or ``LlamaForCausalLM``).
 
-    ``config.json`` is optional (absent: the verifier's layer shape); every ``fc.*`` /
-    ``layers.*`` key must be present with the expected shape, anything else except the
-    unused keys above is an error naming the key and file.
+    ``config.json`` is optional (absent: the verifier's layer shape); the head must fit the
+    verifier (width, vocabulary, positions) and, when config.json has a fingerprint, have
+    been trained for it (``verifier_name``: how errors name the verifier, e.g. its
+    checkpoint folder). Every ``fc.*`` / ``layers.*`` key must be present with the expected
+    shape, anything else except the unused keys above is an error naming the key and file.
     """
     folder = Path(folder)
     if not folder.is_dir():
@@ -253,18 +360,9 @@ def load_draft(folder: str | os.PathLike, verifier_model, dtype: torch.dtype | N
     ref = lm.lm_head.weight
     dtype = dtype or ref.dtype
     device = device or ref.device
-    config_file = folder / 'config.json'
-    if config_file.is_file():
-        try:
-            raw = json.loads(config_file.read_text())
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            raise CheckpointError(f'{config_file}: not valid JSON ({exc})') from exc
-        cfg = DraftConfig.from_json(raw, str(config_file), lm.cfg)
-    else:
-        cfg = DraftConfig.from_verifier(lm.cfg)
-    if cfg.hidden_size != lm.cfg.hidden_size:
-        raise CheckpointError(f'{config_file}: hidden_size {cfg.hidden_size} != verifier '
-                              f'hidden_size {lm.cfg.hidden_size}')
+    cfg, raw, source = _read_draft_config(folder, lm)
+    _check_fits_verifier(cfg, verifier_model, source)
+    _check_fingerprint(raw, lm, source, verifier_name or 'the model it is loaded onto')
     with torch.device('meta'):
         head = EagleDraftHead(cfg, lm.model.embed_tokens, lm.lm_head,
                               getattr(lm, 'token_embeddings', None))
@@ -279,4 +377,5 @@ def load_draft(folder: str | os.PathLike, verifier_model, dtype: torch.dtype | N
 
 
 __all__ = ['DraftConfig', 'EagleDraftHead', 'new_draft_head', 'save_draft', 'load_draft',
-           'RANDOM_DRAFT', 'CHECKPOINT_DRAFT', 'DEFAULT_DRAFT_SUBFOLDER']
+           'verifier_fingerprint', 'RANDOM_DRAFT', 'CHECKPOINT_DRAFT',
+           'DEFAULT_DRAFT_SUBFOLDER', 'FINGERPRINT_KEY']

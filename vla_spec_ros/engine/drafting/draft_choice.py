@@ -103,6 +103,11 @@ def check_draft_path(path: str | None, checkpoint_folder: str | os.PathLike | No
                               f'"{DRAFT_SEPARATOR}"), "{CHECKPOINT_DRAFT}" or "{RANDOM_DRAFT}"')
 
 
+def _verifier_name(checkpoint_folder: str | os.PathLike | None) -> str:
+    """How a draft head's errors name the verifier: its checkpoint folder when known."""
+    return str(checkpoint_folder) if checkpoint_folder is not None else 'this verifier'
+
+
 def load_draft_for(runner, engine_config: EngineConfig,
                    checkpoint_folder: str | os.PathLike | None) -> Drafter:
     """``EngineConfig.draft_path`` -> the drafter for an engine over ``runner``'s verifier.
@@ -126,7 +131,8 @@ def load_draft_for(runner, engine_config: EngineConfig,
         head = new_draft_head(runner.model, seed=engine_config.seed, dtype=runner.dtype,
                               device=runner.device)
     else:
-        head = load_draft(Path(path).expanduser(), runner.model, runner.dtype, runner.device)
+        head = load_draft(Path(path).expanduser(), runner.model, runner.dtype, runner.device,
+                          verifier_name=_verifier_name(checkpoint_folder))
     if runner.device.type == 'cuda':
         fuse_projections(head)      # q/k/v and gate/up: one product each, as the verifier's
     drafter = EagleDrafter.for_engine(runner, head, engine_config)
