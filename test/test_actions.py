@@ -9,7 +9,7 @@ import math
 import numpy as np
 import pytest
 
-from vla_spec_ros.actions import ActionStats, UnnormKeyError, resolve_unnorm_key
+from vla_spec_ros.actions import ActionStats, UnnormKeyError, resolve_unnorm_key, stats_by_key
 from vla_spec_ros.models.openvla.action_bins import ActionTokenizer
 
 OPENVLA_VOCAB, OPENVLA_PAD = 32064, 64     # Llama 32000 + <PAD>, padded to a multiple of 64
@@ -172,3 +172,46 @@ def test_unknown_unnorm_key_lists_keys():
     message = str(info.value)
     assert 'libero_10' in message and 'bridge_orig' in message and 'libero_goal' in message
     assert resolve_unnorm_key(TWO, 'bridge_orig') == 'bridge_orig'
+
+
+# ---- statistics checked when read ------------------------------------------------------------
+
+@pytest.mark.parametrize('action, match', [
+    ({'q01': [1.0, 0.0], 'q99': [0.0, 1.0]}, r'action q01 > q99 at dims \[0\]'),
+    ({'q01': [0.0, float('nan')], 'q99': [1.0, 1.0]}, r'action q01 is not finite at dims \[1\]'),
+    ({'q01': [0.0, 0.0], 'q99': [1.0, float('inf')]}, r'action q99 is not finite'),
+    ({'mode': 'MIN_MAX', 'min': [0.0, 2.0], 'max': [1.0, 1.0]}, r'action min > max at dims \[1\]'),
+    ({'mode': 'MEAN_STD', 'mean': [0.0, 0.0], 'std': [1.0, -1.0]}, r'action std < 0'),
+    ({'q01': [0.0, 0.0], 'q99': [1.0, 1.0], 'mask': ['no', 'yes']}, 'true/false'),
+    ({'q01': [0.0, 0.0], 'q99': [1.0, 1.0], 'mask': [1, 0]}, 'true/false'),
+    ({'q01': [0.0, 0.0], 'q99': [1.0, 1.0], 'mask': 'no'}, 'true/false'),
+    ({'q01': ['a', 'b'], 'q99': [1.0, 1.0]}, 'malformed'),
+    ([1, 2], 'malformed'),
+])
+def test_statistics_that_would_spoil_every_action_are_refused(action, match):
+    with pytest.raises(ValueError, match=match) as info:
+        ActionStats.from_norm_stats({'action': action}, 'k', source='stats.json')
+    assert str(info.value).startswith("stats.json: norm_stats['k']")
+
+
+def test_statistics_must_have_the_models_action_dims():
+    entry = {'action': {'q01': [0.0] * 6, 'q99': [1.0] * 6}}
+    assert ActionStats.from_norm_stats(entry, 'k', action_dim=6).q01.shape == (6,)
+    with pytest.raises(ValueError, match="of 6 dims; the model's actions have 7"):
+        ActionStats.from_norm_stats(entry, 'k', action_dim=7)
+
+
+def test_equal_ends_and_numpy_masks_are_fine():
+    """A dimension that never moves (q01 == q99, std 0) and a numpy bool mask are valid."""
+    stats = ActionStats.from_norm_stats(
+        {'action': {'q01': [0.0, -1.0], 'q99': [0.0, 1.0], 'mask': np.array([True, False])}},
+        'k')
+    assert stats.mask.tolist() == [True, False]
+    ActionStats.from_norm_stats({'action': {'mode': 'MEAN_STD', 'mean': [0.0], 'std': [0.0]}},
+                                'k')
+
+
+def test_norm_stats_must_be_an_object_of_datasets():
+    with pytest.raises(ValueError, match='stats.json: expected an object of datasets'):
+        stats_by_key([{'action': {}}], source='stats.json')
+    assert set(stats_by_key({'a': {'action': {'q01': [0.0], 'q99': [1.0]}}}, 1)) == {'a'}

@@ -248,6 +248,70 @@ def test_norm_stats_fall_back_to_dataset_statistics(copy_of):
         VLAPolicy.from_pretrained(str(folder))
 
 
+def _statistics_only_in_the_file(folder: Path) -> Path:
+    """The folder's statistics moved out of config.json: dataset_statistics.json is read."""
+    config = json.loads((folder / 'config.json').read_text())
+    del config['norm_stats']
+    (folder / 'config.json').write_text(json.dumps(config))
+    return folder / 'dataset_statistics.json'
+
+
+def _damage(action: dict, change: str) -> None:
+    if change == 'swapped':
+        action['q01'], action['q99'] = action['q99'], action['q01']
+    elif change == 'nan':
+        action['q01'][2] = float('nan')
+    elif change == 'six dims':
+        for name in ('q01', 'q99', 'mask', 'mean', 'std', 'min', 'max'):
+            action[name] = action[name][:6]
+    elif change == 'string mask':
+        action['mask'] = ['no'] * len(action['q01'])
+    elif change == 'negative std':
+        action.update(mode='MEAN_STD', std=[-1.0] * len(action['q01']))
+
+
+@pytest.mark.parametrize('change, match', [
+    ('swapped', r'action q01 > q99 at dims \[0, 1, 2, 3, 4, 5, 6\]'),
+    ('nan', r'action q01 is not finite at dims \[2\]'),
+    ('six dims', "action statistics of 6 dims; the model's actions have 7"),
+    ('string mask', 'action mask must be a list of true/false'),
+    ('negative std', 'action std < 0'),
+])
+def test_bad_statistics_are_refused_at_load_naming_key_and_file(copy_of, change, match):
+    """Each would load and then mirror, silence or fail every action at run time."""
+    stats_file = _statistics_only_in_the_file(copy_of())
+    stats = json.loads(stats_file.read_text())
+    _damage(stats['libero_goal']['action'], change)
+    stats_file.write_text(json.dumps(stats))
+    with pytest.raises(ValueError, match=match) as info:
+        VLAPolicy.from_pretrained(str(stats_file.parent))
+    assert f"{stats_file}: norm_stats['libero_goal']" in str(info.value)
+
+
+def test_bad_statistics_in_config_json_name_config_json(copy_of):
+    folder = copy_of()
+    config = json.loads((folder / 'config.json').read_text())
+    _damage(config['norm_stats']['bridge_orig']['action'], 'swapped')
+    (folder / 'config.json').write_text(json.dumps(config))
+    with pytest.raises(ValueError, match=f"{folder / 'config.json'}: "
+                                         r"norm_stats\['bridge_orig'\]: action q01 > q99"):
+        VLAPolicy.from_pretrained(str(folder))
+
+
+@pytest.mark.parametrize('text, match', [
+    ('{"libero_goal": ', 'not valid JSON'),
+    ('[1, 2]', 'expected a JSON object of datasets .* got a list'),
+    ('{}', 'got an empty object'),
+    ('{"libero_goal": [1]}', "norm_stats\\['libero_goal'\\]: malformed action statistics"),
+])
+def test_an_unreadable_statistics_file_is_named(copy_of, text, match):
+    stats_file = _statistics_only_in_the_file(copy_of())
+    stats_file.write_text(text)
+    with pytest.raises(ValueError, match=match) as info:
+        VLAPolicy.from_pretrained(str(stats_file.parent))
+    assert str(stats_file) in str(info.value)
+
+
 def test_checkpoint_without_unused_keys_loads(copy_of):
     folder = copy_of()
     path = folder / 'model.safetensors'

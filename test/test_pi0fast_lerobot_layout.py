@@ -243,6 +243,21 @@ def test_the_engine_unnormalises_with_the_checkpoints_mode(tmp_path):
                                + raw['action.mean'].numpy(), rtol=1e-6)
 
 
+def test_bad_processor_statistics_are_refused_at_load(tmp_path):
+    """A NaN in the unnormaliser's std would void every chunk at run time: refused when the
+    policy is built, naming the checkpoint and the statistics' key."""
+    from vla_spec_ros.policy import VLAPolicy
+    folder = registry.make_checkpoint('pi0fast-tiny', tmp_path / 'ck', seed=4)
+    path = folder / 'policy_postprocessor_step_0_unnormalizer_processor.safetensors'
+    tensors = load_file(str(path))
+    tensors['action.std'][1] = float('nan')
+    save_file(tensors, str(path))
+    with pytest.raises(ValueError, match=r"norm_stats\['default'\]: action std is not "
+                                         r"finite at dims \[1\]") as info:
+        VLAPolicy.from_pretrained(str(folder), mode='ar')
+    assert str(folder) in str(info.value)
+
+
 # ---- prompt styles ------------------------------------------------------------------------
 
 def _prompt_and_tok(folder):

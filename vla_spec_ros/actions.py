@@ -47,26 +47,17 @@ class ActionStats:
     std: np.ndarray | None = None
 
     @classmethod
-    def from_norm_stats(cls, entry: Mapping, key: str) -> 'ActionStats':
-        try:
-            action = entry['action']
-            mode = action.get('mode', 'QUANTILES')
-            if mode not in ACTION_MODES:
-                raise ValueError(f'norm_stats[{key!r}]: action mode {mode!r} is not one of '
-                                 f'{ACTION_MODES}')
-            names = ('mean', 'std') if mode == 'MEAN_STD' else RANGE_STATS.get(mode)
-            if names is None:                       # IDENTITY: any statistic gives the size
-                dim = len(next(v for k, v in action.items() if k not in ('mode', 'mask')))
-                lo = hi = np.zeros(dim)
-            else:
-                lo, hi = (np.asarray(action[n], dtype=np.float64) for n in names)
-            mask = np.asarray(action.get('mask', [True] * len(lo)), dtype=bool)
-        except (KeyError, TypeError, StopIteration) as exc:
-            raise ValueError(f'norm_stats[{key!r}]: malformed action statistics ({exc!r})') \
-                from exc
-        if not (lo.shape == hi.shape == mask.shape) or lo.ndim != 1:
-            raise ValueError(f'norm_stats[{key!r}]: action statistics/mask shapes differ: '
-                             f'{lo.shape}, {hi.shape}, {mask.shape}')
+    def from_norm_stats(cls, entry: Mapping, key: str, action_dim: int | None = None,
+                        source: str | None = None) -> 'ActionStats':
+        """One norm_stats entry (``{"action": {...}}``), checked: the mode's statistics are
+        finite, each low end at most its high end (a std at least 0), the mask holds real
+        booleans, and, given ``action_dim`` (the model's), there are that many dimensions.
+        ValueError naming ``source`` (the file they came from), the key and what is wrong:
+        statistics that pass would otherwise mirror, silence or fail every action at run
+        time."""
+        where = f'{source}: norm_stats[{key!r}]' if source else f'norm_stats[{key!r}]'
+        mode, lo, hi, mask = _action_fields(entry, where)
+        _check_statistics(mode, lo, hi, mask, where, action_dim)
         if mode == 'MEAN_STD':
             return cls(lo, lo, mask, mode, mean=lo, std=hi)
         return cls(lo, hi, mask, mode)
@@ -98,6 +89,79 @@ class ActionStats:
         if self.mode == 'MEAN_STD':
             return np.where(self.mask, x * self.std + self.mean, x)
         return np.where(self.mask, 0.5 * (x + 1.0) * (self.q99 - self.q01) + self.q01, x)
+
+
+def _action_fields(entry: Mapping, where: str) -> tuple:
+    """(mode, low/mean, high/std, mask) of an entry as arrays; ValueError when malformed."""
+    action = entry.get('action') if isinstance(entry, Mapping) else None
+    if not isinstance(action, Mapping):
+        raise ValueError(f'{where}: malformed action statistics (expected {{"action": '
+                         f'{{...}}}}, got {type(entry).__name__} {_short(entry)})')
+    mode = action.get('mode', 'QUANTILES')
+    if mode not in ACTION_MODES:
+        raise ValueError(f'{where}: action mode {mode!r} is not one of {ACTION_MODES}')
+    try:
+        lo, hi = _mode_values(action, mode)
+    except (KeyError, TypeError, ValueError, StopIteration) as exc:
+        raise ValueError(f'{where}: malformed action statistics ({exc!r})') from exc
+    return mode, lo, hi, _mask(action.get('mask'), lo.size, where)
+
+
+def _mode_values(action: Mapping, mode: str) -> tuple[np.ndarray, np.ndarray]:
+    names = ('mean', 'std') if mode == 'MEAN_STD' else RANGE_STATS.get(mode)
+    if names is None:                       # IDENTITY: any statistic gives the size
+        dim = len(next(v for k, v in action.items() if k not in ('mode', 'mask')))
+        return np.zeros(dim), np.zeros(dim)
+    return tuple(np.asarray(action[n], dtype=np.float64) for n in names)
+
+
+def _short(value) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + '...'
+
+
+def _mask(values, dim: int, where: str) -> np.ndarray:
+    """The mask as bools: JSON true/false only (a string such as "no" is not False)."""
+    if values is None:
+        return np.ones(dim, dtype=bool)
+    items = list(values) if isinstance(values, (list, tuple, np.ndarray)) else None
+    if items is None or not all(isinstance(v, (bool, np.bool_)) for v in items):
+        raise ValueError(f'{where}: action mask must be a list of true/false, got {values!r}')
+    return np.asarray(items, dtype=bool)
+
+
+def _check_statistics(mode: str, lo: np.ndarray, hi: np.ndarray, mask: np.ndarray,
+                      where: str, action_dim: int | None) -> None:
+    if not (lo.shape == hi.shape == mask.shape) or lo.ndim != 1:
+        raise ValueError(f'{where}: action statistics/mask shapes differ: '
+                         f'{lo.shape}, {hi.shape}, {mask.shape}')
+    if action_dim is not None and lo.shape[0] != action_dim:
+        raise ValueError(f'{where}: action statistics of {lo.shape[0]} dims; the model\'s '
+                         f'actions have {action_dim}')
+    if mode == 'IDENTITY':
+        return
+    low, high = ('mean', 'std') if mode == 'MEAN_STD' else RANGE_STATS[mode]
+    for name, values in ((low, lo), (high, hi)):
+        if not np.isfinite(values).all():
+            raise ValueError(f'{where}: action {name} is not finite at dims '
+                             f'{np.flatnonzero(~np.isfinite(values)).tolist()}')
+    # MEAN_STD's std must not be negative; a range's low end must not pass its high end (a
+    # swapped pair mirrors every action). Equal ends are fine (a dimension that never moves).
+    bad = np.flatnonzero(hi < 0) if mode == 'MEAN_STD' else np.flatnonzero(lo > hi)
+    if bad.size:
+        rule = 'action std < 0' if mode == 'MEAN_STD' else f'action {low} > {high}'
+        raise ValueError(f'{where}: {rule} at dims {bad.tolist()}')
+
+
+def stats_by_key(norm_stats: Mapping, action_dim: int | None = None,
+                 source: str | None = None) -> dict[str, ActionStats]:
+    """Every dataset's ``ActionStats`` of a checkpoint's norm_stats, checked as
+    ``ActionStats.from_norm_stats`` checks one (``source``: the file, for errors)."""
+    if not isinstance(norm_stats, Mapping):
+        raise ValueError(f'{source or "norm_stats"}: expected an object of datasets, got '
+                         f'{type(norm_stats).__name__}')
+    return {key: ActionStats.from_norm_stats(entry, key, action_dim, source)
+            for key, entry in norm_stats.items()}
 
 
 def resolve_unnorm_key(norm_stats: Mapping, unnorm_key: str | None) -> str:

@@ -10,7 +10,6 @@ parameters): the engine runs with that very object. ``predict`` runs one frame t
 """
 from __future__ import annotations
 
-import json
 import os
 import shutil
 from pathlib import Path
@@ -23,9 +22,10 @@ from .engine.result import ActionResult, Frame
 from .engine.device.runner import TORCH_DTYPES, ModelRunner
 from .models import registry
 from .models.registry import PRESETS
-from .models.weights import CheckpointError
+from .models.weights import CheckpointError, _read_json
 
 PREDICT_STREAM = '__predict__'
+STATS_FILE = 'dataset_statistics.json'
 
 
 def cache_dir() -> Path:
@@ -55,6 +55,30 @@ def resolve_checkpoint(path_or_preset: str) -> Path:
     # An embedded model may share its name with a preset (metaworld-demo): listed once.
     raise CheckpointError(f'{path_or_preset!r} is neither a checkpoint folder nor a preset '
                           f'({sorted(set(PRESETS) | set(assets.embedded_names()))})')
+
+
+def _norm_stats(folder: Path, loaded) -> tuple[dict, str]:
+    """(the dataset statistics, the file they come from): the family's own (pi0-FAST:
+    LeRobot's processor files), else config.json's ``norm_stats``, else
+    dataset_statistics.json, which must be a JSON object (CheckpointError naming it). The
+    engine checks the entries themselves (``actions.stats_by_key``)."""
+    if loaded.norm_stats:
+        return loaded.norm_stats, str(folder)
+    if loaded.raw.get('norm_stats'):
+        return loaded.raw['norm_stats'], str(folder / 'config.json')
+    stats_file = folder / STATS_FILE
+    if not stats_file.is_file():
+        raise CheckpointError(f'{folder}: no norm_stats in config.json and no {STATS_FILE}')
+    norm_stats = _read_json(stats_file)
+    if not isinstance(norm_stats, dict) or not norm_stats:
+        raise CheckpointError(f'{stats_file}: expected a JSON object of datasets '
+                              f'({{"<unnorm_key>": {{"action": ...}}}}), got '
+                              f'{_read_as(norm_stats)}')
+    return norm_stats, str(stats_file)
+
+
+def _read_as(value) -> str:
+    return 'an empty object' if value == {} else f'a {type(value).__name__}'
 
 
 class VLAPolicy:
@@ -92,19 +116,13 @@ class VLAPolicy:
         folder = resolve_checkpoint(path_or_preset)
         loaded = registry.load(folder, TORCH_DTYPES[config.dtype], config.device,
                                config.max_instruction_tokens)
-        norm_stats = loaded.norm_stats or loaded.raw.get('norm_stats')
-        if not norm_stats:
-            stats_file = folder / 'dataset_statistics.json'
-            if not stats_file.is_file():
-                raise CheckpointError(f'{folder}: no norm_stats in config.json and no '
-                                      'dataset_statistics.json')
-            norm_stats = json.loads(stats_file.read_text())
+        norm_stats, stats_source = _norm_stats(folder, loaded)
         codec = loaded.codec
         if config.max_reasoning_tokens:
             codec = codec.with_reasoning_budget(config.max_reasoning_tokens)
         runner = ModelRunner(loaded.model, loaded.cfg, loaded.tokenizer, config,
                              codec=codec, checkpoint_folder=folder)
-        return cls(Engine(runner, norm_stats, config), str(folder))
+        return cls(Engine(runner, norm_stats, config, stats_source=stats_source), str(folder))
 
     @property
     def config(self) -> EngineConfig:

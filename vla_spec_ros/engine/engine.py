@@ -14,7 +14,7 @@ import time
 
 import numpy as np
 
-from ..actions import ActionStats, resolve_unnorm_key
+from ..actions import resolve_unnorm_key, stats_by_key
 from ..config import TUNABLE_ENGINE_FIELDS, EngineConfig
 from .packed import PackedStrategy
 from .reasoning_reuse import ReasoningReuse
@@ -35,6 +35,13 @@ def _check_reasoning_reuse(config: EngineConfig, codec) -> None:
                          'writes no reasoning before its action (use 1)')
 
 
+def _action_dim(codec) -> int | None:
+    """The dimensions of one action step (the last of the codec's ``action_shape``); None
+    for a codec that does not say."""
+    shape = tuple(getattr(codec, 'action_shape', ()) or ())
+    return int(shape[-1]) if shape else None
+
+
 class Engine:
     """The one place an engine is put together: a loaded model's runner (shared by every
     engine over that model), the dataset statistics and one EngineConfig; the drafter is the
@@ -42,7 +49,10 @@ class Engine:
     (tests and benchmarks pass doubles)."""
 
     def __init__(self, runner: ModelRunner, norm_stats: dict, config: EngineConfig,
-                 draft=None):
+                 draft=None, stats_source: str | None = None):
+        # The statistics are checked before anything loads (``stats_source``: the file they
+        # came from, for errors): values that pass here un-normalise every frame.
+        self._stats = stats_by_key(norm_stats, _action_dim(runner.codec), stats_source)
         if draft is None and config.is_speculative:
             from .drafting.draft_choice import load_draft_for
             draft = load_draft_for(runner, config, runner.checkpoint_folder)
@@ -60,8 +70,6 @@ class Engine:
             raise ValueError(f'max_reasoning_tokens: a frame needs at least {shortest} '
                              f'positions ({runner.max_action_tokens} output tokens); the model '
                              f'has {runner.max_positions}')
-        self._stats = {key: ActionStats.from_norm_stats(entry, key)
-                       for key, entry in norm_stats.items()}
         self._ids = itertools.count()
         _check_reasoning_reuse(config, runner.codec)
         self._reuse = ReasoningReuse()
