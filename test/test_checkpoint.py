@@ -17,7 +17,7 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 from tokenizers import Tokenizer
 
-from vla_spec_ros import cli
+from vla_spec_ros import assets, cli
 from vla_spec_ros.models.openvla.checkpoint import (CheckpointError, config_from_json,
                                                     config_to_json, load_model, save_model)
 from vla_spec_ros.models.openvla.vision import unused_vision_keys
@@ -498,6 +498,33 @@ def test_no_weights_at_all(copy_of):
     (folder / 'model.safetensors').unlink()
     with pytest.raises(CheckpointError, match='model.safetensors'):
         load_model(folder)
+
+
+@pytest.mark.parametrize('model, donor, match', [
+    ('metaworld-demo', 'metaworld-demo-reason',
+     "<PAD> = id 768; config.json's pad_token_id is 512"),
+    ('metaworld-demo-reason', 'metaworld-demo',
+     "<PAD> = id 512; config.json's pad_token_id is 768"),
+])
+def test_another_checkpoints_tokenizer_is_refused(tmp_path, model, donor, match):
+    """The reasoning model's tokenizer in the demo model gave maximum motion marked valid."""
+    folder = tmp_path / model
+    shutil.copytree(assets.embedded_checkpoint(model), folder)
+    shutil.copy(assets.embedded_checkpoint(donor) / 'tokenizer.json', folder)
+    with pytest.raises(CheckpointError, match=match) as info:
+        VLAPolicy.from_pretrained(str(folder))
+    assert str(folder / 'tokenizer.json') in str(info.value)
+
+
+def test_tokenizer_ids_past_the_text_vocabulary_are_refused(copy_of):
+    folder = copy_of()
+    tok = Tokenizer.from_file(str(folder / 'tokenizer.json'))
+    tok.add_tokens(['<extra_a>', '<extra_b>'])          # ids 1025, 1026: past V = 1024
+    tok.save(str(folder / 'tokenizer.json'))
+    with pytest.raises(CheckpointError, match='ids up to 1026; the model.s text vocabulary is '
+                                              r'1024 ids \(vocab_size 1088 - '
+                                              r'pad_to_multiple_of 64\)'):
+        VLAPolicy.from_pretrained(str(folder))
 
 
 def test_missing_tokenizer_named(copy_of):

@@ -171,6 +171,39 @@ def test_the_text_tokenizer_counts_its_placeholders(folder):
     assert hf.vocab_size == 1024
 
 
+def test_a_text_tokenizer_of_another_size_is_refused(copy):
+    """LeRobot maps FAST ids through the text tokenizer's vocab_size, this package through the
+    model's: a 2048-id tokenizer in a 1024-id model is refused, naming the file."""
+    from vla_spec_ros.models.pi0fast.prompt import build_text_tokenizer
+    path = copy / 'paligemma_tokenizer' / 'tokenizer.json'
+    build_text_tokenizer(2048).save(str(path))
+    with pytest.raises(CheckpointError, match="text tokenizer has 2048 ids; the model's "
+                                              'vocab_size is 1024') as info:
+        registry.load(copy)
+    assert str(path) in str(info.value)
+
+
+def test_the_earlier_layout_may_count_added_placeholders(copy):
+    """tokenizer.json beside config.json (no named folder; LeRobot cannot read it) whose
+    placeholders are added tokens: the whole tokenizer is the model's 1024 ids."""
+    from tokenizers import Tokenizer
+    tok = Tokenizer.from_file(str(copy / 'paligemma_tokenizer' / 'tokenizer.json'))
+    data = json.loads(tok.to_str())
+    vocab = data['model']['vocab']
+    placeholders = sorted((i, t) for t, i in vocab.items() if t.startswith('<unused_'))
+    for _, token in placeholders:
+        del vocab[token]
+    data['added_tokens'] += [{'id': i, 'content': t, 'single_word': False, 'lstrip': False,
+                              'rstrip': False, 'normalized': False, 'special': True}
+                             for i, t in placeholders]
+    shutil.rmtree(copy / 'paligemma_tokenizer')
+    (copy / 'tokenizer.json').write_text(json.dumps(data))
+    tok = Tokenizer.from_file(str(copy / 'tokenizer.json'))
+    assert tok.get_vocab_size(with_added_tokens=False) < 1024
+    assert tok.get_vocab_size(with_added_tokens=True) == 1024
+    assert registry.load(copy).model.vocab_size == 1024
+
+
 # ---- statistics ---------------------------------------------------------------------------
 
 def test_statistics_are_lerobots_processor_files(folder):

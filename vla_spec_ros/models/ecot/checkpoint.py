@@ -19,7 +19,8 @@ import torch
 from ..family import LoadedModel
 from ..openvla.checkpoint import config_from_json, init_random_, save_model
 from ..openvla.checkpoint import load_model as load_openvla_layout
-from ..openvla.prompt import PromptTokenizer, build_tokenizer, save_tokenizer
+from ..openvla.prompt import (PromptTokenizer, build_tokenizer, check_tokenizer_fits,
+                              save_tokenizer)
 from ..openvla.random_checkpoint import DTYPES, synthetic_norm_stats
 from ..weights import CheckpointError
 from .config import DEFAULT_MAX_REASONING_TOKENS, RESIZE_STRATEGIES, EcotConfig
@@ -51,7 +52,9 @@ def load_model(folder: str | os.PathLike, dtype: torch.dtype, device,
     """OpenVLA's loading with ECoT's config reading and model class, then its prompt."""
     model, cfg, raw = load_openvla_layout(folder, dtype, device, read_config=config_from_raw,
                                           model_class=EcotVLA)
-    model.use_prompt(EcotPrompt.from_folder(Path(folder), max_instruction_tokens))
+    prompt = EcotPrompt.from_folder(Path(folder), max_instruction_tokens)
+    check_tokenizer_fits(prompt.base, cfg)
+    model.use_prompt(prompt)
     return LoadedModel(model, cfg, raw, model.prompt, model.action_codec(), NAME)
 
 

@@ -22,9 +22,10 @@ def detects(raw: dict) -> bool:
 
 def load(folder, dtype, device, max_instruction_tokens: int) -> LoadedModel:
     from .checkpoint import load_model
-    from .prompt import PromptTokenizer
+    from .prompt import PromptTokenizer, check_tokenizer_fits
     model, cfg, raw = load_model(folder, dtype, device)
     tokenizer = PromptTokenizer.from_folder(folder, max_instruction_tokens)
+    check_tokenizer_fits(tokenizer, cfg)
     return LoadedModel(model, cfg, raw, tokenizer, model.action_codec(), NAME)
 
 

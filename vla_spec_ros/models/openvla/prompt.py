@@ -15,9 +15,11 @@ from pathlib import Path
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
 from ...instruction import PromptError, checked_instruction
+from ..weights import CheckpointError
 
 PROMPT_TEMPLATE = 'In: What action should the robot take to {}?\nOut:'
 SPACE_PIECE = '\u2581'   # "▁", SentencePiece's word-boundary marker
+PAD_TOKEN = '<PAD>'         # OpenVLA adds it after Llama's ids: config.json's pad_token_id
 
 
 def format_prompt(instruction: str) -> str:
@@ -28,6 +30,7 @@ class PromptTokenizer:
     def __init__(self, tokenizer: Tokenizer, max_instruction_tokens: int = 128,
                  source: str = '<memory>'):
         self.tokenizer = tokenizer
+        self.source = source
         self.max_instruction_tokens = max_instruction_tokens
         self.bos_id = tokenizer.token_to_id('<s>')
         self.space_id = tokenizer.token_to_id(SPACE_PIECE)
@@ -74,6 +77,26 @@ class PromptTokenizer:
         return ids
 
 
+def check_tokenizer_fits(tokenizer: PromptTokenizer, cfg) -> None:
+    """The tokenizer must be the one the model's config describes (``cfg``: a ``VLAConfig``):
+    its ``<PAD>`` is the config's ``pad_token_id`` and every other id lies in the text
+    vocabulary V (vocab_size - pad_to_multiple_of), whose top ``n_action_bins`` ids the model
+    reads as actions. Another checkpoint's tokenizer passes every other check and feeds the
+    model prompts it never saw (CheckpointError naming the file and both numbers)."""
+    source = tokenizer.source
+    pad_id = tokenizer.tokenizer.token_to_id(PAD_TOKEN)
+    if pad_id != cfg.pad_token_id:
+        found = 'has no ' + PAD_TOKEN if pad_id is None else f'has {PAD_TOKEN} = id {pad_id}'
+        raise CheckpointError(f'{source}: the tokenizer {found}; config.json\'s pad_token_id '
+                              f'is {cfg.pad_token_id}: it is not this model\'s tokenizer')
+    largest = max(i for i in tokenizer.tokenizer.get_vocab().values() if i != pad_id)
+    if largest >= cfg.text_vocab_size:
+        raise CheckpointError(f'{source}: the tokenizer has ids up to {largest}; the model\'s '
+                              f'text vocabulary is {cfg.text_vocab_size} ids (vocab_size '
+                              f'{cfg.llm.vocab_size} - pad_to_multiple_of '
+                              f'{cfg.pad_to_multiple_of}): it is not this model\'s tokenizer')
+
+
 # ---- a small real tokenizer for random-weight and embedded checkpoints ----------------------
 
 _WORDS = ('pick place put push pull open close press turn lift move slide reach grasp stack '
@@ -114,7 +137,7 @@ def build_tokenizer(vocab_size: int, seed: int = 0, extra_text: list[str] | None
                          f'wanted {vocab_size}')
     tok.post_processor = processors.TemplateProcessing(
         single='<s> $A', pair='<s> $A <s> $B', special_tokens=[('<s>', 1)])
-    tok.add_special_tokens(['<PAD>'])
+    tok.add_special_tokens([PAD_TOKEN])
     return tok
 
 
@@ -173,5 +196,5 @@ def build_text_tokenizer(texts: list[str], vocab_size: int, num_reserved: int) -
         raise ValueError(f'tokenizer has {tok.get_vocab_size()} ids, wanted {vocab_size}')
     tok.post_processor = processors.TemplateProcessing(
         single='<s> $A', pair='<s> $A <s> $B', special_tokens=[('<s>', 1)])
-    tok.add_special_tokens(['<PAD>'])
+    tok.add_special_tokens([PAD_TOKEN])
     return tok

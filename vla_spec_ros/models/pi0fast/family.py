@@ -63,8 +63,9 @@ def load(folder, dtype: torch.dtype = torch.float32, device='cpu',
     folder = Path(folder)
     model, cfg, raw = load_model(folder, dtype, device)
     stats = read_statistics(folder, raw, cfg.state_dim, cfg.action_dim)
-    if (folder / 'tokenizer.json').is_file() and not (folder / str(raw.get(
-            'text_tokenizer_name', TEXT_TOKENIZER_FOLDER))).is_dir():
+    earlier_layout = (folder / 'tokenizer.json').is_file() and not (folder / str(raw.get(
+        'text_tokenizer_name', TEXT_TOKENIZER_FOLDER))).is_dir()
+    if earlier_layout:
         text_folder = folder        # tokenizer.json beside config.json (this package's earlier
     else:                           # layout, which LeRobot cannot read)
         text_folder = tokenizer_folder(folder, raw, 'text_tokenizer_name',
@@ -77,6 +78,8 @@ def load(folder, dtype: torch.dtype = torch.float32, device='cpu',
             tokenizer_max_length=int(raw.get('tokenizer_max_length', TOKENIZER_MAX_LENGTH)))
     except (OSError, ValueError) as exc:
         raise CheckpointError(str(exc)) from exc
+    check_text_vocabulary(prompt.tokenizer, cfg.llm.vocab_size, text_folder / 'tokenizer.json',
+                          earlier_layout)
     fast_folder = tokenizer_folder(folder, raw, 'action_tokenizer_name', FAST_TOKENIZER_FOLDER)
     if not (fast_folder / 'tokenizer.json').is_file():
         raise CheckpointError(f'missing FAST tokenizer {fast_folder / "tokenizer.json"}')
@@ -85,6 +88,24 @@ def load(folder, dtype: torch.dtype = torch.float32, device='cpu',
     except (OSError, ValueError) as exc:
         raise CheckpointError(f'{fast_folder}: {exc}') from exc
     return model, cfg, raw, prompt, (stats.norm_stats() if stats is not None else None)
+
+
+def check_text_vocabulary(tokenizer, vocab_size: int, source: Path,
+                          earlier_layout: bool = False) -> None:
+    """The text tokenizer must count the model's vocabulary. LeRobot maps a FAST id to the
+    model id ``tokenizer.vocab_size - 1 - fast_skip_tokens - t`` with transformers'
+    ``vocab_size``, which leaves added tokens out; this package maps it with the model's
+    ``vocab_size``: the two must be one number (PaliGemma's: 257152 both), or the ids the
+    model writes are not the FAST ids LeRobot reads and the prompt's may pass the embedding.
+    The earlier layout (tokenizer.json beside config.json, which LeRobot cannot read) may hold
+    its placeholders as added tokens: there the whole tokenizer counts."""
+    base = tokenizer.get_vocab_size(with_added_tokens=False)
+    whole = tokenizer.get_vocab_size(with_added_tokens=True)
+    if base == vocab_size or (earlier_layout and whole == vocab_size):
+        return
+    counted = f'{base} ids' + (f' ({whole} with its added tokens)' if whole != base else '')
+    raise CheckpointError(f'{source}: the text tokenizer has {counted}; the model\'s '
+                          f'vocab_size is {vocab_size}: it is not this model\'s tokenizer')
 
 
 def init_random_(model: Pi0Fast) -> None:
