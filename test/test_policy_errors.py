@@ -4,17 +4,19 @@
 non-action token is flagged, never executed.
 """
 import ast
+from pathlib import Path
 
 import numpy as np
 import pytest
 
+from vla_spec_ros import assets
 from vla_spec_ros.config import EngineConfig
 from vla_spec_ros.engine.ar import causal_batch
 from vla_spec_ros.engine.engine import Engine
 from vla_spec_ros.engine.result import Frame
 from vla_spec_ros.models.openvla.random_checkpoint import make_checkpoint
 from vla_spec_ros.models.weights import CheckpointError
-from vla_spec_ros.policy import VLAPolicy
+from vla_spec_ros.policy import VLAPolicy, resolve_checkpoint
 
 GOOD_IMAGE = np.random.default_rng(0).integers(0, 256, (48, 64, 3), dtype=np.uint8)
 INSTRUCTION = 'pick up the red cup'
@@ -246,3 +248,25 @@ def test_an_unknown_model_lists_each_known_name_once():
     names = ast.literal_eval(message[message.index('(') + 1:message.rindex(')')])
     assert len(names) == len(set(names))
     assert {'metaworld-demo', 'metaworld-demo-fast', 'tiny', 'pi0fast-tiny'} <= set(names)
+
+
+def test_a_stray_folder_does_not_hide_an_embedded_model(tmp_path, monkeypatch):
+    """A folder of the working directory named like an embedded model or preset, without a
+    config.json, is not a checkpoint: the bare name still means the embedded model."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / 'metaworld-demo').mkdir()
+    (tmp_path / 'metaworld-demo' / 'notes.txt').write_text('not a checkpoint')
+    assert resolve_checkpoint('metaworld-demo') == assets.embedded_checkpoint('metaworld-demo')
+    (tmp_path / 'no-such-model').mkdir()
+    with pytest.raises(CheckpointError, match='has no config.json, so it is no checkpoint'):
+        resolve_checkpoint('no-such-model')
+
+
+def test_a_bare_name_with_a_config_json_and_a_written_path_are_folders(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / 'metaworld-demo').mkdir()
+    assert resolve_checkpoint('./metaworld-demo') == Path('./metaworld-demo')
+    with pytest.raises(CheckpointError, match='config.json'):
+        VLAPolicy.from_pretrained('./metaworld-demo')     # written as a path: that folder
+    (tmp_path / 'metaworld-demo' / 'config.json').write_text('{}')
+    assert resolve_checkpoint('metaworld-demo') == Path('metaworld-demo')

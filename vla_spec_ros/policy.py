@@ -32,10 +32,20 @@ def cache_dir() -> Path:
     return Path(os.environ.get('VLA_SPEC_CACHE', Path.home() / '.cache' / 'vla_spec_ros'))
 
 
+def _names_a_path(text: str) -> bool:
+    """A path written as one (a separator, ``~``, ``.`` or ``..``), not a bare name."""
+    return (any(sep and sep in text for sep in (os.sep, os.altsep))
+            or text.startswith('~') or text in (os.curdir, os.pardir))
+
+
 def resolve_checkpoint(path_or_preset: str) -> Path:
-    """A folder path, or a preset name -> a checkpoint folder (presets are made on first use)."""
+    """A folder path, or an embedded model's or a preset's name -> a checkpoint folder
+    (presets are made on first use). A path written as one (``./metaworld-demo``,
+    ``/data/ckpt``) is that folder, config.json or not (loading names what it lacks). A bare
+    name is a folder of the working directory only when that folder holds a config.json, so
+    that a stray folder named like an embedded model or preset does not hide it."""
     path = Path(path_or_preset).expanduser()
-    if path.is_dir():
+    if path.is_dir() and (_names_a_path(path_or_preset) or (path / 'config.json').is_file()):
         return path
     from . import assets
     embedded = assets.embedded_checkpoint(path_or_preset)
@@ -53,8 +63,10 @@ def resolve_checkpoint(path_or_preset: str) -> Path:
                 tmp.replace(folder)
         return folder
     # An embedded model may share its name with a preset (metaworld-demo): listed once.
+    stray = (f'; the folder {path.resolve()} has no config.json, so it is no checkpoint'
+             if path.is_dir() else '')
     raise CheckpointError(f'{path_or_preset!r} is neither a checkpoint folder nor a preset '
-                          f'({sorted(set(PRESETS) | set(assets.embedded_names()))})')
+                          f'({sorted(set(PRESETS) | set(assets.embedded_names()))}){stray}')
 
 
 def _norm_stats(folder: Path, loaded) -> tuple[dict, str]:
@@ -90,7 +102,8 @@ class VLAPolicy:
     def from_pretrained(cls, path_or_preset: str, **engine_options) -> 'VLAPolicy':
         """A policy over ``path_or_preset``: a checkpoint folder, an embedded model
         (``metaworld-demo``, ``metaworld-demo-fast``) or a preset (a random-weight checkpoint
-        made on first use). ``engine_options`` are ``EngineConfig``'s fields (ValueError
+        made on first use); a bare name is a folder only when it holds a config.json
+        (``resolve_checkpoint``). ``engine_options`` are ``EngineConfig``'s fields (ValueError
         naming an unknown or bad one).
 
         ``draft_path`` (the spec modes' drafter): None or ``''`` (the node's empty parameter)
