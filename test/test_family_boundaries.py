@@ -216,3 +216,20 @@ def test_reading_the_registry_table_imports_no_torch():
 
 def test_the_module_name_helper_is_shared():
     assert _module_name(REGISTRY) == 'vla_spec_ros.models.registry'
+
+
+@pytest.mark.parametrize('kind', ['pi0', 'smolvla', 'act'])
+def test_a_lerobot_policy_of_another_type_is_refused_by_name(tmp_path, kind):
+    """It used to fall to the default family and fail on a vision tower it does not have."""
+    import json
+
+    from vla_spec_ros.models import registry
+    from vla_spec_ros.models.weights import CheckpointError
+    (tmp_path / 'config.json').write_text(json.dumps({'type': kind, 'chunk_size': 50}))
+    with pytest.raises(CheckpointError, match=f"LeRobot policy type '{kind}' is not supported; "
+                                              'the LeRobot types read here are '
+                                              'pi0_fast / pi0fast') as info:
+        registry.load(tmp_path)
+    assert str(tmp_path / 'config.json') in str(info.value)
+    assert registry.family_of({'type': 'pi0fast'}) == 'pi0fast'
+    assert registry.family_of({'type': 'x', 'model_type': 'openvla'}) == 'openvla'

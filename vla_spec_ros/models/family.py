@@ -67,7 +67,8 @@ class Family:
     transformers reference), ``demo_recipe(cfg, demos, out)`` (demo training's hooks,
     train/demo_training.py) with ``demo_preset`` (the preset it trains: its image size is the
     demonstrations') and ``trains_draft_head`` (an EAGLE head after it), and ``fidelity``
-    (-> its ``FidelityHooks``, imported when asked).
+    (-> its ``FidelityHooks``, imported when asked); ``lerobot_types``: the LeRobot policy
+    types it reads (config.json's ``type``).
     """
 
     name: str
@@ -86,6 +87,9 @@ class Family:
     demo_preset: str = ''
     trains_draft_head: bool = False
     fidelity: Callable[[], FidelityHooks] | None = None
+    # LeRobot policy types (config.json's "type") the family reads; the registry refuses a
+    # LeRobot folder of a type no family lists, by name, instead of guessing its family.
+    lerobot_types: tuple[str, ...] = ()
 
     def __post_init__(self):
         if not (isinstance(self.name, str) and self.name.isidentifier()):

@@ -66,14 +66,30 @@ def family(name: str) -> Family:
     return FAMILIES[name]
 
 
-def detect(raw: dict) -> Family:
-    """The family of a checkpoint's config.json (module docstring)."""
+def detect(raw: dict, source: str = 'config.json') -> Family:
+    """The family of a checkpoint's config.json (module docstring; ``source``: the file, for
+    errors)."""
+    from .weights import CheckpointError
     claims = [f for f in FAMILIES.values() if not f.is_default and f.detects(raw)]
     if len(claims) > 1:
-        from .weights import CheckpointError
-        raise CheckpointError(f'config.json: claimed by several families '
+        raise CheckpointError(f'{source}: claimed by several families '
                               f'{[f.name for f in claims]}')
+    if not claims:
+        _refuse_unread_lerobot_type(raw, source)
     return claims[0] if claims else DEFAULT_FAMILY
+
+
+def _refuse_unread_lerobot_type(raw: dict, source: str) -> None:
+    """A LeRobot config.json names its policy in ``type`` (and has no Hugging Face
+    ``model_type``). One that no family reads (pi0, smolvla, act, ...) would otherwise fall
+    to the default family and fail on what that family looks for: it is refused by name."""
+    from .weights import CheckpointError
+    kind = raw.get('type') if isinstance(raw, dict) else None
+    if not isinstance(kind, str) or 'model_type' in raw:
+        return
+    readable = [t for f in FAMILIES.values() for t in f.lerobot_types]
+    raise CheckpointError(f'{source}: LeRobot policy type {kind!r} is not supported; the '
+                          f'LeRobot types read here are {" / ".join(readable)}')
 
 
 def family_of(raw: dict) -> str:
@@ -88,7 +104,7 @@ def family_of_folder(folder) -> Family:
     folder = Path(folder)
     if not folder.is_dir():
         raise CheckpointError(f'checkpoint folder {folder} does not exist')
-    return detect(_read_json(folder / 'config.json'))
+    return detect(_read_json(folder / 'config.json'), str(folder / 'config.json'))
 
 
 def preset(name: str) -> Any:

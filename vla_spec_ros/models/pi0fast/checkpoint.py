@@ -47,13 +47,13 @@ from safetensors.torch import save_file
 
 from ...config import LlamaConfig, VisionTowerConfig, siglip_so400m
 from ..weights import CheckpointError, _read_json, load_state_dict, weight_files
-from .config import Pi0FastConfig, gemma_2b
+from .config import LEROBOT_TYPES, Pi0FastConfig, gemma_2b
 from .model import Pi0Fast
 from .statistics import DEFAULT_MAPPING
 from .style import DEFAULT_STYLE, STYLES
 
 LEROBOT_PREFIX = 'model.paligemma_with_expert.paligemma.'
-FAMILY_TYPES = ('pi0_fast', 'pi0fast')      # LeRobot 0.6's type, and its older name
+FAMILY_TYPES = LEROBOT_TYPES      # LeRobot 0.6's type, and its older name
 PALIGEMMA_CONFIG_FILE = 'paligemma_config.json'
 EXTRAS_FILE = 'vla_spec_pi0fast.json'
 TEXT_TOKENIZER_FOLDER = 'paligemma_tokenizer'

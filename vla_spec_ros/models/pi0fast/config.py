@@ -14,6 +14,8 @@ from ...validation import check_int
 # and re-encoded beside them in one tree, the best measured on FAST tokens
 # (docs/speculation.md, Drafting FAST tokens).
 DEFAULT_DRAFT = 'previous_action+shifted_chunk'
+# config.json's "type" of the LeRobot policies read here: LeRobot 0.6's, and its older name.
+LEROBOT_TYPES = ('pi0_fast', 'pi0fast')
 
 
 @dataclass(frozen=True)
@@ -154,4 +156,5 @@ def config_of(cfg_or_preset: Pi0FastConfig | str) -> Pi0FastConfig:
     return PRESETS[cfg_or_preset]()
 
 
-__all__ = ['Pi0FastConfig', 'gemma_2b', 'PRESETS', 'DEMO_PRESET', 'DEFAULT_DRAFT', 'config_of']
+__all__ = ['Pi0FastConfig', 'gemma_2b', 'PRESETS', 'DEMO_PRESET', 'DEFAULT_DRAFT',
+           'LEROBOT_TYPES', 'config_of']

@@ -9,7 +9,7 @@ the table costs no torch import.
 from __future__ import annotations
 
 from ..family import Family, LoadedModel
-from .config import DEFAULT_DRAFT, DEMO_PRESET, PRESETS, Pi0FastConfig
+from .config import DEFAULT_DRAFT, DEMO_PRESET, LEROBOT_TYPES, PRESETS, Pi0FastConfig
 
 NAME = 'pi0fast'
 # make_checkpoint's options beyond the preset: another camera count, image size or state size
@@ -62,6 +62,6 @@ FAMILY = Family(
     make_checkpoint=make_checkpoint, checkpoint_options=CHECKPOINT_OPTIONS,
     action_chunk=action_chunk, default_draft=DEFAULT_DRAFT, baseline=baseline,
     demo_recipe=demo_recipe, demo_preset=DEMO_PRESET,
-    node_settings={'chunk_blend': 'ensemble'})
+    node_settings={'chunk_blend': 'ensemble'}, lerobot_types=LEROBOT_TYPES)
 
 __all__ = ['FAMILY', 'NAME']
