@@ -42,6 +42,21 @@ def test_the_parameters_build_one_configuration():
         params.configuration_from_parameters({'max_inflight_per_robot': 3})
 
 
+@pytest.mark.parametrize('name, value', [('servo_node', '/servo_node'),
+                                         ('tool_pose_topic', '/tool_pose'),
+                                         ('gripper_action_name', '/gripper/gripper_cmd')])
+def test_two_robots_may_not_share_a_servo_a_tool_pose_or_a_gripper(name, value):
+    """A node-wide value (a launch argument, fleet parameters) reaches every robot: two arms
+    on one Servo (a hold of one pauses the other), one tool pose or one gripper are refused,
+    naming the robot; their own values are accepted."""
+    with pytest.raises(ValueError, match=f'right.{name}: .* is also left\'s'):
+        params.configuration_from_parameters({'robots': ['left', 'right'], name: value})
+    config = params.configuration_from_parameters({
+        'robots': ['left', 'right'], f'left.{name}': value + '_l', f'right.{name}': value})
+    assert getattr(config.robots['right'], name) == value
+    assert getattr(params.configuration_from_parameters({name: value}).node, name) == value
+
+
 @pytest.mark.skipif(not HAS_TORCH, reason='needs torch')
 def test_the_policy_runs_with_the_configuration_object():
     from vla_spec_ros.ros.node import load_policy

@@ -479,7 +479,30 @@ def robot_settings(node: NodeSettings, values: Mapping[str, Any]) -> dict[str, N
             out[robot] = dataclasses.replace(node, **changes)
         except ValueError as exc:
             raise ValueError(f'{robot}.{exc}') from None
+    _check_unshared(out)
     return out
+
+
+# What one robot's arm alone may be connected to: a MoveIt Servo (a robot's hold pauses it),
+# the tool pose its targets start from, the gripper its goals move.
+UNSHARED_CONNECTIONS = {
+    'servo_node': 'one MoveIt Servo moves one arm, and a hold of either robot would pause it',
+    'tool_pose_topic': 'pose targets would start from the other arm\'s tool',
+    'gripper_action_name': 'either robot\'s goals would move the one gripper',
+}
+
+
+def _check_unshared(robots: Mapping[str, NodeSettings]) -> None:
+    """ValueError when two robots name the same non-empty Servo, tool pose topic or gripper
+    action (a node-wide value or a launch argument given to several robots, a copied block)."""
+    for name, why in UNSHARED_CONNECTIONS.items():
+        owner = {}
+        for robot, settings in robots.items():
+            value = getattr(settings, name)
+            if value and value in owner:
+                raise ValueError(f'{robot}.{name}: {value!r} is also {owner[value]}\'s: {why}; '
+                                 f'give each robot its own {name}')
+            owner.setdefault(value, robot)
 
 
 def default_values() -> dict[str, Any]:
