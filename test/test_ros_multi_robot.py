@@ -162,6 +162,15 @@ def test_per_robot_enable_and_parameters(fleet):
     names = wait_until(lambda: {s.name for _, m in diagnostics.snapshot() for s in m.status
                                 if 'vla_fleet' in s.name} or None, what='diagnostics')
     assert any('(arm_a)' in n for n in names) and any('(arm_b)' in n for n in names)
+    # arm_b's camera keeps sending while it is disabled: the engine's summary leaves it out
+    # (before: it was the "least answered" robot, answered 0 %, the one an operator would
+    # move off a saturated engine).
+    received = node.stats_snapshot('arm_b')['frames_received']
+    b.image_pub.publish(b.raw_image(frames_for('arm_b')[0]))
+    wait_until(lambda: node.stats_snapshot('arm_b')['frames_received'] > received,
+               what='arm_b\'s frame received while disabled')
+    summary = node.serving.engine_summary()
+    assert summary['robots'] == 1 and summary['least_answered_robot'] == 'arm_a'
     assert b.call(b.enable_client, SetBool.Request(data=True)).success
 
 

@@ -418,10 +418,14 @@ class Serving:
                 channel.watchdog()
 
     def engine_summary(self) -> dict:
-        """The engine over every robot's window: totals, least-answered robot, saturated; and
-        the process's garbage collections in the same window (count, full ones, longest)."""
+        """The engine over the window of every robot it serves (enabled and active: a
+        disabled robot's camera frames are received but never meant for the engine, so it is
+        neither the least-answered robot nor part of the totals): totals, least-answered
+        robot, saturated; and the process's garbage collections in the same window (count,
+        full ones, longest)."""
         now = time.monotonic()
-        snapshots = {channel.label: channel.stats.snapshot(now) for channel in self.channels}
+        snapshots = {channel.label: channel.stats.snapshot(now) for channel in self.channels
+                     if channel.is_active and channel.settings.enabled}
         # (None only while __init__ runs, if a multi-threaded executor fires the timer then)
         pauses = self.gc_pauses.snapshot(now) if self.gc_pauses is not None else {}
         return dict(diagnostics.engine_summary(snapshots, self.channels[0].stats.window_s),
