@@ -121,3 +121,29 @@ def test_stop_ends_the_thread_at_once_on_a_paused_simulation():
     chunk_clock.stop(timeout=TIMEOUT)
     assert time.monotonic() - wall0 < 1.0
     assert not chunk_clock._thread.is_alive() and channel.published == []
+
+
+class BrokenChannel:
+    """A robot whose step publishing raises (an output's bug)."""
+
+    label = 'broken'
+
+    def publish_due_step(self, now_s: float):
+        raise RuntimeError('an output failed')
+
+
+def test_one_robots_failing_step_does_not_stop_the_other_robots_steps():
+    """A robot listed first whose `publish_due_step` raises: logged, and the robot after it
+    still publishes every step (before: one try around all robots, so every round ended at
+    the failure and the others got nothing until the idle wait)."""
+    clock = RateClock(1.0, is_sim_time=False)
+    node = FakeNode(clock)
+    channel = StepChannel(clock.now().nanoseconds * 1e-9, 5, 0.05)
+    chunk_clock = ChunkClock(node, [BrokenChannel(), channel])
+    chunk_clock.start()
+    try:
+        wait_until(lambda: channel.ran_out, 'the healthy robot\'s chunk to run out')
+    finally:
+        chunk_clock.stop()
+    assert channel.published == list(range(5)) and channel.num_skipped == 0
+    assert node.errors and 'broken' in node.errors[0]

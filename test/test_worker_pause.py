@@ -67,3 +67,56 @@ def test_a_pause_nests_stops_every_turn_and_resumes_after_the_outermost():
         _wait_until(lambda: engine.steps > after, 'the loop resuming')
     finally:
         assert worker.stop()
+
+
+class OneStepEngine:
+    """An engine whose one step finishes one frame of each of `streams`, then has no work;
+    `resets` counts engine resets."""
+
+    def __init__(self, streams):
+        from types import SimpleNamespace
+        self.pending = [SimpleNamespace(frame=SimpleNamespace(stream_id=s)) for s in streams]
+        self.resets = 0
+
+    def has_work(self):
+        return bool(self.pending)
+
+    def step(self):
+        finished, self.pending = self.pending, []
+        return finished
+
+    def reset(self):
+        self.resets += 1
+
+
+class AnsweringRobot(IdleRobot):
+    """A robot that records its finished frames and holds; `broken` raises on a result."""
+
+    def __init__(self, stream_id, broken=False):
+        self.stream_id, self.broken = stream_id, broken
+        self.handled, self.rejected = [], []
+
+    def handle_finished(self, item):
+        if self.broken:
+            raise RuntimeError('an output failed')
+        self.handled.append(item)
+
+    def reject_result(self, reason):
+        self.rejected.append(reason)
+
+
+def test_one_robots_failing_result_holds_it_alone():
+    """One robot's result that fails to publish holds that robot with the reason; the other
+    robot's result of the same step still goes out and the engine is not reset (before: the
+    whole step was taken for an engine failure: every robot held, the engine reset)."""
+    broken, healthy = AnsweringRobot('a', broken=True), AnsweringRobot('b')
+    engine = OneStepEngine(['a', 'b'])
+    worker = InferenceWorker(engine, [broken, healthy], threading.Lock(), threading.Event(),
+                             dict)
+    worker.start()
+    try:
+        _wait_until(lambda: healthy.handled and broken.rejected, 'both results decided')
+    finally:
+        assert worker.stop()
+    assert 'an output failed' in broken.rejected[0] and healthy.rejected == []
+    assert engine.resets == 0

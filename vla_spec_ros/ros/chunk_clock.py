@@ -74,18 +74,24 @@ class ChunkClock:
     def _loop(self) -> None:
         while not self._stop.is_set():
             self._wakeup.clear()
-            try:
-                now = self._now_s()
-                due = [t for t in (c.publish_due_step(now) for c in self.channels)
-                       if t is not None]
-            except Exception as exc:      # keep the clock alive; the watchdog still holds
-                self._node.get_logger().error(f'chunk clock: {describe_error(exc)}',
-                                              throttle_duration_sec=2.0)
-                due = []
+            due = [t for t in (self._step_of(c, self._now_s()) for c in self.channels)
+                   if t is not None]
             if not due:
                 self._wakeup.wait(IDLE_SLEEP_S)
                 continue
             self._sleep_until(min(due) + WAKE_MARGIN_S)
+
+    def _step_of(self, channel, now_s: float) -> float | None:
+        """One robot's due step (`publish_due_step`), its failure kept to that robot: the
+        clock stays alive and the other robots' steps still go out this round (the
+        watchdog still holds the failed robot when its commands stop)."""
+        try:
+            return channel.publish_due_step(now_s)
+        except Exception as exc:
+            self._node.get_logger().error(
+                f'chunk clock: {getattr(channel, "label", "a robot")}: {describe_error(exc)}',
+                throttle_duration_sec=2.0)
+            return None
 
     def _sleep_until(self, wake_s: float) -> None:
         """Sleep until the node clock reaches `wake_s`, `wake` or `stop` is called, or

@@ -223,7 +223,18 @@ class InferenceWorker:
         for item in finished:
             channel = self.channels.get(item.frame.stream_id)
             if channel is not None:       # a robot's channel outlives its requests
-                channel.handle_finished(item)
+                self._handle(channel, item)
+
+    @staticmethod
+    def _handle(channel, item) -> None:
+        """One robot's finished frame; a failure deciding or publishing it holds that robot
+        alone (the engine kept its contract: the other robots' results of this step still go
+        out, and nothing is reset)."""
+        try:
+            channel.handle_finished(item)
+        except Exception as exc:
+            channel.reject_result(f'{cmd.REASON_ENGINE_ERROR}: publishing its action failed: '
+                                  f'{describe_error(exc)}')
 
 
 __all__ = ['InferenceWorker', 'WORKER_IDLE_WAIT_S']
