@@ -169,12 +169,17 @@ def load_fleet(path: str) -> dict:
 
 def selected_engines(fleet: dict, engines_argument: str) -> list:
     """The engines to start here: those named in `engines_argument` (comma-separated), or all
-    of them when it is empty; an unknown name raises ValueError."""
+    of them when it is empty; an unknown name, or one named twice, raises ValueError (two
+    nodes of one engine would both serve, and command, its robots)."""
     wanted = [name.strip() for name in engines_argument.split(',') if name.strip()]
     unknown = sorted(set(wanted) - set(fleet['engines']))
     if unknown:
         raise ValueError(f'engines: {unknown} not in the fleet file (it has '
                          f'{list(fleet["engines"])})')
+    repeated = sorted({name for name in wanted if wanted.count(name) > 1})
+    if repeated:
+        raise ValueError(f'engines: {repeated} named more than once; each engine runs once '
+                         '(two nodes of one engine would both command its robots)')
     return wanted or list(fleet['engines'])
 
 

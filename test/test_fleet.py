@@ -85,6 +85,18 @@ def test_shipped_fleet_file_gives_each_engine_its_device_robots_and_remaps():
             module.fleet_options(launch_util.default_values(module, **bad))
 
 
+def test_an_engine_named_twice_in_the_engines_argument_is_refused():
+    """Before, `engines:=e0,e0` (a typo, or a script joining two lists) started two nodes of
+    engine e0: both served, and commanded, the same robots."""
+    module = load_module()
+    for argument in ('vla_gpu0,vla_gpu0', 'vla_gpu0, vla_gpu1, vla_gpu0'):
+        values = launch_util.default_values(module, engines=argument)
+        with pytest.raises(ValueError, match=r"\['vla_gpu0'\] named more than once"):
+            module.fleet_options(values)
+    values = launch_util.default_values(module, engines='vla_gpu1, vla_gpu0')
+    assert [o['name'] for o in module.fleet_options(values)] == ['vla_gpu1', 'vla_gpu0']
+
+
 def test_fleet_file_mistakes_fail_before_any_engine_starts():
     check = load_module().check_fleet
     one = {'device': 'cpu', 'robots': ['a']}
