@@ -159,12 +159,44 @@ def check_fleet(data) -> dict:
             'robots': checked_robots}
 
 
+def _unique_key_loader():
+    """A yaml.SafeLoader that refuses a mapping key given twice. safe_load keeps the last one
+    and silently drops the first: an engine, a robot's section or a value would vanish."""
+    import yaml
+
+    class UniqueKeyLoader(yaml.SafeLoader):
+        def construct_mapping(self, node, deep=False):
+            first_lines = {}
+            for key_node, _ in node.value:
+                if key_node.tag == 'tag:yaml.org,2002:merge':
+                    continue            # `<<: *defaults`: its keys may be overridden
+                key = self.construct_object(key_node, deep=True)
+                line = key_node.start_mark.line + 1
+                try:
+                    repeated = key in first_lines
+                except TypeError:       # an unhashable key: SafeLoader's own error follows
+                    continue
+                if repeated:
+                    raise ValueError(f'line {line}: key {key!r} given twice (first on line '
+                                     f'{first_lines[key]}); the later one would silently '
+                                     'replace the first')
+                first_lines[key] = line
+            return super().construct_mapping(node, deep=deep)
+
+    return UniqueKeyLoader
+
+
 def load_fleet(path: str) -> dict:
-    """Read and check a fleet file (see check_fleet)."""
+    """Read and check a fleet file (see check_fleet); a key given twice in one mapping is
+    refused, naming it and its line."""
     import yaml
 
     with open(path, encoding='utf8') as stream:
-        return check_fleet(yaml.safe_load(stream))
+        try:
+            data = yaml.load(stream, Loader=_unique_key_loader())
+        except ValueError as exc:
+            raise ValueError(f'{path}: {exc}') from None
+    return check_fleet(data)
 
 
 def selected_engines(fleet: dict, engines_argument: str) -> list:

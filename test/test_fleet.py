@@ -19,6 +19,7 @@ each test on its own domain):
 import importlib.util
 import os
 import pathlib
+import re
 import signal
 import subprocess
 import threading
@@ -51,6 +52,7 @@ def _fleet(**engines):
 
 
 # ---- the launch file's pure functions (no launch, no ROS) -----------------------------------
+
 
 def test_shipped_fleet_file_gives_each_engine_its_device_robots_and_remaps():
     module = load_module()
@@ -128,6 +130,31 @@ def test_fleet_file_mistakes_fail_before_any_engine_starts():
     options = load_module().engine_options(fleet, 'e0')
     assert options['namespace'] == 'cell1'
     assert options['parameters'][1] == {'enabled': True, 'device': 'cpu', 'robots': ['a']}
+
+
+@pytest.mark.parametrize('text, words', [
+    # a second engine of the same name: its robot arm0 lost its engine
+    ('  engines:\n    e0: {robots: [arm0]}\n    e0: {robots: [arm1]}\n',
+     "line 5: key 'e0' given twice \\(first on line 4\\)"),
+    # a robot's section twice: its speed limit silently dropped
+    ('  engines:\n    e0: {robots: [arm0]}\n  robots:\n'
+     '    arm0: {max_linear_speed: 0.1}\n    arm0: {frame_id: arm0_tool0}\n',
+     "line 7: key 'arm0' given twice \\(first on line 6\\)"),
+    # one line, two values of one parameter
+    ('  engines:\n    e0: {robots: [arm0], device: cpu, device: cuda}\n',
+     "line 4: key 'device' given twice"),
+])
+def test_a_key_given_twice_in_the_fleet_file_is_refused(tmp_path, text, words):
+    """Before, the fleet file was read with yaml.safe_load, which keeps the last of two equal
+    keys: a repeated engine or robot section silently replaced the first."""
+    path = tmp_path / 'fleet.yaml'
+    path.write_text('fleet:\n  parameters: {model_path: tiny}\n' + text)
+    with pytest.raises(ValueError, match=re.escape(f'{path}: ') + words):
+        load_module().load_fleet(str(path))
+    # Merge keys (`<<: *shared`) may still be overridden by the mapping's own keys.
+    path.write_text('shared: &shared {device: cpu, robots: [arm0]}\n'
+                    'fleet:\n  engines:\n    e0: {<<: *shared, device: cuda}\n')
+    assert load_module().load_fleet(str(path))['engines']['e0']['device'] == 'cuda'
 
 
 def test_a_fleet_robot_may_remap_its_joint_state_and_camera_slot_topics():
