@@ -88,12 +88,31 @@ def _parameter_names():
     return set(params.PARAMETERS_BY_NAME), set(params.ROBOT_PARAMETERS)
 
 
-def check_fleet(data) -> dict:
+def _params_file(value, fleet_dir: str) -> str:
+    """The fleet's `params_file` as an absolute path ('' = none: the package's robot.yaml);
+    a relative one is relative to the fleet file's folder `fleet_dir` (not to wherever launch
+    runs). ValueError unless it is a file: launch_ros would only warn and start the engines on
+    the default values."""
+    if value is None or value == '':
+        return ''
+    if not isinstance(value, str):
+        raise ValueError(f'fleet.params_file: expected a file path, got {value!r}')
+    path = os.path.join(fleet_dir, os.path.expanduser(value))
+    if not os.path.isfile(path):
+        raise ValueError(f'fleet.params_file: {path} is not a file (a relative path is '
+                         'relative to the fleet file\'s folder)')
+    return os.path.normpath(path)
+
+
+def check_fleet(data, fleet_dir: str = '') -> dict:
     """The fleet file's `fleet:` mapping, validated: engine and robot names, each robot on
     exactly one engine, per-robot sections only for served robots, known keys and parameter
-    names. Returns it with every optional key filled in. ValueError names the problem."""
+    names, a params_file that exists (relative to `fleet_dir`, the fleet file's folder; ''
+    = the working directory). Returns it with every optional key filled in. ValueError names
+    the problem."""
     fleet = _mapping(_mapping(data, 'fleet_file').get('fleet'), 'fleet')
     _unknown(fleet, FLEET_KEYS, 'fleet')
+    params_file = _params_file(fleet.get('params_file'), fleet_dir or os.getcwd())
     namespace = fleet.get('namespace') or ''
     if namespace and not all(_is_name(part) for part in namespace.strip('/').split('/')):
         raise ValueError(f'fleet.namespace: {namespace!r} is not a valid namespace')
@@ -154,7 +173,7 @@ def check_fleet(data) -> dict:
         if names is not None:
             _unknown(spec, sorted(names[1]), where)
         checked_robots[robot] = {'parameters': spec, 'topics': topics}
-    return {'namespace': namespace, 'params_file': fleet.get('params_file') or '',
+    return {'namespace': namespace, 'params_file': params_file,
             'respawn_delay': float(delay), 'parameters': shared, 'engines': checked_engines,
             'robots': checked_robots}
 
@@ -187,8 +206,8 @@ def _unique_key_loader():
 
 
 def load_fleet(path: str) -> dict:
-    """Read and check a fleet file (see check_fleet); a key given twice in one mapping is
-    refused, naming it and its line."""
+    """Read and check a fleet file (see check_fleet): a key given twice in one mapping is
+    refused, naming it and its line; a relative params_file is relative to the file's folder."""
     import yaml
 
     with open(path, encoding='utf8') as stream:
@@ -196,7 +215,7 @@ def load_fleet(path: str) -> dict:
             data = yaml.load(stream, Loader=_unique_key_loader())
         except ValueError as exc:
             raise ValueError(f'{path}: {exc}') from None
-    return check_fleet(data)
+    return check_fleet(data, os.path.dirname(os.path.abspath(path)))
 
 
 def selected_engines(fleet: dict, engines_argument: str) -> list:

@@ -157,6 +157,32 @@ def test_a_key_given_twice_in_the_fleet_file_is_refused(tmp_path, text, words):
     assert load_module().load_fleet(str(path))['engines']['e0']['device'] == 'cuda'
 
 
+def test_the_params_file_is_found_beside_the_fleet_file_or_refused(tmp_path, monkeypatch):
+    """Before, a params_file that did not exist, or a relative one launch was not started
+    beside, was passed on as it was: launch_ros warned "Parameter file path is not a file"
+    and every engine started on the default values (the default model)."""
+    module = load_module()
+    cell = tmp_path / 'cell'
+    cell.mkdir()
+    (cell / 'my_robot.yaml').write_text('/**:\n  ros__parameters:\n    enabled: false\n')
+    fleet_file = cell / 'fleet.yaml'
+    elsewhere = tmp_path / 'elsewhere'
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)                   # launch started from another folder
+    for given in ('my_robot.yaml', str(cell / 'my_robot.yaml')):
+        fleet_file.write_text(f'fleet:\n  params_file: {given}\n'
+                              '  engines:\n    e0: {robots: [arm0]}\n')
+        options = module.engine_options(module.load_fleet(str(fleet_file)), 'e0')
+        assert options['parameters'][0] == str(cell / 'my_robot.yaml')
+    fleet_file.write_text('fleet:\n  params_file: config/my_robot.yaml\n'
+                          '  engines:\n    e0: {robots: [arm0]}\n')
+    with pytest.raises(ValueError, match=re.escape(
+            f'fleet.params_file: {cell}/config/my_robot.yaml is not a file')):
+        module.load_fleet(str(fleet_file))
+    with pytest.raises(ValueError, match='params_file: expected a file path'):
+        module.check_fleet({'fleet': {'params_file': 3, 'engines': {'e0': {'robots': ['a']}}}})
+
+
 def test_a_fleet_robot_may_remap_its_joint_state_and_camera_slot_topics():
     """Before, a fleet file refused a joint-space robot's topics (joint_states, joint_jog,
     joint_trajectory, state) and a second camera's (<slot>/image): such a robot could not be
