@@ -79,13 +79,39 @@ def _unknown(keys, known, where: str) -> None:
         raise ValueError(f'{where}: unknown keys {unknown}; known: {list(known)}')
 
 
-def _parameter_names():
-    """(node parameters, per-robot parameters), or None where the package is not importable."""
+def _params_module():
+    """vla_spec_ros.ros.params, or None where the package is not importable (parameter names
+    and values are then left to the node)."""
     try:
         from vla_spec_ros.ros import params
     except ImportError:
         return None
-    return set(params.PARAMETERS_BY_NAME), set(params.ROBOT_PARAMETERS)
+    return params
+
+
+def _checked_values(values: dict, where: str, *, per_robot: bool = False) -> dict:
+    """`values` (name -> value), each name a node parameter (a per-robot one where
+    `per_robot`) and each value of its parameter's type and range, checked as the node checks
+    it (params.check_value), a YAML int widened to float where the parameter is a float:
+    rclpy refuses `1` for a double, and an engine refused at start-up is refused again at
+    every respawn. ValueError names `where` and the parameter. Left to the node where the
+    package is not importable."""
+    params = _params_module()
+    if params is None:
+        return dict(values)
+    _unknown(values, sorted(params.ROBOT_PARAMETERS if per_robot else params.PARAMETERS_BY_NAME),
+             where)
+    checked = {}
+    for name, value in values.items():
+        spec = params.PARAMETERS_BY_NAME[name]
+        try:
+            valid = params.check_value(spec, value)
+        except ValueError as exc:
+            raise ValueError(f'{where}: {exc}') from None
+        widened = isinstance(spec.default, float) or spec.items == 'float'
+        checked[name] = (list(valid) if isinstance(valid, tuple) else valid) if widened \
+            else value
+    return checked
 
 
 def _params_file(value, fleet_dir: str) -> str:
@@ -104,12 +130,61 @@ def _params_file(value, fleet_dir: str) -> str:
     return os.path.normpath(path)
 
 
+def _check_engine(engine, spec, shared: dict, served: dict) -> dict:
+    """One engine of `fleet.engines`: its name, keys, robots (each added to `served`, robot ->
+    engine, and served by no other), device and own parameters."""
+    where = f'fleet.engines.{engine}'
+    if not _is_name(engine):
+        raise ValueError(f'{where}: not a valid node name (a letter, then letters, digits '
+                         'or _)')
+    spec = _mapping(spec, where)
+    _unknown(spec, ENGINE_KEYS, where)
+    robots = spec.get('robots') or []
+    if isinstance(robots, str) or not robots:
+        raise ValueError(f'{where}.robots: expected a non-empty list of robot names')
+    for robot in robots:
+        if not _is_name(robot):
+            raise ValueError(f'{where}.robots: {robot!r} is not a valid name')
+        if robot in served:
+            raise ValueError(f'{where}.robots: {robot} is also served by {served[robot]}; '
+                             'each robot needs exactly one engine')
+        served[robot] = engine
+    own = _mapping(spec.get('parameters'), f'{where}.parameters')
+    for key in ('robots', 'device'):
+        if key in own or key in shared:
+            raise ValueError(f'{where}.parameters: set {key!r} as the engine\'s own key')
+    device = spec.get('device')
+    if device is not None and not (isinstance(device, str) and device):
+        raise ValueError(f'{where}.device: expected cpu, cuda or cuda:N, got {device!r}')
+    return {'device': device, 'robots': list(robots),
+            'parameters': _checked_values(own, f'{where}.parameters')}
+
+
+def _check_robot(robot, spec, served: dict) -> dict:
+    """One robot of `fleet.robots`: served by an engine, its own parameters
+    (`<robot>.<name>`) and its topic remappings."""
+    where = f'fleet.robots.{robot}'
+    if robot not in served:
+        raise ValueError(f'{where}: no engine serves {robot} (served: {sorted(served)})')
+    spec = dict(_mapping(spec, where))
+    topics = _mapping(spec.pop('topics', None), f'{where}.topics')
+    _unknown([t for t in topics if not _is_slot_image(t)], ROBOT_TOPICS, f'{where}.topics')
+    for topic, target in topics.items():
+        if not (isinstance(target, str) and target.startswith('/')):
+            raise ValueError(f'{where}.topics.{topic}: expected an absolute topic name, '
+                             f'got {target!r}')
+    values = _checked_values(spec, f'{where} (served by engine {served[robot]})',
+                             per_robot=True)
+    return {'parameters': values, 'topics': topics}
+
+
 def check_fleet(data, fleet_dir: str = '') -> dict:
     """The fleet file's `fleet:` mapping, validated: engine and robot names, each robot on
-    exactly one engine, per-robot sections only for served robots, known keys and parameter
-    names, a params_file that exists (relative to `fleet_dir`, the fleet file's folder; ''
-    = the working directory). Returns it with every optional key filled in. ValueError names
-    the problem."""
+    exactly one engine, per-robot sections only for served robots, known keys, parameter
+    names and values (a YAML int made a float where the parameter is one), a params_file
+    that exists (relative to `fleet_dir`, the fleet file's folder; '' = the working
+    directory). Returns it with every optional key filled in. ValueError names the
+    problem."""
     fleet = _mapping(_mapping(data, 'fleet_file').get('fleet'), 'fleet')
     _unknown(fleet, FLEET_KEYS, 'fleet')
     params_file = _params_file(fleet.get('params_file'), fleet_dir or os.getcwd())
@@ -119,63 +194,20 @@ def check_fleet(data, fleet_dir: str = '') -> dict:
     delay = fleet.get('respawn_delay', DEFAULT_RESPAWN_DELAY)
     if isinstance(delay, bool) or not isinstance(delay, (int, float)) or delay < 0:
         raise ValueError(f'fleet.respawn_delay: expected seconds >= 0, got {delay!r}')
-    names = _parameter_names()
     shared = _mapping(fleet.get('parameters'), 'fleet.parameters')
     engines = _mapping(fleet.get('engines'), 'fleet.engines')
     if not engines:
         raise ValueError('fleet.engines: no engine listed')
     served = {}
-    checked_engines = {}
-    for engine, spec in engines.items():
-        where = f'fleet.engines.{engine}'
-        if not _is_name(engine):
-            raise ValueError(f'{where}: not a valid node name (a letter, then letters, digits '
-                             'or _)')
-        spec = _mapping(spec, where)
-        _unknown(spec, ENGINE_KEYS, where)
-        robots = spec.get('robots') or []
-        if isinstance(robots, str) or not robots:
-            raise ValueError(f'{where}.robots: expected a non-empty list of robot names')
-        for robot in robots:
-            if not _is_name(robot):
-                raise ValueError(f'{where}.robots: {robot!r} is not a valid name')
-            if robot in served:
-                raise ValueError(f'{where}.robots: {robot} is also served by {served[robot]}; '
-                                 'each robot needs exactly one engine')
-            served[robot] = engine
-        own = _mapping(spec.get('parameters'), f'{where}.parameters')
-        for key in ('robots', 'device'):
-            if key in own or key in shared:
-                raise ValueError(f'{where}.parameters: set {key!r} as the engine\'s own key')
-        device = spec.get('device')
-        if device is not None and not (isinstance(device, str) and device):
-            raise ValueError(f'{where}.device: expected cpu, cuda or cuda:N, got {device!r}')
-        checked_engines[engine] = {'device': device, 'robots': list(robots), 'parameters': own}
-    if names is not None:
-        for where, values in [('fleet.parameters', shared)] + [
-                (f'fleet.engines.{e}.parameters', s['parameters'])
-                for e, s in checked_engines.items()]:
-            _unknown(values, sorted(names[0]), where)
+    checked_engines = {engine: _check_engine(engine, spec, shared, served)
+                       for engine, spec in engines.items()}
     robots = _mapping(fleet.get('robots'), 'fleet.robots')
-    checked_robots = {}
-    for robot, spec in robots.items():
-        where = f'fleet.robots.{robot}'
-        if robot not in served:
-            raise ValueError(f'{where}: no engine serves {robot} (served: {sorted(served)})')
-        spec = dict(_mapping(spec, where))
-        topics = _mapping(spec.pop('topics', None), f'{where}.topics')
-        _unknown([t for t in topics if not _is_slot_image(t)], ROBOT_TOPICS,
-                 f'{where}.topics')
-        for topic, target in topics.items():
-            if not (isinstance(target, str) and target.startswith('/')):
-                raise ValueError(f'{where}.topics.{topic}: expected an absolute topic name, '
-                                 f'got {target!r}')
-        if names is not None:
-            _unknown(spec, sorted(names[1]), where)
-        checked_robots[robot] = {'parameters': spec, 'topics': topics}
     return {'namespace': namespace, 'params_file': params_file,
-            'respawn_delay': float(delay), 'parameters': shared, 'engines': checked_engines,
-            'robots': checked_robots}
+            'respawn_delay': float(delay),
+            'parameters': _checked_values(shared, 'fleet.parameters'),
+            'engines': checked_engines,
+            'robots': {robot: _check_robot(robot, spec, served)
+                       for robot, spec in robots.items()}}
 
 
 def _unique_key_loader():

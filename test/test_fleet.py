@@ -183,6 +183,44 @@ def test_the_params_file_is_found_beside_the_fleet_file_or_refused(tmp_path, mon
         module.check_fleet({'fleet': {'params_file': 3, 'engines': {'e0': {'robots': ['a']}}}})
 
 
+def test_fleet_values_are_typed_before_any_engine_starts():
+    """Before, only parameter names were checked: `arm0: {max_linear_speed: 1}` (an int for a
+    float) passed, rclpy refused it when the engine started, and launch restarted the engine
+    for ever, every robot of it stopped. Now an int becomes the float the parameter is, and a
+    value of the wrong type or range is refused naming the engine, the robot and the
+    parameter."""
+    module = load_module()
+    fleet = module.check_fleet({'fleet': {
+        'parameters': {'max_action_age': 1, 'enabled': True},
+        'engines': {'e0': {'robots': ['arm0', 'arm1'],
+                           'parameters': {'image_sync_tolerance': 0, 'max_inflight': 14}}},
+        'robots': {'arm0': {'max_linear_speed': 1, 'frame_id': 'arm0_tool0'},
+                   'arm1': {'joint_max_velocity': [1, 2.5]}}}})
+    values = module.engine_options(fleet, 'e0')['parameters'][1]
+    floats = {'max_action_age': 1.0, 'image_sync_tolerance': 0.0, 'arm0.max_linear_speed': 1.0}
+    for name, value in floats.items():
+        assert values[name] == value and type(values[name]) is float, name
+    assert values['arm1.joint_max_velocity'] == [1.0, 2.5]
+    assert all(type(v) is float for v in values['arm1.joint_max_velocity'])
+    assert type(values['max_inflight']) is int and values['enabled'] is True
+    assert values['arm0.frame_id'] == 'arm0_tool0'
+    one = {'device': 'cpu', 'robots': ['arm0']}
+    cases = [
+        ({'robots': {'arm0': {'max_linear_speed': 'fast'}}},
+         r'fleet.robots.arm0 \(served by engine e0\): max_linear_speed: must be a finite'),
+        ({'robots': {'arm0': {'control_period': 0.0}}},
+         r'fleet.robots.arm0 \(served by engine e0\): control_period'),
+        ({'robots': {'arm0': {'chunk_blend': 'average'}}}, 'chunk_blend'),
+        ({'engines': {'e0': dict(one, parameters={'max_inflight': 2.5})}},
+         'fleet.engines.e0.parameters: max_inflight: must be an integer'),
+        ({'parameters': {'enabled': 'yes'}}, 'fleet.parameters: enabled: expected bool'),
+        ({'parameters': {'mode': 'pipline'}}, 'fleet.parameters: mode'),
+    ]
+    for changes, words in cases:
+        with pytest.raises(ValueError, match=words):
+            module.check_fleet({'fleet': dict({'engines': {'e0': one}}, **changes)})
+
+
 def test_a_fleet_robot_may_remap_its_joint_state_and_camera_slot_topics():
     """Before, a fleet file refused a joint-space robot's topics (joint_states, joint_jog,
     joint_trajectory, state) and a second camera's (<slot>/image): such a robot could not be
