@@ -8,9 +8,11 @@ its `robots` and its own parameters, the values every engine shares and each rob
 parameters and topic remappings. Each engine is one `vla-spec-node` with the `robots`
 parameter; every engine node runs in the fleet's namespace, so robot `arm0`'s topics are
 `/arm0/image`, `/arm0/twist`, ... (or `/<namespace>/arm0/...`) whichever engine serves it.
-Engines are started with `respawn` (after `respawn_delay` seconds): a crashed engine comes back
-and serves its robots again from their next frames; meanwhile only its robots stop (their
-controllers see no command; see docs/fleet.md).
+Engines are started with `respawn` (after `respawn_delay` seconds, at most
+`respawn_max_retries` times per engine and launch): a crashed engine comes back and serves its
+robots again from their next frames; meanwhile only its robots stop (their controllers see no
+command; see docs/fleet.md). An engine refused at start-up (a value only the loaded model can
+judge, such as an unnorm_key it does not have) is therefore not restarted for ever.
 
 `engines:=a,b` starts only those engines of the file (one launch per machine, each naming
 its own); empty starts them all. `respawn:=false` turns respawning off (debugging).
@@ -31,7 +33,8 @@ ARGUMENTS = (
     ('fleet_file', DEFAULT_FLEET_FILE, 'YAML file of the fleet: engines, their devices and '
      'robots, shared and per-robot parameters'),
     ('engines', '', 'Comma-separated engine names of fleet_file to start here; empty = all'),
-    ('respawn', 'true', 'Start a dead engine again after respawn_delay'),
+    ('respawn', 'true', 'Start a dead engine again after respawn_delay, at most the fleet '
+     'file\'s respawn_max_retries times'),
     ('respawn_delay', '', 'Seconds before a dead engine is started again; empty = the '
      'fleet_file value'),
 )
@@ -47,9 +50,16 @@ ROBOT_TOPICS = ('image', 'image/compressed', 'instruction', 'twist', 'gripper', 
                 'trajectory', 'velocity_trajectory', 'pose_target', 'pose_trajectory',
                 'joint_states', 'state', 'joint_jog', 'joint_trajectory', 'reasoning')
 SLOT_IMAGE_SUFFIXES = ('/image', '/image/compressed')
-FLEET_KEYS = ('namespace', 'params_file', 'respawn_delay', 'parameters', 'engines', 'robots')
+FLEET_KEYS = ('namespace', 'params_file', 'respawn_delay', 'respawn_max_retries', 'parameters',
+              'engines', 'robots')
 ENGINE_KEYS = ('device', 'robots', 'parameters')
 DEFAULT_RESPAWN_DELAY = 2.0
+# Restarts of one engine per launch (launch counts every restart and never resets the count;
+# -1 = no limit). Enough for the rare crash of a long run (an out-of-memory kill, a GPU fault);
+# few enough that an engine refused at start-up stops reloading its model after a few tries:
+# the node exits 1 both on a bad value (one only the loaded model can judge, such as an
+# unnorm_key it does not have) and on a crash, so launch cannot tell them apart.
+DEFAULT_RESPAWN_MAX_RETRIES = 5
 
 
 def _is_name(text) -> bool:
@@ -194,6 +204,10 @@ def check_fleet(data, fleet_dir: str = '') -> dict:
     delay = fleet.get('respawn_delay', DEFAULT_RESPAWN_DELAY)
     if isinstance(delay, bool) or not isinstance(delay, (int, float)) or delay < 0:
         raise ValueError(f'fleet.respawn_delay: expected seconds >= 0, got {delay!r}')
+    retries = fleet.get('respawn_max_retries', DEFAULT_RESPAWN_MAX_RETRIES)
+    if isinstance(retries, bool) or not isinstance(retries, int) or retries < -1:
+        raise ValueError('fleet.respawn_max_retries: expected a count >= 0 (-1 = no limit), '
+                         f'got {retries!r}')
     shared = _mapping(fleet.get('parameters'), 'fleet.parameters')
     engines = _mapping(fleet.get('engines'), 'fleet.engines')
     if not engines:
@@ -203,7 +217,7 @@ def check_fleet(data, fleet_dir: str = '') -> dict:
                        for engine, spec in engines.items()}
     robots = _mapping(fleet.get('robots'), 'fleet.robots')
     return {'namespace': namespace, 'params_file': params_file,
-            'respawn_delay': float(delay),
+            'respawn_delay': float(delay), 'respawn_max_retries': retries,
             'parameters': _checked_values(shared, 'fleet.parameters'),
             'engines': checked_engines,
             'robots': {robot: _check_robot(robot, spec, served)
@@ -270,7 +284,8 @@ def engine_options(fleet: dict, engine: str, *, respawn: bool = True,
                    respawn_delay: float | None = None) -> dict:
     """The launch_ros Node options of one engine: name, namespace, parameters (the params
     file, then one mapping: shared values, the engine's own, its device and robots, each
-    robot's `<robot>.<name>` values), remappings of its robots' topics, respawn."""
+    robot's `<robot>.<name>` values), remappings of its robots' topics, respawn (at most
+    respawn_max_retries times)."""
     spec = fleet['engines'][engine]
     values = dict(fleet['parameters'])
     values.update(spec['parameters'])
@@ -285,7 +300,8 @@ def engine_options(fleet: dict, engine: str, *, respawn: bool = True,
     return {'name': engine, 'namespace': fleet['namespace'],
             'parameters': [fleet['params_file'] or DEFAULT_PARAMS_FILE, values],
             'remappings': remappings, 'respawn': respawn,
-            'respawn_delay': fleet['respawn_delay'] if respawn_delay is None else respawn_delay}
+            'respawn_delay': fleet['respawn_delay'] if respawn_delay is None else respawn_delay,
+            'respawn_max_retries': fleet['respawn_max_retries']}
 
 
 def fleet_options(values: dict) -> list:
@@ -305,13 +321,32 @@ def fleet_options(values: dict) -> list:
             for engine in selected_engines(fleet, values.get('engines', ''))]
 
 
+def _launch_takes(keyword: str) -> bool:
+    """Whether the installed launch's ExecuteProcess (which launch_ros' Node is) takes
+    `keyword`: respawn_max_retries is in launch since Iron (ros2/launch#696), not in Humble's."""
+    import inspect
+
+    from launch.actions import ExecuteProcess
+
+    return any(keyword in inspect.signature(cls.__init__).parameters
+               for cls in ExecuteProcess.__mro__ if '__init__' in vars(cls))
+
+
 def _launch_engines(context, *args, **kwargs):
+    from launch.actions import LogInfo
     from launch.substitutions import LaunchConfiguration
     from launch_ros.actions import Node
 
     values = {name: LaunchConfiguration(name).perform(context) for name, _, _ in ARGUMENTS}
-    return [Node(package='vla_spec_ros', executable='vla-spec-node', output='screen',
-                 emulate_tty=True, **options) for options in fleet_options(values)]
+    options = fleet_options(values)
+    notes = []
+    if options and not _launch_takes('respawn_max_retries'):
+        notes = [LogInfo(msg='this launch has no respawn_max_retries: a dead engine is '
+                             'started again without limit')]
+        for engine in options:
+            del engine['respawn_max_retries']
+    return notes + [Node(package='vla_spec_ros', executable='vla-spec-node', output='screen',
+                         emulate_tty=True, **engine) for engine in options]
 
 
 def generate_launch_description():

@@ -75,6 +75,7 @@ def test_shipped_fleet_file_gives_each_engine_its_device_robots_and_remaps():
     assert remaps['arm1/trajectory'] == '/arm1/cartesian/trajectory'
     for o in options:       # one namespace for the fleet: /arm0/... whichever engine
         assert o['namespace'] == '' and o['respawn'] is True and o['respawn_delay'] == 2.0
+        assert o['respawn_max_retries'] == module.DEFAULT_RESPAWN_MAX_RETRIES == 5
     # One machine starts its own engines; respawn can be turned off or delayed.
     values = launch_util.default_values(module, engines='vla_gpu1', respawn='false',
                                         respawn_delay='5')
@@ -121,6 +122,10 @@ def test_fleet_file_mistakes_fail_before_any_engine_starts():
          '1/image'),
         ({'fleet': {'engines': {'e0': one}, 'namespace': 'bad ns'}}, 'namespace'),
         ({'fleet': {'engines': {'e0': one}, 'respawn_delay': -1}}, 'respawn_delay'),
+        ({'fleet': {'engines': {'e0': one}, 'respawn_max_retries': -2}}, 'respawn_max_retries'),
+        ({'fleet': {'engines': {'e0': one}, 'respawn_max_retries': 1.5}}, 'respawn_max_retries'),
+        ({'fleet': {'engines': {'e0': one}, 'respawn_max_retries': True}},
+         'respawn_max_retries'),
     ]
     for data, words in cases:
         with pytest.raises(ValueError, match=words):
@@ -130,6 +135,9 @@ def test_fleet_file_mistakes_fail_before_any_engine_starts():
     options = load_module().engine_options(fleet, 'e0')
     assert options['namespace'] == 'cell1'
     assert options['parameters'][1] == {'enabled': True, 'device': 'cpu', 'robots': ['a']}
+    for retries in (0, -1, 20):     # -1: no limit (launch's own convention)
+        fleet = check({'fleet': {'engines': {'e0': one}, 'respawn_max_retries': retries}})
+        assert load_module().engine_options(fleet, 'e0')['respawn_max_retries'] == retries
 
 
 @pytest.mark.parametrize('text, words', [

@@ -229,6 +229,23 @@ def warn_unmatched_params_files(node, argv) -> None:
             f'values were applied (use the key {name} or /**)')
 
 
+def node_name_from_args(args, default: str) -> str:
+    """The node name a `-r __node:=<name>` (or `--remap`, `<default>:__node:=`) after
+    `--ros-args` gives, the first such rule as in rcl, else `default`: how launch names a
+    fleet's engines, so that a start-up error names the engine it stopped."""
+    argv = list(sys.argv if args is None else args)
+    in_ros_args = False
+    for flag, rule in zip(argv, argv[1:] + ['']):
+        in_ros_args = flag == '--ros-args' or (in_ros_args and flag != '--')
+        if not in_ros_args or flag not in ('-r', '--remap') or ':=' not in rule:
+            continue
+        target, new_name = rule.split(':=', 1)
+        node, _, key = target.rpartition(':')
+        if key in ('__node', '__name') and node in ('', default) and new_name:
+            return new_name
+    return default
+
+
 def run(node_factory, name: str, args=None, *, command: str = 'vla-spec-node',
         summary: str = 'The vla_spec node.') -> int:
     """Spin the node `node_factory()` builds until SIGINT, SIGTERM or shutdown, then stop it
@@ -242,7 +259,7 @@ def run(node_factory, name: str, args=None, *, command: str = 'vla-spec-node',
     try:
         rclpy.init(args=args, signal_handler_options=SignalHandlerOptions.NO)
     except Exception as exc:      # rcl's RCLError: "Couldn't parse parameter override ..."
-        print(f'{name}: {exc}', file=sys.stderr)
+        print(f'{node_name_from_args(args, name)}: {exc}', file=sys.stderr)
         return 1
     node, stop = None, StopRequest()
     try:
@@ -254,7 +271,8 @@ def run(node_factory, name: str, args=None, *, command: str = 'vla-spec-node',
     except (KeyboardInterrupt, ExternalShutdownException):
         pass
     except (ValueError, ParameterException) as exc:   # bad parameters or checkpoint
-        print(f'{name}: {exc}', file=sys.stderr)
+        label = node.get_name() if node is not None else node_name_from_args(args, name)
+        print(f'{label}: {exc}', file=sys.stderr)
         return 1
     except Exception as exc:
         # A context shut down from elsewhere (another thread, an embedding application) makes
