@@ -44,12 +44,15 @@ ARGUMENTS = (
 # (MultiDOFJointTrajectory, docs/chunks.md); `pose_target`, `pose_trajectory`: absolute targets
 # (pose_targets: true, docs/robot.md); `joint_states` / `state`: the state input
 # (state_input), `joint_jog` / `joint_trajectory`: the joint spaces' outputs (action_space,
-# docs/action_spaces.md); `reasoning`: a reasoning policy's text. A model with several image
-# slots also has `<slot>/image` and `<slot>/image/compressed` (image_slots).
+# docs/action_spaces.md); `reasoning`: a reasoning policy's text. An engine with image_slots
+# gives its robots `<slot>/image` and `<slot>/image/compressed` per slot in place of `image`
+# and `image/compressed`.
 ROBOT_TOPICS = ('image', 'image/compressed', 'instruction', 'twist', 'gripper', 'action',
                 'trajectory', 'velocity_trajectory', 'pose_target', 'pose_trajectory',
                 'joint_states', 'state', 'joint_jog', 'joint_trajectory', 'reasoning')
 SLOT_IMAGE_SUFFIXES = ('/image', '/image/compressed')
+# A robot's camera without image_slots; with them, `<slot>/image...` per slot instead.
+SINGLE_CAMERA_TOPICS = ('image', 'image/compressed')
 FLEET_KEYS = ('namespace', 'params_file', 'respawn_delay', 'respawn_max_retries', 'parameters',
               'engines', 'robots')
 ENGINE_KEYS = ('device', 'robots', 'parameters')
@@ -124,6 +127,83 @@ def _checked_values(values: dict, where: str, *, per_robot: bool = False) -> dic
     return checked
 
 
+def _params_file_sections(document, prefix: str = ''):
+    """(node key, its ros__parameters) of each section of a ROS parameter file, the keys of
+    nested namespaces joined by `/` (`cell: {e0: {ros__parameters: ...}}` -> `cell/e0`)."""
+    for key, value in (document.items() if isinstance(document, dict) else ()):
+        if not isinstance(value, dict):
+            continue
+        key = f'{prefix}/{key}' if prefix else str(key)
+        if 'ros__parameters' in value:
+            yield key, value['ros__parameters']
+        else:
+            yield from _params_file_sections(value, key)
+
+
+def _params_file_values(path: str, node: str, name: str):
+    """The values parameter `name` has in the sections of the ROS parameter file `path` that
+    apply to the node `node` (its fully qualified name; keys matched as rcl matches them),
+    in file order; None where the file cannot be read here."""
+    try:
+        import yaml
+
+        from vla_spec_ros.ros.params_files import key_matches
+    except ImportError:
+        return None
+    try:
+        with open(path, encoding='utf-8') as handle:
+            document = yaml.safe_load(handle)
+    except (OSError, ValueError, yaml.YAMLError):
+        return None
+    return [values[name] for key, values in _params_file_sections(document)
+            if key_matches(key, node) and isinstance(values, dict) and name in values]
+
+
+def _engine_image_slots(values: dict, params_file: str, node: str):
+    """The engine's image_slots where they are known before it starts: its fleet-file value
+    (`values`: the shared ones and its own), else the one its params file gives it. None
+    where neither sets them (the checkpoint may then recommend them, recommended_settings.py),
+    the file cannot be read here, or its sections for the node disagree."""
+    if 'image_slots' in values:
+        slots = values['image_slots']
+    else:
+        given = _params_file_values(params_file, node, 'image_slots')
+        if not given or any(value != given[0] for value in given):
+            return None
+        slots = given[0]
+    slots = [] if slots is None else slots
+    if not (isinstance(slots, list) and all(_is_name(slot) for slot in slots)):
+        return None                     # not a valid value: the node refuses it itself
+    return slots
+
+
+def _robot_topics(slots: list) -> tuple:
+    """The topics (relative to `<robot>/`) a robot of an engine with these image_slots has:
+    its camera is `image` without slots, `<slot>/image` for each slot with them."""
+    if not slots:
+        return ROBOT_TOPICS
+    return tuple(t for t in ROBOT_TOPICS if t not in SINGLE_CAMERA_TOPICS) + tuple(
+        slot + suffix for slot in slots for suffix in SLOT_IMAGE_SUFFIXES)
+
+
+def _check_topic_names(topics, slots, where: str) -> None:
+    """Each remapped topic is one the robot has (`slots`: its engine's image_slots); where
+    the slots are not known at launch (None), any `<slot>/image` name is accepted."""
+    if slots is None:
+        _unknown([t for t in topics if not _is_slot_image(t)], ROBOT_TOPICS, where)
+        return
+    known = _robot_topics(slots)
+    unknown = sorted(set(topics) - set(known))
+    if unknown:
+        raise ValueError(f'{where}: unknown keys {unknown}; with its engine\'s image_slots '
+                         f'{slots}, known: {list(known)}')
+
+
+def _node_name(namespace: str, engine: str) -> str:
+    """The fully qualified name of an engine's node (`/cell1/e0`, `/e0`)."""
+    return '/'.join([''] + [part for part in namespace.split('/') if part] + [engine])
+
+
 def _params_file(value, fleet_dir: str) -> str:
     """The fleet's `params_file` as an absolute path ('' = none: the package's robot.yaml);
     a relative one is relative to the fleet file's folder `fleet_dir` (not to wherever launch
@@ -170,15 +250,16 @@ def _check_engine(engine, spec, shared: dict, served: dict) -> dict:
             'parameters': _checked_values(own, f'{where}.parameters')}
 
 
-def _check_robot(robot, spec, served: dict) -> dict:
+def _check_robot(robot, spec, served: dict, image_slots: dict) -> dict:
     """One robot of `fleet.robots`: served by an engine, its own parameters
-    (`<robot>.<name>`) and its topic remappings."""
+    (`<robot>.<name>`) and its topic remappings, each a topic the robot has (`image_slots`:
+    engine -> its image_slots, None where not known at launch)."""
     where = f'fleet.robots.{robot}'
     if robot not in served:
         raise ValueError(f'{where}: no engine serves {robot} (served: {sorted(served)})')
     spec = dict(_mapping(spec, where))
     topics = _mapping(spec.pop('topics', None), f'{where}.topics')
-    _unknown([t for t in topics if not _is_slot_image(t)], ROBOT_TOPICS, f'{where}.topics')
+    _check_topic_names(topics, image_slots[served[robot]], f'{where}.topics')
     for topic, target in topics.items():
         if not (isinstance(target, str) and target.startswith('/')):
             raise ValueError(f'{where}.topics.{topic}: expected an absolute topic name, '
@@ -215,12 +296,15 @@ def check_fleet(data, fleet_dir: str = '') -> dict:
     served = {}
     checked_engines = {engine: _check_engine(engine, spec, shared, served)
                        for engine, spec in engines.items()}
+    shared = _checked_values(shared, 'fleet.parameters')
+    image_slots = {engine: _engine_image_slots(
+        dict(shared, **spec['parameters']), params_file or DEFAULT_PARAMS_FILE,
+        _node_name(namespace, engine)) for engine, spec in checked_engines.items()}
     robots = _mapping(fleet.get('robots'), 'fleet.robots')
     return {'namespace': namespace, 'params_file': params_file,
             'respawn_delay': float(delay), 'respawn_max_retries': retries,
-            'parameters': _checked_values(shared, 'fleet.parameters'),
-            'engines': checked_engines,
-            'robots': {robot: _check_robot(robot, spec, served)
+            'parameters': shared, 'engines': checked_engines,
+            'robots': {robot: _check_robot(robot, spec, served, image_slots)
                        for robot, spec in robots.items()}}
 
 

@@ -240,10 +240,63 @@ def test_a_fleet_robot_may_remap_its_joint_state_and_camera_slot_topics():
               'reasoning': '/a/plan', 'wrist/image': '/a/wrist/image_raw',
               'wrist/image/compressed': '/a/wrist/image_raw/compressed'}
     fleet = module.check_fleet({'fleet': {
-        'engines': {'e0': {'device': 'cpu', 'robots': ['a']}},
+        'engines': {'e0': {'device': 'cpu', 'robots': ['a'],
+                           'parameters': {'image_slots': ['base', 'wrist']}}},
         'robots': {'a': {'topics': topics}}}})
     remaps = dict(module.engine_options(fleet, 'e0')['remappings'])
     assert remaps == {f'a/{topic}': target for topic, target in topics.items()}
+
+
+def _slot_fleet(topics, parameters=None, **fleet):
+    return {'fleet': dict(fleet, parameters=parameters or {},
+                          engines={'e0': {'robots': ['arm0']}},
+                          robots={'arm0': {'topics': {t: '/arm0/camera' for t in topics}}})}
+
+
+def test_a_camera_remap_names_one_of_the_engines_image_slots(tmp_path):
+    """Before, any `<name>/image` was accepted: a typo (`wirst/image`), or `image` for a
+    robot whose engine has image_slots (it has `<slot>/image` topics only), remapped a topic
+    nobody subscribes, and the camera's frames never reached the engine."""
+    module = load_module()
+    two = {'image_slots': ['base', 'wrist']}
+    for topics, words in ((['base/image', 'wirst/image'], r"\['wirst/image'\]"),
+                          (['image'], r"\['image'\]"),
+                          (['wrist/image/compressed', 'image/compressed'],
+                           r"\['image/compressed'\]")):
+        with pytest.raises(ValueError, match=r"fleet.robots.arm0.topics: unknown keys "
+                           + words + r"; with its engine's image_slots \['base', 'wrist'\]"):
+            module.check_fleet(_slot_fleet(topics, two))
+    module.check_fleet(_slot_fleet(['base/image', 'wrist/image/compressed'], two))
+    # No image_slots (config/robot.yaml's []): one camera, `image`, and no `<slot>/image`.
+    module.check_fleet(_slot_fleet(['image', 'image/compressed']))
+    with pytest.raises(ValueError, match=r"\['wrist/image'\]; with its engine's image_slots"):
+        module.check_fleet(_slot_fleet(['wrist/image']))
+    # The engine's own value wins over the shared one.
+    data = _slot_fleet(['image'], two)
+    data['fleet']['engines']['e0']['parameters'] = {'image_slots': []}
+    module.check_fleet(data)
+
+
+@pytest.mark.parametrize('section, applies', [
+    ('/**:\n  ros__parameters:\n', True),
+    ('cell:\n  e0:\n    ros__parameters:\n', True),      # nested namespace, rcl's form
+    ('/cell/e0:\n  ros__parameters:\n', True),
+    ('/**/e0:\n  ros__parameters:\n', True),
+    ('e1:\n  ros__parameters:\n', False),                # another node's section
+])
+def test_image_slots_are_read_from_the_params_file_section_of_the_engine(tmp_path, section,
+                                                                         applies):
+    module = load_module()
+    params_file = tmp_path / 'params.yaml'
+    indent = ' ' * (section.count('\n') * 2)
+    params_file.write_text(section + indent + 'image_slots: [base, wrist]\n')
+    fleet = dict(params_file=str(params_file), namespace='cell')
+    module.check_fleet(_slot_fleet(['base/image'], **fleet))
+    if applies:
+        with pytest.raises(ValueError, match=r"\['wirst/image'\]"):
+            module.check_fleet(_slot_fleet(['base/image', 'wirst/image'], **fleet))
+    else:       # no section sets them: a checkpoint may, so they are not known at launch
+        module.check_fleet(_slot_fleet(['base/image', 'wirst/image', 'image'], **fleet))
 
 
 def test_engine_summary_flags_saturation_and_the_least_answered_robot():
