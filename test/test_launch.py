@@ -245,6 +245,35 @@ def test_two_robot_yaml_gives_each_robot_its_topics_and_parameters(probe):
     assert 'ready' in output and 'left_arm, right_arm' in output, output
 
 
+@pytest.mark.skipif(not HAS_TORCH, reason='the node loads the tiny model (needs torch)')
+def test_the_unnorm_key_argument_reaches_both_robots_of_two_robots_yaml(probe):
+    """robot.launch.py's two documented lines together (`params_file:=.../two_robots.yaml`,
+    `model_path:=tiny unnorm_key:=bridge_orig`): before, two_robots.yaml pinned
+    `left_arm.unnorm_key: ''`, a robot's own value, which beats the node-wide one the launch
+    argument sets, so the node stopped with "unnorm_key: empty, but this checkpoint has 2
+    datasets"."""
+    from rclpy.parameter import parameter_value_to_python
+    from rclpy.parameter_client import AsyncParameterClient
+
+    module = load_launch_module()
+    options = module.node_options(default_values(
+        module, node_name='vla_two_keys', params_file=str(ROOT / 'config' / 'two_robots.yaml'),
+        model_path='tiny', unnorm_key='bridge_orig', restrict_to_action_tokens='true'))
+    assert options['parameters'][1]['unnorm_key'] == 'bridge_orig'
+    with NodeProcess(node_command(options), env=child_env(), cwd=str(ROOT)) as node:
+        client = AsyncParameterClient(probe, '/vla_two_keys')
+        assert client.wait_for_services(timeout_sec=TIMEOUT), 'node did not come up'
+        names = ['unnorm_key', 'left_arm.unnorm_key', 'right_arm.unnorm_key']
+        future = client.get_parameters(names)   # answered once the node is built: ready
+        wait_until(lambda: probe.executor_for_tests.spin_until_future_complete(
+            future, timeout_sec=0.2) or future.done() or node.popen.poll() is not None,
+            what='the parameters, or the node to end')
+        assert future.done(), f'the node ended: {node.popen.communicate()[0][-2000:]}'
+        got = [parameter_value_to_python(v) for v in future.result().values]
+        assert got == ['bridge_orig'] * 3
+    assert 'ready' in node.output and 'left_arm, right_arm' in node.output, node.output
+
+
 @pytest.mark.skipif(not HAS_RCLPY, reason='rclpy and the ROS message wheels are not installed')
 @pytest.mark.parametrize('old, new, words', [
     ('    linear_scale: 1.0', '    linear_scal: 1.0', 'linear_scal'),       # misspelled key
