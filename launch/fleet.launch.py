@@ -301,11 +301,30 @@ def check_fleet(data, fleet_dir: str = '') -> dict:
         dict(shared, **spec['parameters']), params_file or DEFAULT_PARAMS_FILE,
         _node_name(namespace, engine)) for engine, spec in checked_engines.items()}
     robots = _mapping(fleet.get('robots'), 'fleet.robots')
+    checked_robots = {robot: _check_robot(robot, spec, served, image_slots)
+                      for robot, spec in robots.items()}
+    for engine, spec in checked_engines.items():
+        _check_unshared(engine, spec, shared, checked_robots)
     return {'namespace': namespace, 'params_file': params_file,
             'respawn_delay': float(delay), 'respawn_max_retries': retries,
-            'parameters': shared, 'engines': checked_engines,
-            'robots': {robot: _check_robot(robot, spec, served, image_slots)
-                       for robot, spec in robots.items()}}
+            'parameters': shared, 'engines': checked_engines, 'robots': checked_robots}
+
+
+def _check_unshared(engine: str, spec: dict, shared: dict, robots: dict) -> None:
+    """The robots of one engine may not share a Servo, a tool pose topic or a gripper action
+    (the node refuses it at start-up, params.UNSHARED_CONNECTIONS): refused here, before
+    anything starts, naming the robots. Values from the params file are the node's to
+    check."""
+    params = _params_module()
+    for name, why in params.UNSHARED_CONNECTIONS.items():
+        owner = {}
+        for robot in spec['robots']:
+            own = robots.get(robot, {'parameters': {}})['parameters']
+            value = own.get(name, spec['parameters'].get(name, shared.get(name)))
+            if value and value in owner:
+                raise ValueError(f'fleet.robots.{robot} (served by engine {engine}): {name} '
+                                 f'{value!r} is also {owner[value]}\'s: {why}')
+            owner.setdefault(value, robot)
 
 
 def _unique_key_loader():

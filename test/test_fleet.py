@@ -126,6 +126,14 @@ def test_fleet_file_mistakes_fail_before_any_engine_starts():
         ({'fleet': {'engines': {'e0': one}, 'respawn_max_retries': 1.5}}, 'respawn_max_retries'),
         ({'fleet': {'engines': {'e0': one}, 'respawn_max_retries': True}},
          'respawn_max_retries'),
+        # two robots of one engine on one Servo (a shared value): the node would refuse it
+        # at start-up, after loading its model
+        ({'fleet': {'engines': {'e0': {'robots': ['a', 'b']}},
+                    'parameters': {'servo_node': '/servo_node'}}},
+         "fleet.robots.b \\(served by engine e0\\): servo_node '/servo_node' is also a's"),
+        ({'fleet': {'engines': {'e0': {'robots': ['a', 'b']}},
+                    'robots': {'a': {'tool_pose_topic': '/t'}, 'b': {'tool_pose_topic': '/t'}}}},
+         'tool_pose_topic'),
     ]
     for data, words in cases:
         with pytest.raises(ValueError, match=words):
