@@ -72,6 +72,15 @@ def test_mono8_replicates_gray_built_by_hand():
         np.testing.assert_array_equal(out[:, :, ch], gray)
 
 
+@pytest.mark.parametrize('byte_order', ['<', '>'])
+def test_every_16_bit_value_scales_as_round_v_over_257(byte_order):
+    """The 16 -> 8 bit scaling (integer arithmetic, for speed) against the plain reference,
+    round(v / 257) in float64, over all 65536 values in both byte orders."""
+    values = np.arange(65536, dtype=np.uint16).astype(byte_order + 'u2')
+    reference = np.rint(values.astype(np.float64) / 257.0).astype(np.uint8)
+    np.testing.assert_array_equal(conversions._to_uint8(values), reference)
+
+
 @pytest.mark.parametrize('is_bigendian', [0, 1])
 def test_mono16_respects_byte_order(is_bigendian):
     values = np.array([[0, 257, 65535], [128, 129 * 257, 40000]], dtype=np.int64)
