@@ -57,6 +57,15 @@ def test_two_robots_may_not_share_a_servo_a_tool_pose_or_a_gripper(name, value):
     assert getattr(params.configuration_from_parameters({name: value}).node, name) == value
 
 
+def test_two_robots_may_not_take_their_tool_pose_from_one_tf_transform():
+    values = {'robots': ['left', 'right'], 'pose_targets': True}
+    with pytest.raises(ValueError, match='right.tool_frame: TF base_link -> .* is also left'):
+        params.configuration_from_parameters(values)
+    config = params.configuration_from_parameters(dict(values, **{
+        'left.frame_id': 'left_base', 'right.frame_id': 'right_base'}))
+    assert config.robots['left'].tool_frame == config.robots['right'].tool_frame
+
+
 @pytest.mark.skipif(not HAS_TORCH, reason='needs torch')
 def test_the_policy_runs_with_the_configuration_object():
     from vla_spec_ros.ros.node import load_policy

@@ -503,6 +503,16 @@ def _check_unshared(robots: Mapping[str, NodeSettings]) -> None:
                 raise ValueError(f'{robot}.{name}: {value!r} is also {owner[value]}\'s: {why}; '
                                  f'give each robot its own {name}')
             owner.setdefault(value, robot)
+    owner = {}          # pose targets from TF: one transform frame_id -> tool_frame per arm
+    for robot, settings in robots.items():
+        if not settings.pose_targets or settings.tool_pose_topic:
+            continue
+        pair = (settings.frame_id, settings.tool_frame)
+        if pair in owner:
+            raise ValueError(f'{robot}.tool_frame: TF {pair[0]} -> {pair[1]} is also '
+                             f'{owner[pair]}\'s tool pose: pose targets would start from the '
+                             'other arm\'s tool; give each robot its own frame_id or tool_frame')
+        owner[pair] = robot
 
 
 def default_values() -> dict[str, Any]:
