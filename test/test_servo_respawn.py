@@ -379,6 +379,6 @@ def test_a_short_servo_timeout_is_logged_with_the_diagnostics_and_reread_on_rest
     try:
         wait_until(lambda: logged(f'{own}moveit_servo.incoming_command_timeout '
                                   f'{HEALTHY_TIMEOUT_S:.3f} s covers'),
-                   timeout=5.0, what='the end of the warning in the log')
+                   timeout=TIMEOUT, what='the end of the warning in the log')
     except AssertionError as exc:
         raise AssertionError(f'{exc}; the log:\n{"".join(log)[-4000:]}') from None
