@@ -11,6 +11,17 @@ def stamp_ns(stamp) -> int:
     return stamp.sec * 1_000_000_000 + stamp.nanosec
 
 
+def checked_header_seconds(msg) -> float:
+    """A stamped message's header stamp in seconds; ValueError when it is below zero (bad
+    input: a driver or clock bug; 0 alone means unstamped and is the caller's to replace by
+    the arrival). Robot states and tool poses read it so, as images are refused so."""
+    stamp_s = msg.header.stamp.sec + 1e-9 * msg.header.stamp.nanosec
+    if stamp_s < 0.0:
+        raise ValueError(f'header stamp {stamp_s:.3f} s is below zero (0 alone means '
+                         'unstamped)')
+    return stamp_s
+
+
 def offset_stamp(stamp, seconds: float):
     """builtin_interfaces/Time `stamp` + `seconds` (>= 0), in whole nanoseconds."""
     total = stamp_ns(stamp) + round(seconds * 1e9)

@@ -37,6 +37,7 @@ import numpy as np
 
 from vla_spec_ros.ros import command_rules as cmd
 from vla_spec_ros.ros.input_adapter import InputAdapter
+from vla_spec_ros.ros.message_time import checked_header_seconds
 from vla_spec_ros.ros.qos import STATE_QOS
 from vla_spec_ros.ros.sample_history import SampleHistory
 
@@ -210,9 +211,7 @@ class JointStateInput(StateInput):
         stamp_s = msg.header.stamp.sec + 1e-9 * msg.header.stamp.nanosec
         time_s = stamp_s if stamp_s > 0.0 else self._now_s()    # 0 alone means unstamped
         try:
-            if stamp_s < 0.0:      # bad input, as an image stamped below zero is
-                raise ValueError(f'header stamp {stamp_s:.3f} s is below zero (0 alone means '
-                                 'unstamped)')
+            checked_header_seconds(msg)          # a stamp below zero is bad input
             samples = joint_positions(msg.name, msg.position, order)
         except ValueError as exc:        # no position of this message can be trusted
             samples = {j: (None, str(exc)) for j in named}

@@ -17,6 +17,7 @@ import threading
 
 from geometry_msgs.msg import PoseStamped
 
+from vla_spec_ros.ros.message_time import checked_header_seconds
 from vla_spec_ros.ros.pose_math import Pose, PoseHistory
 from vla_spec_ros.ros.qos import IMAGE_QOS
 
@@ -54,11 +55,8 @@ class ToolPoseSource:
         self._tool_frame = settings.tool_frame
 
     def _on_pose(self, msg) -> None:
-        stamp_s = msg.header.stamp.sec + 1e-9 * msg.header.stamp.nanosec
         try:
-            if stamp_s < 0.0:      # bad input, as an image stamped below zero is
-                raise ValueError(f'header stamp {stamp_s:.3f} s is below zero (0 alone means '
-                                 'unstamped)')
+            stamp_s = checked_header_seconds(msg)
             pose = pose_from_message(msg.pose)
         except ValueError as exc:
             self.node.get_logger().warning(f'{self.label}: tool pose ignored: {exc}',
