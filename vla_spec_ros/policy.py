@@ -14,9 +14,8 @@ import os
 import shutil
 from pathlib import Path
 
-import torch
-
 from .config import EngineConfig
+from .devices import parse_device
 from .engine.engine import Engine
 from .engine.result import ActionResult, Frame
 from .engine.device.runner import TORCH_DTYPES, ModelRunner
@@ -124,8 +123,7 @@ class VLAPolicy:
         ``config`` itself (``policy.config is config``)."""
         if not isinstance(config, EngineConfig):
             raise TypeError(f'config: expected an EngineConfig, got {type(config).__name__}')
-        if config.device.startswith('cuda') and not torch.cuda.is_available():
-            raise ValueError(f'device: {config.device!r} requested but CUDA is not available')
+        parse_device('device', config.device)     # CUDA present, and device N on this machine
         folder = resolve_checkpoint(path_or_preset)
         loaded = registry.load(folder, TORCH_DTYPES[config.dtype], config.device,
                                config.max_instruction_tokens)
