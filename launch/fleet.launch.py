@@ -312,19 +312,15 @@ def check_fleet(data, fleet_dir: str = '') -> dict:
 
 def _check_unshared(engine: str, spec: dict, shared: dict, robots: dict) -> None:
     """The robots of one engine may not share a Servo, a tool pose topic or a gripper action
-    (the node refuses it at start-up, params.UNSHARED_CONNECTIONS): refused here, before
+    (params.check_unshared, which the node applies at start-up): refused here, before
     anything starts, naming the robots. Values from the params file are the node's to
     check."""
     params = _params_module()
-    for name, why in params.UNSHARED_CONNECTIONS.items():
-        owner = {}
-        for robot in spec['robots']:
-            own = robots.get(robot, {'parameters': {}})['parameters']
-            value = own.get(name, spec['parameters'].get(name, shared.get(name)))
-            if value and value in owner:
-                raise ValueError(f'fleet.robots.{robot} (served by engine {engine}): {name} '
-                                 f'{value!r} is also {owner[value]}\'s: {why}')
-            owner.setdefault(value, robot)
+    values = {robot: {**shared, **spec['parameters'],
+                      **robots.get(robot, {'parameters': {}})['parameters']}
+              for robot in spec['robots']}
+    params.check_unshared(values, where=lambda robot, name, value: (
+        f'fleet.robots.{robot} (served by engine {engine}): {name} {value!r}'))
 
 
 def _unique_key_loader():

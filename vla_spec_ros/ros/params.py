@@ -492,17 +492,31 @@ UNSHARED_CONNECTIONS = {
 }
 
 
-def _check_unshared(robots: Mapping[str, NodeSettings]) -> None:
+def _named(robot: str, name: str, value) -> str:
+    return f'{robot}.{name}: {value!r}'
+
+
+def check_unshared(values: Mapping[str, Mapping[str, Any]], where=_named) -> None:
     """ValueError when two robots name the same non-empty Servo, tool pose topic or gripper
-    action (a node-wide value or a launch argument given to several robots, a copied block)."""
+    action (a node-wide value or a launch argument given to several robots, a copied block).
+    `values`: {robot: {parameter: value}} (missing parameters count as empty);
+    `where(robot, name, value)` starts the message. The node checks its settings so, the
+    fleet file its values before anything starts."""
     for name, why in UNSHARED_CONNECTIONS.items():
         owner = {}
-        for robot, settings in robots.items():
-            value = getattr(settings, name)
+        for robot, own in values.items():
+            value = own.get(name)
             if value and value in owner:
-                raise ValueError(f'{robot}.{name}: {value!r} is also {owner[value]}\'s: {why}; '
-                                 f'give each robot its own {name}')
+                raise ValueError(f'{where(robot, name, value)} is also {owner[value]}\'s: '
+                                 f'{why}; give each robot its own {name}')
             owner.setdefault(value, robot)
+
+
+def _check_unshared(robots: Mapping[str, NodeSettings]) -> None:
+    """`check_unshared` over the robots' settings, and no two robots with pose targets
+    reading their tool pose from one TF transform."""
+    check_unshared({robot: {name: getattr(settings, name) for name in UNSHARED_CONNECTIONS}
+                    for robot, settings in robots.items()})
     owner = {}          # pose targets from TF: one transform frame_id -> tool_frame per arm
     for robot, settings in robots.items():
         if not settings.pose_targets or settings.tool_pose_topic:
@@ -627,7 +641,8 @@ def _declare(node, specs, defaults) -> dict[str, Any]:
     return {p.name: p.value for p in params}
 
 
-__all__ = ['ParameterSpec', 'PARAMETERS', 'PARAMETERS_BY_NAME', 'TUNABLE_PARAMETERS',
+__all__ = ['check_unshared',
+           'ParameterSpec', 'PARAMETERS', 'PARAMETERS_BY_NAME', 'TUNABLE_PARAMETERS',
            'LOAD_TIME_PARAMETERS', 'ENGINE_FIELDS_NOT_EXPOSED', 'NodeSettings',
            'settings_from_parameters', 'Configuration', 'configuration_from_parameters',
            'default_values', 'default_node_settings',
