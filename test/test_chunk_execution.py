@@ -145,16 +145,23 @@ def test_a_control_period_changed_mid_chunk_does_not_rescale_its_steps():
     assert index == 2 and command.linear[0] == pytest.approx(0.02 / 0.02)
 
 
-def test_a_chunk_whose_first_step_the_robot_held_is_not_counted_as_an_action():
-    """While MoveIt Servo is not ready the channel holds instead of publishing a step: the
-    chunk is kept (its later steps may go out), but it is not an action published, and the
-    hold's reason stands in /diagnostics (record_answer clears it)."""
+def _first_step_held_while_servo_not_ready():
+    """A chunk arrived at 100.05 s for an image at 100 s while Servo was not ready: its first
+    step held instead of going out, the chunk kept."""
     robot = FakeRobot()
     robot.servo_ready = False
     execution = ChunkExecution(robot.channel())
     robot.stats.set_hold_reason('servo not ready: waiting')
     robot.now = 100.05
     execution.handle_finished(finished(100.0))
+    return robot, execution
+
+
+def test_a_chunk_whose_first_step_the_robot_held_is_not_counted_as_an_action():
+    """While MoveIt Servo is not ready the channel holds instead of publishing a step: the
+    chunk is kept (its later steps may go out), but it is not an action published, and the
+    hold's reason stands in /diagnostics (record_answer clears it)."""
+    robot, execution = _first_step_held_while_servo_not_ready()
     snapshot = robot.stats.snapshot(0.0)
     assert len(robot.chunks) == 1 and robot.steps == []
     assert snapshot['actions_published'] == 0
@@ -169,12 +176,7 @@ def test_a_later_step_published_after_a_held_one_ends_the_hold_in_diagnostics():
     """Step 0 held (Servo not ready) with the chunk kept; step 1 goes out: the robot moves
     again, so /diagnostics no longer names the hold (before: the reason stood until the next
     chunk's first step, while the robot was moving)."""
-    robot = FakeRobot()
-    robot.servo_ready = False
-    execution = ChunkExecution(robot.channel())
-    robot.stats.set_hold_reason('servo not ready: waiting')
-    robot.now = 100.05
-    execution.handle_finished(finished(100.0))
+    robot, execution = _first_step_held_while_servo_not_ready()
     assert robot.steps == [] and robot.stats.snapshot(0.0)['hold_reason']
     robot.servo_ready = True
     robot.now = execution.publish_due(robot.now) + 1e-6
