@@ -13,6 +13,7 @@ from rclpy.executors import MultiThreadedExecutor, SingleThreadedExecutor
 from rclpy.node import Node
 from rclpy.parameter import Parameter, parameter_value_to_python
 from rclpy.parameter_client import AsyncParameterClient
+from rcl_interfaces.msg import Log
 from rclpy.qos import DurabilityPolicy, QoSProfile, ReliabilityPolicy
 from sensor_msgs.msg import CompressedImage, Image
 from std_msgs.msg import Float64MultiArray, String
@@ -177,6 +178,44 @@ class Recorder:
 
     def wait_for(self, predicate, start=0, timeout=TIMEOUT, what='message'):
         return wait_until(lambda: self.find(predicate, start), timeout, what)
+
+
+class LogProbe:
+    """A node's log lines, read from /rosout: reliable and transient-local as rcl publishes it,
+    so no line is lost, those logged before the probe matched included (reading the process's
+    captured stderr while the node writes to it from other threads can drop a line)."""
+
+    def __init__(self, probe_node, node_name: str):
+        self.node_name = node_name
+        self._node = probe_node
+        self.lines = Recorder(probe_node.get_clock())
+        self._sub = probe_node.create_subscription(Log, '/rosout', self.lines, QoSProfile(
+            depth=1000, reliability=ReliabilityPolicy.RELIABLE,
+            durability=DurabilityPolicy.TRANSIENT_LOCAL))
+
+    def close(self) -> None:
+        self._node.destroy_subscription(self._sub)
+
+    def mark(self) -> int:
+        return len(self.lines.snapshot())
+
+    def find_with_time(self, *words, start=0):
+        """(probe clock seconds, Log) of the first line after index `start` that contains
+        every one of `words`, or None."""
+        return self.lines.find(lambda m: m.name == self.node_name and all(
+            w in m.msg for w in words), start)
+
+    def find(self, *words, start=0):
+        found = self.find_with_time(*words, start=start)
+        return None if found is None else found[1]
+
+    def wait_for(self, *words, start=0, timeout=30.0):
+        return wait_until(lambda: self.find(*words, start=start), timeout,
+                          f'a log line of {self.node_name} with {words}')
+
+    def text(self) -> str:
+        """Every line of the node seen so far, one per line (for a failure's message)."""
+        return '\n'.join(m.msg for _, m in self.lines.snapshot() if m.name == self.node_name)
 
 
 def stamp_s(stamp):

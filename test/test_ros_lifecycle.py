@@ -217,16 +217,19 @@ def test_enable_and_the_enabled_parameter_agree_while_inactive(ros):
         node.destroy_node()
 
 
-def test_a_configure_that_fails_in_any_way_says_why(ros, monkeypatch, capfd):
+def test_a_configure_that_fails_in_any_way_says_why(ros, monkeypatch):
     """A load failing with something other than bad input (a GPU out of memory, a missing
     module) fails the configure with its reason in the log, as a missing checkpoint does;
     before, rclpy swallowed it and only on_error's line was logged."""
+    from ros_probe import LogProbe
+
     from vla_spec_ros.ros import lifecycle_node
 
     def out_of_memory(*args, **kwargs):
         raise RuntimeError('CUDA out of memory. Tried to allocate 2.00 GiB')
     monkeypatch.setattr(lifecycle_node, 'load_for_node', out_of_memory)
     context, executor, probe_node = ros
+    log = LogProbe(probe_node, 'vla_oom')
     node = VLASpecLifecycleNode(node_name='vla_oom', context=context, parameter_overrides=[
         Parameter('model_path', value='tiny')])
     executor.add_node(node)
@@ -234,14 +237,9 @@ def test_a_configure_that_fails_in_any_way_says_why(ros, monkeypatch, capfd):
         life = Lifecycle(Probe(probe_node, 'vla_oom'), 'vla_oom')
         assert not life.transition(Transition.TRANSITION_CONFIGURE)
         assert life.state() == State.PRIMARY_STATE_UNCONFIGURED and node.serving is None
-        log = []
-
-        def logged():
-            out, err = capfd.readouterr()
-            log.append(out + err)
-            return 'configure failed: RuntimeError: CUDA out of memory' in ''.join(log)
-        wait_until(logged, what='the reason in the log')
+        log.wait_for('configure failed: RuntimeError: CUDA out of memory')
     finally:
+        log.close()
         executor.remove_node(node)
         node.destroy_node()
 

@@ -39,7 +39,7 @@ if HAS_ROS and HAS_TORCH:
     from rosgraph_msgs.msg import Clock
     from sensor_msgs.msg import Image, JointState
 
-    from ros_probe import Probe, Recorder, is_zero, ros_graph, stamp_s, wait_until
+    from ros_probe import LogProbe, Probe, is_zero, ros_graph, stamp_s, wait_until
     from test_ros_observation_joints import TwoSlotPolicy
     from vla_spec_ros.image_messages import array_to_image
     from vla_spec_ros.ros.node import VLASpecNode
@@ -113,28 +113,6 @@ class SimClock:
     def close(self) -> None:
         self._stop.set()
         self._thread.join(timeout=5.0)
-
-
-class LogProbe:
-    """The node's log lines, read from /rosout."""
-
-    def __init__(self, probe_node, node_name: str):
-        self.node_name = node_name
-        self.lines = Recorder(probe_node.get_clock())
-        probe_node.create_subscription(Log, '/rosout', self.lines, QoSProfile(
-            depth=1000, reliability=ReliabilityPolicy.RELIABLE))
-
-    def mark(self) -> int:
-        return len(self.lines.snapshot())
-
-    def find(self, *words, start=0):
-        found = self.lines.find(lambda m: m.name == self.node_name and all(
-            w in m.msg for w in words), start)
-        return None if found is None else found[1]
-
-    def wait_for(self, *words, start=0, timeout=TIMEOUT):
-        return wait_until(lambda: self.find(*words, start=start), timeout,
-                          f'a log line of {self.node_name} with {words}')
 
 
 @pytest.fixture(scope='module')
@@ -640,8 +618,15 @@ def test_a_set_completed_late_is_as_old_as_its_first_image_with_stamp_source_rec
     assert s.node.set_parameters([Parameter('b.stamp_source', value='receipt')])[0].successful
     try:
         s.answered('b')
+        base = next(c for c in s.node.serving.channels if c.name == 'b').observation
+        sent = s.now_s()
         s.send('b', skip=('wrist',))                  # its state and base image, now
         stamp = s.now_s()
+        # The 1.2 s count from the node's receipt of the base image (a busy executor may take
+        # it late: counted from the send, the set could be younger than max_action_age).
+        wait_until(lambda: base.newest_per_slot[0] is not None
+                   and base.newest_per_slot[0].stamp_s >= sent,
+                   what="the node's receipt of the base image")
         time.sleep(1.2)              # (the answers to answered()'s other frames come first)
         before = s.snapshot('b')
         s.send('b', skip=('base',), wrist=array_to_image(s.wrist, 'rgb8'),

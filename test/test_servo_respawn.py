@@ -142,7 +142,7 @@ class Setup:
                          for robot in self.robots}
         self.timeout_s = timeout_s
         self.servos = {}
-        self.node = self.camera = self.diagnostics = None
+        self.node = self.camera = self.diagnostics = self.log = None
         if start_servos:
             self.start_servos()
 
@@ -158,9 +158,11 @@ class Setup:
 
     def start(self):
         from camera_stream import CameraStream
+        from ros_probe import LogProbe
 
         policy, context, executor, probe = self.graph
         self.diagnostics = Diagnostics(probe)
+        self.log = LogProbe(probe, self.name)
         self.camera = CameraStream(probe, [f'/{robot or self.name}/image'
                                            for robot in self.robots], CAMERA_PERIOD_S)
         self.node = self._make_node(policy, context)
@@ -233,6 +235,8 @@ class Setup:
             self.node.destroy_node()
         if self.diagnostics is not None:
             self.diagnostics.close()
+        if self.log is not None:
+            self.log.close()
         for servo in self.servos.values():
             servo.stop()
 
@@ -342,17 +346,11 @@ def test_a_servo_killed_and_respawned_is_selected_again_before_any_command(setup
 
 @pytest.mark.parametrize('kind', KINDS)
 def test_a_short_servo_timeout_is_logged_with_the_diagnostics_and_reread_on_restart(
-        setup_of, kind, capfd):
+        setup_of, kind):
     from ros_probe import wait_until
 
     setup = setup_of(kind, timeout_s=0.001).start()
     robot = setup.robots[0]
-    log = []
-
-    def logged(text):
-        out, err = capfd.readouterr()
-        log.append(out + err)
-        return text in ''.join(log)
 
     def warning_in_diagnostics():
         found = setup.diagnostics.value(setup.status_name(robot), 'servo_state')
@@ -362,9 +360,9 @@ def test_a_short_servo_timeout_is_logged_with_the_diagnostics_and_reread_on_rest
                               what='the timeout warning in /diagnostics')
     # This robot's own line (with two robots the other one's may come first).
     own = f'{robot}: ' if robot else ''
-    wait_until(lambda: logged(f'{own}moveit_servo.incoming_command_timeout 0.001 s <'),
-               timeout=10.0, what='the timeout warning in the log')
-    logged_at = time.time()
+    logged_at, _ = wait_until(
+        lambda: setup.log.find_with_time(f'{own}moveit_servo.incoming_command_timeout 0.001 s <'),
+        timeout=10.0, what='the timeout warning in the log')
     assert logged_at - warned_at < 2.0, (
         f'logged {logged_at - warned_at:.1f} s after /diagnostics showed it')
 
@@ -377,8 +375,8 @@ def test_a_short_servo_timeout_is_logged_with_the_diagnostics_and_reread_on_rest
     assert shown_at - answering < 2.0, (
         f"the restarted Servo's timeout shown {shown_at - answering:.1f} s after it answered")
     try:
-        wait_until(lambda: logged(f'{own}moveit_servo.incoming_command_timeout '
-                                  f'{HEALTHY_TIMEOUT_S:.3f} s covers'),
+        wait_until(lambda: setup.log.find(f'{own}moveit_servo.incoming_command_timeout '
+                                          f'{HEALTHY_TIMEOUT_S:.3f} s covers'),
                    timeout=TIMEOUT, what='the end of the warning in the log')
     except AssertionError as exc:
-        raise AssertionError(f'{exc}; the log:\n{"".join(log)[-4000:]}') from None
+        raise AssertionError(f'{exc}; the log:\n{setup.log.text()[-4000:]}') from None
