@@ -72,13 +72,25 @@ def test_mono8_replicates_gray_built_by_hand():
         np.testing.assert_array_equal(out[:, :, ch], gray)
 
 
+@pytest.mark.parametrize('with_cv2', [True, False], ids=['opencv', 'integers'])
+@pytest.mark.parametrize('channels', [1, 3, 4])
 @pytest.mark.parametrize('byte_order', ['<', '>'])
-def test_every_16_bit_value_scales_as_round_v_over_257(byte_order):
-    """The 16 -> 8 bit scaling (integer arithmetic, for speed) against the plain reference,
-    round(v / 257) in float64, over all 65536 values in both byte orders."""
+def test_every_16_bit_value_scales_as_round_v_over_257(monkeypatch, byte_order, channels,
+                                                       with_cv2):
+    """The 16 -> 8 bit scaling (OpenCV's, or integer arithmetic without it) against the plain
+    reference, round(v / 257) in float64, over all 65536 values in both byte orders, laid
+    out as images of 1, 3 and 4 channels."""
+    if with_cv2 and not HAS_CV2:
+        pytest.skip('needs opencv-python-headless')
+    if not with_cv2:
+        monkeypatch.setattr(conversions, 'cv2', None)
     values = np.arange(65536, dtype=np.uint16).astype(byte_order + 'u2')
-    reference = np.rint(values.astype(np.float64) / 257.0).astype(np.uint8)
-    np.testing.assert_array_equal(conversions._to_uint8(values), reference)
+    values = np.random.default_rng(channels).permutation(np.tile(values, channels))
+    image = values.reshape(-1, 256, channels)
+    reference = np.rint(image.astype(np.float64) / 257.0).astype(np.uint8)
+    out = conversions._to_uint8(image)
+    assert out.dtype == np.uint8 and out.shape == image.shape
+    np.testing.assert_array_equal(out, reference)
 
 
 @pytest.mark.parametrize('is_bigendian', [0, 1])
@@ -341,3 +353,25 @@ class TestCompressed:
         msg.data = png
         with pytest.raises(ValueError, match='height/width: .*from its header'):
             compressed_to_rgb(msg)
+
+
+@pytest.mark.parametrize('with_cv2', [True, False], ids=['opencv', 'numpy'])
+def test_channel_selection_equals_the_fancy_index_for_every_layout(monkeypatch, with_cv2):
+    """rgb_channels (OpenCV's conversion, or one copy per channel without it) gives exactly
+    ``pixels[:, :, list(order)]`` for every layout, on random sizes and on padded
+    (non-contiguous) rows, as a fresh C-contiguous array."""
+    if with_cv2 and not HAS_CV2:
+        pytest.skip('needs opencv-python-headless')
+    if not with_cv2:
+        monkeypatch.setattr(conversions, 'cv2', None)
+    rng = np.random.default_rng(11)
+    layouts = {(channels, order) for channels, _, order in conversions._LAYOUTS.values()}
+    for channels, order in sorted(layouts):
+        for _ in range(5):
+            height, width = (int(v) for v in rng.integers(1, 60, 2))
+            padded = rng.integers(0, 256, (height, width + 3, channels), dtype=np.uint8)
+            for pixels in (padded[:, :width], np.ascontiguousarray(padded[:, :width])):
+                out = conversions.rgb_channels(pixels, order)
+                assert out.shape == (height, width, 3) and out.dtype == np.uint8
+                assert out.flags['C_CONTIGUOUS'] and not np.shares_memory(out, pixels)
+                np.testing.assert_array_equal(out, pixels[:, :, list(order)])

@@ -76,9 +76,13 @@ def _to_uint8(values: np.ndarray) -> np.ndarray:
         return values
     if values.dtype.kind != 'u' or values.dtype.itemsize != 2:      # either byte order
         raise ValueError(f'data: {values.dtype} pixels; expected 8 or 16-bit unsigned')
-    # round(v / 257) in integers: v / 257 is never a tie (257 is odd), so this is exactly
-    # floor((v + 128) / 257), three times faster than through float64 and a quarter of its
-    # memory (a 12-megapixel rgb16 frame took 0.8 s on the worker every robot shares).
+    # round(v / 257): v / 257 is never a tie (257 is odd; the nearest is 0.002 away, far
+    # above float32's error), so OpenCV's scaling (float32, round to nearest) and the integers
+    # floor((v + 128) / 257) give the same bytes for all 65536 values (the tests check both).
+    # OpenCV takes 0.5 ms for a 1080p rgb16 frame, the integers 8 ms, float64 three times that.
+    if cv2 is not None and values.ndim == 3 and values.shape[2] <= 4:
+        native = np.ascontiguousarray(values, dtype=values.dtype.newbyteorder('='))
+        return cv2.convertScaleAbs(native, alpha=1.0 / 257).reshape(values.shape)
     return ((values.astype(np.uint32) + 128) // 257).astype(np.uint8)
 
 
@@ -112,8 +116,29 @@ def _image_to_rgb_numpy(msg, encoding: str) -> np.ndarray:
         pixels = np.ascontiguousarray(rows).view(dtype).reshape(height, width, channels)
     else:
         pixels = rows.reshape(height, width, channels)
-    rgb = pixels[:, :, list(order)]                      # (H, W, 3), fancy index copies
-    return np.ascontiguousarray(_to_uint8(rgb))
+    return rgb_channels(_to_uint8(pixels), order)
+
+
+# (channels, R G B order) -> the OpenCV conversion that gives RGB
+_CV2_TO_RGB = {(3, (2, 1, 0)): 'COLOR_BGR2RGB', (4, (0, 1, 2)): 'COLOR_RGBA2RGB',
+               (4, (2, 1, 0)): 'COLOR_BGRA2RGB', (1, (0, 0, 0)): 'COLOR_GRAY2RGB'}
+
+
+def rgb_channels(pixels: np.ndarray, order: tuple) -> np.ndarray:
+    """(H, W, C) uint8 -> a fresh C-contiguous (H, W, 3) array of channels ``order`` (the
+    indices that give R, G, B): exactly ``pixels[:, :, list(order)]``. It runs on the worker
+    every robot shares, so not as that fancy index, which took 9 ms for a 1080p bgr8 frame:
+    OpenCV's channel conversion (0.1 ms), else one strided copy per channel (1.6 ms)."""
+    channels = pixels.shape[2]
+    name = _CV2_TO_RGB.get((channels, tuple(order)))
+    if channels == 3 and tuple(order) == (0, 1, 2):
+        return np.array(pixels, order='C', copy=True)
+    if cv2 is not None and name is not None:
+        return cv2.cvtColor(np.ascontiguousarray(pixels), getattr(cv2, name))
+    out = np.empty(pixels.shape[:2] + (3,), dtype=pixels.dtype)
+    for i, channel in enumerate(order):
+        out[:, :, i] = pixels[:, :, channel]
+    return out
 
 
 def compressed_to_rgb(msg) -> np.ndarray:
