@@ -63,17 +63,18 @@ class FakeRobot:
         self.holds.append((reason, is_stale, keep_chunk))
 
 
-def finished(t0: float, action=None, *, is_valid=True, error=None, receipt=None):
+def finished(t0: float, action=None, *, is_valid=True, error=None, receipt=None,
+             instruction='go'):
     """The engine's answer to an image stamped t0 (node clock seconds), received at `receipt`
-    (default t0)."""
+    (default t0), submitted under `instruction`."""
     receipt = t0 if receipt is None else receipt
     info = FrameInfo(Stamp(int(t0), round((t0 % 1) * 1e9)), t0, receipt, 0.0)
     if action is None:
         action = np.tile(np.arange(K, dtype=np.float64)[:, None] * 0.01, (1, 7))
     result = None if error else ActionResult((), action, action, is_valid,
                                              None if is_valid else 'token 3 is not an action')
-    return FinishedAction(0, Frame(np.zeros((2, 2, 3), np.uint8), 'go', user_data=info),
-                          result, error)
+    return FinishedAction(0, Frame(np.zeros((2, 2, 3), np.uint8), instruction,
+                                   user_data=info), result, error)
 
 
 def test_a_chunk_is_kept_whole_then_published_one_step_per_period_then_runs_out():
@@ -99,6 +100,37 @@ def test_a_chunk_is_kept_whole_then_published_one_step_per_period_then_runs_out(
     assert robot.holds[-1][0].startswith(cmd.REASON_CHUNK_END)
     snapshot = robot.stats.snapshot(0.0)
     assert snapshot['chunk_steps_published'] == K and snapshot['chunk_run_outs'] == 1
+
+
+def test_no_step_of_a_chunk_goes_out_once_the_instruction_is_another():
+    """The instruction changes while a chunk runs: the channel's own hold waits for the
+    worker's turn to end (up to a step, over a second on a loaded machine), and meanwhile the
+    chunk clock published the old instruction's steps (6 in 40 changes through the node at
+    control_period 0.2 s). Now the first due step after the change holds with the new
+    instruction's reason and drops the chunks, and a result decided under the old one that
+    arrives after the change (the channel checked it just before) is not kept either."""
+    robot = FakeRobot()
+    execution = ChunkExecution(robot.channel())
+    robot.now = 100.01
+    execution.handle_finished(finished(100.0))
+    assert [s[0] for s in robot.steps] == [0]
+    robot.settings = dataclasses.replace(robot.settings, instruction='stop')
+    robot.now = 100.0 + P + 1e-6                              # step 1 is due
+    assert execution.publish_due(robot.now) is None
+    assert [s[0] for s in robot.steps] == [0]
+    assert robot.holds[-1][0] == cmd.instruction_change_reason('stop')
+    assert 'stop' in robot.holds[-1][0] and execution.schedule.newest is None
+    # A result of the old instruction finishing now: held, not kept, not published.
+    held = len(robot.holds)
+    execution.handle_finished(finished(100.2, instruction='go'))
+    assert len(robot.holds) == held + 1 and execution.schedule.newest is None
+    assert [s[0] for s in robot.steps] == [0] and len(robot.chunks) == 1
+    # The new instruction's chunk is kept and runs.
+    execution.handle_finished(finished(100.2, instruction='stop'))
+    assert len(robot.chunks) == 2 and robot.steps[-1][0] == 0
+    robot.now = 100.2 + P + 1e-6
+    execution.publish_due(robot.now)
+    assert robot.steps[-1][0] == 1
 
 
 def test_a_camera_clock_ahead_of_the_node_does_not_push_the_steps_into_the_future():

@@ -145,9 +145,9 @@ def test_reasoning_every_n_set_at_run_time_reuses_the_text(ros, folders):
 
 def test_a_kept_reasoning_is_not_reused_after_a_new_instruction_or_a_pause(ros, folders):
     """reasoning_every_n 4: before, the frames after a new instruction acted on the old
-    task's reasoning (the kept text knew no instruction), and after ``enabled`` false then
-    true on the reasoning from before the pause. Now the first frame after either reasons
-    afresh."""
+    task's reasoning (the kept text knew no instruction), after ``enabled`` false then true
+    on the reasoning from before the pause, and after a switch A -> B -> A on A's text from
+    before the switch. Now the first frame after each reasons afresh."""
     from rclpy.parameter import Parameter
 
     node, probe, reasoning = start(ros, folders['scripted'], 'vla_ecot_stale_reuse',
@@ -174,6 +174,12 @@ def test_a_kept_reasoning_is_not_reused_after_a_new_instruction_or_a_pause(ros, 
         set_parameter('enabled', False)
         set_parameter('enabled', True)
         assert not answer()['reasoning_reused']             # after a pause, afresh
+        # A -> B -> A: the text kept under A before the switch is not A's any more (the
+        # scene moved on; before, the first frame after the switch back reused it).
+        assert answer()['reasoning_reused']
+        set_parameter('instruction', 'wipe the table')
+        set_parameter('instruction', 'put the cup in the sink')
+        assert not answer()['reasoning_reused']
     finally:
         stop(ros, node)
 

@@ -660,13 +660,15 @@ def test_a_camera_clock_ahead_of_the_node_times_the_steps_from_the_arrival(chunk
 
 @needs_ros
 @pytest.mark.parametrize('instruction, reason', [
-    ('', 'no instruction'), ('open the drawer', "instruction changed: holding until the first "
-                                                "action for 'open the drawer'")])
+    ('', 'no instruction'), ('  \t ', 'no instruction'),   # whitespace is no task either
+    ('open the drawer', "instruction changed: holding until the first action for "
+                        "'open the drawer'")])
 def test_a_new_or_cleared_instruction_stops_the_running_chunk(chunk_node, chunked, instruction,
                                                               reason):
     """Nothing decided under the old instruction goes out once it changed: the chunk being
     executed is dropped and a zero twist follows at once (not the chunk's later steps, not
-    only at its run-out)."""
+    only at its run-out). An instruction of whitespace holds as none (before, every frame of
+    it was refused as bad input, an ERROR at frame rate)."""
     node, probe = chunk_node
     _, frames, _ = chunked
     start = len(probe.probe.twists.snapshot())

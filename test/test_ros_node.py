@@ -569,8 +569,8 @@ def test_no_command_for_an_image_older_than_a_refused_frame(pipeline_node, refer
 
 def test_no_command_for_a_frame_of_an_instruction_changed_since(pipeline_node, reference):
     """A frame in flight when the robot's instruction changes answers a question nobody asks
-    any more: its action is dropped (counted), not published; the next frame is answered
-    under the new instruction."""
+    any more: it is dropped from the engine at the change (counted; before, it ran to its end
+    first) and never published; the next frame is answered under the new instruction."""
     node, probe = pipeline_node
     _, frames, _, _ = reference
     channel = node.serving.channels[0]
@@ -582,9 +582,9 @@ def test_no_command_for_a_frame_of_an_instruction_changed_since(pipeline_node, r
             _submit(node, probe, older)
             assert probe.set_param('instruction', other).successful
             wait_until(lambda: channel.settings.instruction == other, what='new instruction')
-            assert node.serving.engine.has_work()   # `older` still in flight
             wait_until(lambda: node.stats_snapshot()['frames_dropped'] >= dropped + 1,
-                       what='the older frame dropped when it finished')
+                       what='the older frame dropped')
+            assert not node.serving.engine.has_work()   # not run to its end first
         newer = probe.raw_image(frames[2])
         twist = _send_and_get_twist(probe, newer)
         assert twist.header.stamp == newer.header.stamp

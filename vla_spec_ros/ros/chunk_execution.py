@@ -69,6 +69,11 @@ class ChunkExecution:
     def __init__(self, robot: ChunkChannel, on_chunk=None):
         self.robot = robot
         self.schedule = chunks.ChunkSchedule()
+        # The instruction the kept chunks were decided under (every chunk kept was): once the
+        # robot's instruction is another, none of their steps goes out. The channel's own
+        # hold on a new instruction waits for the worker's turn to end (up to a step); the
+        # chunk clock must not publish old steps meanwhile.
+        self._instruction: str | None = None
         self._lock = threading.RLock()            # schedule + the steps' publishing order
         self._on_chunk = on_chunk
 
@@ -102,6 +107,11 @@ class ChunkExecution:
         now went out), or None when it was not kept (refused, held, or its image not
         newer)."""
         robot, info = self.robot, finished.frame.user_data
+        if finished.frame.instruction != settings.instruction:
+            # Decided under an instruction no longer in force (it changed after the channel
+            # checked the result): nothing of it goes out, the robot holds.
+            robot.reject(cmd.instruction_change_reason(settings.instruction))
+            return None
         decision = chunks.decide_chunk(
             finished.result, error=finished.error,
             is_enabled=settings.enabled and robot.is_active(),
@@ -124,6 +134,7 @@ class ChunkExecution:
             robot.log_reason('chunk ignored: its image is older than the chunk being '
                              'executed (camera clock stepped back?)', 'warning')
             return None
+        self._instruction = settings.instruction
         robot.publish_chunk(chunk, self._chunk_commands(decision.commands, settings),
                             settings, prepared)
         _, went_out = self._publish_due(now, from_clock=False)
@@ -169,6 +180,10 @@ class ChunkExecution:
         robot = self.robot
         settings = robot.settings()
         if not (settings.enabled and robot.is_active()):
+            self.schedule.clear()
+            return None, False
+        if self.schedule.newest is not None and self._instruction != settings.instruction:
+            robot.reject(cmd.instruction_change_reason(settings.instruction))
             self.schedule.clear()
             return None, False
         due = self.schedule.due(now_s, blend=settings.chunk_blend,

@@ -65,6 +65,19 @@ FAILURE_REASONS = (REASON_ENGINE_ERROR, REASON_INVALID, REASON_NON_FINITE, REASO
 ZERO3 = (0.0, 0.0, 0.0)
 
 
+def has_instruction(instruction: str) -> bool:
+    """Whether the robot has a task: an instruction of only whitespace is none (the engine
+    would refuse every frame of it as bad input, at frame rate)."""
+    return bool(instruction.strip())
+
+
+def instruction_change_reason(instruction: str) -> str:
+    """The hold after the robot's instruction changed to `instruction` (cleared: none)."""
+    if not has_instruction(instruction):
+        return REASON_NO_INSTRUCTION
+    return f'{REASON_NEW_INSTRUCTION}: holding until the first action for {instruction!r}'
+
+
 @dataclass(frozen=True)
 class Command:
     """One output of the node: a twist, a gripper command, the raw action, or a hold."""

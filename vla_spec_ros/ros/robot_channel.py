@@ -285,15 +285,16 @@ class RobotChannel:
     def instruction_changed(self) -> None:
         """The robot's instruction changed or was cleared (executor thread, after the new
         settings are in force): nothing decided under the old one is acted on any more. The
-        worker finishes its turn first (paused); the results of frames still in the engine
-        are dropped when they finish (``_is_superseded``); the chunk being executed is
-        dropped and the robot holds until the new instruction's first action (a cleared one
-        holds: no instruction)."""
-        instruction = self.settings.instruction
+        worker finishes its turn first (paused); the robot's frames in the engine are dropped
+        (counted) with its kept reasoning (``reasoning_every_n``: a text reasoned before the
+        change, reused after an A -> B -> A switch, would steer the robot; a frame of A still
+        in flight would be published again); the chunk being executed is dropped (its steps
+        stop at once: ChunkExecution checks the instruction) and the robot holds until the
+        new instruction's first action (a cleared one holds: no instruction). The queued
+        camera frame stays: it is submitted with the new instruction."""
         with self._paused():
-            self.forget_commands(
-                f'{cmd.REASON_NEW_INSTRUCTION}: holding until the first action for '
-                f'{instruction!r}' if instruction else cmd.REASON_NO_INSTRUCTION)
+            self.stats.record_dropped(self._on_reset(self))
+            self.forget_commands(cmd.instruction_change_reason(self.settings.instruction))
 
     # ---- time -----------------------------------------------------------------------------
 
@@ -337,7 +338,7 @@ class RobotChannel:
         if reason is not None and settings.enabled:         # name a stalled image slot
             reason = self.observation.stale_slot_reason(
                 self.age_of, self.age_limit(settings), settings) or reason
-        if reason is None and not settings.instruction:
+        if reason is None and not cmd.has_instruction(settings.instruction):
             reason = cmd.REASON_NO_INSTRUCTION
         if reason is None:
             reason = self._standing_reason(settings)

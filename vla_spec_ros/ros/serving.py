@@ -36,7 +36,7 @@ from vla_spec_ros.ros.qos import COMMAND_QOS
 from vla_spec_ros.ros.robot_channel import RobotChannel
 from vla_spec_ros.ros.robot_recordings import RobotRecordings
 from vla_spec_ros.ros.chunk_clock import ChunkClock
-from vla_spec_ros.ros.command_rules import check_action_dim
+from vla_spec_ros.ros.command_rules import check_action_dim, has_instruction
 from vla_spec_ros.ros.node_clock_watch import NodeClockWatch, steady_clock
 from vla_spec_ros.ros.worker import InferenceWorker
 
@@ -232,7 +232,9 @@ class Serving:
         import numpy as np
 
         image = np.zeros((WARM_UP_IMAGE_SIZE, WARM_UP_IMAGE_SIZE, 3), np.uint8)
-        instruction = self.settings.instruction or 'warm up'
+        instruction = self.settings.instruction
+        if not has_instruction(instruction):
+            instruction = 'warm up'
         key = self.settings.unnorm_key_or_none or self.unnorm_keys[0]
         num_slots = self.settings.num_image_slots          # the frames it will serve
         state = (np.zeros(len(self.settings.state_order), np.float64)

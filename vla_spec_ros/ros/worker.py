@@ -160,7 +160,7 @@ class InferenceWorker:
         settings = channel.settings
         if not (settings.enabled and channel.is_active):
             return
-        if not settings.instruction:
+        if not cmd.has_instruction(settings.instruction):
             channel.hold_state(cmd.REASON_NO_INSTRUCTION)
             return
         stale = cmd.freshness_reason(channel.age_of(info), settings,
