@@ -282,6 +282,13 @@ class Probe:
         wait_until(future.done, what=f'set {name}')
         return future.result().results[0]
 
+    def delete_param(self, name):
+        """`ros2 param delete`: the node's SetParametersResult for it."""
+        assert self.params.wait_for_services(timeout_sec=TIMEOUT)
+        future = self.params.delete_parameters([name])
+        wait_until(future.done, what=f'delete {name}')
+        return future.result().results[0]
+
     def get_param(self, name):
         future = self.params.get_parameters([name])
         wait_until(future.done, what=f'get {name}')

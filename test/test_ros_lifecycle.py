@@ -217,6 +217,49 @@ def test_enable_and_the_enabled_parameter_agree_while_inactive(ros):
         node.destroy_node()
 
 
+def test_no_parameter_is_deleted_nor_a_robots_value_set_node_wide_in_any_state(ros):
+    """`ros2 param delete` of a list parameter was accepted (rclpy undeclares a dynamically
+    typed one): a deleted joint_max_velocity read as no limit and could never be set again.
+    And on a managed node serving robots a and b, a node-wide max_linear_speed set while
+    unconfigured was accepted, then ignored for a.max_linear_speed once configured (the
+    configured node refuses it). Both are refused in every state; a robot's own value is
+    taken, and a refusal of it names the robot's parameter."""
+    from vla_spec_ros import VLAPolicy
+
+    context, executor, probe_node = ros
+    policy = VLAPolicy.from_pretrained('tiny', restrict_to_action_tokens=True)
+    overrides = {'robots': ['a', 'b'], 'unnorm_key': 'bridge_orig',
+                 'joint_max_velocity': [0.5] * 6}
+    node = VLASpecLifecycleNode(policy, node_name='vla_param_states', context=context,
+                                parameter_overrides=[Parameter(k, value=v)
+                                                     for k, v in overrides.items()])
+    executor.add_node(node)
+    try:
+        probe = Probe(probe_node, 'vla_param_states')
+        life = Lifecycle(probe, 'vla_param_states')
+        for transition in (None, Transition.TRANSITION_CONFIGURE,
+                           Transition.TRANSITION_ACTIVATE):
+            if transition is not None:
+                assert life.transition(transition)
+            for name in ('joint_max_velocity', 'a.joint_max_velocity', 'a.state_joint_names'):
+                result = probe.delete_param(name)
+                assert not result.successful and 'cannot be deleted' in result.reason, name
+            assert probe.get_param('a.joint_max_velocity') == [0.5] * 6
+            result = probe.set_param('max_linear_speed', 0.05)
+            assert not result.successful
+            assert 'set <robot>.max_linear_speed' in result.reason, result.reason
+            assert probe.get_param('max_linear_speed') != 0.05
+            assert probe.set_param('a.max_linear_speed', 0.05).successful
+            assert probe.set_param('a.max_linear_speed', 0.25).successful
+            if transition is not None:      # the checkpoint's checks name the robot's value
+                result = probe.set_param('b.unnorm_key', 'zzz')
+                assert not result.successful
+                assert result.reason.startswith("b.unnorm_key: 'zzz' not in"), result.reason
+    finally:
+        executor.remove_node(node)
+        node.destroy_node()
+
+
 def test_a_configure_that_fails_in_any_way_says_why(ros, monkeypatch):
     """A load failing with something other than bad input (a GPU out of memory, a missing
     module) fails the configure with its reason in the log, as a missing checkpoint does;

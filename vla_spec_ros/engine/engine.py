@@ -128,6 +128,24 @@ class Engine:
         replaced = self.strategy.replace_waiting(request)
         return request.request_id, [r.request_id for r in replaced]
 
+    def check_frame(self, frame: Frame) -> None:
+        """ValueError naming what ``submit`` would refuse in ``frame`` itself (images,
+        instruction, state, dataset key, prompt length), or None; nothing is queued. (Which
+        streams are busy is not checked: that changes from step to step.)"""
+        self._checked_prompt(frame)
+
+    def _checked_prompt(self, frame: Frame) -> tuple[list[int], str, int]:
+        """(prompt ids, dataset key, prefix length) of a valid frame."""
+        self.runner.check_frame(frame)
+        input_ids = self.runner.frame_prompt_ids(frame)
+        key = resolve_unnorm_key(self.norm_stats, frame.unnorm_key)
+        prefix_len = self.runner.prefix_len(input_ids, len(frame.images))
+        longest = prefix_len + self.runner.max_action_tokens + self._config.tree_depth
+        if longest > self.runner.max_positions:
+            raise ValueError(f'prompt needs {longest} positions; the model has '
+                             f'{self.runner.max_positions}')
+        return input_ids, key, prefix_len
+
     def _new_request(self, frame: Frame) -> Request:
         """The request of a valid frame; ValueError naming what is wrong otherwise."""
         if not isinstance(frame.stream_id, str) or not frame.stream_id:
@@ -138,15 +156,8 @@ class Engine:
             raise ValueError(f'stream_id: {frame.stream_id!r} would be stream {len(active) + 1} '
                              f'with unfinished frames; max_streams is '
                              f'{self._config.max_streams} (busy: {sorted(active)})')
-        self.runner.check_frame(frame)
-        input_ids = self.runner.frame_prompt_ids(frame)
-        key = resolve_unnorm_key(self.norm_stats, frame.unnorm_key)
-        prefix_len = self.runner.prefix_len(input_ids, len(frame.images))
+        input_ids, key, prefix_len = self._checked_prompt(frame)
         max_tokens = self.runner.max_action_tokens
-        longest = prefix_len + max_tokens + self._config.tree_depth
-        if longest > self.runner.max_positions:
-            raise ValueError(f'prompt needs {longest} positions; the model has '
-                             f'{self.runner.max_positions}')
         request = Request(next(self._ids), frame.stream_id, prefix_len, max_tokens,
                           self.strategy.slots_for(prefix_len), frame=frame,
                           input_ids=input_ids, unnorm_key=key, control_step=frame.control_step,

@@ -29,6 +29,7 @@ import sys
 
 from rcl_interfaces.msg import SetParametersResult
 from rclpy.lifecycle import LifecycleNode, TransitionCallbackReturn
+from rclpy.parameter import Parameter
 
 from vla_spec_ros.engine.result import describe_error
 from vla_spec_ros.ros import params
@@ -65,15 +66,22 @@ class VLASpecLifecycleNode(LifecycleNode):
     def _validate(self, changes) -> SetParametersResult:
         if self._serving is not None:
             return self._serving.validate(changes)
+        robots = tuple(self._values['robots'] or ())
         for change in changes:
+            if change.name not in self._values:
+                continue       # use_sim_time and other rclpy-owned parameters
             # Each robot's own parameters (<robot>.<name>) are declared when the node is
             # built: a robot added later would have none (its enable and instruction could
             # not be set), one removed would leave them behind.
-            if change.name == 'robots' and list(change.value or []) != list(
-                    self._values['robots']):
+            if change.name == 'robots' and list(change.value or []) != list(robots):
                 return SetParametersResult(successful=False, reason=(
                     'robots: fixed when the node starts (each robot\'s own parameters are '
                     'declared then); restart the node to serve other robots'))
+            refusal = params.change_refusal(
+                change.name, change.value, change.type_ == Parameter.Type.NOT_SET,
+                self._values, robots)
+            if refusal is not None:
+                return SetParametersResult(successful=False, reason=refusal)
         proposed = dict(self._values)
         proposed.update((c.name, c.value) for c in changes if c.name in proposed)
         try:

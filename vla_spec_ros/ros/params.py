@@ -583,6 +583,23 @@ def load_time_refusal(name: str) -> str:
             'in the params file or as a launch argument and restart the node')
 
 
+def change_refusal(name: str, value: Any, is_deletion: bool, current: Mapping[str, Any],
+                   robots: tuple) -> str | None:
+    """Why one parameter change is refused whatever the node's state (plain, managed and
+    unconfigured alike), or None: a deletion (`ros2 param delete`: list parameters are
+    dynamically typed, so rclpy would undeclare one; a deleted joint_max_velocity read as no
+    limit, and no `set` could bring it back), and, on a node serving `robots`, a node-wide
+    value of a robot's own parameter (set, it was accepted and then ignored)."""
+    if is_deletion:
+        return (f'{name}: the parameters of this node cannot be deleted (it would read the '
+                'parameter as unset and the name could not be set again); set [] or \'\' '
+                'to clear a list or a text')
+    if robots and name in ROBOT_PARAMETERS and value != current.get(name):
+        return (f'{name}: this node serves robots {list(robots)}; set <robot>.{name} (the '
+                'node-wide value is only their default at start-up)')
+    return None
+
+
 def tunable_engine_changes(old: EngineConfig, new: EngineConfig) -> dict[str, Any]:
     """Engine tunables whose values differ, for `Engine.set_tunables(**changes)`."""
     return {name: getattr(new, name) for name in TUNABLE_ENGINE_FIELDS

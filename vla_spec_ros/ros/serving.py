@@ -299,24 +299,28 @@ class Serving:
         for change in changes:
             if change.name not in proposed:
                 continue       # use_sim_time and other rclpy-owned parameters
+            refusal = params.change_refusal(
+                change.name, change.value, change.type_ == Parameter.Type.NOT_SET,
+                self.values, tuple(self.settings.robots))
             base_name = change.name.split('.', 1)[-1]     # '<robot>.<name>' -> '<name>'
-            if (base_name in params.LOAD_TIME_PARAMETERS
+            if (refusal is None and base_name in params.LOAD_TIME_PARAMETERS
                     and change.value != self.values[change.name]):
-                return SetParametersResult(successful=False,
-                                           reason=params.load_time_refusal(change.name))
-            if (self.is_multi_robot and change.name in params.ROBOT_PARAMETERS
-                    and change.value != self.values[change.name]):
-                return SetParametersResult(successful=False, reason=(
-                    f'{change.name}: this node serves robots {list(self.settings.robots)}; '
-                    f'set <robot>.{change.name} (the node-wide value is only their default '
-                    'at start-up)'))
+                refusal = params.load_time_refusal(change.name)
+            if refusal is not None:
+                return SetParametersResult(successful=False, reason=refusal)
             proposed[change.name] = change.value
         try:
             config = params.configuration_from_parameters(proposed)
             for robot, robot_settings in config.robots.items():
-                self._check_unnorm_key(robot_settings.unnorm_key)
-                self._check_joint_count(robot, robot_settings)
-                self._check_pose_frame(robot, robot_settings)
+                try:
+                    self._check_unnorm_key(robot_settings.unnorm_key)
+                    self._check_joint_count(robot, robot_settings)
+                    self._check_pose_frame(robot, robot_settings)
+                    self._check_state_size(robot, robot_settings)
+                except ValueError as exc:   # '<name>: why' -> '<robot>.<name>: why'
+                    if not robot:
+                        raise
+                    raise ValueError(params.robot_parameter_name(robot, str(exc))) from None
             # The engine's own checks, now: queued unchecked, a tunable this model or load
             # cannot take failed in the worker as an engine error (every robot held, the
             # engine reset, the other tunables of the change dropped) while the parameter
@@ -342,6 +346,49 @@ class Serving:
                              'fixed at start-up (rename joints at run time, restart to change '
                              'their number)')
         check_action_dim(self.model_io.action_dim, proposed)
+
+    def _check_state_size(self, robot: str, proposed) -> None:
+        """The state a changed state_joint_names (or state input) gives, checked by the
+        engine as it checks every frame's (the model's state size): before, a size the model
+        cannot read was refused at start-up (the warm-up frame) but accepted at run time, and
+        then every frame was refused. ValueError naming the parameter."""
+        if not self.model_io.uses_state \
+                or proposed.state_order == self.config.robots[robot].state_order:
+            return
+        try:
+            self._check_frame_of(proposed, 'check the state')
+        except ValueError as exc:
+            raise ValueError(f'state_joint_names: {len(proposed.state_order)} joints give a '
+                             f'state this model cannot read ({exc})') from None
+
+    def _check_frame_of(self, settings, instruction: str) -> None:
+        """ValueError when the engine would refuse every frame of a robot with `settings`
+        and `instruction` whatever its camera sends (the state's size, the instruction)."""
+        import numpy as np
+
+        image = np.zeros((8, 8, 3), np.uint8)
+        slots = settings.num_image_slots
+        state = (np.zeros(len(settings.state_order))
+                 if self.model_io.uses_state and settings.state_order else None)
+        frame = Frame(image if slots == 1 else (image,) * slots, instruction,
+                      settings.unnorm_key_or_none or self.unnorm_keys[0], WARM_UP_STREAM,
+                      state=state)
+        with self.engine_lock:
+            self.engine.check_frame(frame)
+
+    def _say_if_unusable(self, channel) -> None:
+        """A new instruction the engine refuses (too long for max_instruction_tokens, say) is
+        kept, and the robot holds on every frame (a refused instruction would leave the old
+        task running): said once, now, naming the parameter."""
+        instruction = channel.settings.instruction
+        if not has_instruction(instruction):
+            return
+        try:
+            self._check_frame_of(channel.settings, instruction)
+        except ValueError as exc:
+            self.node.get_logger().error(
+                f'{channel.label}: {self._parameter_name(channel, "instruction")}: {exc}; '
+                'every frame is refused and the robot holds until an instruction it can use')
 
     def _check_pose_frame(self, robot: str, proposed) -> None:
         """With pose targets, the tool pose is read in frame_id from start-up on (its TF
@@ -377,6 +424,7 @@ class Serving:
                     self._on_reset(channel)
             if before.instruction != channel.settings.instruction:
                 channel.instruction_changed()
+                self._say_if_unusable(channel)
             if before.state_order != channel.settings.state_order:
                 channel.observation.forget_inputs()
 
