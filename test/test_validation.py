@@ -43,3 +43,11 @@ def test_check_number_above_is_strict():
             check_number('rate_hz', value, above=0.0)
     with pytest.raises(ValueError, match=r'<= 2 and > 0.0'):
         check_number('gain', 3.0, maximum=2, above=0.0)
+
+
+def test_check_number_without_a_range_reads_cleanly():
+    """No range: no stray double space before the unit (it read "number  rad/s")."""
+    with pytest.raises(ValueError, match=r'^x: must be a finite number \(rad/s\), got nan$'):
+        check_number('x', float('nan'), unit='rad/s')
+    with pytest.raises(ValueError, match=r'^x: must be a finite number, got inf$'):
+        check_number('x', float('inf'))

@@ -48,8 +48,11 @@ def check_number(name: str, value, *, minimum: float | None = None,
             maximum is not None and value > maximum) or (above is not None and value <= above):
         bounds = ' and '.join(filter(None, [_range_text(minimum, maximum),
                                             f'> {above}' if above is not None else '']))
-        suffix = f' {unit}' if unit else ''
-        raise ValueError(f'{name}: must be a finite number {bounds}{suffix}, got {value!r}')
+        if bounds:
+            wanted = f' {bounds} {unit}' if unit else f' {bounds}'
+        else:
+            wanted = f' ({unit})' if unit else ''
+        raise ValueError(f'{name}: must be a finite number{wanted}, got {value!r}')
     return float(value)
 
 

@@ -49,6 +49,10 @@ class VLASpecLifecycleNode(LifecycleNode):
         refuse_unknown_overrides(self)
         self._given_policy = policy
         self._recommended_for = None      # the model_path whose recommendations were taken
+        # Parameters the user set while unconfigured: theirs, as start-up overrides are (a
+        # checkpoint's recommendation taken at configure must not overwrite them).
+        self.set_before_configure: set[str] = set()
+        self._taking_recommendations = False
         self.add_on_set_parameters_callback(self._validate)
         self.add_post_set_parameters_callback(self._apply)
 
@@ -94,6 +98,8 @@ class VLASpecLifecycleNode(LifecycleNode):
         for change in changes:
             if change.name in self._values:
                 self._values[change.name] = change.value
+                if self._serving is None and not self._taking_recommendations:
+                    self.set_before_configure.add(change.name)
         if self._serving is not None:
             self._serving.apply(changes)
 
@@ -103,7 +109,12 @@ class VLASpecLifecycleNode(LifecycleNode):
         try:
             if self._recommended_for != self._values['model_path']:
                 # Once per model (a later `ros2 param set` of a recommended one stands).
-                self._values = take_recommendations(self, self._values, self._given_policy)
+                self._taking_recommendations = True
+                try:
+                    self._values = take_recommendations(self, self._values,
+                                                        self._given_policy)
+                finally:
+                    self._taking_recommendations = False
                 self._recommended_for = self._values['model_path']
             config = params.configuration_from_parameters(self._values)
             policy = load_for_node(self, config, self._given_policy)

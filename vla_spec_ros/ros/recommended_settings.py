@@ -55,9 +55,10 @@ def checkpoint_recommendations(folder: Path) -> tuple[dict, str]:
 
 
 def user_given(node) -> set[str]:
-    """Parameter names the user set at start-up (rclpy's overrides: command line, params
-    file, launch file)."""
-    return set(getattr(node, '_parameter_overrides', {}))
+    """Parameter names the user set: at start-up (rclpy's overrides: command line, params
+    file, launch file) and, on a managed node, with `ros2 param set` before its configure."""
+    return set(getattr(node, '_parameter_overrides', {})) | set(
+        getattr(node, 'set_before_configure', ()))
 
 
 def apply_recommendations(node, values: dict, recommended: dict, source: str) -> dict:
