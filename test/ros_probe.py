@@ -185,16 +185,29 @@ class LogProbe:
     so no line is lost, those logged before the probe matched included (reading the process's
     captured stderr while the node writes to it from other threads can drop a line)."""
 
-    def __init__(self, probe_node, node_name: str):
+    def __init__(self, probe_node, node_name: str, lines: Recorder | None = None):
         self.node_name = node_name
         self._node = probe_node
-        self.lines = Recorder(probe_node.get_clock())
-        self._sub = probe_node.create_subscription(Log, '/rosout', self.lines, QoSProfile(
-            depth=1000, reliability=ReliabilityPolicy.RELIABLE,
-            durability=DurabilityPolicy.TRANSIENT_LOCAL))
+        self._sub = None
+        if lines is None:
+            lines = Recorder(probe_node.get_clock())
+            self._sub = probe_node.create_subscription(Log, '/rosout', lines, QoSProfile(
+                depth=1000, reliability=ReliabilityPolicy.RELIABLE,
+                durability=DurabilityPolicy.TRANSIENT_LOCAL))
+        self.lines = lines
+
+    def for_node(self, node_name: str) -> 'LogProbe':
+        """The lines of another node, read by this probe's subscription (a module shares
+        one: destroying a subscription while the executor spins can raise InvalidHandle in
+        the executor's thread, and /rosout is busy)."""
+        return LogProbe(self._node, node_name, self.lines)
 
     def close(self) -> None:
-        self._node.destroy_subscription(self._sub)
+        """Destroys the subscription (not a view's): only where no error of the probe's
+        executor is asserted (see for_node)."""
+        if self._sub is not None:
+            self._node.destroy_subscription(self._sub)
+            self._sub = None
 
     def mark(self) -> int:
         return len(self.lines.snapshot())

@@ -133,8 +133,9 @@ class Setup:
     entries outlive its test)."""
 
     def __init__(self, graph, moveit_prefix, kind, timeout_s=HEALTHY_TIMEOUT_S,
-                 start_servos=True):
+                 start_servos=True, rosout=None):
         self.graph, self.prefix, self.kind = graph, moveit_prefix, kind
+        self.rosout = rosout                # the module's /rosout reader (ros_probe.LogProbe)
         run = next(RUNS)
         self.name = f'vla_respawn_{kind}_{run}'
         self.robots = list(ROBOTS) if kind == 'two_robots' else ['']
@@ -158,11 +159,10 @@ class Setup:
 
     def start(self):
         from camera_stream import CameraStream
-        from ros_probe import LogProbe
 
         policy, context, executor, probe = self.graph
         self.diagnostics = Diagnostics(probe)
-        self.log = LogProbe(probe, self.name)
+        self.log = self.rosout.for_node(self.name) if self.rosout is not None else None
         self.camera = CameraStream(probe, [f'/{robot or self.name}/image'
                                            for robot in self.robots], CAMERA_PERIOD_S)
         self.node = self._make_node(policy, context)
@@ -235,14 +235,20 @@ class Setup:
             self.node.destroy_node()
         if self.diagnostics is not None:
             self.diagnostics.close()
-        if self.log is not None:
-            self.log.close()
         for servo in self.servos.values():
             servo.stop()
 
 
+@pytest.fixture(scope='module')
+def rosout(graph):
+    """One /rosout reader for the module (ros_probe.LogProbe.for_node)."""
+    from ros_probe import LogProbe
+
+    return LogProbe(graph[3], '')
+
+
 @pytest.fixture
-def setup_of(graph, moveit_prefix):
+def setup_of(graph, moveit_prefix, rosout):
     from ros_probe import assert_no_callback_errors
 
     made = []
@@ -250,7 +256,7 @@ def setup_of(graph, moveit_prefix):
     errors_before = len(executor.callback_errors)
 
     def make(kind, **kwargs):
-        made.append(Setup(graph, moveit_prefix, kind, **kwargs))
+        made.append(Setup(graph, moveit_prefix, kind, rosout=rosout, **kwargs))
         return made[-1]
     yield make
     try:       # no callback of the node or the probe raised while the test ran ...
