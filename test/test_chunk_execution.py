@@ -311,3 +311,36 @@ def test_with_ensemble_the_whole_chunk_an_output_gets_is_the_blend_its_steps_wil
         expected = cmd.command_from_action(np.mean(steps, axis=0), robot.settings)
         np.testing.assert_allclose(command.linear, expected.linear, rtol=0, atol=1e-12)
     assert commands[0].linear != cmd.command_from_action(newer[0], robot.settings).linear
+
+
+def test_settings_are_swapped_between_steps_never_in_the_middle_of_one():
+    """RobotChannel.replace_settings swaps a robot's settings inside `between_steps`: a step
+    being decided and published under the old settings goes out first, and every later step
+    sees the new ones. Before, a step that had passed the instruction check before the swap
+    still went out after it (1 in 38 changes through the node)."""
+    import threading
+
+    inside, release = threading.Event(), threading.Event()
+
+    class SlowRobot(FakeRobot):
+        def _publish_step(self, *args):
+            if self.steps:                  # step 1 waits in the middle of its publishing
+                inside.set()
+                release.wait(5.0)
+            return super()._publish_step(*args)
+
+    robot = SlowRobot()
+    execution = ChunkExecution(robot.channel())
+    robot.now = 100.01
+    execution.handle_finished(finished(100.0))
+    robot.now = 100.0 + P + 1e-6
+    clock = threading.Thread(target=execution.publish_due, args=(robot.now,))
+    clock.start()
+    assert inside.wait(5.0)
+    lock = execution.between_steps()
+    assert not lock.acquire(timeout=0.05)        # the step in progress holds the swap back
+    release.set()
+    assert lock.acquire(timeout=5.0)              # then the swap goes in
+    lock.release()
+    clock.join(5.0)
+    assert [s[0] for s in robot.steps] == [0, 1]

@@ -77,6 +77,13 @@ class ChunkExecution:
         self._lock = threading.RLock()            # schedule + the steps' publishing order
         self._on_chunk = on_chunk
 
+    def between_steps(self):
+        """A context in which no step is being decided or published: new settings swapped in
+        it (RobotChannel.replace_settings) reach every step decided after it, and a step
+        decided before it has gone out (a new instruction's check, `_publish_due`, cannot
+        race a step already past it)."""
+        return self._lock
+
     def clear(self) -> bool:
         """Forget the chunks; whether one still had steps to run (was moving the robot)."""
         with self._lock:

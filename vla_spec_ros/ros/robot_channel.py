@@ -492,6 +492,14 @@ class RobotChannel:
             prepared.append(value)
         return prepared
 
+    def replace_settings(self, settings):
+        """New settings in force (executor thread, Serving.apply); returns the old ones. Not
+        in the middle of a chunk step: one decided under the old settings goes out first, and
+        every later step sees the new ones (a new instruction stops the chunk there)."""
+        with self.chunk_execution.between_steps():
+            before, self.settings = self.settings, settings
+        return before
+
     def clear_chunks(self) -> bool:
         """Forget the chunks being executed (disable, deactivate, reset, a failure); whether
         one still had steps to run."""

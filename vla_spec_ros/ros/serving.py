@@ -411,7 +411,7 @@ class Serving:
                 params.tunable_engine_changes(self.config.engine, config.engine))
         self.config = config
         for channel in self.channels:
-            before, channel.settings = channel.settings, config.robots[channel.name]
+            before = channel.replace_settings(config.robots[channel.name])
             if before.enabled != channel.settings.enabled:
                 self.node.get_logger().info(
                     f'{channel.label}: {"enabled" if channel.settings.enabled else "disabled"}')
