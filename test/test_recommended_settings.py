@@ -142,20 +142,15 @@ def test_a_value_set_on_a_managed_node_before_configure_is_the_users(ros):
     before, the checkpoint's recommendation overwrote it (and the log said "set chunk_blend
     to override"). A value set before configure is the user's, as a start-up one is."""
     from rclpy.parameter import Parameter
-    from rclpy.qos import DurabilityPolicy, QoSProfile, ReliabilityPolicy
-    from rcl_interfaces.msg import Log
 
-    from ros_probe import Recorder, wait_until
+    from ros_probe import LogProbe
     from vla_spec_ros.assets import embedded_checkpoint
     from vla_spec_ros.ros.lifecycle_node import VLASpecLifecycleNode
 
     if embedded_checkpoint('metaworld-demo-fast') is None:
         pytest.skip('metaworld-demo-fast is not shipped in this tree')
     context, executor, probe_node = ros
-    log = Recorder(probe_node.get_clock())
-    probe_node.create_subscription(Log, '/rosout', log, QoSProfile(
-        depth=1000, reliability=ReliabilityPolicy.RELIABLE,
-        durability=DurabilityPolicy.TRANSIENT_LOCAL))
+    log = LogProbe(probe_node, 'vla_managed_blend')
     node = VLASpecLifecycleNode(node_name='vla_managed_blend', context=context,
                                 parameter_overrides=[Parameter('model_path',
                                                                value='metaworld-demo-fast')])
@@ -166,9 +161,7 @@ def test_a_value_set_on_a_managed_node_before_configure_is_the_users(ros):
         assert node.serving is not None
         assert node.get_parameter('chunk_blend').value == 'latest'
         assert node.serving.config.robots[''].chunk_blend == 'latest'
-        wait_until(lambda: log.find(lambda m: m.name == 'vla_managed_blend' and
-                                    "'latest' as set" in m.msg),
-                   what="the user's value in the log")
+        log.wait_for("'latest' as set")
     finally:
         executor.remove_node(node)
         node.destroy_node()

@@ -176,19 +176,26 @@ def test_configure_with_a_missing_model_fails_cleanly_and_stays_silent(ros, tmp_
         node.destroy_node()
 
 
-def test_enable_and_the_enabled_parameter_agree_while_inactive(ros):
-    from std_srvs.srv import SetBool
-
+def _tiny_lifecycle_node(ros, name: str, overrides: dict):
+    """A managed node on the tiny model (a policy passed in), added to the executor."""
     from vla_spec_ros import VLAPolicy
 
-    context, executor, probe_node = ros
+    context, executor, _ = ros
     policy = VLAPolicy.from_pretrained('tiny', restrict_to_action_tokens=True)
-    overrides = {'instruction': INSTRUCTION, 'unnorm_key': 'bridge_orig', 'max_action_age': 5.0,
-                 'max_linear_speed': 10.0, 'max_angular_speed': 20.0}      # enabled: false
-    node = VLASpecLifecycleNode(policy, node_name='vla_enable', context=context,
+    node = VLASpecLifecycleNode(policy, node_name=name, context=context,
                                 parameter_overrides=[Parameter(k, value=v)
                                                      for k, v in overrides.items()])
     executor.add_node(node)
+    return node
+
+
+def test_enable_and_the_enabled_parameter_agree_while_inactive(ros):
+    from std_srvs.srv import SetBool
+
+    _, executor, probe_node = ros
+    node = _tiny_lifecycle_node(ros, 'vla_enable', {
+        'instruction': INSTRUCTION, 'unnorm_key': 'bridge_orig', 'max_action_age': 5.0,
+        'max_linear_speed': 10.0, 'max_angular_speed': 20.0})                # enabled: false
     try:
         probe = Probe(probe_node, 'vla_enable')
         life = Lifecycle(probe, 'vla_enable')
@@ -224,16 +231,9 @@ def test_no_parameter_is_deleted_nor_a_robots_value_set_node_wide_in_any_state(r
     unconfigured was accepted, then ignored for a.max_linear_speed once configured (the
     configured node refuses it). Both are refused in every state; a robot's own value is
     taken, and a refusal of it names the robot's parameter."""
-    from vla_spec_ros import VLAPolicy
-
-    context, executor, probe_node = ros
-    policy = VLAPolicy.from_pretrained('tiny', restrict_to_action_tokens=True)
-    overrides = {'robots': ['a', 'b'], 'unnorm_key': 'bridge_orig',
-                 'joint_max_velocity': [0.5] * 6}
-    node = VLASpecLifecycleNode(policy, node_name='vla_param_states', context=context,
-                                parameter_overrides=[Parameter(k, value=v)
-                                                     for k, v in overrides.items()])
-    executor.add_node(node)
+    _, executor, probe_node = ros
+    node = _tiny_lifecycle_node(ros, 'vla_param_states', {
+        'robots': ['a', 'b'], 'unnorm_key': 'bridge_orig', 'joint_max_velocity': [0.5] * 6})
     try:
         probe = Probe(probe_node, 'vla_param_states')
         life = Lifecycle(probe, 'vla_param_states')

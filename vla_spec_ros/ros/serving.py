@@ -229,18 +229,10 @@ class Serving:
         pipeline modes a burst of 2 x max_inflight frames then runs through the engine (it
         fills the pipeline in "pipeline"; pipeline_spec's frames finish sooner), which meets
         (and, with graphs, captures) the draft shapes of the request counts it reaches."""
-        import numpy as np
-
-        image = np.zeros((WARM_UP_IMAGE_SIZE, WARM_UP_IMAGE_SIZE, 3), np.uint8)
         instruction = self.settings.instruction
-        if not has_instruction(instruction):
-            instruction = 'warm up'
-        key = self.settings.unnorm_key_or_none or self.unnorm_keys[0]
-        num_slots = self.settings.num_image_slots          # the frames it will serve
-        state = (np.zeros(len(self.settings.state_order), np.float64)
-                 if self.model_io.uses_state and self.settings.state_order else None)
-        frame = Frame(image if num_slots == 1 else (image,) * num_slots, instruction, key,
-                      WARM_UP_STREAM, state=state)
+        frame = self._placeholder_frame(
+            self.settings, instruction if has_instruction(instruction) else 'warm up',
+            WARM_UP_IMAGE_SIZE)
         config = self.engine.config
         count = 2 * config.max_inflight if config.is_pipelined else 1
         with self.engine_lock:
@@ -361,18 +353,24 @@ class Serving:
             raise ValueError(f'state_joint_names: {len(proposed.state_order)} joints give a '
                              f'state this model cannot read ({exc})') from None
 
+    def _placeholder_frame(self, settings, instruction: str, image_size: int) -> Frame:
+        """A black frame of a robot with `settings` (its image slots, dataset, a zero state
+        of its size when the model reads one) under `instruction`: the warm-up's, and what
+        `_check_frame_of` shows the engine."""
+        import numpy as np
+
+        image = np.zeros((image_size, image_size, 3), np.uint8)
+        slots = settings.num_image_slots
+        state = (np.zeros(len(settings.state_order), np.float64)
+                 if self.model_io.uses_state and settings.state_order else None)
+        return Frame(image if slots == 1 else (image,) * slots, instruction,
+                     settings.unnorm_key_or_none or self.unnorm_keys[0], WARM_UP_STREAM,
+                     state=state)
+
     def _check_frame_of(self, settings, instruction: str) -> None:
         """ValueError when the engine would refuse every frame of a robot with `settings`
         and `instruction` whatever its camera sends (the state's size, the instruction)."""
-        import numpy as np
-
-        image = np.zeros((8, 8, 3), np.uint8)
-        slots = settings.num_image_slots
-        state = (np.zeros(len(settings.state_order))
-                 if self.model_io.uses_state and settings.state_order else None)
-        frame = Frame(image if slots == 1 else (image,) * slots, instruction,
-                      settings.unnorm_key_or_none or self.unnorm_keys[0], WARM_UP_STREAM,
-                      state=state)
+        frame = self._placeholder_frame(settings, instruction, 8)
         with self.engine_lock:
             self.engine.check_frame(frame)
 
