@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from diagnostic_msgs.msg import DiagnosticArray
 from rcl_interfaces.msg import SetParametersResult
 from rclpy.parameter import Parameter
+from rclpy._rclpy_pybind11 import InvalidHandle
 
 from vla_spec_ros.engine.result import Frame
 from vla_spec_ros.ros import twist_messages, diagnostics, params
@@ -489,7 +490,10 @@ class Serving:
         array.status.append(diagnostics.engine_status(
             self.engine_summary(), name=f'{self.node.get_fully_qualified_name()}: engine',
             hardware_id=self.settings.model_path))
-        self._diag_pub.publish(array)
+        try:
+            self._diag_pub.publish(array)
+        except InvalidHandle:   # destroy() ran meanwhile: a timer callback already started on
+            return              # another executor thread outlives its timer; nothing to send
         self.recordings.close_due_splits()
 
     def _on_submitted(self, channel, frame: Frame) -> None:
