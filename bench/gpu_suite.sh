@@ -2,10 +2,11 @@
 # Everything a GPU machine is for, from a bare checkout, in parts that each fit one 10-minute
 # command budget (a 7B model is built once per part):
 #
-# What the next run should measure first (the rows not yet valid on an H200; about 8.5
-# minutes from the 2026-11-30 run's part times, the oracle rows added; the tests last, the part
-# a short budget cuts):
-#   SUITE_SECONDS=560 bash bench/gpu_suite.sh reasoning pi0fast gpu-tests
+# What the next run should measure first (the 2026-11-30 second run measured the reasoning step,
+# pi0-FAST's oracle rows, the GPU tests, AR, the floor, FP8 and four FP8 robots; what is still
+# missed needs engine work first: FP8 pieces at 0.65x, the decode forward at 1.3x its floor,
+# four robots at 99 %; then, about 6 minutes):
+#   SUITE_SECONDS=560 bash bench/gpu_suite.sh table-ar fp8 paced-fp8 gpu-tests
 #
 #   bash bench/gpu_suite.sh tests     CUDA kernel / CUDA-graph / frame-upload tests + the Triton
 #                                     kernel sweeps

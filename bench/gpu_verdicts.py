@@ -179,7 +179,7 @@ def reasoning_step(records: list[dict]) -> tuple[str, bool | None]:
     if found is None:
         return 'no reasoning part', None
     record, value, base, ratio = found
-    text = (f"default {value:.1f} ms per step against AR's {base:.1f} ({ratio:.3f} x AR; "
+    text = (f"default p50 {value:.1f} ms per step against AR's {base:.1f} ({ratio:.3f} x AR; "
             f'target <= {REASONING_MAX_OVER_AR}; {record.get("tokens_per_step")} tokens per '
             'step)')
     row = next(r for r in record['rows'] if r['label'].split(' (')[0] == 'pipeline_spec')
