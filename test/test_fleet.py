@@ -376,7 +376,8 @@ def _camera_frames(robot_index: int, count: int = 3):
 class Cameras:
     """A camera per robot on a thread of its own (an rclpy timer lags on a busy 2-core
     machine), each frame stamped with the probe's clock plus the robot's index in ns, so no two
-    robots ever share a stamp; and every robot's twists, with their receipt time."""
+    robots ever share a stamp; and every robot's twists, with their receipt time and the time
+    they were published (the DDS source timestamp: the node's system clock at publish)."""
 
     def __init__(self, node, robots, hz, image_topics=None, twist_topics=None):
         from geometry_msgs.msg import TwistStamped
@@ -394,11 +395,11 @@ class Cameras:
                       for r in self.robots}
         self._lock = threading.Lock()
         self.sent = {r: [] for r in self.robots}          # (monotonic, stamp ns)
-        # (monotonic receipt, ROS time of receipt in ns, header stamp in ns, is zero)
+        # (monotonic receipt, system time of publish in ns, header stamp in ns, is zero)
         self.twists = {r: [] for r in self.robots}
         for robot in self.robots:
             node.create_subscription(TwistStamped, twist_topics.get(robot, f'/{robot}/twist'),
-                                     lambda m, r=robot: self._on_twist(r, m), qos)
+                                     lambda m, info, r=robot: self._on_twist(r, m, info), qos)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, daemon=True)
         self._thread.start()
@@ -424,14 +425,14 @@ class Cameras:
             else:
                 next_time = time.monotonic()
 
-    def _on_twist(self, robot, msg):
+    def _on_twist(self, robot, msg, info):
         t = msg.twist
         zero = not any((t.linear.x, t.linear.y, t.linear.z, t.angular.x, t.angular.y,
                         t.angular.z))
         stamp_ns = msg.header.stamp.sec * 10 ** 9 + msg.header.stamp.nanosec
         with self._lock:
-            self.twists[robot].append((time.monotonic(), self.node.get_clock().now().nanoseconds,
-                                       stamp_ns, zero))
+            self.twists[robot].append((time.monotonic(), info['source_timestamp'], stamp_ns,
+                                       zero))
 
     def twists_of(self, robot, since=0.0, until=float('inf')):
         """Every twist of `robot` received in [since, until) (monotonic seconds)."""
@@ -610,10 +611,12 @@ def test_overload_is_fair_bounded_and_reported(tmp_path):
     for robot in robots:
         times = [start] + [t for t, _, _, _ in actions[robot]] + [end]
         assert max(y - x for x, y in zip(times, times[1:])) < 2.0, robot    # no starving
-        # Nothing older than max_action_age was published (the node's own count, below);
-        # at receipt here, delivery on a loaded 2-core machine adds up to a few hundred ms.
-        ages = [(ros_ns - stamp) * 1e-9 for _, ros_ns, stamp, _ in actions[robot]]
-        assert max(ages) < max_age + 0.5, (robot, max(ages))
+        # Nothing older than max_action_age was published: each twist's age when the node
+        # published it (the writer's source timestamp; the probe's receipt time would add the
+        # delivery to a probe itself busy publishing 360 frames/s, which once reached 0.5 s).
+        # The margin is the node's own time between its age check and the publish.
+        ages = [(published - stamp) * 1e-9 for _, published, stamp, _ in actions[robot]]
+        assert max(ages) < max_age + 0.1, (robot, max(ages))
     # /diagnostics: the engine is saturated (WARN, with the reason), each robot's fraction.
     assert level == bytes([1]) and message.startswith('saturated'), message
     assert values['saturated'] == 'true' and values['robots'] == str(len(robots))
