@@ -33,6 +33,7 @@ from __future__ import annotations
 import threading
 import time
 
+from vla_spec_ros.ros.late_callbacks import tolerating_destroyed
 from vla_spec_ros.ros.servo_presence import server_gids
 
 GRIPPER_ACTION_TYPES = ('gripper_command', 'parallel_gripper')
@@ -127,8 +128,8 @@ class GripperActionOutput:
         else:
             goal.command.position = float(position)
             goal.command.max_effort = float(settings.gripper_max_effort)
-        client.send_goal_async(goal).add_done_callback(
-            lambda future: self._on_response(future, position, number))
+        client.send_goal_async(goal).add_done_callback(tolerating_destroyed(
+            lambda future: self._on_response(future, position, number)))
 
     def _lost(self, servers: frozenset, now: float) -> str | None:
         """(Under the lock.) Why the last goal sent is lost, forgetting it (the next goal goes
@@ -175,8 +176,8 @@ class GripperActionOutput:
             if not self._is_latest(number):
                 return
             self.state = f'goal {position:.4f} accepted'
-        handle.get_result_async().add_done_callback(
-            lambda result: self._on_result(result, position, number))
+        handle.get_result_async().add_done_callback(tolerating_destroyed(
+            lambda result: self._on_result(result, position, number)))
 
     def _on_result(self, future, position: float, number: int) -> None:
         from action_msgs.msg import GoalStatus

@@ -54,6 +54,7 @@ from vla_spec_ros.ros.control_steps import ControlSteps
 from vla_spec_ros.ros.diagnostics import InferenceStats
 from vla_spec_ros.ros.frame_slot import FrameInfo, LatestFrameSlot
 from vla_spec_ros.ros.hold_log import HoldLog
+from vla_spec_ros.ros.late_callbacks import tolerating_destroyed
 from vla_spec_ros.ros.node_clock_watch import NodeClockWatch
 from vla_spec_ros.ros.observation_input import ObservationInput
 from vla_spec_ros.ros.pose_output import PoseTargetOutput
@@ -153,7 +154,8 @@ class RobotChannel:
         self._instruction_subs = []     # latched and plain publishers alike (ros/qos.py)
         for qos, events in instruction_subscriptions():
             self._instruction_subs.append(node.create_subscription(
-                String, prefix + 'instruction', self._on_instruction_msg, qos,
+                String, prefix + 'instruction', tolerating_destroyed(self._on_instruction_msg),
+                qos,
                 event_callbacks=events))
             self._built.append(lambda sub=self._instruction_subs[-1]:
                                node.destroy_subscription(sub))

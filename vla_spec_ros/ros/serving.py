@@ -28,11 +28,11 @@ from dataclasses import dataclass
 from diagnostic_msgs.msg import DiagnosticArray
 from rcl_interfaces.msg import SetParametersResult
 from rclpy.parameter import Parameter
-from rclpy._rclpy_pybind11 import InvalidHandle
 
 from vla_spec_ros.engine.result import Frame
 from vla_spec_ros.ros import twist_messages, diagnostics, params
 from vla_spec_ros.ros.gc_pauses import GcPauses, freeze_after_load, unfreeze
+from vla_spec_ros.ros.late_callbacks import tolerating_destroyed
 from vla_spec_ros.ros.qos import COMMAND_QOS
 from vla_spec_ros.ros.robot_channel import RobotChannel
 from vla_spec_ros.ros.robot_recordings import RobotRecordings
@@ -121,9 +121,10 @@ class Serving:
         clock stops while that clock stands (sim time without /clock) and, on the system
         clock, for as long as the clock was stepped back (rcl's timers do not handle a
         backward step): the watchdog must run exactly then."""
-        return [node.create_timer(self.settings.watchdog_period, self._on_watchdog,
-                                  clock=steady_clock()),
-                node.create_timer(self.settings.diagnostics_period, self._publish_diagnostics,
+        return [node.create_timer(self.settings.watchdog_period,
+                                  tolerating_destroyed(self._on_watchdog), clock=steady_clock()),
+                node.create_timer(self.settings.diagnostics_period,
+                                  tolerating_destroyed(self._publish_diagnostics),
                                   clock=steady_clock())]
 
     def _worker_paused(self):
@@ -490,10 +491,7 @@ class Serving:
         array.status.append(diagnostics.engine_status(
             self.engine_summary(), name=f'{self.node.get_fully_qualified_name()}: engine',
             hardware_id=self.settings.model_path))
-        try:
-            self._diag_pub.publish(array)
-        except InvalidHandle:   # destroy() ran meanwhile: a timer callback already started on
-            return              # another executor thread outlives its timer; nothing to send
+        self._diag_pub.publish(array)
         self.recordings.close_due_splits()
 
     def _on_submitted(self, channel, frame: Frame) -> None:

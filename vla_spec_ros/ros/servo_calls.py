@@ -24,6 +24,8 @@ from __future__ import annotations
 
 import threading
 
+from vla_spec_ros.ros.late_callbacks import tolerating_destroyed
+
 
 class CallSlot:
     """The calls of one kind to one service (see the module docstring)."""
@@ -59,7 +61,8 @@ class CallSlot:
             self._pending.append((future, now))
         for old, _ in dropped:
             self.client.remove_pending_request(old)
-        future.add_done_callback(lambda done: self._answered(done, on_answer))
+        future.add_done_callback(tolerating_destroyed(
+            lambda done: self._answered(done, on_answer)))
         return True
 
     def _answered(self, future, on_answer) -> None:

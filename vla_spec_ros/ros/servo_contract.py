@@ -42,6 +42,7 @@ import time
 
 from vla_spec_ros.ros.command_rules import REASON_SERVO_NOT_READY
 from vla_spec_ros.ros.diagnostics import ERROR, OK, WARN
+from vla_spec_ros.ros.late_callbacks import tolerating_destroyed
 from vla_spec_ros.ros.node_clock_watch import steady_clock
 from vla_spec_ros.ros.servo_calls import CallSlot
 from vla_spec_ros.ros.servo_presence import server_gids, unselected
@@ -136,12 +137,13 @@ class ServoContract:
         self._read_calls = CallSlot(self._params, SELECT_RETRY_S,
                                     max_pending=MAX_PENDING_CALLS)
         # Steady: Servo's presence is checked whatever the node clock does (node_clock_watch).
-        self._timer = node.create_timer(CHECK_PERIOD_S, self.check, clock=steady_clock())
+        self._timer = node.create_timer(CHECK_PERIOD_S, tolerating_destroyed(self.check),
+                                        clock=steady_clock())
         from rcl_interfaces.msg import ParameterEvent
         from rclpy.qos import qos_profile_parameter_events
 
         self._events = node.create_subscription(ParameterEvent, '/parameter_events',
-                                                self._on_parameter_event,
+                                                tolerating_destroyed(self._on_parameter_event),
                                                 qos_profile_parameter_events)
 
     @property
