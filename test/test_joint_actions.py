@@ -259,6 +259,41 @@ def test_a_far_target_is_reached_no_faster_than_joint_max_velocity():
 
 
 @pytest.mark.skipif(not HAS_TRAJECTORY_MSGS, reason='needs trajectory_msgs')
+def test_targets_without_a_speed_bound_are_warned_about_once_and_shown_in_diagnostics():
+    """JTC bounds no speed: the first targets sent without joint_max_velocity log a warning,
+    later ones do not; setting a bound and removing it warns again; holds never warn; the
+    robot's /diagnostics says which bound the last targets had."""
+    from types import SimpleNamespace
+
+    from diagnostic_msgs.msg import DiagnosticStatus
+
+    from vla_spec_ros.ros.joint_outputs import UNBOUNDED_WARNING, JointTrajectoryOutput
+
+    def speed_bound():
+        status = DiagnosticStatus()
+        output.add_to_status(status)
+        return {kv.key: kv.value for kv in status.values}.get('joint_speed_bound')
+
+    unbounded = settings(action_space='joint_position', state_input='joint_state',
+                         control_period=0.2)
+    bounded = settings(action_space='joint_position', state_input='joint_state',
+                       control_period=0.2, joint_max_velocity=[0.5, 0.5, 0.5])
+    node = RecordingNode(1000.0)
+    output = JointTrajectoryOutput(node, '~/', lambda _: (0.0, 0.0, 0.0))
+    command = SimpleNamespace(joints=(0.1, 0.0, -0.1))
+    output.hold(None, unbounded)
+    assert node.warnings == [] and speed_bound() is None        # a hold is no target
+    output.publish_command(command, None, unbounded)
+    output.publish_command(command, None, unbounded)
+    assert node.warnings == [UNBOUNDED_WARNING]
+    assert speed_bound().startswith('none')
+    output.publish_command(command, None, bounded, (0.0, 0.0, 0.0))
+    assert speed_bound() == 'joint_max_velocity' and len(node.warnings) == 1
+    output.publish_command(command, None, unbounded)
+    assert node.warnings == [UNBOUNDED_WARNING] * 2
+
+
+@pytest.mark.skipif(not HAS_TRAJECTORY_MSGS, reason='needs trajectory_msgs')
 def test_after_a_held_step_the_next_step_sends_the_rest_of_the_chunk_again():
     """A step held on its own (the chunk kept) sends "stay", which replaces the chunk's
     trajectory at JTC; the next step that goes out sends the chunk's rest from there (before:

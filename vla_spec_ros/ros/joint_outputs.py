@@ -19,8 +19,10 @@ joint_position -> <prefix>joint_trajectory: trajectory_msgs/JointTrajectory for 
     clamped to within limit × control_period of the one before it, the first of where the
     joints are (the measured positions when fresh, else the point the running trajectory
     approaches now). JTC's topic interface does not bound velocities, so without it a target
-    far from the arm (the first action, a wrong unnorm_key) is reached in one period. With the
-    bound set and neither position known, the robot holds (`prepare`'s reason).
+    far from the arm (the first action, a wrong unnorm_key) is reached in one period: the first
+    targets sent without it are logged as a warning (again after a bound was set and removed),
+    and /diagnostics says which (`joint_speed_bound`). With the bound set and neither position
+    known, the robot holds (`prepare`'s reason).
     A step of a chunk held on its own (its age, Servo not ready: the chunk is kept) sends the
     hold's "stay", which replaces the chunk's trajectory at JTC: the next step that goes out
     sends the chunk's remaining steps again from there, so the arm follows the chunk as the
@@ -49,6 +51,11 @@ from vla_spec_ros.ros.qos import COMMAND_QOS
 
 # The hold while a speed bound has no position to bound from (JointTrajectoryOutput.prepare).
 REASON_JOINTS_UNKNOWN = 'joint positions unknown'
+# Said once when targets go out with no speed bound (again after a bound was set and removed),
+# and kept in /diagnostics: JTC's topic interface bounds nothing, so it is worth knowing.
+UNBOUNDED_WARNING = ('joint_position targets go out without joint_max_velocity: the '
+                     'controller reaches each one within one control_period however far it is '
+                     '(set joint_max_velocity, with a state_input, to bound the speed)')
 
 
 def joint_jog_type():
@@ -139,9 +146,27 @@ class JointTrajectoryOutput(OutputAdapter):
         # The chunk last sent whole and its K targets, to send its rest again after a hold.
         self._chunk = None
         self._chunk_targets: list = []
+        self._is_bounded: bool | None = None         # of the last targets sent (not holds)
 
     def command_publishers(self) -> list:
         return [self.pub]
+
+    def add_to_status(self, status) -> None:
+        from diagnostic_msgs.msg import KeyValue
+        with self._lock:
+            is_bounded = self._is_bounded
+        if is_bounded is not None:
+            status.values.append(KeyValue(
+                key='joint_speed_bound',
+                value='joint_max_velocity' if is_bounded else 'none (joint_max_velocity unset)'))
+
+    def _note_speed_bound(self, settings) -> None:
+        """(Targets, not a hold, about to go out.) Warn on the first unbounded targets."""
+        is_bounded = bool(settings.joint_max_velocity)
+        with self._lock:
+            was_bounded, self._is_bounded = self._is_bounded, is_bounded
+        if not is_bounded and was_bounded is not False:
+            self.node.get_logger().warning(UNBOUNDED_WARNING)
 
     def _where_joints_are(self, settings) -> tuple | None:
         """The measured positions when fresh, else the point the running trajectory
@@ -165,6 +190,8 @@ class JointTrajectoryOutput(OutputAdapter):
         """Publish `targets` from now; it becomes the running trajectory, except that a
         hold while a hold's trajectory runs keeps that one's window (repeated holds do not
         stretch it: once it ends, the robot is left alone)."""
+        if not is_hold:
+            self._note_speed_bound(settings)
         now = self.node.get_clock().now()
         now_s = now.nanoseconds * 1e-9
         with self._lock:
@@ -226,6 +253,6 @@ class JointTrajectoryOutput(OutputAdapter):
         self.node.destroy_publisher(self.pub)
 
 
-__all__ = ['REASON_JOINTS_UNKNOWN', 'JointJogOutput', 'JointTrajectoryOutput',
+__all__ = ['REASON_JOINTS_UNKNOWN', 'UNBOUNDED_WARNING', 'JointJogOutput', 'JointTrajectoryOutput',
            'bounded_targets', 'joint_jog_message',
            'joint_trajectory_message', 'joint_jog_type']
