@@ -390,6 +390,55 @@ def test_the_measured_positions_must_be_within_max_state_age_either_side_and_a_j
     assert state.current_positions(s) is None
 
 
+@pytest.mark.skipif(not HAS_TRAJECTORY_MSGS, reason='needs the ROS message wheels')
+def test_the_action_joints_are_measured_even_when_the_model_reads_fewer():
+    """The review's case: the model's state reads one joint (state_joint_names [j1]) and the
+    action moves three. Before, only j1 was kept, so the hold never had a measured target and
+    joint_max_velocity held the robot for ever ("joint positions unknown") though every joint
+    arrived. Now each joint of joint_names is kept by name too; the frame's state is still
+    [j1] alone, and a bad value of a joint the model does not read refuses no frame (it only
+    leaves the joints' position unknown)."""
+    from builtin_interfaces.msg import Time
+    from sensor_msgs.msg import JointState
+
+    from vla_spec_ros.ros.joint_outputs import JointTrajectoryOutput
+    from vla_spec_ros.ros.message_time import stamp_at
+    from vla_spec_ros.ros.state_input import JointStateInput
+
+    s = settings(action_space='joint_position', state_input='joint_state',
+                 state_joint_names=['j1'], joint_max_velocity=[0.5, 0.5, 0.5],
+                 control_period=0.2, max_state_age=0.5)
+    node = RecordingNode(1000.0)
+    state = JointStateInput(node, '~/', lambda: s)
+    output = JointTrajectoryOutput(node, '~/', state.current_positions)
+
+    def joint_state(positions):
+        msg = JointState(name=['gripper', 'j3', 'j2', 'j1'], position=[0.9, *positions])
+        msg.header.stamp = stamp_at(Time(), 1000.0)
+        return msg
+
+    node.on('joint_states')(joint_state((0.3, 0.2, 0.1)))
+    assert state.current_positions(s) == (0.1, 0.2, 0.3)
+    vector, problem = state.read_at(1000.0, s)
+    assert problem is None and vector.tolist() == [0.1]
+    prepared, why = output.prepare(1000.0, s)
+    assert why is None and prepared == (0.1, 0.2, 0.3)
+    node.on('joint_states')(joint_state((float('nan'), 0.2, 0.1)))
+    assert state.current_positions(s) is None
+    vector, problem = state.read_at(1000.0, s)
+    assert problem is None and vector.tolist() == [0.1]
+
+
+def test_joint_max_velocity_with_an_array_state_needs_every_action_joint_in_it():
+    """An array carries only the state's joints: a speed bound that could never find where
+    the other joints are is refused when set, not a robot held for ever."""
+    with pytest.raises(ValueError, match=r"joint_max_velocity: .*not \['j2', 'j3'\]"):
+        settings(action_space='joint_position', state_input='array', state_joint_names=['j1'],
+                 joint_max_velocity=[0.5, 0.5, 0.5])
+    settings(action_space='joint_position', state_input='array',
+             state_joint_names=['x', *JOINTS], joint_max_velocity=[0.5, 0.5, 0.5])
+
+
 def test_a_joint_state_stamped_below_zero_is_bad_input_not_taken_as_now():
     """A negative stamp (0 alone means unstamped) is bad input, as an image's is: before, it
     was given its receipt time and counted as a fresh state."""

@@ -370,6 +370,14 @@ class NodeSettings:
                     raise ValueError('joint_max_velocity: with action_space joint_position it '
                                      'bounds each target\'s step from the measured joint '
                                      'positions; set state_input (joint_state or array)')
+                unread = [j for j in joints if j not in self.state_order]
+                if self.state_input == 'array' and unread:
+                    # A JointState carries every joint by name; an array only the state's.
+                    raise ValueError(
+                        f'joint_max_velocity: bounds each target\'s step from the measured '
+                        f'positions, and the state array holds {list(self.state_order)} only, '
+                        f'not {unread}; use state_input joint_state (its positions are read '
+                        'for joint_names whatever the model reads)')
 
     @property
     def num_image_slots(self) -> int:

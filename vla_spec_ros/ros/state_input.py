@@ -12,6 +12,9 @@ ArrayStateInput.
                            gripper driver), as robot_state_publisher merges them. Each
                            configured joint keeps its own positions with their message's
                            time; joints not configured are ignored, whatever their values.
+                           The positions of `joint_names` are kept too, whether or not the
+                           model's state reads them: the joint outputs' hold and speed bound
+                           start from where the joints are (current_positions).
                            A configured joint named twice in a message, or with a non-finite
                            position, and a message whose position count differs from its name
                            count, are bad input for the joints they name: the frame that
@@ -110,10 +113,11 @@ class StateInput(InputAdapter):
         with self._lock:
             self._samples.clear()
 
-    def _add(self, time_s: float, samples: dict) -> None:
+    def _add(self, time_s: float, samples: dict, settings=None) -> None:
         """One message's samples, {key: (value or None, error or None)}, at `time_s`: the
-        settings and the clock read once per message, not per joint."""
-        settings = self._get_settings()
+        settings (`settings`, else read here) and the clock read once per message, not per
+        joint."""
+        settings = settings or self._get_settings()
         keep_s = settings.max_action_age + settings.max_state_age + KEEP_MARGIN_S
         now_s = self._now_s()
         with self._lock:
@@ -155,11 +159,10 @@ class StateInput(InputAdapter):
             return None, (f'{cmd.REASON_BAD_INPUT}: {error}', True)
         return self._vector([n[1] for n in nearest]), None
 
-    def current_positions(self, settings):
-        """The newest positions of `joint_names` (mapped through the state's order), when
-        every one is within max_state_age of the node clock (either side: a state stamped
-        ahead by more is of another clock, not a fresh one); else None."""
-        keys = self._keys(settings)
+    def _newest_fresh(self, keys, settings) -> list | None:
+        """The newest value of each key when every one is within max_state_age of the node
+        clock (either side: a state stamped ahead by more is of another clock, not a fresh
+        one) and none was bad input; else None."""
         with self._lock:
             newest = [self._samples[k].last_received if k in self._samples else None
                       for k in keys]
@@ -167,7 +170,15 @@ class StateInput(InputAdapter):
         if any(n is None or n[1] is None or abs(now - n[0]) > settings.max_state_age
                for n in newest):
             return None
-        vector = self._vector([n[1] for n in newest])
+        return [n[1] for n in newest]
+
+    def current_positions(self, settings):
+        """The newest positions of `joint_names` (mapped through the state's order), when
+        every one is fresh (`_newest_fresh`); else None."""
+        values = self._newest_fresh(self._keys(settings), settings)
+        if values is None:
+            return None
+        vector = self._vector(values)
         order = list(settings.state_order)
         if len(vector) != len(order):   # kept under another state_joint_names
             return None
@@ -202,8 +213,18 @@ class JointStateInput(StateInput):
     def _describe(self, keys) -> str:
         return f'robot state (position of joints {list(keys)})'
 
+    def current_positions(self, settings):
+        """The newest position of each of `joint_names`, read by name (kept whether or not
+        the state reads it), when every one is fresh (`_newest_fresh`); else None."""
+        if not settings.joint_names:
+            return None
+        values = self._newest_fresh(list(settings.joint_names), settings)
+        return None if values is None else tuple(float(v) for v in values)
+
     def _on_joint_state(self, msg) -> None:
-        order = self._get_settings().state_order
+        settings = self._get_settings()
+        # The state's joints, then the action's (the joint outputs' start; module docstring).
+        order = list(dict.fromkeys(list(settings.state_order) + list(settings.joint_names)))
         names = set(msg.name)
         named = [j for j in order if j in names]
         if not named:
@@ -215,7 +236,7 @@ class JointStateInput(StateInput):
             samples = joint_positions(msg.name, msg.position, order)
         except ValueError as exc:        # no position of this message can be trusted
             samples = {j: (None, str(exc)) for j in named}
-        self._add(time_s, samples)
+        self._add(time_s, samples, settings)
 
 
 class ArrayStateInput(StateInput):
