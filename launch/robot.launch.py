@@ -29,6 +29,7 @@ file also imports where only rclpy is installed; `node_options` is what the laun
 built from, and the tests turn the same options into
 `vla-spec-node --ros-args --params-file ... -r ...` there.
 """
+import difflib
 import os
 
 # Installed: share/vla_spec_ros/{launch,config}/; in the source tree: launch/ and config/.
@@ -152,6 +153,29 @@ def launch_notes(values: dict) -> list:
             f'{robots[0]}/twist:=...), or use fleet.launch.py']
 
 
+def check_params_file(path: str) -> None:
+    """ValueError unless `path` is a file: launch_ros only warns about a missing one, and the
+    node would then run with every default (the embedded model included)."""
+    if not os.path.isfile(path):
+        raise ValueError(f'params_file: {path!r} is not a file')
+
+
+def misspelt_argument_notes(configurations: dict) -> list:
+    """A warning for each launch configuration that is not an argument of this file but
+    nearly spells one (`model_pth:=...`): launch accepts any name, so a typo would silently
+    leave the parameter at its params_file value. Names far from every argument are left
+    alone: a launch file that includes this one may have arguments of its own."""
+    names = [name for name, _, _ in ARGUMENTS]
+    notes = []
+    for given in sorted(set(configurations) - set(names)):
+        close = difflib.get_close_matches(given, names, n=1, cutoff=0.75)
+        if close:
+            notes.append(f'{given}:={configurations[given]} is not an argument of '
+                         f'robot.launch.py and is ignored; did you mean {close[0]}? '
+                         '(ros2 launch vla_spec_ros robot.launch.py --show-args)')
+    return notes
+
+
 def executable(values: dict) -> str:
     """The plain node, or the managed (lifecycle) one when `lifecycle` is true."""
     flag = values.get('lifecycle', 'false').strip().lower()
@@ -166,7 +190,12 @@ def _launch_node(context, *args, **kwargs):
 
     from launch.actions import LogInfo
 
+    from launch.logging import get_logger
+
+    for note in misspelt_argument_notes(context.launch_configurations):
+        get_logger('robot.launch.py').warning(note)
     values = {name: LaunchConfiguration(name).perform(context) for name, _, _ in ARGUMENTS}
+    check_params_file(values['params_file'])
     options = node_options(values)
     return [LogInfo(msg=note) for note in launch_notes(values)] + [
         Node(package='vla_spec_ros', executable=executable(values), output='screen',

@@ -205,6 +205,25 @@ def test_a_joint_space_robot_gets_its_joint_topics_from_the_launch_arguments(pro
         node.output
 
 
+def test_a_misspelt_argument_is_warned_about_and_a_missing_params_file_refused(tmp_path):
+    """The review's cases: `model_pth:=tiny` and a params_file that does not exist both
+    started the embedded model silently (launch accepts any argument name; launch_ros only
+    warns about a missing file and the node then runs every default). A name near one of
+    this file's arguments gets a warning naming it; names far from all of them are another
+    launch file's (an including one's) and left alone; a missing params_file is refused."""
+    module = load_launch_module()
+    notes = module.misspelt_argument_notes(
+        {'model_pth': 'tiny', 'use_sim_time': 'true', 'robot_ip': '10.0.0.2',
+         'model_path': 'metaworld-demo'})
+    assert len(notes) == 1 and notes[0].startswith('model_pth:=tiny is not an argument')
+    assert 'did you mean model_path?' in notes[0]
+    with pytest.raises(ValueError, match="params_file: .*nonexist.yaml' is not a file"):
+        module.check_params_file(str(tmp_path / 'nonexist.yaml'))
+    with pytest.raises(ValueError, match='is not a file'):
+        module.check_params_file(str(tmp_path))
+    module.check_params_file(default_values(module)['params_file'])
+
+
 def test_lifecycle_argument_picks_the_managed_executable():
     module = load_launch_module()
     assert module.executable(default_values(module)) == 'vla-spec-node'

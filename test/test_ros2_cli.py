@@ -322,6 +322,25 @@ def _offer_frames_while_inactive(graph, start):
     assert graph.twists.snapshot()[start:] == [], 'an inactive node published a twist'
 
 
+def test_a_misspelt_argument_is_named_and_a_missing_params_file_ends_launch(graph, tmp_path):
+    """`ros2 launch` itself (robot.launch.py's checks run inside launch): the typo is named
+    with the argument it nearly spells, and a params_file that does not exist ends the launch
+    before any node starts (it used to start the embedded model with every default)."""
+    from ros_probe import wait_until
+
+    argv = ['ros2', 'launch', 'vla_spec_ros', 'robot.launch.py', 'model_pth:=tiny',
+            f'params_file:={tmp_path / "nonexist.yaml"}']
+    with graph.ros2.launch(argv, tmp_path / 'misspelt.log') as launched:
+        wait_until(lambda: launched.popen.poll() is not None, timeout=TIMEOUT,
+                   what='the launch to end')
+        output = launched.output()
+    assert launched.popen.returncode != 0, output
+    assert 'model_pth:=tiny is not an argument of robot.launch.py' in output, output
+    assert 'did you mean model_path?' in output, output
+    assert "nonexist.yaml' is not a file" in output, output
+    assert 'ready' not in output, output
+
+
 def test_managed_node_through_the_docs_lifecycle_sequence(managed_graph):
     from ros_probe import is_zero, wait_until
 
