@@ -313,6 +313,23 @@ def test_bad_params_file_fails_loudly(tmp_path, old, new, words):
     assert words in result.stderr
 
 
+@pytest.mark.skipif(not HAS_RCLPY, reason='rclpy and the ROS message wheels are not installed')
+def test_a_record_dir_that_cannot_be_made_stops_the_start_before_the_model_loads(tmp_path):
+    """The review's case: a record_dir under a file ended the node with a raw traceback
+    (FileExistsError), after the model had loaded. Now the start ends at once with one line
+    naming the parameter, before `loading ...`."""
+    blocker = tmp_path / 'afile'
+    blocker.write_text('not a folder')
+    argv = [sys.executable, '-m', 'vla_spec_ros.ros.node', '--ros-args', '-p',
+            f'record_dir:={blocker}']
+    result = subprocess.run(argv, env=child_env(), cwd=str(ROOT), capture_output=True,
+                            text=True, timeout=TIMEOUT)
+    output = result.stdout + result.stderr
+    assert result.returncode == 1, output
+    assert f"record_dir: cannot create '{blocker}/' for recordings" in output, output
+    assert 'Traceback' not in output and 'loading' not in output, output
+
+
 # ---- the launch arguments the docs name -----------------------------------------------------
 # (`ros2 launch` itself: test_ros2_cli.py, test_ros2_fleet_launch.py, test_sim_launch.py)
 

@@ -43,6 +43,7 @@ from rclpy.node import Node
 from rclpy.signals import SignalHandlerOptions
 
 from vla_spec_ros.ros import params
+from vla_spec_ros.ros.robot_recordings import prepare_record_dirs
 from vla_spec_ros.ros.serving import Serving
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
@@ -88,8 +89,10 @@ def take_recommendations(node, values: dict, policy=None) -> dict:
 
 def load_for_node(node, config: params.Configuration, policy=None):
     """Set the process's torch threads (``torch_threads``), then load the policy of the
-    validated `config` (unless one is given)."""
+    validated `config` (unless one is given). The recordings' folders are made first: one
+    that cannot be is refused before the model loads."""
     settings, engine_config = config.node, config.engine
+    prepare_record_dirs(config.robots)
     if settings.torch_threads:
         import torch
         torch.set_num_threads(settings.torch_threads)

@@ -13,6 +13,28 @@ import time
 from vla_spec_ros.engine.result import Frame, describe_error
 
 
+def robot_record_dir(settings, robot: str) -> str:
+    """The folder of `robot`'s bags, created (with its parents) when missing; ValueError
+    naming record_dir when it cannot be (not a folder, no permission, a read-only file
+    system)."""
+    parent = os.path.join(settings.record_dir, robot)
+    try:
+        os.makedirs(parent, exist_ok=True)
+    except OSError as exc:
+        raise ValueError(f'record_dir: cannot create {parent!r} for recordings: '
+                         f'{exc.strerror or exc}') from None
+    return parent
+
+
+def prepare_record_dirs(robots: dict) -> None:
+    """Every robot's bag folder (`robots`: {name: NodeSettings}), before the model loads: a
+    record_dir that cannot hold recordings fails the start at once, naming the parameter,
+    not after a 7B model has loaded."""
+    for robot, settings in robots.items():
+        if settings.record_dir:
+            robot_record_dir(settings, robot)
+
+
 def make_recorder(settings, robot: str):
     """The frame recorder of `record_dir`, or None when recording is off. Each start writes a
     new bag, `<record_dir>/[<robot>/]vla_spec_<UTC time>`, so a restart never overwrites one.
@@ -23,8 +45,7 @@ def make_recorder(settings, robot: str):
         return None
     from vla_spec_ros.recording import FrameRecorder
 
-    parent = os.path.join(settings.record_dir, robot)
-    os.makedirs(parent, exist_ok=True)
+    parent = robot_record_dir(settings, robot)
     name = time.strftime('vla_spec_%Y%m%d_%H%M%S', time.gmtime())
     directory, run = os.path.join(parent, name), 1
     while os.path.exists(directory):             # two starts within one second
@@ -49,6 +70,9 @@ class RobotRecordings:
         except Exception:
             self.close()
             raise
+        for robot, recorder in self.recorders.items():
+            if recorder is not None:
+                node.get_logger().info(f'recording {self._label(robot)} to {recorder.path}')
 
     def _label(self, robot: str) -> str:
         return robot or self.node.get_name()
