@@ -444,8 +444,12 @@ def _launch_engines(context, *args, **kwargs):
                              'started again without limit')]
         for engine in options:
             del engine['respawn_max_retries']
+    # Each engine stops with this launch process even when it is killed or sent SIGTERM
+    # (launch then leaves its nodes running): vla_spec_ros/ros/parent_exit.py.
+    parent = {'VLA_SPEC_PARENT_PID': str(os.getpid())}
     return notes + [Node(package='vla_spec_ros', executable='vla-spec-node', output='screen',
-                         emulate_tty=True, **engine) for engine in options]
+                         emulate_tty=True, additional_env=parent, **engine)
+                    for engine in options]
 
 
 def generate_launch_description():

@@ -197,9 +197,12 @@ def _launch_node(context, *args, **kwargs):
     values = {name: LaunchConfiguration(name).perform(context) for name, _, _ in ARGUMENTS}
     check_params_file(values['params_file'])
     options = node_options(values)
+    # The node stops with this launch process even when it is killed or sent SIGTERM (launch
+    # then leaves its nodes running): vla_spec_ros/ros/parent_exit.py.
     return [LogInfo(msg=note) for note in launch_notes(values)] + [
         Node(package='vla_spec_ros', executable=executable(values), output='screen',
-             emulate_tty=True, **options)]
+             emulate_tty=True, additional_env={'VLA_SPEC_PARENT_PID': str(os.getpid())},
+             **options)]
 
 
 def generate_launch_description():

@@ -100,8 +100,11 @@ def _launch_nodes(context, *args, **kwargs):
     done = RegisterEventHandler(OnProcessExit(
         target_action=bridge_node,
         on_exit=[EmitEvent(event=Shutdown(reason='the simulator bridge has exited'))]))
+    # The node stops with this launch process even when it is killed or sent SIGTERM
+    # (vla_spec_ros/ros/parent_exit.py).
     return [Node(package='vla_spec_ros', executable='vla-spec-node', output='screen',
-                 emulate_tty=True, **vla), bridge_node, done]
+                 emulate_tty=True, additional_env={'VLA_SPEC_PARENT_PID': str(os.getpid())},
+                 **vla), bridge_node, done]
 
 
 def generate_launch_description():

@@ -295,6 +295,33 @@ def test_sigint_while_the_camera_streams_ends_with_a_zero_twist_last(graph, robo
     assert is_zero(last), f'the last twist moves the robot: {last.twist}'
 
 
+def test_a_launch_ended_by_sigterm_takes_its_node_with_it(graph, tmp_path):
+    """The review's case: SIGTERM to `ros2 launch` (systemd's and Docker's stop) ends launch
+    at once and used to leave the node running under init, still commanding the robot. The
+    launch file now has the node stop when launch ends (ros/parent_exit.py)."""
+    import signal
+
+    import psutil
+
+    from ros_probe import wait_until
+
+    def running(pid):
+        try:
+            return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+        except psutil.NoSuchProcess:
+            return False
+
+    argv = readme_launch_line() + ['node_name:=vla_spec_term']
+    with graph.ros2.launch(argv, tmp_path / 'term.log') as launched:
+        launched.wait_for_output(r'\[vla_spec_term\]: ready', UP_TIMEOUT)
+        pids = launched.node_pids('vla_spec_term')
+        assert pids, launched.output()[-4000:]
+        assert 'stops when the launching process' in launched.output()
+        os.kill(launched.popen.pid, signal.SIGTERM)
+        wait_until(lambda: not any(running(pid) for pid in pids), timeout=TIMEOUT,
+                   what='the node to end with its launch')
+
+
 # ---- the managed node: lifecycle:=true ---------------------------------------------------------
 
 def lifecycle_sequence():

@@ -43,6 +43,7 @@ from rclpy.node import Node
 from rclpy.signals import SignalHandlerOptions
 
 from vla_spec_ros.ros import params
+from vla_spec_ros.ros.parent_exit import stop_with_parent
 from vla_spec_ros.ros.robot_recordings import prepare_record_dirs
 from vla_spec_ros.ros.serving import Serving
 
@@ -265,8 +266,13 @@ def run(node_factory, name: str, args=None, *, command: str = 'vla-spec-node',
         print(f'{node_name_from_args(args, name)}: {exc}', file=sys.stderr)
         return 1
     node, stop = None, StopRequest()
+    # Before the model loads: a launch that ends meanwhile ends this process too (nothing
+    # was published yet); once spinning, its SIGTERM is handled as any (holds last).
+    parent_watch = stop_with_parent()
     try:
         node = node_factory()
+        if parent_watch is not None:
+            node.get_logger().info(parent_watch)
         warn_unmatched_params_files(node, sys.argv if args is None else args)
         with stop.installed():
             spin_until(node, stop)
