@@ -141,6 +141,7 @@ def test_a_params_file_serving_several_robots_gets_no_single_robot_remaps_and_a_
 @pytest.mark.skipif(not HAS_TORCH, reason='the node loads the tiny model (needs torch)')
 def test_yaml_loaded_through_the_node_params_file(probe):
     import yaml
+    from rcl_interfaces.msg import ParameterType
     from rclpy.parameter import parameter_value_to_python
     from rclpy.parameter_client import AsyncParameterClient
 
@@ -154,8 +155,10 @@ def test_yaml_loaded_through_the_node_params_file(probe):
         names = [spec.name for spec in params.PARAMETERS]
         response = _spin_until(probe, client.get_parameters(names))
         got = {n: parameter_value_to_python(v) for n, v in zip(names, response.values)}
-        # rclpy reads an empty YAML list as "not set"; the node takes that as an empty list
-        # (no robots list, no extra image slots, no joints).
+        types = {n: v.type for n, v in zip(names, response.values)}
+        # rcl reads an empty YAML list as "not set"; the node sets it to a typed empty array
+        # (no robots list, no extra image slots, no joints), so that `ros2 param dump` writes
+        # [] (it wrote null, which `ros2 param load` gave back as the text 'None', refused).
         yaml_values = yaml.safe_load((ROOT / 'config' / 'robot.yaml').read_text())
         expected = yaml_values['/**']['ros__parameters']
         # Left unset in the file: the tiny model's family recommends nothing, so the defaults.
@@ -163,8 +166,10 @@ def test_yaml_loaded_through_the_node_params_file(probe):
         expected.update({name: params.PARAMETERS_BY_NAME[name].default
                          for name in LEFT_TO_THE_CHECKPOINT})
         empty = sorted(name for name, value in expected.items() if value == [])
-        assert 'robots' in empty and all(got[name] is None for name in empty), empty
-        got.update({name: [] for name in empty})
+        assert 'robots' in empty and all(got[name] == [] for name in empty), empty
+        arrays = {ParameterType.PARAMETER_STRING_ARRAY, ParameterType.PARAMETER_DOUBLE_ARRAY}
+        assert all(types[name] in arrays for name in empty), {n: types[n] for n in empty}
+        assert types['joint_max_velocity'] == ParameterType.PARAMETER_DOUBLE_ARRAY
         assert got == expected
         # Descriptions and ranges are visible to `ros2 param describe`.
         described = _spin_until(probe, client.describe_parameters(['control_period']))

@@ -275,6 +275,23 @@ def test_readme_param_set_applies_and_the_cli_refuses_what_is_out_of_range(graph
     assert graph.parameter('device') == 'cpu'
 
 
+def test_param_dump_loads_back_into_the_running_node(graph, robot, tmp_path):
+    """The review's case: the empty lists of config/robot.yaml reached the node unset, `ros2
+    param dump` wrote them as null, and loading the dump back refused nine parameters (null
+    comes back as the text 'None'). Now every parameter of the node loads back unchanged
+    (rclpy's own read-only start_type_description_service aside). rclpy's `param load`
+    reads only a file's /** section, so the dump's node key is rewritten to it."""
+    dump = graph.ros2.check(['ros2', 'param', 'dump', NODE])
+    assert 'null' not in dump, dump
+    loadable = tmp_path / 'dump.yaml'
+    loadable.write_text(re.sub(r'^\S+:$', '/**:', dump, count=1, flags=re.MULTILINE))
+    result = graph.ros2.run(['ros2', 'param', 'load', NODE, str(loadable)])
+    failed = [line for line in (result.stdout + result.stderr).splitlines()
+              if line.startswith('Set parameter') and not line.endswith('successful')
+              and 'start_type_description_service' not in line]
+    assert failed == [], result.stdout + result.stderr
+
+
 def test_sigint_while_the_camera_streams_ends_with_a_zero_twist_last(graph, robot):
     from ros_probe import is_zero
 

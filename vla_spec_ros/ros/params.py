@@ -644,6 +644,9 @@ def declare_parameters(node) -> dict[str, Any]:
 
 def _declare(node, specs, defaults) -> dict[str, Any]:
     from rcl_interfaces.msg import FloatingPointRange, IntegerRange, ParameterDescriptor
+    from rclpy.parameter import Parameter
+
+    empty_list_types = _empty_list_types()
 
     declared = []
     for spec in specs:
@@ -663,7 +666,24 @@ def _declare(node, specs, defaults) -> dict[str, Any]:
             descriptor.dynamic_typing = True
         declared.append((spec.name, default, descriptor))
     params = node.declare_parameters('', declared)
-    return {p.name: p.value for p in params}
+    # An empty list is typed here: rclpy types [] as a byte array, and an empty YAML list in
+    # a params file reaches the node unset, which `ros2 param get` calls "not set" and `ros2
+    # param dump` writes as null (loaded back as the text 'None', refused). A typed empty
+    # array dumps as [] and loads back.
+    empty = [Parameter(p.name, empty_list_types[spec.items], [])
+             for spec, p in zip(specs, params)
+             if isinstance(spec.default, list) and not p.value]
+    if empty:
+        node.set_parameters(empty)
+    typed = {p.name for p in empty}
+    return {p.name: [] if p.name in typed else p.value for p in params}
+
+
+def _empty_list_types():
+    from rclpy.parameter import Parameter
+
+    return {'float': Parameter.Type.DOUBLE_ARRAY, 'str': Parameter.Type.STRING_ARRAY,
+            'name': Parameter.Type.STRING_ARRAY}
 
 
 __all__ = ['check_unshared',
