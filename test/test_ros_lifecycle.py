@@ -189,6 +189,12 @@ def _tiny_lifecycle_node(ros, name: str, overrides: dict):
     return node
 
 
+def _switches(node) -> dict:
+    """The robot's `enabled` and `acting` values in its /diagnostics status."""
+    status = node.serving.channels[0].diagnostic('pipeline_spec')
+    return {kv.key: kv.value for kv in status.values if kv.key in ('enabled', 'acting')}
+
+
 def test_enable_and_the_enabled_parameter_agree_while_inactive(ros):
     from std_srvs.srv import SetBool
 
@@ -206,6 +212,8 @@ def test_enable_and_the_enabled_parameter_agree_while_inactive(ros):
         assert answer.success, answer.message
         assert 'inactive' in answer.message and 'once activated' in answer.message
         assert probe.get_param('enabled') is True
+        # /diagnostics tells the switch from acting: before, `enabled` said false here.
+        assert _switches(node) == {'enabled': 'true', 'acting': 'false'}
         wait_until(lambda: probe.image_pub.get_subscription_count() > 0, what='subscription')
         assert _quiet(probe, 0) == 0                 # kept, not acted on: still nothing
         assert probe.set_param('enabled', False).successful
@@ -215,6 +223,7 @@ def test_enable_and_the_enabled_parameter_agree_while_inactive(ros):
         assert _quiet(probe, 0) == 0
         # Activate alone then acts: `enabled` was set before.
         assert life.transition(Transition.TRANSITION_ACTIVATE)
+        assert _switches(node) == {'enabled': 'true', 'acting': 'true'}
         image = probe.raw_image(_frame(np.random.default_rng(3)))
         twist = probe.send(image, lambda: probe.twists.find(
             lambda m: m.header.stamp == image.header.stamp), restamp=True)[1]

@@ -21,11 +21,12 @@ def record_answer(stats: InferenceStats, info, result_stats: dict, age_s: float)
 
 
 def robot_status(stats: InferenceStats, *, name: str, hardware_id: str, mode: str,
-                 is_enabled: bool, extras=()):
+                 is_enabled: bool, is_acting: bool, extras=()):
     """The robot's diagnostic_msgs/DiagnosticStatus; `extras`: objects with
     add_to_status(status) (Servo's contract, output adapters, inputs)."""
     status = diagnostic_status(stats.snapshot(time.monotonic()), name=name,
-                               hardware_id=hardware_id, mode=mode, is_enabled=is_enabled)
+                               hardware_id=hardware_id, mode=mode, is_enabled=is_enabled,
+                               is_acting=is_acting)
     for extra in extras:
         extra.add_to_status(status)
     return status

@@ -323,8 +323,10 @@ def level_for(snapshot: dict) -> int:
 
 
 def diagnostic_status(snapshot: dict, *, name: str, hardware_id: str, mode: str,
-                      is_enabled: bool):
-    """Snapshot -> diagnostic_msgs/DiagnosticStatus."""
+                      is_enabled: bool, is_acting: bool):
+    """Snapshot -> diagnostic_msgs/DiagnosticStatus. `is_enabled`: the robot's `enabled`
+    switch, as `ros2 param get` says it; `is_acting`: enabled and the node active (a managed
+    node inactive keeps the switch and does not act)."""
     from diagnostic_msgs.msg import DiagnosticStatus, KeyValue
 
     status = DiagnosticStatus()
@@ -332,7 +334,7 @@ def diagnostic_status(snapshot: dict, *, name: str, hardware_id: str, mode: str,
     status.name = name
     status.hardware_id = hardware_id
     status.message = snapshot['hold_reason'] or 'publishing actions'
-    values = dict(snapshot, mode=mode, enabled=is_enabled)
+    values = dict(snapshot, mode=mode, enabled=is_enabled, acting=is_acting)
     status.values = [KeyValue(key=k, value=_format(v)) for k, v in values.items()]
     return status
 

@@ -563,12 +563,13 @@ class RobotChannel:
             name += f' ({self.name})'
         extras = (list(self.observation.inputs) + list(self.outputs)
                   + ([self.servo] if self.servo is not None else []))
-        is_enabled = self.settings.enabled and self.is_active
+        is_acting = self.settings.enabled and self.is_active
         status = robot_status(self.stats, name=name, hardware_id=self.settings.model_path,
-                              mode=mode, is_enabled=is_enabled, extras=extras)
+                              mode=mode, is_enabled=self.settings.enabled,
+                              is_acting=is_acting, extras=extras)
         add_listener_status(status, [p for output in self.outputs
                                      for p in output.command_publishers()],
-                            is_enabled=is_enabled)
+                            is_enabled=is_acting)
         return status
 
     def destroy(self) -> None:
