@@ -48,6 +48,8 @@ DISCOVERY_OPTIONS = {
     ('param', 'set'): ['--no-daemon', '--timeout', NODE_WAIT_S],
     ('param', 'get'): ['--no-daemon', '--timeout', NODE_WAIT_S],
     ('param', 'describe'): ['--no-daemon', '--timeout', NODE_WAIT_S],
+    ('param', 'dump'): ['--no-daemon', '--timeout', NODE_WAIT_S],
+    ('param', 'load'): ['--no-daemon', '--timeout', NODE_WAIT_S],
     ('lifecycle', 'set'): ['--no-daemon', '--spin-time', SPIN_TIME_S],
     ('lifecycle', 'get'): ['--no-daemon', '--spin-time', SPIN_TIME_S],
     ('node', 'list'): ['--no-daemon', '--spin-time', SPIN_TIME_S],
