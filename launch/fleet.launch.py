@@ -446,9 +446,10 @@ def _launch_engines(context, *args, **kwargs):
             del engine['respawn_max_retries']
     # Each engine stops with this launch process even when it is killed or sent SIGTERM
     # (launch then leaves its nodes running): vla_spec_ros/ros/parent_exit.py.
-    parent = {'VLA_SPEC_PARENT_PID': str(os.getpid())}
+    from vla_spec_ros.ros.parent_exit import child_env
+
     return notes + [Node(package='vla_spec_ros', executable='vla-spec-node', output='screen',
-                         emulate_tty=True, additional_env=parent, **engine)
+                         emulate_tty=True, additional_env=child_env(), **engine)
                     for engine in options]
 
 

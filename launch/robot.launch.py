@@ -192,6 +192,8 @@ def _launch_node(context, *args, **kwargs):
 
     from launch.logging import get_logger
 
+    from vla_spec_ros.ros.parent_exit import child_env
+
     for note in misspelt_argument_notes(context.launch_configurations):
         get_logger('robot.launch.py').warning(note)
     values = {name: LaunchConfiguration(name).perform(context) for name, _, _ in ARGUMENTS}
@@ -201,8 +203,7 @@ def _launch_node(context, *args, **kwargs):
     # then leaves its nodes running): vla_spec_ros/ros/parent_exit.py.
     return [LogInfo(msg=note) for note in launch_notes(values)] + [
         Node(package='vla_spec_ros', executable=executable(values), output='screen',
-             emulate_tty=True, additional_env={'VLA_SPEC_PARENT_PID': str(os.getpid())},
-             **options)]
+             emulate_tty=True, additional_env=child_env(), **options)]
 
 
 def generate_launch_description():

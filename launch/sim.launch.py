@@ -92,6 +92,8 @@ def _launch_nodes(context, *args, **kwargs):
     from launch.substitutions import LaunchConfiguration
     from launch_ros.actions import Node
 
+    from vla_spec_ros.ros.parent_exit import child_env
+
     values = {name: LaunchConfiguration(name).perform(context) for name, _, _ in ARGUMENTS}
     vla, bridge = node_options(values)
     bridge_node = Node(package='vla_spec_ros', executable='vla-spec-sim-bridge',
@@ -103,8 +105,7 @@ def _launch_nodes(context, *args, **kwargs):
     # The node stops with this launch process even when it is killed or sent SIGTERM
     # (vla_spec_ros/ros/parent_exit.py).
     return [Node(package='vla_spec_ros', executable='vla-spec-node', output='screen',
-                 emulate_tty=True, additional_env={'VLA_SPEC_PARENT_PID': str(os.getpid())},
-                 **vla), bridge_node, done]
+                 emulate_tty=True, additional_env=child_env(), **vla), bridge_node, done]
 
 
 def generate_launch_description():

@@ -646,8 +646,6 @@ def _declare(node, specs, defaults) -> dict[str, Any]:
     from rcl_interfaces.msg import FloatingPointRange, IntegerRange, ParameterDescriptor
     from rclpy.parameter import Parameter
 
-    empty_list_types = _empty_list_types()
-
     declared = []
     for spec in specs:
         descriptor = ParameterDescriptor(description=spec.description,
@@ -670,20 +668,15 @@ def _declare(node, specs, defaults) -> dict[str, Any]:
     # a params file reaches the node unset, which `ros2 param get` calls "not set" and `ros2
     # param dump` writes as null (loaded back as the text 'None', refused). A typed empty
     # array dumps as [] and loads back.
-    empty = [Parameter(p.name, empty_list_types[spec.items], [])
+    empty = [Parameter(p.name, Parameter.Type.DOUBLE_ARRAY if spec.items == 'float'
+                       else Parameter.Type.STRING_ARRAY, [])
              for spec, p in zip(specs, params)
              if isinstance(spec.default, list) and not p.value]
     if empty:
         node.set_parameters(empty)
-    typed = {p.name for p in empty}
-    return {p.name: [] if p.name in typed else p.value for p in params}
-
-
-def _empty_list_types():
-    from rclpy.parameter import Parameter
-
-    return {'float': Parameter.Type.DOUBLE_ARRAY, 'str': Parameter.Type.STRING_ARRAY,
-            'name': Parameter.Type.STRING_ARRAY}
+    values = {p.name: p.value for p in params}
+    values.update((p.name, []) for p in empty)
+    return values
 
 
 __all__ = ['check_unshared',

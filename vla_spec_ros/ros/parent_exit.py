@@ -22,6 +22,12 @@ PARENT_PID_ENV = 'VLA_SPEC_PARENT_PID'
 PR_SET_PDEATHSIG = 1          # <sys/prctl.h>
 
 
+def child_env() -> dict:
+    """The environment a launch file adds to a node it starts, so that the node stops
+    with the launch process (the calling process)."""
+    return {PARENT_PID_ENV: str(os.getpid())}
+
+
 def stop_with_parent(environ=None) -> str | None:
     """When `environ` (os.environ) names the parent PID, arrange SIGTERM for this process
     when that parent ends, and send it now if the parent has already gone. What was done,
@@ -45,4 +51,4 @@ def stop_with_parent(environ=None) -> str | None:
     return f'stops when the launching process {parent} ends'
 
 
-__all__ = ['PARENT_PID_ENV', 'stop_with_parent']
+__all__ = ['PARENT_PID_ENV', 'child_env', 'stop_with_parent']

@@ -155,8 +155,7 @@ class RobotChannel:
         for qos, events in instruction_subscriptions():
             self._instruction_subs.append(node.create_subscription(
                 String, prefix + 'instruction', tolerating_destroyed(self._on_instruction_msg),
-                qos,
-                event_callbacks=events))
+                qos, event_callbacks=events))
             self._built.append(lambda sub=self._instruction_subs[-1]:
                                node.destroy_subscription(sub))
         self._services = [node.create_service(SetBool, prefix + 'enable', self._on_enable_srv),

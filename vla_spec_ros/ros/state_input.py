@@ -173,19 +173,9 @@ class StateInput(InputAdapter):
         return [n[1] for n in newest]
 
     def current_positions(self, settings):
-        """The newest positions of `joint_names` (mapped through the state's order), when
-        every one is fresh (`_newest_fresh`); else None."""
-        values = self._newest_fresh(self._keys(settings), settings)
-        if values is None:
-            return None
-        vector = self._vector(values)
-        order = list(settings.state_order)
-        if len(vector) != len(order):   # kept under another state_joint_names
-            return None
-        try:
-            return tuple(float(vector[order.index(j)]) for j in settings.joint_names)
-        except ValueError:          # a joint of the action is not in the state
-            return None
+        """The newest positions of `joint_names` when every one is fresh
+        (`_newest_fresh`); else None."""
+        raise NotImplementedError
 
     def destroy(self) -> None:
         if self._sub is not None:
@@ -255,6 +245,21 @@ class ArrayStateInput(StateInput):
 
     def _vector(self, values) -> np.ndarray:
         return values[0]
+
+    def current_positions(self, settings):
+        """The newest positions of `joint_names`, mapped through the array's order, when
+        the array is fresh (`_newest_fresh`); else None."""
+        values = self._newest_fresh(self._keys(settings), settings)
+        if values is None:
+            return None
+        vector = self._vector(values)
+        order = list(settings.state_order)
+        if len(vector) != len(order):   # kept under another state_joint_names
+            return None
+        try:
+            return tuple(float(vector[order.index(j)]) for j in settings.joint_names)
+        except ValueError:          # a joint of the action is not in the state
+            return None
 
     def _on_array(self, msg) -> None:
         try:
