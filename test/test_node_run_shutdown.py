@@ -60,6 +60,84 @@ def test_a_fault_while_the_context_is_up_propagates_after_the_holds():
     assert stops == ['node error: RuntimeError: a fault while serving']
 
 
+# ---- a stop signal while the node is built (the model's load, the warm-up) ------------------
+
+def _signal_main_thread(number) -> None:
+    """`number` to this process's main thread, handled at its next bytecode: in the code
+    that runs right after this call."""
+    import threading
+    signal.pthread_kill(threading.main_thread().ident, number)
+    for _ in range(100000):        # the handler runs in here, at the latest
+        pass
+
+
+@pytest.mark.filterwarnings('ignore::pytest.PytestUnraisableExceptionWarning')  # (on purpose)
+def test_a_ctrl_c_landing_in_a_gc_callback_during_the_load_still_stops_the_node():
+    """The CI failure: Ctrl-C while the node warmed up raised its KeyboardInterrupt inside a
+    garbage-collector callback, which Python swallows ('Exception ignored'); the node then
+    served, deaf to that Ctrl-C, until it was killed. The stop request now outlives the
+    swallowed exception: the load completes, the spin never starts, and the holds go out."""
+    import gc
+    import threading
+
+    import rclpy
+    from rclpy.node import Node
+
+    from vla_spec_ros.ros.node import run
+    stops, built = [], []
+
+    def on_gc(phase, info):
+        if phase == 'start' and not built:
+            built.append('signalled')
+            _signal_main_thread(signal.SIGINT)
+
+    def factory():
+        gc.callbacks.append(on_gc)
+        try:
+            gc.collect()
+        finally:
+            gc.callbacks.remove(on_gc)
+        node = Node('load_stop_probe')
+        node.stop_serving = stops.append
+        return node
+    # On the old code the node spins on: end it from here after a while (the context shut
+    # down gives no hold), so that the test fails instead of hanging.
+    rescue = threading.Timer(60.0, rclpy.try_shutdown)
+    rescue.start()
+    try:
+        assert run(factory, 'probe', args=[]) == 0
+    finally:
+        rescue.cancel()
+    assert built == ['signalled'] and stops == ['shutting down (SIGINT)']
+
+
+def test_a_ctrl_c_during_the_load_ends_it_at_once():
+    from vla_spec_ros.ros.node import run
+    reached = []
+
+    def factory():
+        _signal_main_thread(signal.SIGINT)
+        reached.append('the rest of the load')
+    assert run(factory, 'probe', args=[]) == 0
+    assert reached == []
+
+
+def test_a_sigterm_during_the_load_exits_0():
+    """What a launch that ends sends (parent_exit.py) or systemd: before, SIGTERM while the
+    model loaded killed the process (-15); a managed launch reads that as a crash."""
+    script = ('import signal, threading\n'
+              'from vla_spec_ros.ros.node import run\n'
+              'def factory():\n'
+              '    signal.pthread_kill(threading.main_thread().ident, signal.SIGTERM)\n'
+              '    for _ in range(100000): pass\n'
+              '    print("the rest of the load")\n'
+              'raise SystemExit(run(factory, "probe", args=[]))\n')
+    done = subprocess.run([sys.executable, '-c', script], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert 'the rest of the load' not in done.stdout
+
+
 # ---- the node as a process, stopped while its camera streams ----------------------------------
 
 HAS_NODE_DEPS = all(importlib.util.find_spec(m) is not None

@@ -151,13 +151,26 @@ class VLASpecNode(Node):
         return super().destroy_node()
 
 
+class StoppedWhileLoading(BaseException):
+    """A stop signal while the node is built (rclpy's start, the model's load, the warm-up):
+    raised in the main thread so that the load ends at once. Not a KeyboardInterrupt: with
+    Python's own handler a Ctrl-C during the load could land in a garbage-collector callback,
+    which swallows it ("Exception ignored"), and the node then went on to serve, deaf to
+    that Ctrl-C; and a KeyboardInterrupt caught here still ended some processes with status
+    -2 instead of 0. Not an Exception either, so that no `except Exception` in a library
+    swallows it."""
+
+
 class StopRequest:
     """Set by SIGINT or SIGTERM while `installed()`: the spin ends at its next look and the
     node stops in order, with its context still valid (rclpy's own handler would shut the
-    context down inside the signal, so the node could no longer publish its holds)."""
+    context down inside the signal, so the node could no longer publish its holds). Within
+    `loading()` the signal also raises StoppedWhileLoading; where that is swallowed, the
+    request stays set and the spin that follows the load ends before it starts."""
 
     def __init__(self):
         self._event = threading.Event()
+        self._loading = False
         self.reason = 'shutting down'
 
     def is_set(self) -> bool:
@@ -166,6 +179,8 @@ class StopRequest:
     def _on_signal(self, number, frame) -> None:
         self.reason = f'shutting down ({signal.Signals(number).name})'
         self._event.set()
+        if self._loading:
+            raise StoppedWhileLoading(self.reason)
 
     @contextlib.contextmanager
     def installed(self):
@@ -179,6 +194,17 @@ class StopRequest:
         finally:
             for number, handler in previous.items():
                 signal.signal(number, handler)
+
+    @contextlib.contextmanager
+    def loading(self):
+        """A stop signal within this block ends it with StoppedWhileLoading."""
+        if self._event.is_set():
+            raise StoppedWhileLoading(self.reason)
+        self._loading = True
+        try:
+            yield
+        finally:
+            self._loading = False
 
 
 def spin_until(node, stop: StopRequest) -> None:
@@ -255,27 +281,44 @@ def run(node_factory, name: str, args=None, *, command: str = 'vla-spec-node',
     """Spin the node `node_factory()` builds until SIGINT, SIGTERM or shutdown, then stop it
     in order (`stop_serving`: holds last) and exit 0; exit code 1 with a message on bad
     parameters, arguments ROS cannot parse (a malformed `-p`, a params file missing or not
-    YAML) or a checkpoint that does not load. Ctrl-C while the model loads ends at once
-    (nothing was published yet). `-h` / `--help` prints the parameters and exits 0."""
+    YAML) or a checkpoint that does not load. SIGINT or SIGTERM while the model loads ends
+    the process at once with 0 (nothing was published yet). `-h` / `--help` prints the
+    parameters and exits 0."""
     if wants_help(args):
         print(parameter_help(command, summary))
         return 0
-    try:
-        rclpy.init(args=args, signal_handler_options=SignalHandlerOptions.NO)
-    except Exception as exc:      # rcl's RCLError: "Couldn't parse parameter override ..."
-        print(f'{node_name_from_args(args, name)}: {exc}', file=sys.stderr)
-        return 1
-    node, stop = None, StopRequest()
+    stop = StopRequest()
+    # From here on a stop signal is this function's, whenever it comes (StopRequest).
+    with stop.installed():
+        try:
+            with stop.loading():
+                rclpy.init(args=args, signal_handler_options=SignalHandlerOptions.NO)
+        except StoppedWhileLoading:
+            rclpy.try_shutdown()
+            return 0
+        except Exception as exc:      # rcl's RCLError: "Couldn't parse parameter override ..."
+            print(f'{node_name_from_args(args, name)}: {exc}', file=sys.stderr)
+            return 1
+        return _serve(node_factory, name, args, stop)
+
+
+def _serve(node_factory, name: str, args, stop: StopRequest) -> int:
+    """`run` once rclpy is up: build the node (a stop meanwhile ends the load), spin, stop in
+    order; the exit code."""
+    node = None
     # Before the model loads: a launch that ends meanwhile ends this process too (nothing
     # was published yet); once spinning, its SIGTERM is handled as any (holds last).
     parent_watch = stop_with_parent()
     try:
-        node = node_factory()
+        with stop.loading():
+            node = node_factory()
         if parent_watch is not None:
             node.get_logger().info(parent_watch)
         warn_unmatched_params_files(node, sys.argv if args is None else args)
-        with stop.installed():
-            spin_until(node, stop)
+        spin_until(node, stop)       # returns at once if a stop came during the load
+        stop_in_order(node, stop.reason)
+    except StoppedWhileLoading:
+        if node is not None:         # the signal came as the load returned
             stop_in_order(node, stop.reason)
     except (KeyboardInterrupt, ExternalShutdownException):
         pass
