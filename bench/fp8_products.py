@@ -20,6 +20,12 @@ of the OpenVLA-7B decoder and per number of rows (1 = AR decode, 8 = a pipelined
 - ``floor``: the FP8 weights' bytes over the copy bandwidth measured at the start (bytes read
   plus written by a large device-to-device copy), the least a product can take;
 
+and a second table, the producers of three of the four products' inputs (the RMS norm before
+q/k/v and gate/up, the SwiGLU activation before down) at the 7B widths: the producer alone,
+the producer then ``quantize_rows_triton`` (two launches: the route without producer
+quantisation), and the fused kernel of kernels/fp8_producers.py (one launch), its codes
+checked equal to the two launches';
+
 each as device time per call (a CUDA graph of 20 calls replayed, so launch gaps do not count,
 as in the engine's graphed steps), with the weights' streaming rate in GB/s. The FP8 product
 is first checked against the product computed from its definition in float64
@@ -32,6 +38,7 @@ is first checked against the product computed from its definition in float64
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
 import time
 
@@ -180,6 +187,52 @@ def time_shape(kernels, name: str, n: int, k: int, rows: int, device, dtype,
     return out
 
 
+PRODUCER_WIDTHS = [('rms_norm', 4096), ('silu_mul', 11008)]
+
+
+def time_producer(kernels, name: str, width: int, rows: int, device, dtype) -> dict:
+    """One producer at one row count: ms per call of the producer alone (``alone``), then
+    quantised by a second launch (``two_launches``), and fused (``fused``); ``ok`` when the
+    fused codes and scales equal the two launches'."""
+    producers = importlib.import_module(kernels.__name__ + '.fp8_producers')
+    gen = torch.Generator(device='cpu').manual_seed(width + rows)
+    if name == 'rms_norm':
+        x = torch.randn(rows, width, generator=gen).to(device=device, dtype=dtype)
+        residual = torch.randn(rows, width, generator=gen).to(device=device, dtype=dtype)
+        weight = (torch.rand(width, generator=gen) + 0.5).to(device=device, dtype=dtype)
+        alone = lambda: kernels.rms_norm_triton(x, weight, 1e-6, residual)  # noqa: E731
+        two = lambda: kernels.quantize_rows_triton(alone()[1])  # noqa: E731
+        fused = lambda: producers.rms_norm_quant_triton(  # noqa: E731
+            x, weight, 1e-6, residual)[1:]
+    else:
+        gate_up = torch.randn(rows, 2 * width, generator=gen) * 3
+        gate_up = gate_up.to(device=device, dtype=dtype)
+        gate, up = gate_up[:, :width], gate_up[:, width:]
+        alone = lambda: kernels.silu_mul_triton(gate, up)  # noqa: E731
+        two = lambda: kernels.quantize_rows_triton(alone())  # noqa: E731
+        fused = lambda: producers.silu_mul_quant_triton(gate, up)  # noqa: E731
+    (q_two, s_two), (q_fused, s_fused) = two(), fused()
+    out = {'producer': name, 'K': width, 'rows': rows,
+           'ok': bool(torch.equal(q_two.view(torch.uint8), q_fused.view(torch.uint8))
+                      and torch.equal(s_two, s_fused))}
+    for label, fn in (('alone', alone), ('two_launches', two), ('fused', fused)):
+        _timed(out, label, fn, device)
+    return out
+
+
+def format_producers(rows: list[dict]) -> str:
+    lines = ['| producer | rows | alone us | + quantisation (two launches) us | fused us | '
+             'fused / two launches | codes equal |', '|---|---|---|---|---|---|---|']
+    for r in rows:
+        cells = [f'{1e3 * r[c]:.1f}' if c in r else '–'
+                 for c in ('alone', 'two_launches', 'fused')]
+        ratio = r['fused'] / r['two_launches'] if 'fused' in r and 'two_launches' in r \
+            else float('nan')
+        lines.append(f'| {r["producer"]} K={r["K"]} | {r["rows"]} | ' + ' | '.join(cells)
+                     + f' | {ratio:.2f} | {"ok" if r["ok"] else "MISMATCH"} |')
+    return '\n'.join(lines)
+
+
 def format_rows(rows: list[dict]) -> str:
     columns = ['bf16', 'quant', 'scaled_mm', 'fast_accum', 'per_tensor', 'fp8', 'tensorwise',
                'gemv',
@@ -236,7 +289,15 @@ def main(argv=None) -> int:
             # Progress on stderr: stdout holds the final table alone.
             print(format_rows(rows[-1:]).splitlines()[-1], file=sys.stderr, flush=True)
     print(format_rows(rows))
-    return 0 if all(r['ok'] for r in rows) else 1
+    producers = []
+    if kernels.can_launch_on(device):       # CUDA, or the smoke run under TRITON_INTERPRET=1
+        widths = PRODUCER_WIDTHS if not args.smoke else [('rms_norm', 64), ('silu_mul', 160)]
+        for name, width in widths:
+            for m in rows_list:
+                producers.append(time_producer(kernels, name, width, m, device, dtype))
+        print()
+        print(format_producers(producers))
+    return 0 if all(r['ok'] for r in rows + producers) else 1
 
 
 if __name__ == '__main__':

@@ -156,8 +156,11 @@ def run_fp8(args, weights, key) -> dict:
     of ``--fidelity-frames`` frames (greedy over action tokens only with
     ``--fidelity-action-only``); fp8's step time over auto's per mode, and the bin distance
     of fp8's tokens from auto's (0 / 1 / 2 / 3+ bins). fp8 runs the default route
-    (models/fp8.py ``PRODUCT``); a third side, ``fp8-rowwise``, the row-wise ``_scaled_mm``
-    (the route before it): the same function, so only its speed is recorded."""
+    (models/fp8.py ``PRODUCT``, the norms and the activation quantising for the products);
+    ``fp8-unfused`` the same with each product quantising its own input
+    (``QUANTIZE_IN_PRODUCERS`` off: the route before it); ``fp8-rowwise`` (only when named in
+    FP8_SIDES) the row-wise ``_scaled_mm``. The same function by every route, so only their
+    speed is recorded."""
     from vla_spec_ros.models import fp8 as fp8_model
     from gpu_fidelity import bin_distance_histogram, tokens_per_frame
     size = weights.cfg.image_size
@@ -166,16 +169,19 @@ def run_fp8(args, weights, key) -> dict:
     use_graphs = graphs_setting(args, -1)
     out, tokens = {'sides': {}}, {}
     default_product = fp8_model.PRODUCT
-    # FP8_SIDES (environment) trims the sides for a short run, e.g. "auto,fp8".
-    sides = os.environ.get('FP8_SIDES', 'auto,fp8,fp8-rowwise').split(',')
+    # FP8_SIDES (environment) trims or widens the sides, e.g. "auto,fp8" for a short run.
+    sides = os.environ.get('FP8_SIDES', 'auto,fp8,fp8-unfused').split(',')
     for label in sides:
         weight_dtype = 'auto' if label == 'auto' else 'fp8'
-        # The route is read when the decoder is quantised (at the runner's build).
+        # The route and the producers' quantisation are read at the runner's build.
         fp8_model.PRODUCT = 'rowwise' if label == 'fp8-rowwise' else default_product
+        fp8_model.QUANTIZE_IN_PRODUCERS = label != 'fp8-unfused'
         side = weights if label == 'auto' else second_copy(args, weights, weight_dtype)
         options = engine_options(args, use_graphs, weight_dtype=weight_dtype)
-        runner = build_runner(side, options)
-        fp8_model.PRODUCT = default_product
+        try:
+            runner = build_runner(side, options)
+        finally:
+            fp8_model.PRODUCT, fp8_model.QUANTIZE_IN_PRODUCERS = default_product, True
         pieces = time_pieces(runner, make_frames(2, size, 3, key), options)
         ref = eager_reference(runner, frames, options)
         rows = {}
@@ -191,7 +197,7 @@ def run_fp8(args, weights, key) -> dict:
                   f'{row.step_ms:.2f} ms/step (verifier {row.verifier_ms:.2f}), p50 '
                   f'{row.latency_p50_ms:.1f} ms, frames with the reference tokens: '
                   f'{rows[mode]["reference_agreement"]:.0%}', flush=True)
-        if label != 'fp8-rowwise':
+        if label in ('auto', 'fp8'):
             fidelity_options = dict(options,
                                     restrict_to_action_tokens=args.fidelity_action_only)
             tokens[label] = tokens_per_frame(run_all(
@@ -203,13 +209,14 @@ def run_fp8(args, weights, key) -> dict:
     out['step_ms_ratio'] = {mode: out['sides']['fp8']['rows'][mode]['step_ms']
                             / out['sides']['auto']['rows'][mode]['step_ms']
                             for mode in FP8_MODES}
-    if 'fp8-rowwise' in out['sides']:
-        out['step_ms_ratio_rowwise'] = {
-            mode: out['sides']['fp8-rowwise']['rows'][mode]['step_ms']
-            / out['sides']['auto']['rows'][mode]['step_ms'] for mode in FP8_MODES}
+    # The other FP8 routes' step times over auto's, per side.
+    out['step_ms_ratio_by_side'] = {
+        label: {mode: out['sides'][label]['rows'][mode]['step_ms']
+                / out['sides']['auto']['rows'][mode]['step_ms'] for mode in FP8_MODES}
+        for label in out['sides'] if label not in ('auto', 'fp8')}
     out['pieces_ratio'] = {label: {piece: ms / out['sides']['auto']['pieces_ms'][piece]
                                    for piece, ms in out['sides'][label]['pieces_ms'].items()}
-                           for label in ('fp8', 'fp8-rowwise') if label in out['sides']}
+                           for label in out['sides'] if label != 'auto'}
     out['bin_distance'] = bin_distance_histogram(tokens['fp8'], tokens['auto'],
                                                  codec.first_action_id, codec.last_action_id)
     out['action_tokens_only'] = bool(args.fidelity_action_only)
@@ -223,15 +230,16 @@ def format_fp8(result: dict) -> str:
     distance row."""
     from gpu_fidelity import format_histogram_rows
     auto, fp8 = (result['sides'][label]['rows'] for label in ('auto', 'fp8'))
-    mm = result['sides'].get('fp8-rowwise', {}).get('rows')
-    lines = ['| mode | auto ms/step | fp8 ms/step | fp8 / auto | fp8 row-wise / auto | '
-             'auto actions/s | fp8 actions/s | fp8 frames = its AR |',
-             '|---|---|---|---|---|---|---|---|']
+    others = result.get('step_ms_ratio_by_side', {})
+    lines = ['| mode | auto ms/step | fp8 ms/step | fp8 / auto | '
+             + ''.join(f'{label} / auto | ' for label in others)
+             + 'auto actions/s | fp8 actions/s | fp8 frames = its AR |',
+             '|---|---|---|---|' + '---|' * len(others) + '---|---|---|']
     for mode in FP8_MODES:
-        mm_ratio = (f'{mm[mode]["step_ms"] / auto[mode]["step_ms"]:.2f}' if mm else '–')
         lines.append(f'| {mode} | {auto[mode]["step_ms"]:.2f} | {fp8[mode]["step_ms"]:.2f} | '
-                     f'{result["step_ms_ratio"][mode]:.2f} | {mm_ratio} | '
-                     f'{auto[mode]["actions_per_s"]:.2f} '
+                     f'{result["step_ms_ratio"][mode]:.2f} | '
+                     + ''.join(f'{ratios[mode]:.2f} | ' for ratios in others.values())
+                     + f'{auto[mode]["actions_per_s"]:.2f} '
                      f'| {fp8[mode]["actions_per_s"]:.2f} | '
                      f'{100 * fp8[mode]["reference_agreement"]:.0f} % |')
     if 'pieces_ratio' in result:

@@ -5,7 +5,9 @@
 # What the next run should measure first (the 2026-11-30 second run measured the reasoning step,
 # pi0-FAST's oracle rows, the GPU tests, AR, the floor, FP8 and four FP8 robots; what is still
 # missed needs engine work first: FP8 pieces at 0.65x, the decode forward at 1.3x its floor,
-# four robots at 99 %; then, about 6 minutes):
+# four robots at 99 %. Since then the norms and the activation quantise for the FP8 products
+# (kernels/fp8_producers.py, not yet run on a GPU: fp8 times it beside fp8-unfused, and
+# gpu-tests checks its codes on CUDA); about 6 minutes):
 #   SUITE_SECONDS=560 bash bench/gpu_suite.sh table-ar fp8 paced-fp8 gpu-tests
 #
 #   bash bench/gpu_suite.sh tests     CUDA kernel / CUDA-graph / frame-upload tests + the Triton
@@ -45,9 +47,12 @@
 #                                     where one FP8 product's time goes against bf16's
 #                                     (bench/fp8_products.py: quantisation, _scaled_mm row-wise /
 #                                     per-tensor, per 7B shape and row count),
-#                                     the decode kernel and its tiles (--sweep),
-#                                     then weight_dtype auto vs fp8 (and fp8 with decode steps by
-#                                     _scaled_mm): pieces and ar / pipeline /
+#                                     the decode kernel and its tiles (--sweep), the norm and
+#                                     activation alone, then quantised by a second launch, and
+#                                     fused (kernels/fp8_producers.py),
+#                                     then weight_dtype auto vs fp8 (and fp8 with each product
+#                                     quantising its own input, fp8-unfused): pieces and
+#                                     ar / pipeline /
 #                                     pipeline_spec rows, graphs on, the step-time ratio, and the
 #                                     bin distance of fp8's AR tokens from bf16's, 200 frames
 #                                     (greedy over action tokens on both sides); and the
@@ -113,7 +118,8 @@ for part in "$@"; do
                 test/test_silu_mul_kernel.py test/test_engine_kernels.py \
                 test/test_cuda_graphs.py test/test_frame_upload.py test/test_single_tower.py \
                 test/test_fp8.py test/test_fp8_gemv_kernel.py test/test_fp8_quant_kernel.py \
-                test/test_fp8_tensorwise.py 2>&1 | tee "$RESULTS/log-gpu-tests.txt" || status=1 ;;
+                test/test_fp8_tensorwise.py test/test_fp8_producers.py 2>&1 \
+                | tee "$RESULTS/log-gpu-tests.txt" || status=1 ;;
         table-ar)
             bounded $GPU --graphs on --streams 1 --frames 12 --warmup 6 --parts table,floor \
                 --rows ar --baselines eager --progress-file "$RESULTS/rows-table-ar.json" 2>&1 \
@@ -177,8 +183,8 @@ for part in "$@"; do
                 2>&1 | tee "$RESULTS/log-attention-ab.txt" || status=1 ;;
         fp8)
             bounded python3 -m pytest -q -p no:cacheprovider -rs test/test_fp8.py \
-                test/test_fp8_gemv_kernel.py test/test_fp8_quant_kernel.py 2>&1 \
-                | tee "$RESULTS/log-fp8-tests.txt" || status=1
+                test/test_fp8_gemv_kernel.py test/test_fp8_quant_kernel.py \
+                test/test_fp8_producers.py 2>&1 | tee "$RESULTS/log-fp8-tests.txt" || status=1
             bounded python3 bench/fp8_products.py --sweep 2>&1 \
                 | tee "$RESULTS/fp8-products.txt" || status=1
             bounded $GPU --graphs on --parts fp8,floor --baselines '' --frames 12 --warmup 6 \

@@ -16,6 +16,10 @@ bytes (``fp8_gemv_ref``, ``fp8_gemv_triton``, ``fp8_gemv``); ``fp8_linear_device
 tensor-wise ``_scaled_mm`` (``fp8_linear_tensorwise``), in one launch.
 ``fp8_quant``: the per-token e4m3 quantisation of the activations in one launch, byte for byte
 as ``quantize_rows`` (``quantize_rows``, ``quantize_rows_triton``, ``fp8_quant``).
+``fp8_producers``: the RMS norm and the SwiGLU activation writing e4m3 codes for the FP8
+products in the launch that produces them, byte for byte as the producer's kernel followed by
+``quantize_rows_triton`` (``rms_norm_quant_ref`` / ``_triton`` / ``rms_norm_quant``, the same
+for ``silu_mul_quant``).
 ``segment_attention``: each segment's queries over its own KV slots, read in place from the
 slot-addressed cache (no gathered K/V copies), under the segment's mask
 (``segment_attention_ref``, ``segment_attention_triton``, ``segment_attention``).
@@ -32,6 +36,8 @@ from .fp8_linear import (FP8_DTYPE, PRODUCTS, dequantize_rows, fp8_linear, fp8_l
                          fp8_linear_ref, fp8_linear_scaled_mm, fp8_linear_tensorwise,
                          quantize_rows, scaled_mm_unsupported_reason)
 from .fp8_quant import fp8_quant, quantize_rows_triton
+from .fp8_producers import (rms_norm_quant, rms_norm_quant_ref, rms_norm_quant_triton,
+                            silu_mul_quant, silu_mul_quant_ref, silu_mul_quant_triton)
 from .rms_norm import rms_norm, rms_norm_ref, rms_norm_triton
 from .rope_kv_write import rope_kv_write, rope_kv_write_ref, rope_kv_write_triton
 from .segment_attention import (segment_attention, segment_attention_ref,
@@ -45,6 +51,8 @@ __all__ = [
     'scale_product', 'scale_product_ref', 'scale_product_triton', 'fp8_gemv_ref',
     'fp8_gemv_triton',
     'quantize_rows', 'scaled_mm_unsupported_reason', 'fp8_quant', 'quantize_rows_triton',
+    'rms_norm_quant', 'rms_norm_quant_ref', 'rms_norm_quant_triton', 'silu_mul_quant',
+    'silu_mul_quant_ref', 'silu_mul_quant_triton',
     'rms_norm', 'rms_norm_ref', 'rms_norm_triton',
     'rope_kv_write', 'rope_kv_write_ref', 'rope_kv_write_triton',
     'segment_attention', 'segment_attention_ref', 'segment_attention_triton',

@@ -7,6 +7,7 @@ Triton's CPU interpreter, independent of import order (a test can switch the int
 for its own duration without re-importing anything).
 """
 import os
+import types
 
 import torch
 
@@ -72,19 +73,44 @@ class LazyJit:
 
     ``kernel[grid](...)`` behaves like an ordinary jitted kernel. Holding two jitted versions
     (compiled and interpreted) lets one process run both without re-importing the module.
+    ``helpers``: plain functions the body calls by name (device functions shared between
+    kernels); each is jitted in the body's mode and bound to its name for the body alone. A
+    helper jitted once at import would belong to the mode of that moment: the interpreter
+    refuses a compiled one ("Cannot call @triton.jit'd outside of the scope of a kernel").
     """
 
-    def __init__(self, fn):
+    def __init__(self, fn, helpers=()):
         self.fn = fn
+        self.helpers = tuple(helpers)
         self._by_mode = {}
 
-    def __getitem__(self, grid):
+    def jitted(self):
+        """The body jitted for the mode in force now (with its helpers bound)."""
         is_interpret = is_interpret_mode()
         kernel = self._by_mode.get(is_interpret)
         if kernel is None:
-            kernel = triton.jit(self.fn)
+            kernel = triton.jit(with_helpers(self.fn, self.helpers))
             self._by_mode[is_interpret] = kernel
-        return kernel[grid]
+        return kernel
+
+    def __getitem__(self, grid):
+        return self.jitted()[grid]
+
+
+def with_helpers(fn, helpers):
+    """``fn`` (a kernel body) with each of ``helpers`` jitted now and bound to its name in a
+    copy of ``fn``'s globals (the module's own names are untouched); ``fn`` itself when there
+    are none. Triton reads the body's source through its code object, which the copy shares."""
+    if not helpers:
+        return fn
+    namespace = dict(fn.__globals__)
+    for helper in helpers:
+        namespace[helper.__name__] = triton.jit(helper)
+    bound = types.FunctionType(fn.__code__, namespace, fn.__name__, fn.__defaults__,
+                               fn.__closure__)
+    bound.__qualname__, bound.__module__ = fn.__qualname__, fn.__module__
+    bound.__annotations__ = dict(fn.__annotations__)
+    return bound
 
 
 # ---- argument checks shared by the validating wrappers (ValueError naming the argument) ----

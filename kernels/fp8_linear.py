@@ -56,14 +56,40 @@ def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float64 if dtype == torch.float64 else torch.float32
 
 
+def fp8_codes_linear_ref(xq: torch.Tensor, x_scale: torch.Tensor, weight: torch.Tensor,
+                         weight_scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Plain torch, for activations already quantised (by their producer,
+    kernels/fp8_producers.py): xq (..., K) e4m3, x_scale (..., 1) float32 -> (..., N) in
+    ``dtype``: both operands dequantised, then ``F.linear`` in float32 (float64 for float64)."""
+    compute = _compute_dtype(dtype)
+    w = dequantize_rows(weight, weight_scale[:, None], compute)
+    return F.linear(dequantize_rows(xq, x_scale, compute), w).to(dtype)
+
+
 def fp8_linear_ref(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor):
     """Plain torch: x (..., K) floating, weight (N, K) e4m3, weight_scale (N,) float32 ->
     (..., N) in x's dtype: x quantised per token, both operands dequantised, then ``F.linear``
     in float32 (float64 for float64 x)."""
-    dtype = _compute_dtype(x.dtype)
     xq, x_scale = quantize_rows(x)
-    w = dequantize_rows(weight, weight_scale[:, None], dtype)
-    return F.linear(dequantize_rows(xq, x_scale, dtype), w).to(x.dtype)
+    return fp8_codes_linear_ref(xq, x_scale, weight, weight_scale, x.dtype)
+
+
+def _quantize_on_device(x2: torch.Tensor):
+    """Per-token codes and scales of (T, K) activations: the Triton kernel on CUDA (one launch,
+    the bytes of ``quantize_rows`` on CUDA: kernels/fp8_quant.py), ``quantize_rows`` elsewhere."""
+    if HAS_TRITON and x2.device.type == 'cuda':
+        return quantize_rows_triton(x2)
+    return quantize_rows(x2)
+
+
+def fp8_codes_scaled_mm(xq: torch.Tensor, x_scale: torch.Tensor, weight: torch.Tensor,
+                        weight_scale: torch.Tensor, dtype: torch.dtype, *,
+                        use_fast_accum: bool = False) -> torch.Tensor:
+    """The row-wise ``torch._scaled_mm`` of codes (T, K) and their scales (T, 1) (inputs NOT
+    checked) -> (T, N) in ``dtype``."""
+    return torch._scaled_mm(xq.contiguous(), weight.t(), scale_a=x_scale,
+                            scale_b=weight_scale.view(1, -1), out_dtype=dtype,
+                            use_fast_accum=use_fast_accum)
 
 
 def fp8_linear_scaled_mm(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor,
@@ -77,14 +103,23 @@ def fp8_linear_scaled_mm(x: torch.Tensor, weight: torch.Tensor, weight_scale: to
     ``quantize_rows`` on CUDA (kernels/fp8_quant.py); elsewhere (the CPU's ``_scaled_mm``) by
     ``quantize_rows`` itself."""
     x2 = x.reshape(-1, x.shape[-1])
-    if HAS_TRITON and x.device.type == 'cuda':
-        xq, x_scale = quantize_rows_triton(x2)
-    else:
-        xq, x_scale = quantize_rows(x2)
-    out = torch._scaled_mm(xq.contiguous(), weight.t(), scale_a=x_scale,
-                           scale_b=weight_scale.view(1, -1), out_dtype=x.dtype,
-                           use_fast_accum=use_fast_accum)
+    xq, x_scale = _quantize_on_device(x2)
+    out = fp8_codes_scaled_mm(xq, x_scale, weight, weight_scale, x.dtype,
+                              use_fast_accum=use_fast_accum)
     return out.view(*x.shape[:-1], weight.shape[0])
+
+
+def fp8_codes_tensorwise(xq: torch.Tensor, x_scale: torch.Tensor, weight: torch.Tensor,
+                         weight_scale: torch.Tensor, dtype: torch.dtype,
+                         unit_scale: torch.Tensor) -> torch.Tensor:
+    """The tensor-wise ``torch._scaled_mm`` of codes (T, K) with unit scales, then the scales
+    (kernels/fp8_epilogue.py; its reference off CUDA) -> (T, N) in ``dtype`` (inputs NOT
+    checked)."""
+    acc = torch._scaled_mm(xq.contiguous(), weight.t(), scale_a=unit_scale, scale_b=unit_scale,
+                           out_dtype=dtype)
+    scale = scale_product_triton if HAS_TRITON and xq.device.type == 'cuda' \
+        else scale_product_ref
+    return scale(acc, x_scale, weight_scale)
 
 
 def fp8_linear_tensorwise(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor,
@@ -96,15 +131,24 @@ def fp8_linear_tensorwise(x: torch.Tensor, weight: torch.Tensor, weight_scale: t
     the row-wise product on the H200 (that module's docstring); one more rounding of the
     output dtype. No host sync: CUDA-graph capturable."""
     x2 = x.reshape(-1, x.shape[-1])
-    on_gpu = HAS_TRITON and x.device.type == 'cuda'
-    xq, x_scale = quantize_rows_triton(x2) if on_gpu else quantize_rows(x2)
-    acc = torch._scaled_mm(xq.contiguous(), weight.t(), scale_a=unit_scale, scale_b=unit_scale,
-                           out_dtype=x.dtype)
-    scale = scale_product_triton if on_gpu else scale_product_ref
-    return scale(acc, x_scale, weight_scale).view(*x.shape[:-1], weight.shape[0])
+    xq, x_scale = _quantize_on_device(x2)
+    out = fp8_codes_tensorwise(xq, x_scale, weight, weight_scale, x.dtype, unit_scale)
+    return out.view(*x.shape[:-1], weight.shape[0])
 
 
 PRODUCTS = ('tensorwise', 'rowwise', 'gemv')
+
+
+def fp8_codes_linear_device(xq: torch.Tensor, x_scale: torch.Tensor, weight: torch.Tensor,
+                            weight_scale: torch.Tensor, dtype: torch.dtype, *, product: str,
+                            unit_scale: torch.Tensor) -> torch.Tensor:
+    """``fp8_linear_device`` for activations already quantised (codes (T, K), scales (T, 1);
+    inputs NOT checked) -> (T, N) in ``dtype``: the same routes after the quantisation."""
+    if product == 'tensorwise':
+        return fp8_codes_tensorwise(xq, x_scale, weight, weight_scale, dtype, unit_scale)
+    if product == 'gemv' and HAS_TRITON and xq.shape[0] <= GEMV_MAX_ROWS:
+        return fp8_gemv_triton(xq, x_scale, weight, weight_scale, dtype)
+    return fp8_codes_scaled_mm(xq, x_scale, weight, weight_scale, dtype)
 
 
 def fp8_linear_device(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor, *,
@@ -114,14 +158,11 @@ def fp8_linear_device(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch
     (``fp8_linear_scaled_mm``), ``gemv`` (at most ``GEMV_MAX_ROWS`` rows through
     ``fp8_gemv_triton``, more rows row-wise). The row count is a Python int, fixed per
     captured step, so the choice is CUDA-graph safe."""
-    if product == 'tensorwise':
-        return fp8_linear_tensorwise(x, weight, weight_scale, unit_scale)
     x2 = x.reshape(-1, x.shape[-1])
-    if product == 'gemv' and HAS_TRITON and x2.shape[0] <= GEMV_MAX_ROWS:
-        xq, x_scale = quantize_rows_triton(x2)
-        out = fp8_gemv_triton(xq, x_scale, weight, weight_scale, x.dtype)
-        return out.view(*x.shape[:-1], weight.shape[0])
-    return fp8_linear_scaled_mm(x, weight, weight_scale)
+    xq, x_scale = _quantize_on_device(x2)
+    out = fp8_codes_linear_device(xq, x_scale, weight, weight_scale, x.dtype, product=product,
+                                  unit_scale=unit_scale)
+    return out.view(*x.shape[:-1], weight.shape[0])
 
 
 def scaled_mm_unsupported_reason(weight: torch.Tensor, dtype: torch.dtype):

@@ -75,15 +75,58 @@ if HAS_TRITON:
     def _maximum(a, b):
         return tl.maximum(a, b, propagate_nan=tl.PropagateNan.ALL)
 
+    # Device functions shared with the kernels that quantise what they produce
+    # (kernels/fp8_producers.py): plain functions, jitted with each kernel (LazyJit's helpers).
+    def load_as_float32(ptr, mask, BF16_BITS: tl.constexpr):
+        """The values at ``ptr`` (lanes off ``mask`` read 0) widened to float32. BF16_BITS: they
+        are bf16 values stored as int16 bits, widened by a 16-bit shift (exact, what the GPU's own
+        conversion does); the CPU interpreter's bf16 -> float32 conversion gets bf16 sub-normals
+        wrong."""
+        raw = tl.load(ptr, mask=mask, other=0)
+        if BF16_BITS:
+            return (raw.to(tl.uint16, bitcast=True).to(tl.uint32) << 16).to(tl.float32,
+                                                                            bitcast=True)
+        return raw.to(tl.float32)
+
+    def row_scale(amax, SCALE_BY_RECIPROCAL: tl.constexpr, INV_FP8_MAX: tl.constexpr,
+                  FP8_MAX: tl.constexpr, TINY: tl.constexpr):
+        """A row's float32 scale from its amax, as torch computes ``amax / 448`` on the device
+        the kernel imitates, then ``clamp_min(tiny)`` (a NaN amax stays NaN)."""
+        if SCALE_BY_RECIPROCAL:                 # torch on CUDA: amax * float32(1 / 448)
+            scale = amax * INV_FP8_MAX
+        else:                                   # torch on the CPU: amax / 448, IEEE division
+            scale = tl.math.div_rn(amax, tl.full((), FP8_MAX, tl.float32))
+        return tl.maximum(scale, TINY, propagate_nan=tl.PropagateNan.ALL)
+
+    def e4m3_codes(x, scale_block, FP8_MAX: tl.constexpr):
+        """float32 values ``x`` and their row's scale (broadcast to x's shape) -> the e4m3 codes
+        of ``clamp(x / scale, -448, 448)`` as int32 (0..255), as c10 rounds float32 to e4m3."""
+        v = tl.math.div_rn(x, scale_block)       # an IEEE division, as torch's
+        bits = v.to(tl.int32, bitcast=True)
+        sign = (bits >> 24) & 0x80              # the e4m3 sign bit, kept on zeros like c10
+        a = tl.minimum(tl.abs(v), FP8_MAX)      # |clamp(v)|; a NaN becomes 448 here, fixed below
+        a_bits = a.to(tl.int32, bitcast=True)
+        # |v| >= 2^-6 (e4m3 normal): re-bias the exponent (127 -> 7) and round the mantissa to 3
+        # bits, to nearest even, on the integer bits (c10's normal path); a carry into the
+        # exponent is the correct rounding up to the next binade. Codes <= 0x7E (448).
+        odd = (a_bits >> 20) & 1
+        normal = (a_bits + (((7 - 127) << 23) + 0x7FFFF) + odd) >> 20
+        # |v| < 2^-6 (e4m3 subnormal, step 2^-9): adding 2^14, whose float32 ulp is 2^-9, rounds
+        # |v| to that grid (float32 addition rounds to nearest even); the bits above 2^14's are
+        # the code, 8 when |v| rounds up to 2^-6, which is that normal's code.
+        magic = tl.full(v.shape, 16384.0, tl.float32)
+        subnormal = (a + magic).to(tl.int32, bitcast=True) - magic.to(tl.int32, bitcast=True)
+        code = tl.where(a_bits >= (121 << 23), normal, subnormal)
+        return tl.where(v != v, 0x7F, code) | sign          # NaN -> e4m3's NaN code
+
+    QUANT_HELPERS = (load_as_float32, row_scale, e4m3_codes)
+
     def _fp8_quant_body(x_ptr, q_ptr, scale_ptr, stride_x,
                         K: tl.constexpr, BLOCK_K: tl.constexpr, NUM_BLOCKS: tl.constexpr,
                         BF16_BITS: tl.constexpr, SCALE_BY_RECIPROCAL: tl.constexpr,
                         INV_FP8_MAX: tl.constexpr, FP8_MAX: tl.constexpr, TINY: tl.constexpr):
         # One program per row; K and the block count are compile-time constants (one compilation
         # per projection width), so no loop bound is a runtime value.
-        # BF16_BITS: x holds bf16 values as int16 bits, widened to float32 by a 16-bit shift
-        # (exact, what the GPU's own conversion does); the CPU interpreter's bf16 -> float32
-        # conversion gets bf16 sub-normals wrong.
         row = tl.program_id(0).to(tl.int64)
         x_row = x_ptr + row * stride_x
         q_row = q_ptr + row * K                 # q is contiguous (T, K) bytes
@@ -94,54 +137,24 @@ if HAS_TRITON:
         running = tl.full((BLOCK_K,), 0.0, tl.float32)     # (tl.zeros is a library function)
         for b in range(NUM_BLOCKS):
             cols = b * BLOCK_K + offsets
-            raw = tl.load(x_row + cols, mask=cols < K, other=0)
-            if BF16_BITS:
-                x = (raw.to(tl.uint16, bitcast=True).to(tl.uint32) << 16).to(tl.float32,
-                                                                             bitcast=True)
-            else:
-                x = raw.to(tl.float32)
+            x = load_as_float32(x_row + cols, cols < K, BF16_BITS)
             running = tl.maximum(running, tl.abs(x), propagate_nan=tl.PropagateNan.ALL)
         # tl.reduce with a combine of our own, not tl.max: library functions are jitted for the
         # interpreter mode in force when triton was imported (see rms_norm.py).
         amax = tl.reduce(running, 0, _maximum)
-        if SCALE_BY_RECIPROCAL:                 # torch on CUDA: amax * float32(1 / 448)
-            scale = amax * INV_FP8_MAX
-        else:                                   # torch on the CPU: amax / 448, IEEE division
-            scale = tl.math.div_rn(amax, tl.full((), FP8_MAX, tl.float32))
-        scale = tl.maximum(scale, TINY, propagate_nan=tl.PropagateNan.ALL)
+        scale = row_scale(amax, SCALE_BY_RECIPROCAL, INV_FP8_MAX, FP8_MAX, TINY)
         tl.store(scale_ptr + row, scale)
 
-        # Pass 2: codes. v = x / scale (IEEE division, as torch's), clamped to [-448, 448].
+        # Pass 2: the codes.
         scale_block = tl.full((BLOCK_K,), 0.0, tl.float32) + scale
         for b in range(NUM_BLOCKS):
             cols = b * BLOCK_K + offsets
             mask = cols < K
-            raw = tl.load(x_row + cols, mask=mask, other=0)
-            if BF16_BITS:
-                x = (raw.to(tl.uint16, bitcast=True).to(tl.uint32) << 16).to(tl.float32,
-                                                                             bitcast=True)
-            else:
-                x = raw.to(tl.float32)
-            v = tl.math.div_rn(x, scale_block)
-            bits = v.to(tl.int32, bitcast=True)
-            sign = (bits >> 24) & 0x80          # the e4m3 sign bit, kept on zeros like c10
-            a = tl.minimum(tl.abs(v), FP8_MAX)  # |clamp(v)|; a NaN becomes 448 here, fixed below
-            a_bits = a.to(tl.int32, bitcast=True)
-            # |v| >= 2^-6 (e4m3 normal): re-bias the exponent (127 -> 7) and round the mantissa
-            # to 3 bits, to nearest even, on the integer bits (c10's normal path); a carry into
-            # the exponent is the correct rounding up to the next binade. Codes <= 0x7E (448).
-            odd = (a_bits >> 20) & 1
-            normal = (a_bits + (((7 - 127) << 23) + 0x7FFFF) + odd) >> 20
-            # |v| < 2^-6 (e4m3 subnormal, step 2^-9): adding 2^14, whose float32 ulp is 2^-9,
-            # rounds |v| to that grid (float32 addition rounds to nearest even); the bits above
-            # 2^14's are the code, 8 when |v| rounds up to 2^-6, which is that normal's code.
-            magic = tl.full((BLOCK_K,), 16384.0, tl.float32)
-            subnormal = (a + magic).to(tl.int32, bitcast=True) - magic.to(tl.int32, bitcast=True)
-            code = tl.where(a_bits >= (121 << 23), normal, subnormal)
-            code = tl.where(v != v, 0x7F, code) | sign          # NaN -> e4m3's NaN code
+            x = load_as_float32(x_row + cols, mask, BF16_BITS)
+            code = e4m3_codes(x, scale_block, FP8_MAX)
             tl.store(q_row + cols, code.to(tl.uint8), mask=mask)
 
-    _fp8_quant_kernel = LazyJit(_fp8_quant_body)
+    _fp8_quant_kernel = LazyJit(_fp8_quant_body, helpers=QUANT_HELPERS)
 
 
 def quantize_rows_triton(x: torch.Tensor, *, scale_by_reciprocal=None, block_k=None,

@@ -1,5 +1,6 @@
 """bench/gpu.py (the GPU benchmark) end to end on the tiny preset on CPU, and its fidelity
 histogram: the script that produces the recorded H100 tables must keep working where CI runs."""
+import importlib.util
 import json
 import subprocess
 import sys
@@ -141,6 +142,28 @@ def test_kernels_sweep_smoke_run_validates_every_configuration():
     assert any(line.startswith('segment_attention') and line.endswith(' ok') for line in lines)
 
 
+@pytest.mark.skipif(importlib.util.find_spec('triton') is None,
+                    reason='needs triton (the CPU interpreter)')
+def test_fp8_products_times_the_quantising_producers_and_checks_their_codes(interpret):
+    """The second table of ``bench/fp8_products.py``: each producer alone, then quantised by
+    a second launch, and fused; the fused codes checked equal to the two launches' (a
+    quantisation that differs is a MISMATCH)."""
+    import types
+    import torch
+    from fp8_products import time_producer
+    from kernels_sweep import load_kernels
+    kernels = load_kernels()
+    for name, width in (('rms_norm', 64), ('silu_mul', 96)):
+        row = time_producer(kernels, name, width, 2, torch.device('cpu'), torch.float32)
+        assert row['ok'] and {'alone', 'two_launches', 'fused'} <= set(row), row
+    wrong = types.SimpleNamespace(**{name: getattr(kernels, name) for name in dir(kernels)
+                                     if not name.startswith('__')}, __name__=kernels.__name__)
+    wrong.quantize_rows_triton = lambda x: tuple(
+        part * 2 if part.dtype == torch.float32 else part
+        for part in kernels.quantize_rows_triton(x))
+    assert not time_producer(wrong, 'silu_mul', 96, 2, torch.device('cpu'), torch.float32)['ok']
+
+
 def test_fp8_products_smoke_run_checks_every_product_against_the_definition():
     """``bench/fp8_products.py --smoke`` (the fp8 part's per-product timing, on CPU with the
     dequantised reference in place of _scaled_mm): a row per shape and row count, each
@@ -182,8 +205,10 @@ def test_gpu_bench_fp8_part_and_prefill_rows_run_on_cpu(tmp_path):
             for frames in ('frames x4', 'episode-like x8'):
                 assert f'{mode}+previous action, prefill {state} ({frames})' in modes
     fp8 = record['fp8']
-    # fp8 by the default route, and by the row-wise one (the same function: AR's tokens too).
-    assert set(fp8['sides']) == {'auto', 'fp8', 'fp8-rowwise'}
+    # fp8 by the default route, and with each product quantising its own input (the same
+    # function: AR's tokens too).
+    assert set(fp8['sides']) == {'auto', 'fp8', 'fp8-unfused'}
+    assert set(fp8['step_ms_ratio_by_side']) == {'fp8-unfused'}
     for side in fp8['sides'].values():
         for mode, row in side['rows'].items():
             assert row['reference_agreement'] == 1.0 and row['num_actions'] == 2, mode

@@ -22,12 +22,14 @@ see, the first one's arithmetic). Benchmarks comparing the two load the weights 
 from __future__ import annotations
 
 import warnings
+from dataclasses import dataclass
 
 import torch
 from torch import nn
 
 from ..kernels import (FP8_DTYPE, fp8_linear_device, fp8_linear_ref,
                        fp8_linear_scaled_mm, quantize_rows, scaled_mm_unsupported_reason)
+from ..kernels.fp8_linear import fp8_codes_linear_device, fp8_codes_linear_ref
 from ..kernels.fp8_linear import MIN_CAPABILITY
 
 WEIGHT_DTYPES = ('auto', 'fp8')
@@ -40,6 +42,26 @@ MLP_PROJECTIONS = ('gate_proj', 'up_proj', 'down_proj')
 # (bench/results/h200/20261127-fp8). A module switch, not an engine option, so that
 # bench/gpu_parts.py can time the routes on one machine; nothing else should change it.
 PRODUCT = 'tensorwise'
+# Whether the norms and the SwiGLU activation before FP8 projections write e4m3 codes
+# themselves (kernels/fp8_producers.py; where the fused kernels run: engine/device/
+# kernel_choice.py) instead of each product quantising its input. The same codes either way
+# (that module's contract); a module switch for bench/gpu_parts.py to time both, as PRODUCT.
+QUANTIZE_IN_PRODUCERS = True
+
+
+@dataclass(frozen=True)
+class QuantizedRows:
+    """Activations their producer quantised (kernels/fp8_producers.py): e4m3 ``codes``
+    (T, K), float32 ``scale`` (T, 1), and ``dtype``, the activation dtype they stand for (what
+    the consuming product writes). Only ``Fp8Linear`` consumes them."""
+
+    codes: torch.Tensor
+    scale: torch.Tensor
+    dtype: torch.dtype
+
+    @property
+    def shape(self) -> torch.Size:
+        return self.codes.shape
 
 
 class Fp8Linear(nn.Module):
@@ -70,11 +92,26 @@ class Fp8Linear(nn.Module):
     def dequantized_weight(self, dtype: torch.dtype) -> torch.Tensor:
         return self.weight.to(dtype) * self.weight_scale.to(dtype)[:, None]
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor | QuantizedRows) -> torch.Tensor:
+        if isinstance(x, QuantizedRows):
+            return self.forward_codes(x)
         if self.use_scaled_mm:
             return fp8_linear_device(x, self.weight, self.weight_scale, product=self.product,
                                      unit_scale=self.unit_scale)
         return fp8_linear_ref(x, self.weight, self.weight_scale)
+
+    def forward_codes(self, rows: QuantizedRows) -> torch.Tensor:
+        """The product of activations already quantised: what ``forward`` gives on the
+        activations those codes quantise (the same route after the quantisation)."""
+        codes = rows.codes.reshape(-1, rows.codes.shape[-1])
+        scale = rows.scale.reshape(-1, 1)
+        if self.use_scaled_mm:
+            out = fp8_codes_linear_device(codes, scale, self.weight, self.weight_scale,
+                                          rows.dtype, product=self.product,
+                                          unit_scale=self.unit_scale)
+        else:
+            out = fp8_codes_linear_ref(codes, scale, self.weight, self.weight_scale, rows.dtype)
+        return out.view(*rows.codes.shape[:-1], self.out_features)
 
     def extra_repr(self) -> str:
         return (f'in_features={self.in_features}, out_features={self.out_features}, '
@@ -104,7 +141,7 @@ class FusedFp8Linears:
             lin.weight_scale = self.fused.weight_scale[start:start + size]
             start += size
 
-    def __call__(self, x: torch.Tensor):
+    def __call__(self, x: torch.Tensor | QuantizedRows):
         start = 0
         for lin, size in zip(self.linears, self.sizes):
             if lin.weight.data_ptr() != self.fused.weight[start:].data_ptr() \
@@ -197,5 +234,5 @@ def apply_weight_dtype(language_model: nn.Module, weight_dtype: str, dtype: torc
     language_model._served_weight_dtype = weight_dtype
 
 
-__all__ = ['Fp8Linear', 'FusedFp8Linears', 'WEIGHT_DTYPES', 'apply_weight_dtype',
+__all__ = ['Fp8Linear', 'FusedFp8Linears', 'QuantizedRows', 'WEIGHT_DTYPES', 'apply_weight_dtype',
            'check_weight_dtype', 'is_quantized', 'quantize_decoder_', 'FP8_DTYPE']

@@ -25,7 +25,7 @@ from torch import nn
 
 from ..config import LlamaConfig
 from .attention import StepBatch, attend_packed, attend_segments, write_kv_and_rope
-from .fp8 import Fp8Linear, FusedFp8Linears
+from .fp8 import Fp8Linear, FusedFp8Linears, QuantizedRows
 
 
 @dataclass(frozen=True)
@@ -38,13 +38,18 @@ class LayerKernels:
     rms_norm: ``kernels/rms_norm.rms_norm_ref`` contract (with or without the residual add);
     segment_attention: ``kernels/segment_attention.segment_attention_ref`` contract, the
     segments of ``attend_segments`` read straight from the KV buffer (no gathered copies);
-    silu_mul: ``kernels/silu_mul.silu_mul_ref`` contract, the MLP's ``silu(gate) * up``.
+    silu_mul: ``kernels/silu_mul.silu_mul_ref`` contract, the MLP's ``silu(gate) * up``;
+    rms_norm_quant, silu_mul_quant: ``kernels/fp8_producers`` contracts, the norm or the
+    activation written as e4m3 codes for FP8 projections (used only where every consumer of
+    that activation is an ``Fp8Linear``).
     """
 
     rope_kv_write: Callable | None = None
     rms_norm: Callable | None = None
     segment_attention: Callable | None = None
     silu_mul: Callable | None = None
+    rms_norm_quant: Callable | None = None
+    silu_mul_quant: Callable | None = None
 
 
 PLAIN = LayerKernels()
@@ -67,15 +72,26 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.zeros(dim) if unit_offset else torch.ones(dim))
         self.eps = eps
 
-    def add_and_norm(self, x: torch.Tensor, delta: torch.Tensor, kernel=None):
+    def add_and_norm(self, x: torch.Tensor, delta: torch.Tensor, kernel=None, quantizer=None):
         """``(x + delta, norm(x + delta))``: the residual add and the next norm, one launch
-        with the kernel."""
-        if kernel is not None and not self.unit_offset and not torch.is_grad_enabled():
+        with the kernel; with ``quantizer`` (``rms_norm_quant`` contract) the norm comes as
+        ``QuantizedRows``."""
+        if self._fused(quantizer):
+            total, codes, scale = quantizer(x, self.weight, self.eps, delta)
+            return total, QuantizedRows(codes, scale, x.dtype)
+        if self._fused(kernel):
             return kernel(x, self.weight, self.eps, delta)
         x = x + delta
         return x, self.forward(x)
 
-    def forward(self, x: torch.Tensor, kernel=None) -> torch.Tensor:
+    def _fused(self, kernel) -> bool:
+        return kernel is not None and not self.unit_offset and not torch.is_grad_enabled()
+
+    def forward(self, x: torch.Tensor, kernel=None, quantizer=None):
+        """The norm of ``x``; with ``quantizer`` (and Llama's norm, no gradients) as
+        ``QuantizedRows``."""
+        if self._fused(quantizer):
+            return QuantizedRows(*quantizer(x, self.weight, self.eps), x.dtype)
         if self.unit_offset:
             dtype = x.dtype
             h = x.to(torch.float32) if dtype in (torch.float16, torch.bfloat16) else x
@@ -92,12 +108,18 @@ class RMSNorm(nn.Module):
         return self.weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps))
 
 
-def _linear(linear: nn.Linear | Fp8Linear, x: torch.Tensor) -> torch.Tensor:
+def _linear(linear: nn.Linear | Fp8Linear, x: torch.Tensor | QuantizedRows) -> torch.Tensor:
     """``linear(x)`` without ``nn.Module.__call__`` (the same ``F.linear``; a projection
-    quantised by ``weight_dtype: fp8`` runs its own forward, models/fp8.py)."""
+    quantised by ``weight_dtype: fp8`` runs its own forward, models/fp8.py, which also takes
+    ``QuantizedRows``)."""
     if type(linear) is Fp8Linear:
         return linear.forward(x)
     return F.linear(x, linear.weight, linear.bias)
+
+
+def _all_fp8(*linears) -> bool:
+    """Whether every one of ``linears`` is an ``Fp8Linear`` (and so takes ``QuantizedRows``)."""
+    return all(type(lin) is Fp8Linear for lin in linears)
 
 
 class FusedLinears:
@@ -159,9 +181,13 @@ class LlamaAttention(nn.Module):
         self.o_proj = nn.Linear(cfg.num_heads * d, h, bias=False)
         self.fused: FusedLinears | None = None
 
+    def takes_codes(self) -> bool:
+        """Whether its input may come as ``QuantizedRows`` (q, k and v are all FP8)."""
+        return _all_fp8(self.q_proj, self.k_proj, self.v_proj)
+
     def forward(self, x, batch: StepBatch, rope, k_cache, v_cache,
                 kernels: LayerKernels = PLAIN):
-        t = x.shape[0]                                            # x: (T, H)
+        t = x.shape[0]                                 # x: (T, H), or its QuantizedRows
         qkv = self.fused(x) if self.fused is not None else None
         q, k, v = qkv if qkv is not None else (
             _linear(self.q_proj, x), _linear(self.k_proj, x), _linear(self.v_proj, x))
@@ -189,14 +215,23 @@ class SwiGLU(nn.Module):
         self.down_proj = nn.Linear(intermediate, hidden, bias=False)
         self.fused: FusedLinears | None = None
 
-    def forward(self, x, kernel=None):
-        """``kernel``: the fused ``silu(gate) * up`` (None = plain torch; SwiGLU only)."""
+    def takes_codes(self) -> bool:
+        """Whether its input may come as ``QuantizedRows`` (gate and up are both FP8)."""
+        return _all_fp8(self.gate_proj, self.up_proj)
+
+    def forward(self, x, kernel=None, quantizer=None):
+        """``kernel``: the fused ``silu(gate) * up`` (None = plain torch; SwiGLU only);
+        ``quantizer``: the same written as e4m3 codes (``silu_mul_quant`` contract), used when
+        ``down_proj`` is FP8. ``x`` may be ``QuantizedRows`` (``takes_codes``)."""
         gate_up = self.fused(x) if self.fused is not None else None
         gate, up = gate_up if gate_up is not None else (_linear(self.gate_proj, x),
                                                         _linear(self.up_proj, x))
+        no_grad = not torch.is_grad_enabled()
         if self.activation == 'gelu_tanh':
             hidden = F.gelu(gate, approximate='tanh') * up
-        elif kernel is not None and not torch.is_grad_enabled():
+        elif quantizer is not None and no_grad and type(self.down_proj) is Fp8Linear:
+            hidden = QuantizedRows(*quantizer(gate, up), gate.dtype)
+        elif kernel is not None and no_grad:
             hidden = kernel(gate, up)
         else:
             hidden = F.silu(gate) * up
@@ -229,14 +264,19 @@ class LlamaDecoderLayer(nn.Module):
         instead of an add and a norm). With plain torch the operations are those of
         ``forward``, bit for bit."""
         # Sub-modules through ``forward``: see the module docstring.
+        # With FP8 projections the norms may write codes for them (LayerKernels).
         norm = self.input_layernorm
+        to_attention = kernels.rms_norm_quant if kernels.rms_norm_quant is not None \
+            and self.self_attn.takes_codes() else None
         if delta is None:
-            h = norm.forward(x, kernels.rms_norm) if norm is not None else x
+            h = norm.forward(x, kernels.rms_norm, to_attention) if norm is not None else x
         elif norm is not None:
-            x, h = norm.add_and_norm(x, delta, kernels.rms_norm)
+            x, h = norm.add_and_norm(x, delta, kernels.rms_norm, to_attention)
         else:
             x = h = x + delta
+        to_mlp = kernels.rms_norm_quant if kernels.rms_norm_quant is not None \
+            and self.mlp.takes_codes() else None
         x, h = self.post_attention_layernorm.add_and_norm(
             x, self.self_attn.forward(h, batch, rope, k_cache, v_cache, kernels),
-            kernels.rms_norm)
-        return x, self.mlp.forward(h, kernels.silu_mul)
+            kernels.rms_norm, to_mlp)
+        return x, self.mlp.forward(h, kernels.silu_mul, kernels.silu_mul_quant)

@@ -3,10 +3,13 @@
 ``use_kernels`` ("auto": on CUDA when Triton imports; "on": forced, which on a CPU needs
 ``TRITON_INTERPRET=1``, what the tests use to run the kernel paths against the references;
 "off": plain torch) switches the fused RoPE + KV write, the fused (residual add +) RMSNorm
-and the fused ``silu(gate) * up``. ``attention_backend`` "ring" adds the segment attention
-kernel, which reads each segment's KV slots in place instead of gathering them; it needs
-Triton on CUDA or the interpreter whatever ``use_kernels`` says, and is never chosen by
-"auto" (not measured yet).
+and the fused ``silu(gate) * up``; with ``weight_dtype: fp8`` also their forms that write
+e4m3 codes for the FP8 projections (kernels/fp8_producers.py: the codes the products would
+make of their inputs, one launch and one round trip fewer per product; models/fp8.py
+``QUANTIZE_IN_PRODUCERS`` turns them off for a comparison). ``attention_backend`` "ring" adds
+the segment attention kernel, which reads each segment's KV slots in place instead of
+gathering them; it needs Triton on CUDA or the interpreter whatever ``use_kernels`` says, and
+is never chosen by "auto" (not measured yet).
 """
 from __future__ import annotations
 
@@ -31,11 +34,13 @@ def kernels_enabled(config: EngineConfig, device) -> bool:
 
 
 def select_layer_kernels(config: EngineConfig, device) -> LayerKernels:
-    """The model runner's kernels: fused RoPE + KV write, norm and SwiGLU activation when
-    enabled, else none."""
+    """The model runner's kernels: fused RoPE + KV write, norm and SwiGLU activation (and,
+    for FP8 weights, their quantising forms) when enabled, else none."""
     if not kernels_enabled(config, device):
         return PLAIN
     from ...kernels import rms_norm_triton, rope_kv_write, silu_mul_triton
+    from ...kernels.fp8_producers import rms_norm_quant_triton, silu_mul_quant_triton
+    from ...models import fp8
 
     def rope_kernel(q, k, v, positions, cos, sin, k_cache, v_cache, slot_mapping):
         # Index checks would read indices back to the host (a sync) on every layer; the
@@ -44,8 +49,14 @@ def select_layer_kernels(config: EngineConfig, device) -> LayerKernels:
         return rope_kv_write(q, k, v, positions, cos, sin, k_cache, v_cache, slot_mapping,
                              use_triton=True, check_indices=False)
     # The norm and the activation get model-internal shapes only: the unchecked launches.
+    # (Their contract covers the activation dtypes FP8 quantises from; float64 models keep
+    # the products' own quantisation.)
+    quantize = config.weight_dtype == 'fp8' and fp8.QUANTIZE_IN_PRODUCERS \
+        and config.dtype != 'float64'
     return LayerKernels(rope_kv_write=rope_kernel, rms_norm=rms_norm_triton,
-                        silu_mul=silu_mul_triton)
+                        silu_mul=silu_mul_triton,
+                        rms_norm_quant=rms_norm_quant_triton if quantize else None,
+                        silu_mul_quant=silu_mul_quant_triton if quantize else None)
 
 
 def with_attention_backend(kernels: LayerKernels, config: EngineConfig,

@@ -1,0 +1,296 @@
+"""kernels/fp8_producers.py: the RMS norm and the SwiGLU activation writing e4m3 codes for FP8
+projections. The contract is bit-exact against the two launches each kernel replaces (the
+producer's own kernel, then kernels/fp8_quant.py's), checked under ``TRITON_INTERPRET=1`` on
+random inputs and on CUDA where a GPU is present; then the engine: an FP8 model with the
+producers gives the tokens of the same model whose products quantise their own inputs."""
+import importlib.util
+
+import numpy as np
+import pytest
+import torch
+
+from kernels import quantize_rows_triton, rms_norm_ref, rms_norm_triton, silu_mul_triton
+from kernels.fp8_producers import (rms_norm_quant, rms_norm_quant_triton, silu_mul_quant,
+                                   silu_mul_quant_ref, silu_mul_quant_triton)
+
+HAS_TRITON = importlib.util.find_spec('triton') is not None
+needs_triton = pytest.mark.skipif(not HAS_TRITON, reason='needs triton (the CPU interpreter)')
+DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+
+
+def same_codes(a, b) -> bool:
+    return torch.equal(a.view(torch.uint8), b.view(torch.uint8))
+
+
+def assert_same_quantisation(got, want):
+    (q, s), (q_want, s_want) = got, want
+    assert same_codes(q, q_want)
+    assert torch.equal(s, s_want)            # float32 scales, bit for bit (NaN: see below)
+
+
+def rows(generator, num_rows, num_cols, dtype, scale=3.0):
+    return (torch.randn(num_rows, num_cols, generator=generator) * scale).to(dtype)
+
+
+# ---- under the interpreter ----------------------------------------------------------------
+
+@needs_triton
+@pytest.mark.parametrize('dtype', DTYPES)
+@pytest.mark.parametrize('num_cols', [1, 40, 257])
+def test_norm_codes_equal_the_norm_kernel_then_the_quantisation(interpret, dtype, num_cols):
+    generator = torch.Generator().manual_seed(num_cols)
+    x = rows(generator, 6, num_cols, dtype)
+    weight = rows(generator, 1, num_cols, dtype, scale=1.0)[0]
+    residual = rows(generator, 6, num_cols, dtype)
+    x[2] = 0                                  # an all-zero row: the smallest scale, zero codes
+    assert_same_quantisation(rms_norm_quant_triton(x, weight, 1e-5),
+                             quantize_rows_triton(rms_norm_triton(x, weight, 1e-5)))
+    total, q, s = rms_norm_quant_triton(x, weight, 1e-6, residual)
+    total_want, y = rms_norm_triton(x, weight, 1e-6, residual)
+    assert torch.equal(total, total_want)
+    assert_same_quantisation((q, s), quantize_rows_triton(y))
+
+
+@needs_triton
+@pytest.mark.parametrize('dtype', DTYPES)
+def test_norm_codes_of_strided_rows_and_both_scale_forms(interpret, dtype):
+    """Rows of a wider tensor (a row stride other than the width), three dims, and the scale
+    as torch computes it on CUDA (``amax * (1 / 448)``) as well as on the CPU."""
+    generator = torch.Generator().manual_seed(7)
+    wide = rows(generator, 2 * 5, 96, dtype).view(2, 5, 96)[:, :, 8:72]
+    weight = rows(generator, 1, 64, dtype, scale=1.0)[0]
+    for reciprocal in (False, True):
+        got = rms_norm_quant_triton(wide, weight, 1e-5, scale_by_reciprocal=reciprocal)
+        want = quantize_rows_triton(rms_norm_triton(wide, weight, 1e-5),
+                                    scale_by_reciprocal=reciprocal)
+        assert got[0].shape == (2, 5, 64) and got[1].shape == (2, 5, 1)
+        assert_same_quantisation(got, want)
+
+
+@needs_triton
+@pytest.mark.parametrize('dtype', DTYPES)
+@pytest.mark.parametrize('num_cols,block_k', [(40, None), (200, 64), (257, 128)])
+def test_activation_codes_equal_the_activation_kernel_then_the_quantisation(
+        interpret, dtype, num_cols, block_k):
+    """gate and up as the two halves of one fused product's output (row stride 2I), rows
+    longer than one block (the kernel's two passes over its blocks)."""
+    generator = torch.Generator().manual_seed(num_cols)
+    gate_up = rows(generator, 5, 2 * num_cols, dtype, scale=4.0)
+    gate, up = gate_up[:, :num_cols], gate_up[:, num_cols:]
+    up[3] = 0
+    for reciprocal in (False, True):
+        got = silu_mul_quant_triton(gate, up, block_k=block_k, scale_by_reciprocal=reciprocal)
+        want = quantize_rows_triton(silu_mul_triton(gate, up), scale_by_reciprocal=reciprocal)
+        assert_same_quantisation(got, want)
+
+
+@needs_triton
+def test_a_nan_row_has_a_nan_scale_as_in_the_two_launches(interpret):
+    """Outside the contract's finite inputs the row still fails loudly: a NaN scale, as the
+    quantisation of the two launches gives (so the product is not finite either); other rows
+    are untouched."""
+    x = torch.randn(3, 32)
+    x[1, 5] = float('nan')
+    q, s = rms_norm_quant_triton(x, torch.ones(32), 1e-5)
+    q_want, s_want = quantize_rows_triton(rms_norm_triton(x, torch.ones(32), 1e-5))
+    assert torch.isnan(s[1]).all() and torch.isnan(s_want[1]).all()
+    assert torch.equal(s[[0, 2]], s_want[[0, 2]]) and same_codes(q[[0, 2]], q_want[[0, 2]])
+
+
+@needs_triton
+def test_the_codes_stand_for_the_reference_norm_within_one_e4m3_step(interpret):
+    """Against plain torch (the reference norm, quantised by the reference): the norm kernel
+    may differ by an ulp, so codes may differ by one e4m3 step on a rounding boundary; the
+    dequantised rows stay within e4m3's relative step (2^-3) of the reference norm."""
+    generator = torch.Generator().manual_seed(3)
+    x = rows(generator, 8, 128, torch.float32)
+    weight = rows(generator, 1, 128, torch.float32, scale=1.0)[0]
+    q, s = rms_norm_quant(x, weight, 1e-5, use_triton=True)
+    want = rms_norm_ref(x, weight, 1e-5)
+    back = q.to(torch.float32) * s
+    assert torch.all((back - want).abs() <= want.abs() * 2 ** -3 + s * 2 ** -9)
+    q_ref, s_ref = rms_norm_quant(x, weight, 1e-5)
+    assert torch.allclose(s, s_ref, rtol=1e-6, atol=0)
+    close = (q.to(torch.float32) - q_ref.to(torch.float32)).abs() <= \
+        q_ref.to(torch.float32).abs() * 2 ** -3 + 2 ** -9
+    assert close.all()
+
+
+@needs_triton
+def test_the_activation_wrapper_runs_the_kernel_or_the_reference(interpret):
+    generator = torch.Generator().manual_seed(5)
+    gate, up = rows(generator, 4, 48, torch.bfloat16), rows(generator, 4, 48, torch.bfloat16)
+    assert_same_quantisation(silu_mul_quant(gate, up, use_triton=True),
+                             silu_mul_quant_triton(gate, up))
+    assert_same_quantisation(silu_mul_quant(gate, up), silu_mul_quant_ref(gate, up))
+
+
+def test_the_wrappers_refuse_what_the_contract_does_not_cover():
+    x, weight = torch.randn(2, 8), torch.ones(8)
+    with pytest.raises(ValueError, match='x must be a bfloat16, float16 or float32'):
+        rms_norm_quant(x.double(), weight.double(), 1e-5)
+    with pytest.raises(ValueError, match='at least one dim and one column'):
+        rms_norm_quant(torch.randn(2, 0), torch.ones(0), 1e-5)
+    with pytest.raises(ValueError, match=r'weight must be a contiguous \(8,\) tensor'):
+        rms_norm_quant(x, torch.ones(8, dtype=torch.bfloat16), 1e-5)
+    with pytest.raises(ValueError, match='residual must have the shape'):
+        rms_norm_quant(x, weight, 1e-5, residual=torch.randn(2, 7))
+    with pytest.raises(ValueError, match='eps must be > 0'):
+        rms_norm_quant(x, weight, 0.0)
+    with pytest.raises(ValueError, match='gate must be'):
+        silu_mul_quant(torch.randn(2, 8, dtype=torch.float64), torch.randn(2, 8))
+    with pytest.raises(ValueError, match='up must match gate'):
+        silu_mul_quant(x, torch.randn(2, 9))
+
+
+@needs_triton
+def test_use_triton_on_cpu_tensors_needs_the_interpreter(monkeypatch):
+    monkeypatch.setenv('TRITON_INTERPRET', '0')
+    with pytest.raises(ValueError, match='use_triton=True needs CUDA tensors or '
+                                         'TRITON_INTERPRET=1'):
+        rms_norm_quant(torch.randn(2, 8), torch.ones(8), 1e-5, use_triton=True)
+
+
+# ---- compiled for CUDA ahead of time (no GPU needed) ------------------------------------
+
+AOT_SCRIPT = r"""
+import importlib, sys
+import triton
+from triton.backends.compiler import GPUTarget
+try:
+    from triton.backends.nvidia import compiler as nvidia
+    nvidia.get_ptxas(90)
+except Exception as error:              # no CUDA backend, or no ptxas that runs here
+    print(f'cannot compile here: {error}')
+    sys.exit(2)
+P = importlib.import_module('kernels.fp8_producers')
+Q = importlib.import_module('kernels.fp8_quant')
+from kernels._triton_util import with_helpers
+quant = dict(SCALE_BY_RECIPROCAL=True, INV_FP8_MAX=Q._INV_FP8_MAX, FP8_MAX=448.0, TINY=Q._TINY)
+cases = [
+    (P._rms_norm_quant_body, P.HELPERS, 16,
+     dict(x_ptr='*bf16', res_ptr='*bf16', w_ptr='*bf16', sum_ptr='*bf16', q_ptr='*u8',
+          scale_ptr='*fp32', stride_x='i32', stride_r='i32', stride_s='i32', num_cols='i32',
+          eps='fp32'),
+     dict(HAS_RESIDUAL=True, ROUND_BEFORE_SCALE=True, BF16=True, BLOCK=4096, **quant)),
+    (P._silu_mul_quant_body, P.HELPERS, 8,
+     dict(gate_ptr='*bf16', up_ptr='*bf16', q_ptr='*u8', scale_ptr='*fp32', stride_g='i32',
+          stride_u='i32'),
+     dict(K=11008, BLOCK_K=4096, NUM_BLOCKS=3, BF16=True, **quant)),
+    (Q._fp8_quant_body, Q.QUANT_HELPERS, 8,
+     dict(x_ptr='*i16', q_ptr='*u8', scale_ptr='*fp32', stride_x='i32'),
+     dict(K=4096, BLOCK_K=4096, NUM_BLOCKS=1, BF16_BITS=True, **quant)),
+]
+for body, helpers, warps, signature, constants in cases:
+    source = triton.compiler.ASTSource(
+        fn=triton.jit(with_helpers(body, helpers)),
+        signature={**signature, **{name: 'constexpr' for name in constants}},
+        constexprs=constants)
+    compiled = triton.compile(source, target=GPUTarget('cuda', 90, 32),
+                              options={'num_warps': warps})
+    ptx = compiled.asm['ptx']
+    print(body.__name__, 'ok', 'div.rn.f32' in ptx)
+"""
+
+
+@needs_triton
+def test_the_kernels_compile_for_sm_90_with_their_shared_device_functions():
+    """Without a GPU: the two producers and the quantisation kernel (whose device functions
+    they share, bound per kernel by LazyJit's helpers) compile for sm_90 at the 7B widths,
+    the codes' division an IEEE one (``div.rn.f32``)."""
+    import os
+    import pathlib
+    import subprocess
+    import sys
+    env = {k: v for k, v in os.environ.items() if k != 'TRITON_INTERPRET'}
+    root = pathlib.Path(__file__).resolve().parents[1]
+    env['PYTHONPATH'] = os.pathsep.join([str(root)] + [env['PYTHONPATH']]
+                                        if env.get('PYTHONPATH') else [str(root)])
+    done = subprocess.run([sys.executable, '-c', AOT_SCRIPT], capture_output=True, text=True,
+                          timeout=600, env=env, cwd=root)
+    if done.returncode == 2:
+        pytest.skip(done.stdout.strip().splitlines()[-1])
+    assert done.returncode == 0, done.stdout + done.stderr[-3000:]
+    lines = done.stdout.splitlines()
+    assert lines == [f'{name} ok True' for name in ('_rms_norm_quant_body',
+                                                    '_silu_mul_quant_body', '_fp8_quant_body')]
+
+
+# ---- the engine: the producers' codes are the products' own ------------------------------
+
+@pytest.fixture(scope='module')
+def folder(tmp_path_factory):
+    from vla_spec_ros.models.openvla.random_checkpoint import make_checkpoint
+    return make_checkpoint('tiny', tmp_path_factory.mktemp('fp8p') / 'tiny', seed=4)
+
+
+@needs_triton
+def test_an_fp8_engine_with_the_producers_gives_the_tokens_without_them(
+        interpret, folder, monkeypatch):
+    """float32, every fused kernel on (the interpreter): an FP8 model whose norms and
+    activations write the codes decodes exactly the tokens of the same model whose products
+    quantise their own inputs (the same codes, by the kernels' contract), in AR and in the
+    default mode; and the producers did run (three of the four products of every layer)."""
+    from vla_spec_ros import VLAPolicy
+    from vla_spec_ros.engine.result import Frame
+    from vla_spec_ros.kernels import fp8_producers
+    from vla_spec_ros.models import fp8 as fp8_model
+
+    calls = {'norm': 0, 'activation': 0}
+
+    def counted(name, kernel):
+        def run(*args, **kwargs):
+            calls[name] += 1
+            return kernel(*args, **kwargs)
+        return run
+    monkeypatch.setattr(fp8_producers, 'rms_norm_quant_triton',
+                        counted('norm', fp8_producers.rms_norm_quant_triton))
+    monkeypatch.setattr(fp8_producers, 'silu_mul_quant_triton',
+                        counted('activation', fp8_producers.silu_mul_quant_triton))
+    rng = np.random.default_rng(12)
+    frames = [Frame(rng.integers(0, 256, (32, 32, 3), dtype=np.uint8), 'open the drawer',
+                    'bridge_orig', 'cam') for _ in range(2)]
+    tokens = {}
+    for producers in (True, False):
+        monkeypatch.setattr(fp8_model, 'QUANTIZE_IN_PRODUCERS', producers)
+        for mode in ('ar', 'pipeline_spec'):
+            policy = VLAPolicy.from_pretrained(str(folder), dtype='float32', weight_dtype='fp8',
+                                               use_kernels='on', mode=mode)
+            kernels = policy.engine.runner.kernels
+            assert (kernels.rms_norm_quant is not None) == producers
+            for frame in frames:
+                policy.engine.submit(frame)
+            done = sorted(policy.engine.run_until_idle(), key=lambda f: f.request_id)
+            assert all(f.error is None for f in done), [f.error for f in done]
+            tokens[producers, mode] = [tuple(f.result.tokens) for f in done]
+    assert tokens[True, 'ar'] == tokens[False, 'ar'] == tokens[True, 'pipeline_spec'] \
+        == tokens[False, 'pipeline_spec']
+    assert calls['norm'] > 0 and calls['activation'] > 0
+
+
+# ---- on a GPU -----------------------------------------------------------------------------
+
+needs_cuda = pytest.mark.skipif(not (HAS_TRITON and torch.cuda.is_available()),
+                                reason='needs triton and a CUDA device')
+
+
+@needs_cuda
+@pytest.mark.parametrize('num_rows', [1, 4, 280])
+def test_on_cuda_the_fused_kernels_equal_the_two_launches_at_the_7b_shape(num_rows):
+    """bf16 at OpenVLA-7B's widths (hidden 4096, intermediate 11008), compiled: the same
+    codes, scales and residual sums as the two launches on the GPU."""
+    generator = torch.Generator(device='cuda').manual_seed(num_rows)
+    x = torch.randn(num_rows, 4096, device='cuda', generator=generator).to(torch.bfloat16)
+    residual = torch.randn_like(x)
+    weight = torch.rand(4096, device='cuda', generator=generator).to(torch.bfloat16) + 0.5
+    total, q, s = rms_norm_quant_triton(x, weight, 1e-6, residual)
+    total_want, y = rms_norm_triton(x, weight, 1e-6, residual)
+    assert torch.equal(total, total_want)
+    assert_same_quantisation((q, s), quantize_rows_triton(y))
+    assert_same_quantisation(rms_norm_quant_triton(x, weight, 1e-6),
+                             quantize_rows_triton(rms_norm_triton(x, weight, 1e-6)))
+    gate_up = (torch.randn(num_rows, 2 * 11008, device='cuda', generator=generator) * 3).to(
+        torch.bfloat16)
+    gate, up = gate_up[:, :11008], gate_up[:, 11008:]
+    assert_same_quantisation(silu_mul_quant_triton(gate, up),
+                             quantize_rows_triton(silu_mul_triton(gate, up)))
