@@ -20,11 +20,12 @@ of the OpenVLA-7B decoder and per number of rows (1 = AR decode, 8 = a pipelined
 - ``floor``: the FP8 weights' bytes over the copy bandwidth measured at the start (bytes read
   plus written by a large device-to-device copy), the least a product can take;
 
-and a second table, the producers of three of the four products' inputs (the RMS norm before
-q/k/v and gate/up, the SwiGLU activation before down) at the 7B widths: the producer alone,
-the producer then ``quantize_rows_triton`` (two launches: the route without producer
-quantisation), and the fused kernel of kernels/fp8_producers.py (one launch), its codes
-checked equal to the two launches';
+and a second table, the producers of three of the four products' inputs (the RMS norm with
+its residual add before q/k/v and gate/up, the SwiGLU activation before down) at the 7B
+widths, their inputs an FP8 product's unscaled output: the producer alone, the route without
+fusion (the scaling launch, the producer, ``quantize_rows_triton``: three launches), and the
+fused kernel of kernels/fp8_producers.py that scales its input and quantises its output (one
+launch), its codes checked equal to the three launches';
 
 each as device time per call (a CUDA graph of 20 calls replayed, so launch gaps do not count,
 as in the engine's graphed steps), with the weights' streaming rate in GB/s. The FP8 product
@@ -191,43 +192,54 @@ PRODUCER_WIDTHS = [('rms_norm', 4096), ('silu_mul', 11008)]
 
 
 def time_producer(kernels, name: str, width: int, rows: int, device, dtype) -> dict:
-    """One producer at one row count: ms per call of the producer alone (``alone``), then
-    quantised by a second launch (``two_launches``), and fused (``fused``); ``ok`` when the
-    fused codes and scales equal the two launches'."""
+    """One producer of an FP8 product's input at one row count, its own input coming from the
+    previous FP8 product unscaled (``acc`` and its scales): ms per call of the producer alone
+    on scaled input (``alone``); of the route without fusion (``before``: the scaling launch
+    of kernels/fp8_epilogue.py, the producer, the quantisation: three launches); and of the
+    fused kernel that scales its input and quantises its output (``fused``: one launch);
+    ``ok`` when the fused codes and scales equal the three launches'."""
     producers = importlib.import_module(kernels.__name__ + '.fp8_producers')
     gen = torch.Generator(device='cpu').manual_seed(width + rows)
+    columns = 2 * width if name == 'silu_mul' else width
+    acc = (torch.randn(rows, columns, generator=gen) * 3000).to(device=device, dtype=dtype)
+    x_scale = (torch.rand(rows, 1, generator=gen) * 1e-2 + 1e-3).to(device)
+    w_scale = (torch.rand(columns, generator=gen) * 1e-3 + 1e-4).to(device)
+    scale = kernels.scale_product_triton
     if name == 'rms_norm':
         x = torch.randn(rows, width, generator=gen).to(device=device, dtype=dtype)
-        residual = torch.randn(rows, width, generator=gen).to(device=device, dtype=dtype)
         weight = (torch.rand(width, generator=gen) + 0.5).to(device=device, dtype=dtype)
-        alone = lambda: kernels.rms_norm_triton(x, weight, 1e-6, residual)  # noqa: E731
-        two = lambda: kernels.quantize_rows_triton(alone()[1])  # noqa: E731
+        delta = scale(acc, x_scale, w_scale)
+        alone = lambda: kernels.rms_norm_triton(x, weight, 1e-6, delta)  # noqa: E731
+        before = lambda: kernels.quantize_rows_triton(  # noqa: E731
+            kernels.rms_norm_triton(x, weight, 1e-6, scale(acc, x_scale, w_scale))[1])
         fused = lambda: producers.rms_norm_quant_triton(  # noqa: E731
-            x, weight, 1e-6, residual)[1:]
+            x, weight, 1e-6, acc, residual_scales=(x_scale, w_scale))[1:]
     else:
-        gate_up = torch.randn(rows, 2 * width, generator=gen) * 3
-        gate_up = gate_up.to(device=device, dtype=dtype)
-        gate, up = gate_up[:, :width], gate_up[:, width:]
-        alone = lambda: kernels.silu_mul_triton(gate, up)  # noqa: E731
-        two = lambda: kernels.quantize_rows_triton(alone())  # noqa: E731
-        fused = lambda: producers.silu_mul_quant_triton(gate, up)  # noqa: E731
-    (q_two, s_two), (q_fused, s_fused) = two(), fused()
+        scales = (x_scale, w_scale[:width], w_scale[width:])
+        done = scale(acc, x_scale, w_scale)
+        alone = lambda: kernels.silu_mul_triton(done[:, :width], done[:, width:])  # noqa: E731
+
+        def before():
+            scaled = scale(acc, x_scale, w_scale)
+            return kernels.quantize_rows_triton(kernels.silu_mul_triton(scaled[:, :width],
+                                                                        scaled[:, width:]))
+        fused = lambda: producers.silu_mul_quant_triton(  # noqa: E731
+            acc[:, :width], acc[:, width:], scales)
+    (q_before, s_before), (q_fused, s_fused) = before(), fused()
     out = {'producer': name, 'K': width, 'rows': rows,
-           'ok': bool(torch.equal(q_two.view(torch.uint8), q_fused.view(torch.uint8))
-                      and torch.equal(s_two, s_fused))}
-    for label, fn in (('alone', alone), ('two_launches', two), ('fused', fused)):
+           'ok': bool(torch.equal(q_before.view(torch.uint8), q_fused.view(torch.uint8))
+                      and torch.equal(s_before, s_fused))}
+    for label, fn in (('alone', alone), ('before', before), ('fused', fused)):
         _timed(out, label, fn, device)
     return out
 
 
 def format_producers(rows: list[dict]) -> str:
-    lines = ['| producer | rows | alone us | + quantisation (two launches) us | fused us | '
-             'fused / two launches | codes equal |', '|---|---|---|---|---|---|---|']
+    lines = ['| producer | rows | alone us | scale + producer + quantisation (3 launches) us | '
+             'fused us | fused / 3 launches | codes equal |', '|---|---|---|---|---|---|---|']
     for r in rows:
-        cells = [f'{1e3 * r[c]:.1f}' if c in r else '–'
-                 for c in ('alone', 'two_launches', 'fused')]
-        ratio = r['fused'] / r['two_launches'] if 'fused' in r and 'two_launches' in r \
-            else float('nan')
+        cells = [f'{1e3 * r[c]:.1f}' if c in r else '–' for c in ('alone', 'before', 'fused')]
+        ratio = r['fused'] / r['before'] if 'fused' in r and 'before' in r else float('nan')
         lines.append(f'| {r["producer"]} K={r["K"]} | {r["rows"]} | ' + ' | '.join(cells)
                      + f' | {ratio:.2f} | {"ok" if r["ok"] else "MISMATCH"} |')
     return '\n'.join(lines)

@@ -156,9 +156,10 @@ def run_fp8(args, weights, key) -> dict:
     of ``--fidelity-frames`` frames (greedy over action tokens only with
     ``--fidelity-action-only``); fp8's step time over auto's per mode, and the bin distance
     of fp8's tokens from auto's (0 / 1 / 2 / 3+ bins). fp8 runs the default route
-    (models/fp8.py ``PRODUCT``, the norms and the activation quantising for the products);
-    ``fp8-unfused`` the same with each product quantising its own input
-    (``QUANTIZE_IN_PRODUCERS`` off: the route before it); ``fp8-rowwise`` (only when named in
+    (models/fp8.py ``PRODUCT``, the norms and the activation quantising for the products and
+    applying the previous products' scales); ``fp8-unfused`` the same with each product
+    quantising its own input and scaling its own output (``QUANTIZE_IN_PRODUCERS`` and
+    ``SCALES_IN_CONSUMERS`` off: the route before them); ``fp8-rowwise`` (only when named in
     FP8_SIDES) the row-wise ``_scaled_mm``. The same function by every route, so only their
     speed is recorded."""
     from vla_spec_ros.models import fp8 as fp8_model
@@ -175,13 +176,15 @@ def run_fp8(args, weights, key) -> dict:
         weight_dtype = 'auto' if label == 'auto' else 'fp8'
         # The route and the producers' quantisation are read at the runner's build.
         fp8_model.PRODUCT = 'rowwise' if label == 'fp8-rowwise' else default_product
-        fp8_model.QUANTIZE_IN_PRODUCERS = label != 'fp8-unfused'
+        fused = label != 'fp8-unfused'
+        fp8_model.QUANTIZE_IN_PRODUCERS = fp8_model.SCALES_IN_CONSUMERS = fused
         side = weights if label == 'auto' else second_copy(args, weights, weight_dtype)
         options = engine_options(args, use_graphs, weight_dtype=weight_dtype)
         try:
             runner = build_runner(side, options)
         finally:
-            fp8_model.PRODUCT, fp8_model.QUANTIZE_IN_PRODUCERS = default_product, True
+            fp8_model.PRODUCT = default_product
+            fp8_model.QUANTIZE_IN_PRODUCERS = fp8_model.SCALES_IN_CONSUMERS = True
         pieces = time_pieces(runner, make_frames(2, size, 3, key), options)
         ref = eager_reference(runner, frames, options)
         rows = {}

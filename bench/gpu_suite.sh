@@ -6,8 +6,8 @@
 # pi0-FAST's oracle rows, the GPU tests, AR, the floor, FP8 and four FP8 robots; what is still
 # missed needs engine work first: FP8 pieces at 0.65x, the decode forward at 1.3x its floor,
 # four robots at 99 %. Since then the norms and the activation quantise for the FP8 products
-# (kernels/fp8_producers.py, not yet run on a GPU: fp8 times it beside fp8-unfused, and
-# gpu-tests checks its codes on CUDA); about 6 minutes):
+# and apply the previous products' scales (kernels/fp8_producers.py, not yet run on a GPU: fp8
+# times them beside fp8-unfused, and gpu-tests checks their codes on CUDA); about 6 minutes):
 #   SUITE_SECONDS=560 bash bench/gpu_suite.sh table-ar fp8 paced-fp8 gpu-tests
 #
 #   bash bench/gpu_suite.sh tests     CUDA kernel / CUDA-graph / frame-upload tests + the Triton
@@ -48,10 +48,11 @@
 #                                     (bench/fp8_products.py: quantisation, _scaled_mm row-wise /
 #                                     per-tensor, per 7B shape and row count),
 #                                     the decode kernel and its tiles (--sweep), the norm and
-#                                     activation alone, then quantised by a second launch, and
-#                                     fused (kernels/fp8_producers.py),
+#                                     activation alone, between scaling and quantisation
+#                                     launches, and fused (kernels/fp8_producers.py),
 #                                     then weight_dtype auto vs fp8 (and fp8 with each product
-#                                     quantising its own input, fp8-unfused): pieces and
+#                                     quantising its input and scaling its output itself,
+#                                     fp8-unfused): pieces and
 #                                     ar / pipeline /
 #                                     pipeline_spec rows, graphs on, the step-time ratio, and the
 #                                     bin distance of fp8's AR tokens from bf16's, 200 frames

@@ -99,18 +99,27 @@ class LazyJit:
 
 def with_helpers(fn, helpers):
     """``fn`` (a kernel body) with each of ``helpers`` jitted now and bound to its name in a
-    copy of ``fn``'s globals (the module's own names are untouched); ``fn`` itself when there
-    are none. Triton reads the body's source through its code object, which the copy shares."""
+    copy of ``fn``'s globals (the modules' own names are untouched); ``fn`` itself when there
+    are none. Each helper keeps its own module's globals and sees the other helpers too (one
+    may call another). Triton reads a function's source through its code object, which the
+    copies share; it resolves the names at compile time, after all are bound."""
     if not helpers:
         return fn
-    namespace = dict(fn.__globals__)
-    for helper in helpers:
-        namespace[helper.__name__] = triton.jit(helper)
-    bound = types.FunctionType(fn.__code__, namespace, fn.__name__, fn.__defaults__,
-                               fn.__closure__)
-    bound.__qualname__, bound.__module__ = fn.__qualname__, fn.__module__
-    bound.__annotations__ = dict(fn.__annotations__)
-    return bound
+    spaces = [dict(helper.__globals__) for helper in helpers]
+    bound = {helper.__name__: triton.jit(_rebound(helper, space))
+             for helper, space in zip(helpers, spaces)}
+    for space in spaces:
+        space.update(bound)
+    return _rebound(fn, {**fn.__globals__, **bound})
+
+
+def _rebound(fn, namespace: dict):
+    """A copy of the function ``fn`` whose globals are ``namespace``."""
+    copy = types.FunctionType(fn.__code__, namespace, fn.__name__, fn.__defaults__,
+                              fn.__closure__)
+    copy.__qualname__, copy.__module__ = fn.__qualname__, fn.__module__
+    copy.__annotations__ = dict(fn.__annotations__)
+    return copy
 
 
 # ---- argument checks shared by the validating wrappers (ValueError naming the argument) ----

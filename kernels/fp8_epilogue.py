@@ -10,6 +10,10 @@ in float32, rounded once more. The function is the row-wise product's (each row'
 depends on that row alone); the intermediate rounding of ``acc`` adds at most one rounding of
 the output dtype (two bf16 ulps in all, against the row-wise product's one).
 
+Where a fused kernel follows the product (the residual add of the next norm, the SwiGLU
+activation), that kernel applies the scales itself in this order and rounding instead
+(kernels/rms_norm.py ``unscaled_row``; models/fp8.py ``UnscaledProduct``).
+
 Layout: ``scale_product_ref`` (plain torch, the oracle), ``scale_product_triton`` (the launch,
 no checks), ``scale_product`` (the validating wrapper).
 """

@@ -115,11 +115,26 @@ def fp8_codes_tensorwise(xq: torch.Tensor, x_scale: torch.Tensor, weight: torch.
     """The tensor-wise ``torch._scaled_mm`` of codes (T, K) with unit scales, then the scales
     (kernels/fp8_epilogue.py; its reference off CUDA) -> (T, N) in ``dtype`` (inputs NOT
     checked)."""
-    acc = torch._scaled_mm(xq.contiguous(), weight.t(), scale_a=unit_scale, scale_b=unit_scale,
-                           out_dtype=dtype)
-    scale = scale_product_triton if HAS_TRITON and xq.device.type == 'cuda' \
+    acc = fp8_codes_tensorwise_unscaled(xq, weight, dtype, unit_scale)
+    return scale_product_on_device(acc, x_scale, weight_scale)
+
+
+def fp8_codes_tensorwise_unscaled(xq: torch.Tensor, weight: torch.Tensor, dtype: torch.dtype,
+                                  unit_scale: torch.Tensor) -> torch.Tensor:
+    """The tensor-wise ``torch._scaled_mm`` of codes (T, K) and the weight's codes with unit
+    scales -> ``acc`` (T, N) in ``dtype``, before any scale (inputs NOT checked): what a
+    consumer that applies the scales itself takes (kernels/rms_norm.py, silu_mul.py)."""
+    return torch._scaled_mm(xq.contiguous(), weight.t(), scale_a=unit_scale, scale_b=unit_scale,
+                            out_dtype=dtype)
+
+
+def scale_product_on_device(acc: torch.Tensor, x_scale: torch.Tensor,
+                            w_scale: torch.Tensor) -> torch.Tensor:
+    """kernels/fp8_epilogue.py's scaling of ``acc``: its kernel on CUDA, its reference
+    elsewhere."""
+    scale = scale_product_triton if HAS_TRITON and acc.device.type == 'cuda' \
         else scale_product_ref
-    return scale(acc, x_scale, weight_scale)
+    return scale(acc, x_scale, w_scale)
 
 
 def fp8_linear_tensorwise(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor,

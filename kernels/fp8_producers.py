@@ -25,6 +25,12 @@ the producers' own tolerance (at most one bf16 ulp before the quantisation: the 
 reference and the kernel may then differ by one e4m3 step where a value sits on a rounding
 boundary).
 
+Their inputs may come unscaled from the FP8 product before them (``residual_scales`` of the
+norm's residual add after o and down, ``scales`` of gate and up: the tensor-wise product's
+``acc`` and its scales), applied as kernels/fp8_epilogue.py applies them (rms_norm.py's
+``unscaled_row``): the same bits as the scaling launch followed by these, so one kernel then
+stands for three launches (scale, produce, quantise).
+
 Layout as elsewhere in this folder: ``rms_norm_quant_ref`` / ``silu_mul_quant_ref`` (plain
 torch, the references), ``..._triton`` (the launches, no checks), ``rms_norm_quant`` /
 ``silu_mul_quant`` (validating wrappers taking ``use_triton``).
@@ -40,21 +46,23 @@ from .silu_mul import silu_mul_ref
 
 if HAS_TRITON:
     from .fp8_quant import QUANT_HELPERS, _maximum
-    from .rms_norm import _add
+    from .rms_norm import _add, unscaled_row
+    from .silu_mul import SILU_MUL_HELPERS
 
 
-def rms_norm_quant_ref(x, weight, eps: float, residual=None):
+def rms_norm_quant_ref(x, weight, eps: float, residual=None, residual_scales=None):
     """Plain torch: ``quantize_rows(rms_norm_ref(...))``. Returns ``(q, scale)``, or
-    ``(x + residual, q, scale)`` with a residual."""
+    ``(x + residual, q, scale)`` with a residual (``residual_scales`` as in
+    ``rms_norm_ref``)."""
     if residual is None:
         return quantize_rows(rms_norm_ref(x, weight, eps))
-    total, y = rms_norm_ref(x, weight, eps, residual)
+    total, y = rms_norm_ref(x, weight, eps, residual, residual_scales)
     return (total, *quantize_rows(y))
 
 
-def silu_mul_quant_ref(gate, up):
-    """Plain torch: ``quantize_rows(silu_mul_ref(gate, up))`` -> ``(q, scale)``."""
-    return quantize_rows(silu_mul_ref(gate, up))
+def silu_mul_quant_ref(gate, up, scales=None):
+    """Plain torch: ``quantize_rows(silu_mul_ref(gate, up, scales))`` -> ``(q, scale)``."""
+    return quantize_rows(silu_mul_ref(gate, up, scales))
 
 
 if HAS_TRITON:
@@ -66,14 +74,15 @@ if HAS_TRITON:
                                                                           bitcast=True)
         return y.to(tl.float32)
 
-    HELPERS = QUANT_HELPERS + (widen_exactly,)
+    HELPERS = QUANT_HELPERS + (widen_exactly, unscaled_row)
 
-    def _rms_norm_quant_body(x_ptr, res_ptr, w_ptr, sum_ptr, q_ptr, scale_ptr,
+    def _rms_norm_quant_body(x_ptr, res_ptr, w_ptr, sum_ptr, q_ptr, scale_ptr, xs_ptr, ws_ptr,
                              stride_x, stride_r, stride_s, num_cols, eps,
                              HAS_RESIDUAL: tl.constexpr, ROUND_BEFORE_SCALE: tl.constexpr,
                              BF16: tl.constexpr, BLOCK: tl.constexpr,
                              SCALE_BY_RECIPROCAL: tl.constexpr, INV_FP8_MAX: tl.constexpr,
-                             FP8_MAX: tl.constexpr, TINY: tl.constexpr):
+                             FP8_MAX: tl.constexpr, TINY: tl.constexpr,
+                             SCALED_RESIDUAL: tl.constexpr):
         # One program per row, the whole row in one block (BLOCK >= num_cols). Up to the norm's
         # output ``y`` these are kernels/rms_norm.py's operations (float32 compute: the inputs
         # are bf16, fp16 or float32), so ``y`` has the bits that kernel stores.
@@ -84,6 +93,8 @@ if HAS_TRITON:
         x = tl.load(x_ptr + row * stride_x + cols, mask=mask, other=0)
         if HAS_RESIDUAL:
             r = tl.load(res_ptr + row * stride_r + cols, mask=mask, other=0)
+            if SCALED_RESIDUAL:
+                r = unscaled_row(r, xs_ptr, ws_ptr, row, cols, mask, io_ty)  # noqa: F821
             x = (x.to(tl.float32) + r.to(tl.float32)).to(io_ty)
             tl.store(sum_ptr + row * stride_s + cols, x, mask=mask)
         h = x.to(tl.float32)
@@ -101,11 +112,12 @@ if HAS_TRITON:
                           FP8_MAX)
         tl.store(q_ptr + row * num_cols + cols, code.to(tl.uint8), mask=mask)
 
-    def _silu_mul_quant_body(gate_ptr, up_ptr, q_ptr, scale_ptr, stride_g, stride_u,
+    def _silu_mul_quant_body(gate_ptr, up_ptr, q_ptr, scale_ptr, xs_ptr, wsg_ptr, wsu_ptr,
+                             stride_g, stride_u,
                              K: tl.constexpr, BLOCK_K: tl.constexpr, NUM_BLOCKS: tl.constexpr,
                              BF16: tl.constexpr, SCALE_BY_RECIPROCAL: tl.constexpr,
                              INV_FP8_MAX: tl.constexpr, FP8_MAX: tl.constexpr,
-                             TINY: tl.constexpr):
+                             TINY: tl.constexpr, SCALED: tl.constexpr):
         # One program per row, two passes over its blocks as in fp8_quant.py: the amax, then
         # the codes; the activation is computed in each (kernels/silu_mul.py's operations:
         # SiLU rounded to the io dtype, the product rounded once more), not stored.
@@ -116,8 +128,8 @@ if HAS_TRITON:
         for b in range(NUM_BLOCKS):
             cols = b * BLOCK_K + offsets
             mask = cols < K
-            g = tl.load(gate_ptr + row * stride_g + cols, mask=mask, other=0).to(tl.float32)
-            u = tl.load(up_ptr + row * stride_u + cols, mask=mask, other=0).to(tl.float32)
+            g, u = load_gate_up(gate_ptr, up_ptr, xs_ptr, wsg_ptr, wsu_ptr, row, cols,  # noqa
+                                stride_g, stride_u, mask, io_ty, SCALED)
             silu = (g / (1.0 + tl.exp(-g))).to(io_ty).to(tl.float32)
             y = widen_exactly((silu * u).to(io_ty), BF16)
             running = tl.maximum(running, tl.abs(y), propagate_nan=tl.PropagateNan.ALL)
@@ -128,15 +140,16 @@ if HAS_TRITON:
         for b in range(NUM_BLOCKS):
             cols = b * BLOCK_K + offsets
             mask = cols < K
-            g = tl.load(gate_ptr + row * stride_g + cols, mask=mask, other=0).to(tl.float32)
-            u = tl.load(up_ptr + row * stride_u + cols, mask=mask, other=0).to(tl.float32)
+            g, u = load_gate_up(gate_ptr, up_ptr, xs_ptr, wsg_ptr, wsu_ptr, row, cols,  # noqa
+                                stride_g, stride_u, mask, io_ty, SCALED)
             silu = (g / (1.0 + tl.exp(-g))).to(io_ty).to(tl.float32)
             y = widen_exactly((silu * u).to(io_ty), BF16)
             code = e4m3_codes(y, scale_block, FP8_MAX)  # noqa: F821
             tl.store(q_ptr + row * K + cols, code.to(tl.uint8), mask=mask)
 
     _rms_norm_quant_kernel = LazyJit(_rms_norm_quant_body, helpers=HELPERS)
-    _silu_mul_quant_kernel = LazyJit(_silu_mul_quant_body, helpers=HELPERS)
+    _silu_mul_quant_kernel = LazyJit(_silu_mul_quant_body,
+                                     helpers=HELPERS + SILU_MUL_HELPERS)
 
 
 def _quant_constants(device, scale_by_reciprocal):
@@ -146,11 +159,12 @@ def _quant_constants(device, scale_by_reciprocal):
                 FP8_MAX=FP8_MAX, TINY=_TINY)
 
 
-def rms_norm_quant_triton(x, weight, eps: float, residual=None, *, scale_by_reciprocal=None,
-                          num_warps=None):
+def rms_norm_quant_triton(x, weight, eps: float, residual=None, *, residual_scales=None,
+                          scale_by_reciprocal=None, num_warps=None):
     """Triton launch with the contract of ``rms_norm_quant_ref`` (the module docstring);
-    inputs are NOT checked. ``scale_by_reciprocal`` as in ``quantize_rows_triton`` (default:
-    whether x is on a CUDA device). No host sync: CUDA-graph capturable."""
+    inputs are NOT checked (``residual_scales`` as in ``rms_norm_triton``).
+    ``scale_by_reciprocal`` as in ``quantize_rows_triton`` (default: whether x is on a CUDA
+    device). No host sync: CUDA-graph capturable."""
     shape = x.shape
     x2 = as_rows(x)
     num_rows, num_cols = x2.shape
@@ -158,22 +172,27 @@ def rms_norm_quant_triton(x, weight, eps: float, residual=None, *, scale_by_reci
     scale = torch.empty((num_rows, 1), dtype=torch.float32, device=x.device)
     res2 = as_rows(residual) if residual is not None else x2
     total = torch.empty_like(x2) if residual is not None else x2     # (not written without)
+    x_scale, w_scale = residual_scales if residual_scales is not None else (scale, scale)
     if num_rows:
         block = next_power_of_2(num_cols)
         if num_warps is None:
             num_warps = max(1, min(16, block // 256))
         _rms_norm_quant_kernel[(num_rows,)](
-            x2, res2, weight, total, q.view(torch.uint8), scale, x2.stride(0), res2.stride(0),
-            total.stride(0), num_cols, float(eps), HAS_RESIDUAL=residual is not None,
-            ROUND_BEFORE_SCALE=x.dtype in LOW_PRECISION, BF16=x.dtype == torch.bfloat16,
-            BLOCK=block, num_warps=num_warps, **_quant_constants(x.device, scale_by_reciprocal))
+            x2, res2, weight, total, q.view(torch.uint8), scale, x_scale, w_scale, x2.stride(0),
+            res2.stride(0), total.stride(0), num_cols, float(eps),
+            HAS_RESIDUAL=residual is not None, ROUND_BEFORE_SCALE=x.dtype in LOW_PRECISION,
+            BF16=x.dtype == torch.bfloat16, BLOCK=block, num_warps=num_warps,
+            SCALED_RESIDUAL=residual_scales is not None,
+            **_quant_constants(x.device, scale_by_reciprocal))
     q, scale = q.view(shape), scale.view(*shape[:-1], 1)
     return (q, scale) if residual is None else (total.view(shape), q, scale)
 
 
-def silu_mul_quant_triton(gate, up, *, scale_by_reciprocal=None, block_k=None, num_warps=None):
+def silu_mul_quant_triton(gate, up, scales=None, *, scale_by_reciprocal=None, block_k=None,
+                          num_warps=None):
     """Triton launch with the contract of ``silu_mul_quant_ref`` (the module docstring);
-    inputs are NOT checked (any row strides: the two halves of the fused gate/up product).
+    inputs are NOT checked (any row strides: the two halves of the fused gate/up product;
+    ``scales`` as in ``silu_mul_triton``).
     ``block_k`` (a power of two): columns per loop step. No host sync: CUDA-graph
     capturable."""
     shape = gate.shape
@@ -181,16 +200,17 @@ def silu_mul_quant_triton(gate, up, *, scale_by_reciprocal=None, block_k=None, n
     num_rows, num_cols = g2.shape
     q = torch.empty((num_rows, num_cols), dtype=FP8_DTYPE, device=gate.device)
     scale = torch.empty((num_rows, 1), dtype=torch.float32, device=gate.device)
+    x_scale, w_gate, w_up = scales if scales is not None else (scale, scale, scale)
     if num_rows:
         if block_k is None:
             block_k = min(next_power_of_2(num_cols), MAX_BLOCK_K)
         if num_warps is None:
             num_warps = max(1, min(8, block_k // 512))
         _silu_mul_quant_kernel[(num_rows,)](
-            g2, u2, q.view(torch.uint8), scale, g2.stride(0), u2.stride(0), K=num_cols,
-            BLOCK_K=block_k, NUM_BLOCKS=-(-num_cols // block_k),
-            BF16=gate.dtype == torch.bfloat16, num_warps=num_warps,
-            **_quant_constants(gate.device, scale_by_reciprocal))
+            g2, u2, q.view(torch.uint8), scale, x_scale, w_gate, w_up, g2.stride(0),
+            u2.stride(0), K=num_cols, BLOCK_K=block_k, NUM_BLOCKS=-(-num_cols // block_k),
+            BF16=gate.dtype == torch.bfloat16, SCALED=scales is not None,
+            num_warps=num_warps, **_quant_constants(gate.device, scale_by_reciprocal))
     return q.view(shape), scale.view(*shape[:-1], 1)
 
 

@@ -19,6 +19,11 @@ bf16 inputs at most one bf16 ulp. Tests compare with a dtype-aware tolerance (bf
 on CUDA, every dtype under the interpreter), and tokens in float64
 (test/test_engine_kernels.py).
 
+With FP8 projections the residual may come unscaled (``residual_scales``): the tensor-wise FP8
+product's ``acc`` and its per-row and per-column scales, which the kernel applies as
+kernels/fp8_epilogue.py does (``(acc * x_scale) * w_scale`` in float32, rounded to x's dtype)
+before the add: the same bits as the epilogue's launch followed by this one, one launch fewer.
+
 Layout as in rope_kv_write.py: ``rms_norm_ref`` (plain torch, the oracle), ``rms_norm_triton``
 (the launch, no checks), ``rms_norm`` (the validating wrapper).
 """
@@ -26,15 +31,21 @@ import torch
 
 from ._triton_util import (HAS_TRITON, LazyJit, as_rows, check_can_launch, compute_dtype,
                            next_power_of_2, tl, triton)
+from .fp8_epilogue import scale_product_ref
 
 LOW_PRECISION = (torch.float16, torch.bfloat16)
 
 
-def rms_norm_ref(x, weight, eps: float, residual=None):
-    """Plain torch. x: (..., H); weight: (H,); residual: None or like x.
+def rms_norm_ref(x, weight, eps: float, residual=None, residual_scales=None):
+    """Plain torch. x: (..., H); weight: (H,); residual: None or like x; residual_scales:
+    None, or ``(x_scale (N, 1), w_scale (H,))`` float32 of an unscaled residual (N rows),
+    applied first as ``scale_product_ref`` does.
 
     Returns ``y`` when ``residual`` is None, else ``(x + residual, y of x + residual)``."""
     if residual is not None:
+        if residual_scales is not None:
+            rows = scale_product_ref(residual.reshape(-1, residual.shape[-1]), *residual_scales)
+            residual = rows.view(residual.shape)
         x = x + residual
     if x.dtype in LOW_PRECISION:
         h = x.to(torch.float32)
@@ -50,10 +61,19 @@ if HAS_TRITON:
     def _add(a, b):
         return a + b
 
-    def _rms_norm_body(x_ptr, res_ptr, w_ptr, out_ptr, sum_ptr,
+    def unscaled_row(acc, xs_ptr, ws_ptr, row, cols, mask, io_ty: tl.constexpr):
+        """A row of the tensor-wise FP8 product's ``acc`` scaled as kernels/fp8_epilogue.py
+        scales it: ``(acc * x_scale[row]) * w_scale[cols]`` in float32, rounded to ``io_ty``
+        (a device function, bound into the kernels that take unscaled inputs)."""
+        x_scale = tl.load(xs_ptr + row)
+        w_scale = tl.load(ws_ptr + cols, mask=mask, other=0.0)
+        return (acc.to(tl.float32) * x_scale * w_scale).to(io_ty)
+
+    def _rms_norm_body(x_ptr, res_ptr, w_ptr, out_ptr, sum_ptr, xs_ptr, ws_ptr,
                        stride_x, stride_r, stride_o, stride_s, num_cols, eps,
                        HAS_RESIDUAL: tl.constexpr, ROUND_BEFORE_SCALE: tl.constexpr,
-                       BLOCK: tl.constexpr, COMPUTE_DTYPE: tl.constexpr):
+                       BLOCK: tl.constexpr, COMPUTE_DTYPE: tl.constexpr,
+                       SCALED_RESIDUAL: tl.constexpr):
         # One program per row; the whole row fits one block (BLOCK >= num_cols).
         row = tl.program_id(0).to(tl.int64)
         cols = tl.arange(0, BLOCK)
@@ -62,6 +82,8 @@ if HAS_TRITON:
         x = tl.load(x_ptr + row * stride_x + cols, mask=mask, other=0)
         if HAS_RESIDUAL:
             r = tl.load(res_ptr + row * stride_r + cols, mask=mask, other=0)
+            if SCALED_RESIDUAL:
+                r = unscaled_row(r, xs_ptr, ws_ptr, row, cols, mask, io_ty)
             # torch adds two bf16/fp16 tensors in float32 and rounds once: the same here.
             x = (x.to(COMPUTE_DTYPE) + r.to(COMPUTE_DTYPE)).to(io_ty)
             tl.store(sum_ptr + row * stride_s + cols, x, mask=mask)
@@ -77,26 +99,31 @@ if HAS_TRITON:
         w = tl.load(w_ptr + cols, mask=mask, other=0).to(COMPUTE_DTYPE)
         tl.store(out_ptr + row * stride_o + cols, (w * h).to(io_ty), mask=mask)
 
-    _rms_norm_kernel = LazyJit(_rms_norm_body)
+    _rms_norm_kernel = LazyJit(_rms_norm_body, helpers=(unscaled_row,))
 
 
-def rms_norm_triton(x, weight, eps: float, residual=None, *, num_warps=None):
-    """Triton launch with the contract of ``rms_norm_ref``; inputs are NOT checked."""
+def rms_norm_triton(x, weight, eps: float, residual=None, *, residual_scales=None,
+                    num_warps=None):
+    """Triton launch with the contract of ``rms_norm_ref``; inputs are NOT checked
+    (``residual_scales``: contiguous float32 ``(x_scale (N, 1), w_scale (H,))``, not for
+    float64)."""
     shape = x.shape
     x2 = as_rows(x)
     num_rows, num_cols = x2.shape
     out = torch.empty((num_rows, num_cols), dtype=x.dtype, device=x.device)
     res2 = as_rows(residual) if residual is not None else x2
     total = torch.empty_like(out) if residual is not None else out
+    x_scale, w_scale = residual_scales if residual_scales is not None else (out, out)
     if num_rows:
         block = next_power_of_2(num_cols)
         if num_warps is None:
             num_warps = max(1, min(16, block // 256))
         _rms_norm_kernel[(num_rows,)](
-            x2, res2, weight, out, total, x2.stride(0), res2.stride(0), out.stride(0),
-            total.stride(0), num_cols, float(eps), HAS_RESIDUAL=residual is not None,
-            ROUND_BEFORE_SCALE=x.dtype in LOW_PRECISION, BLOCK=block,
-            COMPUTE_DTYPE=compute_dtype(x.dtype), num_warps=num_warps)
+            x2, res2, weight, out, total, x_scale, w_scale, x2.stride(0), res2.stride(0),
+            out.stride(0), total.stride(0), num_cols, float(eps),
+            HAS_RESIDUAL=residual is not None, ROUND_BEFORE_SCALE=x.dtype in LOW_PRECISION,
+            BLOCK=block, COMPUTE_DTYPE=compute_dtype(x.dtype),
+            SCALED_RESIDUAL=residual_scales is not None, num_warps=num_warps)
     y = out.view(shape)
     return y if residual is None else (total.view(shape), y)
 

@@ -13,6 +13,11 @@ is computed in the same precision from that rounded value and rounded once more,
 does. Differences: on CUDA, Triton's fast exp and division against torch's (a few float32
 ulps before the rounding to bf16, so at most one bf16 ulp).
 
+With FP8 projections gate and up may come unscaled (``scales``): the tensor-wise FP8 product's
+``acc`` halves, with the per-row scale and each half's per-column scales, applied as
+kernels/fp8_epilogue.py does (rounded to the io dtype) before the activation: the epilogue's
+launch and this one give the same bits, one launch fewer.
+
 Layout as in rope_kv_write.py: ``silu_mul_ref`` (plain torch, the oracle), ``silu_mul_triton``
 (the launch, no checks), ``silu_mul`` (the validating wrapper).
 """
@@ -20,43 +25,74 @@ import torch
 import torch.nn.functional as F
 
 from ._triton_util import HAS_TRITON, LazyJit, as_rows, check_can_launch, compute_dtype, tl
+from .fp8_epilogue import scale_product_ref
 
 BLOCK = 1024        # columns per program: a 7B row (11,008) is 11 programs
 
 
-def silu_mul_ref(gate, up):
-    """Plain torch: ``F.silu(gate) * up``. gate, up: (..., I) of one dtype."""
+def silu_mul_ref(gate, up, scales=None):
+    """Plain torch: ``F.silu(gate) * up``. gate, up: (..., I) of one dtype; ``scales``: None,
+    or ``(x_scale (N, 1), w_scale_gate (I,), w_scale_up (I,))`` float32 of unscaled gate and
+    up (N rows), applied first as ``scale_product_ref`` does."""
+    if scales is not None:
+        x_scale, w_gate, w_up = scales
+        gate = scale_product_ref(gate.reshape(-1, gate.shape[-1]), x_scale,
+                                 w_gate).view(gate.shape)
+        up = scale_product_ref(up.reshape(-1, up.shape[-1]), x_scale, w_up).view(up.shape)
     return F.silu(gate) * up
 
 
 if HAS_TRITON:
-    def _silu_mul_body(gate_ptr, up_ptr, out_ptr, stride_g, stride_u, stride_o, num_cols,
-                       BLOCK_COLS: tl.constexpr, COMPUTE_DTYPE: tl.constexpr):
+    from .rms_norm import unscaled_row
+
+    def load_gate_up(gate_ptr, up_ptr, xs_ptr, wsg_ptr, wsu_ptr, row, cols, stride_g, stride_u,
+                     mask, io_ty: tl.constexpr, SCALED: tl.constexpr):
+        """A block of a row's gate and up in float32; SCALED: they are the unscaled FP8
+        product's, scaled first as kernels/fp8_epilogue.py scales them (rounded to io_ty)."""
+        g = tl.load(gate_ptr + row * stride_g + cols, mask=mask, other=0)
+        u = tl.load(up_ptr + row * stride_u + cols, mask=mask, other=0)
+        if SCALED:
+            g = unscaled_row(g, xs_ptr, wsg_ptr, row, cols, mask, io_ty)
+            u = unscaled_row(u, xs_ptr, wsu_ptr, row, cols, mask, io_ty)
+        return g.to(tl.float32), u.to(tl.float32)
+
+    SILU_MUL_HELPERS = (load_gate_up, unscaled_row)
+
+    def _silu_mul_body(gate_ptr, up_ptr, out_ptr, xs_ptr, wsg_ptr, wsu_ptr, stride_g, stride_u,
+                       stride_o, num_cols, BLOCK_COLS: tl.constexpr,
+                       COMPUTE_DTYPE: tl.constexpr, SCALED: tl.constexpr):
         # Program (row, block): BLOCK_COLS columns of one row.
         row = tl.program_id(0).to(tl.int64)
         cols = tl.program_id(1) * BLOCK_COLS + tl.arange(0, BLOCK_COLS)
         mask = cols < num_cols
         io_ty = out_ptr.dtype.element_ty
-        g = tl.load(gate_ptr + row * stride_g + cols, mask=mask, other=0).to(COMPUTE_DTYPE)
-        u = tl.load(up_ptr + row * stride_u + cols, mask=mask, other=0).to(COMPUTE_DTYPE)
+        if COMPUTE_DTYPE == tl.float64:       # (no FP8 product is float64: never scaled)
+            g = tl.load(gate_ptr + row * stride_g + cols, mask=mask, other=0).to(COMPUTE_DTYPE)
+            u = tl.load(up_ptr + row * stride_u + cols, mask=mask, other=0).to(COMPUTE_DTYPE)
+        else:
+            g, u = load_gate_up(gate_ptr, up_ptr, xs_ptr, wsg_ptr, wsu_ptr, row, cols,
+                                stride_g, stride_u, mask, io_ty, SCALED)
         # F.silu's output, rounded to the io dtype as it is in torch, then the product.
         silu = (g / (1.0 + tl.exp(-g))).to(io_ty).to(COMPUTE_DTYPE)
         tl.store(out_ptr + row * stride_o + cols, (silu * u).to(io_ty), mask=mask)
 
-    _silu_mul_kernel = LazyJit(_silu_mul_body)
+    _silu_mul_kernel = LazyJit(_silu_mul_body, helpers=SILU_MUL_HELPERS)
 
 
-def silu_mul_triton(gate, up, *, num_warps=4):
-    """Triton launch with the contract of ``silu_mul_ref``; inputs are NOT checked. Returns a
-    new contiguous tensor of gate's shape. No host sync: CUDA-graph capturable."""
+def silu_mul_triton(gate, up, scales=None, *, num_warps=4):
+    """Triton launch with the contract of ``silu_mul_ref``; inputs are NOT checked
+    (``scales``: contiguous float32, not for float64). Returns a new contiguous tensor of
+    gate's shape. No host sync: CUDA-graph capturable."""
     g2, u2 = as_rows(gate), as_rows(up)
     num_rows, num_cols = g2.shape
     out = torch.empty((num_rows, num_cols), dtype=gate.dtype, device=gate.device)
+    x_scale, w_gate, w_up = scales if scales is not None else (out, out, out)
     if out.numel():
         grid = (num_rows, -(-num_cols // BLOCK))
-        _silu_mul_kernel[grid](g2, u2, out, g2.stride(0), u2.stride(0), out.stride(0),
-                               num_cols, BLOCK_COLS=BLOCK,
-                               COMPUTE_DTYPE=compute_dtype(gate.dtype), num_warps=num_warps)
+        _silu_mul_kernel[grid](g2, u2, out, x_scale, w_gate, w_up, g2.stride(0), u2.stride(0),
+                               out.stride(0), num_cols, BLOCK_COLS=BLOCK,
+                               COMPUTE_DTYPE=compute_dtype(gate.dtype),
+                               SCALED=scales is not None, num_warps=num_warps)
     return out.view(gate.shape)
 
 

@@ -151,6 +151,69 @@ def test_use_triton_on_cpu_tensors_needs_the_interpreter(monkeypatch):
         rms_norm_quant(torch.randn(2, 8), torch.ones(8), 1e-5, use_triton=True)
 
 
+# ---- unscaled FP8 products as inputs: the epilogue's scaling inside the consumer ----------
+
+def unscaled_case(generator, num_rows, num_cols, dtype):
+    """An unscaled tensor-wise FP8 product's ``acc`` (large values: codes times codes), its
+    per-row and per-column float32 scales."""
+    acc = (torch.randn(num_rows, num_cols, generator=generator) * 3000).to(dtype)
+    x_scale = torch.rand(num_rows, 1, generator=generator) * 1e-2 + 1e-3
+    w_scale = torch.rand(num_cols, generator=generator) * 1e-3 + 1e-4
+    return acc, x_scale, w_scale
+
+
+@needs_triton
+@pytest.mark.parametrize('dtype', DTYPES)
+@pytest.mark.parametrize('num_cols', [40, 257])
+def test_a_norm_adding_an_unscaled_product_equals_the_epilogue_then_the_norm(
+        interpret, dtype, num_cols):
+    """The residual add of the norm after o_proj and down: ``residual_scales`` applied in the
+    norm's launch give the bits of kernels/fp8_epilogue.py's launch followed by the norm's,
+    plain and quantising; the reference too."""
+    from kernels import scale_product_ref, scale_product_triton
+    generator = torch.Generator().manual_seed(num_cols + 1)
+    x = rows(generator, 5, num_cols, dtype)
+    weight = rows(generator, 1, num_cols, dtype, scale=1.0)[0]
+    acc, x_scale, w_scale = unscaled_case(generator, 5, num_cols, dtype)
+    delta = scale_product_triton(acc, x_scale, w_scale)
+    total, y = rms_norm_triton(x, weight, 1e-5, acc, residual_scales=(x_scale, w_scale))
+    total_want, y_want = rms_norm_triton(x, weight, 1e-5, delta)
+    assert torch.equal(total, total_want) and torch.equal(y, y_want)
+    got = rms_norm_quant_triton(x, weight, 1e-5, acc, residual_scales=(x_scale, w_scale))
+    want = rms_norm_quant_triton(x, weight, 1e-5, delta)
+    assert torch.equal(got[0], want[0])
+    assert_same_quantisation(got[1:], want[1:])
+    ref_total, ref_y = rms_norm_ref(x, weight, 1e-5, acc, (x_scale, w_scale))
+    want_total, want_y = rms_norm_ref(x, weight, 1e-5, scale_product_ref(acc, x_scale, w_scale))
+    assert torch.equal(ref_total, want_total) and torch.equal(ref_y, want_y)
+
+
+@needs_triton
+@pytest.mark.parametrize('dtype', DTYPES)
+def test_the_activation_of_an_unscaled_gate_up_equals_the_epilogue_then_the_activation(
+        interpret, dtype):
+    """gate and up as the two halves of one unscaled fused product, each half with its own
+    columns' scales: the bits of the epilogue followed by the activation, plain and
+    quantising (rows longer than a block of the quantising kernel)."""
+    from kernels import scale_product_triton
+    from kernels.silu_mul import silu_mul_ref
+    generator = torch.Generator().manual_seed(9)
+    width = 200
+    acc, x_scale, w_scale = unscaled_case(generator, 4, 2 * width, dtype)
+    scales = (x_scale, w_scale[:width], w_scale[width:])
+    scaled = scale_product_triton(acc, x_scale, w_scale)
+    gate, up = acc[:, :width], acc[:, width:]
+    assert torch.equal(silu_mul_triton(gate, up, scales),
+                       silu_mul_triton(scaled[:, :width], scaled[:, width:]))
+    assert_same_quantisation(
+        silu_mul_quant_triton(gate, up, scales, block_k=64),
+        silu_mul_quant_triton(scaled[:, :width], scaled[:, width:], block_k=64))
+    from kernels import scale_product_ref
+    scaled_ref = scale_product_ref(acc, x_scale, w_scale)
+    assert torch.equal(silu_mul_ref(gate, up, scales),
+                       silu_mul_ref(scaled_ref[:, :width], scaled_ref[:, width:]))
+
+
 # ---- compiled for CUDA ahead of time (no GPU needed) ------------------------------------
 
 AOT_SCRIPT = r"""
@@ -165,22 +228,37 @@ except Exception as error:              # no CUDA backend, or no ptxas that runs
     sys.exit(2)
 P = importlib.import_module('kernels.fp8_producers')
 Q = importlib.import_module('kernels.fp8_quant')
+N = importlib.import_module('kernels.rms_norm')
+S = importlib.import_module('kernels.silu_mul')
+import triton.language as tl
 from kernels._triton_util import with_helpers
 quant = dict(SCALE_BY_RECIPROCAL=True, INV_FP8_MAX=Q._INV_FP8_MAX, FP8_MAX=448.0, TINY=Q._TINY)
+norm_args = dict(x_ptr='*bf16', res_ptr='*bf16', w_ptr='*bf16', sum_ptr='*bf16',
+                 xs_ptr='*fp32', ws_ptr='*fp32', stride_x='i32', stride_r='i32',
+                 stride_s='i32', num_cols='i32', eps='fp32')
 cases = [
     (P._rms_norm_quant_body, P.HELPERS, 16,
-     dict(x_ptr='*bf16', res_ptr='*bf16', w_ptr='*bf16', sum_ptr='*bf16', q_ptr='*u8',
-          scale_ptr='*fp32', stride_x='i32', stride_r='i32', stride_s='i32', num_cols='i32',
-          eps='fp32'),
-     dict(HAS_RESIDUAL=True, ROUND_BEFORE_SCALE=True, BF16=True, BLOCK=4096, **quant)),
-    (P._silu_mul_quant_body, P.HELPERS, 8,
-     dict(gate_ptr='*bf16', up_ptr='*bf16', q_ptr='*u8', scale_ptr='*fp32', stride_g='i32',
-          stride_u='i32'),
-     dict(K=11008, BLOCK_K=4096, NUM_BLOCKS=3, BF16=True, **quant)),
+     dict(norm_args, q_ptr='*u8', scale_ptr='*fp32'),
+     dict(HAS_RESIDUAL=True, ROUND_BEFORE_SCALE=True, BF16=True, BLOCK=4096,
+          SCALED_RESIDUAL=True, **quant)),
+    (P._silu_mul_quant_body, P.HELPERS + S.SILU_MUL_HELPERS, 8,
+     dict(gate_ptr='*bf16', up_ptr='*bf16', q_ptr='*u8', scale_ptr='*fp32', xs_ptr='*fp32',
+          wsg_ptr='*fp32', wsu_ptr='*fp32', stride_g='i32', stride_u='i32'),
+     dict(K=11008, BLOCK_K=4096, NUM_BLOCKS=3, BF16=True, SCALED=True, **quant)),
     (Q._fp8_quant_body, Q.QUANT_HELPERS, 8,
      dict(x_ptr='*i16', q_ptr='*u8', scale_ptr='*fp32', stride_x='i32'),
      dict(K=4096, BLOCK_K=4096, NUM_BLOCKS=1, BF16_BITS=True, **quant)),
+    (N._rms_norm_body, (N.unscaled_row,), 16,
+     dict(norm_args, out_ptr='*bf16', stride_o='i32'),
+     dict(HAS_RESIDUAL=True, ROUND_BEFORE_SCALE=True, BLOCK=4096, COMPUTE_DTYPE=tl.float32,
+          SCALED_RESIDUAL=True)),
 ]
+for dtype, compute in (('bf16', tl.float32), ('fp64', tl.float64)):
+    cases.append((S._silu_mul_body, S.SILU_MUL_HELPERS, 4,
+                  dict(gate_ptr=f'*{dtype}', up_ptr=f'*{dtype}', out_ptr=f'*{dtype}',
+                       xs_ptr='*fp32', wsg_ptr='*fp32', wsu_ptr='*fp32', stride_g='i32',
+                       stride_u='i32', stride_o='i32', num_cols='i32'),
+                  dict(BLOCK_COLS=1024, COMPUTE_DTYPE=compute, SCALED=dtype == 'bf16')))
 for body, helpers, warps, signature, constants in cases:
     source = triton.compiler.ASTSource(
         fn=triton.jit(with_helpers(body, helpers)),
@@ -197,7 +275,8 @@ for body, helpers, warps, signature, constants in cases:
 def test_the_kernels_compile_for_sm_90_with_their_shared_device_functions():
     """Without a GPU: the two producers and the quantisation kernel (whose device functions
     they share, bound per kernel by LazyJit's helpers) compile for sm_90 at the 7B widths,
-    the codes' division an IEEE one (``div.rn.f32``)."""
+    the codes' division an IEEE one (``div.rn.f32``); so do the norm and the activation with
+    unscaled FP8 inputs (and the activation in float64, which never takes them)."""
     import os
     import pathlib
     import subprocess
@@ -212,8 +291,12 @@ def test_the_kernels_compile_for_sm_90_with_their_shared_device_functions():
         pytest.skip(done.stdout.strip().splitlines()[-1])
     assert done.returncode == 0, done.stdout + done.stderr[-3000:]
     lines = done.stdout.splitlines()
-    assert lines == [f'{name} ok True' for name in ('_rms_norm_quant_body',
-                                                    '_silu_mul_quant_body', '_fp8_quant_body')]
+    assert lines[:3] == [f'{name} ok True' for name in ('_rms_norm_quant_body',
+                                                        '_silu_mul_quant_body',
+                                                        '_fp8_quant_body')]
+    assert [line.split()[:2] for line in lines[3:]] == [['_rms_norm_body', 'ok'],
+                                                        ['_silu_mul_body', 'ok'],
+                                                        ['_silu_mul_body', 'ok']]
 
 
 # ---- the engine: the producers' codes are the products' own ------------------------------
@@ -266,6 +349,80 @@ def test_an_fp8_engine_with_the_producers_gives_the_tokens_without_them(
     assert tokens[True, 'ar'] == tokens[False, 'ar'] == tokens[True, 'pipeline_spec'] \
         == tokens[False, 'pipeline_spec']
     assert calls['norm'] > 0 and calls['activation'] > 0
+
+
+def cpu_scaled_mm_runs() -> bool:
+    """Whether this torch's CPU ``_scaled_mm`` takes e4m3 operands with unit scales (torch
+    2.13's does), so the tensor-wise route can run here."""
+    try:
+        one = torch.ones(())
+        codes = torch.ones(16, 16).to(torch.float8_e4m3fn)
+        torch._scaled_mm(codes, codes.t(), scale_a=one, scale_b=one, out_dtype=torch.float32)
+        return True
+    except (RuntimeError, NotImplementedError):
+        return False
+
+
+@needs_triton
+@pytest.mark.skipif(not cpu_scaled_mm_runs(),
+                    reason="this torch's CPU _scaled_mm does not run e4m3 with unit scales")
+def test_on_the_tensorwise_route_the_scales_in_the_consumers_keep_the_tokens(
+        interpret, folder, monkeypatch):
+    """float32, the FP8 projections forced onto the tensor-wise ``_scaled_mm`` (this torch
+    runs it on a CPU) and fused as a CUDA runner fuses them: with the scales applied by the
+    norms' residual adds and the activation (``UnscaledProduct``) the engine decodes the
+    tokens of the same route with its separate scaling launch, with and without the
+    producers' quantisation (every forward's final hidden rows bit for bit); and the
+    consumers did take unscaled products."""
+    from vla_spec_ros import VLAPolicy
+    from vla_spec_ros.engine.result import Frame
+    from vla_spec_ros.models import fp8 as fp8_model
+    from vla_spec_ros.models.layers import fuse_projections
+
+    unscaled_calls = []
+    forward_unscaled = fp8_model.Fp8Linear.forward_unscaled
+
+    def counted(self, x):
+        unscaled_calls.append(self.out_features)
+        return forward_unscaled(self, x)
+    monkeypatch.setattr(fp8_model.Fp8Linear, 'forward_unscaled', counted)
+    rng = np.random.default_rng(13)
+    frames = [Frame(rng.integers(0, 256, (32, 32, 3), dtype=np.uint8), 'wipe the table',
+                    'bridge_orig', 'cam') for _ in range(2)]
+    tokens, hidden = {}, {}
+    for consumers in (True, False):
+        for producers in (True, False):
+            monkeypatch.setattr(fp8_model, 'SCALES_IN_CONSUMERS', consumers)
+            monkeypatch.setattr(fp8_model, 'QUANTIZE_IN_PRODUCERS', producers)
+            policy = VLAPolicy.from_pretrained(str(folder), dtype='float32', weight_dtype='fp8',
+                                               use_kernels='on', mode='pipeline_spec')
+            language_model = policy.engine.runner.model.language_model
+            for module in language_model.modules():
+                if isinstance(module, fp8_model.Fp8Linear):
+                    module.use_scaled_mm = True          # the tensor-wise route
+            fuse_projections(language_model)
+            seen, logits = [], language_model.logits
+
+            def recorded(hidden, logits=logits, seen=seen):     # every forward's hidden rows
+                seen.append(hidden.clone())
+                return logits(hidden)
+            monkeypatch.setattr(language_model, 'logits', recorded)
+            for frame in frames:
+                policy.engine.submit(frame)
+            done = sorted(policy.engine.run_until_idle(), key=lambda f: f.request_id)
+            assert all(f.error is None for f in done), [f.error for f in done]
+            tokens[consumers, producers] = tuple(tuple(f.result.tokens) for f in done)
+            hidden[consumers, producers] = seen
+            if consumers:
+                assert unscaled_calls, 'no product came unscaled'
+            else:
+                assert not unscaled_calls
+            unscaled_calls.clear()
+    assert len(set(tokens.values())) == 1, tokens
+    reference = hidden[False, False]                 # bit for bit, every forward
+    for rows in hidden.values():
+        assert len(rows) == len(reference)
+        assert all(torch.equal(a, b) for a, b in zip(rows, reference))
 
 
 # ---- on a GPU -----------------------------------------------------------------------------

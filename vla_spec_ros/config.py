@@ -168,7 +168,7 @@ KERNEL_CHOICES = ('auto', 'on', 'off')
 @dataclass(frozen=True)
 class EngineOption:
     """What one EngineConfig field means and accepts: the single source for its validation,
-    its ROS parameter (ros/params.py derives the declaration from this) and its docs."""
+    its ROS parameter (ros/param_table.py derives the declaration from this) and its docs."""
 
     description: str
     is_tunable: bool = False           # may change between frames without reloading

@@ -29,7 +29,9 @@ from torch import nn
 
 from ..kernels import (FP8_DTYPE, fp8_linear_device, fp8_linear_ref,
                        fp8_linear_scaled_mm, quantize_rows, scaled_mm_unsupported_reason)
-from ..kernels.fp8_linear import fp8_codes_linear_device, fp8_codes_linear_ref
+from ..kernels.fp8_linear import (_quantize_on_device, fp8_codes_linear_device,
+                                  fp8_codes_linear_ref, fp8_codes_tensorwise_unscaled,
+                                  scale_product_on_device)
 from ..kernels.fp8_linear import MIN_CAPABILITY
 
 WEIGHT_DTYPES = ('auto', 'fp8')
@@ -47,6 +49,11 @@ PRODUCT = 'tensorwise'
 # kernel_choice.py) instead of each product quantising its input. The same codes either way
 # (that module's contract); a module switch for bench/gpu_parts.py to time both, as PRODUCT.
 QUANTIZE_IN_PRODUCERS = True
+# Whether, on the tensor-wise route, the residual adds after o_proj and down and the SwiGLU
+# activation after gate/up apply the products' scales themselves (kernels/rms_norm.py,
+# silu_mul.py, fp8_producers.py: ``UnscaledProduct``) instead of a separate scaling launch.
+# The same bits either way; a module switch for bench/gpu_parts.py, as PRODUCT.
+SCALES_IN_CONSUMERS = True
 
 
 @dataclass(frozen=True)
@@ -62,6 +69,36 @@ class QuantizedRows:
     @property
     def shape(self) -> torch.Size:
         return self.codes.shape
+
+
+@dataclass(frozen=True)
+class UnscaledProduct:
+    """A tensor-wise FP8 product before its scales: ``acc`` (T, N) (codes times codes,
+    float32 accumulation rounded to the activation dtype), ``x_scale`` (T, 1) and ``w_scale``
+    (N,) float32. ``scaled()`` applies them as kernels/fp8_epilogue.py does; a consumer that
+    takes them (the fused norm's ``residual_scales``, the activation's ``scales``) applies
+    them itself, to the same bits."""
+
+    acc: torch.Tensor
+    x_scale: torch.Tensor
+    w_scale: torch.Tensor
+
+    @property
+    def shape(self) -> torch.Size:
+        return self.acc.shape
+
+    def scaled(self) -> torch.Tensor:
+        return scale_product_on_device(self.acc, self.x_scale, self.w_scale)
+
+    def split(self, sizes) -> list['UnscaledProduct']:
+        """The products of consecutive column blocks (a fused projection's parts)."""
+        return [UnscaledProduct(acc, self.x_scale, w_scale) for acc, w_scale in
+                zip(self.acc.split(sizes, dim=-1), self.w_scale.split(sizes))]
+
+
+def scaled(value):
+    """``value`` as a tensor: an ``UnscaledProduct`` scaled, anything else as it is."""
+    return value.scaled() if isinstance(value, UnscaledProduct) else value
 
 
 class Fp8Linear(nn.Module):
@@ -92,13 +129,29 @@ class Fp8Linear(nn.Module):
     def dequantized_weight(self, dtype: torch.dtype) -> torch.Tensor:
         return self.weight.to(dtype) * self.weight_scale.to(dtype)[:, None]
 
-    def forward(self, x: torch.Tensor | QuantizedRows) -> torch.Tensor:
+    def forward(self, x: torch.Tensor | QuantizedRows, unscaled: bool = False):
+        """The product; with ``unscaled`` an ``UnscaledProduct`` where the route is the
+        tensor-wise one (its consumer applies the scales), the scaled tensor otherwise.
+        ``x`` may be ``QuantizedRows``."""
+        if unscaled and self.use_scaled_mm and self.product == 'tensorwise':
+            return self.forward_unscaled(x)
         if isinstance(x, QuantizedRows):
             return self.forward_codes(x)
         if self.use_scaled_mm:
             return fp8_linear_device(x, self.weight, self.weight_scale, product=self.product,
                                      unit_scale=self.unit_scale)
         return fp8_linear_ref(x, self.weight, self.weight_scale)
+
+    def forward_unscaled(self, x: torch.Tensor | QuantizedRows) -> UnscaledProduct:
+        """The tensor-wise product of (T, K) rows before the scales (``use_scaled_mm``)."""
+        if isinstance(x, QuantizedRows):
+            codes = x.codes.reshape(-1, x.codes.shape[-1])
+            x_scale, dtype = x.scale.reshape(-1, 1), x.dtype
+        else:
+            codes, x_scale = _quantize_on_device(x.reshape(-1, x.shape[-1]))
+            dtype = x.dtype
+        acc = fp8_codes_tensorwise_unscaled(codes, self.weight, dtype, self.unit_scale)
+        return UnscaledProduct(acc, x_scale, self.weight_scale)
 
     def forward_codes(self, rows: QuantizedRows) -> torch.Tensor:
         """The product of activations already quantised: what ``forward`` gives on the
@@ -141,14 +194,16 @@ class FusedFp8Linears:
             lin.weight_scale = self.fused.weight_scale[start:start + size]
             start += size
 
-    def __call__(self, x: torch.Tensor | QuantizedRows):
+    def __call__(self, x: torch.Tensor | QuantizedRows, unscaled: bool = False):
         start = 0
         for lin, size in zip(self.linears, self.sizes):
             if lin.weight.data_ptr() != self.fused.weight[start:].data_ptr() \
                     or lin.weight_scale.data_ptr() != self.fused.weight_scale[start:].data_ptr():
                 return None
             start += size
-        return self.fused.forward(x).split(self.sizes, dim=-1)
+        out = self.fused.forward(x, unscaled)
+        return out.split(self.sizes) if isinstance(out, UnscaledProduct) \
+            else out.split(self.sizes, dim=-1)
 
 
 def quantize_decoder_(language_model: nn.Module, activation_dtype: torch.dtype) -> list[str]:
@@ -234,5 +289,6 @@ def apply_weight_dtype(language_model: nn.Module, weight_dtype: str, dtype: torc
     language_model._served_weight_dtype = weight_dtype
 
 
-__all__ = ['Fp8Linear', 'FusedFp8Linears', 'QuantizedRows', 'WEIGHT_DTYPES', 'apply_weight_dtype',
-           'check_weight_dtype', 'is_quantized', 'quantize_decoder_', 'FP8_DTYPE']
+__all__ = ['Fp8Linear', 'FusedFp8Linears', 'QuantizedRows', 'UnscaledProduct', 'scaled',
+           'WEIGHT_DTYPES', 'apply_weight_dtype', 'check_weight_dtype', 'is_quantized',
+           'quantize_decoder_', 'FP8_DTYPE']

@@ -25,7 +25,7 @@ from torch import nn
 
 from ..config import LlamaConfig
 from .attention import StepBatch, attend_packed, attend_segments, write_kv_and_rope
-from .fp8 import Fp8Linear, FusedFp8Linears, QuantizedRows
+from .fp8 import Fp8Linear, FusedFp8Linears, QuantizedRows, UnscaledProduct, scaled
 
 
 @dataclass(frozen=True)
@@ -41,7 +41,10 @@ class LayerKernels:
     silu_mul: ``kernels/silu_mul.silu_mul_ref`` contract, the MLP's ``silu(gate) * up``;
     rms_norm_quant, silu_mul_quant: ``kernels/fp8_producers`` contracts, the norm or the
     activation written as e4m3 codes for FP8 projections (used only where every consumer of
-    that activation is an ``Fp8Linear``).
+    that activation is an ``Fp8Linear``);
+    fp8_scales_in_consumers: the FP8 products after which a fused kernel follows (o_proj and
+    down: the residual add of the next norm; gate/up: the activation) come unscaled
+    (``UnscaledProduct``, tensor-wise route only) and that kernel applies their scales.
     """
 
     rope_kv_write: Callable | None = None
@@ -50,6 +53,7 @@ class LayerKernels:
     silu_mul: Callable | None = None
     rms_norm_quant: Callable | None = None
     silu_mul_quant: Callable | None = None
+    fp8_scales_in_consumers: bool = False
 
 
 PLAIN = LayerKernels()
@@ -72,15 +76,22 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.zeros(dim) if unit_offset else torch.ones(dim))
         self.eps = eps
 
-    def add_and_norm(self, x: torch.Tensor, delta: torch.Tensor, kernel=None, quantizer=None):
+    def add_and_norm(self, x: torch.Tensor, delta, kernel=None, quantizer=None):
         """``(x + delta, norm(x + delta))``: the residual add and the next norm, one launch
         with the kernel; with ``quantizer`` (``rms_norm_quant`` contract) the norm comes as
-        ``QuantizedRows``."""
+        ``QuantizedRows``. ``delta``: a tensor like x, or an ``UnscaledProduct``."""
+        options = {}
+        if isinstance(delta, UnscaledProduct):        # ``delta`` may be an unscaled product:
+            if self._fused(quantizer) or self._fused(kernel):    # the kernel scales it
+                options = {'residual_scales': (delta.x_scale, delta.w_scale)}
+                delta = delta.acc.view(x.shape)
+            else:
+                delta = delta.scaled().view(x.shape)
         if self._fused(quantizer):
-            total, codes, scale = quantizer(x, self.weight, self.eps, delta)
+            total, codes, scale = quantizer(x, self.weight, self.eps, delta, **options)
             return total, QuantizedRows(codes, scale, x.dtype)
         if self._fused(kernel):
-            return kernel(x, self.weight, self.eps, delta)
+            return kernel(x, self.weight, self.eps, delta, **options)
         x = x + delta
         return x, self.forward(x)
 
@@ -108,12 +119,13 @@ class RMSNorm(nn.Module):
         return self.weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps))
 
 
-def _linear(linear: nn.Linear | Fp8Linear, x: torch.Tensor | QuantizedRows) -> torch.Tensor:
+def _linear(linear: nn.Linear | Fp8Linear, x: torch.Tensor | QuantizedRows,
+            unscaled: bool = False):
     """``linear(x)`` without ``nn.Module.__call__`` (the same ``F.linear``; a projection
     quantised by ``weight_dtype: fp8`` runs its own forward, models/fp8.py, which also takes
-    ``QuantizedRows``)."""
+    ``QuantizedRows`` and with ``unscaled`` may give an ``UnscaledProduct``)."""
     if type(linear) is Fp8Linear:
-        return linear.forward(x)
+        return linear.forward(x, unscaled)
     return F.linear(x, linear.weight, linear.bias)
 
 
@@ -200,7 +212,8 @@ class LlamaAttention(nn.Module):
         else:
             out = attend_segments(q, k_cache, v_cache, batch, k, v if k is not None else None,
                                   kernel=kernels.segment_attention)
-        return _linear(self.o_proj, out.reshape(t, -1))
+        # (Unscaled: the post-attention norm's residual add applies the scales.)
+        return _linear(self.o_proj, out.reshape(t, -1), kernels.fp8_scales_in_consumers)
 
 
 class SwiGLU(nn.Module):
@@ -219,23 +232,36 @@ class SwiGLU(nn.Module):
         """Whether its input may come as ``QuantizedRows`` (gate and up are both FP8)."""
         return _all_fp8(self.gate_proj, self.up_proj)
 
-    def forward(self, x, kernel=None, quantizer=None):
+    def forward(self, x, kernel=None, quantizer=None, unscaled: bool = False):
         """``kernel``: the fused ``silu(gate) * up`` (None = plain torch; SwiGLU only);
         ``quantizer``: the same written as e4m3 codes (``silu_mul_quant`` contract), used when
-        ``down_proj`` is FP8. ``x`` may be ``QuantizedRows`` (``takes_codes``)."""
-        gate_up = self.fused(x) if self.fused is not None else None
-        gate, up = gate_up if gate_up is not None else (_linear(self.gate_proj, x),
-                                                        _linear(self.up_proj, x))
+        ``down_proj`` is FP8. ``x`` may be ``QuantizedRows`` (``takes_codes``). ``unscaled``:
+        FP8 products may come unscaled (``UnscaledProduct``): gate and up, scaled by the
+        fused activation, and the output, scaled by the next norm's residual add."""
         no_grad = not torch.is_grad_enabled()
+        fused_activation = self.activation == 'silu' and no_grad and (
+            kernel is not None or quantizer is not None)
+        unscaled_inputs = unscaled and fused_activation
+        gate_up = self.fused(x, unscaled_inputs) if isinstance(self.fused, FusedFp8Linears) \
+            else self.fused(x) if self.fused is not None else None
+        gate, up = gate_up if gate_up is not None else (
+            _linear(self.gate_proj, x, unscaled_inputs), _linear(self.up_proj, x,
+                                                                 unscaled_inputs))
+        options = {}
+        if isinstance(gate, UnscaledProduct) and isinstance(up, UnscaledProduct) \
+                and gate.x_scale is up.x_scale:         # one product's halves
+            options = {'scales': (gate.x_scale, gate.w_scale, up.w_scale)}
+            gate, up = gate.acc, up.acc
+        gate, up = scaled(gate), scaled(up)
         if self.activation == 'gelu_tanh':
             hidden = F.gelu(gate, approximate='tanh') * up
         elif quantizer is not None and no_grad and type(self.down_proj) is Fp8Linear:
-            hidden = QuantizedRows(*quantizer(gate, up), gate.dtype)
+            hidden = QuantizedRows(*quantizer(gate, up, **options), gate.dtype)
         elif kernel is not None and no_grad:
-            hidden = kernel(gate, up)
+            hidden = kernel(gate, up, **options)
         else:
             hidden = F.silu(gate) * up
-        return _linear(self.down_proj, hidden)
+        return _linear(self.down_proj, hidden, unscaled)
 
 
 class LlamaDecoderLayer(nn.Module):
@@ -254,7 +280,7 @@ class LlamaDecoderLayer(nn.Module):
                 kernels: LayerKernels = PLAIN) -> torch.Tensor:
         """(T, H) -> (T, H): the layer's output with its residual added."""
         x, delta = self.forward_deferred(x, None, batch, rope, k_cache, v_cache, kernels)
-        return x + delta
+        return x + scaled(delta).view(x.shape)
 
     def forward_deferred(self, x, delta, batch: StepBatch, rope, k_cache, v_cache,
                          kernels: LayerKernels = PLAIN):
@@ -273,10 +299,11 @@ class LlamaDecoderLayer(nn.Module):
         elif norm is not None:
             x, h = norm.add_and_norm(x, delta, kernels.rms_norm, to_attention)
         else:
-            x = h = x + delta
+            x = h = x + scaled(delta).view(x.shape)
         to_mlp = kernels.rms_norm_quant if kernels.rms_norm_quant is not None \
             and self.mlp.takes_codes() else None
         x, h = self.post_attention_layernorm.add_and_norm(
             x, self.self_attn.forward(h, batch, rope, k_cache, v_cache, kernels),
             kernels.rms_norm, to_mlp)
-        return x, self.mlp.forward(h, kernels.silu_mul, kernels.silu_mul_quant)
+        return x, self.mlp.forward(h, kernels.silu_mul, kernels.silu_mul_quant,
+                                   kernels.fp8_scales_in_consumers)

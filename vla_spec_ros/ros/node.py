@@ -3,8 +3,9 @@ several on one engine.
 
 A thin adapter over the engine's streaming interface (the ros2/examples idioms):
 
-  params.py        every parameter, declared with a range; one mapping onto EngineConfig +
-                   NodeSettings (+ each robot's own settings)
+  params.py        every parameter (param_table.py), declared with a range
+                   (parameter_declaration.py); one mapping onto EngineConfig + NodeSettings
+                   (node_settings.py) (+ each robot's own settings)
   robot_channel.py one robot's topics, services and holds; its parts: observation_input.py,
                    safety_gate.py (with command_rules.py, the safety decisions),
                    chunk_execution.py, output_adapter.py and one adapter per output

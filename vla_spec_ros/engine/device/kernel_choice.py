@@ -5,8 +5,10 @@
 "off": plain torch) switches the fused RoPE + KV write, the fused (residual add +) RMSNorm
 and the fused ``silu(gate) * up``; with ``weight_dtype: fp8`` also their forms that write
 e4m3 codes for the FP8 projections (kernels/fp8_producers.py: the codes the products would
-make of their inputs, one launch and one round trip fewer per product; models/fp8.py
-``QUANTIZE_IN_PRODUCERS`` turns them off for a comparison). ``attention_backend`` "ring" adds
+make of their inputs, one launch and one round trip fewer per product), and the kernels after
+the o, down and gate/up products applying those products' scales (one scaling launch fewer
+each; models/fp8.py ``QUANTIZE_IN_PRODUCERS`` and ``SCALES_IN_CONSUMERS`` turn them off for
+a comparison). ``attention_backend`` "ring" adds
 the segment attention kernel, which reads each segment's KV slots in place instead of
 gathering them; it needs Triton on CUDA or the interpreter whatever ``use_kernels`` says, and
 is never chosen by "auto" (not measured yet).
@@ -51,12 +53,13 @@ def select_layer_kernels(config: EngineConfig, device) -> LayerKernels:
     # The norm and the activation get model-internal shapes only: the unchecked launches.
     # (Their contract covers the activation dtypes FP8 quantises from; float64 models keep
     # the products' own quantisation.)
-    quantize = config.weight_dtype == 'fp8' and fp8.QUANTIZE_IN_PRODUCERS \
-        and config.dtype != 'float64'
+    fp8_kernels = config.weight_dtype == 'fp8' and config.dtype != 'float64'
+    quantize = fp8_kernels and fp8.QUANTIZE_IN_PRODUCERS
     return LayerKernels(rope_kv_write=rope_kernel, rms_norm=rms_norm_triton,
                         silu_mul=silu_mul_triton,
                         rms_norm_quant=rms_norm_quant_triton if quantize else None,
-                        silu_mul_quant=silu_mul_quant_triton if quantize else None)
+                        silu_mul_quant=silu_mul_quant_triton if quantize else None,
+                        fp8_scales_in_consumers=fp8_kernels and fp8.SCALES_IN_CONSUMERS)
 
 
 def with_attention_backend(kernels: LayerKernels, config: EngineConfig,
