@@ -195,7 +195,7 @@ def main(argv=None):
     from vla_spec_ros.harness import streaming
     from vla_spec_ros.harness.closed_loop import _resolve_unnorm_key
     from vla_spec_ros.policy import VLAPolicy
-    from vla_spec_ros.ros.serving import chunk_steps_of
+    from vla_spec_ros.ros.model_io import chunk_steps_of
     from vla_spec_ros.sim.metaworld_env import DEFAULT_TASK_NAMES
 
     torch.set_num_threads(args.threads)

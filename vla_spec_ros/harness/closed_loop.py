@@ -168,8 +168,8 @@ def bridge_parameters(image_size: int, sim_mode: str, control_rate_hz: float, ma
 
 def check_policy_sim_mode(policy, sim_mode: str) -> int:
     """A chunked policy needs sim_mode realtime (module doc); its action_chunk, by the node's
-    own rule (ros/serving.chunk_steps_of; imported here, as the node is, with rclpy)."""
-    from vla_spec_ros.ros.serving import chunk_steps_of
+    own rule (ros/model_io.chunk_steps_of)."""
+    from vla_spec_ros.ros.model_io import chunk_steps_of
     chunk = chunk_steps_of(policy)
     if chunk > 1 and sim_mode == 'lockstep':
         raise ValueError(

@@ -196,7 +196,7 @@ def run_stream_mode(policy, frames, rate_hz: float, num_warmup: int, unnorm_key:
     from vla_spec_ros.harness.node_threads import NodeThreads
     from vla_spec_ros.image_messages import array_to_image
     from vla_spec_ros.ros.node import VLASpecNode
-    from vla_spec_ros.ros.serving import chunk_steps_of
+    from vla_spec_ros.ros.model_io import chunk_steps_of
 
     if not 0 <= num_warmup < len(frames):
         raise ValueError(f'num_warmup: expected 0 <= num_warmup < {len(frames)} frames, got '

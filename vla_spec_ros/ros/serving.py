@@ -5,7 +5,8 @@ managed node (ros/lifecycle_node.py: built in on_configure, active between on_ac
 on_deactivate). Neither the model loading nor the ROS node class lives here.
 
 Parameter changes: `validate(changes)` (on-set callback, no side effects) refuses load-time
-parameters and invalid values; `apply(changes)` (post-set callback) rebuilds the settings of
+parameters and invalid values (parameter_checks.py: what a change must fit beyond its range;
+model_io.py: what the checkpoint reads); `apply(changes)` (post-set callback) rebuilds the settings of
 every robot for the next frame and queues engine tunables, which the worker applies before its
 next submit (a request keeps the tunables it was submitted with).
 
@@ -23,7 +24,6 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
-from dataclasses import dataclass
 
 from diagnostic_msgs.msg import DiagnosticArray
 from rcl_interfaces.msg import SetParametersResult
@@ -37,7 +37,10 @@ from vla_spec_ros.ros.qos import COMMAND_QOS
 from vla_spec_ros.ros.robot_channel import RobotChannel
 from vla_spec_ros.ros.robot_recordings import RobotRecordings
 from vla_spec_ros.ros.chunk_clock import ChunkClock
-from vla_spec_ros.ros.command_rules import check_action_dim, has_instruction
+from vla_spec_ros.ros.command_rules import has_instruction
+from vla_spec_ros.ros.model_io import check_model_io, chunk_steps_of, model_io_of
+from vla_spec_ros.ros.parameter_checks import (check_joint_count, check_pose_frame,
+                                               check_state_size, check_unnorm_key)
 from vla_spec_ros.ros.node_clock_watch import NodeClockWatch, steady_clock
 from vla_spec_ros.ros.worker import InferenceWorker
 
@@ -140,7 +143,7 @@ class Serving:
             raise ValueError(f'robots: {len(config.node.robots)} robots but the engine '
                              f'serves at most max_streams={self.engine.config.max_streams}')
         for settings in config.robots.values():
-            self._check_unnorm_key(settings.unnorm_key)
+            check_unnorm_key(settings.unnorm_key, self.unnorm_keys)
             check_model_io(self.model_io, settings, self.node.get_logger())
 
     def _make_chunk_clock(self):
@@ -276,17 +279,6 @@ class Serving:
 
     # ---- parameters -------------------------------------------------------------------------
 
-    def _check_unnorm_key(self, key: str) -> None:
-        """A key the checkpoint has; empty only when it has one dataset (with several, an
-        empty key started "ready" and then refused every frame)."""
-        if key and key not in self.unnorm_keys:
-            raise ValueError(f'unnorm_key: {key!r} not in this checkpoint\'s '
-                             f'{list(self.unnorm_keys)}')
-        if not key and len(self.unnorm_keys) > 1:
-            raise ValueError(f'unnorm_key: empty, but this checkpoint has '
-                             f'{len(self.unnorm_keys)} datasets {list(self.unnorm_keys)}: set '
-                             'the one the robot\'s actions are in')
-
     def validate(self, changes) -> SetParametersResult:
         """On-set callback: refuse load-time changes and invalid values (no side effects)."""
         proposed = dict(self.values)
@@ -306,11 +298,14 @@ class Serving:
         try:
             config = params.configuration_from_parameters(proposed)
             for robot, robot_settings in config.robots.items():
+                current = self.config.robots[robot]
                 try:
-                    self._check_unnorm_key(robot_settings.unnorm_key)
-                    self._check_joint_count(robot, robot_settings)
-                    self._check_pose_frame(robot, robot_settings)
-                    self._check_state_size(robot, robot_settings)
+                    check_unnorm_key(robot_settings.unnorm_key, self.unnorm_keys)
+                    check_joint_count(robot_settings, current, self.model_io.action_dim)
+                    check_pose_frame(robot_settings, current)
+                    check_state_size(robot_settings, current, self.model_io.uses_state,
+                                     lambda settings: self._check_frame_of(
+                                         settings, 'check the state'))
                 except ValueError as exc:   # '<name>: why' -> '<robot>.<name>: why'
                     if not robot:
                         raise
@@ -326,34 +321,6 @@ class Serving:
         except ValueError as exc:
             return SetParametersResult(successful=False, reason=str(exc))
         return SetParametersResult(successful=True)
-
-    def _check_joint_count(self, robot: str, proposed) -> None:
-        """joint_names may be renamed at run time, not resized: with a checkpoint of n
-        values, n - 1 joints make the last value the gripper and n joints make it a joint,
-        so a changed count would send the gripper's value to a joint (or the reverse).
-        ValueError naming the parameter; the count must fit the checkpoint either way."""
-        current = self.config.robots[robot].joint_names
-        if len(proposed.joint_names) != len(current):
-            raise ValueError(f'joint_names: {len(proposed.joint_names)} joints, but the node '
-                             f'started with {len(current)}: the number of joints decides '
-                             'whether the checkpoint\'s last value is the gripper, so it is '
-                             'fixed at start-up (rename joints at run time, restart to change '
-                             'their number)')
-        check_action_dim(self.model_io.action_dim, proposed)
-
-    def _check_state_size(self, robot: str, proposed) -> None:
-        """The state a changed state_joint_names (or state input) gives, checked by the
-        engine as it checks every frame's (the model's state size): before, a size the model
-        cannot read was refused at start-up (the warm-up frame) but accepted at run time, and
-        then every frame was refused. ValueError naming the parameter."""
-        if not self.model_io.uses_state \
-                or proposed.state_order == self.config.robots[robot].state_order:
-            return
-        try:
-            self._check_frame_of(proposed, 'check the state')
-        except ValueError as exc:
-            raise ValueError(f'state_joint_names: {len(proposed.state_order)} joints give a '
-                             f'state this model cannot read ({exc})') from None
 
     def _placeholder_frame(self, settings, instruction: str, image_size: int) -> Frame:
         """A black frame of a robot with `settings` (its image slots, dataset, a zero state
@@ -389,16 +356,6 @@ class Serving:
             self.node.get_logger().error(
                 f'{channel.label}: {self._parameter_name(channel, "instruction")}: {exc}; '
                 'every frame is refused and the robot holds until an instruction it can use')
-
-    def _check_pose_frame(self, robot: str, proposed) -> None:
-        """With pose targets, the tool pose is read in frame_id from start-up on (its TF
-        lookup, its topic's frame): a frame_id changed at run time would stamp targets
-        computed in the old frame with the new one. ValueError naming the parameter."""
-        current = self.config.robots[robot]
-        if current.pose_targets and proposed.frame_id != current.frame_id:
-            raise ValueError(f'frame_id: fixed at start-up while pose_targets is on (the tool '
-                             f'pose is read in {current.frame_id!r}); restart the node to '
-                             'change it')
 
     def apply(self, changes) -> None:
         """Post-set callback: new settings for the next frame; engine tunables are queued."""
@@ -516,47 +473,4 @@ def wait_for_acknowledgements(node, timeout_s: float) -> bool:
     return True
 
 
-@dataclass(frozen=True)
-class ModelIO:
-    """What the checkpoint reads and decides, as far as the node cares."""
-
-    num_image_slots: int      # images a frame may carry (1 .. this)
-    uses_state: bool          # whether its prompt reads Frame.state
-    action_dim: int           # values per action step
-    writes_reasoning: bool = False    # text before the action (ECoT): ~/reasoning
-
-
-def model_io_of(policy) -> ModelIO:
-    """The checkpoint's ModelIO from the engine's runner (its model and codec); a policy
-    that does not say (a wrapper in tests) is read as one image, no state, 7 values."""
-    runner = getattr(policy.engine, 'runner', None)
-    model, codec = getattr(runner, 'model', None), getattr(runner, 'codec', None)
-    shape = tuple(getattr(codec, 'action_shape', ()) or (7,))
-    return ModelIO(int(getattr(model, 'num_image_slots', 1)),
-                   bool(getattr(model, 'uses_state', False)), int(shape[-1]),
-                   bool(getattr(codec, 'writes_reasoning', False)))
-
-
-def check_model_io(model_io: ModelIO, settings, logger) -> None:
-    """Refuse, before anything is subscribed, a robot whose inputs or action space do not fit
-    the checkpoint (ValueError naming the parameter); warn about a state nobody reads."""
-    if settings.num_image_slots > model_io.num_image_slots:
-        raise ValueError(f'image_slots: {list(settings.image_slots)} but the model reads at '
-                         f'most {model_io.num_image_slots} image(s) per frame')
-    check_action_dim(model_io.action_dim, settings)
-    if settings.state_input != 'none' and not model_io.uses_state:
-        logger.warning(f'state_input {settings.state_input}: this model reads no state; the '
-                       'state only gates staleness (max_state_age)')
-    elif settings.state_input == 'none' and model_io.uses_state:
-        logger.warning('this model reads a robot state and state_input is none: its family '
-                       'fills in its default state')
-
-
-def chunk_steps_of(policy) -> int:
-    """The control steps one frame decides (the checkpoint's action_chunk; 1 when the policy
-    does not say, e.g. a wrapper in tests)."""
-    return int(getattr(getattr(policy, 'model_config', None), 'action_chunk', 1) or 1)
-
-
-__all__ = ['Serving', 'wait_for_acknowledgements', 'chunk_steps_of',
-           'ModelIO', 'model_io_of', 'check_model_io']
+__all__ = ['Serving', 'wait_for_acknowledgements']
