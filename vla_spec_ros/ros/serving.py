@@ -5,10 +5,10 @@ managed node (ros/lifecycle_node.py: built in on_configure, active between on_ac
 on_deactivate). Neither the model loading nor the ROS node class lives here.
 
 Parameter changes: `validate(changes)` (on-set callback, no side effects) refuses load-time
-parameters and invalid values (parameter_checks.py: what a change must fit beyond its range;
-model_io.py: what the checkpoint reads); `apply(changes)` (post-set callback) rebuilds the settings of
-every robot for the next frame and queues engine tunables, which the worker applies before its
-next submit (a request keeps the tunables it was submitted with).
+parameters and invalid values (parameter_checks.py: what a change must fit beyond its
+range; model_io.py: what the checkpoint reads); `apply(changes)` (post-set callback)
+rebuilds the settings of every robot for the next frame and queues engine tunables, which the
+worker applies before its next submit (a request keeps the tunables it was submitted with).
 
 A chunked model (action_chunk K > 1) also gets the chunk clock (chunk_clock.py), which publishes
 each robot's chunk one step per control period (docs/chunks.md).
