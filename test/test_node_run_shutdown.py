@@ -138,6 +138,37 @@ def test_a_sigterm_during_the_load_exits_0():
     assert 'the rest of the load' not in done.stdout
 
 
+# Sent by sitecustomize as the node's module imports rclpy.node, before `run` installs its handler.
+_SIGNAL_DURING_IMPORTS = (
+    'import importlib.abc, os, signal, sys\n'
+    'class _Hook(importlib.abc.MetaPathFinder):\n'
+    '    def find_spec(self, name, path=None, target=None):\n'
+    '        if name == "rclpy.node":\n'
+    '            os.kill(os.getpid(), signal.{signal_name})\n'
+    '        return None\n'
+    'sys.meta_path.insert(0, _Hook())\n')
+
+
+@pytest.mark.parametrize('module', ['vla_spec_ros.ros.node', 'vla_spec_ros.ros.lifecycle_node'])
+@pytest.mark.parametrize('stop_signal', [signal.SIGINT, signal.SIGTERM])
+def test_a_stop_signal_while_the_node_imports_exits_0(tmp_path, module, stop_signal):
+    """`python3 -m vla_spec_ros.ros.node` stopped in its first ~0.3 s (importing rclpy and
+    OpenCV, before `run` installs its handler): before, Python's defaults ended it with a
+    KeyboardInterrupt traceback and -2, or -15 (a launch stopped right after it started saw
+    a crash); now it exits 0, as during the load (early_stop.py)."""
+    (tmp_path / 'sitecustomize.py').write_text(
+        _SIGNAL_DURING_IMPORTS.format(signal_name=signal.Signals(stop_signal).name))
+    from launch_util import child_env
+    env = child_env(DOMAIN_ID)
+    env['PYTHONPATH'] = os.pathsep.join([str(tmp_path), env['PYTHONPATH']])
+    done = subprocess.run([sys.executable, '-m', module, '--ros-args', '-p',
+                           'model_path:=tiny'], env=env, capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert 'Traceback' not in done.stderr, done.stderr
+    assert 'loading' not in done.stdout + done.stderr       # it ended in the imports
+
+
 # ---- the node as a process, stopped while its camera streams ----------------------------------
 
 HAS_NODE_DEPS = all(importlib.util.find_spec(m) is not None

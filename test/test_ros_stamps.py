@@ -303,6 +303,31 @@ def test_a_repeated_stamp_is_dropped_as_out_of_order_not_as_a_busy_engine(sim_ro
     assert robot.node.stats_snapshot()['frames_dropped'] == before['frames_dropped']
 
 
+def test_a_camera_whose_stamps_stepped_back_holds_naming_the_dropped_images(sim_robot):
+    """A camera that keeps streaming but whose stamps are not newer (its clock stepped back,
+    a driver repeating one stamp): every image is dropped as out of order and the robot holds
+    once the last answered image is too old. Before, /diagnostics said only "stale
+    observation" and frames_received stood still, as if the camera had stopped; now the
+    images count as received and the hold reason names them."""
+    robot = sim_robot
+    _wait_answered(robot, 'a first answer')
+    before = robot.node.stats_snapshot()
+    robot.image.header.stamp = _time(robot.sent[-1])         # the answered frame's stamp
+    deadline = time.monotonic() + TIMEOUT
+
+    def held_for_it():
+        reason = robot.node.stats_snapshot()['hold_reason']
+        return reason.startswith('stale observation') and 'dropped as out of order' in reason
+    while not held_for_it():
+        assert time.monotonic() < deadline, robot.node.stats_snapshot()['hold_reason']
+        robot.probe.image_pub.publish(robot.image)           # the camera streams on
+        time.sleep(0.1)
+    after = robot.node.stats_snapshot()
+    num_out_of_order = after['frames_out_of_order'] - before['frames_out_of_order']
+    assert num_out_of_order > 0
+    assert after['frames_received'] - before['frames_received'] >= num_out_of_order
+
+
 def test_a_clock_jump_backwards_is_logged_and_the_frames_after_it_are_answered(sim_robot):
     robot = sim_robot
     _wait_answered(robot, 'an answer before the jump')

@@ -27,6 +27,8 @@ from __future__ import annotations
 import gc
 import sys
 
+# First: a stop signal during the imports below exits 0 (early_stop.py).
+from vla_spec_ros.ros import early_stop  # noqa: F401
 from rcl_interfaces.msg import SetParametersResult
 from rclpy.lifecycle import LifecycleNode, TransitionCallbackReturn
 from rclpy.parameter import Parameter

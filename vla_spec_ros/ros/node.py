@@ -37,6 +37,8 @@ import signal
 import sys
 import threading
 
+# First: a stop signal during the imports below exits 0 (early_stop.py).
+from vla_spec_ros.ros import early_stop
 import rclpy
 from rclpy.exceptions import ParameterException
 from rclpy.executors import ExternalShutdownException, SingleThreadedExecutor
@@ -291,6 +293,8 @@ def run(node_factory, name: str, args=None, *, command: str = 'vla-spec-node',
     stop = StopRequest()
     # From here on a stop signal is this function's, whenever it comes (StopRequest).
     with stop.installed():
+        if early_stop.received() is not None:      # one came during the imports, and its
+            return 0                               # exit was swallowed (early_stop.py)
         try:
             with stop.loading():
                 rclpy.init(args=args, signal_handler_options=SignalHandlerOptions.NO)

@@ -73,6 +73,8 @@ class ObservationInput:
         self.node, self._prefix = node, prefix
         self._on_observation, self._on_dropped = on_observation, on_dropped
         self._on_out_of_order = on_out_of_order
+        # The newest image dropped as out of order, for the hold's reason (out_of_order_note).
+        self._out_of_order: FrameInfo | None = None
         self._on_refused, self._on_clock_jump = on_refused, on_clock_jump
         self._settings = get_settings
         self.slot_names = tuple(settings.image_slots) or ('',)
@@ -175,8 +177,10 @@ class ObservationInput:
                 f'{topic}: its stamps stepped back {stepped_back:.3f} s (a camera clock reset, '
                 'or a bad stamp before it): the pairing order is forgotten',
                 throttle_duration_sec=2.0)
-        if pairing.is_out_of_order and self._on_out_of_order is not None:
-            self._on_out_of_order(info, self._slot_label(index))
+        if pairing.is_out_of_order:
+            self._out_of_order = info
+            if self._on_out_of_order is not None:
+                self._on_out_of_order(info, self._slot_label(index))
         if pairing.num_dropped:
             self._on_dropped(pairing.num_dropped)
         if pairing.out_of_sync is not None:
@@ -229,6 +233,20 @@ class ObservationInput:
             if reason is not None:
                 return f'{reason} (image slot {name})'
         return None
+
+    def out_of_order_note(self, reason: str, newest, settings) -> str:
+        """``reason`` for a stale (or missing) image, naming the images that still arrive
+        (the latest less than max_action_age ago, after ``newest``) but are dropped as out of
+        order (a camera clock that stepped back, repeated stamps): before, /diagnostics blamed
+        a camera that streams. Any other reason as it is."""
+        dropped = self._out_of_order
+        if (dropped is None
+                or cmd.reason_kind(reason) not in (cmd.REASON_STALE, cmd.REASON_NO_IMAGE)
+                or (newest is not None and dropped.receipt_mono <= newest.receipt_mono)
+                or time.monotonic() - dropped.receipt_mono > settings.max_action_age):
+            return reason
+        return (f'{reason} (images still arrive but are dropped as out of order: the latest, '
+                f'stamped {dropped.stamp_s:.3f} s, is not newer than the image before it)')
 
     def current_positions(self, settings):
         """The measured joint positions, from the state input (state_input.py), or None."""

@@ -229,6 +229,7 @@ class RobotChannel:
         """An image dropped on arrival because its stamp is not newer than the previous one of
         its slot: counted apart from the frames a busy engine had no time for, and logged
         (throttled), since only the camera's clock or driver can cause it."""
+        self.stats.record_received()          # received, though not answered
         self.stats.record_out_of_order()
         self.log_reason(f'image dropped{slot_label}: its stamp {info.stamp_s:.3f} s is not '
                         'newer than the previous image\'s (duplicate stamps, or the camera\'s '
@@ -339,6 +340,8 @@ class RobotChannel:
         if reason is not None and settings.enabled:         # name a stalled image slot
             reason = self.observation.stale_slot_reason(
                 self.age_of, self.age_limit(settings), settings) or reason
+        if reason is not None:          # a camera that streams, its images out of order
+            reason = self.observation.out_of_order_note(reason, newest, settings)
         if reason is None and not cmd.has_instruction(settings.instruction):
             reason = cmd.REASON_NO_INSTRUCTION
         if reason is None:
