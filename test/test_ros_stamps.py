@@ -287,6 +287,23 @@ def test_a_negative_stamp_is_refused_not_taken_for_unstamped(sim_robot):
     _wait_answered(robot, 'an answer after the negative-stamped frame')
 
 
+def test_an_unnormalised_stamp_is_refused_as_bad_input(sim_robot):
+    """A stamp whose nanosec is a whole second or more (a driver bug; the type's contract is
+    below 10^9): before, it was aged as the time it adds up to and copied into the
+    command's header as it came, which a consumer may refuse; now it is refused on arrival
+    as bad input, and the next good frames are answered."""
+    robot = sim_robot
+    _wait_answered(robot, 'a first answer')
+    errors = robot.node.stats_snapshot()['errors']
+    good = robot.image.header.stamp
+    robot.image.header.stamp = Time(sec=good.sec - 1, nanosec=1_000_000_000 + good.nanosec)
+    robot.probe.send(robot.image, lambda: robot.node.stats_snapshot()['errors'] > errors)
+    reason = robot.node.stats_snapshot()['last_error']
+    assert reason.startswith('bad input: header stamp nanosec ') and 'not below 10^9' in reason, \
+        reason
+    _wait_answered(robot, 'an answer after the malformed stamp')
+
+
 def test_a_repeated_stamp_is_dropped_as_out_of_order_not_as_a_busy_engine(sim_robot):
     """A camera that sends one stamp twice (or whose clock stepped back): the second image is
     dropped, counted as out of order (not among the frames a busy engine dropped, which

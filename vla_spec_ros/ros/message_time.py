@@ -11,10 +11,23 @@ def stamp_ns(stamp) -> int:
     return stamp.sec * 1_000_000_000 + stamp.nanosec
 
 
+def unnormalised_stamp_reason(stamp) -> str | None:
+    """Why builtin_interfaces/Time ``stamp`` is malformed (``nanosec`` of a whole second or
+    more: the type's contract is below 10^9), or None."""
+    if stamp.nanosec >= 1_000_000_000:
+        return (f'header stamp nanosec {stamp.nanosec} is not below 10^9 (not a normalised '
+                'time: a driver bug)')
+    return None
+
+
 def checked_header_seconds(msg) -> float:
     """A stamped message's header stamp in seconds; ValueError when it is below zero (bad
     input: a driver or clock bug; 0 alone means unstamped and is the caller's to replace by
-    the arrival). Robot states and tool poses read it so, as images are refused so."""
+    the arrival) or not normalised. Robot states and tool poses read it so, as images are
+    refused so."""
+    malformed = unnormalised_stamp_reason(msg.header.stamp)
+    if malformed is not None:
+        raise ValueError(malformed)
     stamp_s = msg.header.stamp.sec + 1e-9 * msg.header.stamp.nanosec
     if stamp_s < 0.0:
         raise ValueError(f'header stamp {stamp_s:.3f} s is below zero (0 alone means '

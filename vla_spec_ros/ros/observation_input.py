@@ -38,6 +38,7 @@ from sensor_msgs.msg import CompressedImage, Image
 from vla_spec_ros.ros import command_rules as cmd
 from vla_spec_ros.ros.clock_jumps import ClockWatch
 from vla_spec_ros.ros.frame_slot import FrameInfo, Observation
+from vla_spec_ros.ros.message_time import unnormalised_stamp_reason
 from vla_spec_ros.ros.observation_sync import SlotPairing
 from vla_spec_ros.ros.qos import IMAGE_QOS
 
@@ -125,6 +126,10 @@ class ObservationInput:
             # and the receipt time must not stand in for it.
             return (f'{cmd.REASON_BAD_INPUT}: header stamp {info.stamp_s:.3f} s is negative '
                     f'(0 means unstamped){self._slot_label(index)}')
+        malformed = unnormalised_stamp_reason(info.stamp)
+        if malformed is not None and settings.stamp_source == 'header':
+            # (The command's header would carry it on: a consumer may refuse such a time.)
+            return f'{cmd.REASON_BAD_INPUT}: {malformed}{self._slot_label(index)}'
         age_s = cmd.observation_age(info.receipt_s, info.stamp_s, info.receipt_s, settings)
         reason = cmd.freshness_reason(age_s, settings, max_age_s=math.inf)
         return None if reason is None else reason + self._slot_label(index)
