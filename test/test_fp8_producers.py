@@ -363,17 +363,13 @@ def cpu_scaled_mm_runs() -> bool:
         return False
 
 
-@needs_triton
-@pytest.mark.skipif(not cpu_scaled_mm_runs(),
-                    reason="this torch's CPU _scaled_mm does not run e4m3 with unit scales")
-def test_on_the_tensorwise_route_the_scales_in_the_consumers_keep_the_tokens(
-        interpret, folder, monkeypatch):
-    """float32, the FP8 projections forced onto the tensor-wise ``_scaled_mm`` (this torch
-    runs it on a CPU) and fused as a CUDA runner fuses them: with the scales applied by the
-    norms' residual adds and the activation (``UnscaledProduct``) the engine decodes the
-    tokens of the same route with its separate scaling launch, with and without the
-    producers' quantisation (every forward's final hidden rows bit for bit); and the
-    consumers did take unscaled products."""
+def fused_fp8_variants(folder, monkeypatch, *, dtype: str, force_tensorwise: bool):
+    """The engine (pipeline_spec, every fused kernel on) over two frames with the FP8
+    consumers' scaling and the producers' quantisation each on and off: {(consumers,
+    producers): (tokens, every forward's final hidden rows)}. ``force_tensorwise``: the FP8
+    projections put on the tensor-wise ``_scaled_mm`` and fused as a CUDA runner does (a
+    CPU's runner keeps the reference). Asserts that products came unscaled exactly when the
+    consumers' switch was on."""
     from vla_spec_ros import VLAPolicy
     from vla_spec_ros.engine.result import Frame
     from vla_spec_ros.models import fp8 as fp8_model
@@ -389,21 +385,22 @@ def test_on_the_tensorwise_route_the_scales_in_the_consumers_keep_the_tokens(
     rng = np.random.default_rng(13)
     frames = [Frame(rng.integers(0, 256, (32, 32, 3), dtype=np.uint8), 'wipe the table',
                     'bridge_orig', 'cam') for _ in range(2)]
-    tokens, hidden = {}, {}
+    out = {}
     for consumers in (True, False):
         for producers in (True, False):
             monkeypatch.setattr(fp8_model, 'SCALES_IN_CONSUMERS', consumers)
             monkeypatch.setattr(fp8_model, 'QUANTIZE_IN_PRODUCERS', producers)
-            policy = VLAPolicy.from_pretrained(str(folder), dtype='float32', weight_dtype='fp8',
+            policy = VLAPolicy.from_pretrained(str(folder), dtype=dtype, weight_dtype='fp8',
                                                use_kernels='on', mode='pipeline_spec')
             language_model = policy.engine.runner.model.language_model
-            for module in language_model.modules():
-                if isinstance(module, fp8_model.Fp8Linear):
-                    module.use_scaled_mm = True          # the tensor-wise route
-            fuse_projections(language_model)
+            if force_tensorwise:
+                for module in language_model.modules():
+                    if isinstance(module, fp8_model.Fp8Linear):
+                        module.use_scaled_mm = True
+                fuse_projections(language_model)
             seen, logits = [], language_model.logits
 
-            def recorded(hidden, logits=logits, seen=seen):     # every forward's hidden rows
+            def recorded(hidden, logits=logits, seen=seen):
                 seen.append(hidden.clone())
                 return logits(hidden)
             monkeypatch.setattr(language_model, 'logits', recorded)
@@ -411,18 +408,34 @@ def test_on_the_tensorwise_route_the_scales_in_the_consumers_keep_the_tokens(
                 policy.engine.submit(frame)
             done = sorted(policy.engine.run_until_idle(), key=lambda f: f.request_id)
             assert all(f.error is None for f in done), [f.error for f in done]
-            tokens[consumers, producers] = tuple(tuple(f.result.tokens) for f in done)
-            hidden[consumers, producers] = seen
-            if consumers:
-                assert unscaled_calls, 'no product came unscaled'
-            else:
-                assert not unscaled_calls
+            out[consumers, producers] = (tuple(tuple(f.result.tokens) for f in done), seen)
+            assert bool(unscaled_calls) == consumers, (consumers, len(unscaled_calls))
             unscaled_calls.clear()
-    assert len(set(tokens.values())) == 1, tokens
-    reference = hidden[False, False]                 # bit for bit, every forward
-    for rows in hidden.values():
+    return out
+
+
+def assert_one_function(variants) -> None:
+    """Every variant's tokens and hidden rows, bit for bit, those of both switches off."""
+    tokens, reference = variants[False, False]
+    for got_tokens, rows in variants.values():
+        assert got_tokens == tokens
         assert len(rows) == len(reference)
         assert all(torch.equal(a, b) for a, b in zip(rows, reference))
+
+
+@needs_triton
+@pytest.mark.skipif(not cpu_scaled_mm_runs(),
+                    reason="this torch's CPU _scaled_mm does not run e4m3 with unit scales")
+def test_on_the_tensorwise_route_the_scales_in_the_consumers_keep_the_tokens(
+        interpret, folder, monkeypatch):
+    """float32, the FP8 projections forced onto the tensor-wise ``_scaled_mm`` (this torch
+    runs it on a CPU) and fused as a CUDA runner fuses them: with the scales applied by the
+    norms' residual adds and the activation (``UnscaledProduct``) the engine decodes the
+    tokens of the same route with its separate scaling launch, with and without the
+    producers' quantisation (every forward's final hidden rows bit for bit); and the
+    consumers did take unscaled products."""
+    assert_one_function(fused_fp8_variants(folder, monkeypatch, dtype='float32',
+                                           force_tensorwise=True))
 
 
 # ---- on a GPU -----------------------------------------------------------------------------
@@ -451,3 +464,49 @@ def test_on_cuda_the_fused_kernels_equal_the_two_launches_at_the_7b_shape(num_ro
     gate, up = gate_up[:, :11008], gate_up[:, 11008:]
     assert_same_quantisation(silu_mul_quant_triton(gate, up),
                              quantize_rows_triton(silu_mul_triton(gate, up)))
+
+
+@needs_cuda
+@pytest.mark.parametrize('num_rows', [1, 4, 280])
+def test_on_cuda_unscaled_inputs_give_the_bits_of_the_scaling_launch_first(num_rows):
+    """bf16 at the 7B widths, compiled: the norm adding an unscaled o / down product and the
+    activation of an unscaled gate/up product (plain and quantising) give the bits of
+    kernels/fp8_epilogue.py's launch followed by them."""
+    from kernels import scale_product_triton
+    generator = torch.Generator().manual_seed(num_rows + 7)
+    x = torch.randn(num_rows, 4096, generator=generator).to('cuda', torch.bfloat16)
+    weight = (torch.rand(4096, generator=generator) + 0.5).to('cuda', torch.bfloat16)
+    acc, x_scale, w_scale = (t.to('cuda') for t in unscaled_case(generator, num_rows, 4096,
+                                                                 torch.bfloat16))
+    delta = scale_product_triton(acc, x_scale, w_scale)
+    got = rms_norm_triton(x, weight, 1e-6, acc, residual_scales=(x_scale, w_scale))
+    want = rms_norm_triton(x, weight, 1e-6, delta)
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    got = rms_norm_quant_triton(x, weight, 1e-6, acc, residual_scales=(x_scale, w_scale))
+    want = rms_norm_quant_triton(x, weight, 1e-6, delta)
+    assert torch.equal(got[0], want[0])
+    assert_same_quantisation(got[1:], want[1:])
+    acc, x_scale, w_scale = (t.to('cuda') for t in unscaled_case(generator, num_rows, 2 * 11008,
+                                                                 torch.bfloat16))
+    scaled = scale_product_triton(acc, x_scale, w_scale)
+    scales = (x_scale, w_scale[:11008], w_scale[11008:])
+    assert torch.equal(silu_mul_triton(acc[:, :11008], acc[:, 11008:], scales),
+                       silu_mul_triton(scaled[:, :11008], scaled[:, 11008:]))
+    assert_same_quantisation(silu_mul_quant_triton(acc[:, :11008], acc[:, 11008:], scales),
+                             silu_mul_quant_triton(scaled[:, :11008], scaled[:, 11008:]))
+
+
+needs_fp8_cuda = pytest.mark.skipif(
+    not (HAS_TRITON and torch.cuda.is_available()
+         and torch.cuda.get_device_capability() >= (8, 9)),
+    reason='needs triton and a CUDA GPU with FP8 tensor cores (sm_89+)')
+
+
+@needs_fp8_cuda
+def test_on_cuda_the_fused_fp8_route_is_the_function_of_the_separate_launches(folder,
+                                                                              monkeypatch):
+    """bf16 on the GPU as the runner sets it up (the tensor-wise ``_scaled_mm``, fused
+    projections, compiled kernels): the producers' quantisation and the consumers' scaling,
+    each on and off, give the same tokens and hidden rows bit for bit."""
+    assert_one_function(fused_fp8_variants(folder, monkeypatch, dtype='bfloat16',
+                                           force_tensorwise=False))
