@@ -438,6 +438,36 @@ def test_on_the_tensorwise_route_the_scales_in_the_consumers_keep_the_tokens(
                                            force_tensorwise=True))
 
 
+@needs_triton
+@pytest.mark.skipif(not cpu_scaled_mm_runs(),
+                    reason="this torch's CPU _scaled_mm does not run e4m3 with unit scales")
+@pytest.mark.parametrize('down_is_fp8', [True, False])
+def test_an_mlp_takes_unscaled_products_only_into_a_kernel_that_scales_them(
+        interpret, down_is_fp8):
+    """SwiGLU with FP8 gate/up on the tensor-wise route, every combination of kernels it may
+    be given: whatever takes gate and up (the quantising activation only when down is FP8,
+    the plain kernel, or plain torch) gets them scaled, so the output is the one the same
+    kernels give without unscaled products, bit for bit (before, a quantiser given beside a
+    bf16 down left plain torch with unscaled gate and up)."""
+    from kernels.fp8_producers import silu_mul_quant_triton as quantizer
+    from vla_spec_ros.models import fp8 as fp8_model
+    from vla_spec_ros.models.layers import SwiGLU, fuse_projections
+    torch.manual_seed(0)
+    mlp = SwiGLU(64, 96)
+    for name in ('gate_proj', 'up_proj') + (('down_proj',) if down_is_fp8 else ()):
+        linear = fp8_model.Fp8Linear.from_linear(getattr(mlp, name), torch.float32)
+        linear.use_scaled_mm = True                     # the tensor-wise route
+        setattr(mlp, name, linear)
+    fuse_projections(mlp)
+    x = torch.randn(5, 64)
+    with torch.no_grad():
+        for kernel in (None, silu_mul_triton):
+            for given in (None, quantizer):
+                want = mlp.forward(x, kernel, given)
+                got = fp8_model.scaled(mlp.forward(x, kernel, given, unscaled=True))
+                assert torch.equal(got, want), (kernel, given)
+
+
 # ---- on a GPU -----------------------------------------------------------------------------
 
 needs_cuda = pytest.mark.skipif(not (HAS_TRITON and torch.cuda.is_available()),

@@ -238,10 +238,15 @@ class SwiGLU(nn.Module):
         ``down_proj`` is FP8. ``x`` may be ``QuantizedRows`` (``takes_codes``). ``unscaled``:
         FP8 products may come unscaled (``UnscaledProduct``): gate and up, scaled by the
         fused activation, and the output, scaled by the next norm's residual add."""
-        no_grad = not torch.is_grad_enabled()
-        fused_activation = self.activation == 'silu' and no_grad and (
-            kernel is not None or quantizer is not None)
-        unscaled_inputs = unscaled and fused_activation
+        # The fused activation, if any: it writes codes when down is FP8; either form may
+        # take gate and up unscaled (``scales``).
+        activation = None
+        if self.activation == 'silu' and not torch.is_grad_enabled():
+            if quantizer is not None and type(self.down_proj) is Fp8Linear:
+                activation = 'codes'
+            elif kernel is not None:
+                activation = 'kernel'
+        unscaled_inputs = unscaled and activation is not None
         gate_up = self.fused(x, unscaled_inputs) if isinstance(self.fused, FusedFp8Linears) \
             else self.fused(x) if self.fused is not None else None
         gate, up = gate_up if gate_up is not None else (
@@ -252,12 +257,12 @@ class SwiGLU(nn.Module):
                 and gate.x_scale is up.x_scale:         # one product's halves
             options = {'scales': (gate.x_scale, gate.w_scale, up.w_scale)}
             gate, up = gate.acc, up.acc
-        gate, up = scaled(gate), scaled(up)
+        gate, up = scaled(gate), scaled(up)     # (separate products: scaled each)
         if self.activation == 'gelu_tanh':
             hidden = F.gelu(gate, approximate='tanh') * up
-        elif quantizer is not None and no_grad and type(self.down_proj) is Fp8Linear:
+        elif activation == 'codes':
             hidden = QuantizedRows(*quantizer(gate, up, **options), gate.dtype)
-        elif kernel is not None and no_grad:
+        elif activation == 'kernel':
             hidden = kernel(gate, up, **options)
         else:
             hidden = F.silu(gate) * up
