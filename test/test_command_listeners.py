@@ -31,6 +31,27 @@ def test_one_topic_with_a_subscriber_is_enough_and_none_names_them_all():
     assert unheard_topics([]) is None
 
 
+@pytest.mark.skipif(importlib.util.find_spec('diagnostic_msgs') is None,
+                    reason='needs the ROS message wheels')
+@pytest.mark.parametrize('count', [0, 1])
+def test_a_disabled_robot_reports_its_subscribers_as_they_are_without_a_warning(count):
+    """A disabled (or inactive) robot's command_subscribers said 'yes' with nobody listening:
+    the integrator checking the wiring before enabling read a subscriber that was not there."""
+    from diagnostic_msgs.msg import DiagnosticStatus
+
+    from vla_spec_ros.ros.command_listeners import add_listener_status
+    from vla_spec_ros.ros.diagnostics import OK, WARN
+
+    status = DiagnosticStatus(level=bytes([WARN]), message='disabled')
+    add_listener_status(status, [_publisher('/a/twist', count)], is_enabled=False)
+    values = {kv.key: kv.value for kv in status.values}
+    assert values['command_subscribers'] == ('yes' if count else 'none')
+    assert (status.level[0], status.message) == (WARN, 'disabled')   # no warning added
+    enabled = DiagnosticStatus(level=bytes([OK]), message='publishing actions')
+    add_listener_status(enabled, [_publisher('/a/twist', count)], is_enabled=True)
+    assert (enabled.level[0] == WARN) == (count == 0)
+
+
 @needs_ros
 def test_a_node_whose_twist_nobody_hears_warns_until_a_matching_subscriber_comes():
     from geometry_msgs.msg import TwistStamped

@@ -169,6 +169,60 @@ def test_a_stop_signal_while_the_node_imports_exits_0(tmp_path, module, stop_sig
     assert 'loading' not in done.stdout + done.stderr       # it ended in the imports
 
 
+# A managed node whose model takes long to load: configure is triggered from a timer, the load
+# prints LOADING and then takes 60 s (a 7B checkpoint from a slow disk).
+_MANAGED_SLOW_LOAD = (
+    'import sys, time\n'
+    'import vla_spec_ros.ros.lifecycle_node as ln\n'
+    'def slow_load(node, config, policy=None):\n'
+    '    print("LOADING", flush=True)\n'
+    '    for _ in range(600): time.sleep(0.1)\n'
+    '    print("LOADED", flush=True)\n'
+    '    raise ValueError("the test load does not make a policy")\n'
+    'ln.load_for_node = slow_load\n'
+    'def factory():\n'
+    '    node = ln.VLASpecLifecycleNode()\n'
+    '    timer = []\n'
+    '    def once():\n'
+    '        node.destroy_timer(timer[0])\n'
+    '        node.trigger_configure()\n'
+    '    timer.append(node.create_timer(0.1, once))\n'
+    '    return node\n'
+    'raise SystemExit(ln.run(factory, "vla_spec", sys.argv))\n')
+
+
+@pytest.mark.skipif(importlib.util.find_spec('lifecycle_msgs') is None
+                    or importlib.util.find_spec('torch') is None,
+                    reason='needs rclpy, lifecycle_msgs and torch')
+@pytest.mark.parametrize('stop_signal', [signal.SIGINT, signal.SIGTERM])
+def test_a_stop_signal_while_a_managed_node_configures_ends_the_load_at_once(stop_signal):
+    """`configure` loads (and warms up) the model: a SIGINT or SIGTERM meanwhile (ros2 launch
+    stopping, escalating to SIGKILL after a few seconds) used to wait for the whole load, as
+    the plain node's does not (docs/node.md, Stopping the node); now it ends it at once."""
+    from launch_util import child_env
+    process = subprocess.Popen([sys.executable, '-c', _MANAGED_SLOW_LOAD, '--ros-args', '-p',
+                                'model_path:=tiny'], env=child_env(DOMAIN_ID),
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        lines = []
+        for line in process.stdout:          # the load has begun
+            lines.append(line)
+            if 'LOADING' in line:
+                break
+        assert lines and 'LOADING' in lines[-1], ''.join(lines)
+        process.send_signal(stop_signal)
+        started = time.monotonic()
+        code = process.wait(timeout=90)
+        took = time.monotonic() - started
+        rest = process.stdout.read()
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    assert code == 0, ''.join(lines) + rest
+    assert took < 10.0 and 'LOADED' not in rest, f'{took:.1f} s:\n{rest}'
+
+
 # ---- the node as a process, stopped while its camera streams ----------------------------------
 
 HAS_NODE_DEPS = all(importlib.util.find_spec(m) is not None

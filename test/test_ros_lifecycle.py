@@ -233,6 +233,43 @@ def test_enable_and_the_enabled_parameter_agree_while_inactive(ros):
         node.destroy_node()
 
 
+@pytest.mark.parametrize('robots', [[], ['arm_a', 'arm_b']], ids=['one', 'two'])
+def test_enable_is_offered_in_every_state_by_one_server(ros, robots):
+    """docs/node.md: `ros2 service call /vla_spec/enable ...` is accepted in every state. It
+    existed only while configured: unconfigured (before the first configure, after cleanup)
+    the call waited forever for a service that was not there."""
+    from std_srvs.srv import SetBool
+
+    from vla_spec_ros.ros.servo_presence import server_gids
+
+    _, executor, probe_node = ros
+    name = f'vla_enable_states_{len(robots)}'
+    overrides = {'instruction': INSTRUCTION, 'unnorm_key': 'bridge_orig'}
+    if robots:
+        overrides['robots'] = robots
+    node = _tiny_lifecycle_node(ros, name, overrides)
+    service = f'/{robots[0]}/enable' if robots else f'/{name}/enable'
+    parameter = f'{robots[0]}.enabled' if robots else 'enabled'
+    client = probe_node.create_client(SetBool, service)
+    try:
+        probe = Probe(probe_node, name)
+        life = Lifecycle(probe, name)
+        for flag, transition in ((True, None), (False, Transition.TRANSITION_CONFIGURE),
+                                 (True, Transition.TRANSITION_CLEANUP)):
+            if transition is not None:
+                assert life.transition(transition)
+            assert client.wait_for_service(timeout_sec=10.0), f'no {service} ({transition})'
+            wait_until(lambda: len(server_gids(probe_node, service)) == 1,
+                       what=f'one server of {service}')
+            answer = probe.call(client, SetBool.Request(data=flag))
+            assert answer.success, answer.message
+            assert probe.get_param(parameter) is flag
+    finally:
+        probe_node.destroy_client(client)
+        executor.remove_node(node)
+        node.destroy_node()
+
+
 def test_no_parameter_is_deleted_nor_a_robots_value_set_node_wide_in_any_state(ros):
     """`ros2 param delete` of a list parameter was accepted (rclpy undeclares a dynamically
     typed one): a deleted joint_max_velocity read as no limit and could never be set again.

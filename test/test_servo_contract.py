@@ -285,6 +285,34 @@ def verdicts(servo, start=0):
 
 
 @needs_ros
+def test_a_servo_that_never_answers_the_selection_is_named_in_last_failure(graph):
+    """A Servo whose switch_command_type is listed but never answers (hung): the robot holds
+    (`selecting the twist command type`), and `servo_last_failure` says the selection went
+    unanswered; before, it stayed empty, or named only the pause calls."""
+    from moveit_msgs.srv import ServoCommandType
+    from rclpy.node import Node
+
+    from ros_probe import wait_until
+
+    # Never spun: its services are in the graph, their requests never taken.
+    hung = Node('hung_servo', context=graph[1])
+    hung.create_service(ServoCommandType, '~/switch_command_type', lambda q, r: r)
+    node, _ = start_node(graph, f'vla_hung_{next(RUNS)}', [], servo_node='/hung_servo',
+                         servo_pause_on_hold=False, enabled=True)
+    try:
+        servo = node.serving.channels[0].servo
+        wait_until(lambda: 'switch_command_type' in servo.diagnostic_values()[
+            'servo_last_failure'], timeout=15.0,
+            what='the unanswered selection in servo_last_failure')
+        values = servo.diagnostic_values()
+        assert values['servo_type_selected'] == 'false'
+        assert 'unanswered' in values['servo_last_failure']
+    finally:
+        stop_node(graph, node)
+        hung.destroy_node()
+
+
+@needs_ros
 def test_without_the_contract_servo_never_acts_on_the_twists(graph):
     from servo_double import EXECUTED
     from std_srvs.srv import SetBool

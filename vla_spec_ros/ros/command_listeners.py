@@ -5,8 +5,10 @@ wrong topic, or a subscriber whose QoS does not match (a reliable + transient-lo
 matches the node's volatile publishers) leaves the robot still while the node reports
 "publishing actions". rclpy counts only *matched* subscriptions, so all three read as zero.
 
-`add_listener_status` raises the robot's status to WARN, naming the topics, when an enabled
-robot has no subscriber on any of its motion command topics (its outputs'
+`add_listener_status` reports `command_subscribers` (`none` or `yes`, whatever the robot's
+state: a disabled or inactive robot is exactly when an integrator checks the wiring) and
+raises the robot's status to WARN, naming the topics, when an enabled robot has no subscriber
+on any of its motion command topics (its outputs'
 `command_publishers()`: the twist, JointJog, joint or pose trajectory, pose target). One topic
 with a subscriber is enough: the others may be unused on purpose (a pose-target set-up does
 not read the twist). The gripper topic is not a motion command and is not counted.
@@ -26,15 +28,15 @@ def unheard_topics(publishers) -> list[str] | None:
 
 
 def add_listener_status(status, publishers, *, is_enabled: bool) -> None:
-    """WARN on `status` (diagnostic_msgs/DiagnosticStatus) when an enabled robot's commands
-    reach no one (module docstring); a worse level of the robot's own stands, its message
-    first."""
+    """`command_subscribers` on `status` (diagnostic_msgs/DiagnosticStatus), and WARN when an
+    enabled robot's commands reach no one (module docstring); a worse level of the robot's
+    own stands, its message first."""
     from diagnostic_msgs.msg import KeyValue
 
-    topics = unheard_topics(publishers) if is_enabled else None
+    topics = unheard_topics(publishers)
     status.values.append(KeyValue(key='command_subscribers',
                                   value='none' if topics else 'yes'))
-    if not topics:
+    if not topics or not is_enabled:    # a robot that does not act: the value says it, no WARN
         return
     text = (f'no subscriber on {", ".join(topics)}: nothing receives the commands '
             '(controller not running, a remap, or a QoS mismatch)')

@@ -24,6 +24,7 @@ set while unconfigured) and configure again. Parameters are declared in the cons
 """
 from __future__ import annotations
 
+import contextlib
 import gc
 import sys
 
@@ -35,8 +36,8 @@ from rclpy.parameter import Parameter
 
 from vla_spec_ros.engine.result import describe_error
 from vla_spec_ros.ros import params
-from vla_spec_ros.ros.node import (load_for_node, refuse_unknown_overrides, run,
-                                   take_recommendations)
+from vla_spec_ros.ros.node import (StoppedWhileLoading, load_for_node,
+                                   refuse_unknown_overrides, run, take_recommendations)
 from vla_spec_ros.ros.serving import Serving
 
 
@@ -55,8 +56,27 @@ class VLASpecLifecycleNode(LifecycleNode):
         # checkpoint's recommendation taken at configure must not overwrite them).
         self.set_before_configure: set[str] = set()
         self._taking_recommendations = False
+        self._stop_request = None         # run()'s StopRequest: a stop signal ends a load
         self.add_on_set_parameters_callback(self._validate)
         self.add_post_set_parameters_callback(self._apply)
+        # `~/enable` (`<robot>/enable`) in every state, as the `enabled` parameter is: the
+        # robots' channels exist only while configured, so the node offers the services.
+        from std_srvs.srv import SetBool
+        self._enable_services = [
+            self.create_service(SetBool, f'{robot}/enable' if robot else '~/enable',
+                                lambda request, response, robot=robot:
+                                self._on_enable_srv(robot, request, response))
+            for robot in (tuple(self._values['robots'] or ()) or ('',))]
+
+    def use_stop_request(self, stop) -> None:
+        """`run` hands over its StopRequest: SIGINT or SIGTERM while `configure` loads or
+        warms up the model ends that load at once (StoppedWhileLoading, which `run` turns
+        into exit 0), as for the plain node, instead of after the whole load."""
+        self._stop_request = stop
+
+    def _loading(self):
+        stop = self._stop_request
+        return stop.loading() if stop is not None else contextlib.nullcontext()
 
     @property
     def serving(self) -> Serving | None:
@@ -105,6 +125,24 @@ class VLASpecLifecycleNode(LifecycleNode):
         if self._serving is not None:
             self._serving.apply(changes)
 
+    def _on_enable_srv(self, robot: str, request, response):
+        """`~/enable`: the robot's channel answers while configured; otherwise the
+        parameter is set and kept for configure and activate."""
+        serving = self._serving
+        channel = None if serving is None else next(
+            (c for c in serving.channels if c.name == robot), None)
+        if channel is not None:
+            response.success, response.message = channel.on_enable(bool(request.data))
+            return response
+        name = params.robot_parameter_name(robot, 'enabled') if robot else 'enabled'
+        result = self.set_parameters([Parameter(name, value=bool(request.data))])[0]
+        response.success = result.successful
+        response.message = (result.reason if not result.successful else
+                            ('enabled' if request.data else 'disabled')
+                            + ' (the node is not configured: it acts once configured and '
+                              'activated)')
+        return response
+
     # ---- transitions ----------------------------------------------------------------------
 
     def on_configure(self, state) -> TransitionCallbackReturn:
@@ -119,13 +157,19 @@ class VLASpecLifecycleNode(LifecycleNode):
                     self._taking_recommendations = False
                 self._recommended_for = self._values['model_path']
             config = params.configuration_from_parameters(self._values)
-            policy = load_for_node(self, config, self._given_policy)
-            serving = Serving(self, policy, self._values, config, is_active=False)
+            with self._loading():
+                policy = load_for_node(self, config, self._given_policy)
+            serving = Serving(self, policy, self._values, config, is_active=False,
+                              enable_services=False)
         except Exception as exc:   # bad parameters, a checkpoint, out of memory...: say why
             self.get_logger().error(f'configure failed: {describe_error(exc)}')
             return TransitionCallbackReturn.FAILURE
         try:
-            serving.warm_up()
+            with self._loading():
+                serving.warm_up()
+        except StoppedWhileLoading:
+            serving.destroy()
+            raise
         except Exception as exc:
             serving.destroy()
             self.get_logger().error(f'configure failed in warm-up: {describe_error(exc)}')

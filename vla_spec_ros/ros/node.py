@@ -317,6 +317,8 @@ def _serve(node_factory, name: str, args, stop: StopRequest) -> int:
     try:
         with stop.loading():
             node = node_factory()
+        if hasattr(node, 'use_stop_request'):   # a managed node loads its model later, in
+            node.use_stop_request(stop)          # configure: a stop ends that load too
         if parent_watch is not None:
             node.get_logger().info(parent_watch)
         warn_unmatched_params_files(node, sys.argv if args is None else args)

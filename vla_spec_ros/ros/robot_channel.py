@@ -84,7 +84,7 @@ class RobotChannel:
                  on_instruction, on_enable, on_reset, chunk_steps: int = 1, on_chunk=None,
                  action_dim: int = cmd.ACTION_DIM, model_reads_state: bool = False,
                  writes_reasoning: bool = False, paused=contextlib.nullcontext,
-                 clock_watch: NodeClockWatch | None = None):
+                 clock_watch: NodeClockWatch | None = None, enable_service: bool = True):
         self.node = node
         # Whether the node clock can age frames at all (sim time's /clock: node_clock_watch.py)
         self.clock_watch = clock_watch or NodeClockWatch(node.get_clock())
@@ -101,6 +101,8 @@ class RobotChannel:
         self.gate = SafetyGate()
         self.hold_log = HoldLog()                 # this robot's reasons in the log (hold_log.py)
         self._on_instruction, self._on_enable, self._on_reset = on_instruction, on_enable, on_reset
+        # False: the node offers `<prefix>enable` itself (the managed node, in every state)
+        self._enable_service = enable_service
         self.chunk_steps = int(chunk_steps)
         self.action_dim = int(action_dim)     # the checkpoint's (command_rules.check_action_dim)
         self.model_reads_state = model_reads_state     # the Frame carries the state
@@ -158,8 +160,10 @@ class RobotChannel:
                 qos, event_callbacks=events))
             self._built.append(lambda sub=self._instruction_subs[-1]:
                                node.destroy_subscription(sub))
-        self._services = [node.create_service(SetBool, prefix + 'enable', self._on_enable_srv),
-                          node.create_service(Trigger, prefix + 'reset', self._on_reset_srv)]
+        self._services = [node.create_service(Trigger, prefix + 'reset', self._on_reset_srv)]
+        if self._enable_service:
+            self._services.append(node.create_service(SetBool, prefix + 'enable',
+                                                      self._on_enable_srv))
 
     @property
     def label(self) -> str:
@@ -251,6 +255,11 @@ class RobotChannel:
     def _on_instruction_msg(self, msg: String) -> None:
         if msg.data != self.settings.instruction:   # both subscriptions may deliver it
             self._on_instruction(self, msg.data)
+
+    def on_enable(self, flag: bool) -> tuple[bool, str]:
+        """`~/enable`'s answer (success, message), its service being this channel's or the
+        node's own."""
+        return self._on_enable(self, bool(flag))
 
     def _on_enable_srv(self, request, response):
         response.success, response.message = self._on_enable(self, bool(request.data))

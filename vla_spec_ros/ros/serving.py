@@ -37,7 +37,7 @@ from vla_spec_ros.ros.qos import COMMAND_QOS
 from vla_spec_ros.ros.robot_channel import RobotChannel
 from vla_spec_ros.ros.robot_recordings import RobotRecordings
 from vla_spec_ros.ros.chunk_clock import ChunkClock
-from vla_spec_ros.ros.command_rules import has_instruction
+from vla_spec_ros.ros.command_rules import REASON_DISABLED, has_instruction
 from vla_spec_ros.ros.model_io import check_model_io, chunk_steps_of, model_io_of
 from vla_spec_ros.ros.parameter_checks import (check_joint_count, check_pose_frame,
                                                check_state_size, check_unnorm_key)
@@ -63,7 +63,7 @@ class Serving:
     """
 
     def __init__(self, node, policy, values: dict, config: params.Configuration, *,
-                 is_active: bool):
+                 is_active: bool, enable_services: bool = True):
         self.node = node
         self.policy = policy
         self.engine = policy.engine
@@ -96,7 +96,8 @@ class Serving:
                     action_dim=self.model_io.action_dim,
                     model_reads_state=self.model_io.uses_state,
                     writes_reasoning=self.model_io.writes_reasoning,
-                    paused=self._worker_paused, clock_watch=self.clock_watch))
+                    paused=self._worker_paused, clock_watch=self.clock_watch,
+                    enable_service=enable_services))
         except Exception:    # a robot that cannot be served leaves no topic of the others,
             for channel in self.channels:       # and no recording open
                 channel.destroy()
@@ -373,12 +374,17 @@ class Serving:
                 self.node.get_logger().info(
                     f'{channel.label}: {"enabled" if channel.settings.enabled else "disabled"}')
                 if not channel.settings.enabled:
-                    channel.slot.clear()
-                    channel.clear_chunks()
-                    # ... and what the engine holds of it: its frames in flight and a kept
-                    # reasoning (reasoning_every_n), which must not steer the robot after a
-                    # pause in a scene that has changed meanwhile.
-                    self._on_reset(channel)
+                    # With the worker paused (it finishes its turn first): an action it was
+                    # publishing as the disable came goes out before the hold below, never
+                    # after the disable has returned (robot_channel.forget_commands).
+                    with self._worker_paused():
+                        channel.slot.clear()
+                        channel.clear_chunks()
+                        # ... and what the engine holds of it: its frames in flight and a kept
+                        # reasoning (reasoning_every_n), which must not steer the robot after
+                        # a pause in a scene that has changed meanwhile.
+                        self._on_reset(channel)
+                        channel.send_hold(REASON_DISABLED)
             if before.instruction != channel.settings.instruction:
                 channel.instruction_changed()
                 self._say_if_unusable(channel)

@@ -56,6 +56,9 @@ CHECK_PERIOD_S = 0.1            # how often the contract looks at Servo's servic
 # calls until it has discovered the node, and the first call after that must not wait long.
 SELECT_RETRY_S = 0.3
 CALL_TIMEOUT_S = 1.0            # a pause or resume unanswered this long is given up
+# A selection still unanswered this long is a failure in /diagnostics (`servo_last_failure`):
+# longer than a respawned Servo takes to discover the node (2-3.5 s, servo_calls.py).
+SELECT_FAILURE_S = 5.0
 MAX_PENDING_CALLS = 8           # retried calls kept waiting for an answer, per kind
 TIMEOUT_REREAD_S = 30.0         # Servo's timeout is read again this often (events can be lost)
 
@@ -112,6 +115,7 @@ class ServoContract:
         self.error: str | None = None            # why the contract cannot be kept at all
         self.last_failure: str | None = None     # the last refused or failed call
         self._want_paused = False
+        self._select_since: float | None = None  # when the unanswered selection began
         self._read_due = 0.0                     # time.monotonic of the next timeout read
         self._warned: tuple | None = None        # (timeout warned about, when) in the log
         self._clients, self._timer, self._events = [], None, None
@@ -157,6 +161,7 @@ class ServoContract:
         publishes its zero through `on_hold` too)."""
         with self._lock:
             self.is_active = is_active
+            self._select_since = None
             if is_active:
                 self._selected_on = None
         self.check()
@@ -210,7 +215,20 @@ class ServoContract:
                 self.paused = None                  # it may or may not have been applied
             self.last_failure = f'pause_servo unanswered after {CALL_TIMEOUT_S} s'
         self._sync_pause()
+        self._note_unanswered_selection(now)
         self._log_timeout_state(now)
+
+    def _note_unanswered_selection(self, now: float) -> None:
+        """A selection sent again and again without an answer (a Servo hung, or one that
+        drops every call) is a failure of its own: before, `servo_last_failure` named only
+        the pause calls, or nothing."""
+        with self._lock:
+            since = self._select_since
+            waiting = (since is not None and self.is_active and self._servo_was_up
+                       and self._selected_on is None and now - since >= SELECT_FAILURE_S)
+        if waiting:
+            self.last_failure = (f'switch_command_type to {self.command_type} unanswered for '
+                                 f'{now - since:.0f} s')
 
     def _look(self) -> None:
         """Read the graph: a Servo gone, a (re)started or respawned one forgets the
@@ -221,6 +239,8 @@ class ServoContract:
         with self._lock:
             event = self._observe(is_up, servers, now)
             select = self.is_active and is_up and self._selected_on is None
+            if select and self._select_since is None:
+                self._select_since = now
         if event:
             self.node.get_logger().info(f'{self.label}: {event}')
         if select:
@@ -259,6 +279,7 @@ class ServoContract:
     def _forget(self) -> None:
         """(Under the lock.) What a Servo instance knew is gone with it."""
         self._selected_on = None
+        self._select_since = None
         self.paused = None
         self.timeout_s = None
         self._select_calls.clear()
@@ -285,6 +306,7 @@ class ServoContract:
             first = is_selected and self._selected_on is None
             if is_selected:
                 self._selected_on = servers | (self._selected_on or frozenset())
+                self._select_since = None
         if is_selected:
             self._select_calls.clear()      # one answer is enough
         if response is not None and not response.success:
