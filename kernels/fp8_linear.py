@@ -74,7 +74,7 @@ def fp8_linear_ref(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Te
     return fp8_codes_linear_ref(xq, x_scale, weight, weight_scale, x.dtype)
 
 
-def _quantize_on_device(x2: torch.Tensor):
+def quantize_on_device(x2: torch.Tensor):
     """Per-token codes and scales of (T, K) activations: the Triton kernel on CUDA (one launch,
     the bytes of ``quantize_rows`` on CUDA: kernels/fp8_quant.py), ``quantize_rows`` elsewhere."""
     if HAS_TRITON and x2.device.type == 'cuda':
@@ -103,7 +103,7 @@ def fp8_linear_scaled_mm(x: torch.Tensor, weight: torch.Tensor, weight_scale: to
     ``quantize_rows`` on CUDA (kernels/fp8_quant.py); elsewhere (the CPU's ``_scaled_mm``) by
     ``quantize_rows`` itself."""
     x2 = x.reshape(-1, x.shape[-1])
-    xq, x_scale = _quantize_on_device(x2)
+    xq, x_scale = quantize_on_device(x2)
     out = fp8_codes_scaled_mm(xq, x_scale, weight, weight_scale, x.dtype,
                               use_fast_accum=use_fast_accum)
     return out.view(*x.shape[:-1], weight.shape[0])
@@ -146,7 +146,7 @@ def fp8_linear_tensorwise(x: torch.Tensor, weight: torch.Tensor, weight_scale: t
     the row-wise product on the H200 (that module's docstring); one more rounding of the
     output dtype. No host sync: CUDA-graph capturable."""
     x2 = x.reshape(-1, x.shape[-1])
-    xq, x_scale = _quantize_on_device(x2)
+    xq, x_scale = quantize_on_device(x2)
     out = fp8_codes_tensorwise(xq, x_scale, weight, weight_scale, x.dtype, unit_scale)
     return out.view(*x.shape[:-1], weight.shape[0])
 
@@ -174,7 +174,7 @@ def fp8_linear_device(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch
     ``fp8_gemv_triton``, more rows row-wise). The row count is a Python int, fixed per
     captured step, so the choice is CUDA-graph safe."""
     x2 = x.reshape(-1, x.shape[-1])
-    xq, x_scale = _quantize_on_device(x2)
+    xq, x_scale = quantize_on_device(x2)
     out = fp8_codes_linear_device(xq, x_scale, weight, weight_scale, x.dtype, product=product,
                                   unit_scale=unit_scale)
     return out.view(*x.shape[:-1], weight.shape[0])

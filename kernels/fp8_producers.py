@@ -46,7 +46,7 @@ from .silu_mul import silu_mul_ref
 
 if HAS_TRITON:
     from .fp8_quant import QUANT_HELPERS, _maximum
-    from .rms_norm import _add, unscaled_row
+    from .rms_norm import NORM_HELPERS
     from .silu_mul import SILU_MUL_HELPERS
 
 
@@ -74,7 +74,7 @@ if HAS_TRITON:
                                                                           bitcast=True)
         return y.to(tl.float32)
 
-    HELPERS = QUANT_HELPERS + (widen_exactly, unscaled_row)
+    HELPERS = QUANT_HELPERS + (widen_exactly,)
 
     def _rms_norm_quant_body(x_ptr, res_ptr, w_ptr, sum_ptr, q_ptr, scale_ptr, xs_ptr, ws_ptr,
                              stride_x, stride_r, stride_s, num_cols, eps,
@@ -83,27 +83,16 @@ if HAS_TRITON:
                              SCALE_BY_RECIPROCAL: tl.constexpr, INV_FP8_MAX: tl.constexpr,
                              FP8_MAX: tl.constexpr, TINY: tl.constexpr,
                              SCALED_RESIDUAL: tl.constexpr):
-        # One program per row, the whole row in one block (BLOCK >= num_cols). Up to the norm's
-        # output ``y`` these are kernels/rms_norm.py's operations (float32 compute: the inputs
-        # are bf16, fp16 or float32), so ``y`` has the bits that kernel stores.
+        # One program per row, the whole row in one block (BLOCK >= num_cols). ``y`` is
+        # kernels/rms_norm.py's norm_row (float32 compute: the inputs are bf16, fp16 or
+        # float32), the bits that kernel stores, widened exactly.
         row = tl.program_id(0).to(tl.int64)
         cols = tl.arange(0, BLOCK)
         mask = cols < num_cols
-        io_ty = w_ptr.dtype.element_ty              # the weight has x's dtype (checked)
-        x = tl.load(x_ptr + row * stride_x + cols, mask=mask, other=0)
-        if HAS_RESIDUAL:
-            r = tl.load(res_ptr + row * stride_r + cols, mask=mask, other=0)
-            if SCALED_RESIDUAL:
-                r = unscaled_row(r, xs_ptr, ws_ptr, row, cols, mask, io_ty)  # noqa: F821
-            x = (x.to(tl.float32) + r.to(tl.float32)).to(io_ty)
-            tl.store(sum_ptr + row * stride_s + cols, x, mask=mask)
-        h = x.to(tl.float32)
-        mean_sq = tl.reduce(h * h, 0, _add) / num_cols
-        h = h * (1.0 / tl.sqrt(mean_sq + eps))
-        if ROUND_BEFORE_SCALE:
-            h = h.to(io_ty).to(tl.float32)
-        w = tl.load(w_ptr + cols, mask=mask, other=0).to(tl.float32)
-        y = widen_exactly((w * h).to(io_ty), BF16)
+        y = widen_exactly(norm_row(  # noqa: F821 (bound by LazyJit's helpers)
+            x_ptr, res_ptr, w_ptr, sum_ptr, xs_ptr, ws_ptr, row, cols, mask, stride_x,
+            stride_r, stride_s, num_cols, eps, w_ptr.dtype.element_ty, HAS_RESIDUAL,
+            SCALED_RESIDUAL, ROUND_BEFORE_SCALE, tl.float32), BF16)
         # The quantisation of fp8_quant.py's kernel on that row (lanes past the row hold 0).
         amax = tl.reduce(tl.abs(y), 0, _maximum)
         scale = row_scale(amax, SCALE_BY_RECIPROCAL, INV_FP8_MAX, FP8_MAX, TINY)  # noqa: F821
@@ -119,8 +108,8 @@ if HAS_TRITON:
                              INV_FP8_MAX: tl.constexpr, FP8_MAX: tl.constexpr,
                              TINY: tl.constexpr, SCALED: tl.constexpr):
         # One program per row, two passes over its blocks as in fp8_quant.py: the amax, then
-        # the codes; the activation is computed in each (kernels/silu_mul.py's operations:
-        # SiLU rounded to the io dtype, the product rounded once more), not stored.
+        # the codes; the activation (kernels/silu_mul.py's silu_mul_block) is computed in
+        # each, not stored.
         row = tl.program_id(0).to(tl.int64)
         offsets = tl.arange(0, BLOCK_K)
         io_ty = gate_ptr.dtype.element_ty
@@ -128,10 +117,9 @@ if HAS_TRITON:
         for b in range(NUM_BLOCKS):
             cols = b * BLOCK_K + offsets
             mask = cols < K
-            g, u = load_gate_up(gate_ptr, up_ptr, xs_ptr, wsg_ptr, wsu_ptr, row, cols,  # noqa
-                                stride_g, stride_u, mask, io_ty, SCALED)
-            silu = (g / (1.0 + tl.exp(-g))).to(io_ty).to(tl.float32)
-            y = widen_exactly((silu * u).to(io_ty), BF16)
+            y = widen_exactly(silu_mul_block(  # noqa: F821 (bound by LazyJit's helpers)
+                gate_ptr, up_ptr, xs_ptr, wsg_ptr, wsu_ptr, row, cols, stride_g, stride_u,
+                mask, io_ty, tl.float32, SCALED), BF16)
             running = tl.maximum(running, tl.abs(y), propagate_nan=tl.PropagateNan.ALL)
         amax = tl.reduce(running, 0, _maximum)
         scale = row_scale(amax, SCALE_BY_RECIPROCAL, INV_FP8_MAX, FP8_MAX, TINY)  # noqa: F821
@@ -140,14 +128,13 @@ if HAS_TRITON:
         for b in range(NUM_BLOCKS):
             cols = b * BLOCK_K + offsets
             mask = cols < K
-            g, u = load_gate_up(gate_ptr, up_ptr, xs_ptr, wsg_ptr, wsu_ptr, row, cols,  # noqa
-                                stride_g, stride_u, mask, io_ty, SCALED)
-            silu = (g / (1.0 + tl.exp(-g))).to(io_ty).to(tl.float32)
-            y = widen_exactly((silu * u).to(io_ty), BF16)
+            y = widen_exactly(silu_mul_block(  # noqa: F821 (bound by LazyJit's helpers)
+                gate_ptr, up_ptr, xs_ptr, wsg_ptr, wsu_ptr, row, cols, stride_g, stride_u,
+                mask, io_ty, tl.float32, SCALED), BF16)
             code = e4m3_codes(y, scale_block, FP8_MAX)  # noqa: F821
             tl.store(q_ptr + row * K + cols, code.to(tl.uint8), mask=mask)
 
-    _rms_norm_quant_kernel = LazyJit(_rms_norm_quant_body, helpers=HELPERS)
+    _rms_norm_quant_kernel = LazyJit(_rms_norm_quant_body, helpers=HELPERS + NORM_HELPERS)
     _silu_mul_quant_kernel = LazyJit(_silu_mul_quant_body,
                                      helpers=HELPERS + SILU_MUL_HELPERS)
 

@@ -69,16 +69,13 @@ if HAS_TRITON:
         w_scale = tl.load(ws_ptr + cols, mask=mask, other=0.0)
         return (acc.to(tl.float32) * x_scale * w_scale).to(io_ty)
 
-    def _rms_norm_body(x_ptr, res_ptr, w_ptr, out_ptr, sum_ptr, xs_ptr, ws_ptr,
-                       stride_x, stride_r, stride_o, stride_s, num_cols, eps,
-                       HAS_RESIDUAL: tl.constexpr, ROUND_BEFORE_SCALE: tl.constexpr,
-                       BLOCK: tl.constexpr, COMPUTE_DTYPE: tl.constexpr,
-                       SCALED_RESIDUAL: tl.constexpr):
-        # One program per row; the whole row fits one block (BLOCK >= num_cols).
-        row = tl.program_id(0).to(tl.int64)
-        cols = tl.arange(0, BLOCK)
-        mask = cols < num_cols
-        io_ty = out_ptr.dtype.element_ty
+    def norm_row(x_ptr, res_ptr, w_ptr, sum_ptr, xs_ptr, ws_ptr, row, cols, mask, stride_x,
+                 stride_r, stride_s, num_cols, eps, io_ty: tl.constexpr,
+                 HAS_RESIDUAL: tl.constexpr, SCALED_RESIDUAL: tl.constexpr,
+                 ROUND_BEFORE_SCALE: tl.constexpr, COMPUTE_DTYPE: tl.constexpr):
+        """One row's norm (after the residual add, whose sum it stores), rounded to ``io_ty``:
+        the value this file's kernel stores, and what kernels/fp8_producers.py quantises (a
+        device function shared by both, so their norms are one computation)."""
         x = tl.load(x_ptr + row * stride_x + cols, mask=mask, other=0)
         if HAS_RESIDUAL:
             r = tl.load(res_ptr + row * stride_r + cols, mask=mask, other=0)
@@ -97,9 +94,25 @@ if HAS_TRITON:
         if ROUND_BEFORE_SCALE:          # HF: normalised value rounded to x's dtype first
             h = h.to(io_ty).to(COMPUTE_DTYPE)
         w = tl.load(w_ptr + cols, mask=mask, other=0).to(COMPUTE_DTYPE)
-        tl.store(out_ptr + row * stride_o + cols, (w * h).to(io_ty), mask=mask)
+        return (w * h).to(io_ty)
 
-    _rms_norm_kernel = LazyJit(_rms_norm_body, helpers=(unscaled_row,))
+    NORM_HELPERS = (norm_row, unscaled_row)
+
+    def _rms_norm_body(x_ptr, res_ptr, w_ptr, out_ptr, sum_ptr, xs_ptr, ws_ptr,
+                       stride_x, stride_r, stride_o, stride_s, num_cols, eps,
+                       HAS_RESIDUAL: tl.constexpr, ROUND_BEFORE_SCALE: tl.constexpr,
+                       BLOCK: tl.constexpr, COMPUTE_DTYPE: tl.constexpr,
+                       SCALED_RESIDUAL: tl.constexpr):
+        # One program per row; the whole row fits one block (BLOCK >= num_cols).
+        row = tl.program_id(0).to(tl.int64)
+        cols = tl.arange(0, BLOCK)
+        mask = cols < num_cols
+        y = norm_row(x_ptr, res_ptr, w_ptr, sum_ptr, xs_ptr, ws_ptr, row, cols, mask,
+                     stride_x, stride_r, stride_s, num_cols, eps, out_ptr.dtype.element_ty,
+                     HAS_RESIDUAL, SCALED_RESIDUAL, ROUND_BEFORE_SCALE, COMPUTE_DTYPE)
+        tl.store(out_ptr + row * stride_o + cols, y, mask=mask)
+
+    _rms_norm_kernel = LazyJit(_rms_norm_body, helpers=NORM_HELPERS)
 
 
 def rms_norm_triton(x, weight, eps: float, residual=None, *, residual_scales=None,

@@ -45,18 +45,24 @@ def silu_mul_ref(gate, up, scales=None):
 if HAS_TRITON:
     from .rms_norm import unscaled_row
 
-    def load_gate_up(gate_ptr, up_ptr, xs_ptr, wsg_ptr, wsu_ptr, row, cols, stride_g, stride_u,
-                     mask, io_ty: tl.constexpr, SCALED: tl.constexpr):
-        """A block of a row's gate and up in float32; SCALED: they are the unscaled FP8
-        product's, scaled first as kernels/fp8_epilogue.py scales them (rounded to io_ty)."""
+    def silu_mul_block(gate_ptr, up_ptr, xs_ptr, wsg_ptr, wsu_ptr, row, cols, stride_g,
+                       stride_u, mask, io_ty: tl.constexpr, COMPUTE_DTYPE: tl.constexpr,
+                       SCALED: tl.constexpr):
+        """A block of one row's ``silu(gate) * up``, rounded to ``io_ty``: what this file's
+        kernel stores and what kernels/fp8_producers.py quantises (one computation for both).
+        SCALED: gate and up are the unscaled FP8 product's, scaled first as
+        kernels/fp8_epilogue.py scales them (never for float64)."""
         g = tl.load(gate_ptr + row * stride_g + cols, mask=mask, other=0)
         u = tl.load(up_ptr + row * stride_u + cols, mask=mask, other=0)
         if SCALED:
             g = unscaled_row(g, xs_ptr, wsg_ptr, row, cols, mask, io_ty)
             u = unscaled_row(u, xs_ptr, wsu_ptr, row, cols, mask, io_ty)
-        return g.to(tl.float32), u.to(tl.float32)
+        g, u = g.to(COMPUTE_DTYPE), u.to(COMPUTE_DTYPE)
+        # F.silu's output, rounded to the io dtype as it is in torch, then the product.
+        silu = (g / (1.0 + tl.exp(-g))).to(io_ty).to(COMPUTE_DTYPE)
+        return (silu * u).to(io_ty)
 
-    SILU_MUL_HELPERS = (load_gate_up, unscaled_row)
+    SILU_MUL_HELPERS = (silu_mul_block, unscaled_row)
 
     def _silu_mul_body(gate_ptr, up_ptr, out_ptr, xs_ptr, wsg_ptr, wsu_ptr, stride_g, stride_u,
                        stride_o, num_cols, BLOCK_COLS: tl.constexpr,
@@ -65,16 +71,9 @@ if HAS_TRITON:
         row = tl.program_id(0).to(tl.int64)
         cols = tl.program_id(1) * BLOCK_COLS + tl.arange(0, BLOCK_COLS)
         mask = cols < num_cols
-        io_ty = out_ptr.dtype.element_ty
-        if COMPUTE_DTYPE == tl.float64:       # (no FP8 product is float64: never scaled)
-            g = tl.load(gate_ptr + row * stride_g + cols, mask=mask, other=0).to(COMPUTE_DTYPE)
-            u = tl.load(up_ptr + row * stride_u + cols, mask=mask, other=0).to(COMPUTE_DTYPE)
-        else:
-            g, u = load_gate_up(gate_ptr, up_ptr, xs_ptr, wsg_ptr, wsu_ptr, row, cols,
-                                stride_g, stride_u, mask, io_ty, SCALED)
-        # F.silu's output, rounded to the io dtype as it is in torch, then the product.
-        silu = (g / (1.0 + tl.exp(-g))).to(io_ty).to(COMPUTE_DTYPE)
-        tl.store(out_ptr + row * stride_o + cols, (silu * u).to(io_ty), mask=mask)
+        y = silu_mul_block(gate_ptr, up_ptr, xs_ptr, wsg_ptr, wsu_ptr, row, cols, stride_g,
+                           stride_u, mask, out_ptr.dtype.element_ty, COMPUTE_DTYPE, SCALED)
+        tl.store(out_ptr + row * stride_o + cols, y, mask=mask)
 
     _silu_mul_kernel = LazyJit(_silu_mul_body, helpers=SILU_MUL_HELPERS)
 

@@ -237,31 +237,32 @@ norm_args = dict(x_ptr='*bf16', res_ptr='*bf16', w_ptr='*bf16', sum_ptr='*bf16',
                  xs_ptr='*fp32', ws_ptr='*fp32', stride_x='i32', stride_r='i32',
                  stride_s='i32', num_cols='i32', eps='fp32')
 cases = [
-    (P._rms_norm_quant_body, P.HELPERS, 16,
+    (P._rms_norm_quant_kernel, 16,
      dict(norm_args, q_ptr='*u8', scale_ptr='*fp32'),
      dict(HAS_RESIDUAL=True, ROUND_BEFORE_SCALE=True, BF16=True, BLOCK=4096,
           SCALED_RESIDUAL=True, **quant)),
-    (P._silu_mul_quant_body, P.HELPERS + S.SILU_MUL_HELPERS, 8,
+    (P._silu_mul_quant_kernel, 8,
      dict(gate_ptr='*bf16', up_ptr='*bf16', q_ptr='*u8', scale_ptr='*fp32', xs_ptr='*fp32',
           wsg_ptr='*fp32', wsu_ptr='*fp32', stride_g='i32', stride_u='i32'),
      dict(K=11008, BLOCK_K=4096, NUM_BLOCKS=3, BF16=True, SCALED=True, **quant)),
-    (Q._fp8_quant_body, Q.QUANT_HELPERS, 8,
+    (Q._fp8_quant_kernel, 8,
      dict(x_ptr='*i16', q_ptr='*u8', scale_ptr='*fp32', stride_x='i32'),
      dict(K=4096, BLOCK_K=4096, NUM_BLOCKS=1, BF16_BITS=True, **quant)),
-    (N._rms_norm_body, (N.unscaled_row,), 16,
+    (N._rms_norm_kernel, 16,
      dict(norm_args, out_ptr='*bf16', stride_o='i32'),
      dict(HAS_RESIDUAL=True, ROUND_BEFORE_SCALE=True, BLOCK=4096, COMPUTE_DTYPE=tl.float32,
           SCALED_RESIDUAL=True)),
 ]
 for dtype, compute in (('bf16', tl.float32), ('fp64', tl.float64)):
-    cases.append((S._silu_mul_body, S.SILU_MUL_HELPERS, 4,
+    cases.append((S._silu_mul_kernel, 4,
                   dict(gate_ptr=f'*{dtype}', up_ptr=f'*{dtype}', out_ptr=f'*{dtype}',
                        xs_ptr='*fp32', wsg_ptr='*fp32', wsu_ptr='*fp32', stride_g='i32',
                        stride_u='i32', stride_o='i32', num_cols='i32'),
                   dict(BLOCK_COLS=1024, COMPUTE_DTYPE=compute, SCALED=dtype == 'bf16')))
-for body, helpers, warps, signature, constants in cases:
+for kernel, warps, signature, constants in cases:  # (LazyJit: its body and helpers)
+    body = kernel.fn
     source = triton.compiler.ASTSource(
-        fn=triton.jit(with_helpers(body, helpers)),
+        fn=triton.jit(with_helpers(body, kernel.helpers)),
         signature={**signature, **{name: 'constexpr' for name in constants}},
         constexprs=constants)
     compiled = triton.compile(source, target=GPUTarget('cuda', 90, 32),

@@ -29,8 +29,8 @@ from torch import nn
 
 from ..kernels import (FP8_DTYPE, fp8_linear_device, fp8_linear_ref,
                        fp8_linear_scaled_mm, quantize_rows, scaled_mm_unsupported_reason)
-from ..kernels.fp8_linear import (_quantize_on_device, fp8_codes_linear_device,
-                                  fp8_codes_linear_ref, fp8_codes_tensorwise_unscaled,
+from ..kernels.fp8_linear import (fp8_codes_linear_device, fp8_codes_linear_ref,
+                                  fp8_codes_tensorwise_unscaled, quantize_on_device,
                                   scale_product_on_device)
 from ..kernels.fp8_linear import MIN_CAPABILITY
 
@@ -148,7 +148,7 @@ class Fp8Linear(nn.Module):
             codes = x.codes.reshape(-1, x.codes.shape[-1])
             x_scale, dtype = x.scale.reshape(-1, 1), x.dtype
         else:
-            codes, x_scale = _quantize_on_device(x.reshape(-1, x.shape[-1]))
+            codes, x_scale = quantize_on_device(x.reshape(-1, x.shape[-1]))
             dtype = x.dtype
         acc = fp8_codes_tensorwise_unscaled(codes, self.weight, dtype, self.unit_scale)
         return UnscaledProduct(acc, x_scale, self.weight_scale)

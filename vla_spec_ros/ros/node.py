@@ -50,7 +50,7 @@ from vla_spec_ros.ros.parent_exit import stop_with_parent
 from vla_spec_ros.ros.robot_recordings import prepare_record_dirs
 from vla_spec_ros.ros.serving import Serving
 
-STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+STOP_SIGNALS = early_stop.STOP_SIGNALS      # SIGINT, SIGTERM: the same before and after run
 SPIN_PERIOD_S = 0.1      # the spin looks for a stop request at least this often
 
 
