@@ -262,7 +262,7 @@ class RobotChannel:
         return self._on_enable(self, bool(flag))
 
     def _on_enable_srv(self, request, response):
-        response.success, response.message = self._on_enable(self, bool(request.data))
+        response.success, response.message = self.on_enable(request.data)
         return response
 
     def _on_reset_srv(self, request, response):
