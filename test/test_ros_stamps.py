@@ -259,8 +259,13 @@ def test_a_camera_clock_slightly_ahead_does_not_delay_the_stale_hold(sim_robot):
     channel = robot.node.serving.channels[0]
 
     def held_after_s():         # read as soon as the hold shows: a frame delivered late (best
-        if not robot.node.stats_snapshot()['hold_reason'].startswith('stale observation'):
-            return None         # effort, a busy executor) moved `newest` later (0.68 s seen)
+        reason = robot.node.stats_snapshot()['hold_reason']   # effort, a busy executor) moved
+        if not reason.startswith('stale observation') or 'still standing' in reason:
+            # (`newest` later: 0.68 s seen.) The hold for the answered image still standing
+            # is another rule: when the node's simulated clock lags far enough behind, the
+            # last frames are refused as from the future and the answered one ages first
+            # (0.62 s after `newest` seen on a loaded runner); the newest image's hold follows.
+            return None
         node_now_s = robot.node.get_clock().now().nanoseconds * 1e-9
         return node_now_s - channel.newest.receipt_s
     held_after = wait_until(held_after_s, what='the stale hold after the camera stopped')
